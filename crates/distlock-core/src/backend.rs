@@ -1,0 +1,258 @@
+//! The engine trait: the few primitives an engine supplies. Everything else (waiting, the
+//! watchdog, the lost signal, guards) is written once in the core on top of them.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::error::LockError;
+use crate::token::Token;
+
+/// One acquire request, as handed to an engine.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct AcquireRequest<'a> {
+    /// The lock key (already validated by the core).
+    pub key: &'a str,
+    /// Our token. A retry of a request whose reply was lost carries the same token.
+    pub token: &'a Token,
+    /// The lease to ask for.
+    pub ttl: Duration,
+    /// A label naming the holder (host/pid by default), shown by `status`.
+    pub owner: &'a str,
+}
+
+impl<'a> AcquireRequest<'a> {
+    /// A request for `key` with `token`, a lease of `ttl`, and the holder label `owner`.
+    pub fn new(key: &'a str, token: &'a Token, ttl: Duration, owner: &'a str) -> Self {
+        AcquireRequest {
+            key,
+            token,
+            ttl,
+            owner,
+        }
+    }
+}
+
+/// What one acquire attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The lock is ours: newly taken, or already ours with this token (a retried request).
+    Acquired {
+        /// The fencing token, if the engine gives a correct one.
+        fence: Option<u64>,
+    },
+    /// Someone else holds it.
+    Busy {
+        /// The holder's remaining lease, when the engine knows it.
+        holder_ttl: Option<Duration>,
+    },
+}
+
+/// What the engine found under the key when we renewed or released it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseCheck {
+    /// It held our token (and the operation was applied).
+    Ours,
+    /// There was no lock: our lease had expired.
+    Missing,
+    /// Another owner's token was there: our lease expired and someone else took the lock.
+    Foreign,
+}
+
+/// What `status` reports about a key.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LockStatus {
+    /// Whether anybody holds the lock.
+    pub held: bool,
+    /// The holder's label (host/pid and since when), if known.
+    pub owner: Option<String>,
+    /// The holder's fencing token, if the engine has one.
+    pub fence: Option<u64>,
+    /// The holder's remaining lease, if the lease expires.
+    pub ttl: Option<Duration>,
+}
+
+impl LockStatus {
+    /// Nobody holds the lock.
+    pub fn free() -> Self {
+        LockStatus::default()
+    }
+
+    /// The lock is held.
+    pub fn held(owner: Option<String>, fence: Option<u64>, ttl: Option<Duration>) -> Self {
+        LockStatus {
+            held: true,
+            owner,
+            fence,
+            ttl,
+        }
+    }
+}
+
+/// Whether an engine gives fencing tokens, and why not when it does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fencing {
+    /// Every new holder gets a strictly greater number than every earlier holder.
+    Monotonic,
+    /// No correct token can be given; the reason is shown to users.
+    Unavailable(&'static str),
+}
+
+/// What an engine can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Fencing tokens.
+    pub fencing: Fencing,
+    /// Whether the engine expires a lease by itself after its TTL (Redis: yes). Session engines
+    /// (the file lock) free the lock when the holder's process or session ends instead.
+    pub expiring: bool,
+}
+
+impl Capabilities {
+    /// Builds a capabilities value.
+    pub fn new(fencing: Fencing, expiring: bool) -> Self {
+        Capabilities { fencing, expiring }
+    }
+}
+
+/// The primitives a lock engine supplies.
+///
+/// Every method takes `&self` and may be called concurrently. Implementations must make
+/// `try_acquire` idempotent for a repeated token (a retry after a lost reply), and `extend` and
+/// `release` must compare the token before changing anything.
+pub trait Backend: Send + Sync + 'static {
+    /// A short engine name for logs and errors ("redis", "file").
+    fn name(&self) -> &'static str;
+
+    /// What this engine can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// One attempt to take the lock.
+    fn try_acquire(
+        &self,
+        req: &AcquireRequest<'_>,
+    ) -> impl Future<Output = Result<Attempt, LockError>> + Send;
+
+    /// Renews our lease to `ttl` from now, if the key still holds `token`.
+    fn extend(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<LeaseCheck, LockError>> + Send;
+
+    /// Deletes the lock if the key still holds `token`.
+    fn release(
+        &self,
+        key: &str,
+        token: &Token,
+    ) -> impl Future<Output = Result<LeaseCheck, LockError>> + Send;
+
+    /// Who holds `key`, if anybody.
+    fn status(&self, key: &str) -> impl Future<Output = Result<LockStatus, LockError>> + Send;
+}
+
+/// A boxed, `Send` future, as returned by [`DynBackend`].
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The object-safe twin of [`Backend`], so an engine can be chosen at run time (from a URL).
+/// Every `Backend` is a `DynBackend`, and `Box<dyn DynBackend>` is a `Backend` again.
+pub trait DynBackend: Send + Sync + 'static {
+    /// See [`Backend::name`].
+    fn dyn_name(&self) -> &'static str;
+    /// See [`Backend::capabilities`].
+    fn dyn_capabilities(&self) -> Capabilities;
+    /// See [`Backend::try_acquire`].
+    fn dyn_try_acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>>;
+    /// See [`Backend::extend`].
+    fn dyn_extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
+    /// See [`Backend::release`].
+    fn dyn_release<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
+    /// See [`Backend::status`].
+    fn dyn_status<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>>;
+}
+
+impl<B: Backend> DynBackend for B {
+    fn dyn_name(&self) -> &'static str {
+        self.name()
+    }
+    fn dyn_capabilities(&self) -> Capabilities {
+        self.capabilities()
+    }
+    fn dyn_try_acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        Box::pin(self.try_acquire(req))
+    }
+    fn dyn_extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(self.extend(key, token, ttl))
+    }
+    fn dyn_release<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(self.release(key, token))
+    }
+    fn dyn_status<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
+        Box::pin(self.status(key))
+    }
+}
+
+/// An engine chosen at run time.
+pub type AnyBackend = Box<dyn DynBackend>;
+
+impl Backend for Box<dyn DynBackend> {
+    fn name(&self) -> &'static str {
+        (**self).dyn_name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        (**self).dyn_capabilities()
+    }
+    fn try_acquire(
+        &self,
+        req: &AcquireRequest<'_>,
+    ) -> impl Future<Output = Result<Attempt, LockError>> + Send {
+        let req = *req;
+        async move { (**self).dyn_try_acquire(&req).await }
+    }
+    fn extend(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<LeaseCheck, LockError>> + Send {
+        async move { (**self).dyn_extend(key, token, ttl).await }
+    }
+    fn release(
+        &self,
+        key: &str,
+        token: &Token,
+    ) -> impl Future<Output = Result<LeaseCheck, LockError>> + Send {
+        async move { (**self).dyn_release(key, token).await }
+    }
+    fn status(&self, key: &str) -> impl Future<Output = Result<LockStatus, LockError>> + Send {
+        async move { (**self).dyn_status(key).await }
+    }
+}

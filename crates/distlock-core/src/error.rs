@@ -1,0 +1,179 @@
+//! The one error type of distlock.
+
+use std::borrow::Cow;
+use std::error::Error as StdError;
+use std::fmt;
+
+/// A boxed error from a lower layer (a driver, the OS), kept as the `source()` of a [`LockError`].
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// What went wrong, coarsely, so callers can decide what to do.
+///
+/// This enum is `#[non_exhaustive]`: engines added later may add kinds.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The lock is held by someone else and the caller asked not to wait.
+    Busy,
+    /// A deadline passed: the wait timeout, or a request to the engine that did not answer in time.
+    Timeout,
+    /// The lease is no longer ours (it expired, was taken over, or we could not renew it in time).
+    Lost,
+    /// A quorum-based engine did not get enough votes.
+    QuorumNotReached {
+        /// Nodes that said yes.
+        got: usize,
+        /// Nodes needed for a quorum.
+        needed: usize,
+    },
+    /// The engine could not be reached or the connection broke.
+    Connection,
+    /// The engine refused our credentials.
+    Auth,
+    /// A configuration mistake: a malformed URL, an invalid option.
+    Config,
+    /// The lock key is not acceptable (empty, too long).
+    InvalidKey,
+    /// The engine answered something we did not expect (for example a key holding a hash where a
+    /// lock string belongs).
+    Protocol,
+    /// The engine cannot do what was asked.
+    Unsupported,
+    /// A local I/O error (the file engine).
+    Io,
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ErrorKind::Busy => f.write_str("lock is busy"),
+            ErrorKind::Timeout => f.write_str("timed out"),
+            ErrorKind::Lost => f.write_str("lock lost"),
+            ErrorKind::QuorumNotReached { got, needed } => {
+                write!(f, "quorum not reached ({got} of {needed} needed)")
+            }
+            ErrorKind::Connection => f.write_str("connection error"),
+            ErrorKind::Auth => f.write_str("authentication failed"),
+            ErrorKind::Config => f.write_str("invalid configuration"),
+            ErrorKind::InvalidKey => f.write_str("invalid lock key"),
+            ErrorKind::Protocol => f.write_str("unexpected reply from the lock engine"),
+            ErrorKind::Unsupported => f.write_str("not supported by this engine"),
+            ErrorKind::Io => f.write_str("I/O error"),
+        }
+    }
+}
+
+/// The error of every distlock operation.
+///
+/// It is opaque: match on [`LockError::kind`], ask [`LockError::is_retryable`], and follow
+/// [`std::error::Error::source`] for the driver's own error. No dependency's type appears in it.
+pub struct LockError {
+    kind: ErrorKind,
+    message: Cow<'static, str>,
+    source: Option<BoxError>,
+}
+
+impl LockError {
+    /// A new error of `kind` with a human-readable message.
+    pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
+        LockError {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the lower-level cause, returned by `source()`.
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// The coarse kind of this error.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The message, without the kind or the source.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether the same call may succeed if tried again later (busy, timeouts, broken
+    /// connections, a missed quorum). Configuration, authentication, protocol errors and a lost
+    /// lease are not retryable.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::Busy
+                | ErrorKind::Timeout
+                | ErrorKind::Connection
+                | ErrorKind::QuorumNotReached { .. }
+        )
+    }
+
+    /// Whether a request may have reached the engine and taken effect although we got no answer.
+    /// An acquire that ends in such an error is retried with the same token, and cleaned up if
+    /// it is given up.
+    pub fn is_ambiguous(&self) -> bool {
+        matches!(self.kind, ErrorKind::Timeout | ErrorKind::Connection)
+    }
+
+    pub(crate) fn busy(key: &str) -> Self {
+        LockError::new(
+            ErrorKind::Busy,
+            format!("lock {key:?} is held by another owner"),
+        )
+    }
+}
+
+impl fmt::Debug for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("LockError");
+        d.field("kind", &self.kind).field("message", &self.message);
+        if let Some(s) = &self.source {
+            d.field("source", s);
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.message.is_empty() {
+            write!(f, "{}", self.kind)
+        } else {
+            write!(f, "{}: {}", self.kind, self.message)
+        }
+    }
+}
+
+impl StdError for LockError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_chains_and_display_is_readable() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = LockError::new(ErrorKind::Connection, "cannot reach 127.0.0.1:1").with_source(io);
+        assert_eq!(e.to_string(), "connection error: cannot reach 127.0.0.1:1");
+        assert_eq!(
+            e.source().map(|s| s.to_string()).as_deref(),
+            Some("refused")
+        );
+        assert!(e.is_retryable());
+        assert!(e.is_ambiguous());
+        let q = LockError::new(ErrorKind::QuorumNotReached { got: 2, needed: 3 }, "");
+        assert_eq!(q.to_string(), "quorum not reached (2 of 3 needed)");
+        assert!(!LockError::new(ErrorKind::Auth, "x").is_retryable());
+        assert!(!LockError::new(ErrorKind::Lost, "x").is_retryable());
+    }
+}

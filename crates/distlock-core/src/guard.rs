@@ -1,0 +1,253 @@
+//! The guard returned by a successful acquire.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+
+use crate::backend::{Backend, LeaseCheck};
+use crate::client::ClientInner;
+use crate::error::{ErrorKind, LockError};
+use crate::lease::{LeaseHandle, LeaseShared, LostReason};
+use crate::token::Token;
+
+/// What `release` found: whether the lease was still ours when we let it go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a release that finds the lease already lost means the critical section may not have been exclusive"]
+pub enum Released {
+    /// The lock still held our token and has been deleted: exclusivity held until now.
+    Held,
+    /// The lease had already ended before the release; the critical section may have overlapped
+    /// with another holder.
+    Lost(LostReason),
+}
+
+impl Released {
+    /// Whether the lease was still ours at release.
+    pub fn was_held(&self) -> bool {
+        matches!(self, Released::Held)
+    }
+}
+
+/// A lease given up without releasing it ([`LockGuard::leak`]): the lock stays taken until its
+/// TTL runs out (or, on session engines, until this process ends).
+#[derive(Debug, Clone)]
+pub struct LeakedLease {
+    /// The lock key.
+    pub key: String,
+    /// The token stored under the key.
+    pub token: Token,
+    /// The fencing token.
+    pub fence: Option<u64>,
+    /// The deadline of the lease when it was leaked.
+    pub valid_until: Instant,
+}
+
+/// Proof that we hold a lock, until it is released, dropped or lost.
+///
+/// # Release on drop is not immediate
+/// Dropping a guard does no I/O and never blocks: it stops the watchdog and spawns a best-effort
+/// release on the current tokio runtime. Outside a runtime, nothing is sent and the engine frees
+/// the lock when its TTL runs out. Call [`release`](Self::release) to know whether the lease was
+/// still ours.
+#[must_use = "dropping the guard releases the lock at once (in the background)"]
+pub struct LockGuard<B: Backend> {
+    client: Arc<ClientInner<B>>,
+    lease: Arc<LeaseShared>,
+    watchdog: Option<JoinHandle<()>>,
+    done: bool,
+}
+
+impl<B: Backend> LockGuard<B> {
+    pub(crate) fn new(client: Arc<ClientInner<B>>, lease: Arc<LeaseShared>) -> Self {
+        let watchdog = lease
+            .options
+            .auto_renew()
+            .then(|| tokio::spawn(crate::watchdog::run(client.clone(), lease.clone())));
+        LockGuard {
+            client,
+            lease,
+            watchdog,
+            done: false,
+        }
+    }
+
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        &self.lease.key
+    }
+
+    /// The fencing token: strictly greater for every new holder of this key. `None` when the
+    /// engine cannot give a correct one.
+    pub fn fence(&self) -> Option<u64> {
+        self.lease.fence
+    }
+
+    /// The token stored under the key.
+    pub fn token(&self) -> &Token {
+        &self.lease.token
+    }
+
+    /// The deadline of the lease on the monotonic clock: the moment the acquire (or the last
+    /// renewal) was **sent**, plus the TTL, minus the drift allowance.
+    pub fn valid_until(&self) -> Instant {
+        self.lease.snapshot().valid_until
+    }
+
+    /// Whether the lease is still ours (not lost, deadline not passed). No I/O.
+    pub fn is_held(&self) -> bool {
+        self.lease.is_held()
+    }
+
+    /// A clonable view of this lease (key, fence, `is_held`, `lost`) for other tasks.
+    pub fn handle(&self) -> LeaseHandle {
+        LeaseHandle {
+            shared: self.lease.clone(),
+        }
+    }
+
+    /// Resolves when the lease ends (lost, or released through another path).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn lost(&self) -> LostReason {
+        self.lease.lost().await
+    }
+
+    /// Renews the lease to `ttl`, counted from the moment this request is sent.
+    ///
+    /// # Errors
+    /// `Lost` if the lease has already ended or the engine no longer holds our token (the guard
+    /// then reports lost); `Config` for a TTL the options would refuse; engine errors otherwise,
+    /// which leave the lease as it was.
+    ///
+    /// # Cancel safety
+    /// Cancelling may or may not have renewed the lease; the deadline is only moved on a reply.
+    pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
+        crate::options::LockOptions::builder()
+            .ttl(ttl)
+            .auto_renew(false)
+            .build()?;
+        if let Some(reason) = self.lease.end_if_past_deadline() {
+            return Err(lost_error(&self.lease.key, reason));
+        }
+        let sent = self.lease.clock.now();
+        let check = self
+            .client
+            .backend
+            .extend(&self.lease.key, &self.lease.token, ttl)
+            .await?;
+        match check {
+            LeaseCheck::Ours => {
+                let validity = ttl.saturating_sub(self.lease.options.drift_for(ttl));
+                if !self.lease.renewed(sent, ttl, validity) {
+                    let reason = self.lease.snapshot().end.unwrap_or(LostReason::Released);
+                    return Err(lost_error(&self.lease.key, reason));
+                }
+                tracing::debug!(target: "distlock", key = %self.lease.key, fence = ?self.lease.fence,
+                    valid_for_ms = validity.as_millis() as u64, "lock renewed");
+                Ok(())
+            }
+            LeaseCheck::Missing => Err(lost_error(
+                &self.lease.key,
+                self.lease.end(LostReason::Expired),
+            )),
+            LeaseCheck::Foreign => Err(lost_error(
+                &self.lease.key,
+                self.lease.end(LostReason::Stolen),
+            )),
+        }
+    }
+
+    /// Releases the lock (compare-and-delete: never another owner's lock) and says whether the
+    /// lease was still ours. No renewal goes out after this returns.
+    ///
+    /// # Errors
+    /// Engine errors (the lock then frees when its TTL runs out).
+    ///
+    /// # Cancel safety
+    /// If cancelled, the lock is released in the background as on drop.
+    pub async fn release(mut self) -> Result<Released, LockError> {
+        self.stop_watchdog().await;
+        let before = self.lease.end_if_past_deadline();
+        let reply = self
+            .client
+            .backend
+            .release(&self.lease.key, &self.lease.token)
+            .await;
+        self.done = true;
+        self.lease.end(LostReason::Released);
+        let outcome = match (before, reply) {
+            (Some(reason), _) => Released::Lost(reason),
+            (None, Ok(LeaseCheck::Ours)) => Released::Held,
+            (None, Ok(LeaseCheck::Missing)) => Released::Lost(LostReason::Expired),
+            (None, Ok(LeaseCheck::Foreign)) => Released::Lost(LostReason::Stolen),
+            (None, Err(e)) => return Err(e),
+        };
+        tracing::debug!(target: "distlock", key = %self.lease.key, fence = ?self.lease.fence,
+            held = outcome.was_held(), "lock released");
+        Ok(outcome)
+    }
+
+    /// Gives the guard up without releasing: the watchdog stops and the lock stays taken until
+    /// its TTL runs out. Returns what is needed to release it later by hand.
+    pub fn leak(mut self) -> LeakedLease {
+        if let Some(w) = self.watchdog.take() {
+            w.abort();
+        }
+        self.done = true;
+        let valid_until = self.valid_until();
+        self.lease.end(LostReason::Released);
+        LeakedLease {
+            key: self.lease.key.clone(),
+            token: self.lease.token.clone(),
+            fence: self.lease.fence,
+            valid_until,
+        }
+    }
+
+    async fn stop_watchdog(&mut self) {
+        if let Some(w) = self.watchdog.take() {
+            w.abort();
+            let _ = w.await;
+        }
+    }
+}
+
+pub(crate) fn lost_error(key: &str, reason: LostReason) -> LockError {
+    LockError::new(ErrorKind::Lost, format!("lock {key:?}: {reason}"))
+}
+
+impl<B: Backend> Drop for LockGuard<B> {
+    fn drop(&mut self) {
+        if let Some(w) = self.watchdog.take() {
+            w.abort();
+        }
+        if self.done {
+            return;
+        }
+        self.lease.end(LostReason::Released);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let client = self.client.clone();
+            let lease = self.lease.clone();
+            rt.spawn(async move {
+                if let Err(e) = client.backend.release(&lease.key, &lease.token).await {
+                    tracing::debug!(target: "distlock", key = %lease.key, error = %e,
+                        "background release failed; the TTL will free the lock");
+                }
+            });
+        }
+    }
+}
+
+impl<B: Backend> fmt::Debug for LockGuard<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.lease.key)
+            .field("fence", &self.lease.fence)
+            .field("engine", &self.client.backend.name())
+            .field("held", &self.is_held())
+            .finish()
+    }
+}

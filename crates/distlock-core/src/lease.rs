@@ -1,0 +1,257 @@
+//! The state of one held lease, shared by its guard, its watchdog and any [`LeaseHandle`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::clock::Clock;
+use crate::options::LockOptions;
+use crate::token::Token;
+
+/// Why a lease ended before (or without) a successful release.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LostReason {
+    /// The lease ran out: the engine had no lock for us, or the local deadline passed with no
+    /// renewal (watchdog off, or renewal too late).
+    Expired,
+    /// Another owner's token was found under the key: our lease expired and someone took it.
+    Stolen,
+    /// Renewals kept failing (engine unreachable) until the local deadline passed.
+    Unreachable,
+    /// This holder released the lease (or dropped or leaked its guard). Not a loss, but the end.
+    Released,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostReason::Expired => "the lease expired",
+            LostReason::Stolen => "another owner holds the lock",
+            LostReason::Unreachable => "the lock engine was unreachable until the lease ran out",
+            LostReason::Released => "the lease was released",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LeaseState {
+    /// Deadline of the lease on the monotonic clock: request sent + ttl − drift.
+    pub(crate) valid_until: Instant,
+    /// When the request that set `valid_until` was sent; a late renewal reply never moves the
+    /// deadline backwards past a newer one.
+    pub(crate) sent_at: Instant,
+    /// The TTL renewals ask for.
+    pub(crate) ttl: Duration,
+    pub(crate) end: Option<LostReason>,
+    /// The last renewal failed for a network reason: a deadline passing now means `Unreachable`.
+    pub(crate) renew_failing: bool,
+}
+
+pub(crate) struct LeaseShared {
+    pub(crate) key: String,
+    pub(crate) token: Token,
+    pub(crate) fence: Option<u64>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) options: LockOptions,
+    pub(crate) state: watch::Sender<LeaseState>,
+}
+
+impl LeaseShared {
+    pub(crate) fn new(
+        key: String,
+        token: Token,
+        fence: Option<u64>,
+        clock: Arc<dyn Clock>,
+        options: LockOptions,
+        sent_at: Instant,
+    ) -> Self {
+        let ttl = options.ttl();
+        let validity = options.validity();
+        let state = LeaseState {
+            valid_until: sent_at + validity,
+            sent_at,
+            ttl,
+            end: None,
+            renew_failing: false,
+        };
+        LeaseShared {
+            key,
+            token,
+            fence,
+            clock,
+            options,
+            state: watch::Sender::new(state),
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> LeaseState {
+        *self.state.borrow()
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        let st = self.snapshot();
+        st.end.is_none() && self.clock.now() < st.valid_until
+    }
+
+    /// Records a successful renewal sent at `sent_at`. Returns false if the lease had ended.
+    pub(crate) fn renewed(&self, sent_at: Instant, ttl: Duration, validity: Duration) -> bool {
+        let mut alive = false;
+        self.state.send_if_modified(|st| {
+            if st.end.is_some() {
+                return false;
+            }
+            alive = true;
+            st.renew_failing = false;
+            if sent_at >= st.sent_at {
+                st.sent_at = sent_at;
+                st.valid_until = sent_at + validity;
+                st.ttl = ttl;
+            }
+            true
+        });
+        alive
+    }
+
+    pub(crate) fn renew_failed(&self) {
+        self.state.send_if_modified(|st| {
+            let changed = !st.renew_failing;
+            st.renew_failing = true;
+            changed
+        });
+    }
+
+    /// Ends the lease with `reason` unless it already ended. Returns the reason in force.
+    pub(crate) fn end(&self, reason: LostReason) -> LostReason {
+        let mut out = reason;
+        let first = self.state.send_if_modified(|st| match st.end {
+            Some(prev) => {
+                out = prev;
+                false
+            }
+            None => {
+                st.end = Some(reason);
+                true
+            }
+        });
+        if first && reason != LostReason::Released {
+            tracing::warn!(
+                target: "distlock",
+                key = %self.key,
+                fence = ?self.fence,
+                reason = %reason,
+                "lock lost"
+            );
+        }
+        out
+    }
+
+    /// Ends the lease as expired if its deadline has passed; the reason says whether renewals were
+    /// failing.
+    pub(crate) fn end_if_past_deadline(&self) -> Option<LostReason> {
+        let st = self.snapshot();
+        if let Some(r) = st.end {
+            return Some(r);
+        }
+        if self.clock.now() < st.valid_until {
+            return None;
+        }
+        let reason = if st.renew_failing {
+            LostReason::Unreachable
+        } else {
+            LostReason::Expired
+        };
+        Some(self.end(reason))
+    }
+
+    pub(crate) async fn lost(&self) -> LostReason {
+        let mut rx = self.state.subscribe();
+        loop {
+            let st = *rx.borrow_and_update();
+            if let Some(r) = st.end {
+                return r;
+            }
+            let now = self.clock.now();
+            if now >= st.valid_until {
+                if let Some(r) = self.end_if_past_deadline() {
+                    return r;
+                }
+                continue;
+            }
+            let sleep = tokio::time::sleep(st.valid_until - now);
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return LostReason::Released;
+                    }
+                }
+                () = sleep => {
+                    if let Some(r) = self.end_if_past_deadline() {
+                        return r;
+                    }
+                    // An injected clock that has not reached the deadline: wait for news instead.
+                    if rx.changed().await.is_err() {
+                        return LostReason::Released;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A cheap, clonable view of a held lease, for code that runs under the lock (for example the
+/// body of [`LockClient::with_lock`](crate::LockClient::with_lock)). It cannot release the lock.
+#[derive(Clone)]
+pub struct LeaseHandle {
+    pub(crate) shared: Arc<LeaseShared>,
+}
+
+impl LeaseHandle {
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        &self.shared.key
+    }
+
+    /// The fencing token, if the engine gives a correct one. Pass it to the protected resource
+    /// so it can refuse writes from a holder whose lease has run out.
+    pub fn fence(&self) -> Option<u64> {
+        self.shared.fence
+    }
+
+    /// The token stored under the key for this acquisition.
+    pub fn token(&self) -> &Token {
+        &self.shared.token
+    }
+
+    /// The end of the lease on the monotonic clock, counted from when the acquire (or the last
+    /// renewal) was **sent**, minus the drift allowance.
+    pub fn valid_until(&self) -> Instant {
+        self.shared.snapshot().valid_until
+    }
+
+    /// Whether the lease is still ours: not lost, not released, and its deadline not passed.
+    /// A local check; no I/O.
+    pub fn is_held(&self) -> bool {
+        self.shared.is_held()
+    }
+
+    /// Resolves when the lease ends: lost (expired, stolen, unreachable) or released.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: drop it and call again at will, for example inside `tokio::select!`.
+    pub async fn lost(&self) -> LostReason {
+        self.shared.lost().await
+    }
+}
+
+impl fmt::Debug for LeaseHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseHandle")
+            .field("key", &self.shared.key)
+            .field("fence", &self.shared.fence)
+            .field("held", &self.is_held())
+            .finish()
+    }
+}

@@ -1,0 +1,79 @@
+//! Lock tokens: the unguessable value that identifies one acquisition.
+
+use std::fmt;
+
+use crate::error::{ErrorKind, LockError};
+
+/// Longest token accepted from outside (a token written by another client or given on a command
+/// line).
+pub const MAX_TOKEN_LEN: usize = 256;
+
+/// The value stored under the lock key for one acquisition: 128 random bits from the OS-seeded
+/// CSPRNG, as 32 lowercase hex characters.
+///
+/// Release and extend compare it with the stored value, so a holder can never delete or renew a
+/// lock that is not its own. A retried acquire reuses it, which makes the retry idempotent.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Token(String);
+
+impl Token {
+    /// A fresh random token.
+    pub fn generate() -> Self {
+        let bits: u128 = rand::random();
+        Token(format!("{bits:032x}"))
+    }
+
+    /// A token read from elsewhere (another process, a command line).
+    ///
+    /// # Errors
+    /// `Config` when it is empty, longer than [`MAX_TOKEN_LEN`] or not printable ASCII.
+    pub fn parse(s: &str) -> Result<Self, LockError> {
+        if s.is_empty() || s.len() > MAX_TOKEN_LEN || !s.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(LockError::new(
+                ErrorKind::Config,
+                "a token must be 1 to 256 printable ASCII characters",
+            ));
+        }
+        Ok(Token(s.to_owned()))
+    }
+
+    /// The token as stored by the engine.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    // Tokens are capabilities: show only a prefix in logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let end = self.0.len().min(8);
+        write!(f, "Token({}…)", &self.0[..end])
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_128_bit_hex_and_distinct() {
+        let a = Token::generate();
+        let b = Token::generate();
+        assert_eq!(a.as_str().len(), 32);
+        assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+        assert!(Token::parse("").is_err());
+        assert!(Token::parse("has space").is_err());
+        assert!(Token::parse(&"x".repeat(257)).is_err());
+        assert_eq!(
+            Token::parse("abc").map(|t| t.to_string()).ok().as_deref(),
+            Some("abc")
+        );
+    }
+}

@@ -1,0 +1,42 @@
+//! Turning redis-rs errors into distlock's `LockError`, without leaking redis-rs types.
+
+use distlock_core::{ErrorKind, LockError};
+use redis::RedisError;
+
+pub(crate) fn map_err(e: RedisError, doing: &str) -> LockError {
+    let code = e.code().unwrap_or("");
+    let kind = if e.is_timeout() {
+        ErrorKind::Timeout
+    } else if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(code, "WRONGPASS" | "NOAUTH" | "NOPERM")
+    {
+        ErrorKind::Auth
+    } else if e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || matches!(
+            code,
+            "LOADING" | "READONLY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN"
+        )
+    {
+        ErrorKind::Connection
+    } else if e.kind() == redis::ErrorKind::InvalidClientConfig {
+        ErrorKind::Config
+    } else {
+        ErrorKind::Protocol
+    };
+    let message = match (kind, code) {
+        (ErrorKind::Protocol, "WRONGTYPE") => {
+            format!("{doing}: the key holds a value of another type than a distlock lock")
+        }
+        _ => format!("{doing}: {e}"),
+    };
+    LockError::new(kind, message).with_source(e)
+}
+
+pub(crate) fn protocol(doing: &str, got: &redis::Value) -> LockError {
+    LockError::new(
+        ErrorKind::Protocol,
+        format!("{doing}: unexpected reply {got:?}"),
+    )
+}

@@ -1,0 +1,518 @@
+//! The conformance suite: engine-independent behaviour that every engine must show.
+//!
+//! Each engine's test file instantiates it with a setup expression that yields a client factory
+//! (`Fn(LockOptions) -> Future<Output = LockClient<B>>`), or `None` to skip outside CI:
+//!
+//! ```ignore
+//! distlock_testkit::conformance_tests!(setup());
+//! ```
+//!
+//! Every client made by one factory must talk to the same lock namespace, as separate processes
+//! would. Keys are unique per case, so cases may run in parallel.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use distlock_core::{
+    Backend, Backoff, ErrorKind, Fencing, LockClient, LockOptions, LostReason, Released, Wait,
+};
+
+/// Declares one `#[tokio::test]` per conformance case, each calling `$setup` for its own fixture.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($setup:expr) => {
+        $crate::conformance_tests!(@cases $setup;
+            exclusive_and_release,
+            fences_strictly_increase,
+            acquire_waits_for_release,
+            acquire_times_out,
+            no_wait_is_busy,
+            with_lock_returns_and_releases,
+            with_lock_releases_on_panic,
+            dropped_guard_is_released,
+            cancelled_acquire_leaves_nothing,
+            status_reports_holder,
+            local_deadline_ends_lease,
+            watchdog_keeps_lease,
+            expired_lease_is_taken_over,
+            mutual_exclusion_counter,
+            bad_keys_are_refused
+        );
+    };
+    (@cases $setup:expr; $($case:ident),+) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let Some(make) = $setup else { return };
+                $crate::conformance::$case(&make).await;
+            }
+        )+
+    };
+}
+
+fn opts() -> distlock_core::LockOptionsBuilder {
+    LockOptions::builder()
+        .ttl(Duration::from_secs(10))
+        .backoff(Backoff::new(Duration::from_millis(1), Duration::from_millis(20)).unwrap())
+}
+
+fn key(case: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "conf-{case}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// One holder excludes another; release reports `Held` and frees the lock.
+pub async fn exclusive_and_release<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    let (a, b) = (
+        make(opts().build().unwrap()).await,
+        make(opts().build().unwrap()).await,
+    );
+    let k = key("excl");
+    let g = a.try_acquire(&k).await.unwrap().expect("free lock");
+    assert!(g.is_held());
+    assert_eq!(g.key(), k);
+    assert!(
+        b.try_acquire(&k).await.unwrap().is_none(),
+        "a second client got a held lock"
+    );
+    assert!(
+        a.try_acquire(&k).await.unwrap().is_none(),
+        "the same client got a held lock twice"
+    );
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let g2 = b
+        .try_acquire(&k)
+        .await
+        .unwrap()
+        .expect("released lock is free");
+    assert_eq!(g2.release().await.unwrap(), Released::Held);
+}
+
+/// Every new holder gets a strictly greater fence (engines with fencing), or none at all.
+pub async fn fences_strictly_increase<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    let clients = [
+        make(opts().build().unwrap()).await,
+        make(opts().build().unwrap()).await,
+    ];
+    let k = key("fence");
+    let fencing = clients[0].backend().capabilities().fencing;
+    let mut last = 0u64;
+    for i in 0..60 {
+        let g = clients[i % 2]
+            .try_acquire(&k)
+            .await
+            .unwrap()
+            .expect("free lock");
+        match fencing {
+            Fencing::Monotonic => {
+                let f = g.fence().expect("a fencing engine gives a fence");
+                assert!(f > last, "fence went from {last} to {f}");
+                last = f;
+            }
+            Fencing::Unavailable(_) => assert_eq!(g.fence(), None),
+        }
+        assert!(g.release().await.unwrap().was_held());
+    }
+}
+
+/// A waiting acquire gets the lock soon after the holder releases it.
+pub async fn acquire_waits_for_release<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    let a = make(opts().build().unwrap()).await;
+    let b = make(
+        opts()
+            .wait_timeout(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let k = key("wait");
+    let g = a.acquire(&k).await.unwrap();
+    let k2 = k.clone();
+    let waiter = tokio::spawn(async move {
+        let g = b.acquire(&k2).await.unwrap();
+        let at = Instant::now();
+        assert!(g.release().await.unwrap().was_held());
+        at
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(!waiter.is_finished(), "the waiter got a held lock");
+    let released_at = Instant::now();
+    assert!(g.release().await.unwrap().was_held());
+    let got_at = waiter.await.unwrap();
+    let lag = got_at.duration_since(released_at);
+    assert!(
+        lag < Duration::from_secs(2),
+        "the waiter took {lag:?} after the release"
+    );
+}
+
+/// A wait timeout ends `acquire` with `Timeout`, on time.
+pub async fn acquire_times_out<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    let a = make(opts().build().unwrap()).await;
+    let b = make(
+        opts()
+            .wait_timeout(Duration::from_millis(300))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let k = key("timeout");
+    let g = a.acquire(&k).await.unwrap();
+    let t0 = Instant::now();
+    let err = b.acquire(&k).await.expect_err("the lock is held");
+    let took = t0.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(err.is_retryable());
+    assert!(
+        took >= Duration::from_millis(290),
+        "gave up early: {took:?}"
+    );
+    assert!(took < Duration::from_secs(3), "gave up late: {took:?}");
+    assert!(g.release().await.unwrap().was_held());
+}
+
+/// `Wait::No` makes `acquire` fail with `Busy` on a held lock; `try_acquire` says `None`.
+pub async fn no_wait_is_busy<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    let a = make(opts().build().unwrap()).await;
+    let b = make(opts().wait(Wait::No).build().unwrap()).await;
+    let k = key("busy");
+    let g = a.acquire(&k).await.unwrap();
+    let err = b.acquire(&k).await.expect_err("held");
+    assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
+    assert!(b.try_acquire(&k).await.unwrap().is_none());
+    assert!(g.release().await.unwrap().was_held());
+    let g = b.acquire(&k).await.expect("free now");
+    assert!(g.release().await.unwrap().was_held());
+}
+
+/// `with_lock` returns the body's value and releases the lock.
+pub async fn with_lock_returns_and_releases<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    let a = make(opts().build().unwrap()).await;
+    let b = make(opts().build().unwrap()).await;
+    let k = key("with");
+    let b2 = b.clone();
+    let k2 = k.clone();
+    let v = a
+        .with_lock(&k, |lease| async move {
+            assert!(lease.is_held());
+            assert!(
+                b2.try_acquire(&k2).await.unwrap().is_none(),
+                "held during the body"
+            );
+            lease.fence().unwrap_or(0) + 1
+        })
+        .await
+        .unwrap();
+    assert!(v >= 1);
+    let g = b
+        .try_acquire(&k)
+        .await
+        .unwrap()
+        .expect("released after with_lock");
+    assert!(g.release().await.unwrap().was_held());
+}
+
+/// A panicking body still releases the lock, and the panic reaches the caller.
+pub async fn with_lock_releases_on_panic<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    let a = make(opts().build().unwrap()).await;
+    let b = make(opts().build().unwrap()).await;
+    let k = key("panic");
+    let k2 = k.clone();
+    let joined = tokio::spawn(async move {
+        a.with_lock(&k2, |_lease| async move {
+            panic!("body failed");
+        })
+        .await
+    })
+    .await;
+    let err = joined.expect_err("the panic must propagate");
+    assert!(err.is_panic());
+    let g = b
+        .try_acquire(&k)
+        .await
+        .unwrap()
+        .expect("released after the panic");
+    assert!(g.release().await.unwrap().was_held());
+}
+
+async fn eventually_free<B: Backend>(c: &LockClient<B>, k: &str, within: Duration) {
+    let t0 = Instant::now();
+    loop {
+        if let Some(g) = c.try_acquire(k).await.unwrap() {
+            assert!(g.release().await.unwrap().was_held());
+            return;
+        }
+        assert!(
+            t0.elapsed() < within,
+            "lock {k} still taken after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Dropping a guard releases the lock in the background, promptly.
+pub async fn dropped_guard_is_released<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    let a = make(opts().build().unwrap()).await;
+    let b = make(opts().build().unwrap()).await;
+    let k = key("drop");
+    let g = a.acquire(&k).await.unwrap();
+    let h = g.handle();
+    drop(g);
+    assert!(!h.is_held());
+    assert_eq!(h.lost().await, LostReason::Released);
+    eventually_free(&b, &k, Duration::from_secs(2)).await;
+}
+
+/// Acquires cancelled at random points leave nothing taken.
+pub async fn cancelled_acquire_leaves_nothing<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    let a = make(opts().build().unwrap()).await;
+    let b = make(opts().build().unwrap()).await;
+    let k = key("cancel");
+    for i in 0..30u64 {
+        let budget = Duration::from_micros(i * 37);
+        let _ = tokio::time::timeout(budget, a.acquire(&k)).await;
+    }
+    eventually_free(&b, &k, Duration::from_secs(2)).await;
+}
+
+/// `status` names the holder and its fence, and says free after release.
+pub async fn status_reports_holder<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    let a = make(opts().build().unwrap()).await;
+    let b = make(opts().build().unwrap()).await;
+    let k = key("status");
+    assert!(!b.status(&k).await.unwrap().held);
+    let g = a.acquire(&k).await.unwrap();
+    let st = b.status(&k).await.unwrap();
+    assert!(st.held);
+    assert_eq!(st.fence, g.fence());
+    let owner = st.owner.expect("holder label");
+    assert!(
+        owner.contains(a.owner()),
+        "owner {owner:?} does not name {:?}",
+        a.owner()
+    );
+    if b.backend().capabilities().expiring {
+        let ttl = st.ttl.expect("an expiring engine reports the TTL");
+        assert!(
+            ttl <= Duration::from_secs(10) && ttl > Duration::from_secs(5),
+            "{ttl:?}"
+        );
+    }
+    assert!(g.release().await.unwrap().was_held());
+    assert!(!b.status(&k).await.unwrap().held);
+}
+
+/// Without renewal, the local deadline ends the lease: `is_held` turns false, `lost()` fires,
+/// and `extend` refuses.
+pub async fn local_deadline_ends_lease<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    let ttl = Duration::from_millis(300);
+    let a = make(opts().ttl(ttl).auto_renew(false).build().unwrap()).await;
+    let k = key("deadline");
+    let t0 = Instant::now();
+    let g = a.acquire(&k).await.unwrap();
+    assert!(
+        g.valid_until() <= t0 + ttl,
+        "validity counted from after the request was sent"
+    );
+    let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
+        .await
+        .expect("lost fires");
+    assert_eq!(reason, LostReason::Expired);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(280),
+        "lost too early: {:?}",
+        t0.elapsed()
+    );
+    assert!(!g.is_held());
+    let err = g
+        .extend(ttl)
+        .await
+        .expect_err("an ended lease cannot be extended");
+    assert_eq!(err.kind(), ErrorKind::Lost);
+    assert!(matches!(g.release().await.unwrap(), Released::Lost(_)));
+}
+
+/// The watchdog keeps a short lease alive well past its TTL, and others stay out.
+pub async fn watchdog_keeps_lease<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    let a = make(opts().ttl(Duration::from_millis(300)).build().unwrap()).await;
+    let b = make(opts().build().unwrap()).await;
+    let k = key("watchdog");
+    let g = a.acquire(&k).await.unwrap();
+    let first = g.valid_until();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(g.is_held(), "the watchdog let the lease lapse");
+    assert!(g.valid_until() > first, "the deadline never moved");
+    assert!(b.try_acquire(&k).await.unwrap().is_none());
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
+/// On expiring engines, an abandoned lease frees after its TTL and the late holder learns it
+/// lost; its release never deletes the new holder's lock.
+pub async fn expired_lease_is_taken_over<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    let a = make(
+        opts()
+            .ttl(Duration::from_millis(200))
+            .auto_renew(false)
+            .build()
+            .unwrap(),
+    )
+    .await;
+    if !a.backend().capabilities().expiring {
+        return; // Session engines free a lock when its holder dies, not after a TTL.
+    }
+    let b = make(opts().wait_timeout(Duration::from_secs(3)).build().unwrap()).await;
+    let k = key("takeover");
+    let g = a.acquire(&k).await.unwrap();
+    let t0 = Instant::now();
+    let g2 = b.acquire(&k).await.expect("the abandoned lease expires");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(150),
+        "taken over early: {:?}",
+        t0.elapsed()
+    );
+    assert!(!g.is_held());
+    assert_eq!(
+        g.release().await.unwrap(),
+        Released::Lost(LostReason::Expired)
+    );
+    let st = b.status(&k).await.unwrap();
+    assert!(
+        st.held && st.fence == g2.fence(),
+        "the stale release touched the new lock"
+    );
+    assert_eq!(g2.release().await.unwrap(), Released::Held);
+}
+
+/// 8 clients × 50 acquisitions around a non-atomic read-modify-write lose no update.
+pub async fn mutual_exclusion_counter<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    const TASKS: u64 = 8;
+    const ROUNDS: u64 = 50;
+    let k = key("counter");
+    let counter = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let c = make(opts().build().unwrap()).await;
+        let (k, counter) = (k.clone(), counter.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let g = c.acquire(&k).await.unwrap();
+                let v = counter.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                counter.store(v + 1, Ordering::SeqCst);
+                assert!(g.release().await.unwrap().was_held());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        TASKS * ROUNDS,
+        "lost updates"
+    );
+}
+
+/// Empty and oversized keys are refused with `InvalidKey` and take nothing.
+pub async fn bad_keys_are_refused<B, F, Fut>(make: &F)
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    let a = make(opts().build().unwrap()).await;
+    for k in [
+        String::new(),
+        "k".repeat(distlock_core::MAX_KEY_LEN + 1),
+        "a\0b".into(),
+    ] {
+        let e = a.try_acquire(&k).await.expect_err("bad key");
+        assert_eq!(e.kind(), ErrorKind::InvalidKey);
+        let e = a.acquire(&k).await.expect_err("bad key");
+        assert_eq!(e.kind(), ErrorKind::InvalidKey);
+        assert_eq!(
+            a.status(&k).await.map_err(|e| e.kind()).err(),
+            Some(ErrorKind::InvalidKey)
+        );
+    }
+    // The longest accepted key works.
+    let long = "k".repeat(distlock_core::MAX_KEY_LEN);
+    let g = a.try_acquire(&long).await.unwrap().expect("free");
+    assert!(g.release().await.unwrap().was_held());
+}

@@ -1,0 +1,202 @@
+//! A real redis-server for tests.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::process::{free_port, require_binary, tail};
+
+/// A redis-server on a free loopback port, in its own temporary directory, without persistence
+/// (`--save '' --appendonly no`) unless asked. Killed when dropped.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+    password: Option<String>,
+}
+
+impl RedisServer {
+    /// Starts a server, or returns `None` (after printing `SKIP`) when redis-server is missing
+    /// outside CI.
+    pub fn start() -> Option<Self> {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra arguments (for example `["--requirepass", "s3cret"]`).
+    pub fn start_with(extra: &[&str]) -> Option<Self> {
+        if !require_binary("redis-server", "the Redis engine") {
+            return None;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("distlock-redis-")
+            .tempdir()
+            .expect("temp dir");
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        let password = extra
+            .iter()
+            .position(|a| a == "--requirepass")
+            .and_then(|i| extra.get(i + 1))
+            .cloned();
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir,
+            extra,
+            password,
+        };
+        let mut last = String::new();
+        for _ in 0..5 {
+            server.port = free_port();
+            match server.spawn() {
+                Ok(()) => return Some(server),
+                Err(e) => last = e,
+            }
+        }
+        panic!("redis-server did not start after 5 tries:\n{last}");
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.log_path())
+            .args(["--daemonize", "no", "--protected-mode", "no"])
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot run redis-server: {e}"))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    self.child = None;
+                    return Err(format!(
+                        "redis-server exited with {status}; log tail:\n{}",
+                        tail(&self.log_path(), 20)
+                    ));
+                }
+            }
+            if self.ping() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
+        Err(format!(
+            "redis-server never answered PING; log tail:\n{}",
+            tail(&self.log_path(), 20)
+        ))
+    }
+
+    fn ping(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        if s.write_all(b"PING\r\n").is_err() {
+            return false;
+        }
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf) {
+            Ok(n) if n > 0 => {
+                let reply = &buf[..n];
+                reply.starts_with(b"+PONG") || reply.starts_with(b"-NOAUTH")
+            }
+            _ => false,
+        }
+    }
+
+    /// The TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT` (with the password when the server has one).
+    pub fn url(&self) -> String {
+        match &self.password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// The server's temporary directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Runs `redis-cli` against this server and returns its trimmed output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let mut cmd = Command::new("redis-cli");
+        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        if let Some(p) = &self.password {
+            cmd.args(["--no-auth-warning", "-a", p]);
+        }
+        let out = cmd.args(args).output().expect("run redis-cli");
+        assert!(out.status.success(), "redis-cli {args:?} failed: {:?}", out);
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    fn pid(&self) -> Pid {
+        let child = self.child.as_ref().expect("server is running");
+        Pid::from_raw(i32::try_from(child.id()).expect("pid fits"))
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open and nothing answers.
+    pub fn pause(&self) {
+        kill(self.pid(), Signal::SIGSTOP).expect("SIGSTOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        kill(self.pid(), Signal::SIGCONT).expect("SIGCONT");
+    }
+
+    /// Kills the server with SIGKILL and reaps it. Without persistence its data is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and directory (after [`kill`](Self::kill)).
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.spawn() {
+                Ok(()) => return,
+                Err(e) if Instant::now() >= deadline => panic!("restart failed: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_ref() {
+            // A paused server would ignore nothing: SIGKILL works on stopped processes too.
+            let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGCONT);
+        }
+        self.kill();
+    }
+}

@@ -1,0 +1,74 @@
+#![doc = include_str!("../../../README.md")]
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+
+pub use distlock_core::*;
+
+/// The Redis engine (feature `redis`).
+#[cfg(feature = "redis")]
+pub mod redis {
+    pub use distlock_redis::{RedisBackend, RedisConfig};
+}
+
+/// The embedded file engine (feature `file`).
+#[cfg(feature = "file")]
+pub mod file {
+    pub use distlock_file::{FileBackend, default_dir};
+}
+
+/// The URL schemes this build understands, for help texts.
+pub fn supported_schemes() -> &'static [&'static str] {
+    &[
+        #[cfg(feature = "file")]
+        "file",
+        #[cfg(feature = "redis")]
+        "redis",
+        #[cfg(feature = "redis")]
+        "rediss",
+        #[cfg(feature = "redis")]
+        "redis+unix",
+    ]
+}
+
+/// Opens the engine a URL names, for code that picks the engine at run time (the CLI).
+///
+/// | URL | engine |
+/// |---|---|
+/// | `file:///var/lock/app`, `file://` | local `flock` files (feature `file`) |
+/// | `redis://host:port/db`, `rediss://…`, `redis+unix:///sock` | one Redis server (feature `redis`) |
+///
+/// # Errors
+/// `Config` for a malformed URL or a scheme this build does not support; the engine's connection
+/// errors otherwise.
+pub async fn open_backend(url: &str) -> Result<AnyBackend, LockError> {
+    let scheme = url
+        .split_once(':')
+        .map(|(s, _)| s.to_ascii_lowercase())
+        .unwrap_or_default();
+    match scheme.as_str() {
+        #[cfg(feature = "file")]
+        "file" => Ok(Box::new(distlock_file::FileBackend::from_url(url)?)),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+unix" | "unix" | "valkey" | "valkeys" => {
+            Ok(Box::new(distlock_redis::RedisBackend::connect(url).await?))
+        }
+        "" => Err(LockError::new(
+            ErrorKind::Config,
+            format!("{url:?} is not a lock URL (try file:// or redis://host:6379)"),
+        )),
+        other => Err(LockError::new(
+            ErrorKind::Config,
+            format!(
+                "unsupported lock URL scheme {other:?}; this build supports: {}",
+                supported_schemes().join(", ")
+            ),
+        )),
+    }
+}
+
+/// A [`LockClient`] over the engine a URL names, with default options.
+///
+/// # Errors
+/// As [`open_backend`].
+pub async fn connect(url: &str) -> Result<LockClient<AnyBackend>, LockError> {
+    Ok(LockClient::new(open_backend(url).await?))
+}
