@@ -1,0 +1,468 @@
+//! The source articles' failure scenarios, on a real redis-server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use distlock_core::{
+    AcquireRequest, Attempt, Backend, Backoff, ErrorKind, LeaseCheck, LockClient, LockOptions,
+    LostReason, Released, Token,
+};
+use distlock_redis::RedisBackend;
+use distlock_testkit::{RedisServer, free_port};
+
+fn opts() -> distlock_core::LockOptionsBuilder {
+    LockOptions::builder()
+        .ttl(Duration::from_secs(30))
+        .backoff(Backoff::new(Duration::from_millis(1), Duration::from_millis(10)).unwrap())
+}
+
+async fn client(server: &RedisServer, options: LockOptions) -> LockClient<RedisBackend> {
+    let backend = RedisBackend::connect(&server.url()).await.expect("connect");
+    LockClient::builder(backend).options(options).build()
+}
+
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    server
+        .cli(&["PTTL", key])
+        .parse()
+        .expect("PTTL is an integer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_lock_key_ever_exists_without_a_ttl() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let c = client(
+        &server,
+        opts().ttl(Duration::from_millis(400)).build().unwrap(),
+    )
+    .await;
+    let g = c.acquire("ttl").await.unwrap();
+    let key = c.backend().lock_key("ttl");
+    for _ in 0..12 {
+        let p = pttl(&server, &key);
+        assert!(p > 0 && p <= 400, "lock key PTTL {p}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(g.is_held(), "the watchdog kept the lease");
+    // The fence counter never expires.
+    assert_eq!(pttl(&server, &c.backend().meta_key("ttl")), -1);
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    assert_eq!(pttl(&server, &key), -2, "release deletes the key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_holders_lock_frees_after_its_ttl() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let a = client(
+        &server,
+        opts().ttl(Duration::from_millis(600)).build().unwrap(),
+    )
+    .await;
+    let b = client(
+        &server,
+        opts().wait_timeout(Duration::from_secs(5)).build().unwrap(),
+    )
+    .await;
+    // A crash: no release, no renewal.
+    let leaked = a.acquire("crash").await.unwrap().leak();
+    let t0 = Instant::now();
+    let g = b.acquire("crash").await.expect("freed by the TTL");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(450),
+        "freed before the TTL: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_millis(1500),
+        "freed long after the TTL: {waited:?}"
+    );
+    assert!(g.fence() > leaked.fence);
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_and_extend_never_touch_another_owners_lock() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let key = backend.lock_key("foreign");
+    assert_eq!(
+        server.cli(&["SET", &key, "someone-else", "PX", "30000"]),
+        "OK"
+    );
+    let ours = Token::generate();
+    assert_eq!(
+        backend.release("foreign", &ours).await.unwrap(),
+        LeaseCheck::Foreign
+    );
+    assert_eq!(
+        backend
+            .extend("foreign", &ours, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        LeaseCheck::Foreign
+    );
+    assert_eq!(server.cli(&["GET", &key]), "someone-else");
+    assert!(
+        pttl(&server, &key) <= 30_000,
+        "the foreign TTL was not extended"
+    );
+
+    // And through guards: a holder whose lease expired and was taken over.
+    let a = client(
+        &server,
+        opts()
+            .ttl(Duration::from_millis(200))
+            .auto_renew(false)
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let b = client(&server, opts().build().unwrap()).await;
+    let g1 = a.acquire("takeover").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let g2 = b.acquire("takeover").await.unwrap();
+    assert_eq!(
+        g1.release().await.unwrap(),
+        Released::Lost(LostReason::Expired)
+    );
+    assert_eq!(
+        server.cli(&["GET", &b.backend().lock_key("takeover")]),
+        g2.token().as_str()
+    );
+    assert_eq!(g2.release().await.unwrap(), Released::Held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_can_be_neither_extended_nor_released() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let c = client(
+        &server,
+        opts()
+            .ttl(Duration::from_millis(200))
+            .auto_renew(false)
+            .build()
+            .unwrap(),
+    )
+    .await;
+    let g = c.acquire("expired").await.unwrap();
+    let token = g.token().clone();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The server's answer, not only the local deadline:
+    let backend = c.backend();
+    assert_eq!(
+        backend
+            .extend("expired", &token, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        LeaseCheck::Missing
+    );
+    assert_eq!(
+        backend.release("expired", &token).await.unwrap(),
+        LeaseCheck::Missing
+    );
+    assert_eq!(
+        pttl(&server, &backend.lock_key("expired")),
+        -2,
+        "extend resurrected the lock"
+    );
+    assert_eq!(
+        g.extend(Duration::from_secs(30))
+            .await
+            .map_err(|e| e.kind()),
+        Err(ErrorKind::Lost)
+    );
+    assert_eq!(
+        g.release().await.unwrap(),
+        Released::Lost(LostReason::Expired)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_acquire_succeeds_once_and_counts_the_fence_once() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let token = Token::generate();
+    let req = AcquireRequest::new("retry", &token, Duration::from_secs(5), "test/1");
+    let first = backend.try_acquire(&req).await.unwrap();
+    assert_eq!(first, Attempt::Acquired { fence: Some(1) });
+    // The reply was "lost": the client sends the same request again, later, with a longer TTL.
+    let req2 = AcquireRequest::new("retry", &token, Duration::from_secs(20), "test/1");
+    let again = backend.try_acquire(&req2).await.unwrap();
+    assert_eq!(again, first, "same acquisition, same fence");
+    assert_eq!(
+        server.cli(&["HGET", &backend.meta_key("retry"), "fence"]),
+        "1",
+        "counted once"
+    );
+    assert!(
+        pttl(&server, &backend.lock_key("retry")) > 5_000,
+        "the retry re-armed the TTL"
+    );
+    // Another token is still refused.
+    let other = Token::generate();
+    let busy = backend
+        .try_acquire(&AcquireRequest::new(
+            "retry",
+            &other,
+            Duration::from_secs(5),
+            "x",
+        ))
+        .await
+        .unwrap();
+    assert!(matches!(busy, Attempt::Busy { holder_ttl: Some(t) } if t > Duration::from_secs(5)));
+    assert_eq!(
+        backend.release("retry", &token).await.unwrap(),
+        LeaseCheck::Ours
+    );
+    let next = backend
+        .try_acquire(&AcquireRequest::new(
+            "retry",
+            &other,
+            Duration::from_secs(5),
+            "x",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(next, Attempt::Acquired { fence: Some(2) });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_strictly_increases_over_1000_holders() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let clients = [
+        client(&server, opts().build().unwrap()).await,
+        client(&server, opts().build().unwrap()).await,
+        client(&server, opts().build().unwrap()).await,
+    ];
+    let mut last = 0;
+    for i in 0..1000 {
+        let g = clients[i % 3]
+            .try_acquire("fence1000")
+            .await
+            .unwrap()
+            .expect("free");
+        let f = g.fence().expect("redis gives fences");
+        assert!(f > last, "holder {i}: fence {f} after {last}");
+        last = f;
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+    }
+    assert_eq!(last, 1000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_tasks_times_200_lose_no_update() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let counter = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let c = client(&server, opts().build().unwrap()).await;
+        let counter = counter.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..200 {
+                let g = c.acquire("counter").await.unwrap();
+                let v = counter.load(Ordering::SeqCst); // read
+                tokio::task::yield_now().await; // let the others run in between
+                counter.store(v + 1, Ordering::SeqCst); // write
+                assert_eq!(g.release().await.unwrap(), Released::Held);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), 1600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interop_with_plain_set_nx_px_both_ways() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    // Default layout: the other client locks our key name.
+    let c = client(&server, opts().build().unwrap()).await;
+    let key = c.backend().lock_key("shared");
+    assert_eq!(server.cli(&["SET", &key, "v", "NX", "PX", "30000"]), "OK");
+    assert!(
+        c.try_acquire("shared").await.unwrap().is_none(),
+        "their lock must exclude ours"
+    );
+    let st = c.status("shared").await.unwrap();
+    assert!(st.held && st.fence.is_none());
+    assert!(st.ttl.is_some_and(|t| t > Duration::from_secs(25)));
+    assert_eq!(server.cli(&["DEL", &key]), "1");
+    let g = c.try_acquire("shared").await.unwrap().expect("free again");
+    assert_eq!(
+        server.cli(&["SET", &key, "v", "NX", "PX", "30000"]),
+        "",
+        "ours must exclude theirs"
+    );
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+
+    // Plain naming: exactly the key another library uses.
+    let url = format!("{}?prefix=&hash_tag=false", server.url());
+    let plain = LockClient::new(RedisBackend::connect(&url).await.unwrap());
+    assert_eq!(server.cli(&["SET", "k", "v", "NX", "PX", "30000"]), "OK");
+    assert!(plain.try_acquire("k").await.unwrap().is_none());
+    assert_eq!(server.cli(&["DEL", "k"]), "1");
+    let g = plain.try_acquire("k").await.unwrap().expect("free");
+    assert_eq!(server.cli(&["GET", "k"]), g.token().as_str());
+    assert_eq!(server.cli(&["SET", "k", "v", "NX", "PX", "30000"]), "");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gives_typed_errors_and_takes_nothing() {
+    // Zero TTL and malformed URLs need no server.
+    let e = LockOptions::builder()
+        .ttl(Duration::ZERO)
+        .build()
+        .expect_err("zero ttl");
+    assert_eq!(e.kind(), ErrorKind::Config);
+    for bad in [
+        "redis//nope",
+        "redis://",
+        "http://127.0.0.1:6379",
+        "redis://127.0.0.1:6379?response_timeout=x",
+    ] {
+        let e = RedisBackend::connect(bad).await.expect_err(bad);
+        assert_eq!(e.kind(), ErrorKind::Config, "{bad}: {e}");
+    }
+    // Refused connection: fast, typed, retryable.
+    let t0 = Instant::now();
+    let e = RedisBackend::connect(&format!("redis://127.0.0.1:{}", free_port()))
+        .await
+        .expect_err("refused");
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    assert!(e.is_retryable());
+    assert!(
+        std::error::Error::source(&e).is_some(),
+        "the driver error is chained"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "refusal took {:?}",
+        t0.elapsed()
+    );
+
+    // Wrong password, and no password, on a server that wants one.
+    let Some(secure) = RedisServer::start_with(&["--requirepass", "s3cret"]) else {
+        return;
+    };
+    let port = secure.port();
+    for url in [
+        format!("redis://:wrong@127.0.0.1:{port}"),
+        format!("redis://127.0.0.1:{port}"),
+    ] {
+        let e = RedisBackend::connect(&url).await.expect_err("bad auth");
+        assert_eq!(e.kind(), ErrorKind::Auth, "{url}: {e}");
+        assert!(!e.is_retryable());
+    }
+    assert!(RedisBackend::connect(&secure.url()).await.is_ok());
+
+    // A key holding a hash instead of a lock string.
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let c = client(&server, opts().build().unwrap()).await;
+    let key = c.backend().lock_key("typed");
+    server.cli(&["HSET", &key, "f", "v"]);
+    let e = c.try_acquire("typed").await.expect_err("wrong type");
+    assert_eq!(e.kind(), ErrorKind::Protocol, "{e}");
+    assert_eq!(
+        c.status("typed").await.map_err(|e| e.kind()).err(),
+        Some(ErrorKind::Protocol)
+    );
+    assert_eq!(
+        server.cli(&["EXISTS", &c.backend().meta_key("typed")]),
+        "0",
+        "nothing half taken"
+    );
+    assert_eq!(server.cli(&["TYPE", &key]), "hash");
+    // A meta key of the wrong type: the lock key must not be left set.
+    let meta = c.backend().meta_key("typed2");
+    server.cli(&["SET", &meta, "not-a-hash"]);
+    let e = c.try_acquire("typed2").await.expect_err("wrong meta type");
+    assert_eq!(e.kind(), ErrorKind::Protocol, "{e}");
+    assert_eq!(
+        server.cli(&["EXISTS", &c.backend().lock_key("typed2")]),
+        "0",
+        "lock half taken"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_gives_timeouts_and_leaves_only_expiring_keys() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let url = format!("{}?response_timeout=200ms", server.url());
+    let c = LockClient::builder(RedisBackend::connect(&url).await.unwrap())
+        .options(opts().ttl(Duration::from_secs(2)).build().unwrap())
+        .build();
+    server.pause();
+    let t0 = Instant::now();
+    let e = c.try_acquire("paused").await.expect_err("server paused");
+    let took = t0.elapsed();
+    server.resume();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    // One try and two resends with the same token, 200 ms each.
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let key = c.backend().lock_key("paused");
+    let p = pttl(&server, &key);
+    assert!(
+        p == -2 || (0..=2000).contains(&p),
+        "a key without TTL was left behind (PTTL {p})"
+    );
+    let b = LockClient::builder(RedisBackend::connect(&server.url()).await.unwrap())
+        .options(opts().wait_timeout(Duration::from_secs(5)).build().unwrap())
+        .build();
+    let g = b.acquire("paused").await.expect("the lock frees");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_reconnects_after_a_server_restart() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let c = client(&server, opts().build().unwrap()).await;
+    let g = c.acquire("restart").await.unwrap();
+    assert_eq!(g.fence(), Some(1));
+    let _ = g.leak();
+    server.kill();
+    let e = c.try_acquire("restart").await.expect_err("server down");
+    assert!(e.is_retryable(), "{e}");
+    server.restart();
+    // Without persistence the restart lost the lock and its fence counter: the fence starts over.
+    // This is the data-loss case the docs warn about (use persistence, or fence elsewhere).
+    let mut got = None;
+    for _ in 0..50 {
+        match c.try_acquire("restart").await {
+            Ok(Some(g)) => {
+                got = Some(g);
+                break;
+            }
+            Ok(None) => panic!("a restarted empty server cannot hold the lock"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let g = got.expect("reconnected within 5 s");
+    assert_eq!(g.fence(), Some(1));
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
