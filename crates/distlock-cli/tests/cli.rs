@@ -1,0 +1,213 @@
+//! `distlock run` and `distlock status`, as a user runs them: real processes, real engines.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use distlock_testkit::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+/// A `distlock` command isolated in `tmp` (its default lock directory lives there).
+fn distlock(tmp: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("TMPDIR", tmp)
+        .env_remove("DISTLOCK_URL")
+        .env("DISTLOCK_LOG", "off");
+    c
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("run distlock")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+fn spawn_holder(cmd: &mut Command) -> Child {
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn holder")
+}
+
+/// Waits until `status KEY` says held.
+fn wait_held(mut status: impl FnMut() -> Output) {
+    let t0 = Instant::now();
+    while !stdout(&status()).contains(": held") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the holder never took the lock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn run_on_the_default_file_engine_passes_key_and_fence() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = "echo \"$DISTLOCK_KEY $DISTLOCK_FENCE\"";
+    let o = run(distlock(tmp.path()).args(["run", "jobs", "--", "sh", "-c", script]));
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(stdout(&o), "jobs 1");
+    let o = run(distlock(tmp.path()).args(["run", "jobs", "--", "sh", "-c", script]));
+    assert_eq!(stdout(&o), "jobs 2");
+    assert!(tmp.path().join("distlock").join("jobs.lock").is_file());
+}
+
+#[test]
+fn exit_status_is_the_commands() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = run(distlock(tmp.path()).args(["run", "k", "--", "sh", "-c", "exit 3"]));
+    assert_eq!(o.status.code(), Some(3));
+    let o = run(distlock(tmp.path()).args(["run", "k", "--", "sh", "-c", "kill -TERM $$"]));
+    assert_eq!(o.status.code(), Some(128 + 15));
+    let o = run(distlock(tmp.path()).args(["run", "k", "--", "/no/such/command"]));
+    assert_eq!(o.status.code(), Some(127));
+    // The lock was released every time.
+    let o = run(distlock(tmp.path()).args(["run", "--no-wait", "k", "--", "true"]));
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+}
+
+#[test]
+fn a_busy_lock_exits_75_and_a_killed_holder_frees_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut holder = spawn_holder(
+        distlock(tmp.path()).args(["run", "--label", "holder-A", "busy", "--", "sleep", "30"]),
+    );
+    wait_held(|| run(distlock(tmp.path()).args(["status", "busy"])));
+    let o = run(distlock(tmp.path()).args(["run", "--no-wait", "busy", "--", "true"]));
+    assert_eq!(o.status.code(), Some(75), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("holder-A"),
+        "{o:?}"
+    );
+    let t0 = Instant::now();
+    let o = run(distlock(tmp.path()).args(["run", "--wait", "300ms", "busy", "--", "true"]));
+    assert_eq!(o.status.code(), Some(75));
+    assert!(t0.elapsed() >= Duration::from_millis(290));
+    let json = stdout(&run(distlock(tmp.path()).args(["status", "busy", "--json"])));
+    assert!(
+        json.starts_with("{\"key\":\"busy\",\"held\":true,\"owner\":\"holder-A"),
+        "{json}"
+    );
+    // kill -9 the holder: the OS frees a file lock at once.
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let o = run(distlock(tmp.path()).args(["run", "--no-wait", "busy", "--", "true"]));
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let json = stdout(&run(distlock(tmp.path()).args(["status", "busy", "--json"])));
+    assert_eq!(
+        json,
+        "{\"key\":\"busy\",\"held\":false,\"owner\":null,\"fence\":null,\"ttl_ms\":null}"
+    );
+}
+
+#[test]
+fn bad_input_has_clear_exit_codes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], i32); 5] = [
+        (&["run", "--url", "bogus", "k", "--", "true"], 78),
+        (
+            &["run", "--url", "redis://127.0.0.1:1", "k", "--", "true"],
+            69,
+        ),
+        (&["run", "--ttl", "0s", "k", "--", "true"], 78),
+        (&["run", "", "--", "true"], 64),
+        (&["run", "--ttl", "soon", "k", "--", "true"], 2),
+    ];
+    for (args, code) in cases {
+        let o = run(distlock(tmp.path()).args(args));
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {o:?}");
+        assert!(
+            !String::from_utf8_lossy(&o.stderr).contains("panicked"),
+            "{o:?}"
+        );
+    }
+}
+
+#[test]
+fn run_on_redis_and_exit_70_when_the_lock_is_lost() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let url = server.url();
+    let o = run(distlock(tmp.path()).args([
+        "run",
+        "--url",
+        &url,
+        "r",
+        "--",
+        "sh",
+        "-c",
+        "echo $DISTLOCK_FENCE",
+    ]));
+    assert_eq!(stdout(&o), "1", "{o:?}");
+
+    // Someone breaks the lock while the command runs: the watchdog notices, the command is
+    // stopped, distlock exits 70.
+    let t0 = Instant::now();
+    let mut holder = distlock(tmp.path())
+        .args([
+            "run", "--url", &url, "--ttl", "600ms", "lost", "--", "sleep", "30",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_held(|| run(distlock(tmp.path()).args(["status", "--url", &url, "lost"])));
+    server.cli(&["SET", "distlock:{lost}", "intruder", "PX", "60000"]);
+    let status = loop {
+        if let Some(s) = holder.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "distlock did not notice the loss"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(70));
+    assert_eq!(
+        server.cli(&["GET", "distlock:{lost}"]),
+        "intruder",
+        "the intruder's lock survived"
+    );
+}
+
+#[test]
+fn a_killed_redis_holder_frees_the_lock_after_its_ttl() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let url = server.url();
+    let mut holder = spawn_holder(distlock(tmp.path()).args([
+        "run", "--url", &url, "--ttl", "1s", "crash", "--", "sleep", "30",
+    ]));
+    wait_held(|| run(distlock(tmp.path()).args(["status", "--url", &url, "crash"])));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let t0 = Instant::now();
+    let o = run(distlock(tmp.path()).args([
+        "run",
+        "--url",
+        &url,
+        "--wait",
+        "5s",
+        "crash",
+        "--",
+        "sh",
+        "-c",
+        "echo $DISTLOCK_FENCE",
+    ]));
+    let waited = t0.elapsed();
+    assert_eq!(stdout(&o), "2", "{o:?}");
+    assert!(
+        waited >= Duration::from_millis(300),
+        "freed before the TTL: {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+}
