@@ -65,12 +65,12 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         Ok(g) => g,
         Err(e) => {
             let code = exit::report(&format!("cannot take lock {:?}", args.key), &e);
-            if code == exit::CONFLICT {
-                if let Ok(st) = client.status(&args.key).await {
-                    if let Some(owner) = st.owner {
-                        eprintln!("distlock: held by {owner}");
-                    }
-                }
+            if code == exit::CONFLICT
+                && let Ok(distlock::LockStatus {
+                    owner: Some(owner), ..
+                }) = client.status(&args.key).await
+            {
+                eprintln!("distlock: held by {owner}");
             }
             return code;
         }

@@ -230,29 +230,21 @@ impl Backend for Box<dyn DynBackend> {
     fn capabilities(&self) -> Capabilities {
         (**self).dyn_capabilities()
     }
-    fn try_acquire(
-        &self,
-        req: &AcquireRequest<'_>,
-    ) -> impl Future<Output = Result<Attempt, LockError>> + Send {
-        let req = *req;
-        async move { (**self).dyn_try_acquire(&req).await }
+    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        (**self).dyn_try_acquire(req).await
     }
-    fn extend(
+    async fn extend(
         &self,
         key: &str,
         token: &Token,
         ttl: Duration,
-    ) -> impl Future<Output = Result<LeaseCheck, LockError>> + Send {
-        async move { (**self).dyn_extend(key, token, ttl).await }
+    ) -> Result<LeaseCheck, LockError> {
+        (**self).dyn_extend(key, token, ttl).await
     }
-    fn release(
-        &self,
-        key: &str,
-        token: &Token,
-    ) -> impl Future<Output = Result<LeaseCheck, LockError>> + Send {
-        async move { (**self).dyn_release(key, token).await }
+    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+        (**self).dyn_release(key, token).await
     }
-    fn status(&self, key: &str) -> impl Future<Output = Result<LockStatus, LockError>> + Send {
-        async move { (**self).dyn_status(key).await }
+    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+        (**self).dyn_status(key).await
     }
 }

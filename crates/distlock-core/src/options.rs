@@ -249,7 +249,7 @@ impl LockOptionsBuilder {
                 o.ttl
             ));
         }
-        if o.ttl.subsec_nanos() % 1_000_000 != 0 {
+        if !o.ttl.subsec_nanos().is_multiple_of(1_000_000) {
             return cfg(format!(
                 "the TTL must be a whole number of milliseconds (got {:?})",
                 o.ttl

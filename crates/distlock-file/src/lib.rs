@@ -212,13 +212,11 @@ fn acquire_blocking(
     token: &str,
     owner: &str,
 ) -> Result<Attempt, LockError> {
-    if let Some(h) = me.held().get(token) {
-        if h.key == key {
-            // A retried request with our token: already ours.
-            return Ok(Attempt::Acquired {
-                fence: Some(h.fence),
-            });
-        }
+    if let Some(h) = me.held().get(token).filter(|h| h.key == key) {
+        // A retried request with our token: already ours.
+        return Ok(Attempt::Acquired {
+            fence: Some(h.fence),
+        });
     }
     let path = me.lock_path(key);
     let mut file = OpenOptions::new()

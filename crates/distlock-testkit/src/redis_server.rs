@@ -85,14 +85,12 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if let Some(c) = self.child.as_mut() {
-                if let Ok(Some(status)) = c.try_wait() {
-                    self.child = None;
-                    return Err(format!(
-                        "redis-server exited with {status}; log tail:\n{}",
-                        tail(&self.log_path(), 20)
-                    ));
-                }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                return Err(format!(
+                    "redis-server exited with {status}; log tail:\n{}",
+                    tail(&self.log_path(), 20)
+                ));
             }
             if self.ping() {
                 return Ok(());
