@@ -1,0 +1,302 @@
+//! Pure logic of the core, on an in-memory fake engine (no network): deadlines, resends,
+//! cleanup, watchdog outcomes. Real engines are tested against real servers elsewhere.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlock_core::{
+    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockClient,
+    LockError, LockOptions, LockStatus, LostReason, ManualClock, Released, Token,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Renew {
+    Ok,
+    Missing,
+    Foreign,
+    Fail,
+}
+
+#[derive(Default)]
+struct State {
+    locks: HashMap<String, (String, u64)>,
+    fences: HashMap<String, u64>,
+    tokens_seen: Vec<String>,
+    released: Vec<String>,
+}
+
+/// A fake engine whose faults are set by the test.
+struct Fake {
+    state: Mutex<State>,
+    /// Acquires that are applied but answered with a timeout (a lost reply).
+    lose_replies: AtomicU32,
+    /// Acquires that fail with a timeout before being applied.
+    fail_acquires: AtomicU32,
+    renew: Mutex<Renew>,
+    extends: AtomicU32,
+    clock: Option<Arc<ManualClock>>,
+    /// How far the manual clock moves while an acquire is in flight.
+    latency: Duration,
+}
+
+impl Fake {
+    fn new() -> Self {
+        Fake {
+            state: Mutex::default(),
+            lose_replies: AtomicU32::new(0),
+            fail_acquires: AtomicU32::new(0),
+            renew: Mutex::new(Renew::Ok),
+            extends: AtomicU32::new(0),
+            clock: None,
+            latency: Duration::ZERO,
+        }
+    }
+    fn timeout() -> LockError {
+        LockError::new(ErrorKind::Timeout, "no reply")
+    }
+}
+
+#[derive(Clone)]
+struct Shared(Arc<Fake>);
+
+impl Backend for Shared {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(Fencing::Monotonic, true)
+    }
+    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        let f = &self.0;
+        if let Some(c) = &f.clock {
+            c.advance(f.latency);
+        }
+        if f.fail_acquires.load(Ordering::SeqCst) > 0 {
+            f.fail_acquires.fetch_sub(1, Ordering::SeqCst);
+            return Err(Fake::timeout());
+        }
+        let mut st = f.state.lock().unwrap();
+        st.tokens_seen.push(req.token.as_str().to_owned());
+        let outcome = match st.locks.get(req.key).cloned() {
+            None => {
+                let fence = st.fences.entry(req.key.to_owned()).or_default();
+                *fence += 1;
+                let fence = *fence;
+                st.locks
+                    .insert(req.key.to_owned(), (req.token.as_str().to_owned(), fence));
+                Attempt::Acquired { fence: Some(fence) }
+            }
+            Some((t, fence)) if t == req.token.as_str() => Attempt::Acquired { fence: Some(fence) },
+            Some(_) => Attempt::Busy {
+                holder_ttl: Some(Duration::from_millis(5)),
+            },
+        };
+        if f.lose_replies.load(Ordering::SeqCst) > 0 {
+            f.lose_replies.fetch_sub(1, Ordering::SeqCst);
+            return Err(Fake::timeout());
+        }
+        Ok(outcome)
+    }
+    async fn extend(
+        &self,
+        _key: &str,
+        _token: &Token,
+        _ttl: Duration,
+    ) -> Result<LeaseCheck, LockError> {
+        self.0.extends.fetch_add(1, Ordering::SeqCst);
+        tokio::task::yield_now().await;
+        match *self.0.renew.lock().unwrap() {
+            Renew::Ok => Ok(LeaseCheck::Ours),
+            Renew::Missing => Ok(LeaseCheck::Missing),
+            Renew::Foreign => Ok(LeaseCheck::Foreign),
+            Renew::Fail => Err(LockError::new(ErrorKind::Connection, "down")),
+        }
+    }
+    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+        let mut st = self.0.state.lock().unwrap();
+        st.released.push(token.as_str().to_owned());
+        match st.locks.get(key) {
+            Some((t, _)) if t == token.as_str() => {
+                st.locks.remove(key);
+                Ok(LeaseCheck::Ours)
+            }
+            Some(_) => Ok(LeaseCheck::Foreign),
+            None => Ok(LeaseCheck::Missing),
+        }
+    }
+    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+        let st = self.0.state.lock().unwrap();
+        Ok(match st.locks.get(key) {
+            Some((_, f)) => LockStatus::held(None, Some(*f), None),
+            None => LockStatus::free(),
+        })
+    }
+}
+
+fn ttl_opts(ttl_ms: u64) -> distlock_core::LockOptionsBuilder {
+    LockOptions::builder().ttl(Duration::from_millis(ttl_ms))
+}
+
+#[tokio::test]
+async fn validity_counts_from_when_the_request_was_sent() {
+    let clock = Arc::new(ManualClock::new());
+    let mut fake = Fake::new();
+    fake.clock = Some(clock.clone());
+    fake.latency = Duration::from_millis(400); // the reply arrives 400 ms after the send
+    let client = LockClient::builder(Shared(Arc::new(fake)))
+        .clock(clock.clone())
+        .options(ttl_opts(10_000).auto_renew(false).build().unwrap())
+        .build();
+    let sent = distlock_core::Clock::now(&*clock);
+    let g = client.try_acquire("k").await.unwrap().expect("free");
+    // ttl − drift, where drift = 1% + 2 ms = 102 ms; the 400 ms in flight count against us.
+    assert_eq!(g.valid_until(), sent + Duration::from_millis(10_000 - 102));
+    assert!(g.is_held());
+    clock.advance(Duration::from_millis(10_000 - 102 - 400 - 1));
+    assert!(g.is_held());
+    clock.advance(Duration::from_millis(1));
+    assert!(!g.is_held(), "held past send + ttl − drift");
+    let _ = g.leak();
+}
+
+#[tokio::test]
+async fn a_lost_reply_is_resent_with_the_same_token_and_counted_once() {
+    let fake = Arc::new(Fake::new());
+    fake.lose_replies.store(2, Ordering::SeqCst);
+    let client = LockClient::new(Shared(fake.clone()));
+    let g = client
+        .try_acquire("k")
+        .await
+        .unwrap()
+        .expect("ours after two lost replies");
+    assert_eq!(g.fence(), Some(1), "the fence was counted once");
+    let st = fake.state.lock().unwrap();
+    assert_eq!(st.tokens_seen.len(), 3);
+    assert!(
+        st.tokens_seen.iter().all(|t| t == g.token().as_str()),
+        "resends reuse the token"
+    );
+    drop(st);
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
+#[tokio::test]
+async fn giving_up_after_ambiguous_errors_releases_what_may_have_been_taken() {
+    let fake = Arc::new(Fake::new());
+    fake.lose_replies.store(10, Ordering::SeqCst);
+    let client = LockClient::new(Shared(fake.clone()));
+    let e = client.try_acquire("k").await.expect_err("every reply lost");
+    assert_eq!(e.kind(), ErrorKind::Timeout);
+    // The cleanup runs in the background.
+    for _ in 0..100 {
+        if fake.state.lock().unwrap().locks.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let st = fake.state.lock().unwrap();
+    assert!(
+        st.locks.is_empty(),
+        "a lock taken by a lost request was left behind"
+    );
+    assert_eq!(st.released.len(), 1);
+    assert_eq!(st.released[0], st.tokens_seen[0]);
+}
+
+#[tokio::test]
+async fn a_clear_refusal_is_not_resent() {
+    let fake = Arc::new(Fake::new());
+    let client = LockClient::new(Shared(fake.clone()));
+    let holder = client.try_acquire("k").await.unwrap().expect("free");
+    assert!(client.try_acquire("k").await.unwrap().is_none());
+    assert_eq!(
+        fake.state.lock().unwrap().tokens_seen.len(),
+        2,
+        "busy is an answer, not resent"
+    );
+    assert_eq!(holder.release().await.unwrap(), Released::Held);
+}
+
+async fn lost_with(renew: Renew) -> (LostReason, Duration) {
+    let fake = Arc::new(Fake::new());
+    let client = LockClient::builder(Shared(fake.clone()))
+        .options(ttl_opts(300).build().unwrap())
+        .build();
+    let g = client.acquire("k").await.unwrap();
+    *fake.renew.lock().unwrap() = renew;
+    let t0 = std::time::Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
+        .await
+        .expect("lost fires");
+    assert!(!g.is_held());
+    assert!(matches!(g.release().await.unwrap(), Released::Lost(_)));
+    (reason, t0.elapsed())
+}
+
+#[tokio::test]
+async fn the_watchdog_reports_why_a_lease_was_lost() {
+    let (r, t) = lost_with(Renew::Foreign).await;
+    assert_eq!(r, LostReason::Stolen);
+    assert!(
+        t < Duration::from_millis(250),
+        "detected at the first renewal, took {t:?}"
+    );
+    let (r, _) = lost_with(Renew::Missing).await;
+    assert_eq!(r, LostReason::Expired);
+    // Unreachable: only when the local deadline passes, never before.
+    let (r, t) = lost_with(Renew::Fail).await;
+    assert_eq!(r, LostReason::Unreachable);
+    assert!(
+        t >= Duration::from_millis(180),
+        "declared lost before the deadline: {t:?}"
+    );
+}
+
+#[tokio::test]
+async fn with_lock_fails_when_the_lease_was_lost_during_the_body() {
+    let fake = Arc::new(Fake::new());
+    let client = LockClient::builder(Shared(fake.clone()))
+        .options(ttl_opts(300).build().unwrap())
+        .build();
+    let f2 = fake.clone();
+    let e = client
+        .with_lock("k", |lease| async move {
+            *f2.renew.lock().unwrap() = Renew::Foreign;
+            lease.lost().await
+        })
+        .await
+        .expect_err("lost during the body");
+    assert_eq!(e.kind(), ErrorKind::Lost);
+    assert!(!e.is_retryable());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_renewal_is_sent_after_release() {
+    let fake = Arc::new(Fake::new());
+    let client = LockClient::builder(Shared(fake.clone()))
+        .options(
+            ttl_opts(30)
+                .renew_interval(Duration::from_millis(2))
+                .build()
+                .unwrap(),
+        )
+        .build();
+    for _ in 0..20 {
+        let g = client.acquire("k").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(7)).await;
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+        let after_release = fake.extends.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(
+            fake.extends.load(Ordering::SeqCst),
+            after_release,
+            "renewed after release"
+        );
+    }
+    assert!(
+        fake.extends.load(Ordering::SeqCst) >= 20,
+        "the watchdog never ran"
+    );
+}
