@@ -52,6 +52,24 @@ macro_rules! conformance_tests {
     };
 }
 
+/// Makes a new client with the given options, as a separate process would have; implemented for
+/// every `Fn(LockOptions) -> impl Future<Output = LockClient<B>>`.
+pub trait MakeClient<B: Backend> {
+    /// A new client.
+    fn client(&self, options: LockOptions) -> impl Future<Output = LockClient<B>>;
+}
+
+impl<B, F, Fut> MakeClient<B> for F
+where
+    B: Backend,
+    F: Fn(LockOptions) -> Fut,
+    Fut: Future<Output = LockClient<B>>,
+{
+    fn client(&self, options: LockOptions) -> impl Future<Output = LockClient<B>> {
+        self(options)
+    }
+}
+
 fn opts() -> distlock_core::LockOptionsBuilder {
     LockOptions::builder()
         .ttl(Duration::from_secs(10))
@@ -68,15 +86,10 @@ fn key(case: &str) -> String {
 }
 
 /// One holder excludes another; release reports `Held` and frees the lock.
-pub async fn exclusive_and_release<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
+pub async fn exclusive_and_release<B: Backend>(make: &impl MakeClient<B>) {
     let (a, b) = (
-        make(opts().build().unwrap()).await,
-        make(opts().build().unwrap()).await,
+        make.client(opts().build().unwrap()).await,
+        make.client(opts().build().unwrap()).await,
     );
     let k = key("excl");
     let g = a.try_acquire(&k).await.unwrap().expect("free lock");
@@ -100,15 +113,10 @@ where
 }
 
 /// Every new holder gets a strictly greater fence (engines with fencing), or none at all.
-pub async fn fences_strictly_increase<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
+pub async fn fences_strictly_increase<B: Backend>(make: &impl MakeClient<B>) {
     let clients = [
-        make(opts().build().unwrap()).await,
-        make(opts().build().unwrap()).await,
+        make.client(opts().build().unwrap()).await,
+        make.client(opts().build().unwrap()).await,
     ];
     let k = key("fence");
     let fencing = clients[0].backend().capabilities().fencing;
@@ -132,20 +140,16 @@ where
 }
 
 /// A waiting acquire gets the lock soon after the holder releases it.
-pub async fn acquire_waits_for_release<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
-    let a = make(opts().build().unwrap()).await;
-    let b = make(
-        opts()
-            .wait_timeout(Duration::from_secs(10))
-            .build()
-            .unwrap(),
-    )
-    .await;
+pub async fn acquire_waits_for_release<B: Backend>(make: &impl MakeClient<B>) {
+    let a = make.client(opts().build().unwrap()).await;
+    let b = make
+        .client(
+            opts()
+                .wait_timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        )
+        .await;
     let k = key("wait");
     let g = a.acquire(&k).await.unwrap();
     let k2 = k.clone();
@@ -168,20 +172,16 @@ where
 }
 
 /// A wait timeout ends `acquire` with `Timeout`, on time.
-pub async fn acquire_times_out<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
-    let a = make(opts().build().unwrap()).await;
-    let b = make(
-        opts()
-            .wait_timeout(Duration::from_millis(300))
-            .build()
-            .unwrap(),
-    )
-    .await;
+pub async fn acquire_times_out<B: Backend>(make: &impl MakeClient<B>) {
+    let a = make.client(opts().build().unwrap()).await;
+    let b = make
+        .client(
+            opts()
+                .wait_timeout(Duration::from_millis(300))
+                .build()
+                .unwrap(),
+        )
+        .await;
     let k = key("timeout");
     let g = a.acquire(&k).await.unwrap();
     let t0 = Instant::now();
@@ -198,14 +198,9 @@ where
 }
 
 /// `Wait::No` makes `acquire` fail with `Busy` on a held lock; `try_acquire` says `None`.
-pub async fn no_wait_is_busy<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
-    let a = make(opts().build().unwrap()).await;
-    let b = make(opts().wait(Wait::No).build().unwrap()).await;
+pub async fn no_wait_is_busy<B: Backend>(make: &impl MakeClient<B>) {
+    let a = make.client(opts().build().unwrap()).await;
+    let b = make.client(opts().wait(Wait::No).build().unwrap()).await;
     let k = key("busy");
     let g = a.acquire(&k).await.unwrap();
     let err = b.acquire(&k).await.expect_err("held");
@@ -217,14 +212,9 @@ where
 }
 
 /// `with_lock` returns the body's value and releases the lock.
-pub async fn with_lock_returns_and_releases<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
-    let a = make(opts().build().unwrap()).await;
-    let b = make(opts().build().unwrap()).await;
+pub async fn with_lock_returns_and_releases<B: Backend>(make: &impl MakeClient<B>) {
+    let a = make.client(opts().build().unwrap()).await;
+    let b = make.client(opts().build().unwrap()).await;
     let k = key("with");
     let b2 = b.clone();
     let k2 = k.clone();
@@ -249,14 +239,9 @@ where
 }
 
 /// A panicking body still releases the lock, and the panic reaches the caller.
-pub async fn with_lock_releases_on_panic<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
-    let a = make(opts().build().unwrap()).await;
-    let b = make(opts().build().unwrap()).await;
+pub async fn with_lock_releases_on_panic<B: Backend>(make: &impl MakeClient<B>) {
+    let a = make.client(opts().build().unwrap()).await;
+    let b = make.client(opts().build().unwrap()).await;
     let k = key("panic");
     let k2 = k.clone();
     let joined = tokio::spawn(async move {
@@ -292,14 +277,9 @@ async fn eventually_free<B: Backend>(c: &LockClient<B>, k: &str, within: Duratio
 }
 
 /// Dropping a guard releases the lock in the background, promptly.
-pub async fn dropped_guard_is_released<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
-    let a = make(opts().build().unwrap()).await;
-    let b = make(opts().build().unwrap()).await;
+pub async fn dropped_guard_is_released<B: Backend>(make: &impl MakeClient<B>) {
+    let a = make.client(opts().build().unwrap()).await;
+    let b = make.client(opts().build().unwrap()).await;
     let k = key("drop");
     let g = a.acquire(&k).await.unwrap();
     let h = g.handle();
@@ -310,14 +290,9 @@ where
 }
 
 /// Acquires cancelled at random points leave nothing taken.
-pub async fn cancelled_acquire_leaves_nothing<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
-    let a = make(opts().build().unwrap()).await;
-    let b = make(opts().build().unwrap()).await;
+pub async fn cancelled_acquire_leaves_nothing<B: Backend>(make: &impl MakeClient<B>) {
+    let a = make.client(opts().build().unwrap()).await;
+    let b = make.client(opts().build().unwrap()).await;
     let k = key("cancel");
     for i in 0..30u64 {
         let budget = Duration::from_micros(i * 37);
@@ -327,14 +302,9 @@ where
 }
 
 /// `status` names the holder and its fence, and says free after release.
-pub async fn status_reports_holder<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
-    let a = make(opts().build().unwrap()).await;
-    let b = make(opts().build().unwrap()).await;
+pub async fn status_reports_holder<B: Backend>(make: &impl MakeClient<B>) {
+    let a = make.client(opts().build().unwrap()).await;
+    let b = make.client(opts().build().unwrap()).await;
     let k = key("status");
     assert!(!b.status(&k).await.unwrap().held);
     let g = a.acquire(&k).await.unwrap();
@@ -360,14 +330,11 @@ where
 
 /// Without renewal, the local deadline ends the lease: `is_held` turns false, `lost()` fires,
 /// and `extend` refuses.
-pub async fn local_deadline_ends_lease<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
+pub async fn local_deadline_ends_lease<B: Backend>(make: &impl MakeClient<B>) {
     let ttl = Duration::from_millis(300);
-    let a = make(opts().ttl(ttl).auto_renew(false).build().unwrap()).await;
+    let a = make
+        .client(opts().ttl(ttl).auto_renew(false).build().unwrap())
+        .await;
     let k = key("deadline");
     let t0 = Instant::now();
     let g = a.acquire(&k).await.unwrap();
@@ -394,14 +361,11 @@ where
 }
 
 /// The watchdog keeps a short lease alive well past its TTL, and others stay out.
-pub async fn watchdog_keeps_lease<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
-    let a = make(opts().ttl(Duration::from_millis(300)).build().unwrap()).await;
-    let b = make(opts().build().unwrap()).await;
+pub async fn watchdog_keeps_lease<B: Backend>(make: &impl MakeClient<B>) {
+    let a = make
+        .client(opts().ttl(Duration::from_millis(300)).build().unwrap())
+        .await;
+    let b = make.client(opts().build().unwrap()).await;
     let k = key("watchdog");
     let g = a.acquire(&k).await.unwrap();
     let first = g.valid_until();
@@ -414,24 +378,22 @@ where
 
 /// On expiring engines, an abandoned lease frees after its TTL and the late holder learns it
 /// lost; its release never deletes the new holder's lock.
-pub async fn expired_lease_is_taken_over<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
-    let a = make(
-        opts()
-            .ttl(Duration::from_millis(200))
-            .auto_renew(false)
-            .build()
-            .unwrap(),
-    )
-    .await;
+pub async fn expired_lease_is_taken_over<B: Backend>(make: &impl MakeClient<B>) {
+    let a = make
+        .client(
+            opts()
+                .ttl(Duration::from_millis(200))
+                .auto_renew(false)
+                .build()
+                .unwrap(),
+        )
+        .await;
     if !a.backend().capabilities().expiring {
         return; // Session engines free a lock when its holder dies, not after a TTL.
     }
-    let b = make(opts().wait_timeout(Duration::from_secs(3)).build().unwrap()).await;
+    let b = make
+        .client(opts().wait_timeout(Duration::from_secs(3)).build().unwrap())
+        .await;
     let k = key("takeover");
     let g = a.acquire(&k).await.unwrap();
     let t0 = Instant::now();
@@ -455,19 +417,14 @@ where
 }
 
 /// 8 clients × 50 acquisitions around a non-atomic read-modify-write lose no update.
-pub async fn mutual_exclusion_counter<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
+pub async fn mutual_exclusion_counter<B: Backend>(make: &impl MakeClient<B>) {
     const TASKS: u64 = 8;
     const ROUNDS: u64 = 50;
     let k = key("counter");
     let counter = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for _ in 0..TASKS {
-        let c = make(opts().build().unwrap()).await;
+        let c = make.client(opts().build().unwrap()).await;
         let (k, counter) = (k.clone(), counter.clone());
         tasks.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
@@ -490,13 +447,8 @@ where
 }
 
 /// Empty and oversized keys are refused with `InvalidKey` and take nothing.
-pub async fn bad_keys_are_refused<B, F, Fut>(make: &F)
-where
-    B: Backend,
-    F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
-{
-    let a = make(opts().build().unwrap()).await;
+pub async fn bad_keys_are_refused<B: Backend>(make: &impl MakeClient<B>) {
+    let a = make.client(opts().build().unwrap()).await;
     for k in [
         String::new(),
         "k".repeat(distlock_core::MAX_KEY_LEN + 1),
