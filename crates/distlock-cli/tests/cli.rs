@@ -211,3 +211,57 @@ fn a_killed_redis_holder_frees_the_lock_after_its_ttl() {
     );
     assert!(waited < Duration::from_secs(3), "{waited:?}");
 }
+
+#[test]
+fn signals_are_forwarded_to_the_command_and_the_lock_released() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ready = tmp.path().join("ready");
+    let script = format!(
+        "trap 'exit 9' TERM; touch {}; i=0; while [ $i -lt 200 ]; do i=$((i+1)); sleep 0.05; done",
+        ready.display()
+    );
+    let mut holder = distlock(tmp.path())
+        .args(["run", "sig", "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !ready.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the command never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = holder.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = holder.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            holder.kill().unwrap();
+            panic!("SIGTERM was not forwarded: the command still runs after 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(
+        status.code(),
+        Some(9),
+        "the command's trap ran and its status came back"
+    );
+    let o = run(distlock(tmp.path()).args(["run", "--no-wait", "sig", "--", "true"]));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "released after the command exited: {o:?}"
+    );
+}
