@@ -3,7 +3,7 @@
 //! Each engine's test file instantiates it with a setup expression that yields a client factory
 //! (`Fn(LockOptions) -> Future<Output = LockClient<B>>`), or `None` to skip outside CI:
 //!
-//! ```ignore
+//! ```text
 //! distlock_testkit::conformance_tests!(setup());
 //! ```
 //!
