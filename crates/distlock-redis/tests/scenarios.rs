@@ -1,7 +1,5 @@
 //! The source articles' failure scenarios, on a real redis-server.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use distlock_core::{
@@ -267,25 +265,14 @@ async fn eight_tasks_times_200_lose_no_update() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let counter = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let c = client(&server, opts().build().unwrap()).await;
-        let counter = counter.clone();
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..200 {
-                let g = c.acquire("counter").await.unwrap();
-                let v = counter.load(Ordering::SeqCst); // read
-                tokio::task::yield_now().await; // let the others run in between
-                counter.store(v + 1, Ordering::SeqCst); // write
-                assert_eq!(g.release().await.unwrap(), Released::Held);
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert_eq!(counter.load(Ordering::SeqCst), 1600);
+    let make = |options: LockOptions| {
+        let url = server.url();
+        async move {
+            let backend = RedisBackend::connect(&url).await.expect("connect");
+            LockClient::builder(backend).options(options).build()
+        }
+    };
+    distlock_testkit::conformance::counter_under_lock(&make, 8, 200).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

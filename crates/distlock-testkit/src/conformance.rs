@@ -418,30 +418,34 @@ pub async fn expired_lease_is_taken_over<B: Backend>(make: &impl MakeClient<B>) 
 
 /// 8 clients × 50 acquisitions around a non-atomic read-modify-write lose no update.
 pub async fn mutual_exclusion_counter<B: Backend>(make: &impl MakeClient<B>) {
-    const TASKS: u64 = 8;
-    const ROUNDS: u64 = 50;
+    counter_under_lock(make, 8, 50).await;
+}
+
+/// `tasks` clients, each taking the lock `rounds` times around a read → yield → write of a
+/// shared counter; any overlap of two holders loses an update.
+pub async fn counter_under_lock<B: Backend>(make: &impl MakeClient<B>, tasks: u64, rounds: u64) {
     let k = key("counter");
     let counter = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..TASKS {
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
         let c = make.client(opts().build().unwrap()).await;
         let (k, counter) = (k.clone(), counter.clone());
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
+        handles.push(tokio::spawn(async move {
+            for _ in 0..rounds {
                 let g = c.acquire(&k).await.unwrap();
-                let v = counter.load(Ordering::SeqCst);
-                tokio::task::yield_now().await;
-                counter.store(v + 1, Ordering::SeqCst);
+                let v = counter.load(Ordering::SeqCst); // read
+                tokio::task::yield_now().await; // let the others run in between
+                counter.store(v + 1, Ordering::SeqCst); // write
                 assert!(g.release().await.unwrap().was_held());
             }
         }));
     }
-    for t in tasks {
-        t.await.unwrap();
+    for h in handles {
+        h.await.unwrap();
     }
     assert_eq!(
         counter.load(Ordering::SeqCst),
-        TASKS * ROUNDS,
+        tasks * rounds,
         "lost updates"
     );
 }
