@@ -7,6 +7,26 @@ use std::time::Duration;
 
 use crate::error::LockError;
 use crate::token::Token;
+use crate::wake::Subscription;
+
+/// One lease to renew in a batch ([`Backend::extend_many`]).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct RenewItem<'a> {
+    /// The lock key.
+    pub key: &'a str,
+    /// Our token.
+    pub token: &'a Token,
+    /// The new lease, from the moment the batch is sent.
+    pub ttl: Duration,
+}
+
+impl<'a> RenewItem<'a> {
+    /// A renewal of `key` held with `token` to `ttl`.
+    pub fn new(key: &'a str, token: &'a Token, ttl: Duration) -> Self {
+        RenewItem { key, token, ttl }
+    }
+}
 
 /// One acquire request, as handed to an engine.
 #[derive(Debug, Clone, Copy)]
@@ -153,6 +173,37 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Who holds `key`, if anybody.
     fn status(&self, key: &str) -> impl Future<Output = Result<LockStatus, LockError>> + Send;
+
+    /// Renews many leases at once: one result per item, in order. The watchdog sends every
+    /// renewal that is due in one call. Engines that can pipeline (Redis) send them in one round
+    /// trip; the default runs [`extend`](Self::extend) for all of them concurrently.
+    fn extend_many<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+    ) -> impl Future<Output = Vec<Result<LeaseCheck, LockError>>> + Send + 'a {
+        futures_util::future::join_all(
+            items
+                .iter()
+                .map(move |i| self.extend(i.key, i.token, i.ttl)),
+        )
+    }
+
+    /// A subscription to `key`'s release events, so a waiter can sleep until the lock is free
+    /// instead of polling. `Ok(None)` (the default) means the engine has no events: waiters use
+    /// jittered back-off. A subscription may also miss events (a foreign client's release, a
+    /// reconnect): waiters always bound their sleep by the holder's remaining lease and a capped
+    /// fallback interval.
+    ///
+    /// Engines should return only once the subscription is active at the server (or give up on
+    /// confirmation after a short time), so a release between this call and the next attempt is
+    /// not missed.
+    fn subscribe(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Subscription>, LockError>> + Send {
+        let _ = key;
+        std::future::ready(Ok(None))
+    }
 }
 
 /// A boxed, `Send` future, as returned by [`DynBackend`].
@@ -185,6 +236,16 @@ pub trait DynBackend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
     /// See [`Backend::status`].
     fn dyn_status<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>>;
+    /// See [`Backend::extend_many`].
+    fn dyn_extend_many<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>>;
+    /// See [`Backend::subscribe`].
+    fn dyn_subscribe<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>>;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -218,6 +279,18 @@ impl<B: Backend> DynBackend for B {
     fn dyn_status<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
         Box::pin(self.status(key))
     }
+    fn dyn_extend_many<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
+        Box::pin(self.extend_many(items))
+    }
+    fn dyn_subscribe<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        Box::pin(self.subscribe(key))
+    }
 }
 
 /// An engine chosen at run time.
@@ -246,5 +319,14 @@ impl Backend for Box<dyn DynBackend> {
     }
     async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
         (**self).dyn_status(key).await
+    }
+    fn extend_many<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+    ) -> impl Future<Output = Vec<Result<LeaseCheck, LockError>>> + Send + 'a {
+        (**self).dyn_extend_many(items)
+    }
+    async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {
+        (**self).dyn_subscribe(key).await
     }
 }

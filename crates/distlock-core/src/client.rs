@@ -11,17 +11,23 @@ use futures_util::FutureExt;
 use crate::backend::{AcquireRequest, Attempt, Backend, LockStatus};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{ErrorKind, LockError};
-use crate::guard::{LockGuard, Released, lost_error};
+use crate::guard::{Handoff, LockGuard, Released, lost_error};
 use crate::key::validate_key;
 use crate::lease::{LeaseHandle, LeaseShared};
+use crate::local::{Gate, LocalQueues};
 use crate::options::{LockOptions, Wait};
 use crate::token::Token;
+use crate::wake::Subscription;
+use crate::watchdog::Watchdog;
 
-pub(crate) struct ClientInner<B> {
+pub(crate) struct ClientInner<B: Backend> {
     pub(crate) backend: B,
     pub(crate) options: LockOptions,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) owner: String,
+    /// Per-key local queues (singleflight and hand-off); `None` when turned off.
+    pub(crate) local: Option<LocalQueues<Handoff<B>>>,
+    pub(crate) watchdog: Watchdog,
 }
 
 /// A lock client over one engine. Cheap to clone; share one per process.
@@ -36,11 +42,11 @@ pub(crate) struct ClientInner<B> {
 /// }
 /// # Ok(()) }
 /// ```
-pub struct LockClient<B> {
+pub struct LockClient<B: Backend> {
     inner: Arc<ClientInner<B>>,
 }
 
-impl<B> Clone for LockClient<B> {
+impl<B: Backend> Clone for LockClient<B> {
     fn clone(&self) -> Self {
         LockClient {
             inner: self.inner.clone(),
@@ -65,6 +71,7 @@ pub struct LockClientBuilder<B> {
     options: LockOptions,
     clock: Arc<dyn Clock>,
     owner: Option<String>,
+    local_queue: bool,
 }
 
 impl<B: Backend> fmt::Debug for LockClientBuilder<B> {
@@ -94,6 +101,15 @@ impl<B: Backend> LockClientBuilder<B> {
         self
     }
 
+    /// In-process singleflight (default on): tasks of this client that wait for the same key
+    /// queue locally in FIFO order, and only the head of the queue talks to the engine. Turn it
+    /// off to let every task poll the engine on its own (the naive behaviour of most lock
+    /// libraries, kept for comparison). Local hand-off needs it.
+    pub fn local_queue(mut self, on: bool) -> Self {
+        self.local_queue = on;
+        self
+    }
+
     /// Builds the client.
     pub fn build(self) -> LockClient<B> {
         let owner = self.owner.unwrap_or_else(default_owner);
@@ -103,6 +119,8 @@ impl<B: Backend> LockClientBuilder<B> {
                 options: self.options,
                 clock: self.clock,
                 owner,
+                local: self.local_queue.then(LocalQueues::new),
+                watchdog: Watchdog::new(),
             }),
         }
     }
@@ -162,6 +180,7 @@ impl<B: Backend> LockClient<B> {
             options: LockOptions::default(),
             clock: Arc::new(SystemClock),
             owner: None,
+            local_queue: true,
         }
     }
 
@@ -208,21 +227,33 @@ impl<B: Backend> LockClient<B> {
         options: &LockOptions,
     ) -> Result<Option<LockGuard<B>>, LockError> {
         validate_key(key)?;
+        if self.held_here(key) {
+            return Ok(None);
+        }
         match self.attempt(key, options).await? {
             Try::Got(g) => Ok(Some(g)),
             Try::Busy(_) => Ok(None),
         }
     }
 
-    /// Takes `key`, waiting as the client's options say (default: forever), with jittered
-    /// back-off between attempts that never sleeps past the holder's remaining lease.
+    /// Takes `key`, waiting as the client's options say (default: forever).
+    ///
+    /// How it waits:
+    /// - tasks of this client that wait for the same key queue locally, in FIFO order; only the
+    ///   head of the queue talks to the engine (see [`LockClientBuilder::local_queue`]);
+    /// - after a busy attempt, the head subscribes to the key's release events (when the engine
+    ///   has them), tries once more, and then sleeps until a release event, the holder's
+    ///   remaining lease or [`LockOptions::wake_fallback`], whichever comes first;
+    /// - on engines without events, it sleeps a jittered back-off, never past the holder's
+    ///   remaining lease.
     ///
     /// # Errors
     /// `Busy` when the options say not to wait, `Timeout` when the wait timeout passes, and the
     /// errors of `try_acquire`.
     ///
     /// # Cancel safety
-    /// Cancel-safe: a dropped `acquire` leaves nothing taken (see `try_acquire`).
+    /// Cancel-safe: a dropped `acquire` leaves nothing taken, no subscription and no place in
+    /// the local queue.
     pub async fn acquire(&self, key: &str) -> Result<LockGuard<B>, LockError> {
         self.acquire_with(key, &self.inner.options).await
     }
@@ -240,44 +271,106 @@ impl<B: Backend> LockClient<B> {
         options: &LockOptions,
     ) -> Result<LockGuard<B>, LockError> {
         validate_key(key)?;
-        let deadline = match options.wait() {
+        match options.wait() {
             Wait::No => {
-                return self.attempt(key, options).await.and_then(|t| match t {
+                if self.held_here(key) {
+                    return Err(LockError::busy(key));
+                }
+                self.attempt(key, options).await.and_then(|t| match t {
                     Try::Got(g) => Ok(g),
                     Try::Busy(_) => Err(LockError::busy(key)),
-                });
+                })
             }
-            Wait::Forever => None,
-            Wait::Timeout(d) => Some(tokio::time::Instant::now() + d),
-        };
-        let timed_out = || {
-            LockError::new(
-                ErrorKind::Timeout,
-                format!("waited too long for lock {key:?}"),
-            )
-        };
+            Wait::Forever => self.wait_for(key, options).await,
+            Wait::Timeout(d) => tokio::time::timeout(d, self.wait_for(key, options))
+                .await
+                .map_err(|_| {
+                    LockError::new(
+                        ErrorKind::Timeout,
+                        format!("waited {d:?} for lock {key:?} without getting it"),
+                    )
+                })?,
+        }
+    }
+
+    /// Whether a task of this client holds `key` right now (a local check, no I/O).
+    fn held_here(&self, key: &str) -> bool {
+        self.inner
+            .local
+            .as_ref()
+            .is_some_and(|l| l.live_holder(key).is_some())
+    }
+
+    /// The waiting loop of `acquire`; the caller bounds it with the wait timeout.
+    async fn wait_for(&self, key: &str, options: &LockOptions) -> Result<LockGuard<B>, LockError> {
+        let inner = &self.inner;
+        let mut ticket = inner.local.as_ref().map(|l| l.join(key, *options));
+        let mut sub: Option<Subscription> = None;
+        let mut subscribed = false;
         let mut round = 0u32;
         loop {
-            let attempt = match deadline {
-                Some(dl) => tokio::time::timeout_at(dl, self.attempt(key, options))
-                    .await
-                    .map_err(|_| timed_out())??,
-                None => self.attempt(key, options).await?,
-            };
-            let holder_ttl = match attempt {
+            // Our turn in the local queue, or a hand-off from a local holder.
+            if let Some(t) = ticket.as_mut() {
+                loop {
+                    match t.gate() {
+                        Gate::Handed(h) => match h.into_guard() {
+                            Some(g) => return Ok(g),
+                            None => continue,
+                        },
+                        Gate::Go => break,
+                        Gate::Wait(holder) => {
+                            if let Some(h) = t.changed(holder.as_ref()).await
+                                && let Some(g) = h.into_guard()
+                            {
+                                return Ok(g);
+                            }
+                        }
+                    }
+                }
+            }
+            let holder_ttl = match self.attempt(key, options).await? {
                 Try::Got(g) => return Ok(g),
                 Try::Busy(ttl) => ttl,
             };
-            let mut pause = options.backoff().delay(round, holder_ttl);
-            round = round.saturating_add(1);
-            if let Some(dl) = deadline {
-                let now = tokio::time::Instant::now();
-                if now >= dl {
-                    return Err(timed_out());
+            if options.events() && !subscribed {
+                // Subscribe first, then try again, then wait: a release between our attempt and
+                // the subscription cannot be missed.
+                subscribed = true;
+                match inner.backend.subscribe(key).await {
+                    Ok(Some(s)) => {
+                        sub = Some(s);
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::debug!(target: "distlock", key, error = %e,
+                        "cannot subscribe to release events; polling"),
                 }
-                pause = pause.min(dl - now);
             }
-            tokio::time::sleep(pause).await;
+            let pause = match &sub {
+                Some(_) => {
+                    let cap = options.wake_fallback();
+                    holder_ttl.map_or(cap, |t| (t + Duration::from_millis(1)).min(cap))
+                }
+                None => options.backoff().delay(round, holder_ttl),
+            };
+            round = round.saturating_add(1);
+            let event = async {
+                match sub.as_mut() {
+                    Some(s) => s.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let nudged = async {
+                match ticket.as_ref() {
+                    Some(t) => t.nudged().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = event => {}
+                () = nudged => {}
+            }
         }
     }
 

@@ -4,8 +4,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::task::JoinHandle;
-
 use crate::backend::{Backend, LeaseCheck};
 use crate::client::ClientInner;
 use crate::error::{ErrorKind, LockError};
@@ -55,20 +53,162 @@ pub struct LeakedLease {
 pub struct LockGuard<B: Backend> {
     client: Arc<ClientInner<B>>,
     lease: Arc<LeaseShared>,
-    watchdog: Option<JoinHandle<()>>,
     done: bool,
+}
+
+/// A lease handed from a releasing holder to a waiting task of the same client. If it is never
+/// taken (the waiter's future was dropped), its drop releases the lock.
+pub(crate) struct Handoff<B: Backend> {
+    client: Arc<ClientInner<B>>,
+    lease: Option<Arc<LeaseShared>>,
+}
+
+impl<B: Backend> Handoff<B> {
+    /// The guard of the handed-over lease.
+    pub(crate) fn into_guard(mut self) -> Option<LockGuard<B>> {
+        let lease = self.lease.take()?;
+        Some(LockGuard::new(self.client.clone(), lease))
+    }
+}
+
+impl<B: Backend> Drop for Handoff<B> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            let before = lease.end_if_past_deadline();
+            lease.end(LostReason::Released);
+            spawn_finish(self.client.clone(), lease, before);
+        }
+    }
+}
+
+fn spawn_finish<B: Backend>(
+    client: Arc<ClientInner<B>>,
+    lease: Arc<LeaseShared>,
+    before: Option<LostReason>,
+) {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(async move {
+            if let Err(e) = finish(&client, &lease, before).await {
+                tracing::debug!(target: "distlock", key = %lease.key, error = %e,
+                    "background release failed; the TTL will free the lock");
+            }
+        });
+    } else if let Some(local) = &client.local {
+        local.clear_holder(&lease.key, &lease);
+    }
+}
+
+/// Ends a lease that the caller has already marked released: waits for any renewal in flight,
+/// hands the lease to a local waiter if the options ask for it, and otherwise deletes the lock
+/// (compare-and-delete). `before` is how the lease had ended before the release, if it had.
+async fn finish<B: Backend>(
+    client: &Arc<ClientInner<B>>,
+    lease: &Arc<LeaseShared>,
+    before: Option<LostReason>,
+) -> Result<Released, LockError> {
+    // A renewal in flight holds the gate: wait for it, so no renewal ever follows the release.
+    drop(lease.gate.lock().await);
+    let result = async {
+        if before.is_none()
+            && lease.options.handoff()
+            && lease.streak < lease.options.handoff_streak()
+            && let Some(done) = hand_off(client, lease).await
+        {
+            return done;
+        }
+        let reply = client.backend.release(&lease.key, &lease.token).await;
+        match (before, reply) {
+            (Some(reason), _) => Ok(Released::Lost(reason)),
+            (None, Ok(LeaseCheck::Ours)) => Ok(Released::Held),
+            (None, Ok(LeaseCheck::Missing)) => Ok(Released::Lost(LostReason::Expired)),
+            (None, Ok(LeaseCheck::Foreign)) => Ok(Released::Lost(LostReason::Stolen)),
+            (None, Err(e)) => Err(e),
+        }
+    }
+    .await;
+    if let Some(local) = &client.local {
+        local.clear_holder(&lease.key, lease);
+    }
+    result
+}
+
+/// Gives the lease to the next local waiter with one renewal. `None` when nobody took it (the
+/// caller then releases as usual).
+async fn hand_off<B: Backend>(
+    client: &Arc<ClientInner<B>>,
+    lease: &Arc<LeaseShared>,
+) -> Option<Result<Released, LockError>> {
+    let local = client.local.as_ref()?;
+    let mut offer = local.offer(&lease.key, lease)?;
+    let ttl = offer.options.ttl();
+    let sent = lease.clock.now();
+    let renewed = client.backend.extend(&lease.key, &lease.token, ttl).await;
+    match renewed {
+        Ok(LeaseCheck::Ours) => {}
+        Ok(check) => {
+            local.withdraw(&lease.key, offer);
+            let reason = if check == LeaseCheck::Foreign {
+                LostReason::Stolen
+            } else {
+                LostReason::Expired
+            };
+            return Some(Ok(Released::Lost(reason)));
+        }
+        Err(e) => {
+            tracing::debug!(target: "distlock", key = %lease.key, error = %e,
+                "hand-off renewal failed; releasing instead");
+            local.withdraw(&lease.key, offer);
+            return None;
+        }
+    }
+    // The lock is ours until sent + ttl: give it to the first waiter still there.
+    loop {
+        let options = offer.options;
+        let validity = ttl.saturating_sub(options.drift_for(ttl));
+        let next = Arc::new(LeaseShared::with_deadline(
+            lease.key.clone(),
+            lease.token.clone(),
+            lease.fence,
+            lease.clock.clone(),
+            options,
+            sent,
+            ttl,
+            sent + validity,
+            lease.streak + 1,
+        ));
+        let value = Handoff {
+            client: client.clone(),
+            lease: Some(next.clone()),
+        };
+        match local.deliver(&lease.key, offer, &next, value) {
+            Ok(()) => {
+                tracing::debug!(target: "distlock", key = %lease.key, fence = ?lease.fence,
+                    streak = lease.streak + 1, "lock handed to a local waiter");
+                return Some(Ok(Released::Held));
+            }
+            Err(mut back) => {
+                // That waiter has gone: nobody must release this lease on its behalf.
+                back.lease = None;
+                match local.offer(&lease.key, lease) {
+                    Some(o) => offer = o,
+                    None => return None,
+                }
+            }
+        }
+    }
 }
 
 impl<B: Backend> LockGuard<B> {
     pub(crate) fn new(client: Arc<ClientInner<B>>, lease: Arc<LeaseShared>) -> Self {
-        let watchdog = lease
-            .options
-            .auto_renew()
-            .then(|| tokio::spawn(crate::watchdog::run(client.clone(), lease.clone())));
+        if let Some(local) = &client.local {
+            local.set_holder(&lease.key, &lease);
+        }
+        if lease.options.auto_renew() {
+            crate::watchdog::Watchdog::watch(&client, lease.clone());
+        }
         LockGuard {
             client,
             lease,
-            watchdog,
             done: false,
         }
     }
@@ -169,23 +309,21 @@ impl<B: Backend> LockGuard<B> {
     /// # Cancel safety
     /// If cancelled, the lock is released in the background as on drop.
     pub async fn release(mut self) -> Result<Released, LockError> {
-        self.stop_watchdog().await;
-        let before = self.lease.end_if_past_deadline();
-        let reply = self
-            .client
-            .backend
-            .release(&self.lease.key, &self.lease.token)
-            .await;
         self.done = true;
-        self.lease.end(LostReason::Released);
-        let outcome = match (before, reply) {
-            (Some(reason), _) => Released::Lost(reason),
-            (None, Ok(LeaseCheck::Ours)) => Released::Held,
-            (None, Ok(LeaseCheck::Missing)) => Released::Lost(LostReason::Expired),
-            (None, Ok(LeaseCheck::Foreign)) => Released::Lost(LostReason::Stolen),
-            (None, Err(e)) => return Err(e),
+        let lease = self.lease.clone();
+        let before = lease.end_if_past_deadline();
+        lease.end(LostReason::Released);
+        // If this future is dropped half-way, release in the background instead.
+        let mut pending = PendingFinish {
+            client: &self.client,
+            lease: &lease,
+            before,
+            armed: true,
         };
-        tracing::debug!(target: "distlock", key = %self.lease.key, fence = ?self.lease.fence,
+        let outcome = finish(&self.client, &lease, before).await;
+        pending.armed = false;
+        let outcome = outcome?;
+        tracing::debug!(target: "distlock", key = %lease.key, fence = ?lease.fence,
             held = outcome.was_held(), "lock released");
         Ok(outcome)
     }
@@ -193,12 +331,12 @@ impl<B: Backend> LockGuard<B> {
     /// Gives the guard up without releasing: the watchdog stops and the lock stays taken until
     /// its TTL runs out. Returns what is needed to release it later by hand.
     pub fn leak(mut self) -> LeakedLease {
-        if let Some(w) = self.watchdog.take() {
-            w.abort();
-        }
         self.done = true;
         let valid_until = self.valid_until();
         self.lease.end(LostReason::Released);
+        if let Some(local) = &self.client.local {
+            local.clear_holder(&self.lease.key, &self.lease);
+        }
         LeakedLease {
             key: self.lease.key.clone(),
             token: self.lease.token.clone(),
@@ -206,11 +344,20 @@ impl<B: Backend> LockGuard<B> {
             valid_until,
         }
     }
+}
 
-    async fn stop_watchdog(&mut self) {
-        if let Some(w) = self.watchdog.take() {
-            w.abort();
-            let _ = w.await;
+/// Finishes a release in the background if `release()` is cancelled.
+struct PendingFinish<'a, B: Backend> {
+    client: &'a Arc<ClientInner<B>>,
+    lease: &'a Arc<LeaseShared>,
+    before: Option<LostReason>,
+    armed: bool,
+}
+
+impl<B: Backend> Drop for PendingFinish<'_, B> {
+    fn drop(&mut self) {
+        if self.armed {
+            spawn_finish(self.client.clone(), self.lease.clone(), self.before);
         }
     }
 }
@@ -221,23 +368,12 @@ pub(crate) fn lost_error(key: &str, reason: LostReason) -> LockError {
 
 impl<B: Backend> Drop for LockGuard<B> {
     fn drop(&mut self) {
-        if let Some(w) = self.watchdog.take() {
-            w.abort();
-        }
         if self.done {
             return;
         }
+        let before = self.lease.end_if_past_deadline();
         self.lease.end(LostReason::Released);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let client = self.client.clone();
-            let lease = self.lease.clone();
-            rt.spawn(async move {
-                if let Err(e) = client.backend.release(&lease.key, &lease.token).await {
-                    tracing::debug!(target: "distlock", key = %lease.key, error = %e,
-                        "background release failed; the TTL will free the lock");
-                }
-            });
-        }
+        spawn_finish(self.client.clone(), self.lease.clone(), before);
     }
 }
 

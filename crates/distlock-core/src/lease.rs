@@ -46,7 +46,8 @@ pub(crate) struct LeaseState {
     /// The TTL renewals ask for.
     pub(crate) ttl: Duration,
     pub(crate) end: Option<LostReason>,
-    /// The last renewal failed for a network reason: a deadline passing now means `Unreachable`.
+    /// A renewal is outstanding or the last one failed for a network reason: a deadline passing
+    /// now means `Unreachable`.
     pub(crate) renew_failing: bool,
 }
 
@@ -57,6 +58,13 @@ pub(crate) struct LeaseShared {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) options: LockOptions,
     pub(crate) state: watch::Sender<LeaseState>,
+    /// When this holder's acquire (or the hand-off renewal) was sent: `max_hold` counts from here.
+    pub(crate) acquired_at: Instant,
+    /// How many local hand-offs in a row led to this lease (0 for a fresh acquire).
+    pub(crate) streak: u32,
+    /// Held by the watchdog while a renewal of this lease is in flight, and by release before it
+    /// ends the lease: so no renewal is ever sent after a release.
+    pub(crate) gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl LeaseShared {
@@ -70,8 +78,33 @@ impl LeaseShared {
     ) -> Self {
         let ttl = options.ttl();
         let validity = options.validity();
+        Self::with_deadline(
+            key,
+            token,
+            fence,
+            clock,
+            options,
+            sent_at,
+            ttl,
+            sent_at + validity,
+            0,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn with_deadline(
+        key: String,
+        token: Token,
+        fence: Option<u64>,
+        clock: Arc<dyn Clock>,
+        options: LockOptions,
+        sent_at: Instant,
+        ttl: Duration,
+        valid_until: Instant,
+        streak: u32,
+    ) -> Self {
         let state = LeaseState {
-            valid_until: sent_at + validity,
+            valid_until,
             sent_at,
             ttl,
             end: None,
@@ -84,6 +117,9 @@ impl LeaseShared {
             clock,
             options,
             state: watch::Sender::new(state),
+            acquired_at: sent_at,
+            streak,
+            gate: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 
@@ -96,8 +132,13 @@ impl LeaseShared {
         st.end.is_none() && self.clock.now() < st.valid_until
     }
 
-    /// Records a successful renewal sent at `sent_at`. Returns false if the lease had ended.
+    /// Records a successful renewal sent at `sent_at`. Returns false if the lease had ended,
+    /// including when its deadline passed before the reply came: once `is_held` has turned
+    /// false it never turns true again.
     pub(crate) fn renewed(&self, sent_at: Instant, ttl: Duration, validity: Duration) -> bool {
+        if self.end_if_past_deadline().is_some() {
+            return false;
+        }
         let mut alive = false;
         self.state.send_if_modified(|st| {
             if st.end.is_some() {
@@ -113,6 +154,11 @@ impl LeaseShared {
             true
         });
         alive
+    }
+
+    /// A renewal is on its way: until it is confirmed, a deadline passing means `Unreachable`.
+    pub(crate) fn renew_sent(&self) {
+        self.renew_failed();
     }
 
     pub(crate) fn renew_failed(&self) {

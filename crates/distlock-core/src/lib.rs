@@ -9,13 +9,15 @@ mod error;
 mod guard;
 mod key;
 mod lease;
+mod local;
 mod options;
 mod token;
+mod wake;
 mod watchdog;
 
 pub use backend::{
     AcquireRequest, AnyBackend, Attempt, Backend, BoxFuture, Capabilities, DynBackend, Fencing,
-    LeaseCheck, LockStatus,
+    LeaseCheck, LockStatus, RenewItem,
 };
 pub use client::{LockClient, LockClientBuilder, default_owner};
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -24,5 +26,9 @@ pub use error::{BoxError, ErrorKind, LockError};
 pub use guard::{LeakedLease, LockGuard, Released};
 pub use key::{MAX_KEY_LEN, validate_key};
 pub use lease::{LeaseHandle, LostReason};
-pub use options::{Backoff, LockOptions, LockOptionsBuilder, MAX_TTL, Wait, default_drift};
+pub use options::{
+    Backoff, DEFAULT_HANDOFF_STREAK, DEFAULT_WAKE_FALLBACK, LockOptions, LockOptionsBuilder,
+    MAX_TTL, Wait, default_drift,
+};
 pub use token::{MAX_TOKEN_LEN, Token};
+pub use wake::{Subscription, WakeHub};

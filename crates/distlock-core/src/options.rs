@@ -93,7 +93,20 @@ pub struct LockOptions {
     auto_renew: bool,
     renew_interval: Option<Duration>,
     acquire_retries: u32,
+    events: bool,
+    wake_fallback: Duration,
+    max_hold: Option<Duration>,
+    max_renewals: Option<u32>,
+    handoff: bool,
+    handoff_streak: u32,
 }
+
+/// The default cap on one sleep of a subscribed waiter ([`LockOptionsBuilder::wake_fallback`]).
+pub const DEFAULT_WAKE_FALLBACK: Duration = Duration::from_secs(1);
+
+/// The default longest run of local hand-offs before a real release
+/// ([`LockOptionsBuilder::handoff_streak`]).
+pub const DEFAULT_HANDOFF_STREAK: u32 = 8;
 
 impl Default for LockOptions {
     fn default() -> Self {
@@ -105,6 +118,12 @@ impl Default for LockOptions {
             auto_renew: true,
             renew_interval: None,
             acquire_retries: 2,
+            events: true,
+            wake_fallback: DEFAULT_WAKE_FALLBACK,
+            max_hold: None,
+            max_renewals: None,
+            handoff: false,
+            handoff_streak: DEFAULT_HANDOFF_STREAK,
         }
     }
 }
@@ -158,6 +177,40 @@ impl LockOptions {
     /// with the same token.
     pub fn acquire_retries(&self) -> u32 {
         self.acquire_retries
+    }
+
+    /// Whether waiters use the engine's release events (default on). Off, they poll with
+    /// jittered back-off only.
+    pub fn events(&self) -> bool {
+        self.events
+    }
+
+    /// The longest sleep of a waiter between two attempts while it is subscribed to release
+    /// events (default 1 s). It bounds the wait when an event is missed, for example when a
+    /// client in another language deletes its plain lock key and keyspace notifications are off.
+    pub fn wake_fallback(&self) -> Duration {
+        self.wake_fallback
+    }
+
+    /// The longest the watchdog keeps a lease alive, counted from the acquire (default: no
+    /// limit). The last renewal is shortened so the lease ends at this bound.
+    pub fn max_hold(&self) -> Option<Duration> {
+        self.max_hold
+    }
+
+    /// The most renewals the watchdog sends for one lease (default: no limit).
+    pub fn max_renewals(&self) -> Option<u32> {
+        self.max_renewals
+    }
+
+    /// Whether a release hands the lease to the next waiter of this process (default off).
+    pub fn handoff(&self) -> bool {
+        self.handoff
+    }
+
+    /// How many hand-offs in a row before a real release (default 8).
+    pub fn handoff_streak(&self) -> u32 {
+        self.handoff_streak
     }
 
     /// The part of a lease we may rely on: `ttl − drift`, saturating at zero.
@@ -231,6 +284,48 @@ impl LockOptionsBuilder {
         self
     }
 
+    /// Use the engine's release events to wake waiters (default on); off, waiters poll with
+    /// jittered back-off only.
+    pub fn events(mut self, on: bool) -> Self {
+        self.opts.events = on;
+        self
+    }
+
+    /// The longest sleep of a subscribed waiter between two attempts (default 1 s).
+    pub fn wake_fallback(mut self, cap: Duration) -> Self {
+        self.opts.wake_fallback = cap;
+        self
+    }
+
+    /// Stop renewing after this long since the acquire; the lease then runs out (default: no
+    /// limit).
+    pub fn max_hold(mut self, limit: Duration) -> Self {
+        self.opts.max_hold = Some(limit);
+        self
+    }
+
+    /// Stop renewing after this many renewals (default: no limit).
+    pub fn max_renewals(mut self, n: u32) -> Self {
+        self.opts.max_renewals = Some(n);
+        self
+    }
+
+    /// Local hand-off (default off): `release` gives the lease to the next task of this client
+    /// waiting for the same key, with one renewal instead of a release and a new acquire. The
+    /// new holder keeps the same token and the same fence. After
+    /// [`handoff_streak`](Self::handoff_streak) hand-offs in a row the lock is really released,
+    /// so other processes get their turn.
+    pub fn handoff(mut self, on: bool) -> Self {
+        self.opts.handoff = on;
+        self
+    }
+
+    /// Hand-offs in a row before a real release (default 8).
+    pub fn handoff_streak(mut self, n: u32) -> Self {
+        self.opts.handoff_streak = n;
+        self
+    }
+
     /// Checks and returns the options.
     ///
     /// # Errors
@@ -269,6 +364,12 @@ impl LockOptionsBuilder {
                 o.validity()
             ));
         }
+        if o.wake_fallback.is_zero() {
+            return cfg("the wake fallback interval must be above zero".into());
+        }
+        if o.max_hold.is_some_and(|d| d.is_zero()) {
+            return cfg("a maximum hold time of zero: use auto_renew(false)".into());
+        }
         if o.wait == Wait::Timeout(Duration::ZERO) {
             return cfg("a wait timeout of zero: use no_wait() for a single attempt".into());
         }
@@ -304,6 +405,8 @@ mod tests {
                 .ttl(Duration::from_secs(3))
                 .renew_interval(Duration::from_secs(3)),
             LockOptions::builder().wait_timeout(Duration::ZERO),
+            LockOptions::builder().wake_fallback(Duration::ZERO),
+            LockOptions::builder().max_hold(Duration::ZERO),
         ];
         for b in bad {
             let err = b

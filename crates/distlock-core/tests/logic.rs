@@ -208,13 +208,17 @@ async fn giving_up_after_ambiguous_errors_releases_what_may_have_been_taken() {
 async fn a_clear_refusal_is_not_resent() {
     let fake = Arc::new(Fake::new());
     let client = LockClient::new(Shared(fake.clone()));
+    let other = LockClient::new(Shared(fake.clone()));
     let holder = client.try_acquire("k").await.unwrap().expect("free");
-    assert!(client.try_acquire("k").await.unwrap().is_none());
+    assert!(other.try_acquire("k").await.unwrap().is_none());
     assert_eq!(
         fake.state.lock().unwrap().tokens_seen.len(),
         2,
         "busy is an answer, not resent"
     );
+    // The holder's own client knows the lock is taken here: no request at all.
+    assert!(client.try_acquire("k").await.unwrap().is_none());
+    assert_eq!(fake.state.lock().unwrap().tokens_seen.len(), 2);
     assert_eq!(holder.release().await.unwrap(), Released::Held);
 }
 

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, Fencing, LeaseCheck, LockError, LockStatus,
-    Token,
+    RenewItem, Subscription, Token,
 };
 use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -13,6 +13,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::config::RedisConfig;
 use crate::error::{map_err, protocol};
 use crate::keys::KeyLayout;
+use crate::subscriber::Subscriber;
 
 /// The Lua scripts, hashed once per backend and run with EVALSHA (loaded on NOSCRIPT).
 struct Scripts {
@@ -38,7 +39,10 @@ impl Scripts {
 ///
 /// - acquire: one script, one round trip: `SET key token NX PX ttl` plus the fence counter's
 ///   `HINCRBY`; a retry with our own token re-arms the TTL and returns the same fence;
-/// - release: compare-and-delete; extend: compare-and-pexpire;
+/// - release: compare-and-delete, and a `PUBLISH` that wakes waiters, in the same script;
+/// - extend: compare-and-pexpire; the watchdog's renewals of many locks go out as one pipeline;
+/// - waiting: one shared pub/sub connection (opened at the first wait) watches the release
+///   channel and the key's keyspace notifications;
 /// - fencing: a per-key counter that never expires, strictly increasing with every new holder
 ///   as long as the server keeps its data (persistence on, no failover to a lagging replica).
 #[derive(Clone)]
@@ -46,6 +50,8 @@ pub struct RedisBackend {
     conn: ConnectionManager,
     layout: KeyLayout,
     scripts: std::sync::Arc<Scripts>,
+    subscriber: std::sync::Arc<Subscriber>,
+    response_timeout: Duration,
     target: String,
 }
 
@@ -76,6 +82,12 @@ impl RedisBackend {
         let target = config.redacted_url();
         let client = redis::Client::open(config.url.as_str())
             .map_err(|e| map_err(e, "opening the Redis client"))?;
+        let subscriber = Subscriber::new(
+            client.clone(),
+            config.layout.clone(),
+            config.connect_timeout,
+            config.response_timeout,
+        );
         let cm = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             .set_response_timeout(Some(config.response_timeout))
@@ -94,6 +106,8 @@ impl RedisBackend {
             conn,
             layout: config.layout,
             scripts: std::sync::Arc::new(Scripts::new()),
+            subscriber: std::sync::Arc::new(subscriber),
+            response_timeout: config.response_timeout,
             target,
         })
     }
@@ -108,6 +122,11 @@ impl RedisBackend {
     /// The hash that keeps the fence counter (never expires) and the holder's label.
     pub fn meta_key(&self, name: &str) -> String {
         KeyLayout::meta_key(&self.layout.lock_key(name))
+    }
+
+    /// The channel a release of the lock `name` is announced on.
+    pub fn release_channel(&self, name: &str) -> String {
+        KeyLayout::release_channel(&self.layout.lock_key(name))
     }
 
     async fn run(
@@ -135,23 +154,55 @@ impl RedisBackend {
         script: &redis::Script,
         key: &str,
         token: &Token,
-        ttl: Option<Duration>,
+        extra: &str,
         doing: &str,
     ) -> Result<LeaseCheck, LockError> {
         let lock_key = self.layout.lock_key(key);
-        let ms;
-        let mut args = vec![token.as_str()];
-        if let Some(ttl) = ttl {
-            ms = ttl_ms(ttl).to_string();
-            args.push(&ms);
-        }
-        match self.run(script, &[&lock_key], &args, doing).await? {
-            Value::Int(1) => Ok(LeaseCheck::Ours),
-            Value::Int(0) => Ok(LeaseCheck::Missing),
-            Value::Int(-1) => Ok(LeaseCheck::Foreign),
-            other => Err(protocol(doing, &other)),
-        }
+        let reply = self
+            .run(script, &[&lock_key], &[token.as_str(), extra], doing)
+            .await?;
+        lease_check(&reply).ok_or_else(|| protocol(doing, &reply))
     }
+
+    /// One pipeline of compare-and-pexpire scripts; `None` for a reply that is not an answer
+    /// (NOSCRIPT and other errors are reported as such).
+    async fn extend_pipeline(
+        &self,
+        lock_keys: &[String],
+        items: &[RenewItem<'_>],
+    ) -> Result<Vec<Value>, redis::RedisError> {
+        let hash = self.scripts.extend.get_hash();
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for (k, item) in lock_keys.iter().zip(items) {
+            pipe.cmd("EVALSHA")
+                .arg(hash)
+                .arg(1)
+                .arg(k)
+                .arg(item.token.as_str())
+                .arg(ttl_ms(item.ttl));
+        }
+        let mut conn = self.conn.clone();
+        pipe.query_async(&mut conn).await
+    }
+}
+
+fn lease_check(v: &Value) -> Option<LeaseCheck> {
+    match v {
+        Value::Int(1) => Some(LeaseCheck::Ours),
+        Value::Int(0) => Some(LeaseCheck::Missing),
+        Value::Int(-1) => Some(LeaseCheck::Foreign),
+        _ => None,
+    }
+}
+
+/// The same error for every item of a failed batch.
+fn copy_err(e: &LockError) -> LockError {
+    LockError::new(e.kind(), e.message().to_owned())
+}
+
+fn is_noscript(v: &Value) -> bool {
+    matches!(v, Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::NoScript))
 }
 
 fn ttl_ms(ttl: Duration) -> u64 {
@@ -225,21 +276,70 @@ impl Backend for RedisBackend {
             &self.scripts.extend,
             key,
             token,
-            Some(ttl),
+            &ttl_ms(ttl).to_string(),
             "extending a Redis lock",
         )
         .await
     }
 
     async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+        let channel = self.release_channel(key);
         self.compare(
             &self.scripts.release,
             key,
             token,
-            None,
+            &channel,
             "releasing a Redis lock",
         )
         .await
+    }
+
+    /// All renewals in one pipeline: one round trip however many locks are held.
+    async fn extend_many<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+    ) -> Vec<Result<LeaseCheck, LockError>> {
+        const DOING: &str = "renewing Redis locks";
+        if items.is_empty() {
+            return Vec::new();
+        }
+        let lock_keys: Vec<String> = items.iter().map(|i| self.layout.lock_key(i.key)).collect();
+        let mut replies = self.extend_pipeline(&lock_keys, items).await;
+        if let Ok(r) = &replies
+            && r.iter().any(is_noscript)
+        {
+            // The server lost its script cache (restart, SCRIPT FLUSH): load and send again.
+            // Compare-and-pexpire is idempotent, so resending the ones that ran is harmless.
+            let mut conn = self.conn.clone();
+            if let Err(e) = self.scripts.extend.load_async(&mut conn).await {
+                replies = Err(e);
+            } else {
+                replies = self.extend_pipeline(&lock_keys, items).await;
+            }
+        }
+        match replies {
+            Ok(values) if values.len() == items.len() => values
+                .iter()
+                .map(|v| match v {
+                    Value::ServerError(e) => Err(map_err(e.clone().into(), DOING)),
+                    other => lease_check(other).ok_or_else(|| protocol(DOING, other)),
+                })
+                .collect(),
+            Ok(values) => {
+                let err = protocol(DOING, &Value::Array(values));
+                items.iter().map(|_| Err(copy_err(&err))).collect()
+            }
+            Err(e) => {
+                let err = map_err(e, DOING);
+                items.iter().map(|_| Err(copy_err(&err))).collect()
+            }
+        }
+    }
+
+    async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {
+        Ok(Some(
+            self.subscriber.subscribe(key, self.response_timeout).await,
+        ))
     }
 
     async fn status(&self, key: &str) -> Result<LockStatus, LockError> {

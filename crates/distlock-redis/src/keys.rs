@@ -42,6 +42,10 @@ impl KeyLayout {
     pub(crate) fn meta_key(lock_key: &str) -> String {
         format!("{lock_key}:meta")
     }
+
+    pub(crate) fn release_channel(lock_key: &str) -> String {
+        format!("{lock_key}:released")
+    }
 }
 
 /// Whether Redis Cluster would hash only part of `name` (a non-empty `{…}`).
@@ -63,6 +67,10 @@ mod tests {
         assert_eq!(
             KeyLayout::meta_key(&l.lock_key("orders")),
             "distlock:{orders}:meta"
+        );
+        assert_eq!(
+            KeyLayout::release_channel(&l.lock_key("orders")),
+            "distlock:{orders}:released"
         );
         assert_eq!(l.lock_key("user:{42}:cart"), "distlock:user:{42}:cart");
         assert_eq!(l.lock_key("odd{}name"), "distlock:{odd{}name}");

@@ -5,6 +5,7 @@ mod backend;
 mod config;
 mod error;
 mod keys;
+mod subscriber;
 
 pub use backend::RedisBackend;
 pub use config::RedisConfig;

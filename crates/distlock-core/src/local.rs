@@ -1,0 +1,291 @@
+//! In-process singleflight and hand-off: the tasks of one client that wait for the same key
+//! queue here in FIFO order, and only the head of the queue talks to the engine.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::{Notify, oneshot};
+
+use crate::lease::LeaseShared;
+use crate::options::LockOptions;
+
+struct Waiter<T> {
+    id: u64,
+    turn: Arc<Notify>,
+    options: LockOptions,
+    handoff: oneshot::Sender<T>,
+}
+
+struct KeyQueue<T> {
+    /// The lease a task of this client holds on the key, if any.
+    holder: Option<Arc<LeaseShared>>,
+    waiters: VecDeque<Waiter<T>>,
+    /// Waiters taken out of the queue by a releasing holder that is trying to hand off to them.
+    offered: usize,
+}
+
+impl<T> Default for KeyQueue<T> {
+    fn default() -> Self {
+        KeyQueue {
+            holder: None,
+            waiters: VecDeque::new(),
+            offered: 0,
+        }
+    }
+}
+
+impl<T> KeyQueue<T> {
+    fn is_idle(&self) -> bool {
+        self.holder.is_none() && self.waiters.is_empty() && self.offered == 0
+    }
+
+    fn wake_head(&self) {
+        if let Some(w) = self.waiters.front() {
+            w.turn.notify_one();
+        }
+    }
+}
+
+/// The per-key local queues of one client. `T` is what a hand-off delivers.
+pub(crate) struct LocalQueues<T> {
+    map: Mutex<HashMap<String, KeyQueue<T>>>,
+    next_id: AtomicU64,
+}
+
+/// Where a waiter stands.
+pub(crate) enum Gate<T> {
+    /// A releasing holder handed us its lease.
+    Handed(T),
+    /// We are the head and no task of ours holds the key: go and ask the engine.
+    Go,
+    /// Wait: behind other local waiters, or behind a local holder (given), or for an offered
+    /// hand-off to complete.
+    Wait(Option<Arc<LeaseShared>>),
+}
+
+/// A place in a key's local queue. Dropping it leaves the queue and passes the turn on.
+pub(crate) struct Ticket<'a, T> {
+    queues: &'a LocalQueues<T>,
+    key: &'a str,
+    id: u64,
+    turn: Arc<Notify>,
+    rx: Option<oneshot::Receiver<T>>,
+}
+
+/// A waiter a releasing holder took out of the queue to offer it the lease.
+pub(crate) struct Offer<T> {
+    id: u64,
+    turn: Arc<Notify>,
+    pub(crate) options: LockOptions,
+    handoff: oneshot::Sender<T>,
+}
+
+impl<T> LocalQueues<T> {
+    pub(crate) fn new() -> Self {
+        LocalQueues {
+            map: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, KeyQueue<T>>> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Joins the back of `key`'s queue.
+    pub(crate) fn join<'a>(&'a self, key: &'a str, options: LockOptions) -> Ticket<'a, T> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let turn = Arc::new(Notify::new());
+        let (tx, rx) = oneshot::channel();
+        self.lock()
+            .entry(key.to_owned())
+            .or_default()
+            .waiters
+            .push_back(Waiter {
+                id,
+                turn: turn.clone(),
+                options,
+                handoff: tx,
+            });
+        Ticket {
+            queues: self,
+            key,
+            id,
+            turn,
+            rx: Some(rx),
+        }
+    }
+
+    /// The live lease a task of this client holds on `key`, if any.
+    pub(crate) fn live_holder(&self, key: &str) -> Option<Arc<LeaseShared>> {
+        self.lock()
+            .get(key)
+            .and_then(|q| q.holder.clone())
+            .filter(|h| h.is_held())
+    }
+
+    /// Records that a task of this client now holds `key` with `lease`.
+    pub(crate) fn set_holder(&self, key: &str, lease: &Arc<LeaseShared>) {
+        let mut map = self.lock();
+        let q = map.entry(key.to_owned()).or_default();
+        q.holder = Some(lease.clone());
+        // A head waiting on the engine now waits locally instead.
+        q.wake_head();
+    }
+
+    /// Records that `lease` no longer holds `key`, and lets the head of the queue go.
+    pub(crate) fn clear_holder(&self, key: &str, lease: &Arc<LeaseShared>) {
+        let mut map = self.lock();
+        let Some(q) = map.get_mut(key) else { return };
+        if q.holder.as_ref().is_some_and(|h| Arc::ptr_eq(h, lease)) {
+            q.holder = None;
+            q.wake_head();
+        }
+        if q.is_idle() {
+            map.remove(key);
+        }
+    }
+
+    /// Takes the head waiter out of the queue to offer it `lease`'s hand-off, if `lease` is the
+    /// holder and somebody waits.
+    pub(crate) fn offer(&self, key: &str, lease: &Arc<LeaseShared>) -> Option<Offer<T>> {
+        let mut map = self.lock();
+        let q = map.get_mut(key)?;
+        if !q.holder.as_ref().is_some_and(|h| Arc::ptr_eq(h, lease)) {
+            return None;
+        }
+        let w = q.waiters.pop_front()?;
+        q.offered += 1;
+        Some(Offer {
+            id: w.id,
+            turn: w.turn,
+            options: w.options,
+            handoff: w.handoff,
+        })
+    }
+
+    /// Completes an offer: `new_lease` becomes the holder and `value` goes to the waiter. If
+    /// the waiter has gone, gives `value` back.
+    pub(crate) fn deliver(
+        &self,
+        key: &str,
+        offer: Offer<T>,
+        new_lease: &Arc<LeaseShared>,
+        value: T,
+    ) -> Result<(), T> {
+        let mut map = self.lock();
+        let q = map.entry(key.to_owned()).or_default();
+        q.offered = q.offered.saturating_sub(1);
+        match offer.handoff.send(value) {
+            Ok(()) => {
+                q.holder = Some(new_lease.clone());
+                Ok(())
+            }
+            Err(v) => {
+                if q.is_idle() {
+                    map.remove(key);
+                }
+                Err(v)
+            }
+        }
+    }
+
+    /// Puts an offered waiter back at the head of the queue (the hand-off did not happen).
+    pub(crate) fn withdraw(&self, key: &str, offer: Offer<T>) {
+        let mut map = self.lock();
+        let q = map.entry(key.to_owned()).or_default();
+        q.offered = q.offered.saturating_sub(1);
+        if offer.handoff.is_closed() {
+            if q.is_idle() {
+                map.remove(key);
+            }
+            return;
+        }
+        offer.turn.notify_one();
+        q.waiters.push_front(Waiter {
+            id: offer.id,
+            turn: offer.turn,
+            options: offer.options,
+            handoff: offer.handoff,
+        });
+    }
+}
+
+impl<T> Ticket<'_, T> {
+    /// Where this waiter stands now.
+    pub(crate) fn gate(&mut self) -> Gate<T> {
+        if let Some(rx) = self.rx.as_mut()
+            && let Ok(v) = rx.try_recv()
+        {
+            self.rx = None;
+            return Gate::Handed(v);
+        }
+        let map = self.queues.lock();
+        let Some(q) = map.get(self.key) else {
+            return Gate::Go;
+        };
+        match q.waiters.iter().position(|w| w.id == self.id) {
+            Some(0) => match &q.holder {
+                Some(h) if h.is_held() => Gate::Wait(Some(h.clone())),
+                _ => Gate::Go,
+            },
+            Some(_) => Gate::Wait(None),
+            // Offered a hand-off: the releasing holder will deliver it or put us back.
+            None if self.rx.is_some() => Gate::Wait(None),
+            None => Gate::Go,
+        }
+    }
+
+    /// Waits until this waiter's position may have changed. Returns a hand-off if one came.
+    pub(crate) async fn changed(&mut self, holder: Option<&Arc<LeaseShared>>) -> Option<T> {
+        let turn = &self.turn;
+        let rx = &mut self.rx;
+        let lost = async {
+            match holder {
+                Some(h) => {
+                    h.lost().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let handed = async {
+            match rx.as_mut() {
+                Some(r) => r.await.ok(),
+                None => std::future::pending().await,
+            }
+        };
+        let got = tokio::select! {
+            () = turn.notified() => return None,
+            () = lost => return None,
+            v = handed => v,
+        };
+        self.rx = None;
+        got
+    }
+
+    /// Resolves when the queue nudges this waiter (a local holder appeared or went).
+    pub(crate) async fn nudged(&self) {
+        self.turn.notified().await;
+    }
+}
+
+impl<T> Drop for Ticket<'_, T> {
+    fn drop(&mut self) {
+        let mut map = self.queues.lock();
+        let Some(q) = map.get_mut(self.key) else {
+            return;
+        };
+        if let Some(pos) = q.waiters.iter().position(|w| w.id == self.id) {
+            q.waiters.remove(pos);
+            if pos == 0 {
+                q.wake_head();
+            }
+        }
+        if q.is_idle() {
+            map.remove(self.key);
+        }
+        // A hand-off delivered but never taken: dropping the receiver drops the value, whose own
+        // Drop releases the lease.
+    }
+}

@@ -1,0 +1,271 @@
+//! Wake-up events for waiters.
+//!
+//! An engine that can tell when a lock is released (Redis pub/sub and keyspace notifications,
+//! PostgreSQL `LISTEN`) hands out [`Subscription`]s. It multiplexes them with a [`WakeHub`]: one
+//! entry per key however many waiters watch it, one server-side subscription per key, opened
+//! when the first waiter comes and closed when the last one goes.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+/// What a subscription has seen: how many events, and whether the server has confirmed it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    events: u64,
+    confirmed: bool,
+}
+
+struct Slot {
+    tx: watch::Sender<Seen>,
+    refs: usize,
+}
+
+type Hook = Box<dyn Fn(&str) + Send + Sync>;
+
+struct HubInner {
+    slots: Mutex<HashMap<String, Slot>>,
+    on_first: Hook,
+    on_last: Hook,
+}
+
+/// Multiplexes wake-up subscriptions by key, for engine implementations.
+///
+/// `on_first(key)` runs when a key gets its first subscriber and `on_last(key)` when its last
+/// subscriber goes; both run under the hub's lock, so they are called in a total order and an
+/// engine that forwards them to one task (for example over an unbounded channel) never sees an
+/// unsubscribe overtake the subscribe it undoes. They must not block.
+#[derive(Clone)]
+pub struct WakeHub {
+    inner: Arc<HubInner>,
+}
+
+impl fmt::Debug for WakeHub {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WakeHub")
+            .field("keys", &self.keys().len())
+            .finish()
+    }
+}
+
+impl WakeHub {
+    /// A hub that calls `on_first` and `on_last` as keys gain their first and lose their last
+    /// subscriber.
+    pub fn new(
+        on_first: impl Fn(&str) + Send + Sync + 'static,
+        on_last: impl Fn(&str) + Send + Sync + 'static,
+    ) -> Self {
+        WakeHub {
+            inner: Arc::new(HubInner {
+                slots: Mutex::new(HashMap::new()),
+                on_first: Box::new(on_first),
+                on_last: Box::new(on_last),
+            }),
+        }
+    }
+
+    /// A subscription to `key`'s events.
+    pub fn subscribe(&self, key: &str) -> Subscription {
+        let mut slots = self.lock();
+        let rx = match slots.get_mut(key) {
+            Some(slot) => {
+                slot.refs += 1;
+                slot.tx.subscribe()
+            }
+            None => {
+                let (tx, rx) = watch::channel(Seen::default());
+                slots.insert(key.to_owned(), Slot { tx, refs: 1 });
+                (self.inner.on_first)(key);
+                rx
+            }
+        };
+        let seen = rx.borrow().events;
+        Subscription {
+            rx: Some(rx),
+            seen,
+            reg: Some(Registration {
+                hub: self.clone(),
+                key: key.to_owned(),
+            }),
+        }
+    }
+
+    /// Wakes every subscriber of `key`.
+    pub fn notify(&self, key: &str) {
+        if let Some(slot) = self.lock().get(key) {
+            slot.tx.send_modify(|s| s.events = s.events.wrapping_add(1));
+        }
+    }
+
+    /// Wakes every subscriber of every key (after a reconnect, when events may have been missed).
+    pub fn notify_all(&self) {
+        for slot in self.lock().values() {
+            slot.tx.send_modify(|s| s.events = s.events.wrapping_add(1));
+        }
+    }
+
+    /// Marks `key`'s subscription as confirmed by the server (or not, after a disconnect).
+    pub fn set_confirmed(&self, key: &str, confirmed: bool) {
+        if let Some(slot) = self.lock().get(key) {
+            slot.tx.send_if_modified(|s| {
+                let changed = s.confirmed != confirmed;
+                s.confirmed = confirmed;
+                changed
+            });
+        }
+    }
+
+    /// Marks every subscription as unconfirmed (the connection is gone).
+    pub fn unconfirm_all(&self) {
+        for slot in self.lock().values() {
+            slot.tx
+                .send_if_modified(|s| std::mem::replace(&mut s.confirmed, false));
+        }
+    }
+
+    /// The keys that currently have subscribers.
+    pub fn keys(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
+        self.inner
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn unsubscribe(&self, key: &str) {
+        let mut slots = self.lock();
+        if let Some(slot) = slots.get_mut(key) {
+            slot.refs -= 1;
+            if slot.refs == 0 {
+                slots.remove(key);
+                (self.inner.on_last)(key);
+            }
+        }
+    }
+}
+
+struct Registration {
+    hub: WakeHub,
+    key: String,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.hub.unsubscribe(&self.key);
+    }
+}
+
+/// A waiter's subscription to one key's release events. Dropping it unsubscribes (the last
+/// subscriber of a key closes the server-side subscription).
+pub struct Subscription {
+    rx: Option<watch::Receiver<Seen>>,
+    /// The event count this subscription has already reported.
+    seen: u64,
+    reg: Option<Registration>,
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription")
+            .field("key", &self.reg.as_ref().map(|r| r.key.as_str()))
+            .finish()
+    }
+}
+
+impl Subscription {
+    /// A subscription that never fires (for tests, and engines that have events only sometimes).
+    pub fn never() -> Self {
+        Subscription {
+            rx: None,
+            seen: 0,
+            reg: None,
+        }
+    }
+
+    /// Resolves at the next event after the last one this subscription saw. Never resolves if
+    /// the hub is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: an event that arrives while nobody awaits is kept for the next call.
+    pub async fn next(&mut self) {
+        let Some(rx) = self.rx.as_mut() else {
+            return std::future::pending().await;
+        };
+        loop {
+            let now = rx.borrow_and_update().events;
+            if now != self.seen {
+                self.seen = now;
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// Waits up to `limit` for the server to confirm the subscription. Returns whether it did.
+    pub async fn confirmed(&mut self, limit: Duration) -> bool {
+        let Some(rx) = self.rx.as_mut() else {
+            return false;
+        };
+        let wait = rx.wait_for(|s| s.confirmed);
+        matches!(tokio::time::timeout(limit, wait).await, Ok(Ok(_)))
+    }
+
+    /// Whether the server has confirmed the subscription.
+    pub fn is_confirmed(&self) -> bool {
+        self.rx.as_ref().is_some_and(|rx| rx.borrow().confirmed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn one_server_subscription_per_key_and_events_reach_every_waiter() {
+        let firsts = Arc::new(AtomicUsize::new(0));
+        let lasts = Arc::new(AtomicUsize::new(0));
+        let (f, l) = (firsts.clone(), lasts.clone());
+        let hub = WakeHub::new(
+            move |_| {
+                f.fetch_add(1, Ordering::SeqCst);
+            },
+            move |_| {
+                l.fetch_add(1, Ordering::SeqCst);
+            },
+        );
+        let mut a = hub.subscribe("k");
+        let mut b = hub.subscribe("k");
+        assert_eq!(firsts.load(Ordering::SeqCst), 1);
+        hub.notify("k");
+        hub.notify("other");
+        tokio::time::timeout(Duration::from_secs(1), a.next())
+            .await
+            .expect("a woke");
+        tokio::time::timeout(Duration::from_secs(1), b.next())
+            .await
+            .expect("b woke");
+        // Nothing new: a second wait does not fire.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), a.next())
+                .await
+                .is_err()
+        );
+        assert!(!a.is_confirmed());
+        hub.set_confirmed("k", true);
+        assert!(a.confirmed(Duration::from_millis(10)).await);
+        drop(a);
+        assert_eq!(lasts.load(Ordering::SeqCst), 0);
+        drop(b);
+        assert_eq!(lasts.load(Ordering::SeqCst), 1);
+        assert!(hub.keys().is_empty());
+    }
+}
