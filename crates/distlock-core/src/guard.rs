@@ -120,7 +120,7 @@ async fn finish<B: Backend>(
         match (before, reply) {
             (Some(reason), _) => Ok(Released::Lost(reason)),
             (None, Ok(LeaseCheck::Ours)) => Ok(Released::Held),
-            (None, Ok(LeaseCheck::Missing)) => Ok(Released::Lost(LostReason::Expired)),
+            (None, Ok(LeaseCheck::Missing)) => Ok(Released::Lost(lease.missing_reason())),
             (None, Ok(LeaseCheck::Foreign)) => Ok(Released::Lost(LostReason::Stolen)),
             (None, Err(e)) => Err(e),
         }
@@ -150,7 +150,7 @@ async fn hand_off<B: Backend>(
             let reason = if check == LeaseCheck::Foreign {
                 LostReason::Stolen
             } else {
-                LostReason::Expired
+                lease.missing_reason()
             };
             return Some(Ok(Released::Lost(reason)));
         }
@@ -291,7 +291,7 @@ impl<B: Backend> LockGuard<B> {
             }
             LeaseCheck::Missing => Err(lost_error(
                 &self.lease.key,
-                self.lease.end(LostReason::Expired),
+                self.lease.end(self.lease.missing_reason()),
             )),
             LeaseCheck::Foreign => Err(lost_error(
                 &self.lease.key,

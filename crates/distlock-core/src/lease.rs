@@ -17,7 +17,9 @@ pub enum LostReason {
     /// The lease ran out: the engine had no lock for us, or the local deadline passed with no
     /// renewal (watchdog off, or renewal too late).
     Expired,
-    /// Another owner's token was found under the key: our lease expired and someone took it.
+    /// Someone else removed or replaced our lock: another owner's token was found under the
+    /// key, or the key was gone while our lease should still have been running (an external
+    /// `DEL`, a flush, a server restart without persistence).
     Stolen,
     /// Renewals kept failing (engine unreachable) until the local deadline passed.
     Unreachable,
@@ -154,6 +156,16 @@ impl LeaseShared {
             true
         });
         alive
+    }
+
+    /// Why the lease is lost when the engine no longer has our key: before our deadline, it
+    /// cannot have run out, so somebody removed it; after, it expired.
+    pub(crate) fn missing_reason(&self) -> LostReason {
+        if self.clock.now() < self.snapshot().valid_until {
+            LostReason::Stolen
+        } else {
+            LostReason::Expired
+        }
     }
 
     /// A renewal is on its way: until it is confirmed, a deadline passing means `Unreachable`.

@@ -240,7 +240,7 @@ async fn send<B: Backend>(client: Arc<ClientInner<B>>, batch: Vec<Item>) -> Vec<
                         }
                     }
                     Some(Ok(LeaseCheck::Missing)) => {
-                        lease.end(LostReason::Expired);
+                        lease.end(lease.missing_reason());
                         Outcome::Ended
                     }
                     Some(Ok(LeaseCheck::Foreign)) => {

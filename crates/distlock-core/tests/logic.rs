@@ -36,6 +36,9 @@ struct Fake {
     fail_acquires: AtomicU32,
     renew: Mutex<Renew>,
     extends: AtomicU32,
+    /// Calls of `extend_many` (one per watchdog batch).
+    batches: AtomicU32,
+    attempts: AtomicU32,
     clock: Option<Arc<ManualClock>>,
     /// How far the manual clock moves while an acquire is in flight.
     latency: Duration,
@@ -49,6 +52,8 @@ impl Fake {
             fail_acquires: AtomicU32::new(0),
             renew: Mutex::new(Renew::Ok),
             extends: AtomicU32::new(0),
+            batches: AtomicU32::new(0),
+            attempts: AtomicU32::new(0),
             clock: None,
             latency: Duration::ZERO,
         }
@@ -70,6 +75,7 @@ impl Backend for Shared {
     }
     async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         let f = &self.0;
+        f.attempts.fetch_add(1, Ordering::SeqCst);
         if let Some(c) = &f.clock {
             c.advance(f.latency);
         }
@@ -125,6 +131,17 @@ impl Backend for Shared {
             Some(_) => Ok(LeaseCheck::Foreign),
             None => Ok(LeaseCheck::Missing),
         }
+    }
+    async fn extend_many<'a>(
+        &'a self,
+        items: &'a [distlock_core::RenewItem<'a>],
+    ) -> Vec<Result<LeaseCheck, LockError>> {
+        self.0.batches.fetch_add(1, Ordering::SeqCst);
+        let mut out = Vec::new();
+        for i in items {
+            out.push(self.extend(i.key, i.token, i.ttl).await);
+        }
+        out
     }
     async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
         let st = self.0.state.lock().unwrap();
@@ -246,8 +263,9 @@ async fn the_watchdog_reports_why_a_lease_was_lost() {
         t < Duration::from_millis(250),
         "detected at the first renewal, took {t:?}"
     );
+    // The key vanished while our lease was still running: somebody removed it.
     let (r, _) = lost_with(Renew::Missing).await;
-    assert_eq!(r, LostReason::Expired);
+    assert_eq!(r, LostReason::Stolen);
     // Unreachable: only when the local deadline passes, never before.
     let (r, t) = lost_with(Renew::Fail).await;
     assert_eq!(r, LostReason::Unreachable);
@@ -302,4 +320,182 @@ async fn no_renewal_is_sent_after_release() {
         fake.extends.load(Ordering::SeqCst) >= 20,
         "the watchdog never ran"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_of_many_leases_go_out_in_one_batch_per_tick() {
+    let fake = Arc::new(Fake::new());
+    let client = LockClient::builder(Shared(fake.clone()))
+        .options(
+            ttl_opts(3000)
+                .renew_interval(Duration::from_millis(100))
+                .build()
+                .unwrap(),
+        )
+        .build();
+    let mut guards = Vec::new();
+    for i in 0..200 {
+        guards.push(client.try_acquire(&format!("k{i}")).await.unwrap().unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(1050)).await;
+    let batches = fake.batches.load(Ordering::SeqCst);
+    let extends = fake.extends.load(Ordering::SeqCst);
+    // About 10 ticks of 200 renewals; one call per tick, not one per lease.
+    assert!(extends >= 200 * 8, "{extends} renewals");
+    assert!(
+        batches <= 14,
+        "{batches} batches for {extends} renewals: not batched"
+    );
+    for g in guards {
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_limits_let_the_lease_run_out() {
+    let fake = Arc::new(Fake::new());
+    let client = LockClient::new(Shared(fake.clone()));
+    let by_count = ttl_opts(300)
+        .renew_interval(Duration::from_millis(50))
+        .max_renewals(3)
+        .build()
+        .unwrap();
+    let g = client.acquire_with("count", &by_count).await.unwrap();
+    let t0 = std::time::Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
+        .await
+        .unwrap();
+    assert_eq!(reason, LostReason::Expired);
+    assert_eq!(fake.extends.load(Ordering::SeqCst), 3);
+    // 3 renewals 50 ms apart, then the 300 ms lease (less drift) runs out.
+    assert!(
+        t0.elapsed() >= Duration::from_millis(350),
+        "{:?}",
+        t0.elapsed()
+    );
+    drop(g);
+
+    let by_time = ttl_opts(300)
+        .renew_interval(Duration::from_millis(50))
+        .max_hold(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let g = client.acquire_with("time", &by_time).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(3), g.lost())
+        .await
+        .unwrap();
+    let held = t0.elapsed();
+    assert!(
+        held >= Duration::from_millis(300) && held <= Duration::from_millis(450),
+        "held {held:?} with a 400 ms limit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_waiters_take_turns_in_fifo_order_and_only_the_head_asks() {
+    let fake = Arc::new(Fake::new());
+    let other = LockClient::new(Shared(fake.clone()));
+    let client = LockClient::new(Shared(fake.clone()));
+    let blocker = other.try_acquire("q").await.unwrap().unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let c = client.clone();
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = c.acquire("q").await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            assert_eq!(g.release().await.unwrap(), Released::Held);
+        }));
+        // Join the queue in a known order.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = fake.attempts.load(Ordering::SeqCst);
+    assert_eq!(blocker.release().await.unwrap(), Released::Held);
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(10), t)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
+    // After the foreign holder left, each waiter needed one attempt: the others waited locally.
+    let after = fake.attempts.load(Ordering::SeqCst) - before;
+    assert!(after <= 20 + 3, "{after} attempts for 20 acquisitions");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiter_leaves_the_queue() {
+    let fake = Arc::new(Fake::new());
+    let client = LockClient::new(Shared(fake.clone()));
+    let g = client.try_acquire("d").await.unwrap().unwrap();
+    let first = tokio::time::timeout(Duration::from_millis(50), client.acquire("d")).await;
+    assert!(first.is_err(), "the lock is held");
+    let c = client.clone();
+    let second = tokio::spawn(async move { c.acquire("d").await.map(|g| g.fence()) });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let fence = tokio::time::timeout(Duration::from_secs(2), second)
+        .await
+        .expect("the dropped waiter did not block the queue")
+        .unwrap()
+        .unwrap();
+    assert_eq!(fence, Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_off_keeps_the_fence_and_is_bounded() {
+    let fake = Arc::new(Fake::new());
+    let opts = ttl_opts(2000)
+        .handoff(true)
+        .handoff_streak(3)
+        .build()
+        .unwrap();
+    let client = LockClient::builder(Shared(fake.clone()))
+        .options(opts)
+        .build();
+    let first = client.acquire("h").await.unwrap();
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let c = client.clone();
+        let fences = fences.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = c.acquire("h").await.unwrap();
+            fences.lock().unwrap().push(g.fence().unwrap());
+            assert!(g.is_held());
+            assert_eq!(g.release().await.unwrap(), Released::Held);
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let attempts_before = fake.attempts.load(Ordering::SeqCst);
+    assert_eq!(first.release().await.unwrap(), Released::Held);
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(10), t)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let fences = fences.lock().unwrap().clone();
+    assert_eq!(fences.len(), 10);
+    // Runs of one fence: the first holder plus at most 3 hand-offs, then a real release.
+    let mut all = vec![1];
+    all.extend(&fences);
+    let mut run = 1;
+    for w in all.windows(2) {
+        assert!(w[1] >= w[0], "fences went backwards: {all:?}");
+        run = if w[1] == w[0] { run + 1 } else { 1 };
+        assert!(run <= 4, "a streak longer than 3 hand-offs: {all:?}");
+    }
+    assert!(all.windows(2).any(|w| w[0] == w[1]), "no hand-off: {all:?}");
+    // Hand-offs cost no acquire attempts: only the real releases do.
+    let attempts = fake.attempts.load(Ordering::SeqCst) - attempts_before;
+    assert!(
+        attempts < 10,
+        "{attempts} attempts for 10 acquisitions: {all:?}"
+    );
+    assert!(fake.state.lock().unwrap().locks.is_empty(), "left taken");
 }
