@@ -152,6 +152,28 @@ impl RedisServer {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
+    /// Calls per command since the server started (or `CONFIG RESETSTAT`), from
+    /// `INFO commandstats`. Commands that scripts run are counted too, under their own names.
+    pub fn commandstats(&self) -> std::collections::HashMap<String, u64> {
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = rest
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix("calls="))?
+                    .parse()
+                    .ok()?;
+                Some((name.to_owned(), calls))
+            })
+            .collect()
+    }
+
+    /// Calls of one command (lower case, e.g. `evalsha`) so far.
+    pub fn calls(&self, command: &str) -> u64 {
+        self.commandstats().get(command).copied().unwrap_or(0)
+    }
+
     fn pid(&self) -> Pid {
         let child = self.child.as_ref().expect("server is running");
         Pid::from_raw(i32::try_from(child.id()).expect("pid fits"))

@@ -1,0 +1,510 @@
+//! Waiting, the watchdog, the lost signal and singleflight, on a real redis-server.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use distlock_core::{
+    Backend, LeaseCheck, LockClient, LockOptions, LostReason, Released, RenewItem,
+};
+use distlock_redis::RedisBackend;
+use distlock_testkit::RedisServer;
+
+async fn client(server: &RedisServer, options: LockOptions) -> LockClient<RedisBackend> {
+    let backend = RedisBackend::connect(&server.url()).await.expect("connect");
+    LockClient::builder(backend).options(options).build()
+}
+
+fn ttl(ms: u64) -> distlock_core::LockOptionsBuilder {
+    LockOptions::builder().ttl(Duration::from_millis(ms))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_by_the_local_deadline_while_redis_is_stopped() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let c = client(&server, ttl(900).build().unwrap()).await;
+    let g = c.acquire("frozen").await.unwrap();
+    server.pause();
+    let deadline = g.valid_until();
+    let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("lost() fired while the server was stopped");
+    let now = Instant::now();
+    server.resume();
+    assert_eq!(reason, LostReason::Unreachable);
+    assert!(!g.is_held());
+    assert!(now >= deadline, "declared lost before the deadline");
+    assert!(
+        now <= deadline + Duration::from_millis(100),
+        "declared lost {:?} after the deadline",
+        now - deadline
+    );
+    assert!(matches!(g.release().await.unwrap(), Released::Lost(_)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_del_is_reported_stolen_at_the_next_renewal() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let c = client(&server, ttl(3000).build().unwrap()).await;
+    let g = c.acquire("deleted").await.unwrap();
+    let key = c.backend().lock_key("deleted");
+    let t0 = Instant::now();
+    assert_eq!(server.cli(&["DEL", &key]), "1");
+    let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
+        .await
+        .expect("lost() fired");
+    assert_eq!(reason, LostReason::Stolen);
+    // The renew interval is 1 s: found at the next renewal, well before the 3 s lease ends.
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert!(!g.is_held());
+    assert_eq!(
+        g.release().await.unwrap(),
+        Released::Lost(LostReason::Stolen)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_survives_a_5s_hold_with_a_1s_ttl() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let c = client(&server, ttl(1000).build().unwrap()).await;
+    let g = c.acquire("long").await.unwrap();
+    let key = c.backend().lock_key("long");
+    let fence = g.fence();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(5) {
+        assert!(g.is_held(), "lost after {:?}", t0.elapsed());
+        let pttl: i64 = server.cli(&["PTTL", &key]).parse().unwrap();
+        assert!(pttl > 0, "the key ran out after {:?}", t0.elapsed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(g.fence(), fence);
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_at_once() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    // A long lease and a long fallback: only the release event can wake the waiter early.
+    let opts = ttl(30_000)
+        .wake_fallback(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let holder = client(&server, opts).await;
+    let waiter = client(&server, opts).await;
+    let g = holder.acquire("evt").await.unwrap();
+    let w = tokio::spawn(async move {
+        let g = waiter.acquire("evt").await.unwrap();
+        let at = Instant::now();
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+        at
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let channel = holder.backend().release_channel("evt");
+    assert_eq!(
+        server.cli(&["PUBSUB", "NUMSUB", &channel]),
+        format!("{channel}\n1"),
+        "the waiter subscribed"
+    );
+    let released = Instant::now();
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let got = tokio::time::timeout(Duration::from_secs(5), w)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        got.duration_since(released) < Duration::from_millis(100),
+        "woke {:?} after the release",
+        got.duration_since(released)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_del_wakes_a_waiter_within_the_fallback_cap() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let opts = ttl(30_000)
+        .wake_fallback(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let c = client(&server, opts).await;
+    let key = c.backend().lock_key("foreign");
+    // Another client's plain lock: no publish on release, and keyspace events are off.
+    assert_eq!(
+        server.cli(&["SET", &key, "theirs", "NX", "PX", "60000"]),
+        "OK"
+    );
+    let w = tokio::spawn(async move {
+        let g = c.acquire("foreign").await.unwrap();
+        let at = Instant::now();
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+        at
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let deleted = Instant::now();
+    assert_eq!(server.cli(&["DEL", &key]), "1");
+    let got = tokio::time::timeout(Duration::from_secs(5), w)
+        .await
+        .unwrap()
+        .unwrap();
+    let after = got.duration_since(deleted);
+    assert!(
+        after <= Duration::from_millis(300 + 100),
+        "woke {after:?} after a foreign DEL, with a 300 ms cap"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyspace_notifications_wake_a_waiter_on_a_foreign_del() {
+    let Some(server) = RedisServer::start_with(&["--notify-keyspace-events", "Kgx"]) else {
+        return;
+    };
+    let opts = ttl(30_000)
+        .wake_fallback(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let c = client(&server, opts).await;
+    let key = c.backend().lock_key("ks");
+    assert_eq!(
+        server.cli(&["SET", &key, "theirs", "NX", "PX", "60000"]),
+        "OK"
+    );
+    let w = tokio::spawn(async move {
+        let g = c.acquire("ks").await.unwrap();
+        let at = Instant::now();
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+        at
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let deleted = Instant::now();
+    assert_eq!(server.cli(&["DEL", &key]), "1");
+    let got = tokio::time::timeout(Duration::from_secs(5), w)
+        .await
+        .unwrap()
+        .unwrap();
+    let after = got.duration_since(deleted);
+    assert!(
+        after < Duration::from_millis(200),
+        "woke {after:?} after a foreign DEL with keyspace events on"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_acquire_mid_wait_leaves_no_residue() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let opts = ttl(30_000).build().unwrap();
+    let holder = client(&server, opts).await;
+    let waiter = client(&server, opts).await;
+    let g = holder.acquire("residue").await.unwrap();
+    let channel = holder.backend().release_channel("residue");
+    for _ in 0..3 {
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(300), waiter.acquire("residue")).await;
+        assert!(gave_up.is_err(), "the lock was held");
+    }
+    // The subscription goes with the last waiter.
+    let t0 = Instant::now();
+    loop {
+        let subs = server.cli(&["PUBSUB", "NUMSUB", &channel]);
+        if subs == format!("{channel}\n0") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "still subscribed: {subs}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(server.cli(&["PUBSUB", "CHANNELS"]), "");
+    // Only the held lock and its metadata exist.
+    let mut keys: Vec<String> = server
+        .cli(&["KEYS", "*"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        vec![
+            holder.backend().lock_key("residue"),
+            holder.backend().meta_key("residue")
+        ]
+    );
+    assert_eq!(
+        server.cli(&["GET", &holder.backend().lock_key("residue")]),
+        g.token().as_str()
+    );
+    // And the waiter's local queue is clean: the next acquire is not stuck behind ghosts.
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let again = tokio::time::timeout(Duration::from_secs(1), waiter.acquire("residue"))
+        .await
+        .expect("not stuck")
+        .unwrap();
+    assert_eq!(again.release().await.unwrap(), Released::Held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_renewal_is_sent_after_release() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let opts = ttl(300)
+        .renew_interval(Duration::from_millis(15))
+        .build()
+        .unwrap();
+    let c = client(&server, opts).await;
+    let mut renewed = 0;
+    for i in 0..30 {
+        let g = c.acquire("quiet").await.unwrap();
+        let before = server.calls("pexpire");
+        // Let renewals run, and release at varying points of the renewal cycle.
+        tokio::time::sleep(Duration::from_millis(40 + i % 7)).await;
+        renewed += server.calls("pexpire") - before;
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+        let after_release = server.calls("evalsha");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(
+            server.calls("evalsha"),
+            after_release,
+            "a command went out after release() returned (cycle {i})"
+        );
+    }
+    assert!(renewed >= 30, "the watchdog hardly ran: {renewed} renewals");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_head_of_the_local_queue_asks_redis() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let opts = ttl(30_000).build().unwrap();
+    let holder = client(&server, opts).await;
+    let waiters = client(&server, opts).await;
+    let g = holder.acquire("hot").await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let c = waiters.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = c.acquire("hot").await.unwrap();
+            assert_eq!(g.release().await.unwrap(), Released::Held);
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = server.calls("evalsha");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let during = server.calls("evalsha") - before;
+    // One head, woken by the 1 s fallback at most twice: not 50 pollers.
+    assert!(during <= 4, "{during} scripts while 50 local tasks waited");
+    let before = server.calls("evalsha");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(10), t)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    // 1 release + 50 × (acquire + release), plus a few attempts that lost a race.
+    let used = server.calls("evalsha") - before;
+    assert!(used <= 101 + 5, "{used} scripts for 50 acquisitions");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_renewals_answer_each_lock_in_order() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let c = client(&server, ttl(30_000).auto_renew(false).build().unwrap()).await;
+    let a = c.acquire("b1").await.unwrap();
+    let b = c.acquire("b2").await.unwrap();
+    let gone = distlock_core::Token::generate();
+    server.cli(&["SET", &c.backend().lock_key("b3"), "theirs", "PX", "60000"]);
+    let items = [
+        RenewItem::new("b1", a.token(), Duration::from_secs(60)),
+        RenewItem::new("b9", &gone, Duration::from_secs(60)),
+        RenewItem::new("b3", &gone, Duration::from_secs(60)),
+        RenewItem::new("b2", b.token(), Duration::from_secs(60)),
+    ];
+    // After a script flush too: the pipeline reloads the script and resends.
+    server.cli(&["SCRIPT", "FLUSH"]);
+    let out: Vec<LeaseCheck> = c
+        .backend()
+        .extend_many(&items)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        out,
+        vec![
+            LeaseCheck::Ours,
+            LeaseCheck::Missing,
+            LeaseCheck::Foreign,
+            LeaseCheck::Ours
+        ]
+    );
+    let pttl: i64 = server
+        .cli(&["PTTL", &c.backend().lock_key("b1")])
+        .parse()
+        .unwrap();
+    assert!(pttl > 30_000, "not renewed: {pttl}");
+    assert_eq!(a.release().await.unwrap(), Released::Held);
+    assert_eq!(b.release().await.unwrap(), Released::Held);
+}
+
+/// Child processes of the contention test run this binary again with this test selected.
+const WORKER_ENV: &str = "DISTLOCK_TEST_CONTENDER";
+
+/// One round of the protected critical section. Returns an error string on a violation.
+async fn critical_section(
+    conn: &mut redis::aio::MultiplexedConnection,
+    fence: u64,
+) -> Result<(), String> {
+    let inside: i64 = redis::cmd("INCR")
+        .arg("test:inside")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    // The fenced write of the protected resource: accepted only with a fence above every one
+    // seen before.
+    let accepted: i64 = redis::Script::new(
+        "local m = tonumber(redis.call('GET', KEYS[1]) or '0') \
+         if tonumber(ARGV[1]) > m then redis.call('SET', KEYS[1], ARGV[1]) return 1 end return 0",
+    )
+    .key("test:max_fence")
+    .arg(fence)
+    .invoke_async(conn)
+    .await
+    .map_err(|e| e.to_string())?;
+    let n: i64 = redis::cmd("GET")
+        .arg("test:counter")
+        .query_async::<Option<i64>>(conn)
+        .await
+        .map_err(|e| e.to_string())?
+        .unwrap_or(0);
+    tokio::task::yield_now().await;
+    let _: () = redis::cmd("SET")
+        .arg("test:counter")
+        .arg(n + 1)
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    let _: i64 = redis::cmd("DECR")
+        .arg("test:inside")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    if inside != 1 {
+        return Err(format!("{inside} holders at once"));
+    }
+    if accepted != 1 {
+        return Err(format!("fence {fence} was not above the last one"));
+    }
+    Ok(())
+}
+
+async fn contend(url: &str, tasks: usize, rounds: usize) -> Result<usize, String> {
+    let backend = RedisBackend::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let c = LockClient::builder(backend)
+        .options(ttl(10_000).build().unwrap())
+        .build();
+    let redis = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let c = c.clone();
+        let mut conn = redis
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        handles.push(tokio::spawn(async move {
+            for _ in 0..rounds {
+                let g = c.acquire("contended").await.map_err(|e| e.to_string())?;
+                let fence = g.fence().ok_or("no fence")?;
+                critical_section(&mut conn, fence).await?;
+                match g.release().await.map_err(|e| e.to_string())? {
+                    Released::Held => {}
+                    lost => return Err(format!("lease lost during the section: {lost:?}")),
+                }
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    for h in handles {
+        h.await.map_err(|e| e.to_string())??;
+    }
+    Ok(tasks * rounds)
+}
+
+/// Not a test on its own: the body of the child processes of
+/// `tasks_and_processes_contend_with_one_holder_at_a_time` (does nothing unless started by it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contender_process_entry() {
+    let Ok(url) = std::env::var(WORKER_ENV) else {
+        return;
+    };
+    match contend(&url, 25, 3).await {
+        Ok(n) => println!("\nCONTENDER-OK {n}"),
+        Err(e) => println!("\nCONTENDER-FAIL {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_and_processes_contend_with_one_holder_at_a_time() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let url = server.url();
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "contender_process_entry",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(WORKER_ENV, &url)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn a contender")
+        })
+        .collect();
+    let here = contend(&url, 100, 3).await.expect("this process");
+    let mut total = here as u64;
+    for child in children {
+        let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+            .await
+            .expect("a contender hung")
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let n: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("CONTENDER-OK "))
+            .unwrap_or_else(|| panic!("contender failed: {text}"))
+            .parse()
+            .unwrap();
+        total += n;
+    }
+    assert_eq!(total, 300 + 4 * 75);
+    assert_eq!(server.cli(&["GET", "test:counter"]), total.to_string());
+    assert_eq!(server.cli(&["GET", "test:inside"]), "0");
+    // Every acquisition got a new fence: the last one is the count of acquisitions.
+    assert_eq!(server.cli(&["GET", "test:max_fence"]), total.to_string());
+}
