@@ -174,6 +174,20 @@ impl RedisServer {
         self.commandstats().get(command).copied().unwrap_or(0)
     }
 
+    /// The server's process id.
+    pub fn process_id(&self) -> u32 {
+        self.child.as_ref().expect("server is running").id()
+    }
+
+    /// Pins the server to one CPU (`taskset -cp`), for latency figures on a small machine.
+    pub fn pin_to_cpu(&self, cpu: usize) {
+        let out = Command::new("taskset")
+            .args(["-cp", &cpu.to_string(), &self.process_id().to_string()])
+            .output()
+            .expect("run taskset");
+        assert!(out.status.success(), "taskset failed: {out:?}");
+    }
+
     fn pid(&self) -> Pid {
         let child = self.child.as_ref().expect("server is running");
         Pid::from_raw(i32::try_from(child.id()).expect("pid fits"))

@@ -1,0 +1,494 @@
+//! `distlock-bench`: distlock on Redis against the raw redis-rs floor, in the same run.
+//!
+//! It starts its own redis-server on a free loopback port and, unless `--no-pin`, pins the
+//! server and every client process to CPU 0 (`taskset`/`sched_setaffinity`): on a small VM
+//! whose idle CPU halts, unpinned single-client latency is bimodal.
+//!
+//! - P1: uncontended acquire+release cycles/s of one client, next to raw redis-rs
+//!   (`SET NX PX` + `EVALSHA` compare-and-delete, sync and async), rounds interleaved, medians.
+//! - P2/P3: one hot key, 1, 8 and 64 waiters spread over processes, zero hold time:
+//!   acquisitions/s, fairness (min/max acquisitions per process), Redis commands per acquisition
+//!   (`INFO commandstats`), and hand-off latency (release sent -> next holder acquired), in
+//!   microseconds and in round trips (PING median of the same run). Once with distlock's
+//!   defaults (events + local queue), once polling-only (no events, no local queue), and once
+//!   with local hand-off.
+//!
+//! This is a benchmark, not a test: it prints a table (and `--json`), it asserts nothing.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use distlock_core::{LockClient, LockOptions, Released};
+use distlock_redis::RedisBackend;
+use distlock_testkit::RedisServer;
+use tokio::io::AsyncBufReadExt;
+
+#[derive(Parser, Debug)]
+#[command(about = "distlock benchmarks against the raw redis-rs floor (prints a table)")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    /// A smoke run: tiny numbers, one round (what CI runs so the harness cannot rot).
+    #[arg(long)]
+    quick: bool,
+    /// Interleaved rounds of P1; the table shows medians.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Acquire+release cycles per P1 round.
+    #[arg(long, default_value_t = 2000)]
+    cycles: usize,
+    /// Length of each contention run, in milliseconds.
+    #[arg(long, default_value_t = 3000)]
+    millis: u64,
+    /// Do not pin the server and the clients to CPU 0.
+    #[arg(long)]
+    no_pin: bool,
+    /// Also write the figures as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Internal: one contending process.
+    #[command(hide = true)]
+    Worker {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        tasks: usize,
+        #[arg(long)]
+        start_ns: u64,
+        #[arg(long)]
+        millis: u64,
+        #[arg(long)]
+        mode: Mode,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// distlock's defaults: release events and the local queue.
+    Events,
+    /// No events, no local queue: every task polls with jittered back-off.
+    Polling,
+    /// Defaults plus local hand-off.
+    Handoff,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Events => "events",
+            Mode::Polling => "polling",
+            Mode::Handoff => "handoff",
+        }
+    }
+}
+
+fn mono_ns() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock");
+    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+}
+
+fn pin_self(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).expect("cpu index");
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("pin to a CPU");
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
+const RELEASE_LUA: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+
+fn floor_sync(conn: &mut redis::Connection, script: &redis::Script, cycles: usize) -> f64 {
+    let t0 = Instant::now();
+    for i in 0..cycles {
+        let token = format!("t{i}");
+        let ok: Option<String> = redis::cmd("SET")
+            .arg("raw:sync")
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query(conn)
+            .expect("SET");
+        assert!(ok.is_some(), "raw lock busy");
+        let _: i64 = script
+            .key("raw:sync")
+            .arg(&token)
+            .invoke(conn)
+            .expect("EVALSHA");
+    }
+    cycles as f64 / t0.elapsed().as_secs_f64()
+}
+
+async fn floor_async(
+    conn: &mut redis::aio::MultiplexedConnection,
+    script: &redis::Script,
+    cycles: usize,
+) -> f64 {
+    let t0 = Instant::now();
+    for i in 0..cycles {
+        let token = format!("t{i}");
+        let ok: Option<String> = redis::cmd("SET")
+            .arg("raw:async")
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(conn)
+            .await
+            .expect("SET");
+        assert!(ok.is_some(), "raw lock busy");
+        let _: i64 = script
+            .key("raw:async")
+            .arg(&token)
+            .invoke_async(conn)
+            .await
+            .expect("EVALSHA");
+    }
+    cycles as f64 / t0.elapsed().as_secs_f64()
+}
+
+async fn distlock_cycles(client: &LockClient<RedisBackend>, cycles: usize) -> f64 {
+    let t0 = Instant::now();
+    for _ in 0..cycles {
+        let g = client
+            .try_acquire("p1")
+            .await
+            .expect("acquire")
+            .expect("uncontended");
+        assert_eq!(g.release().await.expect("release"), Released::Held);
+    }
+    cycles as f64 / t0.elapsed().as_secs_f64()
+}
+
+async fn rtt_us(conn: &mut redis::aio::MultiplexedConnection, n: usize) -> f64 {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let _: String = redis::cmd("PING").query_async(conn).await.expect("PING");
+        v.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    median(v)
+}
+
+fn options(mode: Mode) -> LockOptions {
+    let b = LockOptions::builder()
+        .ttl(Duration::from_secs(10))
+        .wait_timeout(Duration::from_secs(30));
+    match mode {
+        Mode::Events => b,
+        Mode::Polling => b.events(false),
+        Mode::Handoff => b.handoff(true),
+    }
+    .build()
+    .expect("options")
+}
+
+/// One contending process: `tasks` tasks take the hot key in a loop until the stop time, and
+/// print `[fence, acquired_ns, release_sent_ns]` for every acquisition as one JSON line.
+async fn worker(url: String, tasks: usize, start_ns: u64, millis: u64, mode: Mode) {
+    let backend = RedisBackend::connect(&url).await.expect("connect");
+    let client = LockClient::builder(backend)
+        .options(options(mode))
+        .local_queue(mode != Mode::Polling)
+        .build();
+    let now = mono_ns();
+    if start_ns > now {
+        tokio::time::sleep(Duration::from_nanos(start_ns - now)).await;
+    }
+    let stop = start_ns + millis * 1_000_000;
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let c = client.clone();
+        handles.push(tokio::spawn(async move {
+            let mut events = Vec::new();
+            while mono_ns() < stop {
+                let g = c.acquire("hot").await.expect("acquire");
+                let acquired = mono_ns();
+                let fence = g.fence().unwrap_or(0);
+                let sent = mono_ns();
+                let _ = g.release().await.expect("release");
+                events.push([fence, acquired, sent]);
+            }
+            events
+        }));
+    }
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await.expect("task"));
+    }
+    println!("{}", serde_json::json!({ "events": all }));
+}
+
+struct Contention {
+    mode: Mode,
+    waiters: usize,
+    processes: usize,
+    per_sec: f64,
+    fairness: f64,
+    cmds_per_acq: f64,
+    handoff_p50_us: f64,
+    handoff_p99_us: f64,
+    cross_p50_us: f64,
+}
+
+/// Top-level commands a client sends (scripts' inner calls are counted under their own names
+/// and are left out).
+const CLIENT_COMMANDS: [&str; 9] = [
+    "evalsha",
+    "eval",
+    "script",
+    "subscribe",
+    "unsubscribe",
+    "ping",
+    "hello",
+    "client",
+    "select",
+];
+
+async fn contention(server: &RedisServer, mode: Mode, waiters: usize, millis: u64) -> Contention {
+    let processes = waiters.clamp(1, 4);
+    let tasks = waiters / processes;
+    let exe = std::env::current_exe().expect("own path");
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let start_ns = mono_ns() + 400_000_000;
+    let mut children = Vec::new();
+    for _ in 0..processes {
+        let child = tokio::process::Command::new(&exe)
+            .args([
+                "worker",
+                "--url",
+                &server.url(),
+                "--tasks",
+                &tasks.to_string(),
+                "--start-ns",
+                &start_ns.to_string(),
+                "--millis",
+                &millis.to_string(),
+                "--mode",
+                mode.name(),
+            ])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn a worker");
+        children.push(child);
+    }
+    let mut per_process = Vec::new();
+    let mut events: Vec<(u64, u64, u64, usize)> = Vec::new();
+    for (p, mut child) in children.into_iter().enumerate() {
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = lines
+            .next_line()
+            .await
+            .expect("read a worker")
+            .expect("a worker printed nothing");
+        let _ = child.wait().await;
+        let v: serde_json::Value = serde_json::from_str(&line).expect("worker JSON");
+        let evs = v["events"].as_array().expect("events").clone();
+        per_process.push(evs.len());
+        for e in evs {
+            let f = |i: usize| e[i].as_u64().unwrap_or(0);
+            events.push((f(0), f(1), f(2), p));
+        }
+    }
+    let stats = server.commandstats();
+    let cmds: u64 = CLIENT_COMMANDS
+        .iter()
+        .map(|c| stats.get(*c).copied().unwrap_or(0))
+        .sum();
+    let total = events.len().max(1);
+    // Hand-off: acquisitions in fence order (acquired time breaks ties of handed-off leases).
+    events.sort_by_key(|e| (e.0, e.1));
+    let mut all = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    let mut cross = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    for w in events.windows(2) {
+        let (prev, next) = (w[0], w[1]);
+        if next.1 >= prev.2 {
+            let ns = next.1 - prev.2;
+            let _ = all.record(ns);
+            if next.3 != prev.3 {
+                let _ = cross.record(ns);
+            }
+        }
+    }
+    let max = per_process.iter().copied().max().unwrap_or(0).max(1);
+    let min = per_process.iter().copied().min().unwrap_or(0);
+    Contention {
+        mode,
+        waiters,
+        processes,
+        per_sec: total as f64 / (millis as f64 / 1000.0),
+        fairness: min as f64 / max as f64,
+        cmds_per_acq: cmds as f64 / total as f64,
+        handoff_p50_us: all.value_at_quantile(0.5) as f64 / 1000.0,
+        handoff_p99_us: all.value_at_quantile(0.99) as f64 / 1000.0,
+        cross_p50_us: cross.value_at_quantile(0.5) as f64 / 1000.0,
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Some(Cmd::Worker {
+        url,
+        tasks,
+        start_ns,
+        millis,
+        mode,
+    }) = cli.cmd
+    {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(worker(url, tasks, start_ns, millis, mode));
+        return;
+    }
+    if !cli.no_pin {
+        pin_self(0);
+    }
+    let Some(server) = RedisServer::start() else {
+        eprintln!("distlock-bench needs redis-server (apt-get install redis-server redis-tools)");
+        std::process::exit(1);
+    };
+    if !cli.no_pin {
+        server.pin_to_cpu(0);
+    }
+    let (rounds, cycles, millis, waiters): (usize, usize, u64, &[usize]) = if cli.quick {
+        (1, 200, 300, &[1, 8])
+    } else {
+        (
+            cli.rounds.max(1),
+            cli.cycles.max(1),
+            cli.millis.max(100),
+            &[1, 8, 64],
+        )
+    };
+    let pinning = if cli.no_pin {
+        "unpinned"
+    } else {
+        "pinned: server and every client process on CPU 0"
+    };
+
+    // P1 on a single-threaded runtime: one client, one task.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let url = server.url();
+    let (p1_sync, p1_async, p1_ours, rtt) = rt.block_on(async {
+        let raw = redis::Client::open(url.as_str()).expect("client");
+        let mut sync_conn = raw.get_connection().expect("sync connection");
+        let mut async_conn = raw
+            .get_multiplexed_async_connection()
+            .await
+            .expect("async connection");
+        let script = redis::Script::new(RELEASE_LUA);
+        let ours = LockClient::new(RedisBackend::connect(&url).await.expect("connect"));
+        // Warm-up: load scripts, fill connection pools.
+        floor_sync(&mut sync_conn, &script, 50);
+        floor_async(&mut async_conn, &script, 50).await;
+        distlock_cycles(&ours, 50).await;
+        let (mut s, mut a, mut d) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            s.push(floor_sync(&mut sync_conn, &script, cycles));
+            a.push(floor_async(&mut async_conn, &script, cycles).await);
+            d.push(distlock_cycles(&ours, cycles).await);
+        }
+        let rtt = rtt_us(&mut async_conn, 1000).await;
+        (median(s), median(a), median(d), rtt)
+    });
+
+    let mut runs = Vec::new();
+    let rt2 = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    for mode in [Mode::Events, Mode::Polling, Mode::Handoff] {
+        for &w in waiters {
+            runs.push(rt2.block_on(contention(&server, mode, w, millis)));
+        }
+    }
+
+    println!(
+        "distlock-bench — Redis {} — {pinning}",
+        redis_version(&server)
+    );
+    println!();
+    println!(
+        "P1 uncontended acquire+release, one client, {rounds} round(s) × {cycles} cycles, medians"
+    );
+    println!("| client | cycles/s | vs async floor |");
+    println!("|---|---:|---:|");
+    println!(
+        "| redis-rs sync SET NX PX + EVALSHA (floor) | {p1_sync:.0} | {:.2} |",
+        p1_sync / p1_async
+    );
+    println!("| redis-rs async SET NX PX + EVALSHA (floor) | {p1_async:.0} | 1.00 |");
+    println!(
+        "| distlock try_acquire + release | {p1_ours:.0} | {:.2} |",
+        p1_ours / p1_async
+    );
+    println!();
+    println!("PING round trip (median of 1000): {rtt:.1} µs");
+    println!();
+    println!("P2/P3 one hot key, zero hold, {millis} ms per run");
+    println!(
+        "| mode | waiters | processes | acq/s | vs P1 | fairness | cmds/acq | hand-off p50 µs | p99 µs | cross-process p50 | in RTTs |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &runs {
+        println!(
+            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} | {:.1} |",
+            r.mode.name(),
+            r.waiters,
+            r.processes,
+            r.per_sec,
+            r.per_sec / p1_ours,
+            r.fairness,
+            r.cmds_per_acq,
+            r.handoff_p50_us,
+            r.handoff_p99_us,
+            r.cross_p50_us,
+            if rtt > 0.0 { r.cross_p50_us / rtt } else { 0.0 },
+        );
+    }
+    if let Some(path) = cli.json {
+        let json = serde_json::json!({
+            "pinning": pinning,
+            "redis": redis_version(&server),
+            "p1": { "rounds": rounds, "cycles": cycles, "sync_floor": p1_sync,
+                    "async_floor": p1_async, "distlock": p1_ours },
+            "rtt_us": rtt,
+            "contention": runs.iter().map(|r| serde_json::json!({
+                "mode": r.mode.name(), "waiters": r.waiters, "processes": r.processes,
+                "per_sec": r.per_sec, "fairness": r.fairness, "cmds_per_acq": r.cmds_per_acq,
+                "handoff_p50_us": r.handoff_p50_us, "handoff_p99_us": r.handoff_p99_us,
+                "cross_process_p50_us": r.cross_p50_us,
+            })).collect::<Vec<_>>(),
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&json).expect("json"))
+            .expect("write the JSON");
+    }
+}
+
+fn redis_version(server: &RedisServer) -> String {
+    server
+        .cli(&["INFO", "server"])
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .trim()
+        .to_owned()
+}
