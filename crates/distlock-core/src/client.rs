@@ -136,6 +136,21 @@ pub fn default_owner() -> String {
     format!("{host}/{}", std::process::id())
 }
 
+/// A waiter's subscription; parked in the local queue for the next head when the waiter goes.
+struct SubSlot<'a, B: Backend> {
+    local: Option<&'a LocalQueues<Handoff<B>>>,
+    key: &'a str,
+    sub: Option<Subscription>,
+}
+
+impl<B: Backend> Drop for SubSlot<'_, B> {
+    fn drop(&mut self) {
+        if let (Some(local), Some(sub)) = (self.local, self.sub.take()) {
+            local.park(self.key, sub);
+        }
+    }
+}
+
 /// Outcome of one attempt, internally.
 enum Try<B: Backend> {
     Got(LockGuard<B>),
@@ -305,7 +320,14 @@ impl<B: Backend> LockClient<B> {
     async fn wait_for(&self, key: &str, options: &LockOptions) -> Result<LockGuard<B>, LockError> {
         let inner = &self.inner;
         let mut ticket = inner.local.as_ref().map(|l| l.join(key, *options));
-        let mut sub: Option<Subscription> = None;
+        // Declared after the ticket, so dropped before it: the subscription is parked for the
+        // next head while this waiter is still in the queue.
+        let mut slot = SubSlot {
+            local: inner.local.as_ref(),
+            key,
+            sub: None,
+        };
+        let sub = &mut slot.sub;
         let mut subscribed = false;
         let mut round = 0u32;
         loop {
@@ -332,13 +354,20 @@ impl<B: Backend> LockClient<B> {
                 Try::Got(g) => return Ok(g),
                 Try::Busy(ttl) => ttl,
             };
+            if options.events() && sub.is_none() {
+                if let Some(parked) = inner.local.as_ref().and_then(|l| l.take_parked(key)) {
+                    // A previous head's subscription, still active: no need to try again first.
+                    *sub = Some(parked);
+                    subscribed = true;
+                }
+            }
             if options.events() && !subscribed {
                 // Subscribe first, then try again, then wait: a release between our attempt and
                 // the subscription cannot be missed.
                 subscribed = true;
                 match inner.backend.subscribe(key).await {
                     Ok(Some(s)) => {
-                        sub = Some(s);
+                        *sub = Some(s);
                         continue;
                     }
                     Ok(None) => {}
@@ -346,7 +375,7 @@ impl<B: Backend> LockClient<B> {
                         "cannot subscribe to release events; polling"),
                 }
             }
-            let pause = match &sub {
+            let pause = match sub {
                 Some(_) => {
                     let cap = options.wake_fallback();
                     holder_ttl.map_or(cap, |t| (t + Duration::from_millis(1)).min(cap))

@@ -9,6 +9,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::lease::LeaseShared;
 use crate::options::LockOptions;
+use crate::wake::Subscription;
 
 struct Waiter<T> {
     id: u64,
@@ -23,6 +24,9 @@ struct KeyQueue<T> {
     waiters: VecDeque<Waiter<T>>,
     /// Waiters taken out of the queue by a releasing holder that is trying to hand off to them.
     offered: usize,
+    /// The release-event subscription, kept here between two heads so that it is not closed and
+    /// reopened at every turn. Dropped with the entry, when nobody waits or holds any more.
+    parked: Option<Subscription>,
 }
 
 impl<T> Default for KeyQueue<T> {
@@ -31,6 +35,7 @@ impl<T> Default for KeyQueue<T> {
             holder: None,
             waiters: VecDeque::new(),
             offered: 0,
+            parked: None,
         }
     }
 }
@@ -123,6 +128,21 @@ impl<T> LocalQueues<T> {
             .get(key)
             .and_then(|q| q.holder.clone())
             .filter(|h| h.is_held())
+    }
+
+    /// Keeps `sub` for the next head of `key`'s queue (dropped at once if the key has no entry).
+    pub(crate) fn park(&self, key: &str, sub: Subscription) {
+        let mut map = self.lock();
+        if let Some(q) = map.get_mut(key)
+            && q.parked.is_none()
+        {
+            q.parked = Some(sub);
+        }
+    }
+
+    /// The subscription a previous head left for `key`, if any.
+    pub(crate) fn take_parked(&self, key: &str) -> Option<Subscription> {
+        self.lock().get_mut(key).and_then(|q| q.parked.take())
     }
 
     /// Records that a task of this client now holds `key` with `lease`.
