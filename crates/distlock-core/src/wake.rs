@@ -126,6 +126,11 @@ impl WakeHub {
         }
     }
 
+    /// Whether `key` has subscribers.
+    pub fn contains(&self, key: &str) -> bool {
+        self.lock().contains_key(key)
+    }
+
     /// The keys that currently have subscribers.
     pub fn keys(&self) -> Vec<String> {
         self.lock().keys().cloned().collect()

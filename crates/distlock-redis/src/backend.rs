@@ -52,8 +52,18 @@ pub struct RedisBackend {
     scripts: std::sync::Arc<Scripts>,
     subscriber: std::sync::Arc<Subscriber>,
     response_timeout: Duration,
+    /// This backend's id in the waiters' queue (one per backend, shared by its tasks).
+    client_id: std::sync::Arc<str>,
     target: String,
 }
+
+/// How long a release reserves the lock for the waiter it wakes (others are not woken, and
+/// other distlock clients' attempts are refused meanwhile; plain `SET NX` clients are not).
+const RESERVATION_MS: u64 = 100;
+
+/// How long a waiter's place in the queue lasts without a new attempt. Waiters try again at
+/// least every `wake_fallback` (1 s by default), which renews it.
+const REGISTRATION_MS: u64 = 5000;
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -82,19 +92,14 @@ impl RedisBackend {
         let target = config.redacted_url();
         let client = redis::Client::open(config.url.as_str())
             .map_err(|e| map_err(e, "opening the Redis client"))?;
-        let subscriber = Subscriber::new(
-            client.clone(),
-            config.layout.clone(),
-            config.connect_timeout,
-            config.response_timeout,
-        );
+        let client_id: std::sync::Arc<str> = Token::generate().as_str().into();
         let cm = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             .set_response_timeout(Some(config.response_timeout))
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(500));
-        let mut conn = ConnectionManager::new_with_config(client, cm)
+        let mut conn = ConnectionManager::new_with_config(client.clone(), cm)
             .await
             .map_err(|e| map_err(e, &format!("connecting to {target}")))?;
         // Authentication errors surface on the first command, not at connect: check now.
@@ -102,12 +107,21 @@ impl RedisBackend {
             .query_async(&mut conn)
             .await
             .map_err(|e| map_err(e, &format!("talking to {target}")))?;
+        let subscriber = Subscriber::new(
+            client.clone(),
+            conn.clone(),
+            config.layout.clone(),
+            client_id.clone(),
+            config.connect_timeout,
+            config.response_timeout,
+        );
         Ok(RedisBackend {
             conn,
             layout: config.layout,
             scripts: std::sync::Arc::new(Scripts::new()),
             subscriber: std::sync::Arc::new(subscriber),
             response_timeout: config.response_timeout,
+            client_id,
             target,
         })
     }
@@ -157,6 +171,7 @@ impl RedisBackend {
         extra: &str,
         doing: &str,
     ) -> Result<LeaseCheck, LockError> {
+        // extend only now; release passes its queue keys itself.
         let lock_key = self.layout.lock_key(key);
         let reply = self
             .run(script, &[&lock_key], &[token.as_str(), extra], doing)
@@ -243,11 +258,25 @@ impl Backend for RedisBackend {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
         let now = now.to_string();
+        let [waiters, alive, resv] = KeyLayout::queue_keys(&lock_key);
+        // Queue up for a targeted wake-up only while subscribed to them.
+        let id = if self.subscriber.is_watching(req.key) {
+            &*self.client_id
+        } else {
+            ""
+        };
         let reply = self
             .run(
                 &self.scripts.acquire,
-                &[&lock_key, &meta_key],
-                &[req.token.as_str(), &ttl, req.owner, &now],
+                &[&lock_key, &meta_key, &waiters, &alive, &resv],
+                &[
+                    req.token.as_str(),
+                    &ttl,
+                    req.owner,
+                    &now,
+                    id,
+                    &REGISTRATION_MS.to_string(),
+                ],
                 DOING,
             )
             .await?;
@@ -259,7 +288,8 @@ impl Backend for RedisBackend {
                 fence: Some(fence as u64),
             }),
             (Some(0), Some(pttl)) => Ok(Attempt::Busy {
-                // -1: a foreign lock without TTL; -2: it vanished in between.
+                // -1: a foreign lock without TTL, or reserved for the waiter a release woke;
+                // -2: it vanished in between.
                 holder_ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
             }),
             _ => Err(protocol(DOING, &reply)),
@@ -283,15 +313,19 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
-        let channel = self.release_channel(key);
-        self.compare(
-            &self.scripts.release,
-            key,
-            token,
-            &channel,
-            "releasing a Redis lock",
-        )
-        .await
+        const DOING: &str = "releasing a Redis lock";
+        let lock_key = self.layout.lock_key(key);
+        let channel = KeyLayout::release_channel(&lock_key);
+        let [waiters, alive, resv] = KeyLayout::queue_keys(&lock_key);
+        let reply = self
+            .run(
+                &self.scripts.release,
+                &[&lock_key, &waiters, &alive, &resv],
+                &[token.as_str(), &channel, &RESERVATION_MS.to_string()],
+                DOING,
+            )
+            .await?;
+        lease_check(&reply).ok_or_else(|| protocol(DOING, &reply))
     }
 
     /// All renewals in one pipeline: one round trip however many locks are held.

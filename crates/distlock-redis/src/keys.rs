@@ -6,7 +6,10 @@
 /// - `distlock:{orders}`: the lock itself, a plain string holding the token, with a TTL;
 /// - `distlock:{orders}:meta`: a hash with the fence counter (never expires) and the holder's
 ///   label and fence, for `status`;
-/// - `distlock:{orders}:released`: the channel release announces on (for waiters).
+/// - `distlock:{orders}:released`: the channel release announces on (for waiters);
+/// - `distlock:{orders}:waiters`, `…:alive`, `…:resv`: the queue of waiting clients, their
+///   registration expiries, and the short reservation of the client a release woke (these
+///   expire by themselves a few seconds after the last waiter).
 ///
 /// The `{…}` hash tag keeps the three in one Cluster slot. A name that already carries a hash tag
 /// is used as it is.
@@ -45,6 +48,16 @@ impl KeyLayout {
 
     pub(crate) fn release_channel(lock_key: &str) -> String {
         format!("{lock_key}:released")
+    }
+
+    /// The queue of waiting clients, the hash of their registration expiries, and the short
+    /// reservation a release gives the client it wakes.
+    pub(crate) fn queue_keys(lock_key: &str) -> [String; 3] {
+        [
+            format!("{lock_key}:waiters"),
+            format!("{lock_key}:alive"),
+            format!("{lock_key}:resv"),
+        ]
     }
 }
 

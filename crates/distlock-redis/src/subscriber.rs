@@ -12,7 +12,7 @@
 //! waiter is woken (an event may have been missed in between).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use distlock_core::{Subscription, WakeHub};
@@ -29,9 +29,14 @@ enum Cmd {
     Unsubscribe(String),
 }
 
+/// Leaves the waiters' queue of one lock (when this client has nobody waiting for it any more).
+const LEAVE_QUEUE: &str =
+    "redis.pcall('ZREM', KEYS[1], ARGV[1]) redis.pcall('HDEL', KEYS[2], ARGV[1]) return 1";
+
 /// The shared subscriber of one backend.
 pub(crate) struct Subscriber {
     hub: WakeHub,
+    client_id: Arc<str>,
     /// Taken by the task when it starts (at the first subscription).
     start: Mutex<Option<Start>>,
 }
@@ -39,6 +44,8 @@ pub(crate) struct Subscriber {
 struct Start {
     rx: mpsc::UnboundedReceiver<Cmd>,
     client: redis::Client,
+    conn: redis::aio::ConnectionManager,
+    client_id: Arc<str>,
     layout: KeyLayout,
     db: i64,
     connect_timeout: Duration,
@@ -48,7 +55,9 @@ struct Start {
 impl Subscriber {
     pub(crate) fn new(
         client: redis::Client,
+        conn: redis::aio::ConnectionManager,
         layout: KeyLayout,
+        client_id: Arc<str>,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Self {
@@ -65,15 +74,25 @@ impl Subscriber {
         let db = client.get_connection_info().redis_settings().db();
         Subscriber {
             hub,
+            client_id: client_id.clone(),
             start: Mutex::new(Some(Start {
                 rx,
                 client,
+                conn,
+                client_id,
                 layout,
                 db,
                 connect_timeout,
                 response_timeout,
             })),
         }
+    }
+
+    /// Whether a waiter of this client is subscribed to `key`'s wake-ups (it then queues up
+    /// for a targeted one).
+    pub(crate) fn is_watching(&self, key: &str) -> bool {
+        let _ = &self.client_id;
+        self.hub.contains(key)
     }
 
     /// A subscription to `key`'s release events, confirmed by the server within the response
@@ -191,17 +210,26 @@ async fn run(hub: WakeHub, mut start: Start) {
                     if broken {
                         break;
                     }
-                    if let Cmd::Subscribe(k) = &cmd && confirmed {
-                        hub.set_confirmed(k, true);
+                    match &cmd {
+                        Cmd::Subscribe(k) if confirmed => hub.set_confirmed(k, true),
+                        Cmd::Unsubscribe(k) => leave_queue(&start, k).await,
+                        Cmd::Subscribe(_) => {}
                     }
                 }
                 msg = stream.next() => {
                     let Some(msg) = msg else { break };
                     let channel = msg.get_channel_name();
                     let Some(name) = routes.get(channel) else { continue };
-                    if channel.starts_with("__keyspace@")
-                        && !GONE_EVENTS.contains(&msg.get_payload_bytes())
+                    let payload = msg.get_payload_bytes();
+                    if channel.starts_with("__keyspace@") {
+                        if !GONE_EVENTS.contains(&payload) {
+                            continue;
+                        }
+                    } else if payload != b"*"
+                        && payload != start.client_id.as_bytes()
+                        && payload.len() == start.client_id.len()
                     {
+                        // A release woke another client's waiter; ours keeps its place.
                         continue;
                     }
                     hub.notify(name);
@@ -211,6 +239,21 @@ async fn run(hub: WakeHub, mut start: Start) {
         tracing::debug!(target: "distlock", "pub/sub connection lost; reconnecting");
         hub.unconfirm_all();
         hub.notify_all();
+    }
+}
+
+/// Nobody of this client waits for `key` any more: leave its queue, so a release does not wake
+/// us in vain (best effort; the registration also expires by itself).
+async fn leave_queue(start: &Start, key: &str) {
+    let lock_key = start.layout.lock_key(key);
+    let [waiters, alive, _] = KeyLayout::queue_keys(&lock_key);
+    let mut conn = start.conn.clone();
+    let script = redis::Script::new(LEAVE_QUEUE);
+    let mut inv = script.key(waiters);
+    inv.key(alive).arg(&*start.client_id);
+    let call = inv.invoke_async::<redis::Value>(&mut conn);
+    if let Ok(Err(e)) = tokio::time::timeout(start.response_timeout, call).await {
+        tracing::debug!(target: "distlock", key, error = %e, "leaving the waiters' queue failed");
     }
 }
 
