@@ -354,12 +354,13 @@ impl<B: Backend> LockClient<B> {
                 Try::Got(g) => return Ok(g),
                 Try::Busy(ttl) => ttl,
             };
-            if options.events() && sub.is_none() {
-                if let Some(parked) = inner.local.as_ref().and_then(|l| l.take_parked(key)) {
-                    // A previous head's subscription, still active: no need to try again first.
-                    *sub = Some(parked);
-                    subscribed = true;
-                }
+            if options.events()
+                && sub.is_none()
+                && let Some(parked) = inner.local.as_ref().and_then(|l| l.take_parked(key))
+            {
+                // A previous head's subscription, still active: no need to try again first.
+                *sub = Some(parked);
+                subscribed = true;
             }
             if options.events() && !subscribed {
                 // Subscribe first, then try again, then wait: a release between our attempt and
