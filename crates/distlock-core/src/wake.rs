@@ -131,6 +131,13 @@ impl WakeHub {
         self.lock().contains_key(key)
     }
 
+    /// Whether `key` has subscribers and the server has confirmed its subscription.
+    pub fn is_confirmed(&self, key: &str) -> bool {
+        self.lock()
+            .get(key)
+            .is_some_and(|slot| slot.tx.borrow().confirmed)
+    }
+
     /// The keys that currently have subscribers.
     pub fn keys(&self) -> Vec<String> {
         self.lock().keys().cloned().collect()

@@ -36,7 +36,6 @@ const LEAVE_QUEUE: &str =
 /// The shared subscriber of one backend.
 pub(crate) struct Subscriber {
     hub: WakeHub,
-    client_id: Arc<str>,
     /// Taken by the task when it starts (at the first subscription).
     start: Mutex<Option<Start>>,
 }
@@ -74,7 +73,6 @@ impl Subscriber {
         let db = client.get_connection_info().redis_settings().db();
         Subscriber {
             hub,
-            client_id: client_id.clone(),
             start: Mutex::new(Some(Start {
                 rx,
                 client,
@@ -88,11 +86,11 @@ impl Subscriber {
         }
     }
 
-    /// Whether a waiter of this client is subscribed to `key`'s wake-ups (it then queues up
-    /// for a targeted one).
+    /// Whether a waiter of this client is subscribed to `key`'s wake-ups, confirmed by the
+    /// server (it then queues up for a targeted one; a waiter that cannot hear them must not,
+    /// or releases would reserve the lock for it in vain).
     pub(crate) fn is_watching(&self, key: &str) -> bool {
-        let _ = &self.client_id;
-        self.hub.contains(key)
+        self.hub.is_confirmed(key)
     }
 
     /// A subscription to `key`'s release events, confirmed by the server within the response

@@ -67,6 +67,36 @@ async fn database_number_and_acl_user() {
         lock_once(&format!("redis://locker:pw1@127.0.0.1:{port}"), "acl").await,
         Some(1)
     );
+    // No channel rights (Redis 7 gives none by default): release still works, and a waiter,
+    // whose subscription is refused, falls back to polling every `wake_fallback`.
+    let locker = format!("redis://locker:pw1@127.0.0.1:{port}");
+    let opts = distlock_core::LockOptions::builder()
+        .wake_fallback(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let holder = LockClient::new(RedisBackend::connect(&locker).await.unwrap());
+    let waiter = LockClient::builder(RedisBackend::connect(&locker).await.unwrap())
+        .options(opts)
+        .build();
+    let g = holder.acquire("acl-wait").await.unwrap();
+    let w = tokio::spawn(async move {
+        let g = waiter.acquire("acl-wait").await.unwrap();
+        let at = std::time::Instant::now();
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+        at
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = std::time::Instant::now();
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let got = tokio::time::timeout(Duration::from_secs(5), w)
+        .await
+        .expect("the waiter got the lock")
+        .unwrap();
+    assert!(
+        got.duration_since(released) < Duration::from_millis(200 + 150),
+        "{:?}",
+        got.duration_since(released)
+    );
     let e = RedisBackend::connect(&format!("redis://locker:nope@127.0.0.1:{port}"))
         .await
         .expect_err("bad password");
