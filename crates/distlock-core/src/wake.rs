@@ -126,11 +126,6 @@ impl WakeHub {
         }
     }
 
-    /// Whether `key` has subscribers.
-    pub fn contains(&self, key: &str) -> bool {
-        self.lock().contains_key(key)
-    }
-
     /// Whether `key` has subscribers and the server has confirmed its subscription.
     pub fn is_confirmed(&self, key: &str) -> bool {
         self.lock()

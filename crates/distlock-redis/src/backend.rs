@@ -57,13 +57,13 @@ pub struct RedisBackend {
     target: String,
 }
 
-/// How long a release reserves the lock for the waiter it wakes (others are not woken, and
+/// How long (ms) a release reserves the lock for the waiter it wakes (others are not woken, and
 /// other distlock clients' attempts are refused meanwhile; plain `SET NX` clients are not).
-const RESERVATION_MS: u64 = 100;
+const RESERVATION_MS: &str = "100";
 
-/// How long a waiter's place in the queue lasts without a new attempt. Waiters try again at
+/// How long (ms) a waiter's place in the queue lasts without a new attempt. Waiters try again at
 /// least every `wake_fallback` (1 s by default), which renews it.
-const REGISTRATION_MS: u64 = 5000;
+const REGISTRATION_MS: &str = "5000";
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -163,24 +163,8 @@ impl RedisBackend {
             .map_err(|e| map_err(e, doing))
     }
 
-    async fn compare(
-        &self,
-        script: &redis::Script,
-        key: &str,
-        token: &Token,
-        extra: &str,
-        doing: &str,
-    ) -> Result<LeaseCheck, LockError> {
-        // extend only now; release passes its queue keys itself.
-        let lock_key = self.layout.lock_key(key);
-        let reply = self
-            .run(script, &[&lock_key], &[token.as_str(), extra], doing)
-            .await?;
-        lease_check(&reply).ok_or_else(|| protocol(doing, &reply))
-    }
-
-    /// One pipeline of compare-and-pexpire scripts; `None` for a reply that is not an answer
-    /// (NOSCRIPT and other errors are reported as such).
+    /// One pipeline of compare-and-pexpire scripts, one reply per item (errors such as
+    /// NOSCRIPT come back as `Value::ServerError` in their place).
     async fn extend_pipeline(
         &self,
         lock_keys: &[String],
@@ -275,7 +259,7 @@ impl Backend for RedisBackend {
                     req.owner,
                     &now,
                     id,
-                    &REGISTRATION_MS.to_string(),
+                    REGISTRATION_MS,
                 ],
                 DOING,
             )
@@ -302,14 +286,18 @@ impl Backend for RedisBackend {
         token: &Token,
         ttl: Duration,
     ) -> Result<LeaseCheck, LockError> {
-        self.compare(
-            &self.scripts.extend,
-            key,
-            token,
-            &ttl_ms(ttl).to_string(),
-            "extending a Redis lock",
-        )
-        .await
+        const DOING: &str = "extending a Redis lock";
+        let lock_key = self.layout.lock_key(key);
+        let ms = ttl_ms(ttl).to_string();
+        let reply = self
+            .run(
+                &self.scripts.extend,
+                &[&lock_key],
+                &[token.as_str(), &ms],
+                DOING,
+            )
+            .await?;
+        lease_check(&reply).ok_or_else(|| protocol(DOING, &reply))
     }
 
     async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
@@ -321,7 +309,7 @@ impl Backend for RedisBackend {
             .run(
                 &self.scripts.release,
                 &[&lock_key, &waiters, &alive, &resv],
-                &[token.as_str(), &channel, &RESERVATION_MS.to_string()],
+                &[token.as_str(), &channel, RESERVATION_MS],
                 DOING,
             )
             .await?;

@@ -454,22 +454,6 @@ async fn the_client_reconnects_after_a_server_restart() {
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
 
-fn commandstats(server: &RedisServer) -> Vec<(String, u64)> {
-    server
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_and_release_are_one_evalsha_each_and_survive_script_flush() {
     let Some(server) = RedisServer::start() else {
@@ -484,8 +468,8 @@ async fn acquire_and_release_are_one_evalsha_each_and_survive_script_flush() {
         let g = c.acquire("rt").await.unwrap();
         assert_eq!(g.release().await.unwrap(), Released::Held);
     }
-    let stats = commandstats(&server);
-    let calls = |name: &str| stats.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
+    let stats = server.commandstats();
+    let calls = |name: &str| stats.get(name).copied().unwrap_or(0);
     // Commands the server executed inside the scripts are counted too (get, set, hincrby…);
     // what went over the wire is EVALSHA only: one per acquire, one per release.
     assert_eq!(calls("evalsha"), 200, "{stats:?}");

@@ -129,18 +129,12 @@ async fn a_release_wakes_a_waiter_at_once() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_foreign_del_wakes_a_waiter_within_the_fallback_cap() {
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
-    let opts = ttl(30_000)
-        .wake_fallback(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let c = client(&server, opts).await;
+/// Another client's plain lock (no publish on release) is deleted while a distlock client
+/// waits: how long after the `DEL` did the waiter get the lock?
+async fn wake_after_foreign_del(server: &RedisServer, fallback: Duration) -> Duration {
+    let opts = ttl(30_000).wake_fallback(fallback).build().unwrap();
+    let c = client(server, opts).await;
     let key = c.backend().lock_key("foreign");
-    // Another client's plain lock: no publish on release, and keyspace events are off.
     assert_eq!(
         server.cli(&["SET", &key, "theirs", "NX", "PX", "60000"]),
         "OK"
@@ -158,7 +152,16 @@ async fn a_foreign_del_wakes_a_waiter_within_the_fallback_cap() {
         .await
         .unwrap()
         .unwrap();
-    let after = got.duration_since(deleted);
+    got.duration_since(deleted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_del_wakes_a_waiter_within_the_fallback_cap() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    // Keyspace events are off: only the fallback cap bounds the wait.
+    let after = wake_after_foreign_del(&server, Duration::from_millis(300)).await;
     assert!(
         after <= Duration::from_millis(300 + 100),
         "woke {after:?} after a foreign DEL, with a 300 ms cap"
@@ -170,30 +173,7 @@ async fn keyspace_notifications_wake_a_waiter_on_a_foreign_del() {
     let Some(server) = RedisServer::start_with(&["--notify-keyspace-events", "Kgx"]) else {
         return;
     };
-    let opts = ttl(30_000)
-        .wake_fallback(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    let c = client(&server, opts).await;
-    let key = c.backend().lock_key("ks");
-    assert_eq!(
-        server.cli(&["SET", &key, "theirs", "NX", "PX", "60000"]),
-        "OK"
-    );
-    let w = tokio::spawn(async move {
-        let g = c.acquire("ks").await.unwrap();
-        let at = Instant::now();
-        assert_eq!(g.release().await.unwrap(), Released::Held);
-        at
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let deleted = Instant::now();
-    assert_eq!(server.cli(&["DEL", &key]), "1");
-    let got = tokio::time::timeout(Duration::from_secs(5), w)
-        .await
-        .unwrap()
-        .unwrap();
-    let after = got.duration_since(deleted);
+    let after = wake_after_foreign_del(&server, Duration::from_secs(10)).await;
     assert!(
         after < Duration::from_millis(200),
         "woke {after:?} after a foreign DEL with keyspace events on"
