@@ -8,7 +8,7 @@ use crate::exit;
 pub(crate) struct StatusArgs {
     #[command(flatten)]
     engine: crate::Engine,
-    /// Print one JSON object: key, held, owner, fence, ttl_ms.
+    /// Print one JSON object: key, held, owner, fence, last_fence, ttl_ms.
     #[arg(long)]
     json: bool,
     /// The lock name.
@@ -28,19 +28,24 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
     if args.json {
         let owner = st.owner.as_deref().map_or("null".into(), json_string);
         let fence = st.fence.map_or("null".into(), |f| f.to_string());
+        let last = st.last_fence.map_or("null".into(), |f| f.to_string());
         let ttl = ttl_ms.map_or("null".into(), |t| t.to_string());
         println!(
-            "{{\"key\":{},\"held\":{},\"owner\":{owner},\"fence\":{fence},\"ttl_ms\":{ttl}}}",
+            "{{\"key\":{},\"held\":{},\"owner\":{owner},\"fence\":{fence},\"last_fence\":{last},\"ttl_ms\":{ttl}}}",
             json_string(&args.key),
             st.held
         );
     } else if st.held {
         println!("{}: held", args.key);
         println!("  owner:  {}", st.owner.as_deref().unwrap_or("unknown"));
-        println!(
-            "  fence:  {}",
-            st.fence.map_or("none".into(), |f| f.to_string())
-        );
+        let fence = match (st.fence, st.last_fence) {
+            (Some(f), _) => f.to_string(),
+            // Taken on the engine's fast path, which does not record it: at most the last one
+            // issued.
+            (None, Some(last)) => format!("at most {last}"),
+            (None, None) => "none".into(),
+        };
+        println!("  fence:  {fence}");
         println!(
             "  ttl:    {}",
             ttl_ms.map_or(

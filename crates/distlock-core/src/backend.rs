@@ -40,6 +40,13 @@ pub struct AcquireRequest<'a> {
     pub ttl: Duration,
     /// A label naming the holder (host/pid by default), shown by `status`.
     pub owner: &'a str,
+    /// This is a resend of a request whose reply was lost (same token): the lock may already
+    /// be ours.
+    pub resent: bool,
+    /// This attempt comes from a waiting `acquire` (not its first attempt): the engine should
+    /// report the holder's remaining lease, and may queue the waiter for a wake-up. A first
+    /// attempt may take a cheaper path that reports neither.
+    pub waiting: bool,
 }
 
 impl<'a> AcquireRequest<'a> {
@@ -50,7 +57,23 @@ impl<'a> AcquireRequest<'a> {
             token,
             ttl,
             owner,
+            resent: false,
+            waiting: false,
         }
+    }
+
+    /// Marks the request as a resend (see [`AcquireRequest::resent`]).
+    #[must_use]
+    pub fn resent(mut self, resent: bool) -> Self {
+        self.resent = resent;
+        self
+    }
+
+    /// Marks the request as a waiter's attempt (see [`AcquireRequest::waiting`]).
+    #[must_use]
+    pub fn waiting(mut self, waiting: bool) -> Self {
+        self.waiting = waiting;
+        self
     }
 }
 
@@ -88,8 +111,12 @@ pub struct LockStatus {
     pub held: bool,
     /// The holder's label (host/pid and since when), if known.
     pub owner: Option<String>,
-    /// The holder's fencing token, if the engine has one.
+    /// The holder's fencing token, when the engine recorded it.
     pub fence: Option<u64>,
+    /// The highest fence the engine has issued for this key so far, when it keeps a counter
+    /// (the holder's fence is at most this; the next holder's will be higher). Engines that
+    /// skip recording the holder's fence on their fast path report only this.
+    pub last_fence: Option<u64>,
     /// The holder's remaining lease, if the lease expires.
     pub ttl: Option<Duration>,
 }
@@ -106,8 +133,16 @@ impl LockStatus {
             held: true,
             owner,
             fence,
+            last_fence: None,
             ttl,
         }
+    }
+
+    /// The same status, with the highest fence issued so far.
+    #[must_use]
+    pub fn with_last_fence(mut self, last_fence: Option<u64>) -> Self {
+        self.last_fence = last_fence;
+        self
     }
 }
 
@@ -174,6 +209,18 @@ pub trait Backend: Send + Sync + 'static {
     /// Who holds `key`, if anybody.
     fn status(&self, key: &str) -> impl Future<Output = Result<LockStatus, LockError>> + Send;
 
+    /// [`release`](Self::release), called when tasks of this client still wait for the same
+    /// key. An engine with a queue of waiting clients (Redis) puts this client back at the end
+    /// of it in the same round trip, so its next task neither jumps ahead of other clients nor
+    /// spends a round trip queueing. The default is `release`.
+    fn release_queued(
+        &self,
+        key: &str,
+        token: &Token,
+    ) -> impl Future<Output = Result<LeaseCheck, LockError>> + Send {
+        self.release(key, token)
+    }
+
     /// Renews many leases at once: one result per item, in order. The watchdog sends every
     /// renewal that is due in one call. Engines that can pipeline (Redis) send them in one round
     /// trip; the default runs [`extend`](Self::extend) for all of them concurrently.
@@ -236,6 +283,12 @@ pub trait DynBackend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
     /// See [`Backend::status`].
     fn dyn_status<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>>;
+    /// See [`Backend::release_queued`].
+    fn dyn_release_queued<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
     /// See [`Backend::extend_many`].
     fn dyn_extend_many<'a>(
         &'a self,
@@ -279,6 +332,13 @@ impl<B: Backend> DynBackend for B {
     fn dyn_status<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
         Box::pin(self.status(key))
     }
+    fn dyn_release_queued<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(self.release_queued(key, token))
+    }
     fn dyn_extend_many<'a>(
         &'a self,
         items: &'a [RenewItem<'a>],
@@ -319,6 +379,9 @@ impl Backend for Box<dyn DynBackend> {
     }
     async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
         (**self).dyn_status(key).await
+    }
+    async fn release_queued(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+        (**self).dyn_release_queued(key, token).await
     }
     fn extend_many<'a>(
         &'a self,

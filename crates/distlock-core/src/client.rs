@@ -245,7 +245,7 @@ impl<B: Backend> LockClient<B> {
         if self.held_here(key) {
             return Ok(None);
         }
-        match self.attempt(key, options).await? {
+        match self.attempt(key, options, false).await? {
             Try::Got(g) => Ok(Some(g)),
             Try::Busy(_) => Ok(None),
         }
@@ -291,10 +291,12 @@ impl<B: Backend> LockClient<B> {
                 if self.held_here(key) {
                     return Err(LockError::busy(key));
                 }
-                self.attempt(key, options).await.and_then(|t| match t {
-                    Try::Got(g) => Ok(g),
-                    Try::Busy(_) => Err(LockError::busy(key)),
-                })
+                self.attempt(key, options, false)
+                    .await
+                    .and_then(|t| match t {
+                        Try::Got(g) => Ok(g),
+                        Try::Busy(_) => Err(LockError::busy(key)),
+                    })
             }
             Wait::Forever => self.wait_for(key, options).await,
             Wait::Timeout(d) => tokio::time::timeout(d, self.wait_for(key, options))
@@ -350,18 +352,21 @@ impl<B: Backend> LockClient<B> {
                     }
                 }
             }
-            let holder_ttl = match self.attempt(key, options).await? {
-                Try::Got(g) => return Ok(g),
-                Try::Busy(ttl) => ttl,
-            };
             if options.events()
                 && sub.is_none()
                 && let Some(parked) = inner.local.as_ref().and_then(|l| l.take_parked(key))
             {
-                // A previous head's subscription, still active: no need to try again first.
+                // A previous head's subscription, still active: no need to subscribe and try
+                // again after this attempt.
                 *sub = Some(parked);
                 subscribed = true;
             }
+            // Only a first attempt with no subscription yet may take the engine's fast path.
+            let waiting = subscribed || round > 0;
+            let holder_ttl = match self.attempt(key, options, waiting).await? {
+                Try::Got(g) => return Ok(g),
+                Try::Busy(ttl) => ttl,
+            };
             if options.events() && !subscribed {
                 // Subscribe first, then try again, then wait: a release between our attempt and
                 // the subscription cannot be missed.
@@ -445,11 +450,18 @@ impl<B: Backend> LockClient<B> {
         self.inner.backend.status(key).await
     }
 
-    async fn attempt(&self, key: &str, options: &LockOptions) -> Result<Try<B>, LockError> {
+    /// One attempt (resent with the same token while replies are lost). `waiting`: see
+    /// [`AcquireRequest::waiting`].
+    async fn attempt(
+        &self,
+        key: &str,
+        options: &LockOptions,
+        waiting: bool,
+    ) -> Result<Try<B>, LockError> {
         let inner = &self.inner;
         let token = Token::generate();
         let ttl = options.ttl();
-        let req = AcquireRequest::new(key, &token, ttl, &inner.owner);
+        let mut req = AcquireRequest::new(key, &token, ttl, &inner.owner).waiting(waiting);
         let mut cleanup = PendingCleanup {
             client: inner,
             key,
@@ -467,6 +479,7 @@ impl<B: Backend> LockClient<B> {
                 }
                 Err(e) if e.is_ambiguous() && resent < options.acquire_retries() => {
                     resent += 1;
+                    req = req.resent(true);
                     tracing::debug!(target: "distlock", key, error = %e, resent,
                         "acquire reply lost; resending with the same token");
                 }

@@ -116,7 +116,18 @@ async fn finish<B: Backend>(
         {
             return done;
         }
-        let reply = client.backend.release(&lease.key, &lease.token).await;
+        let queued = client
+            .local
+            .as_ref()
+            .is_some_and(|l| l.has_waiters(&lease.key));
+        let reply = if queued {
+            client
+                .backend
+                .release_queued(&lease.key, &lease.token)
+                .await
+        } else {
+            client.backend.release(&lease.key, &lease.token).await
+        };
         match (before, reply) {
             (Some(reason), _) => Ok(Released::Lost(reason)),
             (None, Ok(LeaseCheck::Ours)) => Ok(Released::Held),

@@ -130,6 +130,11 @@ impl<T> LocalQueues<T> {
             .filter(|h| h.is_held())
     }
 
+    /// Whether tasks of this client wait for `key` (queued, not yet offered a hand-off).
+    pub(crate) fn has_waiters(&self, key: &str) -> bool {
+        self.lock().get(key).is_some_and(|q| !q.waiters.is_empty())
+    }
+
     /// Keeps `sub` for the next head of `key`'s queue (dropped at once if the key has no entry).
     pub(crate) fn park(&self, key: &str, sub: Subscription) {
         let mut map = self.lock();

@@ -17,6 +17,9 @@ use tokio::sync::watch;
 struct Seen {
     events: u64,
     confirmed: bool,
+    /// The server refused the subscription (an ACL without the channel): waiting for a
+    /// confirmation is pointless until the next reconnect.
+    refused: bool,
 }
 
 struct Slot {
@@ -111,8 +114,22 @@ impl WakeHub {
     pub fn set_confirmed(&self, key: &str, confirmed: bool) {
         if let Some(slot) = self.lock().get(key) {
             slot.tx.send_if_modified(|s| {
-                let changed = s.confirmed != confirmed;
+                let changed = s.confirmed != confirmed || s.refused;
                 s.confirmed = confirmed;
+                s.refused = false;
+                changed
+            });
+        }
+    }
+
+    /// Marks `key`'s subscription as refused by the server: waiters stop waiting for its
+    /// confirmation (and poll). A later `set_confirmed` or `unconfirm_all` clears it.
+    pub fn set_refused(&self, key: &str) {
+        if let Some(slot) = self.lock().get(key) {
+            slot.tx.send_if_modified(|s| {
+                let changed = !s.refused || s.confirmed;
+                s.refused = true;
+                s.confirmed = false;
                 changed
             });
         }
@@ -121,8 +138,10 @@ impl WakeHub {
     /// Marks every subscription as unconfirmed (the connection is gone).
     pub fn unconfirm_all(&self) {
         for slot in self.lock().values() {
-            slot.tx
-                .send_if_modified(|s| std::mem::replace(&mut s.confirmed, false));
+            slot.tx.send_if_modified(|s| {
+                s.refused = false;
+                std::mem::replace(&mut s.confirmed, false)
+            });
         }
     }
 
@@ -216,13 +235,14 @@ impl Subscription {
         }
     }
 
-    /// Waits up to `limit` for the server to confirm the subscription. Returns whether it did.
+    /// Waits up to `limit` for the server to confirm the subscription (or refuse it). Returns
+    /// whether it confirmed it.
     pub async fn confirmed(&mut self, limit: Duration) -> bool {
         let Some(rx) = self.rx.as_mut() else {
             return false;
         };
-        let wait = rx.wait_for(|s| s.confirmed);
-        matches!(tokio::time::timeout(limit, wait).await, Ok(Ok(_)))
+        let wait = rx.wait_for(|s| s.confirmed || s.refused);
+        matches!(tokio::time::timeout(limit, wait).await, Ok(Ok(s)) if s.confirmed)
     }
 
     /// Whether the server has confirmed the subscription.

@@ -1,7 +1,8 @@
 //! The single-instance Redis engine.
 
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::PoisonError;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, Fencing, LeaseCheck, LockError, LockStatus,
@@ -12,8 +13,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::config::RedisConfig;
 use crate::error::{map_err, protocol};
-use crate::keys::KeyLayout;
-use crate::subscriber::Subscriber;
+use crate::keys::{KeyLayout, LockKeys};
+use crate::subscriber::{Reserved, ReservedState, Subscriber};
 
 /// The Lua scripts, hashed once per backend and run with EVALSHA (loaded on NOSCRIPT).
 struct Scripts {
@@ -23,12 +24,20 @@ struct Scripts {
     status: redis::Script,
 }
 
+/// The helpers (`pass_on`, `is_ours`) that the scripts share, prepended to each.
+macro_rules! with_lib {
+    ($file:literal) => {
+        concat!(include_str!("scripts/lib.lua"), include_str!($file))
+    };
+}
+pub(crate) use with_lib;
+
 impl Scripts {
     fn new() -> Self {
         Scripts {
-            acquire: redis::Script::new(include_str!("scripts/acquire.lua")),
+            acquire: redis::Script::new(with_lib!("scripts/acquire.lua")),
             extend: redis::Script::new(include_str!("scripts/extend.lua")),
-            release: redis::Script::new(include_str!("scripts/release.lua")),
+            release: redis::Script::new(with_lib!("scripts/release.lua")),
             status: redis::Script::new(include_str!("scripts/status.lua")),
         }
     }
@@ -37,12 +46,17 @@ impl Scripts {
 /// A lock engine on one Redis server (or a primary whose failover you accept; see the docs on
 /// replication).
 ///
-/// - acquire: one script, one round trip: `SET key token NX PX ttl` plus the fence counter's
-///   `HINCRBY`; a retry with our own token re-arms the TTL and returns the same fence;
-/// - release: compare-and-delete, and a `PUBLISH` that wakes waiters, in the same script;
+/// - acquire, first attempt: one round trip of two plain commands, `SET key value NX PX ttl`
+///   then `HINCRBY meta fence 1`, pipelined (the fence is taken while the lock is ours, so it
+///   orders holders; a busy attempt burns a number, which is harmless);
+/// - acquire, waiting or resent: one script that also returns the holder's remaining lease and
+///   queues the client for a wake-up; a resend with our own token re-arms the TTL and keeps
+///   (or takes) a fence;
+/// - release: compare-and-delete in a script that, when clients wait, reserves the lock for the
+///   first of them for a moment and wakes only that one (no thundering herd);
 /// - extend: compare-and-pexpire; the watchdog's renewals of many locks go out as one pipeline;
-/// - waiting: one shared pub/sub connection (opened at the first wait) watches the release
-///   channel and the key's keyspace notifications;
+/// - waiting: one shared pub/sub connection (opened at the first wait) listens on this client's
+///   wake channel and the keys' keyspace notifications;
 /// - fencing: a per-key counter that never expires, strictly increasing with every new holder
 ///   as long as the server keeps its data (persistence on, no failover to a lagging replica).
 #[derive(Clone)]
@@ -54,12 +68,19 @@ pub struct RedisBackend {
     response_timeout: Duration,
     /// This backend's id in the waiters' queue (one per backend, shared by its tasks).
     client_id: std::sync::Arc<str>,
+    /// `<prefix>wake:`: a client's wake channel is this and its id.
+    wake_prefix: std::sync::Arc<str>,
+    /// Locks a release of ours just reserved for another client's waiter, while this client
+    /// still has tasks waiting, and until when: their next attempt would only find the
+    /// reservation, so it is answered here (they are queued, and woken in their turn).
+    reserved_elsewhere: Reserved,
     target: String,
 }
 
 /// How long (ms) a release reserves the lock for the waiter it wakes (others are not woken, and
 /// other distlock clients' attempts are refused meanwhile; plain `SET NX` clients are not).
-const RESERVATION_MS: &str = "100";
+pub(crate) const RESERVATION_MS: &str = "100";
+const RESERVATION: Duration = Duration::from_millis(100);
 
 /// How long (ms) a waiter's place in the queue lasts without a new attempt. Waiters try again at
 /// least every `wake_fallback` (1 s by default), which renews it.
@@ -107,21 +128,25 @@ impl RedisBackend {
             .query_async(&mut conn)
             .await
             .map_err(|e| map_err(e, &format!("talking to {target}")))?;
+        let reserved_elsewhere = Reserved::default();
         let subscriber = Subscriber::new(
             client.clone(),
             conn.clone(),
             config.layout.clone(),
             client_id.clone(),
+            reserved_elsewhere.clone(),
             config.connect_timeout,
             config.response_timeout,
         );
         Ok(RedisBackend {
             conn,
+            wake_prefix: config.layout.wake_prefix().into(),
             layout: config.layout,
             scripts: std::sync::Arc::new(Scripts::new()),
             subscriber: std::sync::Arc::new(subscriber),
             response_timeout: config.response_timeout,
             client_id,
+            reserved_elsewhere,
             target,
         })
     }
@@ -138,11 +163,13 @@ impl RedisBackend {
         KeyLayout::meta_key(&self.layout.lock_key(name))
     }
 
-    /// The channel a release of the lock `name` is announced on.
-    pub fn release_channel(&self, name: &str) -> String {
-        KeyLayout::release_channel(&self.layout.lock_key(name))
+    /// The channel this client's waiters are woken on.
+    pub fn wake_channel(&self) -> String {
+        format!("{}{}", self.wake_prefix, self.client_id)
     }
 
+    /// Runs a script by hash (one command, built without intermediate copies), loading it
+    /// and sending again if the server has lost its script cache.
     async fn run(
         &self,
         script: &redis::Script,
@@ -150,17 +177,147 @@ impl RedisBackend {
         args: &[&str],
         doing: &str,
     ) -> Result<Value, LockError> {
-        let mut inv = script.prepare_invoke();
-        for k in keys {
-            inv.key(*k);
-        }
-        for a in args {
-            inv.arg(*a);
-        }
+        let len = keys.iter().chain(args).map(|a| a.len()).sum::<usize>() + 48;
+        let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), len);
+        cmd.arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
         let mut conn = self.conn.clone();
-        inv.invoke_async(&mut conn)
+        let reply = match cmd.query_async::<Value>(&mut conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                match script.load_async(&mut conn).await {
+                    Ok(_) => cmd.query_async::<Value>(&mut conn).await,
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
+        };
+        reply.map_err(|e| map_err(e, doing))
+    }
+
+    /// The first attempt: `SET NX PX` then `HINCRBY` of the fence, pipelined.
+    async fn acquire_fast(
+        &self,
+        keys: &LockKeys,
+        value: &str,
+        ttl: &str,
+    ) -> Result<Attempt, LockError> {
+        const DOING: &str = "acquiring a Redis lock";
+        let mut pipe = redis::Pipeline::with_capacity(2);
+        pipe.ignore_errors();
+        pipe.cmd("SET")
+            .arg(keys.lock())
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl)
+            .cmd("HINCRBY")
+            .arg(keys.meta())
+            .arg("fence")
+            .arg(1);
+        let mut conn = self.conn.clone();
+        let replies: Vec<Value> = pipe
+            .query_async(&mut conn)
             .await
-            .map_err(|e| map_err(e, doing))
+            .map_err(|e| map_err(e, DOING))?;
+        match replies.as_slice() {
+            [Value::Okay, Value::Int(f)] if *f > 0 => Ok(Attempt::Acquired {
+                fence: Some(*f as u64),
+            }),
+            [Value::Nil, _] => Ok(Attempt::Busy { holder_ttl: None }),
+            // Refused (NOPERM, a read-only replica…): nothing was written.
+            [Value::ServerError(e), _] => Err(map_err(e.clone().into(), DOING)),
+            [Value::Okay, bad] => {
+                // The lock is set but the fence failed (junk under the meta key): undo the
+                // lock before reporting, so nothing stays half taken.
+                let value_token = value.split(' ').next().unwrap_or(value);
+                let undo = self
+                    .run(
+                        &self.scripts.release,
+                        &[keys.lock(), keys.waiters(), keys.alive()],
+                        &[
+                            value_token,
+                            &self.wake_prefix,
+                            RESERVATION_MS,
+                            &self.client_id,
+                            REGISTRATION_MS,
+                            "",
+                        ],
+                        DOING,
+                    )
+                    .await;
+                if let Err(e) = undo {
+                    tracing::warn!(target: "distlock", key = keys.lock(), error = %e,
+                        "could not undo a lock whose fence failed; it expires with its TTL");
+                }
+                Err(match bad {
+                    Value::ServerError(e) => map_err(e.clone().into(), DOING),
+                    other => protocol(DOING, other),
+                })
+            }
+            _ => Err(protocol(DOING, &Value::Array(replies))),
+        }
+    }
+
+    /// Compare-and-delete; with `queued`, this client joins the back of the queue in the same
+    /// script (its tasks still wait).
+    async fn release_inner(
+        &self,
+        key: &str,
+        token: &Token,
+        queued: bool,
+    ) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "releasing a Redis lock";
+        let keys = self.layout.keys(key);
+        let queued = queued && self.subscriber.is_watching(key);
+        let wakes = self.lock_reserved().wakes;
+        let reply = self
+            .run(
+                &self.scripts.release,
+                &[keys.lock(), keys.waiters(), keys.alive()],
+                &[
+                    token.as_str(),
+                    &self.wake_prefix,
+                    RESERVATION_MS,
+                    &self.client_id,
+                    REGISTRATION_MS,
+                    if queued { "1" } else { "" },
+                ],
+                DOING,
+            )
+            .await?;
+        match reply {
+            Value::Int(2) => {
+                let mut r = self.lock_reserved();
+                if queued && r.wakes == wakes {
+                    r.until.insert(key.to_owned(), Instant::now() + RESERVATION);
+                }
+                Ok(LeaseCheck::Ours)
+            }
+            Value::Int(1) => Ok(LeaseCheck::Ours),
+            other => lease_check(&other).ok_or_else(|| protocol(DOING, &other)),
+        }
+    }
+
+    /// How long the lock stays reserved for another client, if a release of ours just gave it
+    /// away while our tasks wait.
+    fn reserved_for_other(&self, key: &str) -> Option<Duration> {
+        let mut r = self.lock_reserved();
+        let until = *r.until.get(key)?;
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            r.until.remove(key);
+            return None;
+        }
+        Some(left)
+    }
+
+    fn lock_reserved(&self) -> std::sync::MutexGuard<'_, ReservedState> {
+        self.reserved_elsewhere
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// One pipeline of compare-and-pexpire scripts, one reply per item (errors such as
@@ -235,14 +392,31 @@ impl Backend for RedisBackend {
 
     async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a Redis lock";
-        let lock_key = self.layout.lock_key(req.key);
-        let meta_key = KeyLayout::meta_key(&lock_key);
-        let ttl = ttl_ms(req.ttl).to_string();
+        let keys = self.layout.keys(req.key);
+        let mut ttl = itoa::Buffer::new();
+        let ttl = ttl.format(ttl_ms(req.ttl));
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
-        let now = now.to_string();
-        let [waiters, alive, resv] = KeyLayout::queue_keys(&lock_key);
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut since = itoa::Buffer::new();
+        let since = since.format(now);
+        let token = req.token.as_str();
+        let mut value = String::with_capacity(token.len() + since.len() + req.owner.len() + 2);
+        value.push_str(token);
+        value.push(' ');
+        value.push_str(since);
+        value.push(' ');
+        value.push_str(req.owner);
+        if !req.waiting && !req.resent {
+            return self.acquire_fast(&keys, &value, ttl).await;
+        }
+        if !req.resent
+            && let Some(left) = self.reserved_for_other(req.key)
+        {
+            return Ok(Attempt::Busy {
+                holder_ttl: Some(left),
+            });
+        }
         // Queue up for a targeted wake-up only while subscribed to them.
         let id = if self.subscriber.is_watching(req.key) {
             &*self.client_id
@@ -252,15 +426,8 @@ impl Backend for RedisBackend {
         let reply = self
             .run(
                 &self.scripts.acquire,
-                &[&lock_key, &meta_key, &waiters, &alive, &resv],
-                &[
-                    req.token.as_str(),
-                    &ttl,
-                    req.owner,
-                    &now,
-                    id,
-                    REGISTRATION_MS,
-                ],
+                &[keys.lock(), keys.meta(), keys.waiters(), keys.alive()],
+                &[token, &value, ttl, id, REGISTRATION_MS],
                 DOING,
             )
             .await?;
@@ -272,8 +439,7 @@ impl Backend for RedisBackend {
                 fence: Some(fence as u64),
             }),
             (Some(0), Some(pttl)) => Ok(Attempt::Busy {
-                // -1: a foreign lock without TTL, or reserved for the waiter a release woke;
-                // -2: it vanished in between.
+                // -1: a foreign lock without TTL; -2: it vanished in between.
                 holder_ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
             }),
             _ => Err(protocol(DOING, &reply)),
@@ -301,19 +467,11 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
-        const DOING: &str = "releasing a Redis lock";
-        let lock_key = self.layout.lock_key(key);
-        let channel = KeyLayout::release_channel(&lock_key);
-        let [waiters, alive, resv] = KeyLayout::queue_keys(&lock_key);
-        let reply = self
-            .run(
-                &self.scripts.release,
-                &[&lock_key, &waiters, &alive, &resv],
-                &[token.as_str(), &channel, RESERVATION_MS],
-                DOING,
-            )
-            .await?;
-        lease_check(&reply).ok_or_else(|| protocol(DOING, &reply))
+        self.release_inner(key, token, false).await
+    }
+
+    async fn release_queued(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+        self.release_inner(key, token, true).await
     }
 
     /// All renewals in one pipeline: one round trip however many locks are held.
@@ -366,37 +524,59 @@ impl Backend for RedisBackend {
 
     async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
         const DOING: &str = "reading a Redis lock's status";
-        let lock_key = self.layout.lock_key(key);
-        let meta_key = KeyLayout::meta_key(&lock_key);
+        let keys = self.layout.keys(key);
         let reply = self
-            .run(&self.scripts.status, &[&lock_key, &meta_key], &[], DOING)
+            .run(
+                &self.scripts.status,
+                &[keys.lock(), keys.meta()],
+                &[],
+                DOING,
+            )
             .await?;
         let Value::Array(items) = &reply else {
             return Err(protocol(DOING, &reply));
         };
+        let last = |i: usize| {
+            items
+                .get(i)
+                .and_then(int)
+                .filter(|f| *f > 0)
+                .map(|f| f as u64)
+        };
         match items.first().and_then(int) {
-            Some(0) => Ok(LockStatus::free()),
+            Some(0) => Ok(LockStatus::free().with_last_fence(last(1))),
             Some(1) => {
                 let ttl = items
                     .get(1)
                     .and_then(int)
                     .and_then(|p| (p >= 0).then(|| Duration::from_millis(p as u64)));
-                let owner =
-                    items
-                        .get(2)
-                        .and_then(text)
-                        .map(|o| match items.get(3).and_then(text) {
-                            Some(since) => format!("{o} since {since}"),
-                            None => o,
-                        });
-                let fence = items.get(4).and_then(int).map(|f| f as u64);
-                Ok(LockStatus::held(
-                    owner.or_else(|| Some("(not a distlock client)".into())),
-                    fence,
-                    ttl,
-                ))
+                let value = items.get(2).and_then(text).unwrap_or_default();
+                let meta_token = items.get(3).and_then(text).unwrap_or_default();
+                let (owner, fence) = describe_holder(&value, &meta_token, last(4));
+                Ok(LockStatus::held(Some(owner), fence, ttl).with_last_fence(last(5)))
             }
             _ => Err(protocol(DOING, &reply)),
         }
+    }
+}
+
+/// The holder's label and fence, from the lock key's value and what the meta hash recorded.
+fn describe_holder(
+    value: &str,
+    meta_token: &str,
+    meta_fence: Option<u64>,
+) -> (String, Option<u64>) {
+    if value.starts_with('\t') {
+        return ("(reserved for a woken waiter)".into(), None);
+    }
+    let mut parts = value.splitn(3, ' ');
+    let token = parts.next().unwrap_or_default();
+    let fence = meta_fence.filter(|_| !token.is_empty() && token == meta_token);
+    match (
+        parts.next().and_then(|s| s.parse::<u64>().ok()),
+        parts.next(),
+    ) {
+        (Some(since), Some(owner)) => (format!("{owner} since {since}"), fence),
+        _ => ("(not a distlock client)".into(), fence),
     }
 }

@@ -3,15 +3,16 @@
 /// Naming of the keys behind one lock name.
 ///
 /// With the defaults, the lock `orders` uses:
-/// - `distlock:{orders}`: the lock itself, a plain string holding the token, with a TTL;
-/// - `distlock:{orders}:meta`: a hash with the fence counter (never expires) and the holder's
-///   label and fence, for `status`;
-/// - `distlock:{orders}:released`: the channel release announces on (for waiters);
-/// - `distlock:{orders}:waiters`, `…:alive`, `…:resv`: the queue of waiting clients, their
-///   registration expiries, and the short reservation of the client a release woke (these
-///   expire by themselves a few seconds after the last waiter).
+/// - `distlock:{orders}`: the lock itself, a plain string `<token> <since ms> <owner>` with a
+///   TTL (or, for a moment after a release, `\t<client id>`: reserved for the waiter it woke);
+/// - `distlock:{orders}:meta`: a hash with the fence counter (never expires), and the token
+///   and fence of the last holder that took the lock through the waiting path, for `status`;
+/// - `distlock:{orders}:waiters`, `…:alive`: the queue of waiting clients and their
+///   registration expiries (these expire by themselves a few seconds after the last waiter);
+/// - the channel `distlock:wake:<client id>`: one per client, where releases wake it (the
+///   payload is the lock key).
 ///
-/// The `{…}` hash tag keeps the three in one Cluster slot. A name that already carries a hash tag
+/// The `{…}` hash tag keeps the keys in one Cluster slot. A name that already carries a hash tag
 /// is used as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KeyLayout {
@@ -31,6 +32,11 @@ impl Default for KeyLayout {
 impl KeyLayout {
     pub(crate) fn lock_key(&self, name: &str) -> String {
         let mut k = String::with_capacity(self.prefix.len() + name.len() + 2);
+        self.push_lock_key(&mut k, name);
+        k
+    }
+
+    fn push_lock_key(&self, k: &mut String, name: &str) {
         k.push_str(&self.prefix);
         if self.hash_tag && !has_hash_tag(name) {
             k.push('{');
@@ -39,25 +45,60 @@ impl KeyLayout {
         } else {
             k.push_str(name);
         }
-        k
+    }
+
+    /// The channel prefix a client's wake-ups go to: `<prefix>wake:<client id>`.
+    pub(crate) fn wake_prefix(&self) -> String {
+        format!("{}wake:", self.prefix)
+    }
+
+    /// The lock key and the keys derived from it, in one allocation (the hot paths build them
+    /// for every request).
+    pub(crate) fn keys(&self, name: &str) -> LockKeys {
+        let lock_len = self.prefix.len() + name.len() + 2;
+        let mut buf =
+            String::with_capacity(4 * lock_len + SUFFIXES.iter().map(|s| s.len()).sum::<usize>());
+        let mut ends = [0usize; 4];
+        self.push_lock_key(&mut buf, name);
+        let lock_len = buf.len();
+        ends[0] = lock_len;
+        for (i, suffix) in SUFFIXES.iter().enumerate() {
+            buf.extend_from_within(..lock_len);
+            buf.push_str(suffix);
+            ends[i + 1] = buf.len();
+        }
+        LockKeys { buf, ends }
     }
 
     pub(crate) fn meta_key(lock_key: &str) -> String {
         format!("{lock_key}:meta")
     }
+}
 
-    pub(crate) fn release_channel(lock_key: &str) -> String {
-        format!("{lock_key}:released")
+const SUFFIXES: [&str; 3] = [":meta", ":waiters", ":alive"];
+
+/// The keys of one lock: see [`KeyLayout`].
+pub(crate) struct LockKeys {
+    buf: String,
+    ends: [usize; 4],
+}
+
+impl LockKeys {
+    fn part(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.buf[start..self.ends[i]]
     }
-
-    /// The queue of waiting clients, the hash of their registration expiries, and the short
-    /// reservation a release gives the client it wakes.
-    pub(crate) fn queue_keys(lock_key: &str) -> [String; 3] {
-        [
-            format!("{lock_key}:waiters"),
-            format!("{lock_key}:alive"),
-            format!("{lock_key}:resv"),
-        ]
+    pub(crate) fn lock(&self) -> &str {
+        self.part(0)
+    }
+    pub(crate) fn meta(&self) -> &str {
+        self.part(1)
+    }
+    pub(crate) fn waiters(&self) -> &str {
+        self.part(2)
+    }
+    pub(crate) fn alive(&self) -> &str {
+        self.part(3)
     }
 }
 
@@ -81,10 +122,17 @@ mod tests {
             KeyLayout::meta_key(&l.lock_key("orders")),
             "distlock:{orders}:meta"
         );
+        let k = l.keys("orders");
         assert_eq!(
-            KeyLayout::release_channel(&l.lock_key("orders")),
-            "distlock:{orders}:released"
+            [k.lock(), k.meta(), k.waiters(), k.alive()],
+            [
+                "distlock:{orders}",
+                "distlock:{orders}:meta",
+                "distlock:{orders}:waiters",
+                "distlock:{orders}:alive"
+            ]
         );
+        assert_eq!(l.wake_prefix(), "distlock:wake:");
         assert_eq!(l.lock_key("user:{42}:cart"), "distlock:user:{42}:cart");
         assert_eq!(l.lock_key("odd{}name"), "distlock:{odd{}name}");
         let plain = KeyLayout {

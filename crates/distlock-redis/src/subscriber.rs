@@ -1,24 +1,28 @@
-//! Release events for waiters: one pub/sub connection per backend, shared by every waiter.
+//! Wake-ups for waiters: one pub/sub connection per backend, shared by every waiter.
 //!
-//! For each watched lock it subscribes to two channels:
-//! - `<lock key>:released`, which distlock's release script publishes to;
-//! - `__keyspace@<db>__:<lock key>`, which the server publishes to when the key is deleted,
-//!   expires or is evicted, if keyspace notifications are on (`notify-keyspace-events` with
-//!   `K` and `g` plus `x`, for example `Kgx`). This wakes waiters when a client in another
-//!   language deletes its plain lock key, or when a crashed holder's lease runs out.
+//! It listens on:
+//! - this client's own wake channel, `<prefix>wake:<client id>`, where a release that reserved
+//!   a lock for this client names the lock key (releases wake only the client whose turn it
+//!   is, so other clients' processes are not woken for nothing);
+//! - for each lock a task of this client waits for, `__keyspace@<db>__:<lock key>`, which the
+//!   server publishes to when the key is deleted, expires or is evicted, if keyspace
+//!   notifications are on (`notify-keyspace-events` with `K` and `g` plus `x`, for example
+//!   `Kgx`). This wakes waiters when a client in another language deletes its plain lock key,
+//!   or when a crashed holder's lease runs out.
 //!
 //! The connection is opened at the first wait, not at connect: uncontended users never open it.
 //! When it breaks, it is reopened with back-off, every channel is subscribed again, and every
 //! waiter is woken (an event may have been missed in between).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use distlock_core::{Subscription, WakeHub};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
+use crate::backend::{RESERVATION_MS, with_lib};
 use crate::keys::KeyLayout;
 
 /// The keyspace events that mean the lock key is gone.
@@ -29,9 +33,16 @@ enum Cmd {
     Unsubscribe(String),
 }
 
-/// Leaves the waiters' queue of one lock (when this client has nobody waiting for it any more).
-const LEAVE_QUEUE: &str =
-    "redis.pcall('ZREM', KEYS[1], ARGV[1]) redis.pcall('HDEL', KEYS[2], ARGV[1]) return 1";
+/// Locks a release of ours reserved for another client (see the backend), by lock name, and
+/// how many wake-ups this client has had (a release only records its reservation if no wake-up
+/// came while it was in flight: that wake-up may have been our turn already).
+#[derive(Default)]
+pub(crate) struct ReservedState {
+    pub(crate) until: HashMap<String, Instant>,
+    pub(crate) wakes: u64,
+}
+
+pub(crate) type Reserved = Arc<Mutex<ReservedState>>;
 
 /// The shared subscriber of one backend.
 pub(crate) struct Subscriber {
@@ -45,6 +56,8 @@ struct Start {
     client: redis::Client,
     conn: redis::aio::ConnectionManager,
     client_id: Arc<str>,
+    wake_channel: String,
+    reserved: Reserved,
     layout: KeyLayout,
     db: i64,
     connect_timeout: Duration,
@@ -57,6 +70,7 @@ impl Subscriber {
         conn: redis::aio::ConnectionManager,
         layout: KeyLayout,
         client_id: Arc<str>,
+        reserved: Reserved,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Self {
@@ -77,7 +91,9 @@ impl Subscriber {
                 rx,
                 client,
                 conn,
+                wake_channel: format!("{}{client_id}", layout.wake_prefix()),
                 client_id,
+                reserved,
                 layout,
                 db,
                 connect_timeout,
@@ -114,23 +130,88 @@ impl Subscriber {
     }
 }
 
-/// The channels watched for one lock, and the lock name each maps back to.
-fn channels(layout: &KeyLayout, db: i64, key: &str) -> [String; 2] {
-    let lock_key = layout.lock_key(key);
-    [
-        KeyLayout::release_channel(&lock_key),
-        format!("__keyspace@{db}__:{lock_key}"),
-    ]
+/// The keyspace channel of one lock.
+fn keyspace_channel(layout: &KeyLayout, db: i64, key: &str) -> String {
+    format!("__keyspace@{db}__:{}", layout.lock_key(key))
+}
+
+/// What the connection task knows: which locks are watched, and how messages map back to them.
+#[derive(Default)]
+struct Routes {
+    /// Keyspace channel -> lock name.
+    keyspace: HashMap<String, String>,
+    /// Lock key (the payload of a wake-up) -> lock name.
+    locks: HashMap<String, String>,
+}
+
+impl Routes {
+    fn apply(&mut self, start: &Start, cmd: &Cmd) {
+        match cmd {
+            Cmd::Subscribe(k) => {
+                self.keyspace
+                    .insert(keyspace_channel(&start.layout, start.db, k), k.clone());
+                self.locks.insert(start.layout.lock_key(k), k.clone());
+            }
+            Cmd::Unsubscribe(k) => {
+                self.keyspace
+                    .remove(&keyspace_channel(&start.layout, start.db, k));
+                self.locks.remove(&start.layout.lock_key(k));
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.locks.is_empty()
+    }
+}
+
+/// The outcome of one SUBSCRIBE or UNSUBSCRIBE.
+enum Reply {
+    Done,
+    /// Refused by the server (an ACL without this channel): the connection stays.
+    Refused,
+    Broken,
+}
+
+async fn send(
+    sink: &mut redis::aio::PubSubSink,
+    chan: &str,
+    subscribe: bool,
+    timeout: Duration,
+) -> Reply {
+    let reply = if subscribe {
+        tokio::time::timeout(timeout, sink.subscribe(chan)).await
+    } else {
+        tokio::time::timeout(timeout, sink.unsubscribe(chan)).await
+    };
+    match reply {
+        Ok(Ok(())) => Reply::Done,
+        Ok(Err(e)) if !e.is_io_error() && !e.is_connection_dropped() => {
+            tracing::debug!(target: "distlock", channel = %chan, error = %e,
+                "subscription refused");
+            Reply::Refused
+        }
+        _ => Reply::Broken,
+    }
+}
+
+/// A lock's waiters are woken: forget that a release of ours reserved it for somebody else.
+fn wake(hub: &WakeHub, reserved: &Reserved, name: &str) {
+    {
+        let mut r = reserved.lock().unwrap_or_else(PoisonError::into_inner);
+        r.wakes += 1;
+        r.until.remove(name);
+    }
+    hub.notify(name);
 }
 
 async fn run(hub: WakeHub, mut start: Start) {
-    // Channel name -> lock name.
-    let mut routes: HashMap<String, String> = HashMap::new();
+    let mut routes = Routes::default();
     let mut attempt = 0u32;
     loop {
         // Drain commands that came while disconnected.
         while let Ok(cmd) = start.rx.try_recv() {
-            apply(&mut routes, &start, &cmd);
+            routes.apply(&start, &cmd);
         }
         if start.rx.is_closed() && routes.is_empty() {
             return;
@@ -150,16 +231,22 @@ async fn run(hub: WakeHub, mut start: Start) {
                 continue;
             }
         };
-        let all: Vec<String> = routes.keys().cloned().collect();
+        // Our wake channel first: waiters count as watching only once it is confirmed.
+        let wake_ok = match send(&mut sink, &start.wake_channel, true, start.response_timeout).await
+        {
+            Reply::Done => true,
+            Reply::Refused => false,
+            Reply::Broken => {
+                backoff(&mut attempt, &mut start, &mut routes).await;
+                continue;
+            }
+        };
+        let all: Vec<String> = routes.keyspace.keys().cloned().collect();
         let mut broken = false;
         for chan in &all {
-            match tokio::time::timeout(start.response_timeout, sink.subscribe(chan)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) if !e.is_io_error() && !e.is_connection_dropped() => {}
-                _ => {
-                    broken = true;
-                    break;
-                }
+            if let Reply::Broken = send(&mut sink, chan, true, start.response_timeout).await {
+                broken = true;
+                break;
             }
         }
         if broken {
@@ -167,111 +254,99 @@ async fn run(hub: WakeHub, mut start: Start) {
             continue;
         }
         attempt = 0;
-        let names: HashSet<&String> = routes.values().collect();
-        for name in names {
-            hub.set_confirmed(name, true);
+        for name in routes.locks.values() {
+            if wake_ok {
+                hub.set_confirmed(name, true);
+            } else {
+                hub.set_refused(name);
+            }
         }
         // Events may have been missed while disconnected.
+        forget_reservations(&start.reserved);
         hub.notify_all();
         loop {
             tokio::select! {
                 cmd = start.rx.recv() => {
                     let Some(cmd) = cmd else { return };
-                    let (chans, subscribe) = match &cmd {
-                        Cmd::Subscribe(k) => (channels(&start.layout, start.db, k), true),
-                        Cmd::Unsubscribe(k) => (channels(&start.layout, start.db, k), false),
+                    routes.apply(&start, &cmd);
+                    let (key, subscribe) = match &cmd {
+                        Cmd::Subscribe(k) => (k, true),
+                        Cmd::Unsubscribe(k) => (k, false),
                     };
-                    apply(&mut routes, &start, &cmd);
-                    let mut broken = false;
-                    let mut confirmed = true;
-                    for chan in &chans {
-                        let reply = if subscribe {
-                            tokio::time::timeout(start.response_timeout, sink.subscribe(chan)).await
-                        } else {
-                            tokio::time::timeout(start.response_timeout, sink.unsubscribe(chan)).await
-                        };
-                        match reply {
-                            Ok(Ok(())) => {}
-                            // Refused by the server (an ACL without this channel): keep the
-                            // connection; this waiter falls back to polling.
-                            Ok(Err(e)) if !e.is_io_error() && !e.is_connection_dropped() => {
-                                tracing::debug!(target: "distlock", channel = %chan, error = %e,
-                                    "subscription refused");
-                                confirmed = false;
-                            }
-                            _ => {
-                                broken = true;
-                                break;
-                            }
-                        }
-                    }
-                    if broken {
+                    let chan = keyspace_channel(&start.layout, start.db, key);
+                    if let Reply::Broken = send(&mut sink, &chan, subscribe, start.response_timeout).await {
                         break;
                     }
-                    match &cmd {
-                        Cmd::Subscribe(k) if confirmed => hub.set_confirmed(k, true),
-                        Cmd::Unsubscribe(k) => leave_queue(&start, k).await,
-                        Cmd::Subscribe(_) => {}
+                    if subscribe {
+                        if wake_ok {
+                            hub.set_confirmed(key, true);
+                        } else {
+                            hub.set_refused(key);
+                        }
+                    } else {
+                        leave_queue(&start, key).await;
                     }
                 }
                 msg = stream.next() => {
                     let Some(msg) = msg else { break };
                     let channel = msg.get_channel_name();
-                    let Some(name) = routes.get(channel) else { continue };
                     let payload = msg.get_payload_bytes();
-                    if channel.starts_with("__keyspace@") {
-                        if !GONE_EVENTS.contains(&payload) {
-                            continue;
+                    if channel == start.wake_channel {
+                        let name = std::str::from_utf8(payload).ok().and_then(|k| routes.locks.get(k));
+                        match name {
+                            Some(name) => wake(&hub, &start.reserved, name),
+                            // Reserved for us, but nobody here waits any more: pass it on.
+                            None => {
+                                if let Ok(lock_key) = std::str::from_utf8(payload) {
+                                    leave_lock_key(&start, lock_key).await;
+                                }
+                            }
                         }
-                    } else if payload != b"*"
-                        && payload != start.client_id.as_bytes()
-                        && payload.len() == start.client_id.len()
+                    } else if let Some(name) = routes.keyspace.get(channel)
+                        && GONE_EVENTS.contains(&payload)
                     {
-                        // A release woke another client's waiter; ours keeps its place.
-                        continue;
+                        wake(&hub, &start.reserved, name);
                     }
-                    hub.notify(name);
                 }
             }
         }
         tracing::debug!(target: "distlock", "pub/sub connection lost; reconnecting");
         hub.unconfirm_all();
+        forget_reservations(&start.reserved);
         hub.notify_all();
     }
 }
 
-/// Nobody of this client waits for `key` any more: leave its queue, so a release does not wake
-/// us in vain (best effort; the registration also expires by itself).
-async fn leave_queue(start: &Start, key: &str) {
-    let lock_key = start.layout.lock_key(key);
-    let [waiters, alive, _] = KeyLayout::queue_keys(&lock_key);
-    let mut conn = start.conn.clone();
-    let script = redis::Script::new(LEAVE_QUEUE);
-    let mut inv = script.key(waiters);
-    inv.key(alive).arg(&*start.client_id);
-    let call = inv.invoke_async::<redis::Value>(&mut conn);
-    if let Ok(Err(e)) = tokio::time::timeout(start.response_timeout, call).await {
-        tracing::debug!(target: "distlock", key, error = %e, "leaving the waiters' queue failed");
-    }
+fn forget_reservations(reserved: &Reserved) {
+    let mut r = reserved.lock().unwrap_or_else(PoisonError::into_inner);
+    r.wakes += 1;
+    r.until.clear();
 }
 
-fn apply(routes: &mut HashMap<String, String>, start: &Start, cmd: &Cmd) {
-    match cmd {
-        Cmd::Subscribe(k) => {
-            for c in channels(&start.layout, start.db, k) {
-                routes.insert(c, k.clone());
-            }
-        }
-        Cmd::Unsubscribe(k) => {
-            for c in channels(&start.layout, start.db, k) {
-                routes.remove(&c);
-            }
-        }
+/// Nobody of this client waits for `key` any more: leave its queue, and pass on a reservation
+/// made for us meanwhile (best effort; the registration and the reservation also expire).
+async fn leave_queue(start: &Start, key: &str) {
+    leave_lock_key(start, &start.layout.lock_key(key)).await;
+}
+
+async fn leave_lock_key(start: &Start, lock_key: &str) {
+    static LEAVE: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+    let script = LEAVE.get_or_init(|| redis::Script::new(with_lib!("scripts/leave.lua")));
+    let mut conn = start.conn.clone();
+    let mut inv = script.key(lock_key);
+    inv.key(format!("{lock_key}:waiters"))
+        .key(format!("{lock_key}:alive"))
+        .arg(&*start.client_id)
+        .arg(start.layout.wake_prefix())
+        .arg(RESERVATION_MS);
+    let call = inv.invoke_async::<redis::Value>(&mut conn);
+    if let Ok(Err(e)) = tokio::time::timeout(start.response_timeout, call).await {
+        tracing::debug!(target: "distlock", lock_key, error = %e, "leaving the waiters' queue failed");
     }
 }
 
 /// Waits before reconnecting (10 ms doubling to 1 s), still taking commands meanwhile.
-async fn backoff(attempt: &mut u32, start: &mut Start, routes: &mut HashMap<String, String>) {
+async fn backoff(attempt: &mut u32, start: &mut Start, routes: &mut Routes) {
     let delay = Duration::from_millis(10 * (1u64 << (*attempt).min(7))).min(Duration::from_secs(1));
     *attempt = attempt.saturating_add(1);
     let sleep = tokio::time::sleep(delay);
@@ -280,7 +355,7 @@ async fn backoff(attempt: &mut u32, start: &mut Start, routes: &mut HashMap<Stri
         tokio::select! {
             () = &mut sleep => return,
             cmd = start.rx.recv() => match cmd {
-                Some(cmd) => apply(routes, start, &cmd),
+                Some(cmd) => routes.apply(start, &cmd),
                 None => return,
             },
         }

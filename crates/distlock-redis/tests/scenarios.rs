@@ -130,9 +130,10 @@ async fn release_and_extend_never_touch_another_owners_lock() {
         g1.release().await.unwrap(),
         Released::Lost(LostReason::Expired)
     );
-    assert_eq!(
-        server.cli(&["GET", &b.backend().lock_key("takeover")]),
-        g2.token().as_str()
+    let value = server.cli(&["GET", &b.backend().lock_key("takeover")]);
+    assert!(
+        value.starts_with(&format!("{} ", g2.token().as_str())),
+        "{value:?}"
     );
     assert_eq!(g2.release().await.unwrap(), Released::Held);
 }
@@ -195,13 +196,22 @@ async fn a_retried_acquire_succeeds_once_and_counts_the_fence_once() {
     let first = backend.try_acquire(&req).await.unwrap();
     assert_eq!(first, Attempt::Acquired { fence: Some(1) });
     // The reply was "lost": the client sends the same request again, later, with a longer TTL.
-    let req2 = AcquireRequest::new("retry", &token, Duration::from_secs(20), "test/1");
+    // The first went out on the fast path, which records no holder fence: the resend takes a
+    // new one while the lock is ours (it still orders holders), and keeps it from then on.
+    let req2 = AcquireRequest::new("retry", &token, Duration::from_secs(20), "test/1").resent(true);
     let again = backend.try_acquire(&req2).await.unwrap();
-    assert_eq!(again, first, "same acquisition, same fence");
+    assert_eq!(again, Attempt::Acquired { fence: Some(2) });
+    let third = backend.try_acquire(&req2).await.unwrap();
+    assert_eq!(third, again, "same acquisition, same fence");
     assert_eq!(
         server.cli(&["HGET", &backend.meta_key("retry"), "fence"]),
-        "1",
-        "counted once"
+        "2",
+        "counted once per fence handed out"
+    );
+    // Without the resend flag, a first attempt never takes a lock it already holds twice.
+    assert_eq!(
+        backend.try_acquire(&req).await.unwrap(),
+        Attempt::Busy { holder_ttl: None }
     );
     assert!(
         pttl(&server, &backend.lock_key("retry")) > 5_000,
@@ -210,12 +220,9 @@ async fn a_retried_acquire_succeeds_once_and_counts_the_fence_once() {
     // Another token is still refused.
     let other = Token::generate();
     let busy = backend
-        .try_acquire(&AcquireRequest::new(
-            "retry",
-            &other,
-            Duration::from_secs(5),
-            "x",
-        ))
+        .try_acquire(
+            &AcquireRequest::new("retry", &other, Duration::from_secs(5), "x").waiting(true),
+        )
         .await
         .unwrap();
     assert!(matches!(busy, Attempt::Busy { holder_ttl: Some(t) } if t > Duration::from_secs(5)));
@@ -232,7 +239,8 @@ async fn a_retried_acquire_succeeds_once_and_counts_the_fence_once() {
         ))
         .await
         .unwrap();
-    assert_eq!(next, Attempt::Acquired { fence: Some(2) });
+    // 3 was used up by the busy first attempt above (a pipelined SET NX + HINCRBY).
+    assert_eq!(next, Attempt::Acquired { fence: Some(4) });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,7 +315,12 @@ async fn interop_with_plain_set_nx_px_both_ways() {
     assert!(plain.try_acquire("k").await.unwrap().is_none());
     assert_eq!(server.cli(&["DEL", "k"]), "1");
     let g = plain.try_acquire("k").await.unwrap().expect("free");
-    assert_eq!(server.cli(&["GET", "k"]), g.token().as_str());
+    // The value: our token, then when and who (for `status` and for people reading the key).
+    let value = server.cli(&["GET", "k"]);
+    let parts: Vec<&str> = value.splitn(3, ' ').collect();
+    assert_eq!(parts[0], g.token().as_str(), "{value:?}");
+    assert!(parts[1].parse::<u64>().is_ok(), "{value:?}");
+    assert_eq!(parts[2], plain.owner(), "{value:?}");
     assert_eq!(server.cli(&["SET", "k", "v", "NX", "PX", "30000"]), "");
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
@@ -368,15 +381,24 @@ async fn bad_input_gives_typed_errors_and_takes_nothing() {
     let c = client(&server, opts().build().unwrap()).await;
     let key = c.backend().lock_key("typed");
     server.cli(&["HSET", &key, "f", "v"]);
-    let e = c.try_acquire("typed").await.expect_err("wrong type");
+    // A first attempt (SET NX) finds the key taken: busy, like any foreign lock. A waiting
+    // attempt reads the key and reports what it is.
+    assert!(c.try_acquire("typed").await.unwrap().is_none());
+    let waiting = opts().wait_timeout(Duration::from_secs(2)).build().unwrap();
+    let e = c
+        .acquire_with("typed", &waiting)
+        .await
+        .expect_err("wrong type");
     assert_eq!(e.kind(), ErrorKind::Protocol, "{e}");
     assert_eq!(
         c.status("typed").await.map_err(|e| e.kind()).err(),
         Some(ErrorKind::Protocol)
     );
+    // Nothing half taken: at most the fence counter moved (a busy first attempt uses up a
+    // number).
     assert_eq!(
-        server.cli(&["EXISTS", &c.backend().meta_key("typed")]),
-        "0",
+        server.cli(&["HKEYS", &c.backend().meta_key("typed")]),
+        "fence",
         "nothing half taken"
     );
     assert_eq!(server.cli(&["TYPE", &key]), "hash");
@@ -455,7 +477,7 @@ async fn the_client_reconnects_after_a_server_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acquire_and_release_are_one_evalsha_each_and_survive_script_flush() {
+async fn acquire_is_set_nx_and_hincrby_release_one_evalsha_and_both_survive_script_flush() {
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -470,9 +492,12 @@ async fn acquire_and_release_are_one_evalsha_each_and_survive_script_flush() {
     }
     let stats = server.commandstats();
     let calls = |name: &str| stats.get(name).copied().unwrap_or(0);
-    // Commands the server executed inside the scripts are counted too (get, set, hincrby…);
-    // what went over the wire is EVALSHA only: one per acquire, one per release.
-    assert_eq!(calls("evalsha"), 200, "{stats:?}");
+    // Commands the server executed inside scripts are counted too (get, del, exists…). An
+    // uncontended acquire is a pipelined SET NX PX + HINCRBY (one round trip, no script); a
+    // release is one EVALSHA.
+    assert_eq!(calls("evalsha"), 100, "{stats:?}");
+    assert_eq!(calls("set"), 100, "{stats:?}");
+    assert_eq!(calls("hincrby"), 100, "{stats:?}");
     assert_eq!(calls("eval"), 0, "scripts are sent by SHA, not by body");
     assert_eq!(calls("script|load"), 0);
 

@@ -310,7 +310,13 @@ pub async fn status_reports_holder<B: Backend>(make: &impl MakeClient<B>) {
     let g = a.acquire(&k).await.unwrap();
     let st = b.status(&k).await.unwrap();
     assert!(st.held);
-    assert_eq!(st.fence, g.fence());
+    // The holder's own fence, or (engines that do not record it on their fast path) the
+    // highest fence issued so far, which is at least the holder's.
+    match (st.fence, st.last_fence, g.fence()) {
+        (Some(f), _, held) => assert_eq!(Some(f), held),
+        (None, Some(last), Some(held)) => assert!(last >= held, "{last} < {held}"),
+        other => panic!("status fences {other:?}"),
+    }
     let owner = st.owner.expect("holder label");
     assert!(
         owner.contains(a.owner()),
