@@ -569,7 +569,7 @@ async fn a_reservation_excludes_others_until_the_woken_client_takes_it() {
     );
     // A plain client's SET NX right after the release loses to the reservation (or to the
     // woken client's lock, if it was quicker): either way the key is never theirs.
-    g.release().await.unwrap();
+    assert_eq!(g.release().await.unwrap(), Released::Held);
     assert_eq!(
         server.cli(&["SET", &key, "intruder", "NX", "PX", "30000"]),
         "",
