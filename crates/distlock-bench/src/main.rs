@@ -8,7 +8,9 @@
 //!   (`SET NX PX` + `EVALSHA` compare-and-delete, sync and async), rounds interleaved, medians.
 //! - P2/P3: one hot key, 1, 8 and 64 waiters spread over processes, zero hold time:
 //!   acquisitions/s, fairness (min/max acquisitions per process), Redis commands per acquisition
-//!   (`INFO commandstats`), and hand-off latency (release sent -> next holder acquired), in
+//!   (counted by the clients, `RedisBackend::commands_sent`: each command of a pipeline counts;
+//!   `INFO commandstats` cannot tell a top-level `SET` from one inside a script), and hand-off
+//!   latency (release sent -> next holder acquired), in
 //!   microseconds and in round trips (PING median of the same run). Once with distlock's
 //!   defaults (events + local queue), once polling-only (no events, no local queue), and once
 //!   with local hand-off.
@@ -45,6 +47,11 @@ struct Cli {
     /// Do not pin the server and the clients to CPU 0.
     #[arg(long)]
     no_pin: bool,
+    /// Runtime threads of each contending process (1: tokio's current-thread runtime; more: the
+    /// multi-thread runtime). With every process pinned to one CPU, extra threads only add
+    /// thread hand-overs.
+    #[arg(long, default_value_t = 1)]
+    worker_threads: usize,
     /// Also write the figures as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -65,6 +72,8 @@ enum Cmd {
         millis: u64,
         #[arg(long)]
         mode: Mode,
+        #[arg(long)]
+        threads: usize,
     },
 }
 
@@ -225,7 +234,11 @@ async fn worker(url: String, tasks: usize, start_ns: u64, millis: u64, mode: Mod
     for h in handles {
         all.extend(h.await.expect("task"));
     }
-    println!("{}", serde_json::json!({ "events": all }));
+    let commands = client.backend().commands_sent();
+    println!(
+        "{}",
+        serde_json::json!({ "events": all, "commands": commands })
+    );
 }
 
 struct Contention {
@@ -240,25 +253,16 @@ struct Contention {
     cross_p50_us: f64,
 }
 
-/// Top-level commands a client sends (scripts' inner calls are counted under their own names
-/// and are left out).
-const CLIENT_COMMANDS: [&str; 9] = [
-    "evalsha",
-    "eval",
-    "script",
-    "subscribe",
-    "unsubscribe",
-    "ping",
-    "hello",
-    "client",
-    "select",
-];
-
-async fn contention(server: &RedisServer, mode: Mode, waiters: usize, millis: u64) -> Contention {
+async fn contention(
+    server: &RedisServer,
+    mode: Mode,
+    waiters: usize,
+    millis: u64,
+    threads: usize,
+) -> Contention {
     let processes = waiters.clamp(1, 4);
     let tasks = waiters / processes;
     let exe = std::env::current_exe().expect("own path");
-    server.cli(&["CONFIG", "RESETSTAT"]);
     let start_ns = mono_ns() + 400_000_000;
     let mut children = Vec::new();
     for _ in 0..processes {
@@ -275,6 +279,8 @@ async fn contention(server: &RedisServer, mode: Mode, waiters: usize, millis: u6
                 &millis.to_string(),
                 "--mode",
                 mode.name(),
+                "--threads",
+                &threads.to_string(),
             ])
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -283,6 +289,7 @@ async fn contention(server: &RedisServer, mode: Mode, waiters: usize, millis: u6
         children.push(child);
     }
     let mut per_process = Vec::new();
+    let mut cmds = 0u64;
     let mut events: Vec<(u64, u64, u64, usize)> = Vec::new();
     for (p, mut child) in children.into_iter().enumerate() {
         let stdout = child.stdout.take().expect("stdout");
@@ -294,6 +301,7 @@ async fn contention(server: &RedisServer, mode: Mode, waiters: usize, millis: u6
             .expect("a worker printed nothing");
         let _ = child.wait().await;
         let v: serde_json::Value = serde_json::from_str(&line).expect("worker JSON");
+        cmds += v["commands"].as_u64().unwrap_or(0);
         let evs = v["events"].as_array().expect("events").clone();
         per_process.push(evs.len());
         for e in evs {
@@ -301,11 +309,6 @@ async fn contention(server: &RedisServer, mode: Mode, waiters: usize, millis: u6
             events.push((f(0), f(1), f(2), p));
         }
     }
-    let stats = server.commandstats();
-    let cmds: u64 = CLIENT_COMMANDS
-        .iter()
-        .map(|c| stats.get(*c).copied().unwrap_or(0))
-        .sum();
     let total = events.len().max(1);
     // Hand-off: acquisitions in fence order (acquired time breaks ties of handed-off leases).
     events.sort_by_key(|e| (e.0, e.1));
@@ -344,13 +347,20 @@ fn main() {
         start_ns,
         millis,
         mode,
+        threads,
     }) = cli.cmd
     {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let rt = if threads <= 1 {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        } else {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads)
+                .enable_all()
+                .build()
+        }
+        .expect("runtime");
         rt.block_on(worker(url, tasks, start_ns, millis, mode));
         return;
     }
@@ -417,7 +427,7 @@ fn main() {
         .expect("runtime");
     for mode in [Mode::Events, Mode::Polling, Mode::Handoff] {
         for &w in waiters {
-            runs.push(rt2.block_on(contention(&server, mode, w, millis)));
+            runs.push(rt2.block_on(contention(&server, mode, w, millis, cli.worker_threads)));
         }
     }
 
@@ -443,7 +453,14 @@ fn main() {
     println!();
     println!("PING round trip (median of 1000): {rtt:.1} µs");
     println!();
-    println!("P2/P3 one hot key, zero hold, {millis} ms per run");
+    let runtime = if cli.worker_threads <= 1 {
+        "current-thread runtime".to_owned()
+    } else {
+        format!("multi-thread runtime, {} threads", cli.worker_threads)
+    };
+    println!(
+        "P2/P3 one hot key, zero hold, {millis} ms per run, each process on a tokio {runtime}"
+    );
     println!(
         "| mode | waiters | processes | acq/s | vs P1 | fairness | cmds/acq | hand-off p50 µs | p99 µs | cross-process p50 | in RTTs |"
     );
@@ -467,6 +484,7 @@ fn main() {
     if let Some(path) = cli.json {
         let json = serde_json::json!({
             "pinning": pinning,
+            "worker_threads": cli.worker_threads,
             "redis": redis_version(&server),
             "p1": { "rounds": rounds, "cycles": cycles, "sync_floor": p1_sync,
                     "async_floor": p1_async, "distlock": p1_ours },

@@ -134,6 +134,11 @@ impl LeaseShared {
         st.end.is_none() && self.clock.now() < st.valid_until
     }
 
+    /// Whether the holder released the lease (its release may still be on its way).
+    pub(crate) fn is_released(&self) -> bool {
+        self.snapshot().end == Some(LostReason::Released)
+    }
+
     /// Records a successful renewal sent at `sent_at`. Returns false if the lease had ended,
     /// including when its deadline passed before the reply came: once `is_held` has turned
     /// false it never turns true again.

@@ -253,6 +253,11 @@ impl<T> Ticket<'_, T> {
         match q.waiters.iter().position(|w| w.id == self.id) {
             Some(0) => match &q.holder {
                 Some(h) if h.is_held() => Gate::Wait(Some(h.clone())),
+                // Released, and the release is on its way: wait for it to complete (the holder
+                // then clears itself and nudges us), or our attempt would only race it (and,
+                // on Redis, find the lock reserved for the client it was handed to).
+                Some(h) if h.is_released() => Gate::Wait(None),
+                // Lost while its guard lives: the lock may be free, go and ask.
                 _ => Gate::Go,
             },
             Some(_) => Gate::Wait(None),

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::PoisonError;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use distlock_core::{
@@ -74,6 +75,8 @@ pub struct RedisBackend {
     /// still has tasks waiting, and until when: their next attempt would only find the
     /// reservation, so it is answered here (they are queued, and woken in their turn).
     reserved_elsewhere: Reserved,
+    /// Commands sent on the main connection (a pipeline counts each of its commands).
+    sent: std::sync::Arc<AtomicU64>,
     target: String,
 }
 
@@ -129,14 +132,14 @@ impl RedisBackend {
             .await
             .map_err(|e| map_err(e, &format!("talking to {target}")))?;
         let reserved_elsewhere = Reserved::default();
+        let sent = std::sync::Arc::new(AtomicU64::new(0));
         let subscriber = Subscriber::new(
             client.clone(),
             conn.clone(),
-            config.layout.clone(),
+            &config,
             client_id.clone(),
             reserved_elsewhere.clone(),
-            config.connect_timeout,
-            config.response_timeout,
+            sent.clone(),
         );
         Ok(RedisBackend {
             conn,
@@ -147,6 +150,7 @@ impl RedisBackend {
             response_timeout: config.response_timeout,
             client_id,
             reserved_elsewhere,
+            sent,
             target,
         })
     }
@@ -161,6 +165,18 @@ impl RedisBackend {
     /// The hash that keeps the fence counter (never expires) and the holder's label.
     pub fn meta_key(&self, name: &str) -> String {
         KeyLayout::meta_key(&self.layout.lock_key(name))
+    }
+
+    /// How many commands this backend has sent to the server on its main connection (each
+    /// command of a pipeline counts, and so does a script reload); the pub/sub connection's
+    /// SUBSCRIBE/UNSUBSCRIBE are not counted. For measuring commands per acquisition: Redis's
+    /// own `INFO commandstats` cannot tell a top-level `SET` from one inside a script.
+    pub fn commands_sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    fn count(&self, n: usize) {
+        self.sent.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// The channel this client's waiters are woken on.
@@ -185,8 +201,10 @@ impl RedisBackend {
             .arg(keys)
             .arg(args);
         let mut conn = self.conn.clone();
+        self.count(1);
         let reply = match cmd.query_async::<Value>(&mut conn).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.count(2);
                 match script.load_async(&mut conn).await {
                     Ok(_) => cmd.query_async::<Value>(&mut conn).await,
                     Err(e) => Err(e),
@@ -218,6 +236,7 @@ impl RedisBackend {
             .arg("fence")
             .arg(1);
         let mut conn = self.conn.clone();
+        self.count(2);
         let replies: Vec<Value> = pipe
             .query_async(&mut conn)
             .await
@@ -339,6 +358,7 @@ impl RedisBackend {
                 .arg(ttl_ms(item.ttl));
         }
         let mut conn = self.conn.clone();
+        self.count(items.len());
         pipe.query_async(&mut conn).await
     }
 }
@@ -491,6 +511,7 @@ impl Backend for RedisBackend {
             // The server lost its script cache (restart, SCRIPT FLUSH): load and send again.
             // Compare-and-pexpire is idempotent, so resending the ones that ran is harmless.
             let mut conn = self.conn.clone();
+            self.count(1);
             if let Err(e) = self.scripts.extend.load_async(&mut conn).await {
                 replies = Err(e);
             } else {

@@ -23,6 +23,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use crate::backend::{RESERVATION_MS, with_lib};
+use crate::config::RedisConfig;
 use crate::keys::KeyLayout;
 
 /// The keyspace events that mean the lock key is gone.
@@ -56,6 +57,7 @@ struct Start {
     client: redis::Client,
     conn: redis::aio::ConnectionManager,
     client_id: Arc<str>,
+    sent: Arc<std::sync::atomic::AtomicU64>,
     wake_channel: String,
     reserved: Reserved,
     layout: KeyLayout,
@@ -68,12 +70,13 @@ impl Subscriber {
     pub(crate) fn new(
         client: redis::Client,
         conn: redis::aio::ConnectionManager,
-        layout: KeyLayout,
+        config: &RedisConfig,
         client_id: Arc<str>,
         reserved: Reserved,
-        connect_timeout: Duration,
-        response_timeout: Duration,
+        sent: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
+        let layout = config.layout.clone();
+        let (connect_timeout, response_timeout) = (config.connect_timeout, config.response_timeout);
         let (tx, rx) = mpsc::unbounded_channel();
         let tx2 = tx.clone();
         let hub = WakeHub::new(
@@ -93,6 +96,7 @@ impl Subscriber {
                 conn,
                 wake_channel: format!("{}{client_id}", layout.wake_prefix()),
                 client_id,
+                sent,
                 reserved,
                 layout,
                 db,
@@ -339,6 +343,9 @@ async fn leave_lock_key(start: &Start, lock_key: &str) {
         .arg(&*start.client_id)
         .arg(start.layout.wake_prefix())
         .arg(RESERVATION_MS);
+    start
+        .sent
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let call = inv.invoke_async::<redis::Value>(&mut conn);
     if let Ok(Err(e)) = tokio::time::timeout(start.response_timeout, call).await {
         tracing::debug!(target: "distlock", lock_key, error = %e, "leaving the waiters' queue failed");
