@@ -540,6 +540,15 @@ async fn releases_take_turns_between_waiting_clients() {
         first.abs_diff(second) * 10 <= log.len(),
         "{first} vs {second}"
     );
+    // Two commands per turn: the woken client's acquire and its release (which also queues it
+    // again and wakes the other client). The releasing client's next task does not race its
+    // release, nor ask while the lock is reserved for the other client.
+    let sent: u64 = clients.iter().map(|c| c.backend().commands_sent()).sum();
+    assert!(
+        sent as f64 <= 2.2 * log.len() as f64,
+        "{sent} commands for {} acquisitions",
+        log.len()
+    );
 }
 
 /// While a release's reservation stands, the lock excludes everybody but the woken client,
