@@ -219,6 +219,7 @@ impl RedisBackend {
     async fn acquire_fast(
         &self,
         keys: &LockKeys,
+        token: &str,
         value: &str,
         ttl: &str,
     ) -> Result<Attempt, LockError> {
@@ -251,13 +252,12 @@ impl RedisBackend {
             [Value::Okay, bad] => {
                 // The lock is set but the fence failed (junk under the meta key): undo the
                 // lock before reporting, so nothing stays half taken.
-                let value_token = value.split(' ').next().unwrap_or(value);
                 let undo = self
                     .run(
                         &self.scripts.release,
                         &[keys.lock(), keys.waiters(), keys.alive()],
                         &[
-                            value_token,
+                            token,
                             &self.wake_prefix,
                             RESERVATION_MS,
                             &self.client_id,
@@ -291,7 +291,12 @@ impl RedisBackend {
         const DOING: &str = "releasing a Redis lock";
         let keys = self.layout.keys(key);
         let queued = queued && self.subscriber.is_watching(key);
-        let wakes = self.lock_reserved().wakes;
+        // Only a queued release can leave a reservation hint: read the wake count only then.
+        let wakes = if queued {
+            self.lock_reserved().wakes
+        } else {
+            0
+        };
         let reply = self
             .run(
                 &self.scripts.release,
@@ -428,7 +433,7 @@ impl Backend for RedisBackend {
         value.push(' ');
         value.push_str(req.owner);
         if !req.waiting && !req.resent {
-            return self.acquire_fast(&keys, &value, ttl).await;
+            return self.acquire_fast(&keys, token, &value, ttl).await;
         }
         if !req.resent
             && let Some(left) = self.reserved_for_other(req.key)

@@ -55,19 +55,9 @@ impl KeyLayout {
     /// The lock key and the keys derived from it, in one allocation (the hot paths build them
     /// for every request).
     pub(crate) fn keys(&self, name: &str) -> LockKeys {
-        let lock_len = self.prefix.len() + name.len() + 2;
-        let mut buf =
-            String::with_capacity(4 * lock_len + SUFFIXES.iter().map(|s| s.len()).sum::<usize>());
-        let mut ends = [0usize; 4];
+        let mut buf = String::with_capacity(4 * (self.prefix.len() + name.len() + 2) + SUFFIX_LEN);
         self.push_lock_key(&mut buf, name);
-        let lock_len = buf.len();
-        ends[0] = lock_len;
-        for (i, suffix) in SUFFIXES.iter().enumerate() {
-            buf.extend_from_within(..lock_len);
-            buf.push_str(suffix);
-            ends[i + 1] = buf.len();
-        }
-        LockKeys { buf, ends }
+        LockKeys::derive(buf)
     }
 
     pub(crate) fn meta_key(lock_key: &str) -> String {
@@ -76,6 +66,7 @@ impl KeyLayout {
 }
 
 const SUFFIXES: [&str; 3] = [":meta", ":waiters", ":alive"];
+const SUFFIX_LEN: usize = 5 + 8 + 6;
 
 /// The keys of one lock: see [`KeyLayout`].
 pub(crate) struct LockKeys {
@@ -84,6 +75,19 @@ pub(crate) struct LockKeys {
 }
 
 impl LockKeys {
+    /// The keys derived from a lock key (`buf` holds exactly the lock key).
+    pub(crate) fn derive(mut buf: String) -> Self {
+        let lock_len = buf.len();
+        buf.reserve(3 * lock_len + SUFFIX_LEN);
+        let mut ends = [lock_len, 0, 0, 0];
+        for (i, suffix) in SUFFIXES.iter().enumerate() {
+            buf.extend_from_within(..lock_len);
+            buf.push_str(suffix);
+            ends[i + 1] = buf.len();
+        }
+        LockKeys { buf, ends }
+    }
+
     fn part(&self, i: usize) -> &str {
         let start = if i == 0 { 0 } else { self.ends[i - 1] };
         &self.buf[start..self.ends[i]]

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 
 use crate::backend::{RESERVATION_MS, with_lib};
 use crate::config::RedisConfig;
-use crate::keys::KeyLayout;
+use crate::keys::{KeyLayout, LockKeys};
 
 /// The keyspace events that mean the lock key is gone.
 const GONE_EVENTS: [&[u8]; 5] = [b"del", b"expired", b"evicted", b"rename_from", b"move_from"];
@@ -337,9 +337,10 @@ async fn leave_lock_key(start: &Start, lock_key: &str) {
     static LEAVE: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
     let script = LEAVE.get_or_init(|| redis::Script::new(with_lib!("scripts/leave.lua")));
     let mut conn = start.conn.clone();
-    let mut inv = script.key(lock_key);
-    inv.key(format!("{lock_key}:waiters"))
-        .key(format!("{lock_key}:alive"))
+    let keys = LockKeys::derive(lock_key.to_owned());
+    let mut inv = script.key(keys.lock());
+    inv.key(keys.waiters())
+        .key(keys.alive())
         .arg(&*start.client_id)
         .arg(start.layout.wake_prefix())
         .arg(RESERVATION_MS);
