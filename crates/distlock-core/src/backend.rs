@@ -85,11 +85,48 @@ pub enum Attempt {
         /// The fencing token, if the engine gives a correct one.
         fence: Option<u64>,
     },
+    /// A release handed the lock to this wait: the engine queues waiting clients and, when
+    /// the holder releases, writes the lock for the first of them with the token and TTL that
+    /// client registered (see [`Backend::release_queued`]), so the waiter takes it without
+    /// another request. Only attempts with [`AcquireRequest::waiting`] set, reusing the token
+    /// of an earlier attempt of the same wait, can get this.
+    Granted {
+        /// The fencing token the release took for us.
+        fence: Option<u64>,
+        /// The lease was written at most this long ago (the time since the registration it was
+        /// granted on was sent); `None` when the engine cannot bound it, and the core then
+        /// renews the lease before using it.
+        elapsed: Option<Duration>,
+        /// The TTL it was written with (the registration's; the core renews at once if that is
+        /// not the TTL this wait asks for).
+        ttl: Duration,
+    },
     /// Someone else holds it.
     Busy {
         /// The holder's remaining lease, when the engine knows it.
         holder_ttl: Option<Duration>,
     },
+}
+
+/// The next waiter of this client for a key, as a release passes it to the engine: a release
+/// that puts the client back in the engine's queue registers this token and TTL, so a later
+/// release by another client can hand the lock straight to it ([`Attempt::Granted`]).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct NextWaiter<'a> {
+    /// The token the waiter's attempts use.
+    pub token: &'a Token,
+    /// The lease it asks for.
+    pub ttl: Duration,
+    /// The holder label to write.
+    pub owner: &'a str,
+}
+
+impl<'a> NextWaiter<'a> {
+    /// A waiter with `token`, asking for `ttl`, labelled `owner`.
+    pub fn new(token: &'a Token, ttl: Duration, owner: &'a str) -> Self {
+        NextWaiter { token, ttl, owner }
+    }
 }
 
 /// What the engine found under the key when we renewed or released it.
@@ -210,14 +247,17 @@ pub trait Backend: Send + Sync + 'static {
     fn status(&self, key: &str) -> impl Future<Output = Result<LockStatus, LockError>> + Send;
 
     /// [`release`](Self::release), called when tasks of this client still wait for the same
-    /// key. An engine with a queue of waiting clients (Redis) puts this client back at the end
-    /// of it in the same round trip, so its next task neither jumps ahead of other clients nor
-    /// spends a round trip queueing. The default is `release`.
+    /// key; `next` is the one whose turn comes next. An engine with a queue of waiting clients
+    /// (Redis) puts this client back at the end of it in the same round trip, registered with
+    /// `next`'s token, so its next task neither jumps ahead of other clients nor spends a round
+    /// trip queueing, and can be handed the lock when its turn comes. The default is `release`.
     fn release_queued(
         &self,
         key: &str,
         token: &Token,
+        next: &NextWaiter<'_>,
     ) -> impl Future<Output = Result<LeaseCheck, LockError>> + Send {
+        let _ = next;
         self.release(key, token)
     }
 
@@ -288,6 +328,7 @@ pub trait DynBackend: Send + Sync + 'static {
         &'a self,
         key: &'a str,
         token: &'a Token,
+        next: &'a NextWaiter<'a>,
     ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
     /// See [`Backend::extend_many`].
     fn dyn_extend_many<'a>(
@@ -336,8 +377,9 @@ impl<B: Backend> DynBackend for B {
         &'a self,
         key: &'a str,
         token: &'a Token,
+        next: &'a NextWaiter<'a>,
     ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(self.release_queued(key, token))
+        Box::pin(self.release_queued(key, token, next))
     }
     fn dyn_extend_many<'a>(
         &'a self,
@@ -380,8 +422,13 @@ impl Backend for Box<dyn DynBackend> {
     async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
         (**self).dyn_status(key).await
     }
-    async fn release_queued(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
-        (**self).dyn_release_queued(key, token).await
+    async fn release_queued(
+        &self,
+        key: &str,
+        token: &Token,
+        next: &NextWaiter<'_>,
+    ) -> Result<LeaseCheck, LockError> {
+        (**self).dyn_release_queued(key, token, next).await
     }
     fn extend_many<'a>(
         &'a self,

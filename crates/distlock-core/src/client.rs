@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 
-use crate::backend::{AcquireRequest, Attempt, Backend, LockStatus};
+use crate::backend::{AcquireRequest, Attempt, Backend, LeaseCheck, LockStatus};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{ErrorKind, LockError};
 use crate::guard::{Handoff, LockGuard, Released, lost_error};
@@ -171,6 +171,10 @@ impl<B: Backend> Drop for PendingCleanup<'_, B> {
         if !self.armed {
             return;
         }
+        // The token may hold the lock: never let a later attempt of this wait reuse it.
+        if let Some(local) = &self.client.local {
+            local.retire_token(self.key, self.token);
+        }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let client = self.client.clone();
             let key = self.key.to_owned();
@@ -245,7 +249,7 @@ impl<B: Backend> LockClient<B> {
         if self.held_here(key) {
             return Ok(None);
         }
-        match self.attempt(key, options, false).await? {
+        match self.attempt(key, options, false, Token::generate()).await? {
             Try::Got(g) => Ok(Some(g)),
             Try::Busy(_) => Ok(None),
         }
@@ -291,7 +295,7 @@ impl<B: Backend> LockClient<B> {
                 if self.held_here(key) {
                     return Err(LockError::busy(key));
                 }
-                self.attempt(key, options, false)
+                self.attempt(key, options, false, Token::generate())
                     .await
                     .and_then(|t| match t {
                         Try::Got(g) => Ok(g),
@@ -332,6 +336,10 @@ impl<B: Backend> LockClient<B> {
         let sub = &mut slot.sub;
         let mut subscribed = false;
         let mut round = 0u32;
+        // Without a local queue, this wait's own token (with one, the queue's, shared by its
+        // successive heads): every attempt of a wait uses the same token, so a release that
+        // hands the lock to the registered waiter ([`Attempt::Granted`]) finds it.
+        let mut own_token: Option<Token> = None;
         loop {
             // Our turn in the local queue, or a hand-off from a local holder.
             if let Some(t) = ticket.as_mut() {
@@ -363,7 +371,11 @@ impl<B: Backend> LockClient<B> {
             }
             // Only a first attempt with no subscription yet may take the engine's fast path.
             let waiting = subscribed || round > 0;
-            let holder_ttl = match self.attempt(key, options, waiting).await? {
+            let token = match ticket.as_ref() {
+                Some(t) => t.wait_token(),
+                None => own_token.get_or_insert_with(Token::generate).clone(),
+            };
+            let holder_ttl = match self.attempt(key, options, waiting, token).await? {
                 Try::Got(g) => return Ok(g),
                 Try::Busy(ttl) => ttl,
             };
@@ -450,16 +462,16 @@ impl<B: Backend> LockClient<B> {
         self.inner.backend.status(key).await
     }
 
-    /// One attempt (resent with the same token while replies are lost). `waiting`: see
+    /// One attempt with `token` (resent while replies are lost). `waiting`: see
     /// [`AcquireRequest::waiting`].
     async fn attempt(
         &self,
         key: &str,
         options: &LockOptions,
         waiting: bool,
+        token: Token,
     ) -> Result<Try<B>, LockError> {
         let inner = &self.inner;
-        let token = Token::generate();
         let ttl = options.ttl();
         let mut req = AcquireRequest::new(key, &token, ttl, &inner.owner).waiting(waiting);
         let mut cleanup = PendingCleanup {
@@ -473,6 +485,36 @@ impl<B: Backend> LockClient<B> {
             let sent = inner.clock.now();
             match inner.backend.try_acquire(&req).await {
                 Ok(Attempt::Acquired { fence }) => break (sent, fence),
+                Ok(Attempt::Granted {
+                    fence,
+                    elapsed,
+                    ttl: granted_ttl,
+                }) => {
+                    // The lease was written when a release handed it to us, at most `elapsed`
+                    // ago. Use it as it is if most of it is left; otherwise (or when its TTL is
+                    // not ours, or its start unknown) renew it first, from now.
+                    let now = inner.clock.now();
+                    let validity = options.validity();
+                    if granted_ttl == ttl
+                        && let Some(since) = elapsed.and_then(|e| now.checked_sub(e))
+                        && since + validity > now + validity / 2
+                    {
+                        break (since, fence);
+                    }
+                    let sent = inner.clock.now();
+                    match inner.backend.extend(key, &token, ttl).await {
+                        Ok(LeaseCheck::Ours) => break (sent, fence),
+                        Ok(_) => {
+                            // It ran out before we could use it.
+                            cleanup.armed = false;
+                            if let Some(local) = &inner.local {
+                                local.retire_token(key, &token);
+                            }
+                            return Ok(Try::Busy(None));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
                 Ok(Attempt::Busy { holder_ttl }) => {
                     cleanup.armed = false;
                     return Ok(Try::Busy(holder_ttl));
@@ -491,6 +533,9 @@ impl<B: Backend> LockClient<B> {
             }
         };
         cleanup.armed = false;
+        if let Some(local) = &inner.local {
+            local.retire_token(key, &token);
+        }
         let validity = options.validity();
         let lease = Arc::new(LeaseShared::new(
             key.to_owned(),

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::{Backend, LeaseCheck};
+use crate::backend::{Backend, LeaseCheck, NextWaiter};
 use crate::client::ClientInner;
 use crate::error::{ErrorKind, LockError};
 use crate::lease::{LeaseHandle, LeaseShared, LostReason};
@@ -116,17 +116,19 @@ async fn finish<B: Backend>(
         {
             return done;
         }
-        let queued = client
+        let next = client
             .local
             .as_ref()
-            .is_some_and(|l| l.has_waiters(&lease.key));
-        let reply = if queued {
-            client
-                .backend
-                .release_queued(&lease.key, &lease.token)
-                .await
-        } else {
-            client.backend.release(&lease.key, &lease.token).await
+            .and_then(|l| l.next_waiter(&lease.key));
+        let reply = match next {
+            Some((token, ttl)) => {
+                let next = NextWaiter::new(&token, ttl, &client.owner);
+                client
+                    .backend
+                    .release_queued(&lease.key, &lease.token, &next)
+                    .await
+            }
+            None => client.backend.release(&lease.key, &lease.token).await,
         };
         match (before, reply) {
             (Some(reason), _) => Ok(Released::Lost(reason)),

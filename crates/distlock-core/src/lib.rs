@@ -17,7 +17,7 @@ mod watchdog;
 
 pub use backend::{
     AcquireRequest, AnyBackend, Attempt, Backend, BoxFuture, Capabilities, DynBackend, Fencing,
-    LeaseCheck, LockStatus, RenewItem,
+    LeaseCheck, LockStatus, NextWaiter, RenewItem,
 };
 pub use client::{LockClient, LockClientBuilder, default_owner};
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -9,6 +9,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::lease::LeaseShared;
 use crate::options::LockOptions;
+use crate::token::Token;
 use crate::wake::Subscription;
 
 struct Waiter<T> {
@@ -27,6 +28,11 @@ struct KeyQueue<T> {
     /// The release-event subscription, kept here between two heads so that it is not closed and
     /// reopened at every turn. Dropped with the entry, when nobody waits or holds any more.
     parked: Option<Subscription>,
+    /// The token this client's current wait for the key uses, shared by its successive heads:
+    /// the engine may hand the lock to it (a grant) after the head that registered it has gone.
+    /// Retired (replaced at next use) once an acquisition with it completes or its outcome is
+    /// unknown.
+    wait_token: Option<Token>,
 }
 
 impl<T> Default for KeyQueue<T> {
@@ -36,6 +42,7 @@ impl<T> Default for KeyQueue<T> {
             waiters: VecDeque::new(),
             offered: 0,
             parked: None,
+            wait_token: None,
         }
     }
 }
@@ -130,9 +137,24 @@ impl<T> LocalQueues<T> {
             .filter(|h| h.is_held())
     }
 
-    /// Whether tasks of this client wait for `key` (queued, not yet offered a hand-off).
-    pub(crate) fn has_waiters(&self, key: &str) -> bool {
-        self.lock().get(key).is_some_and(|q| !q.waiters.is_empty())
+    /// The wait token of `key`'s queue and the head's TTL, if tasks of this client wait for it
+    /// (queued, not yet offered a hand-off).
+    pub(crate) fn next_waiter(&self, key: &str) -> Option<(Token, std::time::Duration)> {
+        let mut map = self.lock();
+        let q = map.get_mut(key)?;
+        let ttl = q.waiters.front()?.options.ttl();
+        let token = q.wait_token.get_or_insert_with(Token::generate).clone();
+        Some((token, ttl))
+    }
+
+    /// Retires `token` as `key`'s wait token (its acquisition completed, or may have): the
+    /// next attempt uses a fresh one, so a token never serves two leases.
+    pub(crate) fn retire_token(&self, key: &str, token: &Token) {
+        if let Some(q) = self.lock().get_mut(key)
+            && q.wait_token.as_ref() == Some(token)
+        {
+            q.wait_token = None;
+        }
     }
 
     /// Keeps `sub` for the next head of `key`'s queue (dropped at once if the key has no entry).
@@ -255,7 +277,7 @@ impl<T> Ticket<'_, T> {
                 Some(h) if h.is_held() => Gate::Wait(Some(h.clone())),
                 // Released, and the release is on its way: wait for it to complete (the holder
                 // then clears itself and nudges us), or our attempt would only race it (and,
-                // on Redis, find the lock reserved for the client it was handed to).
+                // on Redis, find the lock handed to the next client).
                 Some(h) if h.is_released() => Gate::Wait(None),
                 // Lost while its guard lives: the lock may be free, go and ask.
                 _ => Gate::Go,
@@ -292,6 +314,14 @@ impl<T> Ticket<'_, T> {
         };
         self.rx = None;
         got
+    }
+
+    /// The token for this waiter's next attempt: the queue's wait token (see `KeyQueue`).
+    pub(crate) fn wait_token(&self) -> Token {
+        match self.queues.lock().get_mut(self.key) {
+            Some(q) => q.wait_token.get_or_insert_with(Token::generate).clone(),
+            None => Token::generate(),
+        }
     }
 
     /// Resolves when the queue nudges this waiter (a local holder appeared or went).

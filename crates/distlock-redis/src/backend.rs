@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, Fencing, LeaseCheck, LockError, LockStatus,
-    RenewItem, Subscription, Token,
+    NextWaiter, RenewItem, Subscription, Token,
 };
 use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -15,7 +15,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::config::RedisConfig;
 use crate::error::{map_err, protocol};
 use crate::keys::{KeyLayout, LockKeys};
-use crate::subscriber::{Reserved, ReservedState, Subscriber};
+use crate::subscriber::{Grant, MAX_REGS, Reg, Shared, Subscriber, WaitState};
 
 /// The Lua scripts, hashed once per backend and run with EVALSHA (loaded on NOSCRIPT).
 struct Scripts {
@@ -53,8 +53,10 @@ impl Scripts {
 /// - acquire, waiting or resent: one script that also returns the holder's remaining lease and
 ///   queues the client for a wake-up; a resend with our own token re-arms the TTL and keeps
 ///   (or takes) a fence;
-/// - release: compare-and-delete in a script that, when clients wait, reserves the lock for the
-///   first of them for a moment and wakes only that one (no thundering herd);
+/// - release: compare-and-delete in a script that, when clients wait, hands the lock to the first
+///   of them (written with the token and TTL it registered, and a new fence) and tells only
+///   that one, on its own channel (no thundering herd, and the waiter takes the lock without
+///   another round trip);
 /// - extend: compare-and-pexpire; the watchdog's renewals of many locks go out as one pipeline;
 /// - waiting: one shared pub/sub connection (opened at the first wait) listens on this client's
 ///   wake channel and the keys' keyspace notifications;
@@ -71,19 +73,18 @@ pub struct RedisBackend {
     client_id: std::sync::Arc<str>,
     /// `<prefix>wake:`: a client's wake channel is this and its id.
     wake_prefix: std::sync::Arc<str>,
-    /// Locks a release of ours just reserved for another client's waiter, while this client
-    /// still has tasks waiting, and until when: their next attempt would only find the
-    /// reservation, so it is answered here (they are queued, and woken in their turn).
-    reserved_elsewhere: Reserved,
+    /// Grants, registrations and hints, shared with the subscriber.
+    shared: Shared,
+    /// Numbers registrations (see `WaitState::regs`).
+    seq: std::sync::Arc<AtomicU64>,
     /// Commands sent on the main connection (a pipeline counts each of its commands).
     sent: std::sync::Arc<AtomicU64>,
     target: String,
 }
 
-/// How long (ms) a release reserves the lock for the waiter it wakes (others are not woken, and
-/// other distlock clients' attempts are refused meanwhile; plain `SET NX` clients are not).
-pub(crate) const RESERVATION_MS: &str = "100";
-const RESERVATION: Duration = Duration::from_millis(100);
+/// How long a release of ours that handed the lock to another client answers our own waiting
+/// tasks' attempts with "busy" without asking (they are queued behind; a wake-up ends it).
+const ELSEWHERE_HINT: Duration = Duration::from_millis(100);
 
 /// How long (ms) a waiter's place in the queue lasts without a new attempt. Waiters try again at
 /// least every `wake_fallback` (1 s by default), which renews it.
@@ -131,14 +132,14 @@ impl RedisBackend {
             .query_async(&mut conn)
             .await
             .map_err(|e| map_err(e, &format!("talking to {target}")))?;
-        let reserved_elsewhere = Reserved::default();
+        let shared = Shared::default();
         let sent = std::sync::Arc::new(AtomicU64::new(0));
         let subscriber = Subscriber::new(
             client.clone(),
             conn.clone(),
             &config,
             client_id.clone(),
-            reserved_elsewhere.clone(),
+            shared.clone(),
             sent.clone(),
         );
         Ok(RedisBackend {
@@ -149,7 +150,8 @@ impl RedisBackend {
             subscriber: std::sync::Arc::new(subscriber),
             response_timeout: config.response_timeout,
             client_id,
-            reserved_elsewhere,
+            shared,
+            seq: std::sync::Arc::new(AtomicU64::new(1)),
             sent,
             target,
         })
@@ -255,11 +257,10 @@ impl RedisBackend {
                 let undo = self
                     .run(
                         &self.scripts.release,
-                        &[keys.lock(), keys.waiters(), keys.alive()],
+                        &[keys.lock(), keys.meta(), keys.waiters(), keys.alive()],
                         &[
                             token,
                             &self.wake_prefix,
-                            RESERVATION_MS,
                             &self.client_id,
                             REGISTRATION_MS,
                             "",
@@ -280,68 +281,147 @@ impl RedisBackend {
         }
     }
 
-    /// Compare-and-delete; with `queued`, this client joins the back of the queue in the same
-    /// script (its tasks still wait).
+    /// Compare-and-delete; with `next`, this client joins the back of the queue in the same
+    /// script, registered for `next` (its tasks still wait).
     async fn release_inner(
         &self,
         key: &str,
         token: &Token,
-        queued: bool,
+        next: Option<&NextWaiter<'_>>,
     ) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "releasing a Redis lock";
         let keys = self.layout.keys(key);
-        let queued = queued && self.subscriber.is_watching(key);
-        // Only a queued release can leave a reservation hint: read the wake count only then.
-        let wakes = if queued {
-            self.lock_reserved().wakes
-        } else {
-            0
-        };
+        let next = next.filter(|_| self.subscriber.is_watching(key));
+        let mut tmpl = String::new();
+        let mut wakes = 0;
+        let mut seq = 0;
+        if let Some(n) = next {
+            // Only a queued release can leave a hint: read the wake count only then.
+            let mut st = self.lock_shared();
+            wakes = st.wakes;
+            seq = self.register(&mut st, key, n.ttl);
+            drop(st);
+            tmpl = template(n.ttl, seq, n.token.as_str(), n.owner);
+        }
         let reply = self
             .run(
                 &self.scripts.release,
-                &[keys.lock(), keys.waiters(), keys.alive()],
+                &[keys.lock(), keys.meta(), keys.waiters(), keys.alive()],
                 &[
                     token.as_str(),
                     &self.wake_prefix,
-                    RESERVATION_MS,
                     &self.client_id,
                     REGISTRATION_MS,
-                    if queued { "1" } else { "" },
+                    &tmpl,
                 ],
                 DOING,
             )
             .await?;
         match reply {
             Value::Int(2) => {
-                let mut r = self.lock_reserved();
-                if queued && r.wakes == wakes {
-                    r.until.insert(key.to_owned(), Instant::now() + RESERVATION);
+                let mut st = self.lock_shared();
+                if next.is_some() && st.wakes == wakes {
+                    st.elsewhere
+                        .insert(key.to_owned(), Instant::now() + ELSEWHERE_HINT);
                 }
                 Ok(LeaseCheck::Ours)
             }
             Value::Int(1) => Ok(LeaseCheck::Ours),
+            Value::Array(ref items) => match (
+                items.first().and_then(int),
+                items.get(1).and_then(int),
+                next,
+            ) {
+                // Handed to our own next task.
+                (Some(3), Some(fence), Some(n)) if fence > 0 => {
+                    self.lock_shared().grants.insert(
+                        key.to_owned(),
+                        Grant::Handed {
+                            token: n.token.as_str().to_owned(),
+                            fence: fence as u64,
+                            seq,
+                        },
+                    );
+                    Ok(LeaseCheck::Ours)
+                }
+                _ => Err(protocol(DOING, &reply)),
+            },
             other => lease_check(&other).ok_or_else(|| protocol(DOING, &other)),
         }
     }
 
-    /// How long the lock stays reserved for another client, if a release of ours just gave it
+    /// Numbers a registration for `key` about to be sent, and remembers when.
+    fn register(&self, st: &mut WaitState, key: &str, ttl: Duration) -> u64 {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let reg = Reg {
+            seq,
+            at: Instant::now(),
+            ttl,
+        };
+        match st.regs.get_mut(key) {
+            Some(q) => {
+                if q.len() >= MAX_REGS {
+                    q.pop_front();
+                }
+                q.push_back(reg);
+            }
+            None => {
+                st.regs
+                    .insert(key.to_owned(), std::iter::once(reg).collect());
+            }
+        }
+        seq
+    }
+
+    /// A lock a release handed to `token`, if one did: its fence, how long ago at most it was
+    /// written, and its TTL. A grant for another token of ours is returned as `Err`: no
+    /// task of ours uses it any more (the local queue shares one token between its heads), so
+    /// this attempt takes the lock over.
+    fn take_grant(&self, key: &str, token: &str) -> Option<Result<Attempt, Grant>> {
+        let mut st = self.lock_shared();
+        if st.grants.is_empty() {
+            return None;
+        }
+        let (fence, seq) = match st.grants.get(key)? {
+            Grant::Handed {
+                token: t,
+                fence,
+                seq,
+            } if t == token => (*fence, *seq),
+            Grant::Handed { .. } => return st.grants.remove(key).map(Err),
+            Grant::Taken(_) => return None,
+        };
+        st.grants.remove(key);
+        let (elapsed, ttl) = match st.regs.get_mut(key) {
+            Some(q) => {
+                let found = q.iter().find(|r| r.seq == seq).copied();
+                q.retain(|r| r.seq > seq);
+                found.map_or((None, Duration::ZERO), |r| (Some(r.at.elapsed()), r.ttl))
+            }
+            None => (None, Duration::ZERO),
+        };
+        Some(Ok(Attempt::Granted {
+            fence: Some(fence),
+            elapsed,
+            ttl,
+        }))
+    }
+
+    /// How long the lock stays handed to another client, if a release of ours just gave it
     /// away while our tasks wait.
-    fn reserved_for_other(&self, key: &str) -> Option<Duration> {
-        let mut r = self.lock_reserved();
-        let until = *r.until.get(key)?;
+    fn handed_elsewhere(&self, key: &str) -> Option<Duration> {
+        let mut st = self.lock_shared();
+        let until = *st.elsewhere.get(key)?;
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            r.until.remove(key);
+            st.elsewhere.remove(key);
             return None;
         }
         Some(left)
     }
 
-    fn lock_reserved(&self) -> std::sync::MutexGuard<'_, ReservedState> {
-        self.reserved_elsewhere
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    fn lock_shared(&self) -> std::sync::MutexGuard<'_, WaitState> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// One pipeline of compare-and-pexpire scripts, one reply per item (errors such as
@@ -366,6 +446,11 @@ impl RedisBackend {
         self.count(items.len());
         pipe.query_async(&mut conn).await
     }
+}
+
+/// A registration: what a release writes when it hands the lock to us.
+fn template(ttl: Duration, seq: u64, token: &str, owner: &str) -> String {
+    format!("{} {seq} {token} {owner}", ttl_ms(ttl))
 }
 
 fn lease_check(v: &Value) -> Option<LeaseCheck> {
@@ -432,37 +517,90 @@ impl Backend for RedisBackend {
         value.push_str(since);
         value.push(' ');
         value.push_str(req.owner);
-        if !req.waiting && !req.resent {
+        let other = match self.take_grant(req.key, token) {
+            Some(Ok(granted)) => return Ok(granted),
+            Some(Err(other)) => Some(other),
+            None => None,
+        };
+        let convert = match &other {
+            Some(Grant::Handed { token, .. }) => token.as_str(),
+            _ => "",
+        };
+        if !req.waiting && !req.resent && convert.is_empty() {
             return self.acquire_fast(&keys, token, &value, ttl).await;
         }
         if !req.resent
-            && let Some(left) = self.reserved_for_other(req.key)
+            && convert.is_empty()
+            && let Some(left) = self.handed_elsewhere(req.key)
         {
             return Ok(Attempt::Busy {
                 holder_ttl: Some(left),
             });
         }
-        // Queue up for a targeted wake-up only while subscribed to them.
-        let id = if self.subscriber.is_watching(req.key) {
-            &*self.client_id
+        // Queue up for a grant only while subscribed to wake-ups (they bring it).
+        let watching = self.subscriber.is_watching(req.key);
+        let mut seq = itoa::Buffer::new();
+        let seq = if watching {
+            let mut st = self.lock_shared();
+            seq.format(self.register(&mut st, req.key, req.ttl))
         } else {
-            ""
+            "0"
         };
+        let id = if watching { &*self.client_id } else { "" };
         let reply = self
             .run(
                 &self.scripts.acquire,
                 &[keys.lock(), keys.meta(), keys.waiters(), keys.alive()],
-                &[token, &value, ttl, id, REGISTRATION_MS],
+                &[
+                    token,
+                    &value,
+                    ttl,
+                    id,
+                    REGISTRATION_MS,
+                    seq,
+                    convert,
+                    req.owner,
+                ],
                 DOING,
             )
-            .await?;
+            .await;
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(g) = other {
+                    // Not taken over (or not known to be): leave it for the next attempt or
+                    // for `leave`.
+                    self.lock_shared()
+                        .grants
+                        .entry(req.key.to_owned())
+                        .or_insert(g);
+                }
+                return Err(e);
+            }
+        };
         let Value::Array(items) = &reply else {
             return Err(protocol(DOING, &reply));
         };
         match (items.first().and_then(int), items.get(1).and_then(int)) {
-            (Some(1), Some(fence)) if fence > 0 => Ok(Attempt::Acquired {
-                fence: Some(fence as u64),
-            }),
+            (Some(1), Some(fence)) if fence > 0 => {
+                if watching {
+                    // A grant to this token may still be on its way: it is taken.
+                    let mut st = self.lock_shared();
+                    match st.grants.get(req.key) {
+                        Some(Grant::Handed { token: t, .. }) if t == token => {
+                            st.grants.remove(req.key);
+                        }
+                        Some(Grant::Handed { .. }) => {}
+                        _ => {
+                            st.grants
+                                .insert(req.key.to_owned(), Grant::Taken(token.to_owned()));
+                        }
+                    }
+                }
+                Ok(Attempt::Acquired {
+                    fence: Some(fence as u64),
+                })
+            }
             (Some(0), Some(pttl)) => Ok(Attempt::Busy {
                 // -1: a foreign lock without TTL; -2: it vanished in between.
                 holder_ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
@@ -492,11 +630,16 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
-        self.release_inner(key, token, false).await
+        self.release_inner(key, token, None).await
     }
 
-    async fn release_queued(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
-        self.release_inner(key, token, true).await
+    async fn release_queued(
+        &self,
+        key: &str,
+        token: &Token,
+        next: &NextWaiter<'_>,
+    ) -> Result<LeaseCheck, LockError> {
+        self.release_inner(key, token, Some(next)).await
     }
 
     /// All renewals in one pipeline: one round trip however many locks are held.
@@ -592,9 +735,6 @@ fn describe_holder(
     meta_token: &str,
     meta_fence: Option<u64>,
 ) -> (String, Option<u64>) {
-    if value.starts_with('\t') {
-        return ("(reserved for a woken waiter)".into(), None);
-    }
     let mut parts = value.splitn(3, ' ');
     let token = parts.next().unwrap_or_default();
     let fence = meta_fence.filter(|_| !token.is_empty() && token == meta_token);

@@ -4,13 +4,14 @@
 ///
 /// With the defaults, the lock `orders` uses:
 /// - `distlock:{orders}`: the lock itself, a plain string `<token> <since ms> <owner>` with a
-///   TTL (or, for a moment after a release, `\t<client id>`: reserved for the waiter it woke);
+///   TTL;
 /// - `distlock:{orders}:meta`: a hash with the fence counter (never expires), and the token
 ///   and fence of the last holder that took the lock through the waiting path, for `status`;
-/// - `distlock:{orders}:waiters`, `…:alive`: the queue of waiting clients and their
-///   registration expiries (these expire by themselves a few seconds after the last waiter);
-/// - the channel `distlock:wake:<client id>`: one per client, where releases wake it (the
-///   payload is the lock key).
+/// - `distlock:{orders}:waiters`, `…:alive`: the queue of waiting clients, their registration
+///   expiries, and what a release writes when it hands the lock to one of them (these expire by
+///   themselves a few seconds after the last waiter);
+/// - the channel `distlock:wake:<client id>`: one per client, where a release tells it that it
+///   was handed the lock (or to try again).
 ///
 /// The `{…}` hash tag keeps the keys in one Cluster slot. A name that already carries a hash tag
 /// is used as it is.

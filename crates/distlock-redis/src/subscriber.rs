@@ -1,9 +1,10 @@
 //! Wake-ups for waiters: one pub/sub connection per backend, shared by every waiter.
 //!
 //! It listens on:
-//! - this client's own wake channel, `<prefix>wake:<client id>`, where a release that reserved
-//!   a lock for this client names the lock key (releases wake only the client whose turn it
-//!   is, so other clients' processes are not woken for nothing);
+//! - this client's own wake channel, `<prefix>wake:<client id>`, where a release that handed a
+//!   lock to this client says so (`\t<fence> <seq> <token> <lock key>`), or names a lock key
+//!   this client should try again (releases wake only the client whose turn it is, so other
+//!   clients' processes are not woken for nothing);
 //! - for each lock a task of this client waits for, `__keyspace@<db>__:<lock key>`, which the
 //!   server publishes to when the key is deleted, expires or is evicted, if keyspace
 //!   notifications are on (`notify-keyspace-events` with `K` and `g` plus `x`, for example
@@ -14,7 +15,7 @@
 //! When it breaks, it is reopened with back-off, every channel is subscribed again, and every
 //! waiter is woken (an event may have been missed in between).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,7 @@ use distlock_core::{Subscription, WakeHub};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-use crate::backend::{RESERVATION_MS, with_lib};
+use crate::backend::with_lib;
 use crate::config::RedisConfig;
 use crate::keys::{KeyLayout, LockKeys};
 
@@ -34,16 +35,44 @@ enum Cmd {
     Unsubscribe(String),
 }
 
-/// Locks a release of ours reserved for another client (see the backend), by lock name, and
-/// how many wake-ups this client has had (a release only records its reservation if no wake-up
-/// came while it was in flight: that wake-up may have been our turn already).
+/// What the backend and the subscriber share about waits, under one mutex.
 #[derive(Default)]
-pub(crate) struct ReservedState {
-    pub(crate) until: HashMap<String, Instant>,
+pub(crate) struct WaitState {
+    /// Locks a release of ours just handed to another client while tasks of ours still wait,
+    /// and until when to believe it: their next attempt would only find the lock busy, so it is
+    /// answered here (they are queued, and handed the lock in their turn).
+    pub(crate) elsewhere: HashMap<String, Instant>,
+    /// How many wake-ups this client has had: a release records `elsewhere` only if none came
+    /// while it was in flight (that wake-up may have been our turn already).
     pub(crate) wakes: u64,
+    /// Locks handed to this client, by lock name, not yet taken by one of its attempts.
+    pub(crate) grants: HashMap<String, Grant>,
+    /// Registrations this client sent, by lock name, oldest first (at most `MAX_REGS`): when a
+    /// grant names one, the lease was written after it was sent.
+    pub(crate) regs: HashMap<String, VecDeque<Reg>>,
 }
 
-pub(crate) type Reserved = Arc<Mutex<ReservedState>>;
+/// A lock handed to this client by a release.
+pub(crate) enum Grant {
+    /// Handed to `token`, with `fence`, on the registration numbered `seq`.
+    Handed { token: String, fence: u64, seq: u64 },
+    /// An attempt with `token` found the lock already handed to it (its message was still on
+    /// the way): ignore that message when it comes.
+    Taken(String),
+}
+
+/// One registration sent: its number, when it was sent, and the TTL it asked for.
+#[derive(Clone, Copy)]
+pub(crate) struct Reg {
+    pub(crate) seq: u64,
+    pub(crate) at: Instant,
+    pub(crate) ttl: Duration,
+}
+
+/// How many registrations per lock are remembered.
+pub(crate) const MAX_REGS: usize = 16;
+
+pub(crate) type Shared = Arc<Mutex<WaitState>>;
 
 /// The shared subscriber of one backend.
 pub(crate) struct Subscriber {
@@ -59,7 +88,7 @@ struct Start {
     client_id: Arc<str>,
     sent: Arc<std::sync::atomic::AtomicU64>,
     wake_channel: String,
-    reserved: Reserved,
+    shared: Shared,
     layout: KeyLayout,
     db: i64,
     connect_timeout: Duration,
@@ -72,7 +101,7 @@ impl Subscriber {
         conn: redis::aio::ConnectionManager,
         config: &RedisConfig,
         client_id: Arc<str>,
-        reserved: Reserved,
+        shared: Shared,
         sent: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
         let layout = config.layout.clone();
@@ -97,7 +126,7 @@ impl Subscriber {
                 wake_channel: format!("{}{client_id}", layout.wake_prefix()),
                 client_id,
                 sent,
-                reserved,
+                shared,
                 layout,
                 db,
                 connect_timeout,
@@ -108,7 +137,7 @@ impl Subscriber {
 
     /// Whether a waiter of this client is subscribed to `key`'s wake-ups, confirmed by the
     /// server (it then queues up for a targeted one; a waiter that cannot hear them must not,
-    /// or releases would reserve the lock for it in vain).
+    /// or releases would hand it the lock in vain).
     pub(crate) fn is_watching(&self, key: &str) -> bool {
         self.hub.is_confirmed(key)
     }
@@ -199,14 +228,44 @@ async fn send(
     }
 }
 
-/// A lock's waiters are woken: forget that a release of ours reserved it for somebody else.
-fn wake(hub: &WakeHub, reserved: &Reserved, name: &str) {
+/// A lock's waiters are woken: forget that a release of ours handed it to somebody else.
+fn wake(hub: &WakeHub, shared: &Shared, name: &str) {
     {
-        let mut r = reserved.lock().unwrap_or_else(PoisonError::into_inner);
-        r.wakes += 1;
-        r.until.remove(name);
+        let mut st = shared.lock().unwrap_or_else(PoisonError::into_inner);
+        st.wakes += 1;
+        st.elsewhere.remove(name);
     }
     hub.notify(name);
+}
+
+/// A grant message, `\t<fence> <seq> <token> <lock key>`.
+fn parse_grant(payload: &[u8]) -> Option<(u64, u64, &str, &str)> {
+    let text = std::str::from_utf8(payload.strip_prefix(b"\t")?).ok()?;
+    let mut parts = text.splitn(4, ' ');
+    let fence = parts.next()?.parse().ok()?;
+    let seq = parts.next()?.parse().ok()?;
+    let token = parts.next()?;
+    let lock_key = parts.next()?;
+    Some((fence, seq, token, lock_key))
+}
+
+/// Records a lock handed to `token` of this client, unless an attempt already took it.
+fn record_grant(shared: &Shared, name: &str, fence: u64, seq: u64, token: &str) {
+    let mut st = shared.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(Grant::Taken(t)) = st.grants.get(name)
+        && t == token
+    {
+        st.grants.remove(name);
+        return;
+    }
+    st.grants.insert(
+        name.to_owned(),
+        Grant::Handed {
+            token: token.to_owned(),
+            fence,
+            seq,
+        },
+    );
 }
 
 async fn run(hub: WakeHub, mut start: Start) {
@@ -266,7 +325,7 @@ async fn run(hub: WakeHub, mut start: Start) {
             }
         }
         // Events may have been missed while disconnected.
-        forget_reservations(&start.reserved);
+        forget_hints(&start.shared);
         hub.notify_all();
         loop {
             tokio::select! {
@@ -296,54 +355,67 @@ async fn run(hub: WakeHub, mut start: Start) {
                     let channel = msg.get_channel_name();
                     let payload = msg.get_payload_bytes();
                     if channel == start.wake_channel {
-                        let name = std::str::from_utf8(payload).ok().and_then(|k| routes.locks.get(k));
-                        match name {
-                            Some(name) => wake(&hub, &start.reserved, name),
-                            // Reserved for us, but nobody here waits any more: pass it on.
-                            None => {
-                                if let Ok(lock_key) = std::str::from_utf8(payload) {
-                                    leave_lock_key(&start, lock_key).await;
+                        if let Some((fence, seq, token, lock_key)) = parse_grant(payload) {
+                            match routes.locks.get(lock_key) {
+                                Some(name) => {
+                                    record_grant(&start.shared, name, fence, seq, token);
+                                    wake(&hub, &start.shared, name);
                                 }
+                                // Handed to us, but nobody here waits any more: pass it on.
+                                None => leave_lock_key(&start, lock_key, token).await,
                             }
+                        } else if let Ok(lock_key) = std::str::from_utf8(payload)
+                            && let Some(name) = routes.locks.get(lock_key)
+                        {
+                            wake(&hub, &start.shared, name);
                         }
                     } else if let Some(name) = routes.keyspace.get(channel)
                         && GONE_EVENTS.contains(&payload)
                     {
-                        wake(&hub, &start.reserved, name);
+                        wake(&hub, &start.shared, name);
                     }
                 }
             }
         }
         tracing::debug!(target: "distlock", "pub/sub connection lost; reconnecting");
         hub.unconfirm_all();
-        forget_reservations(&start.reserved);
+        forget_hints(&start.shared);
         hub.notify_all();
     }
 }
 
-fn forget_reservations(reserved: &Reserved) {
-    let mut r = reserved.lock().unwrap_or_else(PoisonError::into_inner);
-    r.wakes += 1;
-    r.until.clear();
+fn forget_hints(shared: &Shared) {
+    let mut st = shared.lock().unwrap_or_else(PoisonError::into_inner);
+    st.wakes += 1;
+    st.elsewhere.clear();
 }
 
-/// Nobody of this client waits for `key` any more: leave its queue, and pass on a reservation
-/// made for us meanwhile (best effort; the registration and the reservation also expire).
+/// Nobody of this client waits for `key` any more: leave its queue, and pass on a lock handed
+/// to us meanwhile (best effort; the registration expires, and an unused grant with its TTL).
 async fn leave_queue(start: &Start, key: &str) {
-    leave_lock_key(start, &start.layout.lock_key(key)).await;
+    let handed = {
+        let mut st = start.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        st.regs.remove(key);
+        match st.grants.remove(key) {
+            Some(Grant::Handed { token, .. }) => token,
+            _ => String::new(),
+        }
+    };
+    leave_lock_key(start, &start.layout.lock_key(key), &handed).await;
 }
 
-async fn leave_lock_key(start: &Start, lock_key: &str) {
+async fn leave_lock_key(start: &Start, lock_key: &str, handed: &str) {
     static LEAVE: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
     let script = LEAVE.get_or_init(|| redis::Script::new(with_lib!("scripts/leave.lua")));
     let mut conn = start.conn.clone();
     let keys = LockKeys::derive(lock_key.to_owned());
     let mut inv = script.key(keys.lock());
-    inv.key(keys.waiters())
+    inv.key(keys.meta())
+        .key(keys.waiters())
         .key(keys.alive())
         .arg(&*start.client_id)
         .arg(start.layout.wake_prefix())
-        .arg(RESERVATION_MS);
+        .arg(handed);
     start
         .sent
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -540,21 +540,23 @@ async fn releases_take_turns_between_waiting_clients() {
         first.abs_diff(second) * 10 <= log.len(),
         "{first} vs {second}"
     );
-    // Two commands per turn: the woken client's acquire and its release (which also queues it
-    // again and wakes the other client). The releasing client's next task does not race its
-    // release, nor ask while the lock is reserved for the other client.
+    // One command per turn: the release, which hands the lock to the other client and queues
+    // the releasing one again. The client handed the lock takes it without asking, and the
+    // releasing client's next task neither races its release nor asks while the lock is with
+    // the other client.
     let sent: u64 = clients.iter().map(|c| c.backend().commands_sent()).sum();
     assert!(
-        sent as f64 <= 2.2 * log.len() as f64,
+        sent as f64 <= 1.2 * log.len() as f64,
         "{sent} commands for {} acquisitions",
         log.len()
     );
 }
 
-/// While a release's reservation stands, the lock excludes everybody but the woken client,
-/// a plain `SET NX` included; the woken client takes it over.
+/// A release hands the lock straight to the queued client: there is no moment when the key is
+/// free (a plain `SET NX` right after the release fails), the lock holds the waiter's token,
+/// a higher fence, and the waiter takes it without sending anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reservation_excludes_others_until_the_woken_client_takes_it() {
+async fn a_release_hands_the_lock_to_the_queued_client() {
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -564,11 +566,11 @@ async fn a_reservation_excludes_others_until_the_woken_client_takes_it() {
         .unwrap();
     let holder = client(&server, opts).await;
     let waiter = client(&server, opts).await;
-    let key = holder.backend().lock_key("resv");
-    let g = holder.acquire("resv").await.unwrap();
+    let key = holder.backend().lock_key("grant");
+    let g = holder.acquire("grant").await.unwrap();
     let w = {
         let waiter = waiter.clone();
-        tokio::spawn(async move { waiter.acquire("resv").await.unwrap() })
+        tokio::spawn(async move { waiter.acquire("grant").await.unwrap() })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
@@ -576,9 +578,10 @@ async fn a_reservation_excludes_others_until_the_woken_client_takes_it() {
         "1",
         "the waiter is queued"
     );
-    // A plain client's SET NX right after the release loses to the reservation (or to the
-    // woken client's lock, if it was quicker): either way the key is never theirs.
+    let sent_before = waiter.backend().commands_sent();
+    let first_fence = g.fence().unwrap();
     assert_eq!(g.release().await.unwrap(), Released::Held);
+    let value = server.cli(&["GET", &key]);
     assert_eq!(
         server.cli(&["SET", &key, "intruder", "NX", "PX", "30000"]),
         "",
@@ -586,9 +589,17 @@ async fn a_reservation_excludes_others_until_the_woken_client_takes_it() {
     );
     let got = tokio::time::timeout(Duration::from_secs(2), w)
         .await
-        .expect("the woken client took it")
+        .expect("the handed lock was taken")
         .unwrap();
-    let value = server.cli(&["GET", &key]);
     assert!(value.starts_with(got.token().as_str()), "{value:?}");
+    assert!(got.fence().unwrap() > first_fence, "{:?}", got.fence());
+    assert_eq!(
+        waiter.backend().commands_sent(),
+        sent_before,
+        "the waiter asked again"
+    );
+    let pttl: i64 = server.cli(&["PTTL", &key]).parse().unwrap();
+    assert!(pttl > 25_000, "written with the waiter's TTL: {pttl}");
     assert_eq!(got.release().await.unwrap(), Released::Held);
+    assert_eq!(server.cli(&["EXISTS", &key]), "0");
 }

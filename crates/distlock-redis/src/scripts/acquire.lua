@@ -3,27 +3,42 @@
 -- KEYS[1] lock key: a plain string '<token> <since ms> <owner>' with a TTL, interoperable with
 --         other clients' SET NX locks
 -- KEYS[2] meta hash: the fence counter (never expires), and the token and fence of the last
---         holder that came through this script (for status)
--- KEYS[3] waiters: zset of waiting clients (client id -> place: server time in µs, unique)
--- KEYS[4] alive: hash of waiting clients (client id -> registration expiry, server ms)
+--         holder that came through a script (for status)
+-- KEYS[3], KEYS[4] the queue of waiting clients (see enqueue)
 -- ARGV[1] token, ARGV[2] value, ARGV[3] ttl ms,
--- ARGV[4] our client id ('' when we do not hear wake-ups), ARGV[5] registration ms
+-- ARGV[4] our client id ('' when we do not hear wake-ups), ARGV[5] registration ms,
+-- ARGV[6] registration sequence number, ARGV[7] a token of ours a release handed the lock to
+-- and that none of our tasks will use ('' if none): take that lock over, ARGV[8] owner label
 -- Returns {1, fence} when the lock is ours, {0, holder pttl} when busy.
 -- Every write that can fail (WRONGTYPE) runs before the lock is written, and the queue
 -- book-keeping after it uses pcall, so an error never leaves a lock half taken.
 local cur = redis.call('GET', KEYS[1])
 local tok = ARGV[1]
 local take = nil
-if cur and is_ours(cur, tok) then
-  -- A resent request whose first reply was lost: the lock is already ours. Re-arm; keep the
-  -- fence this script gave, or (first sent as a pipeline) take one now, while we hold it.
+if cur and ARGV[7] ~= '' and is_ours(cur, ARGV[7]) then
+  -- Handed to our client for a token that is no longer used: it is ours, with its fence.
+  local meta = redis.call('HMGET', KEYS[2], 'token', 'holder_fence')
+  local fence = tonumber(meta[2])
+  if meta[1] ~= ARGV[7] or not fence then
+    fence = redis.call('HINCRBY', KEYS[2], 'fence', 1)
+  end
+  redis.call('HSET', KEYS[2], 'token', tok, 'holder_fence', fence)
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  if ARGV[4] ~= '' then
+    dequeue(KEYS[3], KEYS[4], ARGV[4])
+  end
+  return {1, fence}
+elseif cur and is_ours(cur, tok) then
+  -- Ours already: a resent request whose first reply was lost, or a release handed it to us
+  -- and its message has not reached us yet. Re-arm; keep the fence a script gave, or (first
+  -- sent as a pipeline) take one now, while we hold it.
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   local meta = redis.call('HMGET', KEYS[2], 'token', 'holder_fence')
   if meta[1] == tok then
     return {1, tonumber(meta[2])}
   end
   take = 'resent'
-elseif cur == false or (ARGV[4] ~= '' and cur == '\t' .. ARGV[4]) then
+elseif cur == false then
   take = 'new'
 end
 if take then
@@ -33,13 +48,13 @@ if take then
   end
   redis.call('HSET', KEYS[2], 'token', tok, 'holder_fence', fence)
   if ARGV[4] ~= '' then
-    redis.pcall('ZREM', KEYS[3], ARGV[4])
-    redis.pcall('HDEL', KEYS[4], ARGV[4])
+    dequeue(KEYS[3], KEYS[4], ARGV[4])
   end
   return {1, fence}
 end
 if ARGV[4] ~= '' then
   -- Queue up (keeping our place if we already have one) and stay alive for ARGV[5] ms.
-  enqueue(KEYS[3], KEYS[4], ARGV[4], tonumber(ARGV[5]), true)
+  enqueue(KEYS[3], KEYS[4], ARGV[4], now_us(), tonumber(ARGV[5]), true,
+    ARGV[3] .. ' ' .. ARGV[6] .. ' ' .. tok .. ' ' .. ARGV[8])
 end
 return {0, redis.call('PTTL', KEYS[1])}

@@ -1,60 +1,78 @@
--- The server's clock, in ms.
-local function now_ms()
+-- The server's clock, in µs.
+local function now_us()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- Puts client `id` in the queue of waiting clients, at the back (strictly behind everybody
--- already there, even within one microsecond), or, with `keep`, keeps its place if it has one.
--- Its registration lives `reg_ms`. Uses pcall: junk under the queue keys only costs wake-ups.
-local function enqueue(waiters, alive, id, reg_ms, keep)
-  if keep and redis.pcall('ZSCORE', waiters, id) then
-    redis.pcall('HSET', alive, id, now_ms() + reg_ms)
-    return
+-- The queue of waiting clients is two keys: `waiters`, a zset (client id -> place: the server's
+-- time in µs when it joined), and `alive`, a hash (client id -> its registration:
+-- '<expiry ms> <ttl ms> <seq> <token> <owner>', what a release writes when it hands the lock to
+-- that client, and until when the client counts as waiting). Both expire a while after the
+-- last registration. Every call on them uses pcall: junk under these keys only costs wake-ups.
+
+-- Puts client `id` in the queue, at the back, or, with `keep`, keeps its place if it has one;
+-- registers `reg` ('<ttl ms> <seq> <token> <owner>') for `reg_ms`.
+-- `us` is the server's time in µs.
+local function enqueue(waiters, alive, id, us, reg_ms, keep, reg)
+  if not (keep and redis.pcall('ZSCORE', waiters, id)) then
+    redis.pcall('ZADD', waiters, us, id)
   end
-  local t = redis.call('TIME')
-  local score = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local last = redis.pcall('ZRANGE', waiters, -1, -1, 'WITHSCORES')
-  if type(last) == 'table' and not last.err and last[2] then
-    score = math.max(score, tonumber(last[2]) + 1)
-  end
-  redis.pcall('ZADD', waiters, score, id)
-  redis.pcall('HSET', alive, id, math.floor(score / 1000) + reg_ms)
+  local expiry = math.floor(us / 1000) + reg_ms
+  redis.pcall('HSET', alive, id, string.format('%d', expiry) .. ' ' .. reg)
   redis.pcall('PEXPIRE', waiters, reg_ms)
   redis.pcall('PEXPIRE', alive, reg_ms)
 end
 
--- Shared by release and leave: give a just-freed lock to the first live waiting client.
--- The lock key then holds '\t' .. <client id> for `resv_ms`: a reservation that every other
--- attempt sees as busy (distlock or not), that only that client's next attempt takes over, and
--- that expires by itself if the client is gone. The client is woken on its own channel
--- (`chan_prefix` .. id, payload the lock key), so no other client wakes up.
--- Returns 2 when reserved for another client, 1 when the lock was left free (nobody live
--- waits, or `self_id` is first: this client's own next task goes on its own).
--- Every call after the lock is written uses pcall: junk under the queue keys, or an ACL without
--- the channel, never undoes a release (waiters then fall back to their capped sleep).
-local function pass_on(lock, waiters, alive, chan_prefix, resv_ms, self_id)
-  local now = now_ms()
+-- Takes client `id` out of the queue.
+local function dequeue(waiters, alive, id)
+  redis.pcall('ZREM', waiters, id)
+  redis.pcall('HDEL', alive, id)
+end
+
+-- Shared by release and leave: hands the lock (free, or still ours: it is overwritten) to the
+-- first live waiting client other than `self_id`. The lock is written for it, with the token,
+-- owner and TTL it registered, and a new fence (taken while the lock is being written, so
+-- fences still order holders); then it is told on its own channel (`chan_prefix` .. id), so
+-- no other client wakes up. The message is '\t<fence> <seq> <token> <lock key>'. A waiter
+-- whose registration is unusable (or whose fence counter is not a hash) is woken with the bare
+-- lock key instead, to try itself. Waiters whose registration expired (gone, or crashed) are
+-- dropped on the way.
+-- `now` is the server's time in ms. Returns true when the lock was handed over (or freed for a
+-- waiter to try), false when nobody live waits (the caller then frees it, or hands it to
+-- itself).
+-- Every call after the lock is written uses pcall: an ACL without the channel never undoes a
+-- release (the waiter then falls back to its capped sleep).
+local function pass_on(lock, meta, waiters, alive, chan_prefix, self_id, now)
   for _ = 1, 8 do
-    local first = redis.pcall('ZRANGE', waiters, 0, 0)
+    local first = redis.pcall('ZPOPMIN', waiters)
     if type(first) ~= 'table' or first.err or first[1] == nil then
-      return 1
+      return false
     end
     local id = first[1]
     if id == self_id then
-      return 1
+      -- Our own old place (a wait whose last task took the lock on the fast path): drop it.
+    else
+      local reg = redis.pcall('HGET', alive, id)
+      local expiry, ttl, seq, tok, owner
+      if type(reg) == 'string' then
+        expiry, ttl, seq, tok, owner = string.match(reg, '^(%d+) (%d+) (%d+) ([^ ]+) (.*)$')
+      end
+      if expiry and tonumber(expiry) > now then
+        local fence = redis.pcall('HINCRBY', meta, 'fence', 1)
+        if type(fence) ~= 'number' then
+          redis.call('DEL', lock)
+          redis.pcall('PUBLISH', chan_prefix .. id, lock)
+          return true
+        end
+        redis.call('SET', lock, tok .. ' ' .. string.format('%d', now) .. ' ' .. owner, 'PX', ttl)
+        redis.pcall('HSET', meta, 'token', tok, 'holder_fence', fence)
+        redis.pcall('PUBLISH', chan_prefix .. id,
+          '\t' .. string.format('%d', fence) .. ' ' .. seq .. ' ' .. tok .. ' ' .. lock)
+        return true
+      end
     end
-    local expiry = tonumber(redis.pcall('HGET', alive, id)) or 0
-    if expiry > now then
-      redis.call('SET', lock, '\t' .. id, 'PX', resv_ms)
-      redis.pcall('PUBLISH', chan_prefix .. id, lock)
-      return 2
-    end
-    -- A waiter that stopped asking (gone, or crashed): drop it.
-    redis.pcall('ZREM', waiters, id)
-    redis.pcall('HDEL', alive, id)
   end
-  return 1
+  return false
 end
 
 -- Whether `cur`, a lock key's value, was written by the holder of `tok`: either the bare token
