@@ -86,10 +86,6 @@ pub struct RedisBackend {
 /// tasks' attempts with "busy" without asking (they are queued behind; a wake-up ends it).
 const ELSEWHERE_HINT: Duration = Duration::from_millis(100);
 
-/// How long (ms) a waiter's place in the queue lasts without a new attempt. Waiters try again at
-/// least every `wake_fallback` (1 s by default), which renews it.
-const REGISTRATION_MS: &str = "5000";
-
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
@@ -254,15 +250,17 @@ impl RedisBackend {
             [Value::Okay, bad] => {
                 // The lock is set but the fence failed (junk under the meta key): undo the
                 // lock before reporting, so nothing stays half taken.
+                let mut now = itoa::Buffer::new();
                 let undo = self
                     .run(
                         &self.scripts.release,
-                        &[keys.lock(), keys.meta(), keys.waiters(), keys.alive()],
+                        &[keys.lock(), keys.meta(), keys.waiters()],
                         &[
                             token,
                             &self.wake_prefix,
                             &self.client_id,
-                            REGISTRATION_MS,
+                            now.format(now_ms()),
+                            "",
                             "",
                         ],
                         DOING,
@@ -281,8 +279,9 @@ impl RedisBackend {
         }
     }
 
-    /// Compare-and-delete; with `next`, this client joins the back of the queue in the same
-    /// script, registered for `next` (its tasks still wait).
+    /// Compare-and-delete, or hand-over to the next queued client; with `next`, this client
+    /// stays in the queue (or joins its back) in the same script, registered for `next` (its
+    /// tasks still wait).
     async fn release_inner(
         &self,
         key: &str,
@@ -295,58 +294,71 @@ impl RedisBackend {
         let mut tmpl = String::new();
         let mut wakes = 0;
         let mut seq = 0;
-        if let Some(n) = next {
-            // Only a queued release can leave a hint: read the wake count only then.
+        let believed = {
             let mut st = self.lock_shared();
-            wakes = st.wakes;
-            seq = self.register(&mut st, key, n.ttl);
-            drop(st);
-            tmpl = template(n.ttl, seq, n.token.as_str(), n.owner);
-        }
+            if let Some(n) = next {
+                // Only a queued release can leave a hint: read the wake count only then.
+                wakes = st.wakes;
+                seq = self.register(&mut st, key, n.ttl);
+                tmpl = template(n.ttl, seq, n.token.as_str(), n.owner);
+            }
+            st.queued.get(key).cloned().unwrap_or_default()
+        };
+        let mut now = itoa::Buffer::new();
         let reply = self
             .run(
                 &self.scripts.release,
-                &[keys.lock(), keys.meta(), keys.waiters(), keys.alive()],
+                &[keys.lock(), keys.meta(), keys.waiters()],
                 &[
                     token.as_str(),
                     &self.wake_prefix,
                     &self.client_id,
-                    REGISTRATION_MS,
+                    now.format(now_ms()),
                     &tmpl,
+                    &believed,
                 ],
                 DOING,
             )
             .await?;
-        match reply {
-            Value::Int(2) => {
-                let mut st = self.lock_shared();
-                if next.is_some() && st.wakes == wakes {
-                    st.elsewhere
-                        .insert(key.to_owned(), Instant::now() + ELSEWHERE_HINT);
-                }
+        let mut st = self.lock_shared();
+        match (reply, next) {
+            (Value::Int(2 | 3), Some(_)) if st.wakes != wakes => {
+                // A wake-up came meanwhile: our registration may already have been served.
+                st.queued.remove(key);
                 Ok(LeaseCheck::Ours)
             }
-            Value::Int(1) => Ok(LeaseCheck::Ours),
-            Value::Array(ref items) => match (
-                items.first().and_then(int),
-                items.get(1).and_then(int),
-                next,
-            ) {
-                // Handed to our own next task.
-                (Some(3), Some(fence), Some(n)) if fence > 0 => {
-                    self.lock_shared().grants.insert(
-                        key.to_owned(),
-                        Grant::Handed {
-                            token: n.token.as_str().to_owned(),
-                            fence: fence as u64,
-                            seq,
-                        },
-                    );
-                    Ok(LeaseCheck::Ours)
+            (Value::Int(n @ (2 | 3)), Some(_)) => {
+                if n == 3 {
+                    st.queued
+                        .insert(key.to_owned(), format!("{} {tmpl}", self.client_id));
                 }
-                _ => Err(protocol(DOING, &reply)),
-            },
-            other => lease_check(&other).ok_or_else(|| protocol(DOING, &other)),
+                st.elsewhere
+                    .insert(key.to_owned(), Instant::now() + ELSEWHERE_HINT);
+                Ok(LeaseCheck::Ours)
+            }
+            (Value::Int(1 | 2), _) => {
+                st.queued.remove(key);
+                Ok(LeaseCheck::Ours)
+            }
+            (Value::Array(ref items), Some(n)) => {
+                match (items.first().and_then(int), items.get(1).and_then(int)) {
+                    // Handed to our own next task.
+                    (Some(4), Some(fence)) if fence > 0 => {
+                        st.queued.remove(key);
+                        st.grants.insert(
+                            key.to_owned(),
+                            Grant::Handed {
+                                token: n.token.as_str().to_owned(),
+                                fence: fence as u64,
+                                seq,
+                            },
+                        );
+                        Ok(LeaseCheck::Ours)
+                    }
+                    _ => Err(protocol(DOING, &Value::Array(items.clone()))),
+                }
+            }
+            (other, _) => lease_check(&other).ok_or_else(|| protocol(DOING, &other)),
         }
     }
 
@@ -453,6 +465,13 @@ fn template(ttl: Duration, seq: u64, token: &str, owner: &str) -> String {
     format!("{} {seq} {token} {owner}", ttl_ms(ttl))
 }
 
+/// The wall clock in ms since the epoch (shown as a holder's start; never used for deadlines).
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 fn lease_check(v: &Value) -> Option<LeaseCheck> {
     match v {
         Value::Int(1) => Some(LeaseCheck::Ours),
@@ -505,11 +524,8 @@ impl Backend for RedisBackend {
         let keys = self.layout.keys(req.key);
         let mut ttl = itoa::Buffer::new();
         let ttl = ttl.format(ttl_ms(req.ttl));
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
         let mut since = itoa::Buffer::new();
-        let since = since.format(now);
+        let since = since.format(now_ms());
         let token = req.token.as_str();
         let mut value = String::with_capacity(token.len() + since.len() + req.owner.len() + 2);
         value.push_str(token);
@@ -539,27 +555,28 @@ impl Backend for RedisBackend {
         }
         // Queue up for a grant only while subscribed to wake-ups (they bring it).
         let watching = self.subscriber.is_watching(req.key);
-        let mut seq = itoa::Buffer::new();
-        let seq = if watching {
+        let mut seq_buf = itoa::Buffer::new();
+        let (seq, believed) = if watching {
             let mut st = self.lock_shared();
-            seq.format(self.register(&mut st, req.key, req.ttl))
+            let seq = self.register(&mut st, req.key, req.ttl);
+            (seq, st.queued.get(req.key).cloned().unwrap_or_default())
         } else {
-            "0"
+            (0, String::new())
         };
         let id = if watching { &*self.client_id } else { "" };
         let reply = self
             .run(
                 &self.scripts.acquire,
-                &[keys.lock(), keys.meta(), keys.waiters(), keys.alive()],
+                &[keys.lock(), keys.meta(), keys.waiters()],
                 &[
                     token,
                     &value,
                     ttl,
                     id,
-                    REGISTRATION_MS,
-                    seq,
-                    convert,
+                    seq_buf.format(seq),
                     req.owner,
+                    convert,
+                    &believed,
                 ],
                 DOING,
             )
@@ -581,11 +598,16 @@ impl Backend for RedisBackend {
         let Value::Array(items) = &reply else {
             return Err(protocol(DOING, &reply));
         };
-        match (items.first().and_then(int), items.get(1).and_then(int)) {
-            (Some(1), Some(fence)) if fence > 0 => {
+        match (
+            items.first().and_then(int),
+            items.get(1).and_then(int),
+            items.get(2).and_then(int),
+        ) {
+            (Some(1), Some(fence), _) if fence > 0 => {
                 if watching {
-                    // A grant to this token may still be on its way: it is taken.
                     let mut st = self.lock_shared();
+                    st.queued.remove(req.key);
+                    // A grant to this token may still be on its way: it is taken.
                     match st.grants.get(req.key) {
                         Some(Grant::Handed { token: t, .. }) if t == token => {
                             st.grants.remove(req.key);
@@ -601,10 +623,22 @@ impl Backend for RedisBackend {
                     fence: Some(fence as u64),
                 })
             }
-            (Some(0), Some(pttl)) => Ok(Attempt::Busy {
-                // -1: a foreign lock without TTL; -2: it vanished in between.
-                holder_ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
-            }),
+            (Some(0), Some(pttl), queued) => {
+                if watching {
+                    let mut st = self.lock_shared();
+                    if queued == Some(1) {
+                        let elem = format!("{id} {}", template(req.ttl, seq, token, req.owner));
+                        st.queued.insert(req.key.to_owned(), elem);
+                    } else if let Some(q) = st.regs.get_mut(req.key) {
+                        // Our earlier registration stays: this one was not used.
+                        q.retain(|r| r.seq != seq);
+                    }
+                }
+                Ok(Attempt::Busy {
+                    // -1: a foreign lock without TTL; -2: it vanished in between.
+                    holder_ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+                })
+            }
             _ => Err(protocol(DOING, &reply)),
         }
     }

@@ -7,9 +7,8 @@
 ///   TTL;
 /// - `distlock:{orders}:meta`: a hash with the fence counter (never expires), and the token
 ///   and fence of the last holder that took the lock through the waiting path, for `status`;
-/// - `distlock:{orders}:waiters`, `…:alive`: the queue of waiting clients, their registration
-///   expiries, and what a release writes when it hands the lock to one of them (these expire by
-///   themselves a few seconds after the last waiter);
+/// - `distlock:{orders}:waiters`: the queue of waiting clients, a list of their registrations
+///   (what a release writes when it hands the lock to one of them), gone when empty;
 /// - the channel `distlock:wake:<client id>`: one per client, where a release tells it that it
 ///   was handed the lock (or to try again).
 ///
@@ -56,7 +55,7 @@ impl KeyLayout {
     /// The lock key and the keys derived from it, in one allocation (the hot paths build them
     /// for every request).
     pub(crate) fn keys(&self, name: &str) -> LockKeys {
-        let mut buf = String::with_capacity(4 * (self.prefix.len() + name.len() + 2) + SUFFIX_LEN);
+        let mut buf = String::with_capacity(3 * (self.prefix.len() + name.len() + 2) + SUFFIX_LEN);
         self.push_lock_key(&mut buf, name);
         LockKeys::derive(buf)
     }
@@ -66,21 +65,21 @@ impl KeyLayout {
     }
 }
 
-const SUFFIXES: [&str; 3] = [":meta", ":waiters", ":alive"];
-const SUFFIX_LEN: usize = 5 + 8 + 6;
+const SUFFIXES: [&str; 2] = [":meta", ":waiters"];
+const SUFFIX_LEN: usize = 5 + 8;
 
 /// The keys of one lock: see [`KeyLayout`].
 pub(crate) struct LockKeys {
     buf: String,
-    ends: [usize; 4],
+    ends: [usize; 3],
 }
 
 impl LockKeys {
     /// The keys derived from a lock key (`buf` holds exactly the lock key).
     pub(crate) fn derive(mut buf: String) -> Self {
         let lock_len = buf.len();
-        buf.reserve(3 * lock_len + SUFFIX_LEN);
-        let mut ends = [lock_len, 0, 0, 0];
+        buf.reserve(2 * lock_len + SUFFIX_LEN);
+        let mut ends = [lock_len, 0, 0];
         for (i, suffix) in SUFFIXES.iter().enumerate() {
             buf.extend_from_within(..lock_len);
             buf.push_str(suffix);
@@ -101,9 +100,6 @@ impl LockKeys {
     }
     pub(crate) fn waiters(&self) -> &str {
         self.part(2)
-    }
-    pub(crate) fn alive(&self) -> &str {
-        self.part(3)
     }
 }
 
@@ -129,12 +125,11 @@ mod tests {
         );
         let k = l.keys("orders");
         assert_eq!(
-            [k.lock(), k.meta(), k.waiters(), k.alive()],
+            [k.lock(), k.meta(), k.waiters()],
             [
                 "distlock:{orders}",
                 "distlock:{orders}:meta",
                 "distlock:{orders}:waiters",
-                "distlock:{orders}:alive"
             ]
         );
         assert_eq!(l.wake_prefix(), "distlock:wake:");

@@ -47,6 +47,9 @@ pub(crate) struct WaitState {
     pub(crate) wakes: u64,
     /// Locks handed to this client, by lock name, not yet taken by one of its attempts.
     pub(crate) grants: HashMap<String, Grant>,
+    /// Our registration in each lock's queue, by lock name, while we believe it is there
+    /// (scripts keep it instead of queueing again, or remove it).
+    pub(crate) queued: HashMap<String, String>,
     /// Registrations this client sent, by lock name, oldest first (at most `MAX_REGS`): when a
     /// grant names one, the lease was written after it was sent.
     pub(crate) regs: HashMap<String, VecDeque<Reg>>,
@@ -249,9 +252,11 @@ fn parse_grant(payload: &[u8]) -> Option<(u64, u64, &str, &str)> {
     Some((fence, seq, token, lock_key))
 }
 
-/// Records a lock handed to `token` of this client, unless an attempt already took it.
+/// Records a lock handed to `token` of this client, unless an attempt already took it. Our
+/// registration left the queue with it.
 fn record_grant(shared: &Shared, name: &str, fence: u64, seq: u64, token: &str) {
     let mut st = shared.lock().unwrap_or_else(PoisonError::into_inner);
+    st.queued.remove(name);
     if let Some(Grant::Taken(t)) = st.grants.get(name)
         && t == token
     {
@@ -367,6 +372,13 @@ async fn run(hub: WakeHub, mut start: Start) {
                         } else if let Ok(lock_key) = std::str::from_utf8(payload)
                             && let Some(name) = routes.locks.get(lock_key)
                         {
+                            // Taken out of the queue and told to try.
+                            start
+                                .shared
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .queued
+                                .remove(name);
                             wake(&hub, &start.shared, name);
                         }
                     } else if let Some(name) = routes.keyspace.get(channel)
@@ -388,6 +400,8 @@ fn forget_hints(shared: &Shared) {
     let mut st = shared.lock().unwrap_or_else(PoisonError::into_inner);
     st.wakes += 1;
     st.elsewhere.clear();
+    // Releases that found us deaf (PUBLISH reached nobody) dropped our registrations.
+    st.queued.clear();
 }
 
 /// Nobody of this client waits for `key` any more: leave its queue, and pass on a lock handed
@@ -396,6 +410,7 @@ async fn leave_queue(start: &Start, key: &str) {
     let handed = {
         let mut st = start.shared.lock().unwrap_or_else(PoisonError::into_inner);
         st.regs.remove(key);
+        st.queued.remove(key);
         match st.grants.remove(key) {
             Some(Grant::Handed { token, .. }) => token,
             _ => String::new(),
@@ -412,10 +427,10 @@ async fn leave_lock_key(start: &Start, lock_key: &str, handed: &str) {
     let mut inv = script.key(keys.lock());
     inv.key(keys.meta())
         .key(keys.waiters())
-        .key(keys.alive())
         .arg(&*start.client_id)
         .arg(start.layout.wake_prefix())
-        .arg(handed);
+        .arg(handed)
+        .arg(crate::backend::now_ms());
     start
         .sent
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -574,7 +574,7 @@ async fn a_release_hands_the_lock_to_the_queued_client() {
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        server.cli(&["ZCARD", &format!("{key}:waiters")]),
+        server.cli(&["LLEN", &format!("{key}:waiters")]),
         "1",
         "the waiter is queued"
     );

@@ -4,12 +4,15 @@
 --         other clients' SET NX locks
 -- KEYS[2] meta hash: the fence counter (never expires), and the token and fence of the last
 --         holder that came through a script (for status)
--- KEYS[3], KEYS[4] the queue of waiting clients (see enqueue)
+-- KEYS[3] the queue of waiting clients (see lib)
 -- ARGV[1] token, ARGV[2] value, ARGV[3] ttl ms,
--- ARGV[4] our client id ('' when we do not hear wake-ups), ARGV[5] registration ms,
--- ARGV[6] registration sequence number, ARGV[7] a token of ours a release handed the lock to
--- and that none of our tasks will use ('' if none): take that lock over, ARGV[8] owner label
--- Returns {1, fence} when the lock is ours, {0, holder pttl} when busy.
+-- ARGV[4] our client id ('' when we do not hear wake-ups: then we do not queue),
+-- ARGV[5] registration number, ARGV[6] owner label,
+-- ARGV[7] a token of ours a release handed the lock to and that none of our tasks will use
+-- ('' if none): take that lock over,
+-- ARGV[8] our registration in the queue, if we believe we have one ('' if not)
+-- Returns {1, fence} when the lock is ours; {0, holder pttl, queued} when busy, where queued is
+-- 1 when this call added our registration to the queue, 0 when it kept the one we had.
 -- Every write that can fail (WRONGTYPE) runs before the lock is written, and the queue
 -- book-keeping after it uses pcall, so an error never leaves a lock half taken.
 local cur = redis.call('GET', KEYS[1])
@@ -24,8 +27,8 @@ if cur and ARGV[7] ~= '' and is_ours(cur, ARGV[7]) then
   end
   redis.call('HSET', KEYS[2], 'token', tok, 'holder_fence', fence)
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  if ARGV[4] ~= '' then
-    dequeue(KEYS[3], KEYS[4], ARGV[4])
+  if ARGV[8] ~= '' then
+    redis.pcall('LREM', KEYS[3], 1, ARGV[8])
   end
   return {1, fence}
 elseif cur and is_ours(cur, tok) then
@@ -47,14 +50,22 @@ if take then
     redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   end
   redis.call('HSET', KEYS[2], 'token', tok, 'holder_fence', fence)
-  if ARGV[4] ~= '' then
-    dequeue(KEYS[3], KEYS[4], ARGV[4])
+  if ARGV[8] ~= '' then
+    redis.pcall('LREM', KEYS[3], 1, ARGV[8])
   end
   return {1, fence}
 end
+local queued = 0
 if ARGV[4] ~= '' then
-  -- Queue up (keeping our place if we already have one) and stay alive for ARGV[5] ms.
-  enqueue(KEYS[3], KEYS[4], ARGV[4], now_us(), tonumber(ARGV[5]), true,
-    ARGV[3] .. ' ' .. ARGV[6] .. ' ' .. tok .. ' ' .. ARGV[8])
+  -- Queue up, unless our registration is still there (then we keep our place).
+  local pos = false
+  if ARGV[8] ~= '' then
+    pos = redis.pcall('LPOS', KEYS[3], ARGV[8])
+  end
+  if type(pos) ~= 'number' then
+    redis.pcall('RPUSH', KEYS[3],
+      ARGV[4] .. ' ' .. ARGV[3] .. ' ' .. ARGV[5] .. ' ' .. tok .. ' ' .. ARGV[6])
+    queued = 1
+  end
 end
-return {0, redis.call('PTTL', KEYS[1])}
+return {0, redis.call('PTTL', KEYS[1]), queued}

@@ -1,78 +1,49 @@
--- The server's clock, in µs.
-local function now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+-- The queue of waiting clients is a list (KEYS[3] of the scripts that use it), in order of
+-- arrival. Each element is one client's registration:
+-- '<client id> <ttl ms> <seq> <token> <owner>', what a release writes when it hands the lock to
+-- that client. A client is live while it listens on its wake channel: a release that finds
+-- nobody listening there (PUBLISH reaches no one: the process is gone) skips it. An empty list
+-- is deleted by Redis itself; nothing else here expires.
 
--- The queue of waiting clients is two keys: `waiters`, a zset (client id -> place: the server's
--- time in µs when it joined), and `alive`, a hash (client id -> its registration:
--- '<expiry ms> <ttl ms> <seq> <token> <owner>', what a release writes when it hands the lock to
--- that client, and until when the client counts as waiting). Both expire a while after the
--- last registration. Every call on them uses pcall: junk under these keys only costs wake-ups.
-
--- Puts client `id` in the queue, at the back, or, with `keep`, keeps its place if it has one;
--- registers `reg` ('<ttl ms> <seq> <token> <owner>') for `reg_ms`.
--- `us` is the server's time in µs.
-local function enqueue(waiters, alive, id, us, reg_ms, keep, reg)
-  if not (keep and redis.pcall('ZSCORE', waiters, id)) then
-    redis.pcall('ZADD', waiters, us, id)
-  end
-  local expiry = math.floor(us / 1000) + reg_ms
-  redis.pcall('HSET', alive, id, string.format('%d', expiry) .. ' ' .. reg)
-  redis.pcall('PEXPIRE', waiters, reg_ms)
-  redis.pcall('PEXPIRE', alive, reg_ms)
-end
-
--- Takes client `id` out of the queue.
-local function dequeue(waiters, alive, id)
-  redis.pcall('ZREM', waiters, id)
-  redis.pcall('HDEL', alive, id)
-end
-
--- Shared by release and leave: hands the lock (free, or still ours: it is overwritten) to the
--- first live waiting client other than `self_id`. The lock is written for it, with the token,
--- owner and TTL it registered, and a new fence (taken while the lock is being written, so
--- fences still order holders); then it is told on its own channel (`chan_prefix` .. id), so
--- no other client wakes up. The message is '\t<fence> <seq> <token> <lock key>'. A waiter
--- whose registration is unusable (or whose fence counter is not a hash) is woken with the bare
--- lock key instead, to try itself. Waiters whose registration expired (gone, or crashed) are
--- dropped on the way.
--- `now` is the server's time in ms. Returns true when the lock was handed over (or freed for a
--- waiter to try), false when nobody live waits (the caller then frees it, or hands it to
--- itself).
--- Every call after the lock is written uses pcall: an ACL without the channel never undoes a
--- release (the waiter then falls back to its capped sleep).
-local function pass_on(lock, meta, waiters, alive, chan_prefix, self_id, now)
-  for _ = 1, 8 do
-    local first = redis.pcall('ZPOPMIN', waiters)
-    if type(first) ~= 'table' or first.err or first[1] == nil then
-      return false
+-- Hands the lock (ours, being released, or handed to us and unused) to the first live waiting
+-- client other than `self_id`, which it takes out of the queue (Lua: returns two booleans:
+-- handed over, and whether `self_id`'s own element was met and dropped on the way).
+-- The lock is written for the waiter with the token, owner and TTL it registered (`since`, ms,
+-- is shown as the start), and a new fence (taken while the lock is being written, so fences
+-- still order holders). The waiter is told on its own channel (`chan_prefix` .. id), so no
+-- other client wakes up: '\t<fence> <seq> <token> <lock key>'. If the fence counter is not a
+-- hash, the lock is freed instead and the waiter woken with the bare lock key, to try itself
+-- (and get the error).
+-- Every call after the lock may be written uses pcall: junk under the queue key, or an ACL
+-- without the channel, never undoes a release (waiters then fall back to their capped sleep).
+local function pass_on(lock, meta, queue, chan_prefix, self_id, since)
+  local met_self = false
+  for _ = 1, 16 do
+    local e = redis.pcall('LPOP', queue)
+    if type(e) ~= 'string' then
+      return false, met_self
     end
-    local id = first[1]
+    local id, ttl, seq, tok, owner = string.match(e, '^([^ ]+) (%d+) (%d+) ([^ ]+) (.*)$')
     if id == self_id then
-      -- Our own old place (a wait whose last task took the lock on the fast path): drop it.
-    else
-      local reg = redis.pcall('HGET', alive, id)
-      local expiry, ttl, seq, tok, owner
-      if type(reg) == 'string' then
-        expiry, ttl, seq, tok, owner = string.match(reg, '^(%d+) (%d+) (%d+) ([^ ]+) (.*)$')
+      met_self = true
+    elseif id then
+      local fence = redis.pcall('HINCRBY', meta, 'fence', 1)
+      if type(fence) ~= 'number' then
+        redis.call('DEL', lock)
+        redis.pcall('PUBLISH', chan_prefix .. id, lock)
+        return true, met_self
       end
-      if expiry and tonumber(expiry) > now then
-        local fence = redis.pcall('HINCRBY', meta, 'fence', 1)
-        if type(fence) ~= 'number' then
-          redis.call('DEL', lock)
-          redis.pcall('PUBLISH', chan_prefix .. id, lock)
-          return true
-        end
-        redis.call('SET', lock, tok .. ' ' .. string.format('%d', now) .. ' ' .. owner, 'PX', ttl)
+      local heard = redis.pcall('PUBLISH', chan_prefix .. id,
+        '\t' .. string.format('%d', fence) .. ' ' .. seq .. ' ' .. tok .. ' ' .. lock)
+      if type(heard) == 'number' and heard > 0 then
+        redis.call('SET', lock, tok .. ' ' .. since .. ' ' .. owner, 'PX', ttl)
         redis.pcall('HSET', meta, 'token', tok, 'holder_fence', fence)
-        redis.pcall('PUBLISH', chan_prefix .. id,
-          '\t' .. string.format('%d', fence) .. ' ' .. seq .. ' ' .. tok .. ' ' .. lock)
-        return true
+        return true, met_self
       end
+      -- Nobody listens on its channel: that client is gone. Its fence number is burnt.
     end
   end
-  return false
+  return false, met_self
 end
 
 -- Whether `cur`, a lock key's value, was written by the holder of `tok`: either the bare token
