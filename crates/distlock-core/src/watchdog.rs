@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use tokio::sync::{OwnedMutexGuard, mpsc};
+use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant as TokioInstant;
 
 use crate::backend::{Backend, LeaseCheck, RenewItem};
@@ -15,36 +15,90 @@ use crate::client::ClientInner;
 use crate::lease::{LeaseShared, LostReason};
 
 /// The client's handle on its watchdog task (started at the first lease that needs it).
+///
+/// New leases are dropped into a shared list without waking the task, unless the task sleeps
+/// past the new lease's first renewal (it is idle, for example). A zero-hold workload thus costs
+/// the task one wake-up per renew interval, not one per acquisition: leases released before
+/// they are due are simply dropped when it next looks (at the latest after `INTAKE_BATCH` new
+/// leases).
 pub(crate) struct Watchdog {
-    tx: Mutex<Option<mpsc::UnboundedSender<Arc<LeaseShared>>>>,
+    shared: Arc<DogShared>,
+}
+
+struct DogShared {
+    intake: Mutex<Intake>,
+    wake: tokio::sync::Notify,
+}
+
+struct Intake {
+    /// Leases handed over since the task last looked, with when their first renewal is due.
+    new: Vec<(Arc<LeaseShared>, TokioInstant)>,
+    /// When the task will look next, if it sleeps on a timer; `None` when it waits for work.
+    armed: Option<TokioInstant>,
+    /// Whether the task runs (it stops when the client goes, or its runtime shuts down).
+    running: bool,
+    /// The client has gone: the task ends.
+    closed: bool,
+}
+
+impl DogShared {
+    fn intake(&self) -> std::sync::MutexGuard<'_, Intake> {
+        self.intake.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl Watchdog {
     pub(crate) fn new() -> Self {
         Watchdog {
-            tx: Mutex::new(None),
+            shared: Arc::new(DogShared {
+                intake: Mutex::new(Intake {
+                    new: Vec::new(),
+                    armed: None,
+                    running: false,
+                    closed: false,
+                }),
+                wake: tokio::sync::Notify::new(),
+            }),
         }
     }
 
     /// Hands `lease` to the client's watchdog task, starting the task if needed (or again, if
     /// the runtime it ran on has shut down).
     pub(crate) fn watch<B: Backend>(client: &Arc<ClientInner<B>>, lease: Arc<LeaseShared>) {
-        let mut tx = client
-            .watchdog
-            .tx
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let lease = match tx.as_ref() {
-            Some(sender) => match sender.send(lease) {
-                Ok(()) => return,
-                Err(back) => back.0,
-            },
-            None => lease,
-        };
-        let (sender, rx) = mpsc::unbounded_channel();
-        let _ = sender.send(lease);
-        *tx = Some(sender);
-        tokio::spawn(run(Arc::downgrade(client), rx));
+        let due = TokioInstant::now() + lease.options.renew_interval();
+        let shared = &client.watchdog.shared;
+        let mut intake = shared.intake();
+        intake.new.push((lease, due));
+        if !intake.running {
+            intake.running = true;
+            intake.armed = None;
+            drop(intake);
+            tokio::spawn(run(Arc::downgrade(client), shared.clone()));
+        } else if intake.armed.is_none_or(|t| t > due) || intake.new.len() >= INTAKE_BATCH {
+            drop(intake);
+            shared.wake.notify_one();
+        }
+    }
+}
+
+/// How many new leases wait for the task before it is woken anyway (to drop the released ones).
+const INTAKE_BATCH: usize = 64;
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.shared.intake().closed = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+/// Marks the watchdog stopped when its task ends (or is dropped with its runtime).
+struct Running(Arc<DogShared>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut intake = self.0.intake();
+        intake.running = false;
+        intake.armed = None;
     }
 }
 
@@ -76,20 +130,38 @@ fn retire(e: &Entry) -> bool {
         .is_some_and(|max| e.renewals >= max)
 }
 
-async fn run<B: Backend>(
-    client: Weak<ClientInner<B>>,
-    mut rx: mpsc::UnboundedReceiver<Arc<LeaseShared>>,
-) {
+async fn run<B: Backend>(client: Weak<ClientInner<B>>, shared: Arc<DogShared>) {
+    let running = Running(shared);
+    let shared = &running.0;
     let mut entries: Vec<Entry> = Vec::new();
     let mut next_id = 0u64;
     let mut in_flight = FuturesUnordered::new();
-    let mut open = true;
     loop {
-        entries.retain(|e| e.in_flight || !retire(e));
-        if !open && entries.is_empty() && in_flight.is_empty() {
-            return;
-        }
-        let next_due = entries.iter().filter(|e| !e.in_flight).map(|e| e.due).min();
+        let next_due = {
+            let mut intake = shared.intake();
+            if intake.closed {
+                return;
+            }
+            for (lease, due) in intake.new.drain(..) {
+                if lease.snapshot().end.is_some() {
+                    continue;
+                }
+                next_id += 1;
+                entries.push(Entry {
+                    id: next_id,
+                    interval: lease.options.renew_interval(),
+                    lease,
+                    due,
+                    renewals: 0,
+                    in_flight: false,
+                    retired: false,
+                });
+            }
+            entries.retain(|e| e.in_flight || !retire(e));
+            let next_due = entries.iter().filter(|e| !e.in_flight).map(|e| e.due).min();
+            intake.armed = next_due;
+            next_due
+        };
         let sleep = async {
             match next_due {
                 Some(t) => tokio::time::sleep_until(t).await,
@@ -120,22 +192,7 @@ async fn run<B: Backend>(
                     }
                 }
             }
-            msg = rx.recv(), if open => match msg {
-                Some(lease) => {
-                    let interval = lease.options.renew_interval();
-                    next_id += 1;
-                    entries.push(Entry {
-                        id: next_id,
-                        lease,
-                        due: TokioInstant::now() + interval,
-                        interval,
-                        renewals: 0,
-                        in_flight: false,
-                        retired: false,
-                    });
-                }
-                None => open = false,
-            },
+            () = shared.wake.notified() => {}
             () = sleep => {
                 let Some(client) = client.upgrade() else { return };
                 let batch = collect(&mut entries);

@@ -501,3 +501,30 @@ async fn hand_off_keeps_the_fence_and_is_bounded() {
     );
     assert!(fake.state.lock().unwrap().locks.is_empty(), "left taken");
 }
+
+/// The watchdog sleeps until the earliest renewal it knows of; a lease whose first renewal is
+/// due before that wakes it (new leases otherwise join without waking it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_lease_taken_while_the_watchdog_sleeps_long_is_renewed_in_time() {
+    let fake = Arc::new(Fake::new());
+    let client = LockClient::new(Shared(fake.clone()));
+    let long = ttl_opts(30_000).build().unwrap();
+    let short = ttl_opts(300).build().unwrap();
+    let a = client
+        .try_acquire_with("long", &long)
+        .await
+        .unwrap()
+        .unwrap();
+    // Let the watchdog take the long lease and go to sleep for its 10 s interval.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let b = client
+        .try_acquire_with("short", &short)
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(b.is_held(), "the short lease ran out: it was never renewed");
+    assert!(fake.extends.load(Ordering::SeqCst) >= 3);
+    assert_eq!(b.release().await.unwrap(), Released::Held);
+    assert_eq!(a.release().await.unwrap(), Released::Held);
+}
