@@ -38,7 +38,11 @@ impl Scripts {
         Scripts {
             acquire: redis::Script::new(with_lib!("scripts/acquire.lua")),
             extend: redis::Script::new(include_str!("scripts/extend.lua")),
-            release: redis::Script::new(with_lib!("scripts/release.lua")),
+            release: redis::Script::new(concat!(
+                include_str!("scripts/release_head.lua"),
+                include_str!("scripts/lib.lua"),
+                include_str!("scripts/release.lua")
+            )),
             status: redis::Script::new(include_str!("scripts/status.lua")),
         }
     }
@@ -69,10 +73,8 @@ pub struct RedisBackend {
     scripts: std::sync::Arc<Scripts>,
     subscriber: std::sync::Arc<Subscriber>,
     response_timeout: Duration,
-    /// This backend's id in the waiters' queue (one per backend, shared by its tasks).
-    client_id: std::sync::Arc<str>,
-    /// `<prefix>wake:`: a client's wake channel is this and its id.
-    wake_prefix: std::sync::Arc<str>,
+    /// This client's wake channel, `<prefix>wake:<client id>`.
+    wake_channel: std::sync::Arc<str>,
     /// Grants, registrations and hints, shared with the subscriber.
     shared: Shared,
     /// Numbers registrations (see `WaitState::regs`).
@@ -111,9 +113,27 @@ impl RedisBackend {
     /// As [`connect`](Self::connect).
     pub async fn with_config(config: RedisConfig) -> Result<Self, LockError> {
         let target = config.redacted_url();
+        if config
+            .layout
+            .prefix
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+        {
+            // Queue registrations and wake-up messages are space-separated, and the prefix
+            // starts every channel name in them.
+            return Err(LockError::new(
+                distlock_core::ErrorKind::Config,
+                format!(
+                    "the key prefix {:?} contains a space or a control character",
+                    config.layout.prefix
+                ),
+            ));
+        }
         let client = redis::Client::open(config.url.as_str())
             .map_err(|e| map_err(e, "opening the Redis client"))?;
-        let client_id: std::sync::Arc<str> = Token::generate().as_str().into();
+        // This client's place in waiters' queues: its wake channel (one per backend, shared by
+        // its tasks), under a random id.
+        let wake_channel = format!("{}{}", config.layout.wake_prefix(), Token::generate());
         let cm = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             .set_response_timeout(Some(config.response_timeout))
@@ -134,18 +154,17 @@ impl RedisBackend {
             client.clone(),
             conn.clone(),
             &config,
-            client_id.clone(),
+            wake_channel.clone(),
             shared.clone(),
             sent.clone(),
         );
         Ok(RedisBackend {
             conn,
-            wake_prefix: config.layout.wake_prefix().into(),
+            wake_channel: wake_channel.into(),
             layout: config.layout,
             scripts: std::sync::Arc::new(Scripts::new()),
             subscriber: std::sync::Arc::new(subscriber),
             response_timeout: config.response_timeout,
-            client_id,
             shared,
             seq: std::sync::Arc::new(AtomicU64::new(1)),
             sent,
@@ -179,7 +198,7 @@ impl RedisBackend {
 
     /// The channel this client's waiters are woken on.
     pub fn wake_channel(&self) -> String {
-        format!("{}{}", self.wake_prefix, self.client_id)
+        self.wake_channel.to_string()
     }
 
     /// Runs a script by hash (one command, built without intermediate copies), loading it
@@ -250,19 +269,11 @@ impl RedisBackend {
             [Value::Okay, bad] => {
                 // The lock is set but the fence failed (junk under the meta key): undo the
                 // lock before reporting, so nothing stays half taken.
-                let mut now = itoa::Buffer::new();
                 let undo = self
                     .run(
                         &self.scripts.release,
                         &[keys.lock(), keys.meta(), keys.waiters()],
-                        &[
-                            token,
-                            &self.wake_prefix,
-                            &self.client_id,
-                            now.format(now_ms()),
-                            "",
-                            "",
-                        ],
+                        &[token],
                         DOING,
                     )
                     .await;
@@ -291,7 +302,7 @@ impl RedisBackend {
         const DOING: &str = "releasing a Redis lock";
         let keys = self.layout.keys(key);
         let next = next.filter(|_| self.subscriber.is_watching(key));
-        let mut tmpl = String::new();
+        let mut mine = String::new();
         let mut wakes = 0;
         let mut seq = 0;
         let believed = {
@@ -300,23 +311,27 @@ impl RedisBackend {
                 // Only a queued release can leave a hint: read the wake count only then.
                 wakes = st.wakes;
                 seq = self.register(&mut st, key, n.ttl);
-                tmpl = template(n.ttl, seq, n.token.as_str(), n.owner);
+                mine = self.registration(n.ttl, seq, n.token.as_str(), n.owner);
             }
             st.queued.get(key).cloned().unwrap_or_default()
         };
-        let mut now = itoa::Buffer::new();
+        // Nothing but the token in the common case: the script's fast path needs no more.
+        let full = [
+            token.as_str(),
+            mine.as_str(),
+            believed.as_str(),
+            &self.wake_channel,
+        ];
+        let args = if mine.is_empty() && believed.is_empty() {
+            &full[..1]
+        } else {
+            &full[..]
+        };
         let reply = self
             .run(
                 &self.scripts.release,
                 &[keys.lock(), keys.meta(), keys.waiters()],
-                &[
-                    token.as_str(),
-                    &self.wake_prefix,
-                    &self.client_id,
-                    now.format(now_ms()),
-                    &tmpl,
-                    &believed,
-                ],
+                args,
                 DOING,
             )
             .await?;
@@ -329,8 +344,7 @@ impl RedisBackend {
             }
             (Value::Int(n @ (2 | 3)), Some(_)) => {
                 if n == 3 {
-                    st.queued
-                        .insert(key.to_owned(), format!("{} {tmpl}", self.client_id));
+                    st.queued.insert(key.to_owned(), mine);
                 }
                 st.elsewhere
                     .insert(key.to_owned(), Instant::now() + ELSEWHERE_HINT);
@@ -360,6 +374,16 @@ impl RedisBackend {
             }
             (other, _) => lease_check(&other).ok_or_else(|| protocol(DOING, &other)),
         }
+    }
+
+    /// A registration in a lock's queue: where to tell us, and what a release writes when it
+    /// hands the lock to us.
+    fn registration(&self, ttl: Duration, seq: u64, token: &str, owner: &str) -> String {
+        format!(
+            "{} {} {seq} {token} {owner}",
+            self.wake_channel,
+            ttl_ms(ttl)
+        )
     }
 
     /// Numbers a registration for `key` about to be sent, and remembers when.
@@ -460,11 +484,6 @@ impl RedisBackend {
     }
 }
 
-/// A registration: what a release writes when it hands the lock to us.
-fn template(ttl: Duration, seq: u64, token: &str, owner: &str) -> String {
-    format!("{} {seq} {token} {owner}", ttl_ms(ttl))
-}
-
 /// The wall clock in ms since the epoch (shown as a holder's start; never used for deadlines).
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
@@ -555,29 +574,24 @@ impl Backend for RedisBackend {
         }
         // Queue up for a grant only while subscribed to wake-ups (they bring it).
         let watching = self.subscriber.is_watching(req.key);
-        let mut seq_buf = itoa::Buffer::new();
-        let (seq, believed) = if watching {
+        let (seq, elem, believed) = if watching {
             let mut st = self.lock_shared();
             let seq = self.register(&mut st, req.key, req.ttl);
-            (seq, st.queued.get(req.key).cloned().unwrap_or_default())
+            let believed = st.queued.get(req.key).cloned().unwrap_or_default();
+            drop(st);
+            (
+                seq,
+                self.registration(req.ttl, seq, token, req.owner),
+                believed,
+            )
         } else {
-            (0, String::new())
+            (0, String::new(), String::new())
         };
-        let id = if watching { &*self.client_id } else { "" };
         let reply = self
             .run(
                 &self.scripts.acquire,
                 &[keys.lock(), keys.meta(), keys.waiters()],
-                &[
-                    token,
-                    &value,
-                    ttl,
-                    id,
-                    seq_buf.format(seq),
-                    req.owner,
-                    convert,
-                    &believed,
-                ],
+                &[token, &value, ttl, &elem, convert, &believed],
                 DOING,
             )
             .await;
@@ -627,7 +641,6 @@ impl Backend for RedisBackend {
                 if watching {
                     let mut st = self.lock_shared();
                     if queued == Some(1) {
-                        let elem = format!("{id} {}", template(req.ttl, seq, token, req.owner));
                         st.queued.insert(req.key.to_owned(), elem);
                     } else if let Some(q) = st.regs.get_mut(req.key) {
                         // Our earlier registration stays: this one was not used.

@@ -88,7 +88,6 @@ struct Start {
     rx: mpsc::UnboundedReceiver<Cmd>,
     client: redis::Client,
     conn: redis::aio::ConnectionManager,
-    client_id: Arc<str>,
     sent: Arc<std::sync::atomic::AtomicU64>,
     wake_channel: String,
     shared: Shared,
@@ -103,7 +102,7 @@ impl Subscriber {
         client: redis::Client,
         conn: redis::aio::ConnectionManager,
         config: &RedisConfig,
-        client_id: Arc<str>,
+        wake_channel: String,
         shared: Shared,
         sent: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
@@ -126,8 +125,7 @@ impl Subscriber {
                 rx,
                 client,
                 conn,
-                wake_channel: format!("{}{client_id}", layout.wake_prefix()),
-                client_id,
+                wake_channel,
                 sent,
                 shared,
                 layout,
@@ -427,10 +425,8 @@ async fn leave_lock_key(start: &Start, lock_key: &str, handed: &str) {
     let mut inv = script.key(keys.lock());
     inv.key(keys.meta())
         .key(keys.waiters())
-        .arg(&*start.client_id)
-        .arg(start.layout.wake_prefix())
-        .arg(handed)
-        .arg(crate::backend::now_ms());
+        .arg(&start.wake_channel)
+        .arg(handed);
     start
         .sent
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

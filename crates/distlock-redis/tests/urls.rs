@@ -180,3 +180,15 @@ async fn tls_with_rediss() {
     );
     assert!(t0.elapsed() < Duration::from_secs(5));
 }
+
+#[tokio::test]
+async fn a_key_prefix_with_a_space_is_refused_before_connecting() {
+    // Nothing listens on port 1: the prefix is checked first.
+    for url in [
+        "redis://127.0.0.1:1/?prefix=my%20app:",
+        "redis://127.0.0.1:1/?prefix=app%0A",
+    ] {
+        let err = RedisBackend::connect(url).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{url}: {err}");
+    }
+}

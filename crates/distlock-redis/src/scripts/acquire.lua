@@ -6,11 +6,11 @@
 --         holder that came through a script (for status)
 -- KEYS[3] the queue of waiting clients (see lib)
 -- ARGV[1] token, ARGV[2] value, ARGV[3] ttl ms,
--- ARGV[4] our client id ('' when we do not hear wake-ups: then we do not queue),
--- ARGV[5] registration number, ARGV[6] owner label,
--- ARGV[7] a token of ours a release handed the lock to and that none of our tasks will use
+-- ARGV[4] our registration, to queue when busy ('' when we do not hear wake-ups: then we do
+-- not queue),
+-- ARGV[5] a token of ours a release handed the lock to and that none of our tasks will use
 -- ('' if none): take that lock over,
--- ARGV[8] our registration in the queue, if we believe we have one ('' if not)
+-- ARGV[6] our registration in the queue, if we believe we have one ('' if not)
 -- Returns {1, fence} when the lock is ours; {0, holder pttl, queued} when busy, where queued is
 -- 1 when this call added our registration to the queue, 0 when it kept the one we had.
 -- Every write that can fail (WRONGTYPE) runs before the lock is written, and the queue
@@ -18,17 +18,17 @@
 local cur = redis.call('GET', KEYS[1])
 local tok = ARGV[1]
 local take = nil
-if cur and ARGV[7] ~= '' and is_ours(cur, ARGV[7]) then
+if cur and ARGV[5] ~= '' and is_ours(cur, ARGV[5]) then
   -- Handed to our client for a token that is no longer used: it is ours, with its fence.
   local meta = redis.call('HMGET', KEYS[2], 'token', 'holder_fence')
   local fence = tonumber(meta[2])
-  if meta[1] ~= ARGV[7] or not fence then
+  if meta[1] ~= ARGV[5] or not fence then
     fence = redis.call('HINCRBY', KEYS[2], 'fence', 1)
   end
   redis.call('HSET', KEYS[2], 'token', tok, 'holder_fence', fence)
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  if ARGV[8] ~= '' then
-    redis.pcall('LREM', KEYS[3], 1, ARGV[8])
+  if ARGV[6] ~= '' then
+    redis.pcall('LREM', KEYS[3], 1, ARGV[6])
   end
   return {1, fence}
 elseif cur and is_ours(cur, tok) then
@@ -50,8 +50,8 @@ if take then
     redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   end
   redis.call('HSET', KEYS[2], 'token', tok, 'holder_fence', fence)
-  if ARGV[8] ~= '' then
-    redis.pcall('LREM', KEYS[3], 1, ARGV[8])
+  if ARGV[6] ~= '' then
+    redis.pcall('LREM', KEYS[3], 1, ARGV[6])
   end
   return {1, fence}
 end
@@ -59,12 +59,11 @@ local queued = 0
 if ARGV[4] ~= '' then
   -- Queue up, unless our registration is still there (then we keep our place).
   local pos = false
-  if ARGV[8] ~= '' then
-    pos = redis.pcall('LPOS', KEYS[3], ARGV[8])
+  if ARGV[6] ~= '' then
+    pos = redis.pcall('LPOS', KEYS[3], ARGV[6])
   end
   if type(pos) ~= 'number' then
-    redis.pcall('RPUSH', KEYS[3],
-      ARGV[4] .. ' ' .. ARGV[3] .. ' ' .. ARGV[5] .. ' ' .. tok .. ' ' .. ARGV[6])
+    redis.pcall('RPUSH', KEYS[3], ARGV[4])
     queued = 1
   end
 end

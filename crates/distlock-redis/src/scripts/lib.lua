@@ -1,41 +1,44 @@
 -- The queue of waiting clients is a list (KEYS[3] of the scripts that use it), in order of
 -- arrival. Each element is one client's registration:
--- '<client id> <ttl ms> <seq> <token> <owner>', what a release writes when it hands the lock to
--- that client. A client is live while it listens on its wake channel: a release that finds
+-- '<wake channel> <ttl ms> <seq> <token> <owner>', what a release writes when it hands the lock
+-- to that client, and where it tells it. A client is live while it listens on its wake channel: a release that finds
 -- nobody listening there (PUBLISH reaches no one: the process is gone) skips it. An empty list
 -- is deleted by Redis itself; nothing else here expires.
 
 -- Hands the lock (ours, being released, or handed to us and unused) to the first live waiting
--- client other than `self_id`, which it takes out of the queue (Lua: returns two booleans:
--- handed over, and whether `self_id`'s own element was met and dropped on the way).
--- The lock is written for the waiter with the token, owner and TTL it registered (`since`, ms,
--- is shown as the start), and a new fence (taken while the lock is being written, so fences
--- still order holders). The waiter is told on its own channel (`chan_prefix` .. id), so no
--- other client wakes up: '\t<fence> <seq> <token> <lock key>'. If the fence counter is not a
+-- client other than the one listening on `self_chan`, which it takes out of the queue (Lua:
+-- returns two booleans: handed over, and whether an element of `self_chan` was met and dropped
+-- on the way).
+-- The lock is written for the waiter with the token, owner and TTL it registered (the server's
+-- time shown as the start), and a new fence (taken while the lock is being written, so fences
+-- still order holders). The waiter is told on its own channel, so no other client wakes up:
+-- '\t<fence> <seq> <token> <lock key>'. If the fence counter is not a
 -- hash, the lock is freed instead and the waiter woken with the bare lock key, to try itself
 -- (and get the error).
 -- Every call after the lock may be written uses pcall: junk under the queue key, or an ACL
 -- without the channel, never undoes a release (waiters then fall back to their capped sleep).
-local function pass_on(lock, meta, queue, chan_prefix, self_id, since)
+local function pass_on(lock, meta, queue, self_chan)
   local met_self = false
   for _ = 1, 16 do
     local e = redis.pcall('LPOP', queue)
     if type(e) ~= 'string' then
       return false, met_self
     end
-    local id, ttl, seq, tok, owner = string.match(e, '^([^ ]+) (%d+) (%d+) ([^ ]+) (.*)$')
-    if id == self_id then
+    local chan, ttl, seq, tok, owner = string.match(e, '^([^ ]+) (%d+) (%d+) ([^ ]+) (.*)$')
+    if chan == self_chan then
       met_self = true
-    elseif id then
+    elseif chan then
       local fence = redis.pcall('HINCRBY', meta, 'fence', 1)
       if type(fence) ~= 'number' then
         redis.call('DEL', lock)
-        redis.pcall('PUBLISH', chan_prefix .. id, lock)
+        redis.pcall('PUBLISH', chan, lock)
         return true, met_self
       end
-      local heard = redis.pcall('PUBLISH', chan_prefix .. id,
+      local heard = redis.pcall('PUBLISH', chan,
         '\t' .. string.format('%d', fence) .. ' ' .. seq .. ' ' .. tok .. ' ' .. lock)
       if type(heard) == 'number' and heard > 0 then
+        local t = redis.call('TIME')
+        local since = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
         redis.call('SET', lock, tok .. ' ' .. since .. ' ' .. owner, 'PX', ttl)
         redis.pcall('HSET', meta, 'token', tok, 'holder_fence', fence)
         return true, met_self
