@@ -540,6 +540,12 @@ impl Backend for RedisBackend {
 
     async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a Redis lock";
+        // A lock handed to this wait needs no request at all: look first.
+        let other = match self.take_grant(req.key, req.token.as_str()) {
+            Some(Ok(granted)) => return Ok(granted),
+            Some(Err(other)) => Some(other),
+            None => None,
+        };
         let keys = self.layout.keys(req.key);
         let mut ttl = itoa::Buffer::new();
         let ttl = ttl.format(ttl_ms(req.ttl));
@@ -552,11 +558,6 @@ impl Backend for RedisBackend {
         value.push_str(since);
         value.push(' ');
         value.push_str(req.owner);
-        let other = match self.take_grant(req.key, token) {
-            Some(Ok(granted)) => return Ok(granted),
-            Some(Err(other)) => Some(other),
-            None => None,
-        };
         let convert = match &other {
             Some(Grant::Handed { token, .. }) => token.as_str(),
             _ => "",
