@@ -313,7 +313,11 @@ impl RedisBackend {
                 seq = self.register(&mut st, key, n.ttl);
                 mine = self.registration(n.ttl, seq, n.token.as_str(), n.owner);
             }
-            st.queued.get(key).cloned().unwrap_or_default()
+            if st.queued.is_empty() {
+                String::new()
+            } else {
+                st.queued.get(key).cloned().unwrap_or_default()
+            }
         };
         // Nothing but the token in the common case: the script's fast path needs no more.
         let full = [
@@ -335,6 +339,12 @@ impl RedisBackend {
                 DOING,
             )
             .await?;
+        if next.is_none() && believed.is_empty() {
+            // A plain release: nothing of ours to keep track of.
+            return lease_check(&reply)
+                .or(matches!(reply, Value::Int(2)).then_some(LeaseCheck::Ours))
+                .ok_or_else(|| protocol(DOING, &reply));
+        }
         let mut st = self.lock_shared();
         match (reply, next) {
             (Value::Int(2 | 3), Some(_)) if st.wakes != wakes => {

@@ -229,12 +229,14 @@ async fn send(
     }
 }
 
-/// A lock's waiters are woken: forget that a release of ours handed it to somebody else.
-fn wake(hub: &WakeHub, shared: &Shared, name: &str) {
+/// A lock's waiters are woken: forget that a release of ours handed it to somebody else, and
+/// apply `update` (what the message says) under the same lock.
+fn wake(hub: &WakeHub, shared: &Shared, name: &str, update: impl FnOnce(&mut WaitState)) {
     {
         let mut st = shared.lock().unwrap_or_else(PoisonError::into_inner);
         st.wakes += 1;
         st.elsewhere.remove(name);
+        update(&mut st);
     }
     hub.notify(name);
 }
@@ -252,8 +254,7 @@ fn parse_grant(payload: &[u8]) -> Option<(u64, u64, &str, &str)> {
 
 /// Records a lock handed to `token` of this client, unless an attempt already took it. Our
 /// registration left the queue with it.
-fn record_grant(shared: &Shared, name: &str, fence: u64, seq: u64, token: &str) {
-    let mut st = shared.lock().unwrap_or_else(PoisonError::into_inner);
+fn record_grant(st: &mut WaitState, name: &str, fence: u64, seq: u64, token: &str) {
     st.queued.remove(name);
     if let Some(Grant::Taken(t)) = st.grants.get(name)
         && t == token
@@ -360,10 +361,9 @@ async fn run(hub: WakeHub, mut start: Start) {
                     if channel == start.wake_channel {
                         if let Some((fence, seq, token, lock_key)) = parse_grant(payload) {
                             match routes.locks.get(lock_key) {
-                                Some(name) => {
-                                    record_grant(&start.shared, name, fence, seq, token);
-                                    wake(&hub, &start.shared, name);
-                                }
+                                Some(name) => wake(&hub, &start.shared, name, |st| {
+                                    record_grant(st, name, fence, seq, token);
+                                }),
                                 // Handed to us, but nobody here waits any more: pass it on.
                                 None => leave_lock_key(&start, lock_key, token).await,
                             }
@@ -371,18 +371,14 @@ async fn run(hub: WakeHub, mut start: Start) {
                             && let Some(name) = routes.locks.get(lock_key)
                         {
                             // Taken out of the queue and told to try.
-                            start
-                                .shared
-                                .lock()
-                                .unwrap_or_else(PoisonError::into_inner)
-                                .queued
-                                .remove(name);
-                            wake(&hub, &start.shared, name);
+                            wake(&hub, &start.shared, name, |st| {
+                                st.queued.remove(name);
+                            });
                         }
                     } else if let Some(name) = routes.keyspace.get(channel)
                         && GONE_EVENTS.contains(&payload)
                     {
-                        wake(&hub, &start.shared, name);
+                        wake(&hub, &start.shared, name, |_| {});
                     }
                 }
             }

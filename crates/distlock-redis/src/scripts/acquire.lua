@@ -17,20 +17,14 @@
 -- book-keeping after it uses pcall, so an error never leaves a lock half taken.
 local cur = redis.call('GET', KEYS[1])
 local tok = ARGV[1]
-local take = nil
+local take, fence = nil, nil
 if cur and ARGV[5] ~= '' and is_ours(cur, ARGV[5]) then
   -- Handed to our client for a token that is no longer used: it is ours, with its fence.
   local meta = redis.call('HMGET', KEYS[2], 'token', 'holder_fence')
-  local fence = tonumber(meta[2])
-  if meta[1] ~= ARGV[5] or not fence then
-    fence = redis.call('HINCRBY', KEYS[2], 'fence', 1)
+  if meta[1] == ARGV[5] then
+    fence = tonumber(meta[2])
   end
-  redis.call('HSET', KEYS[2], 'token', tok, 'holder_fence', fence)
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  if ARGV[6] ~= '' then
-    redis.pcall('LREM', KEYS[3], 1, ARGV[6])
-  end
-  return {1, fence}
+  take = 'takeover'
 elseif cur and is_ours(cur, tok) then
   -- Ours already: a resent request whose first reply was lost, or a release handed it to us
   -- and its message has not reached us yet. Re-arm; keep the fence a script gave, or (first
@@ -45,8 +39,8 @@ elseif cur == false then
   take = 'new'
 end
 if take then
-  local fence = redis.call('HINCRBY', KEYS[2], 'fence', 1)
-  if take == 'new' then
+  fence = fence or redis.call('HINCRBY', KEYS[2], 'fence', 1)
+  if take ~= 'resent' then
     redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   end
   redis.call('HSET', KEYS[2], 'token', tok, 'holder_fence', fence)

@@ -5,6 +5,12 @@
 -- nobody listening there (PUBLISH reaches no one: the process is gone) skips it. An empty list
 -- is deleted by Redis itself; nothing else here expires.
 
+-- The server's clock in ms, as a decimal string (shown as a holder's start).
+local function server_ms()
+  local t = redis.call('TIME')
+  return string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+end
+
 -- Hands the lock (ours, being released, or handed to us and unused) to the first live waiting
 -- client other than the one listening on `self_chan`, which it takes out of the queue (Lua:
 -- returns two booleans: handed over, and whether an element of `self_chan` was met and dropped
@@ -37,9 +43,7 @@ local function pass_on(lock, meta, queue, self_chan)
       local heard = redis.pcall('PUBLISH', chan,
         '\t' .. string.format('%d', fence) .. ' ' .. seq .. ' ' .. tok .. ' ' .. lock)
       if type(heard) == 'number' and heard > 0 then
-        local t = redis.call('TIME')
-        local since = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-        redis.call('SET', lock, tok .. ' ' .. since .. ' ' .. owner, 'PX', ttl)
+        redis.call('SET', lock, tok .. ' ' .. server_ms() .. ' ' .. owner, 'PX', ttl)
         redis.pcall('HSET', meta, 'token', tok, 'holder_fence', fence)
         return true, met_self
       end

@@ -23,9 +23,7 @@ end
 local ttl, next_tok, owner = string.match(mine, '^[^ ]+ (%d+) %d+ ([^ ]+) (.*)$')
 local fence = redis.pcall('HINCRBY', KEYS[2], 'fence', 1)
 if next_tok and type(fence) == 'number' then
-  local t = redis.call('TIME')
-  local since = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-  redis.call('SET', KEYS[1], next_tok .. ' ' .. since .. ' ' .. owner, 'PX', ttl)
+  redis.call('SET', KEYS[1], next_tok .. ' ' .. server_ms() .. ' ' .. owner, 'PX', ttl)
   redis.pcall('HSET', KEYS[2], 'token', next_tok, 'holder_fence', fence)
   if believed ~= '' and not met_self then
     redis.pcall('LREM', KEYS[3], 1, believed)
