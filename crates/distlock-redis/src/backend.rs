@@ -15,6 +15,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::config::RedisConfig;
 use crate::error::{map_err, protocol};
 use crate::keys::{KeyLayout, LockKeys};
+use crate::lane::Lane;
 use crate::subscriber::{Grant, MAX_REGS, Reg, Shared, Subscriber, WaitState};
 
 /// The Lua scripts, hashed once per backend and run with EVALSHA (loaded on NOSCRIPT).
@@ -64,11 +65,16 @@ impl Scripts {
 /// - extend: compare-and-pexpire; the watchdog's renewals of many locks go out as one pipeline;
 /// - waiting: one shared pub/sub connection (opened at the first wait) listens on this client's
 ///   wake channel and the keys' keyspace notifications;
+/// - connections: requests take a direct connection when it is free (no task hand-offs; see
+///   the crate README) and the shared multiplexed one otherwise; the watchdog's renewals always
+///   take the shared one;
 /// - fencing: a per-key counter that never expires, strictly increasing with every new holder
 ///   as long as the server keeps its data (persistence on, no failover to a lagging replica).
 #[derive(Clone)]
 pub struct RedisBackend {
     conn: ConnectionManager,
+    /// A plain connection for whichever request finds it free (see `lane`).
+    lane: Lane,
     layout: KeyLayout,
     scripts: std::sync::Arc<Scripts>,
     subscriber: std::sync::Arc<Subscriber>,
@@ -148,6 +154,8 @@ impl RedisBackend {
             .query_async(&mut conn)
             .await
             .map_err(|e| map_err(e, &format!("talking to {target}")))?;
+        let lane = Lane::new(client.get_connection_info(), config.connect_timeout);
+        lane.open().await;
         let shared = Shared::default();
         let sent = std::sync::Arc::new(AtomicU64::new(0));
         let subscriber = Subscriber::new(
@@ -160,6 +168,7 @@ impl RedisBackend {
         );
         Ok(RedisBackend {
             conn,
+            lane,
             wake_channel: wake_channel.into(),
             layout: config.layout,
             scripts: std::sync::Arc::new(Scripts::new()),
@@ -201,6 +210,31 @@ impl RedisBackend {
         self.wake_channel.to_string()
     }
 
+    /// One round trip: on the lane when it is free, else on the multiplexed connection.
+    /// One reply per command, server errors in their place.
+    async fn send(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, redis::RedisError> {
+        self.count(pipe.len());
+        if let Some(mut lane) = self.lane.checkout() {
+            return lane
+                .round_trip(pipe.cmd_iter(), self.response_timeout)
+                .await;
+        }
+        let mut conn = self.conn.clone();
+        pipe.query_async(&mut conn).await
+    }
+
+    /// [`send`](Self::send) of one command: its reply, a server error as `Err`.
+    async fn send_one(&self, pipe: &redis::Pipeline) -> Result<Value, redis::RedisError> {
+        match self.send(pipe).await?.pop() {
+            Some(Value::ServerError(e)) => Err(e.into()),
+            Some(v) => Ok(v),
+            None => Err(redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "no reply to a command",
+            ))),
+        }
+    }
+
     /// Runs a script by hash (one command, built without intermediate copies), loading it
     /// and sending again if the server has lost its script cache.
     async fn run(
@@ -217,13 +251,14 @@ impl RedisBackend {
             .arg(keys.len())
             .arg(keys)
             .arg(args);
-        let mut conn = self.conn.clone();
-        self.count(1);
-        let reply = match cmd.query_async::<Value>(&mut conn).await {
+        let mut pipe = redis::Pipeline::with_capacity(1);
+        pipe.ignore_errors().add_command(cmd);
+        let reply = match self.send_one(&pipe).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                self.count(2);
+                let mut conn = self.conn.clone();
+                self.count(1);
                 match script.load_async(&mut conn).await {
-                    Ok(_) => cmd.query_async::<Value>(&mut conn).await,
+                    Ok(_) => self.send_one(&pipe).await,
                     Err(e) => Err(e),
                 }
             }
@@ -253,12 +288,7 @@ impl RedisBackend {
             .arg(keys.meta())
             .arg("fence")
             .arg(1);
-        let mut conn = self.conn.clone();
-        self.count(2);
-        let replies: Vec<Value> = pipe
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| map_err(e, DOING))?;
+        let replies = self.send(&pipe).await.map_err(|e| map_err(e, DOING))?;
         match replies.as_slice() {
             [Value::Okay, Value::Int(f)] if *f > 0 => Ok(Attempt::Acquired {
                 fence: Some(*f as u64),
@@ -435,7 +465,7 @@ impl RedisBackend {
                 seq,
             } if t == token => (*fence, *seq),
             Grant::Handed { .. } => return st.grants.remove(key).map(Err),
-            Grant::Taken(_) => return None,
+            Grant::Taken { .. } => return None,
         };
         st.grants.remove(key);
         let (elapsed, ttl) = match st.regs.get_mut(key) {
@@ -639,8 +669,13 @@ impl Backend for RedisBackend {
                         }
                         Some(Grant::Handed { .. }) => {}
                         _ => {
-                            st.grants
-                                .insert(req.key.to_owned(), Grant::Taken(token.to_owned()));
+                            st.grants.insert(
+                                req.key.to_owned(),
+                                Grant::Taken {
+                                    token: token.to_owned(),
+                                    fence: fence as u64,
+                                },
+                            );
                         }
                     }
                 }

@@ -5,6 +5,7 @@ mod backend;
 mod config;
 mod error;
 mod keys;
+mod lane;
 mod subscriber;
 
 pub use backend::RedisBackend;

@@ -59,9 +59,11 @@ pub(crate) struct WaitState {
 pub(crate) enum Grant {
     /// Handed to `token`, with `fence`, on the registration numbered `seq`.
     Handed { token: String, fence: u64, seq: u64 },
-    /// An attempt with `token` found the lock already handed to it (its message was still on
-    /// the way): ignore that message when it comes.
-    Taken(String),
+    /// An attempt with `token` took the lock with `fence`, possibly one a release had already
+    /// handed to it (its message still on the way): ignore that message when it comes. A
+    /// grant to `token` with another fence is a later hand-over, to a registration of
+    /// `token` that was still queued: nobody uses it, and the next attempt takes it over.
+    Taken { token: String, fence: u64 },
 }
 
 /// One registration sent: its number, when it was sent, and the TTL it asked for.
@@ -252,12 +254,13 @@ fn parse_grant(payload: &[u8]) -> Option<(u64, u64, &str, &str)> {
     Some((fence, seq, token, lock_key))
 }
 
-/// Records a lock handed to `token` of this client, unless an attempt already took it. Our
-/// registration left the queue with it.
-fn record_grant(st: &mut WaitState, name: &str, fence: u64, seq: u64, token: &str) {
+/// Records a lock handed to `token` of this client, unless an attempt already took this very
+/// grant (same token and fence). Our registration left the queue with it.
+pub(crate) fn record_grant(st: &mut WaitState, name: &str, fence: u64, seq: u64, token: &str) {
     st.queued.remove(name);
-    if let Some(Grant::Taken(t)) = st.grants.get(name)
+    if let Some(Grant::Taken { token: t, fence: f }) = st.grants.get(name)
         && t == token
+        && *f == fence
     {
         st.grants.remove(name);
         return;
@@ -446,5 +449,53 @@ async fn backoff(attempt: &mut u32, start: &mut Start, routes: &mut Routes) {
                 None => return,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handed(st: &WaitState, name: &str) -> Option<(String, u64, u64)> {
+        match st.grants.get(name)? {
+            Grant::Handed { token, fence, seq } => Some((token.clone(), *fence, *seq)),
+            Grant::Taken { .. } => None,
+        }
+    }
+
+    #[test]
+    fn the_message_of_a_grant_an_attempt_already_took_is_ignored() {
+        let mut st = WaitState::default();
+        st.grants.insert(
+            "k".into(),
+            Grant::Taken {
+                token: "t".into(),
+                fence: 5,
+            },
+        );
+        record_grant(&mut st, "k", 5, 1, "t");
+        assert!(st.grants.is_empty());
+    }
+
+    #[test]
+    fn a_later_grant_to_a_token_that_took_the_lock_before_is_kept_for_take_over() {
+        // The token's task took the lock (fence 5) and released it; another registration of
+        // the same token was still queued, and a release handed the lock to it (fence 7).
+        // Dropping that message left the lock with nobody until its TTL ran out.
+        let mut st = WaitState::default();
+        st.grants.insert(
+            "k".into(),
+            Grant::Taken {
+                token: "t".into(),
+                fence: 5,
+            },
+        );
+        st.queued.insert("k".into(), "reg".into());
+        record_grant(&mut st, "k", 7, 3, "t");
+        assert_eq!(handed(&st, "k"), Some(("t".into(), 7, 3)));
+        assert!(st.queued.is_empty());
+        // Another token's Taken mark does not hide a grant either.
+        record_grant(&mut st, "j", 9, 4, "u");
+        assert_eq!(handed(&st, "j"), Some(("u".into(), 9, 4)));
     }
 }

@@ -620,3 +620,62 @@ async fn a_release_hands_the_lock_to_the_queued_client() {
     assert_eq!(got.release().await.unwrap(), Released::Held);
     assert_eq!(server.cli(&["EXISTS", &key]), "0");
 }
+
+/// Fresh clients start contending at once, round after round: the start-up is when a client's
+/// registrations pile up (it queues before it hears its first grant), and a release can hand
+/// the lock to a registration whose token already took and released it. That grant must be
+/// taken over by the client's next task, not dropped: a dropped one left the lock with nobody
+/// until its TTL ran out (here 3 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_hand_over_leaves_the_lock_with_nobody() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let opts = ttl(3_000).build().unwrap();
+    let mut worst = Duration::ZERO;
+    for round in 0..30 {
+        let mut clients = Vec::new();
+        for _ in 0..4 {
+            clients.push(client(&server, opts).await);
+        }
+        let spans = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let start = Instant::now() + Duration::from_millis(20);
+        let stop = start + Duration::from_millis(200);
+        let mut tasks = Vec::new();
+        for c in &clients {
+            for _ in 0..2 {
+                let c = c.clone();
+                let spans = spans.clone();
+                tasks.push(tokio::spawn(async move {
+                    tokio::time::sleep_until(start.into()).await;
+                    while Instant::now() < stop {
+                        let g = c.acquire("startup").await.unwrap();
+                        let got = Instant::now();
+                        let fence = g.fence().unwrap();
+                        let released = Instant::now();
+                        assert_eq!(g.release().await.unwrap(), Released::Held);
+                        spans.lock().unwrap().push((fence, got, released));
+                    }
+                }));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let mut spans = spans.lock().unwrap().clone();
+        spans.sort_by_key(|s| s.0);
+        for w in spans.windows(2) {
+            let gap = w[1].1.saturating_duration_since(w[0].2);
+            if gap > worst {
+                worst = gap;
+            }
+            assert!(
+                gap < Duration::from_secs(1),
+                "round {round}: the lock sat free for {gap:?} between fences {} and {}",
+                w[0].0,
+                w[1].0
+            );
+        }
+    }
+    eprintln!("longest hand-over in 30 rounds: {worst:?}");
+}

@@ -1,0 +1,554 @@
+//! The direct lane: one plain connection that a request uses when no other request is on it.
+//!
+//! redis-rs's multiplexed connection sends every request through a channel to a driver task
+//! and its reply back through another: two task hand-offs per round trip, which cost about a
+//! fifth of a lock cycle on one CPU. A lock client mostly has one request in flight, so the
+//! backend keeps one more connection, driven by the caller's own future: write the request,
+//! read the reply, nothing in between. A request that finds the lane in use (another task is
+//! mid round trip) goes to the multiplexed connection, as before; so does everything when the
+//! lane cannot be opened (TLS, which it does not speak) or is reconnecting.
+//!
+//! A request owns the connection for its round trip. If its future is dropped half way (a
+//! timeout, a cancelled acquire), the connection goes with it: a reply still on its way can
+//! never be read as the answer to the next request. The next request that finds the lane gone
+//! reconnects it in the background and meanwhile uses the multiplexed connection.
+//!
+//! The response timeout costs no timer per request (registering and cancelling one in tokio's
+//! wheel costs about as much as a tenth of the round trip): the request notes its deadline, and
+//! a reaper task that ticks while the lane is busy fails a request that is past it, within an
+//! eighth of the timeout after it.
+//!
+//! The replies are RESP2 (the lane never sends `HELLO`); they are framed here and built as
+//! redis-rs [`Value`]s, server errors through redis-rs's own parser, so the callers decode them
+//! as they decode the multiplexed connection's.
+
+use std::future::Future;
+use std::io;
+#[cfg(unix)]
+use std::path::PathBuf;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use futures_util::task::AtomicWaker;
+use redis::{ConnectionAddr, ConnectionInfo, RedisError, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Deeper nesting than any of our replies has is a protocol error, not recursion.
+const MAX_DEPTH: usize = 8;
+/// Our replies are small; a larger bulk or array is a protocol error, not an allocation.
+const MAX_LEN: usize = 16 << 20;
+/// How long after a failed connection attempt the lane is tried again.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// Where and how the lane connects.
+#[derive(Clone)]
+struct Target {
+    addr: Addr,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+}
+
+#[derive(Clone)]
+enum Addr {
+    Tcp(String, u16),
+    #[cfg(unix)]
+    Unix(PathBuf),
+}
+
+enum Stream {
+    Tcp(tokio::net::TcpStream),
+    #[cfg(unix)]
+    Unix(tokio::net::UnixStream),
+}
+
+/// One open lane connection and its buffers.
+struct Direct {
+    stream: Stream,
+    out: Vec<u8>,
+    input: Vec<u8>,
+}
+
+#[derive(Default)]
+struct State {
+    idle: Option<Direct>,
+    /// A request has the connection.
+    out: bool,
+    /// A reconnect task runs.
+    connecting: bool,
+    /// No reconnect before this (after a failed attempt).
+    retry_at: Option<Instant>,
+}
+
+struct Inner {
+    target: Option<Target>,
+    state: Mutex<State>,
+    connect_timeout: Duration,
+    timer: Timer,
+}
+
+impl Inner {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The response timeout of the request on the lane (there is at most one).
+struct Timer {
+    /// The request on the lane and its deadline, if one is on it.
+    current: Mutex<Option<(u64, Instant)>>,
+    /// Numbers requests.
+    next_id: AtomicU64,
+    /// The id of the last request the reaper found past its deadline.
+    expired: AtomicU64,
+    /// The waiting request's task.
+    waker: AtomicWaker,
+    /// The reaper task runs.
+    reaping: AtomicBool,
+}
+
+/// Idle ticks after which the reaper ends (the next request starts it again).
+const IDLE_TICKS: u32 = 8;
+
+impl Timer {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<(u64, Instant)>> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Fails the lane's request once it is past its deadline; ends after `IDLE_TICKS` ticks with
+/// no request on the lane.
+async fn reap(inner: Weak<Inner>, tick: Duration) {
+    /// Clears `reaping` however the task ends (its runtime may shut down).
+    struct Reaping(Weak<Inner>);
+    impl Drop for Reaping {
+        fn drop(&mut self) {
+            if let Some(inner) = self.0.upgrade() {
+                inner.timer.reaping.store(false, Ordering::Release);
+            }
+        }
+    }
+    let _reaping = Reaping(inner.clone());
+    let mut idle = 0;
+    loop {
+        tokio::time::sleep(tick).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let timer = &inner.timer;
+        let current = *timer.slot();
+        match current {
+            Some((id, deadline)) => {
+                idle = 0;
+                if Instant::now() >= deadline {
+                    timer.expired.store(id, Ordering::Release);
+                    timer.waker.wake();
+                }
+            }
+            None => {
+                idle += 1;
+                if idle >= IDLE_TICKS {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The lane; clones share it.
+#[derive(Clone)]
+pub(crate) struct Lane {
+    inner: Arc<Inner>,
+}
+
+impl Lane {
+    /// A lane to the server `info` names; disabled (every request takes the multiplexed
+    /// connection) for TLS.
+    pub(crate) fn new(info: &ConnectionInfo, connect_timeout: Duration) -> Lane {
+        let settings = info.redis_settings();
+        let addr = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => Some(Addr::Tcp(host.clone(), *port)),
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => Some(Addr::Unix(path.clone())),
+            _ => None,
+        };
+        let target = addr.map(|addr| Target {
+            addr,
+            username: settings.username().map(str::to_owned),
+            password: settings.password().map(str::to_owned),
+            db: settings.db(),
+        });
+        Lane {
+            inner: Arc::new(Inner {
+                target,
+                state: Mutex::new(State::default()),
+                connect_timeout,
+                timer: Timer {
+                    current: Mutex::new(None),
+                    next_id: AtomicU64::new(1),
+                    expired: AtomicU64::new(0),
+                    waker: AtomicWaker::new(),
+                    reaping: AtomicBool::new(false),
+                },
+            }),
+        }
+    }
+
+    /// Opens the connection now (at start-up). A failure is not an error: requests use the
+    /// multiplexed connection until a reconnect succeeds.
+    pub(crate) async fn open(&self) {
+        let Some(target) = self.inner.target.clone() else {
+            return;
+        };
+        self.inner.state().connecting = true;
+        let result = connect(&target, self.inner.connect_timeout).await;
+        settle(&self.inner, result);
+    }
+
+    /// The connection, if it is free; starts a reconnect if it is gone.
+    pub(crate) fn checkout(&self) -> Option<Checkout> {
+        let target = self.inner.target.as_ref()?;
+        let mut st = self.inner.state();
+        if let Some(direct) = st.idle.take() {
+            st.out = true;
+            return Some(Checkout {
+                direct: Some(direct),
+                inner: self.inner.clone(),
+            });
+        }
+        if !st.out
+            && !st.connecting
+            && st.retry_at.is_none_or(|at| Instant::now() >= at)
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            st.connecting = true;
+            let inner = self.inner.clone();
+            let target = target.clone();
+            handle.spawn(async move {
+                let result = connect(&target, inner.connect_timeout).await;
+                settle(&inner, result);
+            });
+        }
+        None
+    }
+}
+
+fn settle(inner: &Inner, result: Result<Direct, RedisError>) {
+    let mut st = inner.state();
+    st.connecting = false;
+    match result {
+        Ok(direct) => {
+            st.retry_at = None;
+            st.idle = Some(direct);
+        }
+        Err(e) => {
+            tracing::debug!(target: "distlock", error = %e,
+                "the direct Redis connection could not be opened; using the shared one");
+            st.retry_at = Some(Instant::now() + RETRY);
+        }
+    }
+}
+
+async fn connect(target: &Target, timeout: Duration) -> Result<Direct, RedisError> {
+    let opening = async {
+        let stream = match &target.addr {
+            Addr::Tcp(host, port) => {
+                let s = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                s.set_nodelay(true)?;
+                Stream::Tcp(s)
+            }
+            #[cfg(unix)]
+            Addr::Unix(path) => Stream::Unix(tokio::net::UnixStream::connect(path).await?),
+        };
+        let mut direct = Direct {
+            stream,
+            out: Vec::with_capacity(512),
+            input: Vec::with_capacity(512),
+        };
+        let mut hello = Vec::new();
+        if let Some(password) = &target.password {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = &target.username {
+                auth.arg(user);
+            }
+            auth.arg(password);
+            hello.push(auth);
+        }
+        if target.db != 0 {
+            let mut select = redis::cmd("SELECT");
+            select.arg(target.db);
+            hello.push(select);
+        }
+        if !hello.is_empty() {
+            let replies = direct.round_trip(hello.iter()).await?;
+            if let Some(Value::ServerError(e)) =
+                replies.iter().find(|v| matches!(v, Value::ServerError(_)))
+            {
+                return Err(RedisError::from(e.clone()));
+            }
+        }
+        Ok(direct)
+    };
+    match tokio::time::timeout(timeout, opening).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connecting").into()),
+    }
+}
+
+/// The lane's connection, lent to one request.
+pub(crate) struct Checkout {
+    /// `None` while a round trip is under way: dropped then, the connection goes with it.
+    direct: Option<Direct>,
+    inner: Arc<Inner>,
+}
+
+impl Checkout {
+    /// Sends `cmds` as one write and reads one reply each (server errors in their place), or
+    /// fails after `timeout`. On any failure the connection is closed.
+    pub(crate) async fn round_trip<'a>(
+        &mut self,
+        cmds: impl IntoIterator<Item = &'a redis::Cmd>,
+        timeout: Duration,
+    ) -> Result<Vec<Value>, RedisError> {
+        let Some(mut direct) = self.direct.take() else {
+            return Err(io::Error::new(io::ErrorKind::NotConnected, "the lane is closed").into());
+        };
+        let timer = &self.inner.timer;
+        let id = timer.next_id.fetch_add(1, Ordering::Relaxed);
+        *timer.slot() = Some((id, Instant::now() + timeout));
+        if !timer.reaping.swap(true, Ordering::AcqRel) {
+            let tick = (timeout / 8).clamp(Duration::from_millis(1), Duration::from_millis(250));
+            tokio::spawn(reap(Arc::downgrade(&self.inner), tick));
+        }
+        let result = {
+            let mut trip = pin!(direct.round_trip(cmds));
+            std::future::poll_fn(|cx| {
+                if let Poll::Ready(r) = trip.as_mut().poll(cx) {
+                    return Poll::Ready(Some(r));
+                }
+                timer.waker.register(cx.waker());
+                if timer.expired.load(Ordering::Acquire) == id {
+                    return Poll::Ready(None);
+                }
+                Poll::Pending
+            })
+            .await
+        };
+        *timer.slot() = None;
+        match result {
+            Some(Ok(replies)) => {
+                self.direct = Some(direct);
+                Ok(replies)
+            }
+            Some(Err(e)) => Err(e),
+            None => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no reply within the response timeout",
+            )
+            .into()),
+        }
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        let mut st = self.inner.state();
+        st.out = false;
+        st.idle = self.direct.take();
+    }
+}
+
+impl Direct {
+    async fn round_trip<'a>(
+        &mut self,
+        cmds: impl IntoIterator<Item = &'a redis::Cmd>,
+    ) -> Result<Vec<Value>, RedisError> {
+        self.out.clear();
+        let mut n = 0;
+        for cmd in cmds {
+            cmd.write_packed_command(&mut self.out);
+            n += 1;
+        }
+        match &mut self.stream {
+            Stream::Tcp(s) => s.write_all(&self.out).await?,
+            #[cfg(unix)]
+            Stream::Unix(s) => s.write_all(&self.out).await?,
+        }
+        let mut replies = Vec::with_capacity(n);
+        let mut start = 0;
+        while replies.len() < n {
+            match frame(&self.input[start..], 0)? {
+                Some((value, used)) => {
+                    replies.push(value);
+                    start += used;
+                }
+                None => {
+                    if self.input.capacity() - self.input.len() < 256 {
+                        self.input.reserve(4096);
+                    }
+                    let read = match &mut self.stream {
+                        Stream::Tcp(s) => s.read_buf(&mut self.input).await?,
+                        #[cfg(unix)]
+                        Stream::Unix(s) => s.read_buf(&mut self.input).await?,
+                    };
+                    if read == 0 {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the server closed the connection",
+                        )
+                        .into());
+                    }
+                }
+            }
+        }
+        if start < self.input.len() {
+            // More than we asked for: not a conversation we can continue.
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "the server sent more replies than requests",
+            )));
+        }
+        self.input.clear();
+        Ok(replies)
+    }
+}
+
+fn parse_err(what: &'static str) -> RedisError {
+    RedisError::from((redis::ErrorKind::Parse, what))
+}
+
+/// One complete RESP2 reply at the start of `buf` and its length, or `None` if more bytes are
+/// needed.
+fn frame(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, RedisError> {
+    let Some(end) = buf.windows(2).position(|w| w == b"\r\n") else {
+        return Ok(None);
+    };
+    let Some((&kind, line)) = buf[..end].split_first() else {
+        return Err(parse_err("an empty reply line"));
+    };
+    let after = end + 2;
+    let number = || -> Result<i64, RedisError> {
+        std::str::from_utf8(line)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(|| parse_err("a malformed number in a reply"))
+    };
+    match kind {
+        b'+' if line == b"OK" => Ok(Some((Value::Okay, after))),
+        b'+' => Ok(Some((
+            Value::SimpleString(String::from_utf8_lossy(line).into_owned()),
+            after,
+        ))),
+        b'-' => {
+            // redis-rs builds its server errors (code, kind) from the line itself.
+            let value = redis::parse_redis_value(&buf[..after])?;
+            Ok(Some((value, after)))
+        }
+        b':' => Ok(Some((Value::Int(number()?), after))),
+        b'$' => {
+            let len = number()?;
+            if len < 0 {
+                return Ok(Some((Value::Nil, after)));
+            }
+            let len = usize::try_from(len).map_err(|_| parse_err("a bulk length"))?;
+            if len > MAX_LEN {
+                return Err(parse_err("a bulk reply larger than any lock reply"));
+            }
+            if buf.len() < after + len + 2 {
+                return Ok(None);
+            }
+            if &buf[after + len..after + len + 2] != b"\r\n" {
+                return Err(parse_err("a bulk reply without its terminator"));
+            }
+            Ok(Some((
+                Value::BulkString(buf[after..after + len].to_vec()),
+                after + len + 2,
+            )))
+        }
+        b'*' => {
+            let len = number()?;
+            if len < 0 {
+                return Ok(Some((Value::Nil, after)));
+            }
+            if depth >= MAX_DEPTH || len as u64 > MAX_LEN as u64 {
+                return Err(parse_err(
+                    "an array reply deeper or longer than any lock reply",
+                ));
+            }
+            let mut items = Vec::with_capacity((len as usize).min(64));
+            let mut at = after;
+            for _ in 0..len {
+                match frame(&buf[at..], depth + 1)? {
+                    Some((v, used)) => {
+                        items.push(v);
+                        at += used;
+                    }
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some((Value::Array(items), at)))
+        }
+        _ => Err(parse_err("a reply of a type RESP2 does not have")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(bytes: &[u8]) -> Value {
+        let (v, used) = frame(bytes, 0).unwrap().unwrap();
+        assert_eq!(used, bytes.len(), "{bytes:?}");
+        v
+    }
+
+    #[test]
+    fn replies_are_framed_as_redis_rs_parses_them() {
+        for bytes in [
+            &b"+OK\r\n"[..],
+            b"+QUEUED\r\n",
+            b":-42\r\n",
+            b"$-1\r\n",
+            b"$0\r\n\r\n",
+            b"$5\r\nab\r\nc\r\n",
+            b"*-1\r\n",
+            b"*0\r\n",
+            b"*3\r\n:1\r\n$3\r\nabc\r\n*2\r\n:0\r\n$-1\r\n",
+            b"-NOSCRIPT No matching script.\r\n",
+            b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n",
+        ] {
+            assert_eq!(
+                one(bytes),
+                redis::parse_redis_value(bytes).unwrap(),
+                "{bytes:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_partial_reply_asks_for_more_at_every_cut() {
+        let bytes = b"*3\r\n:1\r\n$3\r\nabc\r\n*2\r\n:0\r\n$-1\r\n";
+        for cut in 0..bytes.len() {
+            assert!(frame(&bytes[..cut], 0).unwrap().is_none(), "cut at {cut}");
+        }
+        // Two replies back to back: the first is framed alone.
+        let (v, used) = frame(b":7\r\n+OK\r\n", 0).unwrap().unwrap();
+        assert_eq!((v, used), (Value::Int(7), 4));
+    }
+
+    #[test]
+    fn junk_is_a_parse_error_not_a_panic() {
+        for bytes in [
+            &b"?what\r\n"[..],
+            b"\r\n",
+            b":12x\r\n",
+            b"$3\r\nabcd\r\n",
+            b"$99999999999\r\n",
+            b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
+        ] {
+            let e = frame(bytes, 0).unwrap_err();
+            assert_eq!(e.kind(), redis::ErrorKind::Parse, "{bytes:?}");
+        }
+    }
+}
