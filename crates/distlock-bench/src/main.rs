@@ -74,6 +74,12 @@ enum Cmd {
         mode: Mode,
         #[arg(long)]
         threads: usize,
+        /// How long each holder keeps the lock, in microseconds.
+        #[arg(long, default_value_t = 0)]
+        hold_us: u64,
+        /// How long each task pauses after a release before it asks again, in microseconds.
+        #[arg(long, default_value_t = 0)]
+        gap_us: u64,
     },
 }
 
@@ -178,9 +184,16 @@ async fn distlock_cycles(client: &LockClient<RedisBackend>, cycles: usize) -> f6
     cycles as f64 / t0.elapsed().as_secs_f64()
 }
 
-async fn rtt_us(conn: &mut redis::aio::MultiplexedConnection, n: usize) -> f64 {
+async fn rtt_us(
+    conn: &mut redis::aio::MultiplexedConnection,
+    n: usize,
+    pause: Option<Duration>,
+) -> f64 {
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
+        if let Some(p) = pause {
+            tokio::time::sleep(p).await;
+        }
         let t0 = Instant::now();
         let _: String = redis::cmd("PING").query_async(conn).await.expect("PING");
         v.push(t0.elapsed().as_secs_f64() * 1e6);
@@ -203,7 +216,14 @@ fn options(mode: Mode) -> LockOptions {
 
 /// One contending process: `tasks` tasks take the hot key in a loop until the stop time, and
 /// print `[fence, acquired_ns, release_sent_ns]` for every acquisition as one JSON line.
-async fn worker(url: String, tasks: usize, start_ns: u64, millis: u64, mode: Mode) {
+async fn worker(
+    url: String,
+    tasks: usize,
+    start_ns: u64,
+    millis: u64,
+    mode: Mode,
+    (hold_us, gap_us): (u64, u64),
+) {
     let backend = RedisBackend::connect(&url).await.expect("connect");
     let client = LockClient::builder(backend)
         .options(options(mode))
@@ -222,10 +242,16 @@ async fn worker(url: String, tasks: usize, start_ns: u64, millis: u64, mode: Mod
             while mono_ns() < stop {
                 let g = c.acquire("hot").await.expect("acquire");
                 let acquired = mono_ns();
+                if hold_us > 0 {
+                    tokio::time::sleep(Duration::from_micros(hold_us)).await;
+                }
                 let fence = g.fence().unwrap_or(0);
                 let sent = mono_ns();
                 let _ = g.release().await.expect("release");
                 events.push([fence, acquired, sent]);
+                if gap_us > 0 {
+                    tokio::time::sleep(Duration::from_micros(gap_us)).await;
+                }
             }
             events
         }));
@@ -251,6 +277,7 @@ struct Contention {
     handoff_p50_us: f64,
     handoff_p99_us: f64,
     cross_p50_us: f64,
+    cross_p99_us: f64,
 }
 
 async fn contention(
@@ -259,6 +286,7 @@ async fn contention(
     waiters: usize,
     millis: u64,
     threads: usize,
+    (hold_us, gap_us): (u64, u64),
 ) -> Contention {
     let processes = waiters.clamp(1, 4);
     let tasks = waiters / processes;
@@ -281,6 +309,10 @@ async fn contention(
                 mode.name(),
                 "--threads",
                 &threads.to_string(),
+                "--hold-us",
+                &hold_us.to_string(),
+                "--gap-us",
+                &gap_us.to_string(),
             ])
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -336,6 +368,7 @@ async fn contention(
         handoff_p50_us: all.value_at_quantile(0.5) as f64 / 1000.0,
         handoff_p99_us: all.value_at_quantile(0.99) as f64 / 1000.0,
         cross_p50_us: cross.value_at_quantile(0.5) as f64 / 1000.0,
+        cross_p99_us: cross.value_at_quantile(0.99) as f64 / 1000.0,
     }
 }
 
@@ -348,6 +381,8 @@ fn main() {
         millis,
         mode,
         threads,
+        hold_us,
+        gap_us,
     }) = cli.cmd
     {
         let rt = if threads <= 1 {
@@ -361,7 +396,14 @@ fn main() {
                 .build()
         }
         .expect("runtime");
-        rt.block_on(worker(url, tasks, start_ns, millis, mode));
+        rt.block_on(worker(
+            url,
+            tasks,
+            start_ns,
+            millis,
+            mode,
+            (hold_us, gap_us),
+        ));
         return;
     }
     if !cli.no_pin {
@@ -396,7 +438,7 @@ fn main() {
         .build()
         .expect("runtime");
     let url = server.url();
-    let (p1_sync, p1_async, p1_ours, rtt) = rt.block_on(async {
+    let (p1_sync, p1_async, p1_ours, (rtt, idle_rtt)) = rt.block_on(async {
         let raw = redis::Client::open(url.as_str()).expect("client");
         let mut sync_conn = raw.get_connection().expect("sync connection");
         let mut async_conn = raw
@@ -415,8 +457,11 @@ fn main() {
             a.push(floor_async(&mut async_conn, &script, cycles).await);
             d.push(distlock_cycles(&ours, cycles).await);
         }
-        let rtt = rtt_us(&mut async_conn, 1000).await;
-        (median(s), median(a), median(d), rtt)
+        let rtt = rtt_us(&mut async_conn, 1000, None).await;
+        // The same, each PING after a 2 ms pause: the round trip of a quiet client and server,
+        // the fair unit for the unloaded hand-off (P3).
+        let idle_rtt = rtt_us(&mut async_conn, 300, Some(Duration::from_millis(2))).await;
+        (median(s), median(a), median(d), (rtt, idle_rtt))
     });
 
     let mut runs = Vec::new();
@@ -427,9 +472,35 @@ fn main() {
         .expect("runtime");
     for mode in [Mode::Events, Mode::Polling, Mode::Handoff] {
         for &w in waiters {
-            runs.push(rt2.block_on(contention(&server, mode, w, millis, cli.worker_threads)));
+            runs.push(rt2.block_on(contention(
+                &server,
+                mode,
+                w,
+                millis,
+                cli.worker_threads,
+                (0, 0),
+            )));
         }
     }
+    // P3 unloaded: two processes, one task each; a holder keeps the lock 2 ms and, after its
+    // release, pauses 0.5 ms before it asks again (tokio's timers tick in whole ms: the pause is
+    // over before the other holder's 2 ms are). So every release finds the other process
+    // asleep in its wait, and nothing else wants the CPU while the lock changes hands. (In the
+    // zero-hold runs above, the one CPU is never idle: the next holder's hand-off time is
+    // mostly the queue of work ahead of it, so it measures throughput rather than latency.)
+    let p3: Vec<Contention> = [Mode::Events, Mode::Polling]
+        .into_iter()
+        .map(|mode| {
+            rt2.block_on(contention(
+                &server,
+                mode,
+                2,
+                millis,
+                cli.worker_threads,
+                (2000, 500),
+            ))
+        })
+        .collect();
 
     println!(
         "distlock-bench — Redis {} — {pinning}",
@@ -451,7 +522,9 @@ fn main() {
         p1_ours / p1_async
     );
     println!();
-    println!("PING round trip (median of 1000): {rtt:.1} µs");
+    println!(
+        "PING round trip: {rtt:.1} µs (median of 1000 back to back); {idle_rtt:.1} µs (median of 300, each after a 2 ms pause)"
+    );
     println!();
     let runtime = if cli.worker_threads <= 1 {
         "current-thread runtime".to_owned()
@@ -481,6 +554,29 @@ fn main() {
             if rtt > 0.0 { r.cross_p50_us / rtt } else { 0.0 },
         );
     }
+    println!();
+    println!(
+        "P3 hand-off latency, unloaded: 2 processes, 1 task each; a holder keeps the lock 2 ms, then pauses 0.5 ms"
+    );
+    println!(
+        "| mode | hand-offs | release → other process acquired p50 µs | p99 µs | in idle RTTs | in back-to-back RTTs |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for r in &p3 {
+        println!(
+            "| {} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} |",
+            r.mode.name(),
+            r.per_sec * millis as f64 / 1000.0,
+            r.cross_p50_us,
+            r.cross_p99_us,
+            if idle_rtt > 0.0 {
+                r.cross_p50_us / idle_rtt
+            } else {
+                0.0
+            },
+            if rtt > 0.0 { r.cross_p50_us / rtt } else { 0.0 },
+        );
+    }
     if let Some(path) = cli.json {
         let json = serde_json::json!({
             "pinning": pinning,
@@ -489,11 +585,16 @@ fn main() {
             "p1": { "rounds": rounds, "cycles": cycles, "sync_floor": p1_sync,
                     "async_floor": p1_async, "distlock": p1_ours },
             "rtt_us": rtt,
+            "idle_rtt_us": idle_rtt,
             "contention": runs.iter().map(|r| serde_json::json!({
                 "mode": r.mode.name(), "waiters": r.waiters, "processes": r.processes,
                 "per_sec": r.per_sec, "fairness": r.fairness, "cmds_per_acq": r.cmds_per_acq,
                 "handoff_p50_us": r.handoff_p50_us, "handoff_p99_us": r.handoff_p99_us,
                 "cross_process_p50_us": r.cross_p50_us,
+            })).collect::<Vec<_>>(),
+            "p3_unloaded": p3.iter().map(|r| serde_json::json!({
+                "mode": r.mode.name(), "hold_us": 2000, "gap_us": 500,
+                "cross_process_p50_us": r.cross_p50_us, "cross_process_p99_us": r.cross_p99_us,
             })).collect::<Vec<_>>(),
         });
         std::fs::write(&path, serde_json::to_string_pretty(&json).expect("json"))

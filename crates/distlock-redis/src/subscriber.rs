@@ -15,7 +15,7 @@
 //! When it breaks, it is reopened with back-off, every channel is subscribed again, and every
 //! waiter is woken (an event may have been missed in between).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -53,6 +53,22 @@ pub(crate) struct WaitState {
     /// Registrations this client sent, by lock name, oldest first (at most `MAX_REGS`): when a
     /// grant names one, the lease was written after it was sent.
     pub(crate) regs: HashMap<String, VecDeque<Reg>>,
+    /// Tokens whose lock was taken after a wait (so others may be waiting too): their release
+    /// may hand the lock over, and leads with a `PING` (see `RedisBackend::run_led`).
+    pub(crate) contended: HashSet<String>,
+}
+
+/// How many contended tokens are remembered (each is forgotten at its release; a bound for
+/// guards that are never released, say leaked with `mem::forget`).
+const MAX_CONTENDED: usize = 4096;
+
+impl WaitState {
+    pub(crate) fn mark_contended(&mut self, token: &str) {
+        if self.contended.len() >= MAX_CONTENDED {
+            self.contended.clear();
+        }
+        self.contended.insert(token.to_owned());
+    }
 }
 
 /// A lock handed to this client by a release.

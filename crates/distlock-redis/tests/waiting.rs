@@ -553,17 +553,18 @@ async fn releases_take_turns_between_waiting_clients() {
         first.abs_diff(second) * 10 <= log.len(),
         "{first} vs {second}"
     );
-    // One command per turn: the release, which hands the lock to the other client and queues
-    // the releasing one again. The client handed the lock takes it without asking, and the
-    // releasing client's next task neither races its release nor asks while the lock is with
-    // the other client.
+    // One write per turn: the release (a PING, so that Redis tells the waiter before it answers
+    // the releasing client, then the script), which hands the lock to the other client and
+    // queues the releasing one again. The client handed the lock takes it without asking, and
+    // the releasing client's next task neither races its release nor asks while the lock is
+    // with the other client.
     let sent: u64 = clients
         .iter()
         .map(|c| c.backend().commands_sent())
         .sum::<u64>()
         - sent_before;
     assert!(
-        sent as f64 <= 1.2 * log.len() as f64,
+        sent as f64 <= 2.2 * log.len() as f64,
         "{sent} commands for {} acquisitions",
         log.len()
     );
