@@ -14,6 +14,9 @@
 //!   microseconds and in round trips (PING median of the same run). Once with distlock's
 //!   defaults (events + local queue), once polling-only (no events, no local queue), and once
 //!   with local hand-off.
+//! - P3 unloaded: two processes, one task each, taking turns with 2 ms holds and 0.5 ms pauses:
+//!   release sent -> the other process acquired, when nothing else wants the CPU, in round
+//!   trips of a PING sent after a 2 ms pause (and of a back-to-back one).
 //!
 //! This is a benchmark, not a test: it prints a table (and `--json`), it asserts nothing.
 
