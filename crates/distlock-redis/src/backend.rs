@@ -359,9 +359,8 @@ impl RedisBackend {
         let mut mine = String::new();
         let mut wakes = 0;
         let mut seq = 0;
-        // Whether a hand-over is likely: our own tasks wait, we waited for this lock, or we
-        // still listen for its wake-ups (we waited for it lately).
-        let mut lead = next.is_some() || self.subscriber.is_watching(key);
+        // Whether a hand-over is likely: our own tasks wait, or we waited for this lock.
+        let mut lead = next.is_some();
         let believed = {
             let mut st = self.lock_shared();
             if !st.contended.is_empty() && st.contended.remove(token.as_str()) {
@@ -691,27 +690,29 @@ impl Backend for RedisBackend {
             items.get(2).and_then(int),
         ) {
             (Some(1), Some(fence), _) if fence > 0 => {
-                if req.waiting {
-                    // Taken after a wait: others may wait too, and its release may hand over.
-                    self.lock_shared().mark_contended(token);
-                }
-                if watching {
+                if req.waiting || watching {
                     let mut st = self.lock_shared();
-                    st.queued.remove(req.key);
-                    // A grant to this token may still be on its way: it is taken.
-                    match st.grants.get(req.key) {
-                        Some(Grant::Handed { token: t, .. }) if t == token => {
-                            st.grants.remove(req.key);
-                        }
-                        Some(Grant::Handed { .. }) => {}
-                        _ => {
-                            st.grants.insert(
-                                req.key.to_owned(),
-                                Grant::Taken {
-                                    token: token.to_owned(),
-                                    fence: fence as u64,
-                                },
-                            );
+                    if req.waiting {
+                        // Taken after a wait: others may wait too, and its release may hand over.
+                        st.mark_contended(token);
+                    }
+                    if watching {
+                        st.queued.remove(req.key);
+                        // A grant to this token may still be on its way: it is taken.
+                        match st.grants.get(req.key) {
+                            Some(Grant::Handed { token: t, .. }) if t == token => {
+                                st.grants.remove(req.key);
+                            }
+                            Some(Grant::Handed { .. }) => {}
+                            _ => {
+                                st.grants.insert(
+                                    req.key.to_owned(),
+                                    Grant::Taken {
+                                        token: token.to_owned(),
+                                        fence: fence as u64,
+                                    },
+                                );
+                            }
                         }
                     }
                 }

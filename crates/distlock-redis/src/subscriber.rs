@@ -479,8 +479,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_message_of_a_grant_an_attempt_already_took_is_ignored() {
+    /// A state where the task with token `t` took lock `k` with fence 5.
+    fn took_t_with_fence_5() -> WaitState {
         let mut st = WaitState::default();
         st.grants.insert(
             "k".into(),
@@ -489,6 +489,12 @@ mod tests {
                 fence: 5,
             },
         );
+        st
+    }
+
+    #[test]
+    fn the_message_of_a_grant_an_attempt_already_took_is_ignored() {
+        let mut st = took_t_with_fence_5();
         record_grant(&mut st, "k", 5, 1, "t");
         assert!(st.grants.is_empty());
     }
@@ -498,14 +504,7 @@ mod tests {
         // The token's task took the lock (fence 5) and released it; another registration of
         // the same token was still queued, and a release handed the lock to it (fence 7).
         // Dropping that message left the lock with nobody until its TTL ran out.
-        let mut st = WaitState::default();
-        st.grants.insert(
-            "k".into(),
-            Grant::Taken {
-                token: "t".into(),
-                fence: 5,
-            },
-        );
+        let mut st = took_t_with_fence_5();
         st.queued.insert("k".into(), "reg".into());
         record_grant(&mut st, "k", 7, 3, "t");
         assert_eq!(handed(&st, "k"), Some(("t".into(), 7, 3)));
