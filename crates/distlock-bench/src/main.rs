@@ -10,11 +10,11 @@
 //!   acquisitions/s, fairness (min/max acquisitions per process), Redis commands per acquisition
 //!   (counted by the clients, `RedisBackend::commands_sent`: each command of a pipeline counts;
 //!   `INFO commandstats` cannot tell a top-level `SET` from one inside a script), and hand-off
-//!   latency (release sent -> next holder acquired), in
+//!   latency (release sent -> next holder acquired, where that holder was already waiting), in
 //!   microseconds and in round trips (PING median of the same run). Once with distlock's
 //!   defaults (events + local queue), once polling-only (no events, no local queue), and once
 //!   with local hand-off.
-//! - P3 unloaded: two processes, one task each, taking turns with 2 ms holds and 0.5 ms pauses:
+//! - P3 unloaded: two processes, one task each, taking turns with 3 ms holds and 0.3 ms pauses:
 //!   release sent -> the other process acquired, when nothing else wants the CPU, in round
 //!   trips of a PING sent after a 2 ms pause (and of a back-to-back one).
 //!
@@ -243,6 +243,7 @@ async fn worker(
         handles.push(tokio::spawn(async move {
             let mut events = Vec::new();
             while mono_ns() < stop {
+                let called = mono_ns();
                 let g = c.acquire("hot").await.expect("acquire");
                 let acquired = mono_ns();
                 if hold_us > 0 {
@@ -251,7 +252,7 @@ async fn worker(
                 let fence = g.fence().unwrap_or(0);
                 let sent = mono_ns();
                 let _ = g.release().await.expect("release");
-                events.push([fence, acquired, sent]);
+                events.push([fence, acquired, sent, called]);
                 if gap_us > 0 {
                     tokio::time::sleep(Duration::from_micros(gap_us)).await;
                 }
@@ -281,6 +282,10 @@ struct Contention {
     handoff_p99_us: f64,
     cross_p50_us: f64,
     cross_p99_us: f64,
+    /// Hand-offs counted (none with a single waiter: it never waits for anybody).
+    handoffs: u64,
+    /// Hand-offs between processes counted.
+    cross_count: u64,
 }
 
 async fn contention(
@@ -325,7 +330,8 @@ async fn contention(
     }
     let mut per_process = Vec::new();
     let mut cmds = 0u64;
-    let mut events: Vec<(u64, u64, u64, usize)> = Vec::new();
+    // (fence, acquired, release sent, acquire called, process)
+    let mut events: Vec<(u64, u64, u64, u64, usize)> = Vec::new();
     for (p, mut child) in children.into_iter().enumerate() {
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = tokio::io::BufReader::new(stdout).lines();
@@ -341,20 +347,22 @@ async fn contention(
         per_process.push(evs.len());
         for e in evs {
             let f = |i: usize| e[i].as_u64().unwrap_or(0);
-            events.push((f(0), f(1), f(2), p));
+            events.push((f(0), f(1), f(2), f(3), p));
         }
     }
     let total = events.len().max(1);
-    // Hand-off: acquisitions in fence order (acquired time breaks ties of handed-off leases).
+    // Hand-off: acquisitions in fence order (acquired time breaks ties of handed-off leases),
+    // counted only where the next holder was already waiting when the release began (else it
+    // is an uncontended acquire that happened to come next, not a hand-off).
     events.sort_by_key(|e| (e.0, e.1));
     let mut all = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
     let mut cross = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
     for w in events.windows(2) {
         let (prev, next) = (w[0], w[1]);
-        if next.1 >= prev.2 {
+        if next.1 >= prev.2 && next.3 <= prev.2 {
             let ns = next.1 - prev.2;
             let _ = all.record(ns);
-            if next.3 != prev.3 {
+            if next.4 != prev.4 {
                 let _ = cross.record(ns);
             }
         }
@@ -372,6 +380,8 @@ async fn contention(
         handoff_p99_us: all.value_at_quantile(0.99) as f64 / 1000.0,
         cross_p50_us: cross.value_at_quantile(0.5) as f64 / 1000.0,
         cross_p99_us: cross.value_at_quantile(0.99) as f64 / 1000.0,
+        handoffs: all.len(),
+        cross_count: cross.len(),
     }
 }
 
@@ -485,10 +495,11 @@ fn main() {
             )));
         }
     }
-    // P3 unloaded: two processes, one task each; a holder keeps the lock 2 ms and, after its
-    // release, pauses 0.5 ms before it asks again (tokio's timers tick in whole ms: the pause is
-    // over before the other holder's 2 ms are). So every release finds the other process
-    // asleep in its wait, and nothing else wants the CPU while the lock changes hands. (In the
+    // P3 unloaded: two processes, one task each; a holder keeps the lock 3 ms and, after its
+    // release, pauses 0.3 ms before it asks again (tokio's timers tick in whole ms, so the pause
+    // lasts 1 or 2 ms: over before the other holder's 3 ms are). So every release finds the
+    // other process asleep in its wait, and nothing else wants the CPU while the lock changes
+    // hands. (In the
     // zero-hold runs above, the one CPU is never idle: the next holder's hand-off time is
     // mostly the queue of work ahead of it, so it measures throughput rather than latency.)
     let p3: Vec<Contention> = [Mode::Events, Mode::Polling]
@@ -500,7 +511,7 @@ fn main() {
                 2,
                 millis,
                 cli.worker_threads,
-                (2000, 500),
+                (3000, 300),
             ))
         })
         .collect();
@@ -543,7 +554,7 @@ fn main() {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &runs {
         println!(
-            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} | {:.1} |",
+            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} |",
             r.mode.name(),
             r.waiters,
             r.processes,
@@ -551,15 +562,19 @@ fn main() {
             r.per_sec / p1_ours,
             r.fairness,
             r.cmds_per_acq,
-            r.handoff_p50_us,
-            r.handoff_p99_us,
-            r.cross_p50_us,
-            if rtt > 0.0 { r.cross_p50_us / rtt } else { 0.0 },
+            shown(r.handoffs, r.handoff_p50_us, 0),
+            shown(r.handoffs, r.handoff_p99_us, 0),
+            shown(r.cross_count, r.cross_p50_us, 0),
+            shown(
+                r.cross_count,
+                r.cross_p50_us / rtt.max(f64::MIN_POSITIVE),
+                1
+            ),
         );
     }
     println!();
     println!(
-        "P3 hand-off latency, unloaded: 2 processes, 1 task each; a holder keeps the lock 2 ms, then pauses 0.5 ms"
+        "P3 hand-off latency, unloaded: 2 processes, 1 task each; a holder keeps the lock 3 ms, then pauses 0.3 ms"
     );
     println!(
         "| mode | hand-offs | release → other process acquired p50 µs | p99 µs | in idle RTTs | in back-to-back RTTs |"
@@ -567,9 +582,9 @@ fn main() {
     println!("|---|---:|---:|---:|---:|---:|");
     for r in &p3 {
         println!(
-            "| {} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} |",
+            "| {} | {} | {:.1} | {:.0} | {:.1} | {:.1} |",
             r.mode.name(),
-            r.per_sec * millis as f64 / 1000.0,
+            r.cross_count,
             r.cross_p50_us,
             r.cross_p99_us,
             if idle_rtt > 0.0 {
@@ -596,12 +611,21 @@ fn main() {
                 "cross_process_p50_us": r.cross_p50_us,
             })).collect::<Vec<_>>(),
             "p3_unloaded": p3.iter().map(|r| serde_json::json!({
-                "mode": r.mode.name(), "hold_us": 2000, "gap_us": 500,
+                "mode": r.mode.name(), "hold_us": 3000, "gap_us": 300, "handoffs": r.cross_count,
                 "cross_process_p50_us": r.cross_p50_us, "cross_process_p99_us": r.cross_p99_us,
             })).collect::<Vec<_>>(),
         });
         std::fs::write(&path, serde_json::to_string_pretty(&json).expect("json"))
             .expect("write the JSON");
+    }
+}
+
+/// A figure with `decimals`, or `-` when it rests on no sample.
+fn shown(samples: u64, value: f64, decimals: usize) -> String {
+    if samples == 0 {
+        "-".to_owned()
+    } else {
+        format!("{value:.decimals$}")
     }
 }
 

@@ -323,11 +323,12 @@ impl RedisBackend {
             [Value::Okay, bad] => {
                 // The lock is set but the fence failed (junk under the meta key): undo the
                 // lock before reporting, so nothing stays half taken.
+                let mut now = itoa::Buffer::new();
                 let undo = self
                     .run(
                         &self.scripts.release,
                         &[keys.lock(), keys.meta(), keys.waiters()],
-                        &[token],
+                        &[token, now.format(now_ms())],
                         DOING,
                     )
                     .await;
@@ -378,15 +379,17 @@ impl RedisBackend {
                 st.queued.get(key).cloned().unwrap_or_default()
             }
         };
-        // Nothing but the token in the common case: the script's fast path needs no more.
+        // Nothing but the token and the clock in the common case: the script needs no more.
+        let mut now = itoa::Buffer::new();
         let full = [
             token.as_str(),
+            now.format(now_ms()),
             mine.as_str(),
             believed.as_str(),
             &self.wake_channel,
         ];
         let args = if mine.is_empty() && believed.is_empty() {
-            &full[..1]
+            &full[..2]
         } else {
             &full[..]
         };

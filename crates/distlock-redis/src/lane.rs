@@ -43,9 +43,9 @@ const MAX_LEN: usize = 16 << 20;
 /// How long after a failed connection attempt the lane is tried again.
 const RETRY: Duration = Duration::from_secs(1);
 
-/// Where and how the lane connects.
+/// Where and how a direct connection connects (the lane's, and the subscriber's).
 #[derive(Clone)]
-struct Target {
+pub(crate) struct Target {
     addr: Addr,
     username: Option<String>,
     password: Option<String>,
@@ -65,8 +65,8 @@ enum Stream {
     Unix(tokio::net::UnixStream),
 }
 
-/// One open lane connection and its buffers.
-struct Direct {
+/// One open direct connection and its buffers.
+pub(crate) struct Direct {
     stream: Stream,
     out: Vec<u8>,
     input: Vec<u8>,
@@ -156,6 +156,25 @@ async fn reap(inner: Weak<Inner>, tick: Duration) {
     }
 }
 
+impl Target {
+    /// Where `info` points, unless it is TLS (which direct connections do not speak).
+    pub(crate) fn of(info: &ConnectionInfo) -> Option<Target> {
+        let settings = info.redis_settings();
+        let addr = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
+            _ => return None,
+        };
+        Some(Target {
+            addr,
+            username: settings.username().map(str::to_owned),
+            password: settings.password().map(str::to_owned),
+            db: settings.db(),
+        })
+    }
+}
+
 /// The lane; clones share it.
 #[derive(Clone)]
 pub(crate) struct Lane {
@@ -166,22 +185,9 @@ impl Lane {
     /// A lane to the server `info` names; disabled (every request takes the multiplexed
     /// connection) for TLS.
     pub(crate) fn new(info: &ConnectionInfo, connect_timeout: Duration) -> Lane {
-        let settings = info.redis_settings();
-        let addr = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => Some(Addr::Tcp(host.clone(), *port)),
-            #[cfg(unix)]
-            ConnectionAddr::Unix(path) => Some(Addr::Unix(path.clone())),
-            _ => None,
-        };
-        let target = addr.map(|addr| Target {
-            addr,
-            username: settings.username().map(str::to_owned),
-            password: settings.password().map(str::to_owned),
-            db: settings.db(),
-        });
         Lane {
             inner: Arc::new(Inner {
-                target,
+                target: Target::of(info),
                 state: Mutex::new(State::default()),
                 connect_timeout,
                 timer: Timer {
@@ -250,7 +256,9 @@ fn settle(inner: &Inner, result: Result<Direct, RedisError>) {
     }
 }
 
-async fn connect(target: &Target, timeout: Duration) -> Result<Direct, RedisError> {
+/// Opens a direct connection: connect, then `AUTH` and `SELECT` as the target says, all within
+/// `timeout`.
+pub(crate) async fn connect(target: &Target, timeout: Duration) -> Result<Direct, RedisError> {
     let opening = async {
         let stream = match &target.addr {
             Addr::Tcp(host, port) => {
@@ -360,6 +368,56 @@ impl Drop for Checkout {
 }
 
 impl Direct {
+    /// Writes `cmds` as one write, without waiting for replies (pub/sub).
+    pub(crate) async fn send<'a>(
+        &mut self,
+        cmds: impl IntoIterator<Item = &'a redis::Cmd>,
+    ) -> io::Result<()> {
+        self.out.clear();
+        for cmd in cmds {
+            cmd.write_packed_command(&mut self.out);
+        }
+        match &mut self.stream {
+            Stream::Tcp(s) => s.write_all(&self.out).await,
+            #[cfg(unix)]
+            Stream::Unix(s) => s.write_all(&self.out).await,
+        }
+    }
+
+    /// The next reply or push the server sends (pub/sub).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: bytes read before a cancellation stay in the buffer for the next call.
+    pub(crate) async fn next_frame(&mut self) -> Result<Value, RedisError> {
+        loop {
+            if let Some((value, used)) = frame(&self.input, 0)? {
+                self.input.drain(..used);
+                return Ok(value);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Reads what the server sent into the input buffer; a closed connection is an error.
+    async fn fill(&mut self) -> Result<(), RedisError> {
+        if self.input.capacity() - self.input.len() < 256 {
+            self.input.reserve(4096);
+        }
+        let read = match &mut self.stream {
+            Stream::Tcp(s) => s.read_buf(&mut self.input).await?,
+            #[cfg(unix)]
+            Stream::Unix(s) => s.read_buf(&mut self.input).await?,
+        };
+        if read == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the server closed the connection",
+            )
+            .into());
+        }
+        Ok(())
+    }
+
     async fn round_trip<'a>(
         &mut self,
         cmds: impl IntoIterator<Item = &'a redis::Cmd>,
@@ -383,23 +441,7 @@ impl Direct {
                     replies.push(value);
                     start += used;
                 }
-                None => {
-                    if self.input.capacity() - self.input.len() < 256 {
-                        self.input.reserve(4096);
-                    }
-                    let read = match &mut self.stream {
-                        Stream::Tcp(s) => s.read_buf(&mut self.input).await?,
-                        #[cfg(unix)]
-                        Stream::Unix(s) => s.read_buf(&mut self.input).await?,
-                    };
-                    if read == 0 {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "the server closed the connection",
-                        )
-                        .into());
-                    }
-                }
+                None => self.fill().await?,
             }
         }
         if start < self.input.len() {

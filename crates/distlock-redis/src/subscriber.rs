@@ -14,6 +14,11 @@
 //! The connection is opened at the first wait, not at connect: uncontended users never open it.
 //! When it breaks, it is reopened with back-off, every channel is subscribed again, and every
 //! waiter is woken (an event may have been missed in between).
+//!
+//! It is a direct connection (see [`crate::lane`]) read by this task itself: a wake-up reaches
+//! the waiter with one task hand-off, where redis-rs's pub/sub connection adds a driver task
+//! and a channel (about a tenth of a hand-off between processes on one CPU). Over TLS, which
+//! direct connections do not speak, it is redis-rs's.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -21,11 +26,13 @@ use std::time::{Duration, Instant};
 
 use distlock_core::{Subscription, WakeHub};
 use futures_util::StreamExt;
+use redis::Value;
 use tokio::sync::mpsc;
 
 use crate::backend::with_lib;
 use crate::config::RedisConfig;
 use crate::keys::{KeyLayout, LockKeys};
+use crate::lane::{self, Direct, Target};
 
 /// The keyspace events that mean the lock key is gone.
 const GONE_EVENTS: [&[u8]; 5] = [b"del", b"expired", b"evicted", b"rename_from", b"move_from"];
@@ -105,6 +112,8 @@ pub(crate) struct Subscriber {
 struct Start {
     rx: mpsc::UnboundedReceiver<Cmd>,
     client: redis::Client,
+    /// Where a direct connection goes; `None` over TLS.
+    target: Option<Target>,
     conn: redis::aio::ConnectionManager,
     sent: Arc<std::sync::atomic::AtomicU64>,
     wake_channel: String,
@@ -137,10 +146,12 @@ impl Subscriber {
             },
         );
         let db = client.get_connection_info().redis_settings().db();
+        let target = Target::of(client.get_connection_info());
         Subscriber {
             hub,
             start: Mutex::new(Some(Start {
                 rx,
+                target,
                 client,
                 conn,
                 wake_channel,
@@ -225,25 +236,163 @@ enum Reply {
     Broken,
 }
 
-async fn send(
-    sink: &mut redis::aio::PubSubSink,
+/// A published message.
+struct Msg {
+    channel: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+/// The pub/sub connection.
+enum Conn {
+    /// Read by the subscriber task itself. `early`: messages that came while a subscription
+    /// request waited for its confirmation, served first.
+    Direct { io: Direct, early: VecDeque<Msg> },
+    /// redis-rs's (TLS).
+    Shared {
+        sink: redis::aio::PubSubSink,
+        stream: redis::aio::PubSubStream,
+    },
+}
+
+impl Conn {
+    async fn open(start: &Start) -> Result<Conn, String> {
+        if let Some(target) = &start.target {
+            return match lane::connect(target, start.connect_timeout).await {
+                Ok(io) => Ok(Conn::Direct {
+                    io,
+                    early: VecDeque::new(),
+                }),
+                Err(e) => Err(e.to_string()),
+            };
+        }
+        match tokio::time::timeout(start.connect_timeout, start.client.get_async_pubsub()).await {
+            Ok(Ok(c)) => {
+                let (sink, stream) = c.split();
+                Ok(Conn::Shared { sink, stream })
+            }
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timed out".to_owned()),
+        }
+    }
+
+    /// Subscribes to (or unsubscribes from) `chan`, and waits for the server's answer.
+    async fn request(&mut self, chan: &str, subscribe: bool, timeout: Duration) -> Reply {
+        let reply = match self {
+            Conn::Direct { io, early } => {
+                tokio::time::timeout(timeout, direct_request(io, early, chan, subscribe)).await
+            }
+            Conn::Shared { sink, .. } if subscribe => {
+                tokio::time::timeout(timeout, sink.subscribe(chan)).await
+            }
+            Conn::Shared { sink, .. } => {
+                tokio::time::timeout(timeout, sink.unsubscribe(chan)).await
+            }
+        };
+        match reply {
+            Ok(Ok(())) => Reply::Done,
+            Ok(Err(e))
+                if !e.is_io_error()
+                    && !e.is_connection_dropped()
+                    && e.kind() != redis::ErrorKind::Parse =>
+            {
+                tracing::debug!(target: "distlock", channel = %chan, error = %e,
+                    "subscription refused");
+                Reply::Refused
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(target: "distlock", channel = %chan, error = %e,
+                    "subscription failed");
+                Reply::Broken
+            }
+            Err(_) => Reply::Broken,
+        }
+    }
+
+    /// The next message; `None` when the connection is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a message is taken off the connection only when it is returned.
+    async fn next(&mut self) -> Option<Msg> {
+        match self {
+            Conn::Direct { io, early } => {
+                if let Some(m) = early.pop_front() {
+                    return Some(m);
+                }
+                loop {
+                    match io.next_frame().await {
+                        // Anything else is a late confirmation: nothing to do.
+                        Ok(v) => {
+                            if let Some(m) = message(v) {
+                                return Some(m);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::debug!(target: "distlock", error = %e, "pub/sub read failed");
+                            return None;
+                        }
+                    }
+                }
+            }
+            Conn::Shared { stream, .. } => stream.next().await.map(|m| Msg {
+                channel: m.get_channel_name().as_bytes().to_vec(),
+                payload: m.get_payload_bytes().to_vec(),
+            }),
+        }
+    }
+}
+
+/// Sends `SUBSCRIBE` or `UNSUBSCRIBE` and reads up to its confirmation, keeping the messages
+/// that come first. A server error (`NOPERM`) is returned as such.
+async fn direct_request(
+    io: &mut Direct,
+    early: &mut VecDeque<Msg>,
     chan: &str,
     subscribe: bool,
-    timeout: Duration,
-) -> Reply {
-    let reply = if subscribe {
-        tokio::time::timeout(timeout, sink.subscribe(chan)).await
+) -> Result<(), redis::RedisError> {
+    let (name, kind): (&str, &[u8]) = if subscribe {
+        ("SUBSCRIBE", b"subscribe")
     } else {
-        tokio::time::timeout(timeout, sink.unsubscribe(chan)).await
+        ("UNSUBSCRIBE", b"unsubscribe")
     };
-    match reply {
-        Ok(Ok(())) => Reply::Done,
-        Ok(Err(e)) if !e.is_io_error() && !e.is_connection_dropped() => {
-            tracing::debug!(target: "distlock", channel = %chan, error = %e,
-                "subscription refused");
-            Reply::Refused
+    let mut cmd = redis::cmd(name);
+    cmd.arg(chan);
+    io.send(std::iter::once(&cmd)).await?;
+    loop {
+        let v = io.next_frame().await?;
+        if let Value::ServerError(e) = v {
+            return Err(e.into());
         }
-        _ => Reply::Broken,
+        if let Value::Array(items) = &v
+            && let [Value::BulkString(k), Value::BulkString(c), Value::Int(_)] = items.as_slice()
+            && k.as_slice() == kind
+            && c.as_slice() == chan.as_bytes()
+        {
+            return Ok(());
+        }
+        match message(v) {
+            Some(m) => early.push_back(m),
+            None => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "an unexpected reply on the pub/sub connection",
+                )));
+            }
+        }
+    }
+}
+
+/// A `message` push as channel and payload; `None` for anything else.
+fn message(v: Value) -> Option<Msg> {
+    let Value::Array(items) = v else { return None };
+    let mut items = items.into_iter();
+    match (items.next(), items.next(), items.next(), items.next()) {
+        (
+            Some(Value::BulkString(kind)),
+            Some(Value::BulkString(channel)),
+            Some(Value::BulkString(payload)),
+            None,
+        ) if kind == b"message" => Some(Msg { channel, payload }),
+        _ => None,
     }
 }
 
@@ -302,23 +451,18 @@ async fn run(hub: WakeHub, mut start: Start) {
         if start.rx.is_closed() && routes.is_empty() {
             return;
         }
-        let conn =
-            tokio::time::timeout(start.connect_timeout, start.client.get_async_pubsub()).await;
-        let (mut sink, mut stream) = match conn {
-            Ok(Ok(c)) => c.split(),
-            Ok(Err(e)) => {
+        let mut conn = match Conn::open(&start).await {
+            Ok(c) => c,
+            Err(e) => {
                 tracing::debug!(target: "distlock", error = %e, "pub/sub connection failed");
-                backoff(&mut attempt, &mut start, &mut routes).await;
-                continue;
-            }
-            Err(_) => {
-                tracing::debug!(target: "distlock", "pub/sub connection timed out");
                 backoff(&mut attempt, &mut start, &mut routes).await;
                 continue;
             }
         };
         // Our wake channel first: waiters count as watching only once it is confirmed.
-        let wake_ok = match send(&mut sink, &start.wake_channel, true, start.response_timeout).await
+        let wake_ok = match conn
+            .request(&start.wake_channel, true, start.response_timeout)
+            .await
         {
             Reply::Done => true,
             Reply::Refused => false,
@@ -330,7 +474,7 @@ async fn run(hub: WakeHub, mut start: Start) {
         let all: Vec<String> = routes.keyspace.keys().cloned().collect();
         let mut broken = false;
         for chan in &all {
-            if let Reply::Broken = send(&mut sink, chan, true, start.response_timeout).await {
+            if let Reply::Broken = conn.request(chan, true, start.response_timeout).await {
                 broken = true;
                 break;
             }
@@ -360,7 +504,7 @@ async fn run(hub: WakeHub, mut start: Start) {
                         Cmd::Unsubscribe(k) => (k, false),
                     };
                     let chan = keyspace_channel(&start.layout, start.db, key);
-                    if let Reply::Broken = send(&mut sink, &chan, subscribe, start.response_timeout).await {
+                    if let Reply::Broken = conn.request(&chan, subscribe, start.response_timeout).await {
                         break;
                     }
                     if subscribe {
@@ -373,11 +517,10 @@ async fn run(hub: WakeHub, mut start: Start) {
                         leave_queue(&start, key).await;
                     }
                 }
-                msg = stream.next() => {
-                    let Some(msg) = msg else { break };
-                    let channel = msg.get_channel_name();
-                    let payload = msg.get_payload_bytes();
-                    if channel == start.wake_channel {
+                msg = conn.next() => {
+                    let Some(Msg { channel, payload }) = msg else { break };
+                    let payload = payload.as_slice();
+                    if channel == start.wake_channel.as_bytes() {
                         if let Some((fence, seq, token, lock_key)) = parse_grant(payload) {
                             match routes.locks.get(lock_key) {
                                 Some(name) => wake(&hub, &start.shared, name, |st| {
@@ -394,7 +537,8 @@ async fn run(hub: WakeHub, mut start: Start) {
                                 st.queued.remove(name);
                             });
                         }
-                    } else if let Some(name) = routes.keyspace.get(channel)
+                    } else if let Ok(channel) = std::str::from_utf8(&channel)
+                        && let Some(name) = routes.keyspace.get(channel)
                         && GONE_EVENTS.contains(&payload)
                     {
                         wake(&hub, &start.shared, name, |_| {});
@@ -441,7 +585,8 @@ async fn leave_lock_key(start: &Start, lock_key: &str, handed: &str) {
     inv.key(keys.meta())
         .key(keys.waiters())
         .arg(&start.wake_channel)
-        .arg(handed);
+        .arg(handed)
+        .arg(crate::backend::now_ms());
     start
         .sent
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -471,6 +616,96 @@ async fn backoff(attempt: &mut u32, start: &mut Start, routes: &mut Routes) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use distlock_testkit::RedisServer;
+
+    async fn direct(server: &RedisServer) -> Direct {
+        let info = redis::Client::open(server.url()).unwrap();
+        let target = Target::of(info.get_connection_info()).expect("a TCP target");
+        lane::connect(&target, Duration::from_secs(5))
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn messages_that_come_before_a_confirmation_are_kept_in_order() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let mut conn = Conn::Direct {
+            io: direct(&server).await,
+            early: VecDeque::new(),
+        };
+        let t = Duration::from_secs(5);
+        assert!(matches!(conn.request("a", true, t).await, Reply::Done));
+        // Published before we ask for "b": they are on the socket ahead of its confirmation.
+        for i in 0..50 {
+            assert_eq!(server.cli(&["PUBLISH", "a", &i.to_string()]), "1");
+        }
+        assert!(matches!(conn.request("b", true, t).await, Reply::Done));
+        assert_eq!(server.cli(&["PUBLISH", "b", "last"]), "1");
+        for i in 0..50 {
+            let m = conn.next().await.expect("a message");
+            assert_eq!(
+                (m.channel, m.payload),
+                (b"a".to_vec(), i.to_string().into_bytes())
+            );
+        }
+        let m = conn.next().await.expect("a message");
+        assert_eq!((m.channel, m.payload), (b"b".to_vec(), b"last".to_vec()));
+        // Unsubscribed: a message to "a" no longer comes.
+        assert!(matches!(conn.request("a", false, t).await, Reply::Done));
+        assert_eq!(server.cli(&["PUBLISH", "a", "late"]), "0");
+    }
+
+    #[tokio::test]
+    async fn a_subscription_the_acl_forbids_is_refused_and_the_connection_stays() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        server.cli(&[
+            "ACL",
+            "SETUSER",
+            "deaf",
+            "on",
+            ">pw",
+            "~*",
+            "+@all",
+            "resetchannels",
+            "&ok",
+        ]);
+        let url = format!("redis://deaf:pw@127.0.0.1:{}", server.port());
+        let info = redis::Client::open(url).unwrap();
+        let target = Target::of(info.get_connection_info()).unwrap();
+        let mut conn = Conn::Direct {
+            io: lane::connect(&target, Duration::from_secs(5))
+                .await
+                .unwrap(),
+            early: VecDeque::new(),
+        };
+        let t = Duration::from_secs(5);
+        assert!(matches!(conn.request("no", true, t).await, Reply::Refused));
+        assert!(matches!(conn.request("ok", true, t).await, Reply::Done));
+        assert_eq!(server.cli(&["PUBLISH", "ok", "x"]), "1");
+        let m = conn.next().await.expect("a message");
+        assert_eq!(m.payload, b"x".to_vec());
+    }
+
+    #[test]
+    fn only_message_pushes_are_messages() {
+        let bulk = |b: &[u8]| Value::BulkString(b.to_vec());
+        let m = message(Value::Array(vec![bulk(b"message"), bulk(b"c"), bulk(b"p")])).unwrap();
+        assert_eq!((m.channel, m.payload), (b"c".to_vec(), b"p".to_vec()));
+        for v in [
+            Value::Array(vec![bulk(b"subscribe"), bulk(b"c"), Value::Int(1)]),
+            Value::Array(vec![bulk(b"message"), bulk(b"c")]),
+            Value::Array(vec![bulk(b"message"), bulk(b"c"), bulk(b"p"), bulk(b"q")]),
+            Value::Array(vec![bulk(b"message"), bulk(b"c"), Value::Int(1)]),
+            Value::Int(1),
+            Value::Nil,
+        ] {
+            assert!(message(v).is_none());
+        }
+    }
 
     fn handed(st: &WaitState, name: &str) -> Option<(String, u64, u64)> {
         match st.grants.get(name)? {

@@ -95,15 +95,38 @@ async fn a_release_wakes_a_waiter_at_once() {
     let Some(server) = RedisServer::start() else {
         return;
     };
+    release_wakes_a_waiter_at_once(&server, &server.url(), "").await;
+}
+
+/// The pub/sub connection logs in and listens in the URL's database like the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_at_once_with_a_password_in_database_3() {
+    let Some(server) = RedisServer::start_with(&["--requirepass", "s3cret"]) else {
+        return;
+    };
+    let url = format!("redis://:s3cret@127.0.0.1:{}/3", server.port());
+    release_wakes_a_waiter_at_once(&server, &url, "3").await;
+}
+
+async fn release_wakes_a_waiter_at_once(server: &RedisServer, url: &str, db: &str) {
     // A long lease and a long fallback: only the release event can wake the waiter early.
     let opts = ttl(30_000)
         .wake_fallback(Duration::from_secs(10))
         .build()
         .unwrap();
-    let holder = client(&server, opts).await;
-    let waiter = client(&server, opts).await;
+    let connect = || async {
+        let backend = RedisBackend::connect(url).await.expect("connect");
+        LockClient::builder(backend).options(opts).build()
+    };
+    let holder = connect().await;
+    let waiter = connect().await;
     let g = holder.acquire("evt").await.unwrap();
     let channel = waiter.backend().wake_channel();
+    let keyspace = format!(
+        "__keyspace@{}__:{}",
+        if db.is_empty() { "0" } else { db },
+        waiter.backend().lock_key("evt")
+    );
     let w = tokio::spawn(async move {
         let g = waiter.acquire("evt").await.unwrap();
         let at = Instant::now();
@@ -111,11 +134,13 @@ async fn a_release_wakes_a_waiter_at_once() {
         at
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        server.cli(&["PUBSUB", "NUMSUB", &channel]),
-        format!("{channel}\n1"),
-        "the waiter subscribed"
-    );
+    for chan in [&channel, &keyspace] {
+        assert_eq!(
+            server.cli(&["PUBSUB", "NUMSUB", chan]),
+            format!("{chan}\n1"),
+            "the waiter subscribed"
+        );
+    }
     let released = Instant::now();
     assert_eq!(g.release().await.unwrap(), Released::Held);
     let got = tokio::time::timeout(Duration::from_secs(5), w)

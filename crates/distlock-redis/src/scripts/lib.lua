@@ -5,28 +5,24 @@
 -- nobody listening there (PUBLISH reaches no one: the process is gone) skips it. An empty list
 -- is deleted by Redis itself; nothing else here expires.
 
--- The server's clock in ms, as a decimal string (shown as a holder's start).
-local function server_ms()
-  local t = redis.call('TIME')
-  return string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-end
-
 -- Hands the lock (ours, being released, or handed to us and unused) to the first live waiting
--- client other than the one listening on `self_chan`, which it takes out of the queue (Lua:
+-- client other than the one listening on `self_chan`, which it takes out of the queue (`first`,
+-- if not nil, is the queue's first element, already taken out by the caller) (Lua:
 -- returns two booleans: handed over, and whether an element of `self_chan` was met and dropped
 -- on the way).
--- The lock is written for the waiter with the token, owner and TTL it registered (the server's
--- time shown as the start), and a new fence (taken while the lock is being written, so fences
+-- The lock is written for the waiter with the token, owner and TTL it registered (`now`, the
+-- releasing client's clock in ms, shown as the start), and a new fence (taken while the lock is being written, so fences
 -- still order holders). The waiter is told on its own channel, so no other client wakes up:
 -- '\t<fence> <seq> <token> <lock key>'. If the fence counter is not a
 -- hash, the lock is freed instead and the waiter woken with the bare lock key, to try itself
 -- (and get the error).
 -- Every call after the lock may be written uses pcall: junk under the queue key, or an ACL
 -- without the channel, never undoes a release (waiters then fall back to their capped sleep).
-local function pass_on(lock, meta, queue, self_chan)
+local function pass_on(lock, meta, queue, self_chan, now, first)
   local met_self = false
   for _ = 1, 16 do
-    local e = redis.pcall('LPOP', queue)
+    local e = first or redis.pcall('LPOP', queue)
+    first = nil
     if type(e) ~= 'string' then
       return false, met_self
     end
@@ -43,7 +39,7 @@ local function pass_on(lock, meta, queue, self_chan)
       local heard = redis.pcall('PUBLISH', chan,
         '\t' .. string.format('%d', fence) .. ' ' .. seq .. ' ' .. tok .. ' ' .. lock)
       if type(heard) == 'number' and heard > 0 then
-        redis.call('SET', lock, tok .. ' ' .. server_ms() .. ' ' .. owner, 'PX', ttl)
+        redis.call('SET', lock, tok .. ' ' .. now .. ' ' .. owner, 'PX', ttl)
         redis.pcall('HSET', meta, 'token', tok, 'holder_fence', fence)
         return true, met_self
       end

@@ -2,7 +2,7 @@ if mine == '' and believed ~= '' then
   -- A registration of ours left from a wait whose last task took the lock otherwise.
   redis.pcall('LREM', KEYS[3], 1, believed)
 end
-local handed, met_self = pass_on(KEYS[1], KEYS[2], KEYS[3], self_chan)
+local handed, met_self = pass_on(KEYS[1], KEYS[2], KEYS[3], self_chan, now, first)
 if mine == '' then
   if handed then
     return 2
@@ -23,7 +23,7 @@ end
 local ttl, next_tok, owner = string.match(mine, '^[^ ]+ (%d+) %d+ ([^ ]+) (.*)$')
 local fence = redis.pcall('HINCRBY', KEYS[2], 'fence', 1)
 if next_tok and type(fence) == 'number' then
-  redis.call('SET', KEYS[1], next_tok .. ' ' .. server_ms() .. ' ' .. owner, 'PX', ttl)
+  redis.call('SET', KEYS[1], next_tok .. ' ' .. now .. ' ' .. owner, 'PX', ttl)
   redis.pcall('HSET', KEYS[2], 'token', next_tok, 'holder_fence', fence)
   if believed ~= '' and not met_self then
     redis.pcall('LREM', KEYS[3], 1, believed)
