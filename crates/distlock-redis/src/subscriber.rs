@@ -543,6 +543,9 @@ async fn run(hub: WakeHub, mut start: Start) {
                     {
                         wake(&hub, &start.shared, name, |_| {});
                     }
+                    // Let the woken waiter run before this task reads the socket again (a read
+                    // that finds nothing is a wasted system call on the new holder's way).
+                    tokio::task::yield_now().await;
                 }
             }
         }
