@@ -16,7 +16,10 @@
 //!   with local hand-off.
 //! - P3 unloaded: two processes, one task each, taking turns with 3 ms holds and 0.3 ms pauses:
 //!   release sent -> the other process acquired, when nothing else wants the CPU, in round
-//!   trips of a PING sent after a 2 ms pause (and of a back-to-back one).
+//!   trips of a PING sent after a 2 ms pause (and of a back-to-back one); next to the raw floor
+//!   of the same run: two blocking redis-rs clients, one sending what a distlock release sends
+//!   (a `PING`, then the release script by SHA) 3 ms after queueing the other, which only
+//!   subscribes and reads (release sent -> message read).
 //!
 //! This is a benchmark, not a test: it prints a table (and `--json`), it asserts nothing.
 
@@ -83,6 +86,24 @@ enum Cmd {
         /// How long each task pauses after a release before it asks again, in microseconds.
         #[arg(long, default_value_t = 0)]
         gap_us: u64,
+    },
+    /// Internal: the raw floor's waiting client (a bare subscriber).
+    #[command(hide = true)]
+    RawWaiter {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        count: usize,
+    },
+    /// Internal: the raw floor's releasing client.
+    #[command(hide = true)]
+    RawHolder {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        count: usize,
+        #[arg(long)]
+        start_ns: u64,
     },
 }
 
@@ -385,8 +406,129 @@ async fn contention(
     }
 }
 
+/// The raw floor's lock, its keys and its waiter's channel.
+const RAW_KEYS: [&str; 3] = [
+    "distlock:{rawbench}",
+    "distlock:{rawbench}:meta",
+    "distlock:{rawbench}:waiters",
+];
+const RAW_CHANNEL: &str = "distlock:wake:rawbench";
+
+/// The raw floor's waiter: redis-rs's blocking pub/sub, stamping each message as it is read.
+fn raw_waiter(url: &str, count: usize) {
+    let client = redis::Client::open(url).expect("client");
+    let mut con = client.get_connection().expect("connection");
+    let mut ps = con.as_pubsub();
+    ps.subscribe(RAW_CHANNEL).expect("subscribe");
+    ps.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("read timeout");
+    let mut got = Vec::with_capacity(count);
+    while got.len() < count {
+        if ps.get_message().is_err() {
+            break;
+        }
+        got.push(mono_ns());
+    }
+    println!("{}", serde_json::json!(got));
+}
+
+/// The raw floor's holder: writes the lock and queues the waiter's registration, pauses 3 ms,
+/// then sends what a distlock release sends (a `PING`, then the release script by SHA) with
+/// redis-rs's blocking connection, stamping the moment before.
+fn raw_holder(url: &str, count: usize, start_ns: u64) {
+    let client = redis::Client::open(url).expect("client");
+    let mut con = client.get_connection().expect("connection");
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(distlock_redis::RELEASE_SCRIPT)
+        .query(&mut con)
+        .expect("load the release script");
+    let now = mono_ns();
+    if start_ns > now {
+        std::thread::sleep(Duration::from_nanos(start_ns - now));
+    }
+    let mut sent = Vec::with_capacity(count);
+    for i in 0..count {
+        let _: () = redis::pipe()
+            .cmd("SET")
+            .arg(RAW_KEYS[0])
+            .arg(format!("raw{i} 0 raw"))
+            .arg("PX")
+            .arg(30_000)
+            .ignore()
+            .cmd("RPUSH")
+            .arg(RAW_KEYS[2])
+            .arg(format!("{RAW_CHANNEL} 30000 {i} raw{} raw", i + 1))
+            .ignore()
+            .query(&mut con)
+            .expect("set up a hand-over");
+        std::thread::sleep(Duration::from_millis(3));
+        let at = mono_ns();
+        let (_, handed): (String, i64) = redis::pipe()
+            .cmd("PING")
+            .cmd("EVALSHA")
+            .arg(&sha)
+            .arg(3)
+            .arg(&RAW_KEYS[..])
+            .arg(format!("raw{i}"))
+            .arg(wall_ms())
+            .query(&mut con)
+            .expect("release");
+        assert_eq!(handed, 2, "the release handed the lock over");
+        sent.push(at);
+    }
+    println!("{}", serde_json::json!(sent));
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The raw-client floor of the unloaded hand-off: release sent -> the waiter read the message,
+/// p50 in µs, over `count` hand-overs between two processes.
+async fn raw_handoff(server: &RedisServer, count: usize) -> f64 {
+    let exe = std::env::current_exe().expect("own path");
+    let url = server.url();
+    let waiter = tokio::process::Command::new(&exe)
+        .args(["raw-waiter", "--url", &url, "--count", &count.to_string()])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the raw waiter");
+    let start_ns = (mono_ns() + 300_000_000).to_string();
+    let holder = tokio::process::Command::new(&exe)
+        .args(["raw-holder", "--url", &url, "--count", &count.to_string()])
+        .args(["--start-ns", &start_ns])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the raw holder");
+    let stamps = |out: std::process::Output| -> Vec<u64> {
+        serde_json::from_slice(&out.stdout).expect("raw client JSON")
+    };
+    let sent = stamps(holder.wait_with_output().await.expect("raw holder"));
+    let got = stamps(waiter.wait_with_output().await.expect("raw waiter"));
+    let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    for (s, g) in sent.iter().zip(&got) {
+        let _ = h.record(g.saturating_sub(*s));
+    }
+    server.cli(&["DEL", RAW_KEYS[0], RAW_KEYS[1], RAW_KEYS[2]]);
+    h.value_at_quantile(0.5) as f64 / 1000.0
+}
+
 fn main() {
     let cli = Cli::parse();
+    match &cli.cmd {
+        Some(Cmd::RawWaiter { url, count }) => return raw_waiter(url, *count),
+        Some(Cmd::RawHolder {
+            url,
+            count,
+            start_ns,
+        }) => return raw_holder(url, *count, *start_ns),
+        _ => {}
+    }
     if let Some(Cmd::Worker {
         url,
         tasks,
@@ -515,6 +657,7 @@ fn main() {
             ))
         })
         .collect();
+    let p3_raw = rt2.block_on(raw_handoff(&server, if cli.quick { 20 } else { 600 }));
 
     println!(
         "distlock-bench — Redis {} — {pinning}",
@@ -595,6 +738,18 @@ fn main() {
             if rtt > 0.0 { r.cross_p50_us / rtt } else { 0.0 },
         );
     }
+    println!(
+        "| raw redis-rs floor: the same PING + release script, blocking clients, 3 ms pauses | {} | {p3_raw:.1} | | {:.1} | {:.1} |",
+        if cli.quick { 20 } else { 600 },
+        p3_raw / idle_rtt.max(f64::MIN_POSITIVE),
+        p3_raw / rtt.max(f64::MIN_POSITIVE),
+    );
+    if let Some(events) = p3.first() {
+        println!(
+            "distlock events vs the raw floor: {:.2}× its hand-off time",
+            events.cross_p50_us / p3_raw.max(f64::MIN_POSITIVE)
+        );
+    }
     if let Some(path) = cli.json {
         let json = serde_json::json!({
             "pinning": pinning,
@@ -614,6 +769,7 @@ fn main() {
                 "mode": r.mode.name(), "hold_us": 3000, "gap_us": 300, "handoffs": r.cross_count,
                 "cross_process_p50_us": r.cross_p50_us, "cross_process_p99_us": r.cross_p99_us,
             })).collect::<Vec<_>>(),
+            "p3_raw_floor_p50_us": p3_raw,
         });
         std::fs::write(&path, serde_json::to_string_pretty(&json).expect("json"))
             .expect("write the JSON");

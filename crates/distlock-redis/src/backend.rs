@@ -34,16 +34,19 @@ macro_rules! with_lib {
 }
 pub(crate) use with_lib;
 
+/// The release script (compare-and-delete, or hand-over to the next queued client).
+pub(crate) const RELEASE_SCRIPT: &str = concat!(
+    include_str!("scripts/release_head.lua"),
+    include_str!("scripts/lib.lua"),
+    include_str!("scripts/release.lua")
+);
+
 impl Scripts {
     fn new() -> Self {
         Scripts {
             acquire: redis::Script::new(with_lib!("scripts/acquire.lua")),
             extend: redis::Script::new(include_str!("scripts/extend.lua")),
-            release: redis::Script::new(concat!(
-                include_str!("scripts/release_head.lua"),
-                include_str!("scripts/lib.lua"),
-                include_str!("scripts/release.lua")
-            )),
+            release: redis::Script::new(RELEASE_SCRIPT),
             status: redis::Script::new(include_str!("scripts/status.lua")),
         }
     }

@@ -9,4 +9,9 @@ mod lane;
 mod subscriber;
 
 pub use backend::RedisBackend;
+
+/// The release script's source, for the benchmark's raw-client floor (not a stable API: its
+/// arguments are described at its top).
+#[doc(hidden)]
+pub const RELEASE_SCRIPT: &str = backend::RELEASE_SCRIPT;
 pub use config::RedisConfig;
