@@ -11,6 +11,10 @@
 //!   `Kgx`). This wakes waiters when a client in another language deletes its plain lock key,
 //!   or when a crashed holder's lease runs out.
 //!
+//! A lock's channel stays subscribed for [`LINGER`] after the last waiter here has gone (the
+//! next wait on a hot lock comes soon); meanwhile a grant of that lock is passed on at once,
+//! since nobody here will take it.
+//!
 //! The connection is opened at the first wait, not at connect: uncontended users never open it.
 //! When it breaks, it is reopened with back-off, every channel is subscribed again, and every
 //! waiter is woken (an event may have been missed in between).
@@ -33,6 +37,13 @@ use crate::backend::with_lib;
 use crate::config::RedisConfig;
 use crate::keys::{KeyLayout, LockKeys};
 use crate::lane::{self, Direct, Target};
+
+/// How long a lock's channels stay subscribed after its last waiter here has gone. A client that
+/// takes turns on a hot lock stops waiting at every acquisition and waits again soon after:
+/// without this, each turn cost an `UNSUBSCRIBE`, a `leave` script and a `SUBSCRIBE` (three of
+/// the five commands of a contended cycle), and the next wait a round trip before it could
+/// queue up.
+const LINGER: Duration = Duration::from_secs(1);
 
 /// The keyspace events that mean the lock key is gone.
 const GONE_EVENTS: [&[u8]; 5] = [b"del", b"expired", b"evicted", b"rename_from", b"move_from"];
@@ -494,27 +505,67 @@ async fn run(hub: WakeHub, mut start: Start) {
         // Events may have been missed while disconnected.
         forget_hints(&start.shared);
         hub.notify_all();
+        // Locks nobody here waits for any more, still subscribed, and until when.
+        let mut lingering: HashMap<String, Instant> = HashMap::new();
+        let mut linger_timer = Box::pin(tokio::time::sleep(LINGER));
         loop {
             tokio::select! {
                 cmd = start.rx.recv() => {
                     let Some(cmd) = cmd else { return };
-                    routes.apply(&start, &cmd);
-                    let (key, subscribe) = match &cmd {
-                        Cmd::Subscribe(k) => (k, true),
-                        Cmd::Unsubscribe(k) => (k, false),
-                    };
-                    let chan = keyspace_channel(&start.layout, start.db, key);
-                    if let Reply::Broken = conn.request(&chan, subscribe, start.response_timeout).await {
+                    match cmd {
+                        Cmd::Subscribe(key) => {
+                            // Still subscribed if it lingers: no round trip.
+                            if lingering.remove(&key).is_none() {
+                                routes.apply(&start, &Cmd::Subscribe(key.clone()));
+                                let chan = keyspace_channel(&start.layout, start.db, &key);
+                                if let Reply::Broken = conn.request(&chan, true, start.response_timeout).await {
+                                    break;
+                                }
+                            }
+                            if wake_ok {
+                                hub.set_confirmed(&key, true);
+                            } else {
+                                hub.set_refused(&key);
+                            }
+                        }
+                        Cmd::Unsubscribe(key) => {
+                            // A registration of ours still queued, or a grant nobody took:
+                            // leave now (a release would hand the lock to nobody). Otherwise
+                            // the next wait will likely come soon: stay subscribed a while.
+                            if must_leave(&start.shared, &key) {
+                                leave_queue(&start, &key).await;
+                            }
+                            let until = Instant::now() + LINGER;
+                            if lingering.is_empty() {
+                                linger_timer.as_mut().reset(until.into());
+                            }
+                            lingering.insert(key, until);
+                        }
+                    }
+                }
+                () = &mut linger_timer, if !lingering.is_empty() => {
+                    let now = Instant::now();
+                    let done: Vec<String> = lingering
+                        .iter()
+                        .filter(|(_, until)| **until <= now)
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    let mut broken = false;
+                    for key in done {
+                        lingering.remove(&key);
+                        let chan = keyspace_channel(&start.layout, start.db, &key);
+                        routes.apply(&start, &Cmd::Unsubscribe(key.clone()));
+                        leave_queue(&start, &key).await;
+                        if let Reply::Broken = conn.request(&chan, false, start.response_timeout).await {
+                            broken = true;
+                            break;
+                        }
+                    }
+                    if broken {
                         break;
                     }
-                    if subscribe {
-                        if wake_ok {
-                            hub.set_confirmed(key, true);
-                        } else {
-                            hub.set_refused(key);
-                        }
-                    } else {
-                        leave_queue(&start, key).await;
+                    if let Some(next) = lingering.values().min() {
+                        linger_timer.as_mut().reset((*next).into());
                     }
                 }
                 msg = conn.next() => {
@@ -523,14 +574,26 @@ async fn run(hub: WakeHub, mut start: Start) {
                     if channel == start.wake_channel.as_bytes() {
                         if let Some((fence, seq, token, lock_key)) = parse_grant(payload) {
                             match routes.locks.get(lock_key) {
-                                Some(name) => wake(&hub, &start.shared, name, |st| {
-                                    record_grant(st, name, fence, seq, token);
-                                }),
-                                // Handed to us, but nobody here waits any more: pass it on.
-                                None => leave_lock_key(&start, lock_key, token).await,
+                                Some(name) if !lingering.contains_key(name) => {
+                                    wake(&hub, &start.shared, name, |st| {
+                                        record_grant(st, name, fence, seq, token);
+                                    });
+                                }
+                                // Handed to us, but nobody here waits any more: pass it on,
+                                // unless an attempt took this very grant (a task holds it).
+                                _ => {
+                                    let taken = {
+                                        let mut st = start.shared.lock().unwrap_or_else(PoisonError::into_inner);
+                                        took_already(&mut st, token, fence)
+                                    };
+                                    if !taken {
+                                        leave_lock_key(&start, lock_key, token).await;
+                                    }
+                                }
                             }
                         } else if let Ok(lock_key) = std::str::from_utf8(payload)
                             && let Some(name) = routes.locks.get(lock_key)
+                            && !lingering.contains_key(name)
                         {
                             // Taken out of the queue and told to try.
                             wake(&hub, &start.shared, name, |st| {
@@ -539,6 +602,7 @@ async fn run(hub: WakeHub, mut start: Start) {
                         }
                     } else if let Ok(channel) = std::str::from_utf8(&channel)
                         && let Some(name) = routes.keyspace.get(channel)
+                        && !lingering.contains_key(name)
                         && GONE_EVENTS.contains(&payload)
                     {
                         wake(&hub, &start.shared, name, |_| {});
@@ -549,11 +613,32 @@ async fn run(hub: WakeHub, mut start: Start) {
                 }
             }
         }
+        // Lingering channels are not subscribed again.
+        for (key, _) in lingering.drain() {
+            routes.apply(&start, &Cmd::Unsubscribe(key));
+        }
         tracing::debug!(target: "distlock", "pub/sub connection lost; reconnecting");
         hub.unconfirm_all();
         forget_hints(&start.shared);
         hub.notify_all();
     }
+}
+
+/// Whether an attempt of ours took the lock this grant (of `token`, with `fence`) hands over:
+/// then a task holds it, and the message, late, must not pass it on. Forgets the record.
+fn took_already(st: &mut WaitState, token: &str, fence: u64) -> bool {
+    let found = st.grants.iter().find_map(|(name, g)| match g {
+        Grant::Taken { token: t, fence: f } if t == token && *f == fence => Some(name.clone()),
+        _ => None,
+    });
+    found.is_some_and(|name| st.grants.remove(&name).is_some())
+}
+
+/// Whether this client must leave `key`'s queue now that nobody here waits: a registration of
+/// ours is still queued, or a lock was handed to us that nobody took.
+fn must_leave(shared: &Shared, key: &str) -> bool {
+    let st = shared.lock().unwrap_or_else(PoisonError::into_inner);
+    st.queued.contains_key(key) || matches!(st.grants.get(key), Some(Grant::Handed { .. }))
 }
 
 fn forget_hints(shared: &Shared) {
@@ -571,8 +656,13 @@ async fn leave_queue(start: &Start, key: &str) {
         let mut st = start.shared.lock().unwrap_or_else(PoisonError::into_inner);
         st.regs.remove(key);
         st.queued.remove(key);
-        match st.grants.remove(key) {
-            Some(Grant::Handed { token, .. }) => token,
+        // A `Taken` record stays: its grant message may still come, and must not pass on a
+        // lock a task of ours holds.
+        match st.grants.get(key) {
+            Some(Grant::Handed { .. }) => match st.grants.remove(key) {
+                Some(Grant::Handed { token, .. }) => token,
+                _ => String::new(),
+            },
             _ => String::new(),
         }
     };

@@ -223,7 +223,7 @@ async fn a_dropped_acquire_mid_wait_leaves_no_residue() {
             tokio::time::timeout(Duration::from_millis(300), waiter.acquire("residue")).await;
         assert!(gave_up.is_err(), "the lock was held");
     }
-    // The subscription goes with the last waiter.
+    // The subscription goes a second or so after the last waiter (it lingers for the next).
     let t0 = Instant::now();
     loop {
         let subs = server.cli(&["PUBSUB", "NUMSUB", &channel]);
@@ -704,4 +704,193 @@ async fn no_hand_over_leaves_the_lock_with_nobody() {
         }
     }
     eprintln!("longest hand-over in 30 rounds: {worst:?}");
+}
+
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    server.commandstats().get(command).copied().unwrap_or(0)
+}
+
+/// A client that takes turns on a lock stops waiting at each acquisition and waits again soon
+/// after: its subscription to the lock's channel stays between the two waits instead of being
+/// closed and reopened (an `UNSUBSCRIBE`, a `leave` script and a `SUBSCRIBE` per turn), and it
+/// goes about a second after the last wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_lingers_between_waits_and_then_goes() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let opts = ttl(30_000)
+        .wake_fallback(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let a = client(&server, opts).await;
+    let b = client(&server, opts).await;
+    let channel = format!("__keyspace@0__:{}", a.backend().lock_key("linger"));
+    let mut g = a.acquire("linger").await.unwrap();
+    let mut subscribes = None;
+    for turn in 0..6 {
+        // The other client waits while this one holds, and gets the lock at its release.
+        let waiter = if turn % 2 == 0 { &b } else { &a };
+        let w = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move { waiter.acquire("linger").await.unwrap() })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(g.release().await.unwrap(), Released::Held, "turn {turn}");
+        g = tokio::time::timeout(Duration::from_secs(2), w)
+            .await
+            .expect("handed over at once")
+            .unwrap();
+        if turn == 1 {
+            // Both clients have waited once: each channel is subscribed.
+            subscribes = Some(calls(&server, "subscribe"));
+        }
+    }
+    assert_eq!(
+        Some(calls(&server, "subscribe")),
+        subscribes,
+        "a client subscribed again between its waits"
+    );
+    assert_eq!(
+        calls(&server, "unsubscribe"),
+        0,
+        "a client unsubscribed between its waits"
+    );
+    assert_eq!(
+        server.cli(&["PUBSUB", "NUMSUB", &channel]),
+        format!("{channel}\n2")
+    );
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    // Nobody waits any more: both subscriptions go, a second or so later.
+    let t0 = Instant::now();
+    while server.cli(&["PUBSUB", "NUMSUB", &channel]) != format!("{channel}\n0") {
+        assert!(t0.elapsed() < Duration::from_secs(3), "still subscribed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(t0.elapsed() > Duration::from_millis(500), "gone at once");
+    assert_eq!(calls(&server, "unsubscribe"), 2);
+}
+
+/// While a client's subscription lingers (nobody of it waits), a release hands the lock to a
+/// registration of that client it did not know about: the client passes the lock on to the
+/// next waiter at once, instead of leaving it with nobody until the grant's TTL runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_to_a_client_nobody_of_which_waits_is_passed_on() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let opts = ttl(30_000)
+        .wake_fallback(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let a = client(&server, opts).await;
+    let b = client(&server, opts).await;
+    let c = client(&server, opts).await;
+    let key = a.backend().lock_key("stray");
+    let queue = format!("{key}:waiters");
+    // B waits once, gets the lock and releases it: its subscription now lingers.
+    let g = a.acquire("stray").await.unwrap();
+    let w = {
+        let b = b.clone();
+        tokio::spawn(async move { b.acquire("stray").await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let gb = w.await.unwrap();
+    assert_eq!(gb.release().await.unwrap(), Released::Held);
+    // A holds again, and C waits.
+    let g = a.acquire("stray").await.unwrap();
+    let w = {
+        let c = c.clone();
+        tokio::spawn(async move { c.acquire("stray").await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(server.cli(&["LLEN", &queue]), "1", "C is queued");
+    // A registration of B's at the head of the queue (say, from a request whose reply was
+    // lost), with a 20 s TTL.
+    let ghost = format!("{} 20000 999 ghosttoken b/0", b.backend().wake_channel());
+    server.cli(&["LPUSH", &queue, &ghost]);
+    let released = Instant::now();
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let gc = tokio::time::timeout(Duration::from_secs(3), w)
+        .await
+        .expect("the lock was left with B's ghost registration")
+        .unwrap();
+    // (B's subscription lingers for about a second: passing the lock on only when it ends
+    // would be too late.)
+    assert!(
+        released.elapsed() < Duration::from_millis(300),
+        "C got the lock {:?} after the release",
+        released.elapsed()
+    );
+    assert!(server.cli(&["GET", &key]).starts_with(gc.token().as_str()));
+    assert_eq!(gc.release().await.unwrap(), Released::Held);
+}
+
+/// A release hands the lock to a waiter's registration, but its message is late: the waiter's
+/// next attempt finds the lock already its own and takes it. When the message then comes, the
+/// waiter's wait is over (and its subscription gone or lingering): the message must not pass
+/// on the lock a task of this client now holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_grant_of_a_lock_already_taken_does_not_pass_it_on() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let opts = ttl(30_000)
+        .wake_fallback(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let a = client(&server, opts).await;
+    // Without the local queue, a waiter's subscription goes as soon as it has the lock.
+    let b = LockClient::builder(RedisBackend::connect(&server.url()).await.unwrap())
+        .options(opts)
+        .local_queue(false)
+        .build();
+    let key = a.backend().lock_key("late");
+    let queue = format!("{key}:waiters");
+    let g = a.acquire("late").await.unwrap();
+    let w = {
+        let b = b.clone();
+        tokio::spawn(async move { b.acquire("late").await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // B's registration: `<wake channel> <ttl> <seq> <token> <owner>`.
+    let reg = server.cli(&["LINDEX", &queue, "0"]);
+    let parts: Vec<&str> = reg.split(' ').collect();
+    assert_eq!(parts.len(), 5, "{reg:?}");
+    let (channel, seq, token) = (parts[0], parts[2], parts[3]);
+    assert_eq!(channel, b.backend().wake_channel());
+    // What a release does when it hands the lock over, except the message.
+    let fence = server.cli(&[
+        "EVAL",
+        "redis.call('LPOP', KEYS[2]) \
+         local f = redis.call('HINCRBY', KEYS[3], 'fence', 1) \
+         redis.call('SET', KEYS[1], ARGV[1] .. ' 0 b', 'PX', 30000) \
+         redis.call('HSET', KEYS[3], 'token', ARGV[1], 'holder_fence', f) \
+         return f",
+        "3",
+        &key,
+        &queue,
+        &format!("{key}:meta"),
+        token,
+    ]);
+    std::mem::forget(g);
+    // Wake B without the grant ("try again"): it finds the lock its own and takes it.
+    assert_eq!(server.cli(&["PUBLISH", channel, &key]), "1");
+    let gb = tokio::time::timeout(Duration::from_secs(3), w)
+        .await
+        .expect("B took the lock")
+        .unwrap();
+    assert_eq!(gb.token().as_str(), token);
+    assert_eq!(gb.fence(), Some(fence.parse().unwrap()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The grant's message, late.
+    let grant = format!("\t{fence} {seq} {token} {key}");
+    assert_eq!(server.cli(&["PUBLISH", channel, &grant]), "1");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        server.cli(&["GET", &key]).starts_with(token),
+        "the late message gave B's lock away"
+    );
+    assert_eq!(gb.release().await.unwrap(), Released::Held);
 }
