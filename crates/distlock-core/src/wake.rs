@@ -7,23 +7,52 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
-/// What a subscription has seen: how many events, and whether the server has confirmed it.
-#[derive(Debug, Clone, Copy, Default)]
-struct Seen {
-    events: u64,
-    confirmed: bool,
-    /// The server refused the subscription (an ACL without the channel): waiting for a
-    /// confirmation is pointless until the next reconnect.
-    refused: bool,
+/// [`SlotShared::status`]: the server has confirmed the subscription.
+const CONFIRMED: u8 = 1;
+/// [`SlotShared::status`]: the server refused the subscription (an ACL without the channel):
+/// waiting for a confirmation is pointless until the next reconnect.
+const REFUSED: u8 = 2;
+
+/// What the subscribers of one key share: how many events came, whether the server has
+/// confirmed (or refused) the subscription, and where to wait for a change. (An atomic counter
+/// and one `Notify`: lighter than a `watch` channel on the path of every wake-up.)
+struct SlotShared {
+    events: AtomicU64,
+    status: AtomicU8,
+    changed: Notify,
+}
+
+impl SlotShared {
+    /// Waits until `done` says something, checking after every change. Cancel-safe.
+    async fn wait_for<T>(&self, mut done: impl FnMut(&Self) -> Option<T>) -> T {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the check: a change between the check and the wait wakes it.
+            changed.as_mut().enable();
+            if let Some(v) = done(self) {
+                return v;
+            }
+            changed.await;
+        }
+    }
+
+    /// Sets the status; wakes the waiters if it changed.
+    fn set_status(&self, status: u8) {
+        if self.status.swap(status, Ordering::AcqRel) != status {
+            self.changed.notify_waiters();
+        }
+    }
 }
 
 struct Slot {
-    tx: watch::Sender<Seen>,
+    shared: Arc<SlotShared>,
     refs: usize,
 }
 
@@ -73,21 +102,31 @@ impl WakeHub {
     /// A subscription to `key`'s events.
     pub fn subscribe(&self, key: &str) -> Subscription {
         let mut slots = self.lock();
-        let rx = match slots.get_mut(key) {
+        let shared = match slots.get_mut(key) {
             Some(slot) => {
                 slot.refs += 1;
-                slot.tx.subscribe()
+                slot.shared.clone()
             }
             None => {
-                let (tx, rx) = watch::channel(Seen::default());
-                slots.insert(key.to_owned(), Slot { tx, refs: 1 });
+                let shared = Arc::new(SlotShared {
+                    events: AtomicU64::new(0),
+                    status: AtomicU8::new(0),
+                    changed: Notify::new(),
+                });
+                slots.insert(
+                    key.to_owned(),
+                    Slot {
+                        shared: shared.clone(),
+                        refs: 1,
+                    },
+                );
                 (self.inner.on_first)(key);
-                rx
+                shared
             }
         };
-        let seen = rx.borrow().events;
+        let seen = shared.events.load(Ordering::Acquire);
         Subscription {
-            rx: Some(rx),
+            shared: Some(shared),
             seen,
             reg: Some(Registration {
                 hub: self.clone(),
@@ -99,26 +138,24 @@ impl WakeHub {
     /// Wakes every subscriber of `key`.
     pub fn notify(&self, key: &str) {
         if let Some(slot) = self.lock().get(key) {
-            slot.tx.send_modify(|s| s.events = s.events.wrapping_add(1));
+            slot.shared.events.fetch_add(1, Ordering::AcqRel);
+            slot.shared.changed.notify_waiters();
         }
     }
 
     /// Wakes every subscriber of every key (after a reconnect, when events may have been missed).
     pub fn notify_all(&self) {
         for slot in self.lock().values() {
-            slot.tx.send_modify(|s| s.events = s.events.wrapping_add(1));
+            slot.shared.events.fetch_add(1, Ordering::AcqRel);
+            slot.shared.changed.notify_waiters();
         }
     }
 
     /// Marks `key`'s subscription as confirmed by the server (or not, after a disconnect).
     pub fn set_confirmed(&self, key: &str, confirmed: bool) {
         if let Some(slot) = self.lock().get(key) {
-            slot.tx.send_if_modified(|s| {
-                let changed = s.confirmed != confirmed || s.refused;
-                s.confirmed = confirmed;
-                s.refused = false;
-                changed
-            });
+            slot.shared
+                .set_status(if confirmed { CONFIRMED } else { 0 });
         }
     }
 
@@ -126,22 +163,14 @@ impl WakeHub {
     /// confirmation (and poll). A later `set_confirmed` or `unconfirm_all` clears it.
     pub fn set_refused(&self, key: &str) {
         if let Some(slot) = self.lock().get(key) {
-            slot.tx.send_if_modified(|s| {
-                let changed = !s.refused || s.confirmed;
-                s.refused = true;
-                s.confirmed = false;
-                changed
-            });
+            slot.shared.set_status(REFUSED);
         }
     }
 
     /// Marks every subscription as unconfirmed (the connection is gone).
     pub fn unconfirm_all(&self) {
         for slot in self.lock().values() {
-            slot.tx.send_if_modified(|s| {
-                s.refused = false;
-                std::mem::replace(&mut s.confirmed, false)
-            });
+            slot.shared.set_status(0);
         }
     }
 
@@ -149,7 +178,7 @@ impl WakeHub {
     pub fn is_confirmed(&self, key: &str) -> bool {
         self.lock()
             .get(key)
-            .is_some_and(|slot| slot.tx.borrow().confirmed)
+            .is_some_and(|slot| slot.shared.status.load(Ordering::Acquire) == CONFIRMED)
     }
 
     /// The keys that currently have subscribers.
@@ -190,7 +219,7 @@ impl Drop for Registration {
 /// A waiter's subscription to one key's release events. Dropping it unsubscribes (the last
 /// subscriber of a key closes the server-side subscription).
 pub struct Subscription {
-    rx: Option<watch::Receiver<Seen>>,
+    shared: Option<Arc<SlotShared>>,
     /// The event count this subscription has already reported.
     seen: u64,
     reg: Option<Registration>,
@@ -208,46 +237,45 @@ impl Subscription {
     /// A subscription that never fires (for tests, and engines that have events only sometimes).
     pub fn never() -> Self {
         Subscription {
-            rx: None,
+            shared: None,
             seen: 0,
             reg: None,
         }
     }
 
     /// Resolves at the next event after the last one this subscription saw. Never resolves if
-    /// the hub is gone.
+    /// it never fires ([`never`](Self::never), or its hub is gone).
     ///
     /// # Cancel safety
     /// Cancel-safe: an event that arrives while nobody awaits is kept for the next call.
     pub async fn next(&mut self) {
-        let Some(rx) = self.rx.as_mut() else {
+        let Some(shared) = self.shared.as_ref() else {
             return std::future::pending().await;
         };
-        loop {
-            let now = rx.borrow_and_update().events;
-            if now != self.seen {
-                self.seen = now;
-                return;
-            }
-            if rx.changed().await.is_err() {
-                return std::future::pending().await;
-            }
-        }
+        let seen = self.seen;
+        self.seen = shared
+            .wait_for(|s| Some(s.events.load(Ordering::Acquire)).filter(|now| *now != seen))
+            .await;
     }
 
     /// Waits up to `limit` for the server to confirm the subscription (or refuse it). Returns
     /// whether it confirmed it.
     pub async fn confirmed(&mut self, limit: Duration) -> bool {
-        let Some(rx) = self.rx.as_mut() else {
+        let Some(shared) = self.shared.as_ref() else {
             return false;
         };
-        let wait = rx.wait_for(|s| s.confirmed || s.refused);
-        matches!(tokio::time::timeout(limit, wait).await, Ok(Ok(s)) if s.confirmed)
+        let wait = shared.wait_for(|s| match s.status.load(Ordering::Acquire) {
+            0 => None,
+            status => Some(status == CONFIRMED),
+        });
+        tokio::time::timeout(limit, wait).await.unwrap_or(false)
     }
 
     /// Whether the server has confirmed the subscription.
     pub fn is_confirmed(&self) -> bool {
-        self.rx.as_ref().is_some_and(|rx| rx.borrow().confirmed)
+        self.shared
+            .as_ref()
+            .is_some_and(|s| s.status.load(Ordering::Acquire) == CONFIRMED)
     }
 }
 
@@ -289,6 +317,48 @@ mod tests {
         assert!(!a.is_confirmed());
         hub.set_confirmed("k", true);
         assert!(a.confirmed(Duration::from_millis(10)).await);
+        // Refused while a waiter waits for the confirmation: it returns at once, with false.
+        hub.unconfirm_all();
+        let waiting = tokio::spawn(async move {
+            let ok = b.confirmed(Duration::from_secs(5)).await;
+            (b, ok)
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        hub.set_refused("k");
+        let (mut b, ok) = tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("the refusal ended the wait")
+            .unwrap();
+        assert!(!ok);
+        assert!(!hub.is_confirmed("k"));
+        hub.set_confirmed("k", true);
+        assert!(b.is_confirmed() && hub.is_confirmed("k"));
+        hub.unconfirm_all();
+        assert!(!b.is_confirmed());
+        // Unconfirmed and not refused: the wait lasts its limit.
+        assert!(!b.confirmed(Duration::from_millis(20)).await);
+        // Events that come while nobody waits are kept, once.
+        hub.notify("k");
+        hub.notify("k");
+        tokio::time::timeout(Duration::from_secs(1), a.next())
+            .await
+            .expect("a kept the events");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), a.next())
+                .await
+                .is_err()
+        );
+        // A waiter already waiting is woken by a later event.
+        let waiting = tokio::spawn(async move {
+            a.next().await;
+            a
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        hub.notify("k");
+        let a = tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("woken")
+            .unwrap();
         drop(a);
         assert_eq!(lasts.load(Ordering::SeqCst), 0);
         drop(b);
