@@ -652,20 +652,18 @@ impl Backend for RedisBackend {
         }
         // Queue up for a grant only while subscribed to wake-ups (they bring it).
         let watching = self.subscriber.is_watching(req.key);
-        let (seq, elem, believed, dequeued) = if watching {
+        let (seq, elem, believed) = if watching {
             let mut st = self.lock_shared();
             let seq = self.register(&mut st, req.key, req.ttl);
             let believed = st.queued.get(req.key).cloned().unwrap_or_default();
-            let dequeued = st.dequeued;
             drop(st);
             (
                 seq,
                 self.registration(req.ttl, seq, token, req.owner),
                 believed,
-                dequeued,
             )
         } else {
-            (0, String::new(), String::new(), 0)
+            (0, String::new(), String::new())
         };
         let reply = self
             .run(
@@ -732,12 +730,11 @@ impl Backend for RedisBackend {
                 if watching {
                     let mut st = self.lock_shared();
                     if queued == Some(1) {
-                        // Unless a message took a registration of ours out of a queue meanwhile:
-                        // perhaps this one, handed the lock before this reply came. Believing it
-                        // still queued would keep the next release from queueing us again
-                        // (strictly, we might then queue twice; a spare registration is skipped
-                        // or its grant taken over).
-                        if st.dequeued == dequeued {
+                        // Unless the grant for this very registration came before this reply:
+                        // believing it still queued would keep the next release from queueing
+                        // us again, and the other clients' tasks would pass the lock among
+                        // themselves.
+                        if st.served.get(req.key) != Some(&seq) {
                             st.queued.insert(req.key.to_owned(), elem);
                         }
                     } else if let Some(q) = st.regs.get_mut(req.key) {

@@ -71,11 +71,10 @@ pub(crate) struct WaitState {
     /// Registrations this client sent, by lock name, oldest first (at most `MAX_REGS`): when a
     /// grant names one, the lease was written after it was sent.
     pub(crate) regs: HashMap<String, VecDeque<Reg>>,
-    /// How many times a registration of ours left a queue by a message (a grant, a "try again",
-    /// or a reconnect that forgot them): an attempt whose reply says it queued us believes it
-    /// only if none did while it was in flight (the grant for that very registration may have
-    /// come first).
-    pub(crate) dequeued: u64,
+    /// The registration of ours, by number, that each lock's last grant served: an attempt
+    /// whose reply says it queued us does not believe it if the grant for that very
+    /// registration came first.
+    pub(crate) served: HashMap<String, u64>,
     /// Tokens whose lock was taken after a wait (so others may be waiting too): their release
     /// may hand the lock over, and leads with a `PING` (see `RedisBackend::run_led`).
     pub(crate) contended: HashSet<String>,
@@ -439,7 +438,7 @@ fn parse_grant(payload: &[u8]) -> Option<(u64, u64, &str, &str)> {
 /// grant (same token and fence). Our registration left the queue with it.
 pub(crate) fn record_grant(st: &mut WaitState, name: &str, fence: u64, seq: u64, token: &str) {
     st.queued.remove(name);
-    st.dequeued += 1;
+    st.served.insert(name.to_owned(), seq);
     if let Some(Grant::Taken { token: t, fence: f }) = st.grants.get(name)
         && t == token
         && *f == fence
@@ -604,7 +603,6 @@ async fn run(hub: WakeHub, mut start: Start) {
                             // Taken out of the queue and told to try.
                             wake(&hub, &start.shared, name, |st| {
                                 st.queued.remove(name);
-                                st.dequeued += 1;
                             });
                         }
                     } else if let Ok(channel) = std::str::from_utf8(&channel)
@@ -654,7 +652,6 @@ fn forget_hints(shared: &Shared) {
     st.elsewhere.clear();
     // Releases that found us deaf (PUBLISH reached nobody) dropped our registrations.
     st.queued.clear();
-    st.dequeued += 1;
 }
 
 /// Nobody of this client waits for `key` any more: leave its queue, and pass on a lock handed
@@ -664,6 +661,7 @@ async fn leave_queue(start: &Start, key: &str) {
         let mut st = start.shared.lock().unwrap_or_else(PoisonError::into_inner);
         st.regs.remove(key);
         st.queued.remove(key);
+        st.served.remove(key);
         // A `Taken` record stays: its grant message may still come, and must not pass on a
         // lock a task of ours holds.
         match st.grants.get(key) {
