@@ -438,7 +438,13 @@ fn parse_grant(payload: &[u8]) -> Option<(u64, u64, &str, &str)> {
 /// grant (same token and fence). Our registration left the queue with it.
 pub(crate) fn record_grant(st: &mut WaitState, name: &str, fence: u64, seq: u64, token: &str) {
     st.queued.remove(name);
-    st.served.insert(name.to_owned(), seq);
+    // No allocation on a hot lock's every hand-over: its entry stays.
+    match st.served.get_mut(name) {
+        Some(s) => *s = seq,
+        None => {
+            st.served.insert(name.to_owned(), seq);
+        }
+    }
     if let Some(Grant::Taken { token: t, fence: f }) = st.grants.get(name)
         && t == token
         && *f == fence
@@ -587,11 +593,7 @@ async fn run(hub: WakeHub, mut start: Start) {
                                 // Handed to us, but nobody here waits any more: pass it on,
                                 // unless an attempt took this very grant (a task holds it).
                                 _ => {
-                                    let taken = {
-                                        let mut st = start.shared.lock().unwrap_or_else(PoisonError::into_inner);
-                                        took_already(&mut st, token, fence)
-                                    };
-                                    if !taken {
+                                    if !took_already(&start.shared, token, fence) {
                                         leave_lock_key(&start, lock_key, token).await;
                                     }
                                 }
@@ -631,7 +633,8 @@ async fn run(hub: WakeHub, mut start: Start) {
 
 /// Whether an attempt of ours took the lock this grant (of `token`, with `fence`) hands over:
 /// then a task holds it, and the message, late, must not pass it on. Forgets the record.
-fn took_already(st: &mut WaitState, token: &str, fence: u64) -> bool {
+fn took_already(shared: &Shared, token: &str, fence: u64) -> bool {
+    let mut st = shared.lock().unwrap_or_else(PoisonError::into_inner);
     let found = st.grants.iter().find_map(|(name, g)| match g {
         Grant::Taken { token: t, fence: f } if t == token && *f == fence => Some(name.clone()),
         _ => None,
@@ -664,12 +667,12 @@ async fn leave_queue(start: &Start, key: &str) {
         st.served.remove(key);
         // A `Taken` record stays: its grant message may still come, and must not pass on a
         // lock a task of ours holds.
-        match st.grants.get(key) {
-            Some(Grant::Handed { .. }) => match st.grants.remove(key) {
-                Some(Grant::Handed { token, .. }) => token,
-                _ => String::new(),
-            },
-            _ => String::new(),
+        if matches!(st.grants.get(key), Some(Grant::Handed { .. }))
+            && let Some(Grant::Handed { token, .. }) = st.grants.remove(key)
+        {
+            token
+        } else {
+            String::new()
         }
     };
     leave_lock_key(start, &start.layout.lock_key(key), &handed).await;

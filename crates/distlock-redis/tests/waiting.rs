@@ -18,6 +18,23 @@ fn ttl(ms: u64) -> distlock_core::LockOptionsBuilder {
     LockOptions::builder().ttl(Duration::from_millis(ms))
 }
 
+/// A 30 s lease and a long wake fallback: only an event (or a hand-over) wakes a waiter early.
+fn event_only(fallback_secs: u64) -> LockOptions {
+    ttl(30_000)
+        .wake_fallback(Duration::from_secs(fallback_secs))
+        .build()
+        .unwrap()
+}
+
+/// `c.acquire(key)` in a task of its own.
+fn spawn_acquire(
+    c: &LockClient<RedisBackend>,
+    key: &'static str,
+) -> tokio::task::JoinHandle<distlock_core::LockGuard<RedisBackend>> {
+    let c = c.clone();
+    tokio::spawn(async move { c.acquire(key).await.unwrap() })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_fires_by_the_local_deadline_while_redis_is_stopped() {
     let Some(server) = RedisServer::start() else {
@@ -110,10 +127,7 @@ async fn a_release_wakes_a_waiter_at_once_with_a_password_in_database_3() {
 
 async fn release_wakes_a_waiter_at_once(server: &RedisServer, url: &str, db: &str) {
     // A long lease and a long fallback: only the release event can wake the waiter early.
-    let opts = ttl(30_000)
-        .wake_fallback(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let opts = event_only(10);
     let connect = || async {
         let backend = RedisBackend::connect(url).await.expect("connect");
         LockClient::builder(backend).options(opts).build()
@@ -603,18 +617,12 @@ async fn a_release_hands_the_lock_to_the_queued_client() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let opts = ttl(30_000)
-        .wake_fallback(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let opts = event_only(10);
     let holder = client(&server, opts).await;
     let waiter = client(&server, opts).await;
     let key = holder.backend().lock_key("grant");
     let g = holder.acquire("grant").await.unwrap();
-    let w = {
-        let waiter = waiter.clone();
-        tokio::spawn(async move { waiter.acquire("grant").await.unwrap() })
-    };
+    let w = spawn_acquire(&waiter, "grant");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         server.cli(&["LLEN", &format!("{key}:waiters")]),
@@ -719,10 +727,7 @@ async fn a_subscription_lingers_between_waits_and_then_goes() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let opts = ttl(30_000)
-        .wake_fallback(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let opts = event_only(10);
     let a = client(&server, opts).await;
     let b = client(&server, opts).await;
     let channel = format!("__keyspace@0__:{}", a.backend().lock_key("linger"));
@@ -731,10 +736,7 @@ async fn a_subscription_lingers_between_waits_and_then_goes() {
     for turn in 0..6 {
         // The other client waits while this one holds, and gets the lock at its release.
         let waiter = if turn % 2 == 0 { &b } else { &a };
-        let w = {
-            let waiter = waiter.clone();
-            tokio::spawn(async move { waiter.acquire("linger").await.unwrap() })
-        };
+        let w = spawn_acquire(waiter, "linger");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(g.release().await.unwrap(), Released::Held, "turn {turn}");
         g = tokio::time::timeout(Duration::from_secs(2), w)
@@ -779,10 +781,7 @@ async fn a_grant_to_a_client_nobody_of_which_waits_is_passed_on() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let opts = ttl(30_000)
-        .wake_fallback(Duration::from_secs(20))
-        .build()
-        .unwrap();
+    let opts = event_only(20);
     let a = client(&server, opts).await;
     let b = client(&server, opts).await;
     let c = client(&server, opts).await;
@@ -790,20 +789,14 @@ async fn a_grant_to_a_client_nobody_of_which_waits_is_passed_on() {
     let queue = format!("{key}:waiters");
     // B waits once, gets the lock and releases it: its subscription now lingers.
     let g = a.acquire("stray").await.unwrap();
-    let w = {
-        let b = b.clone();
-        tokio::spawn(async move { b.acquire("stray").await.unwrap() })
-    };
+    let w = spawn_acquire(&b, "stray");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(g.release().await.unwrap(), Released::Held);
     let gb = w.await.unwrap();
     assert_eq!(gb.release().await.unwrap(), Released::Held);
     // A holds again, and C waits.
     let g = a.acquire("stray").await.unwrap();
-    let w = {
-        let c = c.clone();
-        tokio::spawn(async move { c.acquire("stray").await.unwrap() })
-    };
+    let w = spawn_acquire(&c, "stray");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(server.cli(&["LLEN", &queue]), "1", "C is queued");
     // A registration of B's at the head of the queue (say, from a request whose reply was
@@ -836,10 +829,7 @@ async fn a_late_grant_of_a_lock_already_taken_does_not_pass_it_on() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let opts = ttl(30_000)
-        .wake_fallback(Duration::from_secs(20))
-        .build()
-        .unwrap();
+    let opts = event_only(20);
     let a = client(&server, opts).await;
     // Without the local queue, a waiter's subscription goes as soon as it has the lock.
     let b = LockClient::builder(RedisBackend::connect(&server.url()).await.unwrap())
@@ -849,10 +839,7 @@ async fn a_late_grant_of_a_lock_already_taken_does_not_pass_it_on() {
     let key = a.backend().lock_key("late");
     let queue = format!("{key}:waiters");
     let g = a.acquire("late").await.unwrap();
-    let w = {
-        let b = b.clone();
-        tokio::spawn(async move { b.acquire("late").await.unwrap() })
-    };
+    let w = spawn_acquire(&b, "late");
     tokio::time::sleep(Duration::from_millis(200)).await;
     // B's registration: `<wake channel> <ttl> <seq> <token> <owner>`.
     let reg = server.cli(&["LINDEX", &queue, "0"]);
