@@ -106,8 +106,8 @@ async fn finish<B: Backend>(
     lease: &Arc<LeaseShared>,
     before: Option<LostReason>,
 ) -> Result<Released, LockError> {
-    // A renewal in flight holds the gate: wait for it, so no renewal ever follows the release.
-    drop(lease.gate.lock().await);
+    // Wait for a renewal in flight, and let no other start: no renewal ever follows the release.
+    lease.close_gate().await;
     let result = async {
         if before.is_none()
             && lease.options.handoff()

@@ -1,10 +1,11 @@
 //! The state of one held lease, shared by its guard, its watchdog and any [`LeaseHandle`].
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use crate::clock::Clock;
 use crate::options::LockOptions;
@@ -59,14 +60,40 @@ pub(crate) struct LeaseShared {
     pub(crate) fence: Option<u64>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) options: LockOptions,
-    pub(crate) state: watch::Sender<LeaseState>,
+    state: Mutex<LeaseState>,
+    /// Woken when the lease ends or its deadline moves, and when a renewal lets go of the gate.
+    changed: Notify,
     /// When this holder's acquire (or the hand-off renewal) was sent: `max_hold` counts from here.
     pub(crate) acquired_at: Instant,
     /// How many local hand-offs in a row led to this lease (0 for a fresh acquire).
     pub(crate) streak: u32,
-    /// Held by the watchdog while a renewal of this lease is in flight, and by release before it
-    /// ends the lease: so no renewal is ever sent after a release.
-    pub(crate) gate: Arc<tokio::sync::Mutex<()>>,
+    /// `RENEWING` while the watchdog has a renewal of this lease in flight; `CLOSED` once a
+    /// release has ended the lease and waits for that renewal: no renewal starts after that.
+    gate: AtomicU8,
+}
+
+/// [`LeaseShared::gate`]: a renewal is in flight.
+const RENEWING: u8 = 1;
+/// [`LeaseShared::gate`]: the lease is being released; no renewal may start.
+const CLOSED: u8 = 2;
+
+/// A renewal in flight: the gate opens again (and a waiting release goes on) when it drops.
+pub(crate) struct Renewal {
+    lease: Arc<LeaseShared>,
+}
+
+impl Renewal {
+    pub(crate) fn lease(&self) -> &Arc<LeaseShared> {
+        &self.lease
+    }
+}
+
+impl Drop for Renewal {
+    fn drop(&mut self) {
+        if self.lease.gate.fetch_and(!RENEWING, Ordering::AcqRel) & CLOSED != 0 {
+            self.lease.changed.notify_waiters();
+        }
+    }
 }
 
 impl LeaseShared {
@@ -118,15 +145,48 @@ impl LeaseShared {
             fence,
             clock,
             options,
-            state: watch::Sender::new(state),
+            state: Mutex::new(state),
+            changed: Notify::new(),
             acquired_at: sent_at,
             streak,
-            gate: Arc::new(tokio::sync::Mutex::new(())),
+            gate: AtomicU8::new(0),
         }
     }
 
+    fn lock(&self) -> MutexGuard<'_, LeaseState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     pub(crate) fn snapshot(&self) -> LeaseState {
-        *self.state.borrow()
+        *self.lock()
+    }
+
+    /// Starts a renewal of this lease, unless a release has closed the gate. The caller checks
+    /// that the lease has not ended *after* this succeeds.
+    pub(crate) fn begin_renewal(self: &Arc<Self>) -> Option<Renewal> {
+        self.gate
+            .compare_exchange(0, RENEWING, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| Renewal {
+                lease: self.clone(),
+            })
+    }
+
+    /// Closes the gate for good and waits for a renewal in flight to finish: after this, no
+    /// renewal of this lease is ever sent. Call it after ending the lease. Cancel-safe.
+    pub(crate) async fn close_gate(&self) {
+        if self.gate.fetch_or(CLOSED, Ordering::AcqRel) & RENEWING == 0 {
+            return;
+        }
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.gate.load(Ordering::Acquire) & RENEWING == 0 {
+                return;
+            }
+            changed.await;
+        }
     }
 
     pub(crate) fn is_held(&self) -> bool {
@@ -146,21 +206,20 @@ impl LeaseShared {
         if self.end_if_past_deadline().is_some() {
             return false;
         }
-        let mut alive = false;
-        self.state.send_if_modified(|st| {
+        {
+            let mut st = self.lock();
             if st.end.is_some() {
                 return false;
             }
-            alive = true;
             st.renew_failing = false;
             if sent_at >= st.sent_at {
                 st.sent_at = sent_at;
                 st.valid_until = sent_at + validity;
                 st.ttl = ttl;
             }
-            true
-        });
-        alive
+        }
+        self.changed.notify_waiters();
+        true
     }
 
     /// Why the lease is lost when the engine no longer has our key: before our deadline, it
@@ -179,27 +238,21 @@ impl LeaseShared {
     }
 
     pub(crate) fn renew_failed(&self) {
-        self.state.send_if_modified(|st| {
-            let changed = !st.renew_failing;
-            st.renew_failing = true;
-            changed
-        });
+        // Only the reason for a deadline that passes changes: nobody waits for this.
+        self.lock().renew_failing = true;
     }
 
     /// Ends the lease with `reason` unless it already ended. Returns the reason in force.
     pub(crate) fn end(&self, reason: LostReason) -> LostReason {
-        let mut out = reason;
-        let first = self.state.send_if_modified(|st| match st.end {
-            Some(prev) => {
-                out = prev;
-                false
+        {
+            let mut st = self.lock();
+            if let Some(prev) = st.end {
+                return prev;
             }
-            None => {
-                st.end = Some(reason);
-                true
-            }
-        });
-        if first && reason != LostReason::Released {
+            st.end = Some(reason);
+        }
+        self.changed.notify_waiters();
+        if reason != LostReason::Released {
             tracing::warn!(
                 target: "distlock",
                 key = %self.key,
@@ -208,7 +261,7 @@ impl LeaseShared {
                 "lock lost"
             );
         }
-        out
+        reason
     }
 
     /// Ends the lease as expired if its deadline has passed; the reason says whether renewals were
@@ -230,9 +283,12 @@ impl LeaseShared {
     }
 
     pub(crate) async fn lost(&self) -> LostReason {
-        let mut rx = self.state.subscribe();
         loop {
-            let st = *rx.borrow_and_update();
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the check: an end or a renewal after it wakes the wait.
+            changed.as_mut().enable();
+            let st = self.snapshot();
             if let Some(r) = st.end {
                 return r;
             }
@@ -243,21 +299,14 @@ impl LeaseShared {
                 }
                 continue;
             }
-            let sleep = tokio::time::sleep(st.valid_until - now);
             tokio::select! {
-                changed = rx.changed() => {
-                    if changed.is_err() {
-                        return LostReason::Released;
-                    }
-                }
-                () = sleep => {
+                () = &mut changed => {}
+                () = tokio::time::sleep(st.valid_until - now) => {
                     if let Some(r) = self.end_if_past_deadline() {
                         return r;
                     }
                     // An injected clock that has not reached the deadline: wait for news instead.
-                    if rx.changed().await.is_err() {
-                        return LostReason::Released;
-                    }
+                    changed.await;
                 }
             }
         }

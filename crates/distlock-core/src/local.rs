@@ -175,7 +175,11 @@ impl<T> LocalQueues<T> {
     /// Records that a task of this client now holds `key` with `lease`.
     pub(crate) fn set_holder(&self, key: &str, lease: &Arc<LeaseShared>) {
         let mut map = self.lock();
-        let q = map.entry(key.to_owned()).or_default();
+        // A hot key has its entry already: no copy of the key then.
+        let q = match map.get_mut(key) {
+            Some(q) => q,
+            None => map.entry(key.to_owned()).or_default(),
+        };
         q.holder = Some(lease.clone());
         // A head waiting on the engine now waits locally instead.
         q.wake_head();

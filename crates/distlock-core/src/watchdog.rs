@@ -7,12 +7,11 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant as TokioInstant;
 
 use crate::backend::{Backend, LeaseCheck, RenewItem};
 use crate::client::ClientInner;
-use crate::lease::{LeaseShared, LostReason};
+use crate::lease::{LeaseShared, LostReason, Renewal};
 
 /// The client's handle on its watchdog task (started at the first lease that needs it).
 ///
@@ -204,12 +203,11 @@ async fn run<B: Backend>(client: Weak<ClientInner<B>>, shared: Arc<DogShared>) {
     }
 }
 
-/// One lease in a batch, with its gate held until the reply is processed.
+/// One lease in a batch, its renewal in flight until the reply is processed.
 struct Item {
     id: u64,
-    lease: Arc<LeaseShared>,
+    renewal: Renewal,
     ttl: Duration,
-    _gate: OwnedMutexGuard<()>,
 }
 
 /// Takes every lease that is due, or due within half its interval (renewing a little early
@@ -221,8 +219,8 @@ fn collect(entries: &mut [Entry]) -> Vec<Item> {
         if e.in_flight || e.due > now + e.interval / 2 {
             continue;
         }
-        // Release holds the gate while it ends the lease: skip, the lease is going away.
-        let Ok(gate) = e.lease.gate.clone().try_lock_owned() else {
+        // A release has closed the gate: skip, the lease is going away.
+        let Some(renewal) = e.lease.begin_renewal() else {
             e.due = now + e.interval / 4;
             continue;
         };
@@ -249,9 +247,8 @@ fn collect(entries: &mut [Entry]) -> Vec<Item> {
         e.in_flight = true;
         batch.push(Item {
             id: e.id,
-            lease: lease.clone(),
+            renewal,
             ttl,
-            _gate: gate,
         });
     }
     batch
@@ -262,7 +259,8 @@ async fn send<B: Backend>(client: Arc<ClientInner<B>>, batch: Vec<Item>) -> Vec<
     let budget = batch
         .iter()
         .map(|i| {
-            i.lease
+            i.renewal
+                .lease()
                 .snapshot()
                 .valid_until
                 .saturating_duration_since(sent)
@@ -270,11 +268,11 @@ async fn send<B: Backend>(client: Arc<ClientInner<B>>, batch: Vec<Item>) -> Vec<
         .max()
         .unwrap_or_default();
     for i in &batch {
-        i.lease.renew_sent();
+        i.renewal.lease().renew_sent();
     }
     let items: Vec<RenewItem<'_>> = batch
         .iter()
-        .map(|i| RenewItem::new(&i.lease.key, &i.lease.token, i.ttl))
+        .map(|i| RenewItem::new(&i.renewal.lease().key, &i.renewal.lease().token, i.ttl))
         .collect();
     let replies = tokio::time::timeout(budget, client.backend.extend_many(&items)).await;
     drop(items);
@@ -283,7 +281,7 @@ async fn send<B: Backend>(client: Arc<ClientInner<B>>, batch: Vec<Item>) -> Vec<
         Ok(replies) => {
             let mut replies = replies.into_iter();
             for item in &batch {
-                let lease = &item.lease;
+                let lease = &item.renewal.lease();
                 let outcome = match replies.next() {
                     Some(Ok(LeaseCheck::Ours)) => {
                         let validity = item.ttl.saturating_sub(lease.options.drift_for(item.ttl));
@@ -327,9 +325,9 @@ async fn send<B: Backend>(client: Arc<ClientInner<B>>, batch: Vec<Item>) -> Vec<
         Err(_elapsed) => {
             // No answer before the last deadline of the batch: none of them is known to be ours.
             for item in &batch {
-                item.lease.renew_failed();
-                if item.lease.end_if_past_deadline().is_none() {
-                    item.lease.end(LostReason::Unreachable);
+                item.renewal.lease().renew_failed();
+                if item.renewal.lease().end_if_past_deadline().is_none() {
+                    item.renewal.lease().end(LostReason::Unreachable);
                 }
                 out.push((item.id, Outcome::Ended));
             }
