@@ -413,17 +413,8 @@ impl RedisBackend {
         }
         let mut st = self.lock_shared();
         match (reply, next) {
-            (Value::Int(2 | 3), Some(_)) if st.wakes != wakes => {
-                // A wake-up came meanwhile: our registration may already have been served.
-                st.queued.remove(key);
-                Ok(LeaseCheck::Ours)
-            }
             (Value::Int(n @ (2 | 3)), Some(_)) => {
-                if n == 3 {
-                    st.queued.insert(key.to_owned(), mine);
-                }
-                st.elsewhere
-                    .insert(key.to_owned(), Instant::now() + ELSEWHERE_HINT);
+                handed_elsewhere(&mut st, key, n == 3, seq, mine, wakes);
                 Ok(LeaseCheck::Ours)
             }
             (Value::Int(1 | 2), _) => {
@@ -562,6 +553,34 @@ impl RedisBackend {
 }
 
 /// The wall clock in ms since the epoch (shown as a holder's start; never used for deadlines).
+/// A release of ours handed the lock to another client while tasks of ours still wait; `queued`
+/// says the script queued `mine` (registration number `seq`) for them, otherwise it kept the
+/// registration we believed queued. `wakes` is the wake-up count when the release was sent.
+///
+/// What the wake-ups that came meanwhile did to the belief is already in the state (a grant or
+/// a "try again" took it away); what the script queued is believed unless the grant for that
+/// very registration came first. Forgetting it for any other wake-up (a grant of a turn our
+/// task had already taken by an attempt, say) left it in the queue unknown to us: the next
+/// attempt queued us a second time, and this client took two turns in every round from then
+/// on. The hint that the lock is elsewhere is only left if no wake-up came: that one may have
+/// been our turn already.
+fn handed_elsewhere(
+    st: &mut WaitState,
+    key: &str,
+    queued: bool,
+    seq: u64,
+    mine: String,
+    wakes: u64,
+) {
+    if queued && st.served.get(key) != Some(&seq) {
+        st.queued.insert(key.to_owned(), mine);
+    }
+    if st.wakes == wakes {
+        st.elsewhere
+            .insert(key.to_owned(), Instant::now() + ELSEWHERE_HINT);
+    }
+}
+
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -886,5 +905,36 @@ fn describe_holder(
     ) {
         (Some(since), Some(owner)) => (format!("{owner} since {since}"), fence),
         _ => ("(not a distlock client)".into(), fence),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_registration_the_release_queued_is_believed_unless_its_own_grant_came_first() {
+        // A wake-up came while the release was in flight: the late message of a grant (number
+        // 4) whose lock a task of ours had already taken by an attempt.
+        let mut st = WaitState::default();
+        st.served.insert("k".into(), 4);
+        st.wakes = 1;
+        handed_elsewhere(&mut st, "k", true, 7, "reg7".into(), 0);
+        assert_eq!(st.queued.get("k").map(String::as_str), Some("reg7"));
+        assert!(st.elsewhere.is_empty(), "a wake-up came: no hint");
+
+        // The grant for the registration just queued came before the reply: it has gone.
+        let mut st = WaitState::default();
+        st.served.insert("k".into(), 7);
+        handed_elsewhere(&mut st, "k", true, 7, "reg7".into(), 0);
+        assert!(st.queued.is_empty());
+        assert!(st.elsewhere.contains_key("k"), "no wake-up: the hint stays");
+
+        // The script kept the registration we believed in: the belief is left as it is.
+        let mut st = WaitState::default();
+        st.queued.insert("k".into(), "reg3".into());
+        st.wakes = 2;
+        handed_elsewhere(&mut st, "k", false, 7, "reg7".into(), 1);
+        assert_eq!(st.queued.get("k").map(String::as_str), Some("reg3"));
     }
 }

@@ -881,3 +881,56 @@ async fn a_late_grant_of_a_lock_already_taken_does_not_pass_it_on() {
     );
     assert_eq!(gb.release().await.unwrap(), Released::Held);
 }
+
+/// The release script checks the registration the client believes queued: one that has left
+/// the queue (served, its message not yet read by the client) must not keep the client's
+/// waiting tasks out of it. One that is there keeps its place.
+#[test]
+fn a_release_queues_our_tasks_again_when_the_registration_we_believe_in_has_left() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let redis = redis::Client::open(server.url()).unwrap();
+    // Another client, listening: the release hands the lock to it.
+    let mut listener = redis.get_connection().unwrap();
+    let mut pubsub = listener.as_pubsub();
+    pubsub.subscribe("their-chan").unwrap();
+    let mut con = redis.get_connection().unwrap();
+    let keys = ["l:{k}", "l:{k}:meta", "l:{k}:waiters"];
+    let theirs = "their-chan 10000 1 their-tok them";
+    let believed = "our-chan 10000 1 old-tok us";
+    let mine = "our-chan 10000 2 next-tok us";
+    let mut release = |queue: &[&str]| -> (i64, Vec<String>) {
+        let _: () = redis::cmd("DEL").arg(&keys[..]).query(&mut con).unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(keys[0])
+            .arg("our-tok 0 us")
+            .query(&mut con)
+            .unwrap();
+        let _: () = redis::cmd("RPUSH")
+            .arg(keys[2])
+            .arg(queue)
+            .query(&mut con)
+            .unwrap();
+        let n: i64 = redis::Script::new(distlock_redis::RELEASE_SCRIPT)
+            .key(&keys[..])
+            .arg("our-tok")
+            .arg(0)
+            .arg(mine)
+            .arg(believed)
+            .arg("our-chan")
+            .invoke(&mut con)
+            .unwrap();
+        let left: Vec<String> = redis::cmd("LRANGE")
+            .arg(keys[2])
+            .arg(0)
+            .arg(-1)
+            .query(&mut con)
+            .unwrap();
+        (n, left)
+    };
+    // Our registration has gone: the next one is queued (3).
+    assert_eq!(release(&[theirs]), (3, vec![mine.to_owned()]));
+    // It is there: it keeps its place, nothing is added (2).
+    assert_eq!(release(&[theirs, believed]), (2, vec![believed.to_owned()]));
+}

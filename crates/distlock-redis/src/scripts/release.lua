@@ -13,7 +13,9 @@ end
 if handed then
   -- Our own next task waits at the back of the queue, behind the clients already waiting (fair
   -- across processes), and is handed the lock in its turn.
-  if believed == '' or met_self then
+  -- A believed registration is checked: one that has left the queue unnoticed (its grant
+  -- still on its way to us) must not keep our tasks out of it.
+  if believed == '' or met_self or type(redis.pcall('LPOS', KEYS[3], believed)) ~= 'number' then
     redis.pcall('RPUSH', KEYS[3], mine)
     return 3
   end
