@@ -281,7 +281,7 @@ async fn send<B: Backend>(client: Arc<ClientInner<B>>, batch: Vec<Item>) -> Vec<
         Ok(replies) => {
             let mut replies = replies.into_iter();
             for item in &batch {
-                let lease = &item.renewal.lease();
+                let lease = item.renewal.lease();
                 let outcome = match replies.next() {
                     Some(Ok(LeaseCheck::Ours)) => {
                         let validity = item.ttl.saturating_sub(lease.options.drift_for(item.ttl));
@@ -325,9 +325,10 @@ async fn send<B: Backend>(client: Arc<ClientInner<B>>, batch: Vec<Item>) -> Vec<
         Err(_elapsed) => {
             // No answer before the last deadline of the batch: none of them is known to be ours.
             for item in &batch {
-                item.renewal.lease().renew_failed();
-                if item.renewal.lease().end_if_past_deadline().is_none() {
-                    item.renewal.lease().end(LostReason::Unreachable);
+                let lease = item.renewal.lease();
+                lease.renew_failed();
+                if lease.end_if_past_deadline().is_none() {
+                    lease.end(LostReason::Unreachable);
                 }
                 out.push((item.id, Outcome::Ended));
             }

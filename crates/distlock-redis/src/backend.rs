@@ -552,7 +552,6 @@ impl RedisBackend {
     }
 }
 
-/// The wall clock in ms since the epoch (shown as a holder's start; never used for deadlines).
 /// A release of ours handed the lock to another client while tasks of ours still wait; `queued`
 /// says the script queued `mine` (registration number `seq`) for them, otherwise it kept the
 /// registration we believed queued. `wakes` is the wake-up count when the release was sent.
@@ -572,8 +571,8 @@ fn handed_elsewhere(
     mine: String,
     wakes: u64,
 ) {
-    if queued && st.served.get(key) != Some(&seq) {
-        st.queued.insert(key.to_owned(), mine);
+    if queued {
+        st.believe_queued(key, seq, mine);
     }
     if st.wakes == wakes {
         st.elsewhere
@@ -581,6 +580,7 @@ fn handed_elsewhere(
     }
 }
 
+/// The wall clock in ms since the epoch (shown as a holder's start; never used for deadlines).
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -749,13 +749,7 @@ impl Backend for RedisBackend {
                 if watching {
                     let mut st = self.lock_shared();
                     if queued == Some(1) {
-                        // Unless the grant for this very registration came before this reply:
-                        // believing it still queued would keep the next release from queueing
-                        // us again, and the other clients' tasks would pass the lock among
-                        // themselves.
-                        if st.served.get(req.key) != Some(&seq) {
-                            st.queued.insert(req.key.to_owned(), elem);
-                        }
+                        st.believe_queued(req.key, seq, elem);
                     } else if let Some(q) = st.regs.get_mut(req.key) {
                         // Our earlier registration stays: this one was not used.
                         q.retain(|r| r.seq != seq);

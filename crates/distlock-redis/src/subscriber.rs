@@ -85,6 +85,16 @@ pub(crate) struct WaitState {
 const MAX_CONTENDED: usize = 4096;
 
 impl WaitState {
+    /// A script queued our registration `reg`, number `seq`, for `key`: believe it is there,
+    /// unless the grant for that very registration came before the reply. Believing a served
+    /// one still queued would keep the next release from queueing us again, and the other
+    /// clients' tasks would pass the lock among themselves.
+    pub(crate) fn believe_queued(&mut self, key: &str, seq: u64, reg: String) {
+        if self.served.get(key) != Some(&seq) {
+            self.queued.insert(key.to_owned(), reg);
+        }
+    }
+
     pub(crate) fn mark_contended(&mut self, token: &str) {
         if self.contended.len() >= MAX_CONTENDED {
             self.contended.clear();
