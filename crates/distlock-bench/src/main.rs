@@ -19,7 +19,9 @@
 //!   trips of a PING sent after a 2 ms pause (and of a back-to-back one); next to the raw floor
 //!   of the same run: two blocking redis-rs clients, one sending what a distlock release sends
 //!   (a `PING`, then the release script by SHA) 3 ms after queueing the other, which only
-//!   subscribes and reads (release sent -> message read).
+//!   subscribes and reads (release sent -> message read). Five rounds, each with its own idle
+//!   round trip, both modes and the raw floor, interleaved; ratios to the round's own unit,
+//!   medians over rounds, and the worst round.
 //!
 //! This is a benchmark, not a test: it prints a table (and `--json`), it asserts nothing.
 
@@ -406,6 +408,51 @@ async fn contention(
     }
 }
 
+/// Interleaved rounds of the unloaded hand-off (P3).
+const P3_ROUNDS: usize = 5;
+
+/// One round of P3: its unit, both modes, and the raw floor's p50 (µs).
+struct P3Round {
+    idle_rtt: f64,
+    modes: [Contention; 2],
+    raw: f64,
+}
+
+/// A P3 line: medians over the rounds, each ratio to its own round's idle round trip.
+struct P3Row {
+    name: &'static str,
+    count: u64,
+    p50_us: f64,
+    p99_us: f64,
+    idle_rtts: f64,
+    worst_idle_rtts: f64,
+}
+
+impl P3Row {
+    /// `pick`: a round's hand-off count, p50 and p99 (µs).
+    fn of(
+        rounds: &[P3Round],
+        name: &'static str,
+        pick: impl Fn(&P3Round) -> (u64, f64, f64),
+    ) -> P3Row {
+        let picked: Vec<(u64, f64, f64, f64)> = rounds
+            .iter()
+            .map(|r| {
+                let (n, p50, p99) = pick(r);
+                (n, p50, p99, p50 / r.idle_rtt.max(f64::MIN_POSITIVE))
+            })
+            .collect();
+        P3Row {
+            name,
+            count: picked.iter().map(|p| p.0).sum(),
+            p50_us: median(picked.iter().map(|p| p.1).collect()),
+            p99_us: median(picked.iter().map(|p| p.2).collect()),
+            idle_rtts: median(picked.iter().map(|p| p.3).collect()),
+            worst_idle_rtts: picked.iter().map(|p| p.3).fold(0.0, f64::max),
+        }
+    }
+}
+
 /// The raw floor's lock, its keys and its waiter's channel.
 const RAW_KEYS: [&str; 3] = [
     "distlock:{rawbench}",
@@ -593,13 +640,12 @@ fn main() {
         .build()
         .expect("runtime");
     let url = server.url();
-    let (p1_sync, p1_async, p1_ours, (rtt, idle_rtt)) = rt.block_on(async {
-        let raw = redis::Client::open(url.as_str()).expect("client");
+    let raw = redis::Client::open(url.as_str()).expect("client");
+    let mut async_conn = rt
+        .block_on(raw.get_multiplexed_async_connection())
+        .expect("async connection");
+    let (p1_sync, p1_async, p1_ours, rtt) = rt.block_on(async {
         let mut sync_conn = raw.get_connection().expect("sync connection");
-        let mut async_conn = raw
-            .get_multiplexed_async_connection()
-            .await
-            .expect("async connection");
         let script = redis::Script::new(RELEASE_LUA);
         let ours = LockClient::new(RedisBackend::connect(&url).await.expect("connect"));
         // Warm-up: load scripts, fill connection pools.
@@ -613,10 +659,7 @@ fn main() {
             d.push(distlock_cycles(&ours, cycles).await);
         }
         let rtt = rtt_us(&mut async_conn, 1000, None).await;
-        // The same, each PING after a 2 ms pause: the round trip of a quiet client and server,
-        // the fair unit for the unloaded hand-off (P3).
-        let idle_rtt = rtt_us(&mut async_conn, 300, Some(Duration::from_millis(2))).await;
-        (median(s), median(a), median(d), (rtt, idle_rtt))
+        (median(s), median(a), median(d), rtt)
     });
 
     let mut runs = Vec::new();
@@ -641,23 +684,38 @@ fn main() {
     // release, pauses 0.3 ms before it asks again (tokio's timers tick in whole ms, so the pause
     // lasts 1 or 2 ms: over before the other holder's 3 ms are). So every release finds the
     // other process asleep in its wait, and nothing else wants the CPU while the lock changes
-    // hands. (In the
-    // zero-hold runs above, the one CPU is never idle: the next holder's hand-off time is
-    // mostly the queue of work ahead of it, so it measures throughput rather than latency.)
-    let p3: Vec<Contention> = [Mode::Events, Mode::Polling]
-        .into_iter()
-        .map(|mode| {
+    // hands. (In the zero-hold runs above, the one CPU is never idle: the next holder's
+    // hand-off time is mostly the queue of work ahead of it, so it measures throughput rather
+    // than latency.)
+    // The unit is the round trip of a quiet client (a PING after a 2 ms pause), and it drifts
+    // by several µs over minutes on a VM: so the rounds interleave the unit, both modes and the
+    // raw floor, and every ratio divides by the unit of its own round.
+    let p3_rounds = if cli.quick { 1 } else { P3_ROUNDS };
+    let raw_count = if cli.quick { 20 } else { 150 };
+    let p3_millis = if cli.quick { millis } else { 800 };
+    let mut p3: Vec<P3Round> = Vec::new();
+    for _ in 0..p3_rounds {
+        // The same, each PING after a 2 ms pause: the round trip of a quiet client and server,
+        // the fair unit for the unloaded hand-off.
+        let idle_rtt = rt.block_on(rtt_us(&mut async_conn, 150, Some(Duration::from_millis(2))));
+        let modes = [Mode::Events, Mode::Polling].map(|mode| {
             rt2.block_on(contention(
                 &server,
                 mode,
                 2,
-                millis,
+                p3_millis,
                 cli.worker_threads,
                 (3000, 300),
             ))
-        })
-        .collect();
-    let p3_raw = rt2.block_on(raw_handoff(&server, if cli.quick { 20 } else { 600 }));
+        });
+        let raw = rt2.block_on(raw_handoff(&server, raw_count));
+        p3.push(P3Round {
+            idle_rtt,
+            modes,
+            raw,
+        });
+    }
+    let idle_rtt = median(p3.iter().map(|r| r.idle_rtt).collect());
 
     println!(
         "distlock-bench — Redis {} — {pinning}",
@@ -680,7 +738,7 @@ fn main() {
     );
     println!();
     println!(
-        "PING round trip: {rtt:.1} µs (median of 1000 back to back); {idle_rtt:.1} µs (median of 300, each after a 2 ms pause)"
+        "PING round trip: {rtt:.1} µs (median of 1000 back to back); {idle_rtt:.1} µs (each after a 2 ms pause: median of the P3 rounds' medians of 150)"
     );
     println!();
     let runtime = if cli.worker_threads <= 1 {
@@ -717,39 +775,60 @@ fn main() {
     }
     println!();
     println!(
-        "P3 hand-off latency, unloaded: 2 processes, 1 task each; a holder keeps the lock 3 ms, then pauses 0.3 ms"
+        "P3 hand-off latency, unloaded: 2 processes, 1 task each; a holder keeps the lock 3 ms, then pauses 0.3 ms; {} interleaved round(s), medians over rounds",
+        p3.len()
     );
     println!(
-        "| mode | hand-offs | release → other process acquired p50 µs | p99 µs | in idle RTTs | in back-to-back RTTs |"
+        "| mode | hand-offs | release → other process acquired p50 µs | p99 µs | in idle RTTs | worst round | in back-to-back RTTs |"
     );
-    println!("|---|---:|---:|---:|---:|---:|");
-    for r in &p3 {
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let p3_rows: Vec<P3Row> = (0..2)
+        .map(|m| {
+            P3Row::of(&p3, p3[0].modes[m].mode.name(), |r| {
+                let c = &r.modes[m];
+                (c.cross_count, c.cross_p50_us, c.cross_p99_us)
+            })
+        })
+        .chain(std::iter::once(P3Row::of(
+            &p3,
+            "raw redis-rs floor: the same PING + release script, blocking clients, 3 ms pauses",
+            |r| (raw_count as u64, r.raw, 0.0),
+        )))
+        .collect();
+    for row in &p3_rows {
         println!(
-            "| {} | {} | {:.1} | {:.0} | {:.1} | {:.1} |",
-            r.mode.name(),
-            r.cross_count,
-            r.cross_p50_us,
-            r.cross_p99_us,
-            if idle_rtt > 0.0 {
-                r.cross_p50_us / idle_rtt
+            "| {} | {} | {:.1} | {} | {:.1} | {:.1} | {:.1} |",
+            row.name,
+            row.count,
+            row.p50_us,
+            if row.p99_us > 0.0 {
+                format!("{:.0}", row.p99_us)
             } else {
-                0.0
+                String::new()
             },
-            if rtt > 0.0 { r.cross_p50_us / rtt } else { 0.0 },
+            row.idle_rtts,
+            row.worst_idle_rtts,
+            row.p50_us / rtt.max(f64::MIN_POSITIVE),
         );
     }
     println!(
-        "| raw redis-rs floor: the same PING + release script, blocking clients, 3 ms pauses | {} | {p3_raw:.1} | | {:.1} | {:.1} |",
-        if cli.quick { 20 } else { 600 },
-        p3_raw / idle_rtt.max(f64::MIN_POSITIVE),
-        p3_raw / rtt.max(f64::MIN_POSITIVE),
+        "per round, idle RTT / events p50 / raw floor p50 (µs): {}",
+        p3.iter()
+            .map(|r| format!(
+                "{:.1} / {:.1} / {:.1}",
+                r.idle_rtt, r.modes[0].cross_p50_us, r.raw
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
-    if let Some(events) = p3.first() {
-        println!(
-            "distlock events vs the raw floor: {:.2}× its hand-off time",
-            events.cross_p50_us / p3_raw.max(f64::MIN_POSITIVE)
-        );
-    }
+    println!(
+        "distlock events vs the raw floor: {:.2}× its hand-off time (median of the rounds' ratios)",
+        median(
+            p3.iter()
+                .map(|r| r.modes[0].cross_p50_us / r.raw.max(f64::MIN_POSITIVE))
+                .collect()
+        )
+    );
     if let Some(path) = cli.json {
         let json = serde_json::json!({
             "pinning": pinning,
@@ -765,11 +844,12 @@ fn main() {
                 "handoff_p50_us": r.handoff_p50_us, "handoff_p99_us": r.handoff_p99_us,
                 "cross_process_p50_us": r.cross_p50_us,
             })).collect::<Vec<_>>(),
-            "p3_unloaded": p3.iter().map(|r| serde_json::json!({
-                "mode": r.mode.name(), "hold_us": 3000, "gap_us": 300, "handoffs": r.cross_count,
-                "cross_process_p50_us": r.cross_p50_us, "cross_process_p99_us": r.cross_p99_us,
+            "p3_unloaded": p3_rows.iter().map(|r| serde_json::json!({
+                "mode": r.name, "hold_us": 3000, "gap_us": 300, "handoffs": r.count,
+                "cross_process_p50_us": r.p50_us, "cross_process_p99_us": r.p99_us,
+                "idle_rtts": r.idle_rtts, "worst_round_idle_rtts": r.worst_idle_rtts,
             })).collect::<Vec<_>>(),
-            "p3_raw_floor_p50_us": p3_raw,
+            "p3_idle_rtt_us_per_round": p3.iter().map(|r| r.idle_rtt).collect::<Vec<_>>(),
         });
         std::fs::write(&path, serde_json::to_string_pretty(&json).expect("json"))
             .expect("write the JSON");
