@@ -10,12 +10,11 @@ use distlock_core::{
     NextWaiter, RenewItem, Subscription, Token,
 };
 use redis::Value;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::config::RedisConfig;
 use crate::error::{map_err, protocol};
 use crate::keys::{KeyLayout, LockKeys};
-use crate::lane::Lane;
+use crate::node::{Node, is_noscript};
 use crate::subscriber::{Grant, MAX_REGS, Reg, Shared, Subscriber, WaitState};
 
 /// The Lua scripts, hashed once per backend and run with EVALSHA (loaded on NOSCRIPT).
@@ -75,22 +74,16 @@ impl Scripts {
 ///   as long as the server keeps its data (persistence on, no failover to a lagging replica).
 #[derive(Clone)]
 pub struct RedisBackend {
-    conn: ConnectionManager,
-    /// A plain connection for whichever request finds it free (see `lane`).
-    lane: Lane,
+    node: Node,
     layout: KeyLayout,
     scripts: std::sync::Arc<Scripts>,
     subscriber: std::sync::Arc<Subscriber>,
-    response_timeout: Duration,
     /// This client's wake channel, `<prefix>wake:<client id>`.
     wake_channel: std::sync::Arc<str>,
     /// Grants, registrations and hints, shared with the subscriber.
     shared: Shared,
     /// Numbers registrations (see `WaitState::regs`).
     seq: std::sync::Arc<AtomicU64>,
-    /// Commands sent on the main connection (a pipeline counts each of its commands).
-    sent: std::sync::Arc<AtomicU64>,
-    target: String,
 }
 
 /// How long a release of ours that handed the lock to another client answers our own waiting
@@ -100,7 +93,7 @@ const ELSEWHERE_HINT: Duration = Duration::from_millis(100);
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("server", &self.target)
+            .field("server", &self.node.target)
             .field("layout", &self.layout)
             .finish()
     }
@@ -121,7 +114,6 @@ impl RedisBackend {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn with_config(config: RedisConfig) -> Result<Self, LockError> {
-        let target = config.redacted_url();
         if config
             .layout
             .prefix
@@ -138,49 +130,27 @@ impl RedisBackend {
                 ),
             ));
         }
-        let client = redis::Client::open(config.url.as_str())
-            .map_err(|e| map_err(e, "opening the Redis client"))?;
+        let (node, client) = Node::connect(&config).await?;
         // This client's place in waiters' queues: its wake channel (one per backend, shared by
         // its tasks), under a random id.
         let wake_channel = format!("{}{}", config.layout.wake_prefix(), Token::generate());
-        let cm = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.response_timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(500));
-        let mut conn = ConnectionManager::new_with_config(client.clone(), cm)
-            .await
-            .map_err(|e| map_err(e, &format!("connecting to {target}")))?;
-        // Authentication errors surface on the first command, not at connect: check now.
-        let _: Value = redis::cmd("PING")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| map_err(e, &format!("talking to {target}")))?;
-        let lane = Lane::new(client.get_connection_info(), config.connect_timeout);
-        lane.open().await;
         let shared = Shared::default();
-        let sent = std::sync::Arc::new(AtomicU64::new(0));
         let subscriber = Subscriber::new(
-            client.clone(),
-            conn.clone(),
+            client,
+            node.manager(),
             &config,
             wake_channel.clone(),
             shared.clone(),
-            sent.clone(),
+            node.counter(),
         );
         Ok(RedisBackend {
-            conn,
-            lane,
+            node,
             wake_channel: wake_channel.into(),
             layout: config.layout,
             scripts: std::sync::Arc::new(Scripts::new()),
             subscriber: std::sync::Arc::new(subscriber),
-            response_timeout: config.response_timeout,
             shared,
             seq: std::sync::Arc::new(AtomicU64::new(1)),
-            sent,
-            target,
         })
     }
 
@@ -201,97 +171,12 @@ impl RedisBackend {
     /// SUBSCRIBE/UNSUBSCRIBE are not counted. For measuring commands per acquisition: Redis's
     /// own `INFO commandstats` cannot tell a top-level `SET` from one inside a script.
     pub fn commands_sent(&self) -> u64 {
-        self.sent.load(Ordering::Relaxed)
-    }
-
-    fn count(&self, n: usize) {
-        self.sent.fetch_add(n as u64, Ordering::Relaxed);
+        self.node.commands_sent()
     }
 
     /// The channel this client's waiters are woken on.
     pub fn wake_channel(&self) -> String {
         self.wake_channel.to_string()
-    }
-
-    /// One round trip: on the lane when it is free, else on the multiplexed connection.
-    /// One reply per command, server errors in their place.
-    async fn send(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, redis::RedisError> {
-        self.count(pipe.len());
-        if let Some(mut lane) = self.lane.checkout() {
-            return lane
-                .round_trip(pipe.cmd_iter(), self.response_timeout)
-                .await;
-        }
-        let mut conn = self.conn.clone();
-        pipe.query_async(&mut conn).await
-    }
-
-    /// [`send`](Self::send) of one command: its reply, a server error as `Err`.
-    async fn send_one(&self, pipe: &redis::Pipeline) -> Result<Value, redis::RedisError> {
-        match self.send(pipe).await?.pop() {
-            Some(Value::ServerError(e)) => Err(e.into()),
-            Some(v) => Ok(v),
-            None => Err(redis::RedisError::from((
-                redis::ErrorKind::Parse,
-                "no reply to a command",
-            ))),
-        }
-    }
-
-    /// Runs a script by hash (one command, built without intermediate copies), loading it
-    /// and sending again if the server has lost its script cache.
-    async fn run(
-        &self,
-        script: &redis::Script,
-        keys: &[&str],
-        args: &[&str],
-        doing: &str,
-    ) -> Result<Value, LockError> {
-        self.run_led(script, keys, args, doing, false).await
-    }
-
-    /// [`run`](Self::run), after a `PING` in the same write when `lead` is set.
-    ///
-    /// Why a release that may hand the lock over leads with a `PING`: Redis writes the replies
-    /// of one event-loop turn to the most recently queued client first. Without the `PING`,
-    /// the releasing client is queued after the waiter the script publishes to, so it is woken
-    /// first, and on a busy CPU its own work runs before the new holder hears of its turn. The
-    /// `PING` queues the releasing client before the script runs: the waiter is written to
-    /// first. (Measured on one CPU, Redis 7.0: a hand-off p50 of ~50 µs instead of ~75 µs.
-    /// Harmless where the order differs: one more tiny command in the same write.)
-    async fn run_led(
-        &self,
-        script: &redis::Script,
-        keys: &[&str],
-        args: &[&str],
-        doing: &str,
-        lead: bool,
-    ) -> Result<Value, LockError> {
-        let len = keys.iter().chain(args).map(|a| a.len()).sum::<usize>() + 48;
-        let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), len);
-        cmd.arg("EVALSHA")
-            .arg(script.get_hash())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
-        let mut pipe = redis::Pipeline::with_capacity(2);
-        pipe.ignore_errors();
-        if lead {
-            pipe.cmd("PING");
-        }
-        pipe.add_command(cmd);
-        let reply = match self.send_one(&pipe).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                let mut conn = self.conn.clone();
-                self.count(1);
-                match script.load_async(&mut conn).await {
-                    Ok(_) => self.send_one(&pipe).await,
-                    Err(e) => Err(e),
-                }
-            }
-            other => other,
-        };
-        reply.map_err(|e| map_err(e, doing))
     }
 
     /// The first attempt: `SET NX PX` then `HINCRBY` of the fence, pipelined.
@@ -315,7 +200,7 @@ impl RedisBackend {
             .arg(keys.meta())
             .arg("fence")
             .arg(1);
-        let replies = self.send(&pipe).await.map_err(|e| map_err(e, DOING))?;
+        let replies = self.node.send(&pipe).await.map_err(|e| map_err(e, DOING))?;
         match replies.as_slice() {
             [Value::Okay, Value::Int(f)] if *f > 0 => Ok(Attempt::Acquired {
                 fence: Some(*f as u64),
@@ -328,7 +213,8 @@ impl RedisBackend {
                 // lock before reporting, so nothing stays half taken.
                 let mut now = itoa::Buffer::new();
                 let undo = self
-                    .run(
+                    .node
+            .run(
                         &self.scripts.release,
                         &[keys.lock(), keys.meta(), keys.waiters()],
                         &[token, now.format(now_ms())],
@@ -397,6 +283,7 @@ impl RedisBackend {
             &full[..]
         };
         let reply = self
+            .node
             .run_led(
                 &self.scripts.release,
                 &[keys.lock(), keys.meta(), keys.waiters()],
@@ -546,9 +433,8 @@ impl RedisBackend {
                 .arg(item.token.as_str())
                 .arg(ttl_ms(item.ttl));
         }
-        let mut conn = self.conn.clone();
-        self.count(items.len());
-        pipe.query_async(&mut conn).await
+        self.node.count(items.len());
+        self.node.send_shared(&pipe).await
     }
 }
 
@@ -599,10 +485,6 @@ fn lease_check(v: &Value) -> Option<LeaseCheck> {
 /// The same error for every item of a failed batch.
 fn copy_err(e: &LockError) -> LockError {
     LockError::new(e.kind(), e.message().to_owned())
-}
-
-fn is_noscript(v: &Value) -> bool {
-    matches!(v, Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::NoScript))
 }
 
 fn ttl_ms(ttl: Duration) -> u64 {
@@ -685,6 +567,7 @@ impl Backend for RedisBackend {
             (0, String::new(), String::new())
         };
         let reply = self
+            .node
             .run(
                 &self.scripts.acquire,
                 &[keys.lock(), keys.meta(), keys.waiters()],
@@ -774,6 +657,7 @@ impl Backend for RedisBackend {
         let lock_key = self.layout.lock_key(key);
         let ms = ttl_ms(ttl).to_string();
         let reply = self
+            .node
             .run(
                 &self.scripts.extend,
                 &[&lock_key],
@@ -813,9 +697,7 @@ impl Backend for RedisBackend {
         {
             // The server lost its script cache (restart, SCRIPT FLUSH): load and send again.
             // Compare-and-pexpire is idempotent, so resending the ones that ran is harmless.
-            let mut conn = self.conn.clone();
-            self.count(1);
-            if let Err(e) = self.scripts.extend.load_async(&mut conn).await {
+            if let Err(e) = self.node.load(&self.scripts.extend).await {
                 replies = Err(e);
             } else {
                 replies = self.extend_pipeline(&lock_keys, items).await;
@@ -842,7 +724,7 @@ impl Backend for RedisBackend {
 
     async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {
         Ok(Some(
-            self.subscriber.subscribe(key, self.response_timeout).await,
+            self.subscriber.subscribe(key, self.node.response_timeout).await,
         ))
     }
 
@@ -850,6 +732,7 @@ impl Backend for RedisBackend {
         const DOING: &str = "reading a Redis lock's status";
         let keys = self.layout.keys(key);
         let reply = self
+            .node
             .run(
                 &self.scripts.status,
                 &[keys.lock(), keys.meta()],

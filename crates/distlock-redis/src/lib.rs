@@ -6,6 +6,7 @@ mod config;
 mod error;
 mod keys;
 mod lane;
+mod node;
 mod subscriber;
 
 pub use backend::RedisBackend;
