@@ -214,7 +214,7 @@ impl RedisBackend {
                 let mut now = itoa::Buffer::new();
                 let undo = self
                     .node
-            .run(
+                    .run(
                         &self.scripts.release,
                         &[keys.lock(), keys.meta(), keys.waiters()],
                         &[token, now.format(now_ms())],
@@ -724,7 +724,9 @@ impl Backend for RedisBackend {
 
     async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {
         Ok(Some(
-            self.subscriber.subscribe(key, self.node.response_timeout).await,
+            self.subscriber
+                .subscribe(key, self.node.response_timeout)
+                .await,
         ))
     }
 

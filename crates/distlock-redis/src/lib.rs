@@ -7,6 +7,7 @@ mod error;
 mod keys;
 mod lane;
 mod node;
+mod redlock;
 mod subscriber;
 
 pub use backend::RedisBackend;
@@ -16,3 +17,4 @@ pub use backend::RedisBackend;
 #[doc(hidden)]
 pub const RELEASE_SCRIPT: &str = backend::RELEASE_SCRIPT;
 pub use config::RedisConfig;
+pub use redlock::{RedlockBackend, RedlockConfig};

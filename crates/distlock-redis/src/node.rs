@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use distlock_core::LockError;
+use distlock_core::{ErrorKind, LockError};
 use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
@@ -23,6 +23,7 @@ pub(crate) struct Node {
     /// Commands sent (a pipeline counts each of its commands).
     sent: Arc<AtomicU64>,
     pub(crate) response_timeout: Duration,
+    connect_timeout: Duration,
     /// The server's URL without credentials, for logs and errors.
     pub(crate) target: Arc<str>,
 }
@@ -32,6 +33,32 @@ impl Node {
     /// only at the first command); the lane is opened too, but a failure there only means the
     /// multiplexed connection carries everything.
     pub(crate) async fn connect(config: &RedisConfig) -> Result<(Node, redis::Client), LockError> {
+        let (node, client) = Node::lazy(config)?;
+        node.ping().await?;
+        node.lane.open().await;
+        Ok((node, client))
+    }
+
+    /// [`connect`](Self::connect), except that a server that cannot be reached now is not an
+    /// error: the node is returned with `false`, and its connections keep trying at each use.
+    /// Refused credentials are still an error.
+    pub(crate) async fn connect_lazily(config: &RedisConfig) -> Result<(Node, bool), LockError> {
+        let (node, _) = Node::lazy(config)?;
+        match node.ping().await {
+            Ok(()) => {
+                node.lane.open().await;
+                Ok((node, true))
+            }
+            Err(e) if e.kind() == ErrorKind::Auth => Err(e),
+            Err(e) => {
+                tracing::debug!(target: "distlock", server = &*node.target, error = %e,
+                    "server unreachable at start; will retry");
+                Ok((node, false))
+            }
+        }
+    }
+
+    fn lazy(config: &RedisConfig) -> Result<(Node, redis::Client), LockError> {
         let target = config.redacted_url();
         let client = redis::Client::open(config.url.as_str())
             .map_err(|e| map_err(e, "opening the Redis client"))?;
@@ -41,23 +68,36 @@ impl Node {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(500));
-        let mut conn = ConnectionManager::new_with_config(client.clone(), cm)
-            .await
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), cm)
             .map_err(|e| map_err(e, &format!("connecting to {target}")))?;
-        let _: Value = redis::cmd("PING")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| map_err(e, &format!("talking to {target}")))?;
         let lane = Lane::new(client.get_connection_info(), config.connect_timeout);
-        lane.open().await;
         let node = Node {
             conn,
             lane,
             sent: Arc::new(AtomicU64::new(0)),
             response_timeout: config.response_timeout,
+            connect_timeout: config.connect_timeout,
             target: target.into(),
         };
         Ok((node, client))
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        let mut conn = self.conn.clone();
+        let ping = redis::cmd("PING");
+        match tokio::time::timeout(
+            self.connect_timeout + self.response_timeout,
+            ping.query_async::<Value>(&mut conn),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(map_err(e, &format!("talking to {}", self.target))),
+            Err(_) => Err(LockError::new(
+                ErrorKind::Timeout,
+                format!("connecting to {}: no answer", self.target),
+            )),
+        }
     }
 
     /// The multiplexed connection (for the subscriber's own requests).
@@ -80,7 +120,10 @@ impl Node {
 
     /// One round trip: on the lane when it is free, else on the multiplexed connection.
     /// One reply per command, server errors in their place.
-    pub(crate) async fn send(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, redis::RedisError> {
+    pub(crate) async fn send(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<Vec<Value>, redis::RedisError> {
         self.count(pipe.len());
         if let Some(mut lane) = self.lane.checkout() {
             return lane
@@ -101,7 +144,10 @@ impl Node {
     }
 
     /// [`send`](Self::send) of one command: its reply, a server error as `Err`.
-    pub(crate) async fn send_one(&self, pipe: &redis::Pipeline) -> Result<Value, redis::RedisError> {
+    pub(crate) async fn send_one(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<Value, redis::RedisError> {
         match self.send(pipe).await?.pop() {
             Some(Value::ServerError(e)) => Err(e.into()),
             Some(v) => Ok(v),

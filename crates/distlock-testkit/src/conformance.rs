@@ -315,6 +315,9 @@ pub async fn status_reports_holder<B: Backend>(make: &impl MakeClient<B>) {
     match (st.fence, st.last_fence, g.fence()) {
         (Some(f), _, held) => assert_eq!(Some(f), held),
         (None, Some(last), Some(held)) => assert!(last >= held, "{last} < {held}"),
+        // An engine that cannot give a correct fence gives none, anywhere.
+        (None, None, None)
+            if matches!(b.backend().capabilities().fencing, Fencing::Unavailable(_)) => {}
         other => panic!("status fences {other:?}"),
     }
     let owner = st.owner.expect("holder label");

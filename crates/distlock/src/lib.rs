@@ -6,7 +6,7 @@ pub use distlock_core::*;
 /// The Redis engine (feature `redis`).
 #[cfg(feature = "redis")]
 pub mod redis {
-    pub use distlock_redis::{RedisBackend, RedisConfig};
+    pub use distlock_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 }
 
 /// The embedded file engine (feature `file`).
@@ -26,6 +26,10 @@ pub fn supported_schemes() -> &'static [&'static str] {
         "rediss",
         #[cfg(feature = "redis")]
         "redis+unix",
+        #[cfg(feature = "redis")]
+        "redlock",
+        #[cfg(feature = "redis")]
+        "redlocks",
     ]
 }
 
@@ -35,6 +39,7 @@ pub fn supported_schemes() -> &'static [&'static str] {
 /// |---|---|
 /// | `file:///var/lock/app`, `file://` | local `flock` files (feature `file`) |
 /// | `redis://host:port/db`, `rediss://…`, `redis+unix:///sock` | one Redis server (feature `redis`) |
+/// | `redlock://h1:p1,h2:p2,h3:p3` (`redlocks://` for TLS) | Redlock over independent masters (feature `redis`) |
 ///
 /// # Errors
 /// `Config` for a malformed URL or a scheme this build does not support; the engine's connection
@@ -51,6 +56,10 @@ pub async fn open_backend(url: &str) -> Result<AnyBackend, LockError> {
         "redis" | "rediss" | "redis+unix" | "unix" | "valkey" | "valkeys" => {
             Ok(Box::new(distlock_redis::RedisBackend::connect(url).await?))
         }
+        #[cfg(feature = "redis")]
+        "redlock" | "redlocks" => Ok(Box::new(
+            distlock_redis::RedlockBackend::connect(url).await?,
+        )),
         "" => Err(LockError::new(
             ErrorKind::Config,
             format!("{url:?} is not a lock URL (try file:// or redis://host:6379)"),

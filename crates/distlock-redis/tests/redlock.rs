@@ -1,0 +1,166 @@
+//! Redlock over five real redis-server masters: dead, frozen and foreign-held masters.
+
+use std::time::{Duration, Instant};
+
+use distlock_core::{Backoff, ErrorKind, LockClient, LockOptions, Released};
+use distlock_redis::{RedlockBackend, RedlockConfig};
+use distlock_testkit::RedisServer;
+
+fn masters(n: usize) -> Option<Vec<RedisServer>> {
+    (0..n).map(|_| RedisServer::start()).collect()
+}
+
+fn url(masters: &[RedisServer], params: &str) -> String {
+    let hosts: Vec<String> = masters
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.port()))
+        .collect();
+    format!("redlock://{}{params}", hosts.join(","))
+}
+
+async fn client(url: &str, options: LockOptions) -> LockClient<RedlockBackend> {
+    let backend = RedlockBackend::with_config(RedlockConfig::from_url(url).expect("url"))
+        .await
+        .expect("connect");
+    LockClient::builder(backend).options(options).build()
+}
+
+fn opts() -> distlock_core::LockOptionsBuilder {
+    LockOptions::builder()
+        .ttl(Duration::from_secs(10))
+        .backoff(Backoff::new(Duration::from_millis(1), Duration::from_millis(10)).unwrap())
+}
+
+fn holds(master: &RedisServer, key: &str) -> bool {
+    !master.cli(&["GET", key]).trim().is_empty()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_dead_masters_of_five_do_not_stop_acquisitions() {
+    let Some(mut ms) = masters(5) else { return };
+    let c = client(&url(&ms, ""), opts().build().unwrap()).await;
+    ms[1].kill();
+    ms[3].kill();
+    for i in 0..5 {
+        let g = c
+            .try_acquire(&format!("two-dead-{i}"))
+            .await
+            .expect("three of five answer")
+            .expect("free lock");
+        assert!(g.is_held());
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_dead_masters_of_five_fail_the_acquire_and_leave_no_key() {
+    let Some(mut ms) = masters(5) else { return };
+    let c = client(&url(&ms, ""), opts().build().unwrap()).await;
+    for m in &mut ms[..3] {
+        m.kill();
+    }
+    let e = c.try_acquire("three-dead").await.expect_err("no majority");
+    assert_eq!(
+        e.kind(),
+        ErrorKind::QuorumNotReached { got: 2, needed: 3 },
+        "{e}"
+    );
+    let key = c.backend().lock_key("three-dead");
+    for m in &ms[3..] {
+        assert!(
+            !holds(m, &key),
+            "a live master kept the failed attempt's key"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_master_costs_at_most_the_node_timeout() {
+    let Some(ms) = masters(5) else { return };
+    let c = client(&url(&ms, "?node_timeout=100ms"), opts().build().unwrap()).await;
+    // Warm every connection first.
+    let warm = c
+        .try_acquire("frozen-warm")
+        .await
+        .unwrap()
+        .expect("free lock");
+    assert_eq!(warm.release().await.unwrap(), Released::Held);
+    ms[2].pause();
+    let mut worst = Duration::ZERO;
+    for i in 0..5 {
+        let t = Instant::now();
+        let g = c
+            .try_acquire(&format!("frozen-{i}"))
+            .await
+            .expect("four of five answer")
+            .expect("free lock");
+        worst = worst.max(t.elapsed());
+        drop(g);
+    }
+    ms[2].resume();
+    assert!(
+        worst < Duration::from_millis(100) + Duration::from_millis(60),
+        "{worst:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_paused_past_its_validity_loses_the_lock_to_the_next() {
+    let Some(ms) = masters(5) else { return };
+    let u = url(&ms, "");
+    let ttl = Duration::from_millis(400);
+    let a = client(&u, opts().ttl(ttl).auto_renew(false).build().unwrap()).await;
+    let b = client(&u, opts().ttl(ttl).build().unwrap()).await;
+    let ga = a.try_acquire("paused").await.unwrap().expect("free");
+    assert!(
+        b.try_acquire("paused").await.unwrap().is_none(),
+        "held by a"
+    );
+    // a "pauses" (no renewal) beyond its validity.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let gb = b
+        .try_acquire("paused")
+        .await
+        .unwrap()
+        .expect("a's lease ran out");
+    assert!(
+        !ga.is_held(),
+        "the paused holder's guard still claims the lock"
+    );
+    tokio::time::timeout(Duration::from_millis(10), ga.lost())
+        .await
+        .expect("lost() has fired");
+    assert!(!ga.release().await.unwrap().was_held());
+    assert!(gb.is_held(), "a's late release must not touch b's lock");
+    assert_eq!(gb.release().await.unwrap(), Released::Held);
+}
+
+/// Catches the seeded bug `seeded-bug-half-quorum`: a foreign majority must keep us out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeded_a_foreign_majority_keeps_the_lock() {
+    let Some(ms) = masters(5) else { return };
+    let c = client(&url(&ms, ""), opts().build().unwrap()).await;
+    let key = c.backend().lock_key("foreign");
+    for m in &ms[..3] {
+        m.cli(&["SET", &key, "someone-else", "PX", "30000"]);
+    }
+    assert!(
+        c.try_acquire("foreign").await.unwrap().is_none(),
+        "acquired with two masters of five"
+    );
+}
+
+/// Catches the seeded bug `seeded-bug-keep-partial`: a failed attempt takes back its copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeded_a_failed_attempt_leaves_no_copy_behind() {
+    let Some(ms) = masters(5) else { return };
+    let c = client(&url(&ms, ""), opts().build().unwrap()).await;
+    let key = c.backend().lock_key("partial");
+    for m in &ms[2..] {
+        m.cli(&["SET", &key, "someone-else", "PX", "30000"]);
+    }
+    assert!(c.try_acquire("partial").await.unwrap().is_none());
+    for m in &ms[..2] {
+        assert!(!holds(m, &key), "a copy of the failed attempt stayed");
+    }
+}
