@@ -14,7 +14,7 @@ use redis::Value;
 use crate::config::RedisConfig;
 use crate::error::{map_err, protocol};
 use crate::keys::{KeyLayout, LockKeys};
-use crate::node::{Node, is_noscript};
+use crate::node::Node;
 use crate::subscriber::{Grant, MAX_REGS, Reg, Shared, Subscriber, WaitState};
 
 /// The Lua scripts, hashed once per backend and run with EVALSHA (loaded on NOSCRIPT).
@@ -114,22 +114,7 @@ impl RedisBackend {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn with_config(config: RedisConfig) -> Result<Self, LockError> {
-        if config
-            .layout
-            .prefix
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control())
-        {
-            // Queue registrations and wake-up messages are space-separated, and the prefix
-            // starts every channel name in them.
-            return Err(LockError::new(
-                distlock_core::ErrorKind::Config,
-                format!(
-                    "the key prefix {:?} contains a space or a control character",
-                    config.layout.prefix
-                ),
-            ));
-        }
+        config.layout.check()?;
         let (node, client) = Node::connect(&config).await?;
         // This client's place in waiters' queues: its wake channel (one per backend, shared by
         // its tasks), under a random id.
@@ -414,28 +399,6 @@ impl RedisBackend {
     fn lock_shared(&self) -> std::sync::MutexGuard<'_, WaitState> {
         self.shared.lock().unwrap_or_else(PoisonError::into_inner)
     }
-
-    /// One pipeline of compare-and-pexpire scripts, one reply per item (errors such as
-    /// NOSCRIPT come back as `Value::ServerError` in their place).
-    async fn extend_pipeline(
-        &self,
-        lock_keys: &[String],
-        items: &[RenewItem<'_>],
-    ) -> Result<Vec<Value>, redis::RedisError> {
-        let hash = self.scripts.extend.get_hash();
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for (k, item) in lock_keys.iter().zip(items) {
-            pipe.cmd("EVALSHA")
-                .arg(hash)
-                .arg(1)
-                .arg(k)
-                .arg(item.token.as_str())
-                .arg(ttl_ms(item.ttl));
-        }
-        self.node.count(items.len());
-        self.node.send_shared(&pipe).await
-    }
 }
 
 /// A release of ours handed the lock to another client while tasks of ours still wait; `queued`
@@ -487,7 +450,7 @@ fn copy_err(e: &LockError) -> LockError {
     LockError::new(e.kind(), e.message().to_owned())
 }
 
-fn ttl_ms(ttl: Duration) -> u64 {
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
     // Options guarantee whole milliseconds ≥ 1 and at most a year; clamp anyway.
     (ttl.as_millis() as u64).max(1)
 }
@@ -691,18 +654,10 @@ impl Backend for RedisBackend {
             return Vec::new();
         }
         let lock_keys: Vec<String> = items.iter().map(|i| self.layout.lock_key(i.key)).collect();
-        let mut replies = self.extend_pipeline(&lock_keys, items).await;
-        if let Ok(r) = &replies
-            && r.iter().any(is_noscript)
-        {
-            // The server lost its script cache (restart, SCRIPT FLUSH): load and send again.
-            // Compare-and-pexpire is idempotent, so resending the ones that ran is harmless.
-            if let Err(e) = self.node.load(&self.scripts.extend).await {
-                replies = Err(e);
-            } else {
-                replies = self.extend_pipeline(&lock_keys, items).await;
-            }
-        }
+        let replies = self
+            .node
+            .extend_batch(&self.scripts.extend, &lock_keys, items)
+            .await;
         match replies {
             Ok(values) if values.len() == items.len() => values
                 .iter()

@@ -48,6 +48,25 @@ impl KeyLayout {
     }
 
     /// The channel prefix a client's wake-ups go to: `<prefix>wake:<client id>`.
+    /// Refuses a prefix with a space or a control character: queue registrations and wake-up
+    /// messages are space-separated, and the prefix starts every channel name in them.
+    pub(crate) fn check(&self) -> Result<(), distlock_core::LockError> {
+        if self
+            .prefix
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(distlock_core::LockError::new(
+                distlock_core::ErrorKind::Config,
+                format!(
+                    "the key prefix {:?} contains a space or a control character",
+                    self.prefix
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     pub(crate) fn wake_prefix(&self) -> String {
         format!("{}wake:", self.prefix)
     }

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use distlock_core::{ErrorKind, LockError};
+use distlock_core::{ErrorKind, LockError, RenewItem};
 use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use crate::backend::ttl_ms;
 use crate::config::RedisConfig;
 use crate::error::map_err;
 use crate::lane::Lane;
@@ -215,6 +216,37 @@ impl Node {
             other => other,
         };
         reply.map_err(|e| map_err(e, doing))
+    }
+}
+
+impl Node {
+    /// The watchdog's batch: `script` (compare-and-pexpire) for every item, one pipeline on the
+    /// multiplexed connection, one reply each. A server that lost its script cache gets it
+    /// again and the whole batch once more (compare-and-pexpire is idempotent).
+    pub(crate) async fn extend_batch(
+        &self,
+        script: &redis::Script,
+        lock_keys: &[String],
+        items: &[RenewItem<'_>],
+    ) -> Result<Vec<Value>, redis::RedisError> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for (k, item) in lock_keys.iter().zip(items) {
+            pipe.cmd("EVALSHA")
+                .arg(script.get_hash())
+                .arg(1)
+                .arg(k)
+                .arg(item.token.as_str())
+                .arg(ttl_ms(item.ttl));
+        }
+        self.count(items.len());
+        let replies = self.send_shared(&pipe).await?;
+        if !replies.iter().any(is_noscript) {
+            return Ok(replies);
+        }
+        self.load(script).await?;
+        self.count(items.len());
+        self.send_shared(&pipe).await
     }
 }
 

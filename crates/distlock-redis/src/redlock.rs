@@ -21,11 +21,11 @@ use distlock_core::{
 use futures_util::future::join_all;
 use redis::Value;
 
-use crate::backend::now_ms;
+use crate::backend::{now_ms, ttl_ms};
 use crate::config::RedisConfig;
 use crate::error::protocol;
 use crate::keys::KeyLayout;
-use crate::node::{Node, is_noscript};
+use crate::node::Node;
 
 /// Scripts run on each master (loaded on `NOSCRIPT`).
 struct Scripts {
@@ -308,19 +308,7 @@ impl RedlockBackend {
     /// a master refused the credentials; `Config` for a bad key prefix.
     pub async fn with_config(config: RedlockConfig) -> Result<Self, LockError> {
         let layout = config.nodes[0].layout.clone();
-        if layout
-            .prefix
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control())
-        {
-            return Err(LockError::new(
-                ErrorKind::Config,
-                format!(
-                    "the key prefix {:?} contains a space or a control character",
-                    layout.prefix
-                ),
-            ));
-        }
+        layout.check()?;
         let results = join_all(config.nodes.iter().map(Node::connect_lazily)).await;
         let needed = quorum(results.len());
         let mut nodes = Vec::with_capacity(results.len());
@@ -400,10 +388,6 @@ impl RedlockBackend {
 
     /// Compare-and-delete on every master (after a failed or cancelled acquire, and release).
     async fn release_all(&self, lock_key: &str, token: &Token, limit: Duration) -> Vec<Vote> {
-        #[cfg(feature = "seeded-bug-keep-partial")]
-        if limit.is_zero() {
-            return Vec::new();
-        }
         self.on_all(
             &self.scripts.release,
             lock_key,
@@ -454,10 +438,6 @@ fn vote(v: &Value) -> Vote {
         },
         _ => Vote::Failed,
     }
-}
-
-fn ttl_ms(ttl: Duration) -> u64 {
-    (ttl.as_millis() as u64).max(1)
 }
 
 fn no_quorum(doing: &str, got: usize, needed: usize) -> LockError {
@@ -515,9 +495,9 @@ impl Backend for RedlockBackend {
         }
         // Not ours: take back every copy we may have, on every master (one that did not
         // answer in time may have granted it).
-        if votes.iter().any(|v| matches!(v, Vote::Yes | Vote::Failed)) {
-            #[cfg(feature = "seeded-bug-keep-partial")]
-            let limit = Duration::ZERO;
+        if !cfg!(feature = "seeded-bug-keep-partial")
+            && votes.iter().any(|v| matches!(v, Vote::Yes | Vote::Failed))
+        {
             self.release_all(&lock_key, req.token, limit).await;
         }
         match outcome {
@@ -574,26 +554,7 @@ impl Backend for RedlockBackend {
         let per_node: Vec<Vec<Vote>> = join_all(self.nodes.iter().map(|node| {
             let lock_keys = &lock_keys;
             async move {
-                let batch = async {
-                    let mut pipe = redis::pipe();
-                    pipe.ignore_errors();
-                    for (k, item) in lock_keys.iter().zip(items) {
-                        pipe.cmd("EVALSHA")
-                            .arg(script.get_hash())
-                            .arg(1)
-                            .arg(k)
-                            .arg(item.token.as_str())
-                            .arg(ttl_ms(item.ttl));
-                    }
-                    node.count(items.len());
-                    let mut replies = node.send_shared(&pipe).await?;
-                    if replies.iter().any(is_noscript) {
-                        node.load(script).await?;
-                        node.count(items.len());
-                        replies = node.send_shared(&pipe).await?;
-                    }
-                    Ok::<_, redis::RedisError>(replies)
-                };
+                let batch = node.extend_batch(script, lock_keys, items);
                 match tokio::time::timeout(limit, batch).await {
                     Ok(Ok(replies)) if replies.len() == items.len() => {
                         replies.iter().map(vote).collect()
