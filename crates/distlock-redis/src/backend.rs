@@ -11,10 +11,10 @@ use distlock_core::{
 };
 use redis::Value;
 
-use crate::config::RedisConfig;
+use crate::config::{RedisConfig, WaitReplicas};
 use crate::error::{map_err, protocol};
 use crate::keys::{KeyLayout, LockKeys};
-use crate::node::Node;
+use crate::node::{Acks, Node, push_wait};
 use crate::subscriber::{Grant, MAX_REGS, Reg, Shared, Subscriber, WaitState};
 
 /// The Lua scripts, hashed once per backend and run with EVALSHA (loaded on NOSCRIPT).
@@ -164,16 +164,18 @@ impl RedisBackend {
         self.wake_channel.to_string()
     }
 
-    /// The first attempt: `SET NX PX` then `HINCRBY` of the fence, pipelined.
+    /// The first attempt: `SET NX PX` then `HINCRBY` of the fence (and `WAIT` for replicas
+    /// when configured), pipelined.
     async fn acquire_fast(
         &self,
+        name: &str,
         keys: &LockKeys,
-        token: &str,
+        token: &Token,
         value: &str,
         ttl: &str,
     ) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a Redis lock";
-        let mut pipe = redis::Pipeline::with_capacity(2);
+        let mut pipe = redis::Pipeline::with_capacity(3);
         pipe.ignore_errors();
         pipe.cmd("SET")
             .arg(keys.lock())
@@ -185,31 +187,27 @@ impl RedisBackend {
             .arg(keys.meta())
             .arg("fence")
             .arg(1);
+        if let Some(wait) = self.node.wait {
+            push_wait(&mut pipe, wait);
+        }
         let replies = self.node.send(&pipe).await.map_err(|e| map_err(e, DOING))?;
         match replies.as_slice() {
-            [Value::Okay, Value::Int(f)] if *f > 0 => Ok(Attempt::Acquired {
-                fence: Some(*f as u64),
-            }),
-            [Value::Nil, _] => Ok(Attempt::Busy { holder_ttl: None }),
+            [Value::Okay, Value::Int(f), acks @ ..] if *f > 0 => {
+                if let Some(wait) = self.node.wait {
+                    let acks = wait.acks(acks.first(), DOING);
+                    self.undo_unreplicated(name, token, wait, acks).await?;
+                }
+                Ok(Attempt::Acquired {
+                    fence: Some(*f as u64),
+                })
+            }
+            [Value::Nil, ..] => Ok(Attempt::Busy { holder_ttl: None }),
             // Refused (NOPERM, a read-only replica…): nothing was written.
-            [Value::ServerError(e), _] => Err(map_err(e.clone().into(), DOING)),
-            [Value::Okay, bad] => {
+            [Value::ServerError(e), ..] => Err(map_err(e.clone().into(), DOING)),
+            [Value::Okay, bad, ..] => {
                 // The lock is set but the fence failed (junk under the meta key): undo the
                 // lock before reporting, so nothing stays half taken.
-                let mut now = itoa::Buffer::new();
-                let undo = self
-                    .node
-                    .run(
-                        &self.scripts.release,
-                        &[keys.lock(), keys.meta(), keys.waiters()],
-                        &[token, now.format(now_ms())],
-                        DOING,
-                    )
-                    .await;
-                if let Err(e) = undo {
-                    tracing::warn!(target: "distlock", key = keys.lock(), error = %e,
-                        "could not undo a lock whose fence failed; it expires with its TTL");
-                }
+                self.undo(name, token).await;
                 Err(match bad {
                     Value::ServerError(e) => map_err(e.clone().into(), DOING),
                     other => protocol(DOING, other),
@@ -217,6 +215,31 @@ impl RedisBackend {
             }
             _ => Err(protocol(DOING, &Value::Array(replies))),
         }
+    }
+
+    /// Releases a lock this client has just taken and must not keep (if that fails, it expires
+    /// with its TTL).
+    async fn undo(&self, key: &str, token: &Token) {
+        if let Err(e) = self.release_inner(key, token, None).await {
+            tracing::warn!(target: "distlock", key, error = %e,
+                "could not undo a lock taken in vain; it expires with its TTL");
+        }
+    }
+
+    /// With `WAIT`: releases a lock just taken or renewed (and errs) unless enough replicas
+    /// acknowledged it. A lock whose copy may be missing on the replicas is not reported held.
+    async fn undo_unreplicated(
+        &self,
+        key: &str,
+        token: &Token,
+        wait: WaitReplicas,
+        acks: Acks,
+    ) -> Result<(), LockError> {
+        let Err(e) = wait.check(acks) else {
+            return Ok(());
+        };
+        self.undo(key, token).await;
+        Err(e)
     }
 
     /// Compare-and-delete, or hand-over to the next queued client; with `next`, this client
@@ -396,6 +419,42 @@ impl RedisBackend {
         Some(left)
     }
 
+    /// A lock a release handed to us, as the attempt reports it. With `WAIT`, it is renewed
+    /// first, by us, and the renewal waited for: the hand-over was written by the releasing
+    /// client, whose writes our `WAIT` does not cover, and replication keeps order, so the
+    /// renewal's acknowledgement covers the hand-over too.
+    async fn replicate_grant(
+        &self,
+        req: &AcquireRequest<'_>,
+        granted: Attempt,
+    ) -> Result<Attempt, LockError> {
+        let (Some(wait), Attempt::Granted { fence, .. }) = (self.node.wait, &granted) else {
+            return Ok(granted);
+        };
+        const DOING: &str = "acquiring a Redis lock";
+        let mut ms = itoa::Buffer::new();
+        let (reply, acks) = self
+            .node
+            .run_waited(
+                &self.scripts.extend,
+                &[&self.layout.lock_key(req.key)],
+                &[req.token.as_str(), ms.format(ttl_ms(req.ttl))],
+                DOING,
+            )
+            .await?;
+        match lease_check(&reply) {
+            Some(LeaseCheck::Ours) => {
+                let acks = acks.unwrap_or(Ok(0));
+                self.undo_unreplicated(req.key, req.token, wait, acks)
+                    .await?;
+                Ok(Attempt::Acquired { fence: *fence })
+            }
+            // It ran out before we could use it.
+            Some(_) => Ok(Attempt::Busy { holder_ttl: None }),
+            None => Err(protocol(DOING, &reply)),
+        }
+    }
+
     fn lock_shared(&self) -> std::sync::MutexGuard<'_, WaitState> {
         self.shared.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -462,7 +521,7 @@ fn int(v: &Value) -> Option<i64> {
     }
 }
 
-fn text(v: &Value) -> Option<String> {
+pub(crate) fn text(v: &Value) -> Option<String> {
     match v {
         Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
         Value::SimpleString(s) => Some(s.clone()),
@@ -483,7 +542,7 @@ impl Backend for RedisBackend {
         const DOING: &str = "acquiring a Redis lock";
         // A lock handed to this wait needs no request at all: look first.
         let other = match self.take_grant(req.key, req.token.as_str()) {
-            Some(Ok(granted)) => return Ok(granted),
+            Some(Ok(granted)) => return self.replicate_grant(req, granted).await,
             Some(Err(other)) => Some(other),
             None => None,
         };
@@ -504,7 +563,9 @@ impl Backend for RedisBackend {
             _ => "",
         };
         if !req.waiting && !req.resent && convert.is_empty() {
-            return self.acquire_fast(&keys, token, &value, ttl).await;
+            return self
+                .acquire_fast(req.key, &keys, req.token, &value, ttl)
+                .await;
         }
         if !req.resent
             && convert.is_empty()
@@ -531,14 +592,14 @@ impl Backend for RedisBackend {
         };
         let reply = self
             .node
-            .run(
+            .run_waited(
                 &self.scripts.acquire,
                 &[keys.lock(), keys.meta(), keys.waiters()],
                 &[token, &value, ttl, &elem, convert, &believed],
                 DOING,
             )
             .await;
-        let reply = match reply {
+        let (reply, acks) = match reply {
             Ok(r) => r,
             Err(e) => {
                 if let Some(g) = other {
@@ -587,6 +648,10 @@ impl Backend for RedisBackend {
                         }
                     }
                 }
+                if let (Some(wait), Some(acks)) = (self.node.wait, acks) {
+                    self.undo_unreplicated(req.key, req.token, wait, acks)
+                        .await?;
+                }
                 Ok(Attempt::Acquired {
                     fence: Some(fence as u64),
                 })
@@ -619,16 +684,21 @@ impl Backend for RedisBackend {
         const DOING: &str = "extending a Redis lock";
         let lock_key = self.layout.lock_key(key);
         let ms = ttl_ms(ttl).to_string();
-        let reply = self
+        let (reply, acks) = self
             .node
-            .run(
+            .run_waited(
                 &self.scripts.extend,
                 &[&lock_key],
                 &[token.as_str(), &ms],
                 DOING,
             )
             .await?;
-        lease_check(&reply).ok_or_else(|| protocol(DOING, &reply))
+        let check = lease_check(&reply).ok_or_else(|| protocol(DOING, &reply))?;
+        if let (Some(wait), Some(acks), LeaseCheck::Ours) = (self.node.wait, acks, check) {
+            // Renewed here, not known to be on the replicas: not a renewal to count on.
+            wait.check(acks)?;
+        }
+        Ok(check)
     }
 
     async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
@@ -656,17 +726,27 @@ impl Backend for RedisBackend {
         let lock_keys: Vec<String> = items.iter().map(|i| self.layout.lock_key(i.key)).collect();
         let replies = self
             .node
-            .extend_batch(&self.scripts.extend, &lock_keys, items)
+            .extend_batch(&self.scripts.extend, &lock_keys, items, DOING)
             .await;
         match replies {
-            Ok(values) if values.len() == items.len() => values
-                .iter()
-                .map(|v| match v {
-                    Value::ServerError(e) => Err(map_err(e.clone().into(), DOING)),
-                    other => lease_check(other).ok_or_else(|| protocol(DOING, other)),
-                })
-                .collect(),
-            Ok(values) => {
+            Ok((values, acks)) if values.len() == items.len() => {
+                let unreplicated = match (self.node.wait, acks) {
+                    (Some(wait), Some(acks)) => wait.check(acks).err(),
+                    _ => None,
+                };
+                values
+                    .iter()
+                    .map(|v| match v {
+                        Value::ServerError(e) => Err(map_err(e.clone().into(), DOING)),
+                        other => match (lease_check(other), &unreplicated) {
+                            (Some(LeaseCheck::Ours), Some(e)) => Err(copy_err(e)),
+                            (Some(check), _) => Ok(check),
+                            (None, _) => Err(protocol(DOING, other)),
+                        },
+                    })
+                    .collect()
+            }
+            Ok((values, _)) => {
                 let err = protocol(DOING, &Value::Array(values));
                 items.iter().map(|_| Err(copy_err(&err))).collect()
             }

@@ -17,15 +17,35 @@ use crate::keys::KeyLayout;
 /// | `hash_tag` | `true` | wrap the name in `{…}` so lock, fence and channel share a Cluster slot |
 /// | `connect_timeout` | `3s` | per connection attempt |
 /// | `response_timeout` | `2s` | per command; an unanswered acquire is resent with the same token |
+/// | `wait_replicas` | none | after each acquire and renewal, `WAIT` for this many replicas to acknowledge it; fewer in time: the acquire fails (and is undone), the renewal counts as failed |
+/// | `wait_timeout` | `100ms` | how long that `WAIT` blocks; below `response_timeout` |
 #[derive(Clone)]
 pub struct RedisConfig {
     pub(crate) url: String,
     pub(crate) layout: KeyLayout,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
+    pub(crate) wait: Option<WaitReplicas>,
 }
 
-const OURS: [&str; 4] = ["prefix", "hash_tag", "connect_timeout", "response_timeout"];
+/// `WAIT numreplicas timeout` after every write that takes or keeps a lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WaitReplicas {
+    pub(crate) replicas: u32,
+    /// Whole milliseconds, at least 1 (`WAIT … 0` would block forever).
+    pub(crate) timeout_ms: u64,
+}
+
+const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
+
+const OURS: [&str; 6] = [
+    "prefix",
+    "hash_tag",
+    "connect_timeout",
+    "response_timeout",
+    "wait_replicas",
+    "wait_timeout",
+];
 
 impl RedisConfig {
     /// Parses a Redis URL with distlock's parameters.
@@ -50,7 +70,10 @@ impl RedisConfig {
             layout: KeyLayout::default(),
             connect_timeout: Duration::from_secs(3),
             response_timeout: Duration::from_secs(2),
+            wait: None,
         };
+        let mut replicas = None;
+        let mut wait_timeout = None;
         let mut rest: Vec<(String, String)> = Vec::new();
         for (k, v) in url.query_pairs() {
             match k.as_ref() {
@@ -64,10 +87,25 @@ impl RedisConfig {
                 }
                 "connect_timeout" => cfg.connect_timeout = positive(&k, &v)?,
                 "response_timeout" => cfg.response_timeout = positive(&k, &v)?,
+                "wait_replicas" => {
+                    replicas = Some(v.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        cfg_err(format!(
+                            "wait_replicas={v:?}: use a number of replicas, 1 or more"
+                        ))
+                    })?);
+                }
+                "wait_timeout" => wait_timeout = Some(positive(&k, &v)?),
                 _ => rest.push((k.into_owned(), v.into_owned())),
             }
         }
-        debug_assert!(OURS.len() == 4);
+        debug_assert!(OURS.len() == 6);
+        match (replicas, wait_timeout) {
+            (Some(n), t) => cfg = cfg.wait_replicas(n, t.unwrap_or(DEFAULT_WAIT_TIMEOUT))?,
+            (None, Some(_)) => {
+                return Err(cfg_err("wait_timeout needs wait_replicas".into()));
+            }
+            (None, None) => {}
+        }
         if rest.is_empty() {
             url.set_query(None);
         } else {
@@ -109,6 +147,34 @@ impl RedisConfig {
         self
     }
 
+    /// After every acquire and renewal, `WAIT replicas timeout` on the same connection: the
+    /// write must reach that many replicas within `timeout`. An acquire that fewer replicas
+    /// acknowledge fails with `QuorumNotReached` and is released; such a renewal counts as
+    /// failed (the watchdog retries it until the lease runs out). See the crate README for
+    /// what this does and does not guarantee on failover.
+    ///
+    /// # Errors
+    /// `Config` when `replicas` is zero, or `timeout` is under a millisecond or not below the
+    /// response timeout (the reply would be given up before `WAIT` ends).
+    pub fn wait_replicas(mut self, replicas: u32, timeout: Duration) -> Result<Self, LockError> {
+        let err = |m: &str| Err(LockError::new(ErrorKind::Config, m.to_owned()));
+        if replicas == 0 {
+            return err("wait_replicas must be 1 or more");
+        }
+        let timeout_ms = timeout.as_millis() as u64;
+        if timeout_ms == 0 {
+            return err("wait_timeout must be at least 1ms");
+        }
+        if timeout >= self.response_timeout {
+            return err("wait_timeout must be below response_timeout");
+        }
+        self.wait = Some(WaitReplicas {
+            replicas,
+            timeout_ms,
+        });
+        Ok(self)
+    }
+
     /// The URL without credentials, for logs.
     pub fn redacted_url(&self) -> String {
         match url::Url::parse(&self.url) {
@@ -130,11 +196,76 @@ impl std::fmt::Debug for RedisConfig {
             .field("layout", &self.layout)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
+            .field("wait", &self.wait)
             .finish()
     }
 }
 
-fn positive(key: &str, value: &str) -> Result<Duration, LockError> {
+/// A URL that names several servers, `scheme://[userinfo@]h1:p1,h2:p2[/path][?query]`, cut
+/// into its parts (the `url` crate takes one host only).
+pub(crate) struct MultiHostUrl<'a> {
+    /// `user:password@`, or empty.
+    pub(crate) userinfo: &'a str,
+    pub(crate) hosts: Vec<&'a str>,
+    /// From the first `/`, or empty.
+    pub(crate) path: &'a str,
+    /// The query's `name=value` pairs, as written.
+    query: Vec<&'a str>,
+}
+
+impl<'a> MultiHostUrl<'a> {
+    /// Cuts `rest`, the URL after `scheme://`.
+    ///
+    /// # Errors
+    /// `Config` when a host is empty.
+    pub(crate) fn parse(rest: &'a str) -> Result<Self, LockError> {
+        let (authority, tail) = match rest.find(['/', '?']) {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        let (userinfo, hosts) = match authority.rfind('@') {
+            Some(i) => (&authority[..=i], &authority[i + 1..]),
+            None => ("", authority),
+        };
+        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+        let hosts: Vec<&str> = hosts.split(',').collect();
+        if hosts.iter().any(|h| h.trim().is_empty()) {
+            return Err(LockError::new(
+                ErrorKind::Config,
+                format!("the URL names an empty host in {authority:?}"),
+            ));
+        }
+        Ok(MultiHostUrl {
+            userinfo,
+            hosts,
+            path,
+            query: query.split('&').filter(|p| !p.is_empty()).collect(),
+        })
+    }
+
+    /// Removes the parameter `name` from the query and returns its (decoded) value.
+    pub(crate) fn take(&mut self, name: &str) -> Option<String> {
+        let i = self
+            .query
+            .iter()
+            .position(|p| p.split_once('=').map_or(*p, |(k, _)| k) == name)?;
+        let pair = self.query.remove(i);
+        url::form_urlencoded::parse(pair.as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned())
+    }
+
+    /// The parameters not taken, as `?a=b&c=d` (or empty).
+    pub(crate) fn rest_query(&self) -> String {
+        if self.query.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", self.query.join("&"))
+        }
+    }
+}
+
+pub(crate) fn positive(key: &str, value: &str) -> Result<Duration, LockError> {
     let d = parse_duration(value)?;
     if d.is_zero() {
         return Err(LockError::new(
@@ -160,6 +291,16 @@ mod tests {
         assert_eq!(c.response_timeout, Duration::from_millis(250));
         assert_eq!(c.url, "redis://user:pw@127.0.0.1:6390/2");
         assert_eq!(c.redacted_url(), "redis://user:***@127.0.0.1:6390/2");
+        let w =
+            RedisConfig::from_url("redis://h:1?wait_replicas=2&wait_timeout=250ms").expect("ok");
+        assert_eq!(
+            w.wait,
+            Some(WaitReplicas {
+                replicas: 2,
+                timeout_ms: 250
+            })
+        );
+        assert_eq!(w.url, "redis://h:1");
         assert!(RedisConfig::from_url("redis+unix:///tmp/redis.sock?db=1").is_ok());
         assert!(RedisConfig::from_url("rediss://example.invalid:6380").is_ok());
     }
@@ -174,6 +315,11 @@ mod tests {
             "redis://127.0.0.1:6379?connect_timeout=soon",
             "redis://127.0.0.1:6379?response_timeout=0",
             "redis://127.0.0.1:6379?hash_tag=maybe",
+            "redis://127.0.0.1:6379?wait_replicas=0",
+            "redis://127.0.0.1:6379?wait_replicas=two",
+            "redis://127.0.0.1:6379?wait_timeout=50ms",
+            "redis://127.0.0.1:6379?wait_replicas=1&wait_timeout=2s",
+            "redis://127.0.0.1:6379?wait_replicas=1&wait_timeout=100us",
             "redis://127.0.0.1:99999",
         ] {
             let e = RedisConfig::from_url(bad).expect_err(bad);

@@ -8,6 +8,7 @@ mod keys;
 mod lane;
 mod node;
 mod redlock;
+mod sentinel;
 mod subscriber;
 
 pub use backend::RedisBackend;
@@ -18,3 +19,4 @@ pub use backend::RedisBackend;
 pub const RELEASE_SCRIPT: &str = backend::RELEASE_SCRIPT;
 pub use config::RedisConfig;
 pub use redlock::{RedlockBackend, RedlockConfig};
+pub use sentinel::{SentinelBackend, SentinelConfig};

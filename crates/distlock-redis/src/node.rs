@@ -11,7 +11,7 @@ use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::backend::ttl_ms;
-use crate::config::RedisConfig;
+use crate::config::{RedisConfig, WaitReplicas};
 use crate::error::map_err;
 use crate::lane::Lane;
 
@@ -27,6 +27,8 @@ pub(crate) struct Node {
     connect_timeout: Duration,
     /// The server's URL without credentials, for logs and errors.
     pub(crate) target: Arc<str>,
+    /// `WAIT` for replicas after each write that takes or keeps a lock.
+    pub(crate) wait: Option<WaitReplicas>,
 }
 
 impl Node {
@@ -60,6 +62,14 @@ impl Node {
     }
 
     fn lazy(config: &RedisConfig) -> Result<(Node, redis::Client), LockError> {
+        if let Some(w) = config.wait
+            && Duration::from_millis(w.timeout_ms) >= config.response_timeout
+        {
+            return Err(LockError::new(
+                ErrorKind::Config,
+                "wait_timeout must be below response_timeout",
+            ));
+        }
         let target = config.redacted_url();
         let client = redis::Client::open(config.url.as_str())
             .map_err(|e| map_err(e, "opening the Redis client"))?;
@@ -79,6 +89,7 @@ impl Node {
             response_timeout: config.response_timeout,
             connect_timeout: config.connect_timeout,
             target: target.into(),
+            wait: config.wait,
         };
         Ok((node, client))
     }
@@ -144,21 +155,6 @@ impl Node {
         pipe.query_async(&mut conn).await
     }
 
-    /// [`send`](Self::send) of one command: its reply, a server error as `Err`.
-    pub(crate) async fn send_one(
-        &self,
-        pipe: &redis::Pipeline,
-    ) -> Result<Value, redis::RedisError> {
-        match self.send(pipe).await?.pop() {
-            Some(Value::ServerError(e)) => Err(e.into()),
-            Some(v) => Ok(v),
-            None => Err(redis::RedisError::from((
-                redis::ErrorKind::Parse,
-                "no reply to a command",
-            ))),
-        }
-    }
-
     /// Loads `script` into the server's cache (after a `NOSCRIPT`).
     pub(crate) async fn load(&self, script: &redis::Script) -> Result<(), redis::RedisError> {
         let mut conn = self.conn.clone();
@@ -195,40 +191,136 @@ impl Node {
         doing: &str,
         lead: bool,
     ) -> Result<Value, LockError> {
-        let len = keys.iter().chain(args).map(|a| a.len()).sum::<usize>() + 48;
-        let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), len);
-        cmd.arg("EVALSHA")
-            .arg(script.get_hash())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
         let mut pipe = redis::Pipeline::with_capacity(2);
         pipe.ignore_errors();
         if lead {
             pipe.cmd("PING");
         }
-        pipe.add_command(cmd);
-        let reply = match self.send_one(&pipe).await {
-            Err(e) if is_noscript_err(&e) => match self.load(script).await {
-                Ok(()) => self.send_one(&pipe).await,
-                Err(e) => Err(e),
-            },
-            other => other,
+        pipe.add_command(evalsha(script, keys, args));
+        let at = pipe.len() - 1;
+        let reply = self.run_in(&pipe, script, at).await;
+        reply
+            .and_then(|mut r| taken(&mut r, at))
+            .map_err(|e| map_err(e, doing))
+    }
+
+    /// [`run`](Self::run), then `WAIT` for replicas on the same connection when the node is
+    /// configured to (see [`WaitReplicas`]): the script's reply, and how many replicas
+    /// acknowledged (`None` without `WAIT`).
+    pub(crate) async fn run_waited(
+        &self,
+        script: &redis::Script,
+        keys: &[&str],
+        args: &[&str],
+        doing: &str,
+    ) -> Result<(Value, Option<Acks>), LockError> {
+        let Some(wait) = self.wait else {
+            return Ok((self.run(script, keys, args, doing).await?, None));
         };
-        reply.map_err(|e| map_err(e, doing))
+        let mut pipe = redis::Pipeline::with_capacity(2);
+        pipe.ignore_errors();
+        pipe.add_command(evalsha(script, keys, args));
+        push_wait(&mut pipe, wait);
+        let mut replies = self
+            .run_in(&pipe, script, 0)
+            .await
+            .map_err(|e| map_err(e, doing))?;
+        let acks = wait.acks(replies.get(1), doing);
+        let reply = taken(&mut replies, 0).map_err(|e| map_err(e, doing))?;
+        Ok((reply, Some(acks)))
+    }
+
+    /// Sends `pipe`, whose command `at` runs `script` by hash; if the server lost its script
+    /// cache, loads it and sends the whole pipeline again.
+    async fn run_in(
+        &self,
+        pipe: &redis::Pipeline,
+        script: &redis::Script,
+        at: usize,
+    ) -> Result<Vec<Value>, redis::RedisError> {
+        let replies = self.send(pipe).await?;
+        if !replies.get(at).is_some_and(is_noscript) {
+            return Ok(replies);
+        }
+        self.load(script).await?;
+        self.send(pipe).await
+    }
+}
+
+/// How many replicas acknowledged a `WAIT`, or why it could not be told.
+pub(crate) type Acks = Result<u32, LockError>;
+
+impl WaitReplicas {
+    /// The replicas a `WAIT` reply counts, or the error that stands for "not known to be
+    /// replicated".
+    pub(crate) fn acks(self, reply: Option<&Value>, doing: &str) -> Acks {
+        match reply {
+            Some(Value::Int(n)) if *n >= 0 => Ok(u32::try_from(*n).unwrap_or(u32::MAX)),
+            Some(Value::ServerError(e)) => Err(map_err(e.clone().into(), doing)),
+            other => Err(crate::error::protocol(doing, other.unwrap_or(&Value::Nil))),
+        }
+    }
+
+    /// `Ok` when enough replicas acknowledged; otherwise the error an acquire or renewal reports.
+    pub(crate) fn check(self, acks: Acks) -> Result<(), LockError> {
+        let got = acks?;
+        if got >= self.replicas {
+            return Ok(());
+        }
+        Err(LockError::new(
+            ErrorKind::QuorumNotReached {
+                got: got as usize,
+                needed: self.replicas as usize,
+            },
+            format!(
+                "only {got} of the {} replicas asked for acknowledged the lock within {} ms",
+                self.replicas, self.timeout_ms
+            ),
+        ))
+    }
+}
+
+/// Appends `WAIT replicas timeout` (it covers every write this connection sent before it).
+pub(crate) fn push_wait(pipe: &mut redis::Pipeline, wait: WaitReplicas) {
+    pipe.cmd("WAIT").arg(wait.replicas).arg(wait.timeout_ms);
+}
+
+/// `EVALSHA hash nkeys keys… args…`, built without intermediate copies.
+fn evalsha(script: &redis::Script, keys: &[&str], args: &[&str]) -> redis::Cmd {
+    let len = keys.iter().chain(args).map(|a| a.len()).sum::<usize>() + 48;
+    let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), len);
+    cmd.arg("EVALSHA")
+        .arg(script.get_hash())
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args);
+    cmd
+}
+
+/// Reply `at` of a pipeline, a server error as `Err`.
+fn taken(replies: &mut [Value], at: usize) -> Result<Value, redis::RedisError> {
+    match replies.get_mut(at).map(std::mem::take) {
+        Some(Value::ServerError(e)) => Err(e.into()),
+        Some(v) => Ok(v),
+        None => Err(redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "no reply to a command",
+        ))),
     }
 }
 
 impl Node {
     /// The watchdog's batch: `script` (compare-and-pexpire) for every item, one pipeline on the
-    /// multiplexed connection, one reply each. A server that lost its script cache gets it
+    /// multiplexed connection, one reply each, then `WAIT` when the node waits for replicas
+    /// (its acknowledgements returned beside). A server that lost its script cache gets it
     /// again and the whole batch once more (compare-and-pexpire is idempotent).
     pub(crate) async fn extend_batch(
         &self,
         script: &redis::Script,
         lock_keys: &[String],
         items: &[RenewItem<'_>],
-    ) -> Result<Vec<Value>, redis::RedisError> {
+        doing: &str,
+    ) -> Result<(Vec<Value>, Option<Acks>), redis::RedisError> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for (k, item) in lock_keys.iter().zip(items) {
@@ -239,19 +331,23 @@ impl Node {
                 .arg(item.token.as_str())
                 .arg(ttl_ms(item.ttl));
         }
-        self.count(items.len());
-        let replies = self.send_shared(&pipe).await?;
-        if !replies.iter().any(is_noscript) {
-            return Ok(replies);
+        if let Some(wait) = self.wait {
+            push_wait(&mut pipe, wait);
         }
-        self.load(script).await?;
-        self.count(items.len());
-        self.send_shared(&pipe).await
+        self.count(pipe.len());
+        let mut replies = self.send_shared(&pipe).await?;
+        if replies.iter().any(is_noscript) {
+            self.load(script).await?;
+            self.count(pipe.len());
+            replies = self.send_shared(&pipe).await?;
+        }
+        let acks = self.wait.map(|w| {
+            let acks = w.acks(replies.get(items.len()), doing);
+            replies.truncate(items.len());
+            acks
+        });
+        Ok((replies, acks))
     }
-}
-
-fn is_noscript_err(e: &redis::RedisError) -> bool {
-    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
 /// Whether a reply is the server's `NOSCRIPT` error (in a pipeline, in its place).

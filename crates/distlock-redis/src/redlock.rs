@@ -22,7 +22,7 @@ use futures_util::future::join_all;
 use redis::Value;
 
 use crate::backend::{now_ms, ttl_ms};
-use crate::config::RedisConfig;
+use crate::config::{MultiHostUrl, RedisConfig, positive};
 use crate::error::protocol;
 use crate::keys::KeyLayout;
 use crate::node::Node;
@@ -103,49 +103,23 @@ impl RedlockConfig {
                 "{text:?} is not a redlock:// (or redlocks://) URL"
             )));
         };
-        let (authority, tail) = match rest.find(['/', '?']) {
-            Some(i) => rest.split_at(i),
-            None => (rest, ""),
-        };
-        let (userinfo, hosts) = match authority.rfind('@') {
-            Some(i) => (&authority[..=i], &authority[i + 1..]),
-            None => ("", authority),
-        };
+        let mut parts = MultiHostUrl::parse(rest)?;
         // node_timeout is ours; the rest of the query goes to every master.
-        let (path, query) = match tail.split_once('?') {
-            Some((p, q)) => (p, q),
-            None => (tail, ""),
+        let node_timeout = match parts.take("node_timeout") {
+            Some(v) => Some(positive("node_timeout", &v)?),
+            None => None,
         };
-        let mut node_timeout = None;
-        let mut kept = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("node_timeout", v)) => {
-                    let d = distlock_core::parse_duration(v)?;
-                    if d.is_zero() {
-                        return Err(cfg_err("node_timeout must be above zero".into()));
-                    }
-                    node_timeout = Some(d);
-                }
-                _ => kept.push(pair),
-            }
-        }
-        let query = if kept.is_empty() {
-            String::new()
-        } else {
-            format!("?{}", kept.join("&"))
-        };
-        let mut nodes = Vec::new();
-        for host in hosts.split(',') {
-            if host.trim().is_empty() {
-                return Err(cfg_err(format!(
-                    "the Redlock URL names an empty master in {hosts:?}"
-                )));
-            }
-            nodes.push(RedisConfig::from_url(&format!(
-                "{scheme}://{userinfo}{host}{path}{query}"
-            ))?);
-        }
+        let query = parts.rest_query();
+        let nodes = parts
+            .hosts
+            .iter()
+            .map(|host| {
+                RedisConfig::from_url(&format!(
+                    "{scheme}://{}{host}{}{query}",
+                    parts.userinfo, parts.path
+                ))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let mut cfg = RedlockConfig::new(nodes)?;
         cfg.node_timeout = node_timeout;
         Ok(cfg)
@@ -307,6 +281,13 @@ impl RedlockBackend {
     /// `QuorumNotReached` when fewer than a majority of masters could be reached; `Auth` when
     /// a master refused the credentials; `Config` for a bad key prefix.
     pub async fn with_config(config: RedlockConfig) -> Result<Self, LockError> {
+        if config.nodes.iter().any(|n| n.wait.is_some()) {
+            return Err(LockError::new(
+                ErrorKind::Config,
+                "wait_replicas does not apply to Redlock: its masters are independent, with no \
+                 replicas to wait for",
+            ));
+        }
         let layout = config.nodes[0].layout.clone();
         layout.check()?;
         let results = join_all(config.nodes.iter().map(Node::connect_lazily)).await;
@@ -554,9 +535,9 @@ impl Backend for RedlockBackend {
         let per_node: Vec<Vec<Vote>> = join_all(self.nodes.iter().map(|node| {
             let lock_keys = &lock_keys;
             async move {
-                let batch = node.extend_batch(script, lock_keys, items);
+                let batch = node.extend_batch(script, lock_keys, items, "renewing Redlock locks");
                 match tokio::time::timeout(limit, batch).await {
-                    Ok(Ok(replies)) if replies.len() == items.len() => {
+                    Ok(Ok((replies, _))) if replies.len() == items.len() => {
                         replies.iter().map(vote).collect()
                     }
                     Ok(Ok(_)) | Ok(Err(_)) | Err(_) => vec![Vote::Failed; items.len()],

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use distlock_core::{Subscription, WakeHub};
 use futures_util::StreamExt;
 use redis::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::backend::with_lib;
 use crate::config::RedisConfig;
@@ -130,8 +130,13 @@ pub(crate) type Shared = Arc<Mutex<WaitState>>;
 /// The shared subscriber of one backend.
 pub(crate) struct Subscriber {
     hub: WakeHub,
-    /// Taken by the task when it starts (at the first subscription).
-    start: Mutex<Option<Start>>,
+    /// Taken by the task when it starts (at the first subscription), with the receiving end
+    /// of `_stop`.
+    start: Mutex<Option<(Start, oneshot::Receiver<()>)>>,
+    /// Dropped with the subscriber (the last clone of its engine): the task then ends, and
+    /// its connection closes. Without it, the task of an engine left behind (a Sentinel
+    /// master that failed over) would keep reconnecting to a dead server for ever.
+    _stop: oneshot::Sender<()>,
 }
 
 struct Start {
@@ -172,21 +177,26 @@ impl Subscriber {
         );
         let db = client.get_connection_info().redis_settings().db();
         let target = Target::of(client.get_connection_info());
+        let (stop, stopped) = oneshot::channel();
         Subscriber {
+            _stop: stop,
             hub,
-            start: Mutex::new(Some(Start {
-                rx,
-                target,
-                client,
-                conn,
-                wake_channel,
-                sent,
-                shared,
-                layout,
-                db,
-                connect_timeout,
-                response_timeout,
-            })),
+            start: Mutex::new(Some((
+                Start {
+                    rx,
+                    target,
+                    client,
+                    conn,
+                    wake_channel,
+                    sent,
+                    shared,
+                    layout,
+                    db,
+                    connect_timeout,
+                    response_timeout,
+                },
+                stopped,
+            ))),
         }
     }
 
@@ -206,8 +216,14 @@ impl Subscriber {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        if let Some(start) = started {
-            tokio::spawn(run(self.hub.clone(), start));
+        if let Some((start, stopped)) = started {
+            let task = run(self.hub.clone(), start);
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = task => {}
+                    _ = stopped => {}
+                }
+            });
         }
         let mut sub = self.hub.subscribe(key);
         if !sub.confirmed(response_timeout).await {

@@ -4,6 +4,8 @@
 pub mod conformance;
 mod process;
 mod redis_server;
+mod sentinel;
 
 pub use process::{free_port, require_binary};
 pub use redis_server::RedisServer;
+pub use sentinel::{MASTER_NAME, Sentinels};

@@ -122,6 +122,45 @@ impl RedisServer {
         }
     }
 
+    /// Starts a replica of `master` and waits until its link to the master is up (the first
+    /// sync done).
+    pub fn replica_of(master: &RedisServer) -> Option<Self> {
+        let port = master.port().to_string();
+        let mut extra = vec!["--replicaof", "127.0.0.1", &port];
+        if let Some(p) = &master.password {
+            extra.extend(["--masterauth", p]);
+        }
+        let replica = Self::start_with(&extra)?;
+        replica.wait_for("master_link_status", "up");
+        Some(replica)
+    }
+
+    /// A field of `INFO` (for example `role`), or an empty string.
+    pub fn info(&self, field: &str) -> String {
+        let prefix = format!("{field}:");
+        self.cli(&["INFO"])
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix).map(|v| v.trim().to_owned()))
+            .unwrap_or_default()
+    }
+
+    /// Waits (10 s at most, then panics) until `INFO` shows `field:value`.
+    pub fn wait_for(&self, field: &str, value: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = self.info(field);
+            if now == value {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "INFO {field} on port {} stayed {now:?}, not {value:?}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The TCP port.
     pub fn port(&self) -> u16 {
         self.port

@@ -6,7 +6,9 @@ pub use distlock_core::*;
 /// The Redis engine (feature `redis`).
 #[cfg(feature = "redis")]
 pub mod redis {
-    pub use distlock_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
+    pub use distlock_redis::{
+        RedisBackend, RedisConfig, RedlockBackend, RedlockConfig, SentinelBackend, SentinelConfig,
+    };
 }
 
 /// The embedded file engine (feature `file`).
@@ -30,6 +32,10 @@ pub fn supported_schemes() -> &'static [&'static str] {
         "redlock",
         #[cfg(feature = "redis")]
         "redlocks",
+        #[cfg(feature = "redis")]
+        "redis+sentinel",
+        #[cfg(feature = "redis")]
+        "rediss+sentinel",
     ]
 }
 
@@ -40,6 +46,7 @@ pub fn supported_schemes() -> &'static [&'static str] {
 /// | `file:///var/lock/app`, `file://` | local `flock` files (feature `file`) |
 /// | `redis://host:port/db`, `rediss://…`, `redis+unix:///sock` | one Redis server (feature `redis`) |
 /// | `redlock://h1:p1,h2:p2,h3:p3` (`redlocks://` for TLS) | Redlock over independent masters (feature `redis`) |
+/// | `redis+sentinel://s1:p1,s2:p2/mymaster[/db]` (`rediss+sentinel://` for TLS) | the master Redis Sentinel names, followed across failovers (feature `redis`) |
 ///
 /// # Errors
 /// `Config` for a malformed URL or a scheme this build does not support; the engine's connection
@@ -59,6 +66,10 @@ pub async fn open_backend(url: &str) -> Result<AnyBackend, LockError> {
         #[cfg(feature = "redis")]
         "redlock" | "redlocks" => Ok(Box::new(
             distlock_redis::RedlockBackend::connect(url).await?,
+        )),
+        #[cfg(feature = "redis")]
+        "redis+sentinel" | "rediss+sentinel" => Ok(Box::new(
+            distlock_redis::SentinelBackend::connect(url).await?,
         )),
         "" => Err(LockError::new(
             ErrorKind::Config,
