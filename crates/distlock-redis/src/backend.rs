@@ -11,9 +11,9 @@ use distlock_core::{
 };
 use redis::Value;
 
-use crate::config::{RedisConfig, WaitReplicas};
+use crate::config::{ClusterConfig, RedisConfig, WaitReplicas};
 use crate::error::{map_err, protocol};
-use crate::keys::{KeyLayout, LockKeys};
+use crate::keys::{KeyLayout, LockKeys, WakeChannel};
 use crate::node::{Acks, Node, push_wait};
 use crate::subscriber::{Grant, MAX_REGS, Reg, Shared, Subscriber, WaitState};
 
@@ -78,8 +78,8 @@ pub struct RedisBackend {
     layout: KeyLayout,
     scripts: std::sync::Arc<Scripts>,
     subscriber: std::sync::Arc<Subscriber>,
-    /// This client's wake channel, `<prefix>wake:<client id>`.
-    wake_channel: std::sync::Arc<str>,
+    /// Where releases tell this client (see [`WakeChannel`]).
+    wake: WakeChannel,
     /// Grants, registrations and hints, shared with the subscriber.
     shared: Shared,
     /// Numbers registrations (see `WaitState::regs`).
@@ -106,6 +106,9 @@ impl RedisBackend {
     /// `Config` for a bad URL; `Connection` or `Timeout` when the server cannot be reached;
     /// `Auth` when it refuses the credentials.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
+        if ClusterConfig::is_cluster_url(url) {
+            return Self::with_cluster_config(ClusterConfig::from_url(url)?).await;
+        }
         Self::with_config(RedisConfig::from_url(url)?).await
     }
 
@@ -116,27 +119,56 @@ impl RedisBackend {
     pub async fn with_config(config: RedisConfig) -> Result<Self, LockError> {
         config.layout.check()?;
         let (node, client) = Node::connect(&config).await?;
+        Ok(Self::assemble(node, client, config, None))
+    }
+
+    /// Connects to a Redis Cluster through its seed nodes (see [`ClusterConfig`]).
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn with_cluster_config(config: ClusterConfig) -> Result<Self, LockError> {
+        let settings = config.settings().clone();
+        settings.layout.check()?;
+        let node = Node::connect_cluster(config.seeds(), &settings).await?;
+        let client = redis::Client::open(settings.url.as_str())
+            .map_err(|e| map_err(e, "opening the Redis client"))?;
+        let seeds = config.seeds().iter().map(|s| s.url.clone()).collect();
+        Ok(Self::assemble(node, client, settings, Some(seeds)))
+    }
+
+    /// The engine over a connected node. `cluster_seeds`: the Cluster's seed URLs, where
+    /// waiters subscribe to sharded channels.
+    fn assemble(
+        node: Node,
+        client: redis::Client,
+        config: RedisConfig,
+        cluster_seeds: Option<Vec<String>>,
+    ) -> Self {
         // This client's place in waiters' queues: its wake channel (one per backend, shared by
         // its tasks), under a random id.
-        let wake_channel = format!("{}{}", config.layout.wake_prefix(), Token::generate());
+        let wake = WakeChannel::new(
+            &config.layout,
+            Token::generate().as_str(),
+            cluster_seeds.is_some(),
+        );
         let shared = Shared::default();
         let subscriber = Subscriber::new(
             client,
-            node.manager(),
+            node.clone(),
             &config,
-            wake_channel.clone(),
+            wake.clone(),
+            cluster_seeds,
             shared.clone(),
-            node.counter(),
         );
-        Ok(RedisBackend {
+        RedisBackend {
             node,
-            wake_channel: wake_channel.into(),
+            wake,
             layout: config.layout,
             scripts: std::sync::Arc::new(Scripts::new()),
             subscriber: std::sync::Arc::new(subscriber),
             shared,
             seq: std::sync::Arc::new(AtomicU64::new(1)),
-        })
+        }
     }
 
     /// The Redis key that holds the lock `name` (a plain string whose value is the token).
@@ -159,9 +191,10 @@ impl RedisBackend {
         self.node.commands_sent()
     }
 
-    /// The channel this client's waiters are woken on.
+    /// The channel this client's waiters are woken on (on a Cluster, the per-lock channels
+    /// start with it, up to the client id).
     pub fn wake_channel(&self) -> String {
-        self.wake_channel.to_string()
+        self.wake.base().to_owned()
     }
 
     /// The first attempt: `SET NX PX` then `HINCRBY` of the fence (and `WAIT` for replicas
@@ -268,7 +301,7 @@ impl RedisBackend {
                 // Only a queued release can leave a hint: read the wake count only then.
                 wakes = st.wakes;
                 seq = self.register(&mut st, key, n.ttl);
-                mine = self.registration(n.ttl, seq, n.token.as_str(), n.owner);
+                mine = self.registration(keys.lock(), n.ttl, seq, n.token.as_str(), n.owner);
             }
             if st.queued.is_empty() {
                 String::new()
@@ -278,12 +311,13 @@ impl RedisBackend {
         };
         // Nothing but the token and the clock in the common case: the script needs no more.
         let mut now = itoa::Buffer::new();
+        let wake = self.wake.for_lock(keys.lock());
         let full = [
             token.as_str(),
             now.format(now_ms()),
             mine.as_str(),
             believed.as_str(),
-            &self.wake_channel,
+            &wake,
         ];
         let args = if mine.is_empty() && believed.is_empty() {
             &full[..2]
@@ -340,10 +374,17 @@ impl RedisBackend {
 
     /// A registration in a lock's queue: where to tell us, and what a release writes when it
     /// hands the lock to us.
-    fn registration(&self, ttl: Duration, seq: u64, token: &str, owner: &str) -> String {
+    fn registration(
+        &self,
+        lock_key: &str,
+        ttl: Duration,
+        seq: u64,
+        token: &str,
+        owner: &str,
+    ) -> String {
         format!(
             "{} {} {seq} {token} {owner}",
-            self.wake_channel,
+            self.wake.for_lock(lock_key),
             ttl_ms(ttl)
         )
     }
@@ -504,11 +545,6 @@ fn lease_check(v: &Value) -> Option<LeaseCheck> {
     }
 }
 
-/// The same error for every item of a failed batch.
-fn copy_err(e: &LockError) -> LockError {
-    LockError::new(e.kind(), e.message().to_owned())
-}
-
 pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
     // Options guarantee whole milliseconds ≥ 1 and at most a year; clamp anyway.
     (ttl.as_millis() as u64).max(1)
@@ -584,7 +620,7 @@ impl Backend for RedisBackend {
             drop(st);
             (
                 seq,
-                self.registration(req.ttl, seq, token, req.owner),
+                self.registration(keys.lock(), req.ttl, seq, token, req.owner),
                 believed,
             )
         } else {
@@ -724,37 +760,12 @@ impl Backend for RedisBackend {
             return Vec::new();
         }
         let lock_keys: Vec<String> = items.iter().map(|i| self.layout.lock_key(i.key)).collect();
-        let replies = self
-            .node
+        self.node
             .extend_batch(&self.scripts.extend, &lock_keys, items, DOING)
-            .await;
-        match replies {
-            Ok((values, acks)) if values.len() == items.len() => {
-                let unreplicated = match (self.node.wait, acks) {
-                    (Some(wait), Some(acks)) => wait.check(acks).err(),
-                    _ => None,
-                };
-                values
-                    .iter()
-                    .map(|v| match v {
-                        Value::ServerError(e) => Err(map_err(e.clone().into(), DOING)),
-                        other => match (lease_check(other), &unreplicated) {
-                            (Some(LeaseCheck::Ours), Some(e)) => Err(copy_err(e)),
-                            (Some(check), _) => Ok(check),
-                            (None, _) => Err(protocol(DOING, other)),
-                        },
-                    })
-                    .collect()
-            }
-            Ok((values, _)) => {
-                let err = protocol(DOING, &Value::Array(values));
-                items.iter().map(|_| Err(copy_err(&err))).collect()
-            }
-            Err(e) => {
-                let err = map_err(e, DOING);
-                items.iter().map(|_| Err(copy_err(&err))).collect()
-            }
-        }
+            .await
+            .into_iter()
+            .map(|r| r.and_then(|v| lease_check(&v).ok_or_else(|| protocol(DOING, &v))))
+            .collect()
     }
 
     async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {

@@ -201,6 +201,87 @@ impl std::fmt::Debug for RedisConfig {
     }
 }
 
+/// The seed nodes of a Redis Cluster, and the settings for all of them.
+///
+/// From a URL: `redis+cluster://[user:password@]host1:port1,host2:port2,…[?params]`
+/// (`rediss+cluster://` for TLS). Any reachable seeds will do: the client learns the slot map
+/// from them and follows `MOVED`/`ASK`. The parameters are those of [`RedisConfig`]; a Cluster
+/// has only database 0, and `hash_tag` must stay on (the lock key, its fence counter and its
+/// queue must share one slot).
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    seeds: Vec<RedisConfig>,
+}
+
+impl ClusterConfig {
+    pub(crate) fn is_cluster_url(url: &str) -> bool {
+        url.starts_with("redis+cluster://") || url.starts_with("rediss+cluster://")
+    }
+
+    /// Parses a `redis+cluster://` URL (see the type's documentation).
+    ///
+    /// # Errors
+    /// `Config` for a malformed URL, a database other than 0, or a bad parameter.
+    pub fn from_url(text: &str) -> Result<Self, LockError> {
+        let cfg_err = |m: String| LockError::new(ErrorKind::Config, m);
+        let (scheme, rest) = if let Some(r) = text.strip_prefix("redis+cluster://") {
+            ("redis", r)
+        } else if let Some(r) = text.strip_prefix("rediss+cluster://") {
+            ("rediss", r)
+        } else {
+            return Err(cfg_err(format!(
+                "{text:?} is not a redis+cluster:// (or rediss+cluster://) URL"
+            )));
+        };
+        let parts = MultiHostUrl::parse(rest)?;
+        if !matches!(parts.path, "" | "/" | "/0") {
+            return Err(cfg_err(format!(
+                "a Redis Cluster has only database 0, not {:?}",
+                parts.path
+            )));
+        }
+        let query = parts.rest_query();
+        let seeds = parts
+            .hosts
+            .iter()
+            .map(|h| RedisConfig::from_url(&format!("{scheme}://{}{h}{query}", parts.userinfo)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::new(seeds)
+    }
+
+    /// Seeds from their configurations; the first one's key layout, timeouts and `WAIT`
+    /// apply to the whole Cluster.
+    ///
+    /// # Errors
+    /// `Config` when there is no seed, or `hash_tag` is off.
+    pub fn new(seeds: impl IntoIterator<Item = RedisConfig>) -> Result<Self, LockError> {
+        let seeds: Vec<RedisConfig> = seeds.into_iter().collect();
+        let Some(first) = seeds.first() else {
+            return Err(LockError::new(
+                ErrorKind::Config,
+                "a Cluster URL needs at least one seed node",
+            ));
+        };
+        if !first.layout.hash_tag {
+            return Err(LockError::new(
+                ErrorKind::Config,
+                "a Cluster needs hash_tag=true: the lock key, its fence counter and its queue \
+                 must share one slot",
+            ));
+        }
+        Ok(ClusterConfig { seeds })
+    }
+
+    pub(crate) fn seeds(&self) -> &[RedisConfig] {
+        &self.seeds
+    }
+
+    /// The settings for the whole Cluster (the first seed's).
+    pub fn settings(&self) -> &RedisConfig {
+        &self.seeds[0]
+    }
+}
+
 /// A URL that names several servers, `scheme://[userinfo@]h1:p1,h2:p2[/path][?query]`, cut
 /// into its parts (the `url` crate takes one host only).
 pub(crate) struct MultiHostUrl<'a> {
@@ -303,6 +384,33 @@ mod tests {
         assert_eq!(w.url, "redis://h:1");
         assert!(RedisConfig::from_url("redis+unix:///tmp/redis.sock?db=1").is_ok());
         assert!(RedisConfig::from_url("rediss://example.invalid:6380").is_ok());
+    }
+
+    #[test]
+    fn cluster_urls_name_seeds_and_shared_settings() {
+        let c = ClusterConfig::from_url(
+            "redis+cluster://u:pw@10.0.0.1:7000,10.0.0.2:7001?prefix=app:&response_timeout=1s",
+        )
+        .expect("valid");
+        let urls: Vec<&str> = c.seeds().iter().map(|s| s.url.as_str()).collect();
+        assert_eq!(
+            urls,
+            ["redis://u:pw@10.0.0.1:7000", "redis://u:pw@10.0.0.2:7001"]
+        );
+        assert_eq!(c.settings().layout.prefix, "app:");
+        assert_eq!(c.settings().response_timeout, Duration::from_secs(1));
+        assert!(ClusterConfig::from_url("rediss+cluster://h:1/0").is_ok());
+        for bad in [
+            "redis://h:1",
+            "redis+cluster://",
+            "redis+cluster://h:1,,h:2",
+            "redis+cluster://h:1/2",
+            "redis+cluster://h:1?hash_tag=false",
+            "redis+cluster://h:1?wait_timeout=5ms",
+        ] {
+            let e = ClusterConfig::from_url(bad).expect_err(bad);
+            assert_eq!(e.kind(), ErrorKind::Config, "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -130,6 +130,57 @@ fn has_hash_tag(name: &str) -> bool {
     }
 }
 
+/// Where releases tell this client that a lock is its turn.
+///
+/// On one server (or Sentinel's master) it is one channel per client, `<prefix>wake:<id>`,
+/// shared by all its locks. On a Cluster, where a classic `PUBLISH` goes to every node and its
+/// count covers only the publishing node's listeners, it is one sharded channel per lock,
+/// `<lock key>:wake:<id>`, in the lock's slot: registrations name it behind the byte 0x01, which
+/// tells the scripts to `SPUBLISH` (see `tell` in `scripts/lib.lua`).
+#[derive(Clone, Debug)]
+pub(crate) struct WakeChannel {
+    /// `<prefix>wake:<id>`.
+    base: std::sync::Arc<str>,
+    id: std::sync::Arc<str>,
+    sharded: bool,
+}
+
+/// Marks a sharded channel in a registration.
+const SHARDED: char = '\u{1}';
+
+impl WakeChannel {
+    pub(crate) fn new(layout: &KeyLayout, id: &str, sharded: bool) -> Self {
+        WakeChannel {
+            base: format!("{}{id}", layout.wake_prefix()).into(),
+            id: id.into(),
+            sharded,
+        }
+    }
+
+    pub(crate) fn is_sharded(&self) -> bool {
+        self.sharded
+    }
+
+    /// The per-client channel (not used on a Cluster).
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The channel a registration for `lock_key` names (what scripts tell).
+    pub(crate) fn for_lock<'a>(&'a self, lock_key: &str) -> std::borrow::Cow<'a, str> {
+        if self.sharded {
+            std::borrow::Cow::Owned(format!("{SHARDED}{}", self.sharded_channel(lock_key)))
+        } else {
+            std::borrow::Cow::Borrowed(&self.base)
+        }
+    }
+
+    /// On a Cluster, the sharded channel to subscribe to for `lock_key`.
+    pub(crate) fn sharded_channel(&self, lock_key: &str) -> String {
+        format!("{lock_key}:wake:{}", self.id)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

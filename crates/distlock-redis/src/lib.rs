@@ -17,6 +17,6 @@ pub use backend::RedisBackend;
 /// arguments are described at its top).
 #[doc(hidden)]
 pub const RELEASE_SCRIPT: &str = backend::RELEASE_SCRIPT;
-pub use config::RedisConfig;
+pub use config::{ClusterConfig, RedisConfig};
 pub use redlock::{RedlockBackend, RedlockConfig};
 pub use sentinel::{SentinelBackend, SentinelConfig};

@@ -9,18 +9,18 @@ use std::time::Duration;
 use distlock_core::{ErrorKind, LockError, RenewItem};
 use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
 
 use crate::backend::ttl_ms;
 use crate::config::{RedisConfig, WaitReplicas};
 use crate::error::map_err;
 use crate::lane::Lane;
 
-/// A connection to one server; cheap to clone (the clones share the connections).
+/// A connection to one server, or to a Cluster; cheap to clone (the clones share the
+/// connections).
 #[derive(Clone)]
 pub(crate) struct Node {
-    conn: ConnectionManager,
-    /// A plain connection for whichever request finds it free (see `lane`).
-    lane: Lane,
+    link: Link,
     /// Commands sent (a pipeline counts each of its commands).
     sent: Arc<AtomicU64>,
     pub(crate) response_timeout: Duration,
@@ -31,6 +31,17 @@ pub(crate) struct Node {
     pub(crate) wait: Option<WaitReplicas>,
 }
 
+/// How requests reach the server(s).
+#[derive(Clone)]
+enum Link {
+    /// One server: redis-rs's multiplexed connection, and a plain connection for whichever
+    /// request finds it free (see `lane`).
+    Single { conn: ConnectionManager, lane: Lane },
+    /// A Cluster: redis-rs routes each request (one slot per pipeline) to the slot's master,
+    /// following `MOVED` and `ASK`.
+    Cluster(ClusterConnection),
+}
+
 impl Node {
     /// Connects and checks the credentials with a `PING` (redis-rs reports a refused `AUTH`
     /// only at the first command); the lane is opened too, but a failure there only means the
@@ -38,8 +49,59 @@ impl Node {
     pub(crate) async fn connect(config: &RedisConfig) -> Result<(Node, redis::Client), LockError> {
         let (node, client) = Node::lazy(config)?;
         node.ping().await?;
-        node.lane.open().await;
+        node.open_lane().await;
         Ok((node, client))
+    }
+
+    /// Connects to a Cluster through its seed nodes (`settings` gives the timeouts, `WAIT`
+    /// and credentials) and checks it with a `PING` to every master.
+    pub(crate) async fn connect_cluster(
+        seeds: &[RedisConfig],
+        settings: &RedisConfig,
+    ) -> Result<Node, LockError> {
+        check_wait(settings)?;
+        let target = format!(
+            "the Cluster at {}",
+            seeds
+                .iter()
+                .map(RedisConfig::redacted_url)
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let urls: Vec<&str> = seeds.iter().map(|s| s.url.as_str()).collect();
+        let client = redis::cluster::ClusterClientBuilder::new(urls)
+            .connection_timeout(settings.connect_timeout)
+            .response_timeout(settings.response_timeout)
+            .retries(2)
+            .build()
+            .map_err(|e| map_err(e, &format!("configuring {target}")))?;
+        let limit = settings.connect_timeout + settings.response_timeout;
+        let conn = match tokio::time::timeout(limit, client.get_async_connection()).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(map_err(e, &format!("connecting to {target}"))),
+            Err(_) => {
+                return Err(LockError::new(
+                    ErrorKind::Timeout,
+                    format!("connecting to {target}: no answer"),
+                ));
+            }
+        };
+        let node = Node {
+            link: Link::Cluster(conn),
+            sent: Arc::new(AtomicU64::new(0)),
+            response_timeout: settings.response_timeout,
+            connect_timeout: settings.connect_timeout,
+            target: target.into(),
+            wait: settings.wait,
+        };
+        node.ping().await?;
+        Ok(node)
+    }
+
+    async fn open_lane(&self) {
+        if let Link::Single { lane, .. } = &self.link {
+            lane.open().await;
+        }
     }
 
     /// [`connect`](Self::connect), except that a server that cannot be reached now is not an
@@ -49,7 +111,7 @@ impl Node {
         let (node, _) = Node::lazy(config)?;
         match node.ping().await {
             Ok(()) => {
-                node.lane.open().await;
+                node.open_lane().await;
                 Ok((node, true))
             }
             Err(e) if e.kind() == ErrorKind::Auth => Err(e),
@@ -62,14 +124,7 @@ impl Node {
     }
 
     fn lazy(config: &RedisConfig) -> Result<(Node, redis::Client), LockError> {
-        if let Some(w) = config.wait
-            && Duration::from_millis(w.timeout_ms) >= config.response_timeout
-        {
-            return Err(LockError::new(
-                ErrorKind::Config,
-                "wait_timeout must be below response_timeout",
-            ));
-        }
+        check_wait(config)?;
         let target = config.redacted_url();
         let client = redis::Client::open(config.url.as_str())
             .map_err(|e| map_err(e, "opening the Redis client"))?;
@@ -83,8 +138,7 @@ impl Node {
             .map_err(|e| map_err(e, &format!("connecting to {target}")))?;
         let lane = Lane::new(client.get_connection_info(), config.connect_timeout);
         let node = Node {
-            conn,
-            lane,
+            link: Link::Single { conn, lane },
             sent: Arc::new(AtomicU64::new(0)),
             response_timeout: config.response_timeout,
             connect_timeout: config.connect_timeout,
@@ -95,14 +149,14 @@ impl Node {
     }
 
     async fn ping(&self) -> Result<(), LockError> {
-        let mut conn = self.conn.clone();
         let ping = redis::cmd("PING");
-        match tokio::time::timeout(
-            self.connect_timeout + self.response_timeout,
-            ping.query_async::<Value>(&mut conn),
-        )
-        .await
-        {
+        let sent = async {
+            match &self.link {
+                Link::Single { conn, .. } => ping.query_async::<Value>(&mut conn.clone()).await,
+                Link::Cluster(conn) => ping.query_async::<Value>(&mut conn.clone()).await,
+            }
+        };
+        match tokio::time::timeout(self.connect_timeout + self.response_timeout, sent).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(map_err(e, &format!("talking to {}", self.target))),
             Err(_) => Err(LockError::new(
@@ -110,16 +164,6 @@ impl Node {
                 format!("connecting to {}: no answer", self.target),
             )),
         }
-    }
-
-    /// The multiplexed connection (for the subscriber's own requests).
-    pub(crate) fn manager(&self) -> ConnectionManager {
-        self.conn.clone()
-    }
-
-    /// The shared command counter.
-    pub(crate) fn counter(&self) -> Arc<AtomicU64> {
-        self.sent.clone()
     }
 
     pub(crate) fn commands_sent(&self) -> u64 {
@@ -137,7 +181,9 @@ impl Node {
         pipe: &redis::Pipeline,
     ) -> Result<Vec<Value>, redis::RedisError> {
         self.count(pipe.len());
-        if let Some(mut lane) = self.lane.checkout() {
+        if let Link::Single { lane, .. } = &self.link
+            && let Some(mut lane) = lane.checkout()
+        {
             return lane
                 .round_trip(pipe.cmd_iter(), self.response_timeout)
                 .await;
@@ -151,15 +197,20 @@ impl Node {
         &self,
         pipe: &redis::Pipeline,
     ) -> Result<Vec<Value>, redis::RedisError> {
-        let mut conn = self.conn.clone();
-        pipe.query_async(&mut conn).await
+        match &self.link {
+            Link::Single { conn, .. } => pipe.query_async(&mut conn.clone()).await,
+            Link::Cluster(conn) => pipe.query_async(&mut conn.clone()).await,
+        }
     }
 
     /// Loads `script` into the server's cache (after a `NOSCRIPT`).
+    /// (On a Cluster, redis-rs sends `SCRIPT LOAD` to every node.)
     pub(crate) async fn load(&self, script: &redis::Script) -> Result<(), redis::RedisError> {
-        let mut conn = self.conn.clone();
         self.count(1);
-        script.load_async(&mut conn).await.map(|_| ())
+        match &self.link {
+            Link::Single { conn, .. } => script.load_async(&mut conn.clone()).await.map(|_| ()),
+            Link::Cluster(conn) => script.load_async(&mut conn.clone()).await.map(|_| ()),
+        }
     }
 
     /// Runs a script by hash (one command, built without intermediate copies), loading it
@@ -247,6 +298,18 @@ impl Node {
     }
 }
 
+fn check_wait(config: &RedisConfig) -> Result<(), LockError> {
+    match config.wait {
+        Some(w) if Duration::from_millis(w.timeout_ms) >= config.response_timeout => {
+            Err(LockError::new(
+                ErrorKind::Config,
+                "wait_timeout must be below response_timeout",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// How many replicas acknowledged a `WAIT`, or why it could not be told.
 pub(crate) type Acks = Result<u32, LockError>;
 
@@ -310,44 +373,113 @@ fn taken(replies: &mut [Value], at: usize) -> Result<Value, redis::RedisError> {
 }
 
 impl Node {
-    /// The watchdog's batch: `script` (compare-and-pexpire) for every item, one pipeline on the
-    /// multiplexed connection, one reply each, then `WAIT` when the node waits for replicas
-    /// (its acknowledgements returned beside). A server that lost its script cache gets it
-    /// again and the whole batch once more (compare-and-pexpire is idempotent).
+    /// The watchdog's batch: `script` (compare-and-pexpire) for every item, in one pipeline on
+    /// the multiplexed connection (on a Cluster, one per slot, sent together), then `WAIT` when
+    /// the node waits for replicas. One result per item: the script's reply, or the error that
+    /// stands for it (the transport's, the server's, or "not acknowledged by the replicas" for
+    /// a renewal that took). A server that lost its script cache gets it again and its whole
+    /// pipeline once more (compare-and-pexpire is idempotent).
     pub(crate) async fn extend_batch(
         &self,
         script: &redis::Script,
         lock_keys: &[String],
         items: &[RenewItem<'_>],
         doing: &str,
-    ) -> Result<(Vec<Value>, Option<Acks>), redis::RedisError> {
-        let mut pipe = redis::pipe();
+    ) -> Vec<Result<Value, LockError>> {
+        if !matches!(self.link, Link::Cluster(_)) {
+            let all: Vec<usize> = (0..items.len()).collect();
+            return self
+                .extend_group(script, lock_keys, items, &all, doing)
+                .await;
+        }
+        let mut slots: std::collections::HashMap<redis::cluster_routing::Slot, Vec<usize>> =
+            std::collections::HashMap::new();
+        for (i, k) in lock_keys.iter().enumerate() {
+            let slot = redis::cluster_routing::Slot::for_key(k.as_bytes());
+            slots.entry(slot).or_default().push(i);
+        }
+        let groups: Vec<Vec<usize>> = slots.into_values().collect();
+        let replies = futures_util::future::join_all(
+            groups
+                .iter()
+                .map(|group| self.extend_group(script, lock_keys, items, group, doing)),
+        )
+        .await;
+        let mut out: Vec<Option<Result<Value, LockError>>> =
+            (0..items.len()).map(|_| None).collect();
+        for (group, replies) in groups.iter().zip(replies) {
+            for (&i, r) in group.iter().zip(replies) {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(crate::error::protocol(doing, &Value::Nil))))
+            .collect()
+    }
+
+    /// One pipeline of [`extend_batch`](Self::extend_batch): the items at `which`.
+    async fn extend_group(
+        &self,
+        script: &redis::Script,
+        lock_keys: &[String],
+        items: &[RenewItem<'_>],
+        which: &[usize],
+        doing: &str,
+    ) -> Vec<Result<Value, LockError>> {
+        let mut pipe = redis::Pipeline::with_capacity(which.len() + 1);
         pipe.ignore_errors();
-        for (k, item) in lock_keys.iter().zip(items) {
+        for &i in which {
             pipe.cmd("EVALSHA")
                 .arg(script.get_hash())
                 .arg(1)
-                .arg(k)
-                .arg(item.token.as_str())
-                .arg(ttl_ms(item.ttl));
+                .arg(&lock_keys[i])
+                .arg(items[i].token.as_str())
+                .arg(ttl_ms(items[i].ttl));
         }
         if let Some(wait) = self.wait {
             push_wait(&mut pipe, wait);
         }
-        self.count(pipe.len());
-        let mut replies = self.send_shared(&pipe).await?;
-        if replies.iter().any(is_noscript) {
+        let sent = async {
+            self.count(pipe.len());
+            let replies = self.send_shared(&pipe).await?;
+            if !replies.iter().any(is_noscript) {
+                return Ok(replies);
+            }
             self.load(script).await?;
             self.count(pipe.len());
-            replies = self.send_shared(&pipe).await?;
-        }
-        let acks = self.wait.map(|w| {
-            let acks = w.acks(replies.get(items.len()), doing);
-            replies.truncate(items.len());
-            acks
+            self.send_shared(&pipe).await
+        };
+        let mut replies = match sent.await {
+            Ok(r) if r.len() == pipe.len() => r,
+            Ok(r) => {
+                let e = crate::error::protocol(doing, &Value::Array(r));
+                return which.iter().map(|_| Err(copy_err(&e))).collect();
+            }
+            Err(e) => {
+                let e = map_err(e, doing);
+                return which.iter().map(|_| Err(copy_err(&e))).collect();
+            }
+        };
+        let unreplicated = self.wait.and_then(|w| {
+            let acks = w.acks(replies.get(which.len()), doing);
+            w.check(acks).err()
         });
-        Ok((replies, acks))
+        replies.truncate(which.len());
+        replies
+            .into_iter()
+            .map(|v| match (v, &unreplicated) {
+                (Value::ServerError(e), _) => Err(map_err(e.into(), doing)),
+                // Renewed here, not known to be on the replicas: not a renewal to count on.
+                (Value::Int(1), Some(e)) => Err(copy_err(e)),
+                (v, _) => Ok(v),
+            })
+            .collect()
     }
+}
+
+/// The same error again (for every item of a failed batch).
+pub(crate) fn copy_err(e: &LockError) -> LockError {
+    LockError::new(e.kind(), e.message().to_owned())
 }
 
 /// Whether a reply is the server's `NOSCRIPT` error (in a pipeline, in its place).

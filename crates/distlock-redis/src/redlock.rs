@@ -537,10 +537,11 @@ impl Backend for RedlockBackend {
             async move {
                 let batch = node.extend_batch(script, lock_keys, items, "renewing Redlock locks");
                 match tokio::time::timeout(limit, batch).await {
-                    Ok(Ok((replies, _))) if replies.len() == items.len() => {
-                        replies.iter().map(vote).collect()
-                    }
-                    Ok(Ok(_)) | Ok(Err(_)) | Err(_) => vec![Vote::Failed; items.len()],
+                    Ok(replies) => replies
+                        .iter()
+                        .map(|r| r.as_ref().map_or(Vote::Failed, vote))
+                        .collect(),
+                    Err(_) => vec![Vote::Failed; items.len()],
                 }
             }
         }))

@@ -11,6 +11,10 @@
 //!   `Kgx`). This wakes waiters when a client in another language deletes its plain lock key,
 //!   or when a crashed holder's lease runs out.
 //!
+//! On a Cluster there is no per-client channel: each lock a task waits for has its own sharded
+//! channel in the lock's slot (see `WakeChannel`), subscribed with `SSUBSCRIBE` through
+//! redis-rs's Cluster connection, and no keyspace channel (notifications are node-local).
+//!
 //! A lock's channel stays subscribed for [`LINGER`] after the last waiter here has gone (the
 //! next wait on a hot lock comes soon); meanwhile a grant of that lock is passed on at once,
 //! since nobody here will take it.
@@ -35,8 +39,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::backend::with_lib;
 use crate::config::RedisConfig;
-use crate::keys::{KeyLayout, LockKeys};
+use crate::keys::{KeyLayout, LockKeys, WakeChannel};
 use crate::lane::{self, Direct, Target};
+use crate::node::Node;
 
 /// How long a lock's channels stay subscribed after its last waiter here has gone. A client that
 /// takes turns on a hot lock stops waiting at every acquisition and waits again soon after:
@@ -144,9 +149,12 @@ struct Start {
     client: redis::Client,
     /// Where a direct connection goes; `None` over TLS.
     target: Option<Target>,
-    conn: redis::aio::ConnectionManager,
-    sent: Arc<std::sync::atomic::AtomicU64>,
-    wake_channel: String,
+    /// Requests (leaving a queue) go through the engine's connections.
+    node: Node,
+    wake: WakeChannel,
+    /// A Cluster's seed URLs: wake-ups come on sharded channels, through redis-rs's Cluster
+    /// connection (it subscribes on each slot's node, and again after slots move).
+    cluster: Option<Vec<String>>,
     shared: Shared,
     layout: KeyLayout,
     db: i64,
@@ -157,11 +165,11 @@ struct Start {
 impl Subscriber {
     pub(crate) fn new(
         client: redis::Client,
-        conn: redis::aio::ConnectionManager,
+        node: Node,
         config: &RedisConfig,
-        wake_channel: String,
+        wake: WakeChannel,
+        cluster: Option<Vec<String>>,
         shared: Shared,
-        sent: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
         let layout = config.layout.clone();
         let (connect_timeout, response_timeout) = (config.connect_timeout, config.response_timeout);
@@ -186,9 +194,9 @@ impl Subscriber {
                     rx,
                     target,
                     client,
-                    conn,
-                    wake_channel,
-                    sent,
+                    node,
+                    wake,
+                    cluster,
                     shared,
                     layout,
                     db,
@@ -234,15 +242,21 @@ impl Subscriber {
     }
 }
 
-/// The keyspace channel of one lock.
-fn keyspace_channel(layout: &KeyLayout, db: i64, key: &str) -> String {
-    format!("__keyspace@{db}__:{}", layout.lock_key(key))
+/// The channel subscribed to for one lock: its keyspace channel, or on a Cluster its sharded
+/// wake channel.
+fn key_channel(start: &Start, key: &str) -> String {
+    let lock_key = start.layout.lock_key(key);
+    if start.wake.is_sharded() {
+        start.wake.sharded_channel(&lock_key)
+    } else {
+        format!("__keyspace@{}__:{lock_key}", start.db)
+    }
 }
 
 /// What the connection task knows: which locks are watched, and how messages map back to them.
 #[derive(Default)]
 struct Routes {
-    /// Keyspace channel -> lock name.
+    /// Keyspace channel (on a Cluster: sharded wake channel) -> lock name.
     keyspace: HashMap<String, String>,
     /// Lock key (the payload of a wake-up) -> lock name.
     locks: HashMap<String, String>,
@@ -252,13 +266,11 @@ impl Routes {
     fn apply(&mut self, start: &Start, cmd: &Cmd) {
         match cmd {
             Cmd::Subscribe(k) => {
-                self.keyspace
-                    .insert(keyspace_channel(&start.layout, start.db, k), k.clone());
+                self.keyspace.insert(key_channel(start, k), k.clone());
                 self.locks.insert(start.layout.lock_key(k), k.clone());
             }
             Cmd::Unsubscribe(k) => {
-                self.keyspace
-                    .remove(&keyspace_channel(&start.layout, start.db, k));
+                self.keyspace.remove(&key_channel(start, k));
                 self.locks.remove(&start.layout.lock_key(k));
             }
         }
@@ -293,10 +305,32 @@ enum Conn {
         sink: redis::aio::PubSubSink,
         stream: redis::aio::PubSubStream,
     },
+    /// redis-rs's Cluster connection (RESP3), for sharded channels; messages come as pushes.
+    Cluster {
+        conn: redis::cluster_async::ClusterConnection,
+        pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
+    },
 }
 
 impl Conn {
     async fn open(start: &Start) -> Result<Conn, String> {
+        if let Some(seeds) = &start.cluster {
+            let (tx, pushes) = mpsc::unbounded_channel();
+            let client = redis::cluster::ClusterClientBuilder::new(seeds.clone())
+                .use_protocol(redis::ProtocolVersion::RESP3)
+                .push_sender(tx)
+                .connection_timeout(start.connect_timeout)
+                .response_timeout(start.response_timeout)
+                .build()
+                .map_err(|e| e.to_string())?;
+            return match tokio::time::timeout(start.connect_timeout, client.get_async_connection())
+                .await
+            {
+                Ok(Ok(conn)) => Ok(Conn::Cluster { conn, pushes }),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("timed out".to_owned()),
+            };
+        }
         if let Some(target) = &start.target {
             return match lane::connect(target, start.connect_timeout).await {
                 Ok(io) => Ok(Conn::Direct {
@@ -327,6 +361,12 @@ impl Conn {
             }
             Conn::Shared { sink, .. } => {
                 tokio::time::timeout(timeout, sink.unsubscribe(chan)).await
+            }
+            Conn::Cluster { conn, .. } if subscribe => {
+                tokio::time::timeout(timeout, conn.ssubscribe(chan)).await
+            }
+            Conn::Cluster { conn, .. } => {
+                tokio::time::timeout(timeout, conn.sunsubscribe(chan)).await
             }
         };
         match reply {
@@ -378,6 +418,26 @@ impl Conn {
                 channel: m.get_channel_name().as_bytes().to_vec(),
                 payload: m.get_payload_bytes().to_vec(),
             }),
+            Conn::Cluster { pushes, .. } => loop {
+                let push = pushes.recv().await?;
+                match push.kind {
+                    redis::PushKind::SMessage => {
+                        let mut data = push.data.into_iter();
+                        if let (
+                            Some(Value::BulkString(channel)),
+                            Some(Value::BulkString(payload)),
+                        ) = (data.next(), data.next())
+                        {
+                            return Some(Msg { channel, payload });
+                        }
+                    }
+                    // A node's connection broke: messages may have been lost meanwhile. Start
+                    // afresh (every waiter is woken, every channel subscribed again).
+                    redis::PushKind::Disconnection => return None,
+                    // Confirmations (also of redis-rs's own re-subscriptions).
+                    _ => {}
+                }
+            },
         }
     }
 }
@@ -507,16 +567,21 @@ async fn run(hub: WakeHub, mut start: Start) {
                 continue;
             }
         };
-        // Our wake channel first: waiters count as watching only once it is confirmed.
-        let wake_ok = match conn
-            .request(&start.wake_channel, true, start.response_timeout)
-            .await
-        {
-            Reply::Done => true,
-            Reply::Refused => false,
-            Reply::Broken => {
-                backoff(&mut attempt, &mut start, &mut routes).await;
-                continue;
+        // Our wake channel first: waiters count as watching only once it is confirmed. (On a
+        // Cluster each lock's own channel is its wake channel.)
+        let wake_ok = if start.wake.is_sharded() {
+            true
+        } else {
+            match conn
+                .request(start.wake.base(), true, start.response_timeout)
+                .await
+            {
+                Reply::Done => true,
+                Reply::Refused => false,
+                Reply::Broken => {
+                    backoff(&mut attempt, &mut start, &mut routes).await;
+                    continue;
+                }
             }
         };
         let all: Vec<String> = routes.keyspace.keys().cloned().collect();
@@ -554,9 +619,15 @@ async fn run(hub: WakeHub, mut start: Start) {
                             // Still subscribed if it lingers: no round trip.
                             if lingering.remove(&key).is_none() {
                                 routes.apply(&start, &Cmd::Subscribe(key.clone()));
-                                let chan = keyspace_channel(&start.layout, start.db, &key);
-                                if let Reply::Broken = conn.request(&chan, true, start.response_timeout).await {
-                                    break;
+                                let chan = key_channel(&start, &key);
+                                match conn.request(&chan, true, start.response_timeout).await {
+                                    Reply::Broken => break,
+                                    // A Cluster waiter hears nothing without its lock's channel.
+                                    Reply::Refused if start.wake.is_sharded() => {
+                                        hub.set_refused(&key);
+                                        continue;
+                                    }
+                                    _ => {}
                                 }
                             }
                             if wake_ok {
@@ -590,7 +661,7 @@ async fn run(hub: WakeHub, mut start: Start) {
                     let mut broken = false;
                     for key in done {
                         lingering.remove(&key);
-                        let chan = keyspace_channel(&start.layout, start.db, &key);
+                        let chan = key_channel(&start, &key);
                         routes.apply(&start, &Cmd::Unsubscribe(key.clone()));
                         leave_queue(&start, &key).await;
                         if let Reply::Broken = conn.request(&chan, false, start.response_timeout).await {
@@ -608,7 +679,12 @@ async fn run(hub: WakeHub, mut start: Start) {
                 msg = conn.next() => {
                     let Some(Msg { channel, payload }) = msg else { break };
                     let payload = payload.as_slice();
-                    if channel == start.wake_channel.as_bytes() {
+                    let to_us = if start.wake.is_sharded() {
+                        std::str::from_utf8(&channel).is_ok_and(|c| routes.keyspace.contains_key(c))
+                    } else {
+                        channel == start.wake.base().as_bytes()
+                    };
+                    if to_us {
                         if let Some((fence, seq, token, lock_key)) = parse_grant(payload) {
                             match routes.locks.get(lock_key) {
                                 Some(name) if !lingering.contains_key(name) => {
@@ -707,18 +783,14 @@ async fn leave_queue(start: &Start, key: &str) {
 async fn leave_lock_key(start: &Start, lock_key: &str, handed: &str) {
     static LEAVE: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
     let script = LEAVE.get_or_init(|| redis::Script::new(with_lib!("scripts/leave.lua")));
-    let mut conn = start.conn.clone();
     let keys = LockKeys::derive(lock_key.to_owned());
-    let mut inv = script.key(keys.lock());
-    inv.key(keys.meta())
-        .key(keys.waiters())
-        .arg(&start.wake_channel)
-        .arg(handed)
-        .arg(crate::backend::now_ms());
-    start
-        .sent
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let call = inv.invoke_async::<redis::Value>(&mut conn);
+    let mut now = itoa::Buffer::new();
+    let lock_keys = [keys.lock(), keys.meta(), keys.waiters()];
+    let wake = start.wake.for_lock(lock_key);
+    let args = [&*wake, handed, now.format(crate::backend::now_ms())];
+    let call = start
+        .node
+        .run(script, &lock_keys, &args, "leaving the waiters' queue");
     if let Ok(Err(e)) = tokio::time::timeout(start.response_timeout, call).await {
         tracing::debug!(target: "distlock", lock_key, error = %e, "leaving the waiters' queue failed");
     }

@@ -1,11 +1,13 @@
 #![doc = include_str!("../README.md")]
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
+mod cluster;
 pub mod conformance;
 mod process;
 mod redis_server;
 mod sentinel;
 
+pub use cluster::RedisCluster;
 pub use process::{free_port, require_binary};
 pub use redis_server::RedisServer;
 pub use sentinel::{MASTER_NAME, Sentinels};

@@ -7,7 +7,8 @@ pub use distlock_core::*;
 #[cfg(feature = "redis")]
 pub mod redis {
     pub use distlock_redis::{
-        RedisBackend, RedisConfig, RedlockBackend, RedlockConfig, SentinelBackend, SentinelConfig,
+        ClusterConfig, RedisBackend, RedisConfig, RedlockBackend, RedlockConfig, SentinelBackend,
+        SentinelConfig,
     };
 }
 
@@ -36,6 +37,10 @@ pub fn supported_schemes() -> &'static [&'static str] {
         "redis+sentinel",
         #[cfg(feature = "redis")]
         "rediss+sentinel",
+        #[cfg(feature = "redis")]
+        "redis+cluster",
+        #[cfg(feature = "redis")]
+        "rediss+cluster",
     ]
 }
 
@@ -46,6 +51,7 @@ pub fn supported_schemes() -> &'static [&'static str] {
 /// | `file:///var/lock/app`, `file://` | local `flock` files (feature `file`) |
 /// | `redis://host:port/db`, `rediss://…`, `redis+unix:///sock` | one Redis server (feature `redis`) |
 /// | `redlock://h1:p1,h2:p2,h3:p3` (`redlocks://` for TLS) | Redlock over independent masters (feature `redis`) |
+/// | `redis+cluster://h1:p1,h2:p2,…` (`rediss+cluster://` for TLS) | a Redis Cluster, through any of its nodes (feature `redis`) |
 /// | `redis+sentinel://s1:p1,s2:p2/mymaster[/db]` (`rediss+sentinel://` for TLS) | the master Redis Sentinel names, followed across failovers (feature `redis`) |
 ///
 /// # Errors
@@ -60,9 +66,8 @@ pub async fn open_backend(url: &str) -> Result<AnyBackend, LockError> {
         #[cfg(feature = "file")]
         "file" => Ok(Box::new(distlock_file::FileBackend::from_url(url)?)),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+unix" | "unix" | "valkey" | "valkeys" => {
-            Ok(Box::new(distlock_redis::RedisBackend::connect(url).await?))
-        }
+        "redis" | "rediss" | "redis+unix" | "unix" | "valkey" | "valkeys" | "redis+cluster"
+        | "rediss+cluster" => Ok(Box::new(distlock_redis::RedisBackend::connect(url).await?)),
         #[cfg(feature = "redis")]
         "redlock" | "redlocks" => Ok(Box::new(
             distlock_redis::RedlockBackend::connect(url).await?,

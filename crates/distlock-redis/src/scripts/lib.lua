@@ -5,6 +5,17 @@
 -- nobody listening there (PUBLISH reaches no one: the process is gone) skips it. An empty list
 -- is deleted by Redis itself; nothing else here expires.
 
+-- Tells the client registered on `chan`; returns how many listeners heard it. A channel that
+-- starts with the byte 0x01 is a sharded one (Redis Cluster, where a classic PUBLISH is
+-- broadcast to every node and counts only this node's listeners): the rest of its name carries
+-- the lock's hash tag, and SPUBLISH reaches the listeners on this slot's node.
+local function tell(chan, msg)
+  if string.byte(chan, 1) == 1 then
+    return redis.pcall('SPUBLISH', string.sub(chan, 2), msg)
+  end
+  return redis.pcall('PUBLISH', chan, msg)
+end
+
 -- Hands the lock (ours, being released, or handed to us and unused) to the first live waiting
 -- client other than the one listening on `self_chan`, which it takes out of the queue (`first`,
 -- if not nil, is the queue's first element, already taken out by the caller) (Lua:
@@ -33,10 +44,10 @@ local function pass_on(lock, meta, queue, self_chan, now, first)
       local fence = redis.pcall('HINCRBY', meta, 'fence', 1)
       if type(fence) ~= 'number' then
         redis.call('DEL', lock)
-        redis.pcall('PUBLISH', chan, lock)
+        tell(chan, lock)
         return true, met_self
       end
-      local heard = redis.pcall('PUBLISH', chan,
+      local heard = tell(chan,
         '\t' .. string.format('%d', fence) .. ' ' .. seq .. ' ' .. tok .. ' ' .. lock)
       if type(heard) == 'number' and heard > 0 then
         redis.call('SET', lock, tok .. ' ' .. now .. ' ' .. owner, 'PX', ttl)
