@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use distlock_core::{LockClient, LockOptions, Released};
-use distlock_redis::RedisBackend;
+use distlock_redis::{RedisBackend, RedlockBackend};
 use distlock_testkit::RedisServer;
 use tokio::io::AsyncBufReadExt;
 
@@ -63,6 +63,13 @@ struct Cli {
     /// Also write the figures as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// The rslock peer program (bench/peers/rslock, built by bench/run.sh): adds rslock's rows
+    /// to P1 and P4, run in the same rounds.
+    #[arg(long)]
+    rslock: Option<PathBuf>,
+    /// Masters of the P4 Redlock runs.
+    #[arg(long, default_value_t = 5)]
+    masters: usize,
 }
 
 #[derive(Subcommand, Debug)]
@@ -225,6 +232,160 @@ async fn rtt_us(
         v.push(t0.elapsed().as_secs_f64() * 1e6);
     }
     median(v)
+}
+
+/// rslock's cycles per second over `urls`, from the peer program (it inherits our CPU pinning).
+fn rslock_cycles(peer: &std::path::Path, cycles: usize, urls: &[String]) -> f64 {
+    let out = std::process::Command::new(peer)
+        .arg(cycles.to_string())
+        .args(urls)
+        .output()
+        .expect("run the rslock peer");
+    assert!(out.status.success(), "the rslock peer failed: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("the rslock peer prints cycles per second")
+}
+
+/// The raw Redlock floor: `SET NX PX` on every master at once, then the release script on every
+/// master at once, with redis-rs's multiplexed connections (no quorum logic, no timeouts).
+async fn redlock_floor(
+    conns: &mut [redis::aio::MultiplexedConnection],
+    script: &redis::Script,
+    cycles: usize,
+) -> f64 {
+    let t0 = Instant::now();
+    for i in 0..cycles {
+        let token = format!("t{i}");
+        let sets = conns.iter_mut().map(|c| {
+            let token = &token;
+            async move {
+                redis::cmd("SET")
+                    .arg("raw:redlock")
+                    .arg(token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(30_000)
+                    .query_async::<Option<String>>(c)
+                    .await
+                    .expect("SET")
+            }
+        });
+        let granted = futures_util::future::join_all(sets).await;
+        assert!(granted.iter().all(Option::is_some), "raw lock busy");
+        let releases = conns.iter_mut().map(|c| {
+            let token = &token;
+            async move {
+                script
+                    .key("raw:redlock")
+                    .arg(token)
+                    .invoke_async::<i64>(c)
+                    .await
+                    .expect("EVALSHA")
+            }
+        });
+        futures_util::future::join_all(releases).await;
+    }
+    cycles as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// The median time of one `PING` to every master at once, in µs.
+async fn parallel_rtt_us(conns: &mut [redis::aio::MultiplexedConnection], n: usize) -> f64 {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t0 = Instant::now();
+        futures_util::future::join_all(conns.iter_mut().map(|c| async move {
+            redis::cmd("PING")
+                .query_async::<String>(c)
+                .await
+                .expect("PING")
+        }))
+        .await;
+        v.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    median(v)
+}
+
+async fn redlock_cycles(client: &LockClient<RedlockBackend>, cycles: usize) -> f64 {
+    let t0 = Instant::now();
+    for _ in 0..cycles {
+        let g = client
+            .try_acquire("p4")
+            .await
+            .expect("acquire")
+            .expect("uncontended");
+        assert_eq!(g.release().await.expect("release"), Released::Held);
+    }
+    cycles as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// P4's figures: medians over interleaved rounds.
+struct P4 {
+    masters: usize,
+    floor: f64,
+    ours: f64,
+    rslock: Option<f64>,
+    parallel_rtt_us: f64,
+}
+
+/// P4: uncontended Redlock cycles over `n` masters (started here, pinned like the rest), the
+/// raw parallel floor, and rslock, in interleaved rounds.
+fn p4(
+    rt: &tokio::runtime::Runtime,
+    n: usize,
+    rounds: usize,
+    cycles: usize,
+    pin: bool,
+    peer: Option<&std::path::Path>,
+) -> P4 {
+    let masters: Vec<RedisServer> = (0..n)
+        .map(|_| RedisServer::start().expect("redis-server"))
+        .collect();
+    if pin {
+        for m in &masters {
+            m.pin_to_cpu(0);
+        }
+    }
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    let redlock_url = format!(
+        "redlock://{}",
+        masters
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    rt.block_on(async {
+        let mut conns = Vec::new();
+        for u in &urls {
+            let c = redis::Client::open(u.as_str()).expect("client");
+            conns.push(c.get_multiplexed_async_connection().await.expect("connect"));
+        }
+        let script = redis::Script::new(RELEASE_LUA);
+        let ours = LockClient::new(
+            RedlockBackend::connect(&redlock_url)
+                .await
+                .expect("connect to the masters"),
+        );
+        redlock_floor(&mut conns, &script, 50).await;
+        redlock_cycles(&ours, 50).await;
+        let (mut f, mut o, mut r) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            f.push(redlock_floor(&mut conns, &script, cycles).await);
+            o.push(redlock_cycles(&ours, cycles).await);
+            if let Some(peer) = peer {
+                r.push(rslock_cycles(peer, cycles, &urls));
+            }
+        }
+        P4 {
+            masters: n,
+            floor: median(f),
+            ours: median(o),
+            rslock: peer.map(|_| median(r)),
+            parallel_rtt_us: parallel_rtt_us(&mut conns, 1000).await,
+        }
+    })
 }
 
 fn options(mode: Mode) -> LockOptions {
@@ -644,7 +805,8 @@ fn main() {
     let mut async_conn = rt
         .block_on(raw.get_multiplexed_async_connection())
         .expect("async connection");
-    let (p1_sync, p1_async, p1_ours, rtt) = rt.block_on(async {
+    let peer = cli.rslock.as_deref();
+    let (p1_sync, p1_async, p1_ours, rtt, p1_rslock) = rt.block_on(async {
         let mut sync_conn = raw.get_connection().expect("sync connection");
         let script = redis::Script::new(RELEASE_LUA);
         let ours = LockClient::new(RedisBackend::connect(&url).await.expect("connect"));
@@ -652,15 +814,32 @@ fn main() {
         floor_sync(&mut sync_conn, &script, 50);
         floor_async(&mut async_conn, &script, 50).await;
         distlock_cycles(&ours, 50).await;
-        let (mut s, mut a, mut d) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut s, mut a, mut d, mut r) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
             s.push(floor_sync(&mut sync_conn, &script, cycles));
             a.push(floor_async(&mut async_conn, &script, cycles).await);
             d.push(distlock_cycles(&ours, cycles).await);
+            if let Some(peer) = peer {
+                r.push(rslock_cycles(peer, cycles, std::slice::from_ref(&url)));
+            }
         }
         let rtt = rtt_us(&mut async_conn, 1000, None).await;
-        (median(s), median(a), median(d), rtt)
+        (
+            median(s),
+            median(a),
+            median(d),
+            rtt,
+            peer.map(|_| median(r)),
+        )
     });
+    let p4 = p4(
+        &rt,
+        if cli.quick { 3 } else { cli.masters.max(1) },
+        rounds,
+        cycles,
+        !cli.no_pin,
+        peer,
+    );
 
     let mut runs = Vec::new();
     let rt2 = tokio::runtime::Builder::new_multi_thread()
@@ -735,6 +914,50 @@ fn main() {
     println!(
         "| distlock try_acquire + release | {p1_ours:.0} | {:.2} |",
         p1_ours / p1_async
+    );
+    match p1_rslock {
+        Some(r) => println!(
+            "| rslock 0.10 lock + unlock (one master) | {r:.0} | {:.2} |\n\ndistlock vs rslock: {:.2}×",
+            r / p1_async,
+            p1_ours / r
+        ),
+        None => println!("| rslock | n/a (peer not built: run bench/run.sh) | |"),
+    }
+    println!();
+    println!(
+        "P4 Redlock over {} masters, uncontended acquire+release, one client, {rounds} round(s) × {cycles} cycles, medians",
+        p4.masters
+    );
+    println!("| client | cycles/s | vs raw parallel floor | cycle µs | in parallel PING rounds |");
+    println!("|---|---:|---:|---:|---:|");
+    let p4_row = |name: &str, per_sec: f64| {
+        println!(
+            "| {name} | {per_sec:.0} | {:.2} | {:.1} | {:.2} |",
+            per_sec / p4.floor,
+            1e6 / per_sec,
+            1e6 / per_sec / p4.parallel_rtt_us.max(f64::MIN_POSITIVE)
+        );
+    };
+    p4_row(
+        "raw floor: SET NX PX, then the release script, on all masters at once",
+        p4.floor,
+    );
+    p4_row("distlock RedlockBackend try_acquire + release", p4.ours);
+    match p4.rslock {
+        Some(r) => {
+            p4_row("rslock 0.10 lock + unlock", r);
+            println!();
+            println!(
+                "distlock vs rslock over {} masters: {:.2}×",
+                p4.masters,
+                p4.ours / r
+            );
+        }
+        None => println!("| rslock | n/a (peer not built: run bench/run.sh) | | | |"),
+    }
+    println!(
+        "parallel PING round to all masters: {:.1} µs (median of 1000); a cycle is two rounds",
+        p4.parallel_rtt_us
     );
     println!();
     println!(
@@ -835,7 +1058,9 @@ fn main() {
             "worker_threads": cli.worker_threads,
             "redis": redis_version(&server),
             "p1": { "rounds": rounds, "cycles": cycles, "sync_floor": p1_sync,
-                    "async_floor": p1_async, "distlock": p1_ours },
+                    "async_floor": p1_async, "distlock": p1_ours, "rslock": p1_rslock },
+            "p4": { "masters": p4.masters, "raw_parallel_floor": p4.floor, "distlock": p4.ours,
+                    "rslock": p4.rslock, "parallel_ping_us": p4.parallel_rtt_us },
             "rtt_us": rtt,
             "idle_rtt_us": idle_rtt,
             "contention": runs.iter().map(|r| serde_json::json!({
