@@ -204,11 +204,16 @@ async fn floor_async(
     cycles as f64 / t0.elapsed().as_secs_f64()
 }
 
-async fn distlock_cycles(client: &LockClient<RedisBackend>, cycles: usize) -> f64 {
+/// Uncontended `try_acquire` + `release` cycles per second of `key`, on any engine.
+async fn distlock_cycles<B: distlock_core::Backend>(
+    client: &LockClient<B>,
+    key: &str,
+    cycles: usize,
+) -> f64 {
     let t0 = Instant::now();
     for _ in 0..cycles {
         let g = client
-            .try_acquire("p1")
+            .try_acquire(key)
             .await
             .expect("acquire")
             .expect("uncontended");
@@ -307,19 +312,6 @@ async fn parallel_rtt_us(conns: &mut [redis::aio::MultiplexedConnection], n: usi
     median(v)
 }
 
-async fn redlock_cycles(client: &LockClient<RedlockBackend>, cycles: usize) -> f64 {
-    let t0 = Instant::now();
-    for _ in 0..cycles {
-        let g = client
-            .try_acquire("p4")
-            .await
-            .expect("acquire")
-            .expect("uncontended");
-        assert_eq!(g.release().await.expect("release"), Released::Held);
-    }
-    cycles as f64 / t0.elapsed().as_secs_f64()
-}
-
 /// P4's figures: medians over interleaved rounds.
 struct P4 {
     masters: usize,
@@ -369,11 +361,11 @@ fn p4(
                 .expect("connect to the masters"),
         );
         redlock_floor(&mut conns, &script, 50).await;
-        redlock_cycles(&ours, 50).await;
+        distlock_cycles(&ours, "p4", 50).await;
         let (mut f, mut o, mut r) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
             f.push(redlock_floor(&mut conns, &script, cycles).await);
-            o.push(redlock_cycles(&ours, cycles).await);
+            o.push(distlock_cycles(&ours, "p4", cycles).await);
             if let Some(peer) = peer {
                 r.push(rslock_cycles(peer, cycles, &urls));
             }
@@ -813,12 +805,12 @@ fn main() {
         // Warm-up: load scripts, fill connection pools.
         floor_sync(&mut sync_conn, &script, 50);
         floor_async(&mut async_conn, &script, 50).await;
-        distlock_cycles(&ours, 50).await;
+        distlock_cycles(&ours, "p1", 50).await;
         let (mut s, mut a, mut d, mut r) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
             s.push(floor_sync(&mut sync_conn, &script, cycles));
             a.push(floor_async(&mut async_conn, &script, cycles).await);
-            d.push(distlock_cycles(&ours, cycles).await);
+            d.push(distlock_cycles(&ours, "p1", cycles).await);
             if let Some(peer) = peer {
                 r.push(rslock_cycles(peer, cycles, std::slice::from_ref(&url)));
             }

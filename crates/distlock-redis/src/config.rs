@@ -223,22 +223,13 @@ impl ClusterConfig {
     /// # Errors
     /// `Config` for a malformed URL, a database other than 0, or a bad parameter.
     pub fn from_url(text: &str) -> Result<Self, LockError> {
-        let cfg_err = |m: String| LockError::new(ErrorKind::Config, m);
-        let (scheme, rest) = if let Some(r) = text.strip_prefix("redis+cluster://") {
-            ("redis", r)
-        } else if let Some(r) = text.strip_prefix("rediss+cluster://") {
-            ("rediss", r)
-        } else {
-            return Err(cfg_err(format!(
-                "{text:?} is not a redis+cluster:// (or rediss+cluster://) URL"
-            )));
-        };
+        let (scheme, rest) = strip_scheme(text, "redis+cluster", "rediss+cluster")?;
         let parts = MultiHostUrl::parse(rest)?;
         if !matches!(parts.path, "" | "/" | "/0") {
-            return Err(cfg_err(format!(
-                "a Redis Cluster has only database 0, not {:?}",
-                parts.path
-            )));
+            return Err(LockError::new(
+                ErrorKind::Config,
+                format!("a Redis Cluster has only database 0, not {:?}", parts.path),
+            ));
         }
         let query = parts.rest_query();
         let seeds = parts
@@ -292,6 +283,29 @@ pub(crate) struct MultiHostUrl<'a> {
     pub(crate) path: &'a str,
     /// The query's `name=value` pairs, as written.
     query: Vec<&'a str>,
+}
+
+/// The Redis scheme (`redis`, or `rediss` for TLS) of a URL that starts with `plain://` or
+/// `tls://`, and the rest after `://`.
+///
+/// # Errors
+/// `Config` for any other scheme.
+pub(crate) fn strip_scheme<'a>(
+    text: &'a str,
+    plain: &str,
+    tls: &str,
+) -> Result<(&'static str, &'a str), LockError> {
+    let after = |scheme: &str| text.strip_prefix(scheme)?.strip_prefix("://");
+    if let Some(rest) = after(plain) {
+        Ok(("redis", rest))
+    } else if let Some(rest) = after(tls) {
+        Ok(("rediss", rest))
+    } else {
+        Err(LockError::new(
+            ErrorKind::Config,
+            format!("{text:?} is not a {plain}:// (or {tls}://) URL"),
+        ))
+    }
 }
 
 impl<'a> MultiHostUrl<'a> {

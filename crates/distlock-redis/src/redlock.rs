@@ -22,7 +22,7 @@ use futures_util::future::join_all;
 use redis::Value;
 
 use crate::backend::{now_ms, ttl_ms};
-use crate::config::{MultiHostUrl, RedisConfig, positive};
+use crate::config::{MultiHostUrl, RedisConfig, positive, strip_scheme};
 use crate::error::protocol;
 use crate::keys::KeyLayout;
 use crate::node::Node;
@@ -93,16 +93,7 @@ impl RedlockConfig {
     /// # Errors
     /// `Config` for a malformed URL, a bad parameter or a repeated master.
     pub fn from_url(text: &str) -> Result<Self, LockError> {
-        let cfg_err = |m: String| LockError::new(ErrorKind::Config, m);
-        let (scheme, rest) = if let Some(r) = text.strip_prefix("redlock://") {
-            ("redis", r)
-        } else if let Some(r) = text.strip_prefix("redlocks://") {
-            ("rediss", r)
-        } else {
-            return Err(cfg_err(format!(
-                "{text:?} is not a redlock:// (or redlocks://) URL"
-            )));
-        };
+        let (scheme, rest) = strip_scheme(text, "redlock", "redlocks")?;
         let mut parts = MultiHostUrl::parse(rest)?;
         // node_timeout is ours; the rest of the query goes to every master.
         let node_timeout = match parts.take("node_timeout") {

@@ -12,7 +12,7 @@ use distlock_core::{
 use redis::Value;
 
 use crate::backend::{RedisBackend, text};
-use crate::config::{MultiHostUrl, RedisConfig};
+use crate::config::{MultiHostUrl, RedisConfig, strip_scheme};
 use crate::error::map_err;
 
 /// Where the sentinels are, which master they watch, and how to talk to it.
@@ -52,15 +52,7 @@ impl SentinelConfig {
     /// `Config` for a malformed URL, a missing master name or a bad parameter.
     pub fn from_url(text: &str) -> Result<Self, LockError> {
         let cfg_err = |m: String| LockError::new(ErrorKind::Config, m);
-        let (scheme, rest) = if let Some(r) = text.strip_prefix("redis+sentinel://") {
-            ("redis", r)
-        } else if let Some(r) = text.strip_prefix("rediss+sentinel://") {
-            ("rediss", r)
-        } else {
-            return Err(cfg_err(format!(
-                "{text:?} is not a redis+sentinel:// (or rediss+sentinel://) URL"
-            )));
-        };
+        let (scheme, rest) = strip_scheme(text, "redis+sentinel", "rediss+sentinel")?;
         let mut parts = MultiHostUrl::parse(rest)?;
         let mut sentinel_auth = String::new();
         let user = parts.take("sentinel_username");
