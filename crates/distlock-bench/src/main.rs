@@ -96,6 +96,14 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         gap_us: u64,
     },
+    /// Internal: uncontended Redlock cycles over the masters given (for profiling P4 alone);
+    /// prints cycles per second.
+    #[command(hide = true)]
+    RedlockCycles {
+        #[arg(long)]
+        cycles: usize,
+        urls: Vec<String>,
+    },
     /// Internal: the raw floor's waiting client (a bare subscriber).
     #[command(hide = true)]
     RawWaiter {
@@ -722,6 +730,24 @@ fn main() {
     let cli = Cli::parse();
     match &cli.cmd {
         Some(Cmd::RawWaiter { url, count }) => return raw_waiter(url, *count),
+        Some(Cmd::RedlockCycles { cycles, urls }) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let hosts: Vec<&str> = urls
+                .iter()
+                .map(|u| u.trim_start_matches("redis://"))
+                .collect();
+            let url = format!("redlock://{}", hosts.join(","));
+            let per_sec = rt.block_on(async {
+                let c = LockClient::new(RedlockBackend::connect(&url).await.expect("connect"));
+                distlock_cycles(&c, "p4", 50).await;
+                distlock_cycles(&c, "p4", *cycles).await
+            });
+            println!("{per_sec:.1}");
+            return;
+        }
         Some(Cmd::RawHolder {
             url,
             count,
