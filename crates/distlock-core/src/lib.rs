@@ -12,6 +12,7 @@ mod lease;
 mod local;
 mod options;
 mod token;
+pub mod url;
 mod wake;
 mod watchdog;
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 use distlock_core::{ErrorKind, LockError, parse_duration};
 
 use crate::keys::KeyLayout;
+pub(crate) use distlock_core::url::MultiHostUrl;
 
 /// How to reach one Redis server, and how lock keys are named on it.
 ///
@@ -273,18 +274,6 @@ impl ClusterConfig {
     }
 }
 
-/// A URL that names several servers, `scheme://[userinfo@]h1:p1,h2:p2[/path][?query]`, cut
-/// into its parts (the `url` crate takes one host only).
-pub(crate) struct MultiHostUrl<'a> {
-    /// `user:password@`, or empty.
-    pub(crate) userinfo: &'a str,
-    pub(crate) hosts: Vec<&'a str>,
-    /// From the first `/`, or empty.
-    pub(crate) path: &'a str,
-    /// The query's `name=value` pairs, as written.
-    query: Vec<&'a str>,
-}
-
 /// The Redis scheme (`redis`, or `rediss` for TLS) of a URL that starts with `plain://` or
 /// `tls://`, and the rest after `://`.
 ///
@@ -295,69 +284,8 @@ pub(crate) fn strip_scheme<'a>(
     plain: &str,
     tls: &str,
 ) -> Result<(&'static str, &'a str), LockError> {
-    let after = |scheme: &str| text.strip_prefix(scheme)?.strip_prefix("://");
-    if let Some(rest) = after(plain) {
-        Ok(("redis", rest))
-    } else if let Some(rest) = after(tls) {
-        Ok(("rediss", rest))
-    } else {
-        Err(LockError::new(
-            ErrorKind::Config,
-            format!("{text:?} is not a {plain}:// (or {tls}://) URL"),
-        ))
-    }
-}
-
-impl<'a> MultiHostUrl<'a> {
-    /// Cuts `rest`, the URL after `scheme://`.
-    ///
-    /// # Errors
-    /// `Config` when a host is empty.
-    pub(crate) fn parse(rest: &'a str) -> Result<Self, LockError> {
-        let (authority, tail) = match rest.find(['/', '?']) {
-            Some(i) => rest.split_at(i),
-            None => (rest, ""),
-        };
-        let (userinfo, hosts) = match authority.rfind('@') {
-            Some(i) => (&authority[..=i], &authority[i + 1..]),
-            None => ("", authority),
-        };
-        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
-        let hosts: Vec<&str> = hosts.split(',').collect();
-        if hosts.iter().any(|h| h.trim().is_empty()) {
-            return Err(LockError::new(
-                ErrorKind::Config,
-                format!("the URL names an empty host in {authority:?}"),
-            ));
-        }
-        Ok(MultiHostUrl {
-            userinfo,
-            hosts,
-            path,
-            query: query.split('&').filter(|p| !p.is_empty()).collect(),
-        })
-    }
-
-    /// Removes the parameter `name` from the query and returns its (decoded) value.
-    pub(crate) fn take(&mut self, name: &str) -> Option<String> {
-        let i = self
-            .query
-            .iter()
-            .position(|p| p.split_once('=').map_or(*p, |(k, _)| k) == name)?;
-        let pair = self.query.remove(i);
-        url::form_urlencoded::parse(pair.as_bytes())
-            .next()
-            .map(|(_, v)| v.into_owned())
-    }
-
-    /// The parameters not taken, as `?a=b&c=d` (or empty).
-    pub(crate) fn rest_query(&self) -> String {
-        if self.query.is_empty() {
-            String::new()
-        } else {
-            format!("?{}", self.query.join("&"))
-        }
-    }
+    let (tls, rest) = distlock_core::url::split_scheme(text, plain, tls)?;
+    Ok((if tls { "rediss" } else { "redis" }, rest))
 }
 
 pub(crate) fn positive(key: &str, value: &str) -> Result<Duration, LockError> {

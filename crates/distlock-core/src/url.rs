@@ -1,0 +1,125 @@
+//! URLs that name several servers (`scheme://[user:password@]h1:p1,h2:p2[/path][?query]`), as
+//! the engines of several nodes take them. The `url` crate takes one host only.
+
+use crate::{ErrorKind, LockError};
+
+/// Whether a URL is `plain://…` (`false`) or `tls://…` (`true`), and the rest after `://`.
+///
+/// # Errors
+/// `Config` for any other scheme.
+pub fn split_scheme<'a>(
+    text: &'a str,
+    plain: &str,
+    tls: &str,
+) -> Result<(bool, &'a str), LockError> {
+    let after = |scheme: &str| text.strip_prefix(scheme)?.strip_prefix("://");
+    if let Some(rest) = after(plain) {
+        Ok((false, rest))
+    } else if let Some(rest) = after(tls) {
+        Ok((true, rest))
+    } else {
+        Err(LockError::new(
+            ErrorKind::Config,
+            format!("{text:?} is not a {plain}:// (or {tls}://) URL"),
+        ))
+    }
+}
+
+/// A URL that names several servers, cut into its parts.
+#[derive(Debug, Clone)]
+pub struct MultiHostUrl<'a> {
+    /// `user:password@`, or empty.
+    pub userinfo: &'a str,
+    /// `host:port` of each server, as written.
+    pub hosts: Vec<&'a str>,
+    /// From the first `/`, or empty.
+    pub path: &'a str,
+    /// The query's `name=value` pairs, as written.
+    query: Vec<&'a str>,
+}
+
+impl<'a> MultiHostUrl<'a> {
+    /// Cuts `rest`, the URL after `scheme://`.
+    ///
+    /// # Errors
+    /// `Config` when a host is empty.
+    pub fn parse(rest: &'a str) -> Result<Self, LockError> {
+        let (authority, tail) = match rest.find(['/', '?']) {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        let (userinfo, hosts) = match authority.rfind('@') {
+            Some(i) => (&authority[..=i], &authority[i + 1..]),
+            None => ("", authority),
+        };
+        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+        let hosts: Vec<&str> = hosts.split(',').collect();
+        if hosts.iter().any(|h| h.trim().is_empty()) {
+            return Err(LockError::new(
+                ErrorKind::Config,
+                format!("the URL names an empty host in {authority:?}"),
+            ));
+        }
+        Ok(MultiHostUrl {
+            userinfo,
+            hosts,
+            path,
+            query: query.split('&').filter(|p| !p.is_empty()).collect(),
+        })
+    }
+
+    /// Removes the parameter `name` from the query and returns its (percent-decoded) value.
+    pub fn take(&mut self, name: &str) -> Option<String> {
+        let i = self
+            .query
+            .iter()
+            .position(|p| p.split_once('=').map_or(*p, |(k, _)| k) == name)?;
+        let pair = self.query.remove(i);
+        url::form_urlencoded::parse(pair.as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned())
+    }
+
+    /// The parameters not taken, as `?a=b&c=d` (or empty).
+    pub fn rest_query(&self) -> String {
+        if self.query.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", self.query.join("&"))
+        }
+    }
+
+    /// The user name and password of `userinfo`, percent-decoded (empty when absent).
+    pub fn credentials(&self) -> (String, String) {
+        let info = self.userinfo.trim_end_matches('@');
+        let (user, password) = info.split_once(':').unwrap_or((info, ""));
+        let decode = |s: &str| {
+            url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default()
+        };
+        (decode(user), decode(password))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_cut_into_their_parts() {
+        let (tls, rest) =
+            split_scheme("etcds://u:p%40ss@a:1,b:2/x?k=v&n=1", "etcd", "etcds").unwrap();
+        assert!(tls);
+        let mut u = MultiHostUrl::parse(rest).unwrap();
+        assert_eq!(u.hosts, ["a:1", "b:2"]);
+        assert_eq!(u.path, "/x");
+        assert_eq!(u.credentials(), ("u".to_owned(), "p@ss".to_owned()));
+        assert_eq!(u.take("k").as_deref(), Some("v"));
+        assert_eq!(u.take("k"), None);
+        assert_eq!(u.rest_query(), "?n=1");
+        assert!(split_scheme("http://a", "etcd", "etcds").is_err());
+        assert!(MultiHostUrl::parse("a:1,,b:2").is_err());
+    }
+}
