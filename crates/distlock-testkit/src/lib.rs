@@ -3,11 +3,13 @@
 
 mod cluster;
 pub mod conformance;
+mod etcd;
 mod process;
 mod redis_server;
 mod sentinel;
 
 pub use cluster::RedisCluster;
+pub use etcd::{Etcd, EtcdMember};
 pub use process::{free_port, require_binary};
 pub use redis_server::RedisServer;
 pub use sentinel::{MASTER_NAME, Sentinels};

@@ -12,6 +12,12 @@ pub mod redis {
     };
 }
 
+/// The etcd engine (feature `etcd`).
+#[cfg(feature = "etcd")]
+pub mod etcd {
+    pub use distlock_etcd::{EtcdBackend, EtcdConfig};
+}
+
 /// The embedded file engine (feature `file`).
 #[cfg(feature = "file")]
 pub mod file {
@@ -41,6 +47,8 @@ pub fn supported_schemes() -> &'static [&'static str] {
         "redis+cluster",
         #[cfg(feature = "redis")]
         "rediss+cluster",
+        #[cfg(feature = "etcd")]
+        "etcd",
     ]
 }
 
@@ -52,6 +60,7 @@ pub fn supported_schemes() -> &'static [&'static str] {
 /// | `redis://host:port/db`, `rediss://…`, `redis+unix:///sock` | one Redis server (feature `redis`) |
 /// | `redlock://h1:p1,h2:p2,h3:p3` (`redlocks://` for TLS) | Redlock over independent masters (feature `redis`) |
 /// | `redis+cluster://h1:p1,h2:p2,…` (`rediss+cluster://` for TLS) | a Redis Cluster, through any of its nodes (feature `redis`) |
+/// | `etcd://h1:2379,h2:2379,…` | etcd: FIFO queue by create revision, revision fencing (feature `etcd`) |
 /// | `redis+sentinel://s1:p1,s2:p2/mymaster[/db]` (`rediss+sentinel://` for TLS) | the master Redis Sentinel names, followed across failovers (feature `redis`) |
 ///
 /// # Errors
@@ -76,6 +85,8 @@ pub async fn open_backend(url: &str) -> Result<AnyBackend, LockError> {
         "redis+sentinel" | "rediss+sentinel" => Ok(Box::new(
             distlock_redis::SentinelBackend::connect(url).await?,
         )),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Ok(Box::new(distlock_etcd::EtcdBackend::connect(url).await?)),
         "" => Err(LockError::new(
             ErrorKind::Config,
             format!("{url:?} is not a lock URL (try file:// or redis://host:6379)"),

@@ -1,0 +1,663 @@
+//! The etcd engine.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use distlock_core::{
+    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
+    LockStatus, Subscription, Token, WakeHub,
+};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+};
+use tokio::runtime::Handle;
+use tokio::task::AbortHandle;
+
+use crate::config::EtcdConfig;
+use crate::error::{lease_missing, map_err};
+
+/// One entry of ours in a lock's queue: the key `<prefix><name>/<lease id>`, attached to its
+/// own lease.
+#[derive(Clone, Debug)]
+struct Entry {
+    name: String,
+    key: String,
+    lease: i64,
+    /// The key's create revision (its place in the queue, and the fence); 0 until known.
+    rev: i64,
+    /// The lease's TTL in whole seconds, as granted.
+    ttl_s: i64,
+    /// Holds the lock (the watchdog renews it); otherwise queued (kept alive here).
+    held: bool,
+}
+
+struct Inner {
+    client: Client,
+    config: EtcdConfig,
+    /// Our entries, by token.
+    entries: Mutex<HashMap<String, Entry>>,
+    /// Keep-alive tasks of queued entries, by token.
+    keepers: Mutex<HashMap<String, AbortHandle>>,
+    /// The watch on each waited-for lock's predecessor: the key watched, and its task.
+    watches: Mutex<HashMap<String, (String, AbortHandle)>>,
+    hub: WakeHub,
+    runtime: Handle,
+}
+
+/// A lock engine on etcd, with the queue of etcd's own `concurrency.Mutex` and the checks
+/// Jepsen found it needs.
+///
+/// - **acquire** grants a lease with the lock's TTL (whole seconds, rounded up) and, in one
+///   transaction, creates `<prefix><name>/<lease id>` under it if absent and reads the first key
+///   of the lock's prefix by create revision. The lock is ours when that first key is ours. A
+///   first attempt that finds it busy revokes its lease (its key goes with it);
+/// - **waiting** keeps the key: waiters queue by create revision (FIFO) and each one watches
+///   only the key just before its own, for its deletion (no herd), from the revision its own
+///   request saw (no event missed). A queued key's lease is kept alive here. Every attempt of a
+///   wait first checks, in the same transaction, that our key still exists with its create
+///   revision: a waiter whose lease expired while it was queued fails with `Lost` instead of
+///   reporting the lock taken (etcd issue 11456, found by Jepsen);
+/// - **fencing token** = the key's create revision: holders take the lock in create-revision
+///   order, so each holder's is larger than every earlier holder's;
+/// - **extend** is one keep-alive of the lease and a read that the key is still ours (a TTL other
+///   than the lease's moves the key to a new lease, keeping its create revision);
+/// - **release** deletes the key if it still has our create revision, then revokes the lease.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The lease TTL in whole seconds for a lock TTL (rounded up: the server must not forget the
+/// lock before the holder stops trusting it).
+fn ttl_secs(ttl: Duration) -> i64 {
+    let s = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(s.max(1)).unwrap_or(i64::MAX)
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+fn lock_mutex<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl EtcdBackend {
+    /// Connects to the members a URL names (see [`EtcdConfig`]).
+    ///
+    /// # Errors
+    /// `Config` for a bad URL; `Connection` or `Timeout` when no member answers; `Auth` when the
+    /// credentials are refused.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::with_config(EtcdConfig::from_url(url)?).await
+    }
+
+    /// Connects with an explicit configuration (and checks the cluster answers).
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn with_config(config: EtcdConfig) -> Result<Self, LockError> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout)
+            .with_timeout(config.response_timeout);
+        if let Some((user, password)) = &config.user {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        let doing = format!("connecting to etcd at {}", config.endpoints.join(","));
+        let limit = config.connect_timeout + config.response_timeout;
+        let client = match tokio::time::timeout(
+            limit,
+            Client::connect(config.endpoints.clone(), Some(options)),
+        )
+        .await
+        {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(map_err(e, &doing)),
+            Err(_) => {
+                return Err(LockError::new(
+                    ErrorKind::Timeout,
+                    format!("{doing}: no answer"),
+                ));
+            }
+        };
+        // A request, so an unreachable cluster or refused credentials show now.
+        let mut probe = client.clone();
+        match tokio::time::timeout(limit, probe.get("distlock-probe", None)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(map_err(e, &doing)),
+            Err(_) => {
+                return Err(LockError::new(
+                    ErrorKind::Timeout,
+                    format!("{doing}: no answer"),
+                ));
+            }
+        }
+        let runtime = Handle::current();
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
+            let leaving = weak.clone();
+            Inner {
+                client,
+                config,
+                entries: Mutex::new(HashMap::new()),
+                keepers: Mutex::new(HashMap::new()),
+                watches: Mutex::new(HashMap::new()),
+                hub: WakeHub::new(
+                    |_| {},
+                    move |name| {
+                        if let Some(inner) = leaving.upgrade() {
+                            inner.leave(name);
+                        }
+                    },
+                ),
+                runtime,
+            }
+        });
+        Ok(EtcdBackend { inner })
+    }
+
+    /// The key prefix under which the lock `name` queues its holders.
+    pub fn lock_prefix(&self, name: &str) -> String {
+        format!("{}{name}/", self.inner.config.prefix)
+    }
+
+    /// Writes `value` under `data_key` only while this client still holds the lock `name` with
+    /// fencing token `fence`: one transaction that compares the lock key's create revision
+    /// (Jepsen's safe "lock-etcd-set"). `Ok(false)`: the lock is no longer ours (expired, or
+    /// taken over), and nothing was written.
+    ///
+    /// # Errors
+    /// The client's errors.
+    pub async fn fenced_put(
+        &self,
+        name: &str,
+        fence: u64,
+        data_key: &str,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<bool, LockError> {
+        let Ok(rev) = i64::try_from(fence) else {
+            return Ok(false);
+        };
+        let key = lock_mutex(&self.inner.entries)
+            .values()
+            .find(|e| e.name == name && e.rev == rev && e.held)
+            .map(|e| e.key.clone());
+        let Some(key) = key else { return Ok(false) };
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, rev)])
+            .and_then([TxnOp::put(data_key, value, None)]);
+        let reply = self
+            .inner
+            .client
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(|e| map_err(e, "a fenced write to etcd"))?;
+        Ok(reply.succeeded())
+    }
+
+    fn entry(&self, token: &str) -> Option<Entry> {
+        lock_mutex(&self.inner.entries).get(token).cloned()
+    }
+
+    /// Grants a lease and records a new entry for `token` (before any key exists: a cancelled
+    /// attempt's cleanup finds it by the token).
+    async fn new_entry(&self, name: &str, token: &str, ttl: Duration) -> Result<Entry, LockError> {
+        let ttl_s = ttl_secs(ttl);
+        let granted = self
+            .inner
+            .client
+            .clone()
+            .lease_grant(ttl_s, None)
+            .await
+            .map_err(|e| map_err(e, "granting an etcd lease"))?;
+        let entry = Entry {
+            name: name.to_owned(),
+            key: format!("{}{:016x}", self.lock_prefix(name), granted.id()),
+            lease: granted.id(),
+            rev: 0,
+            ttl_s: granted.ttl().max(ttl_s),
+            held: false,
+        };
+        lock_mutex(&self.inner.entries).insert(token.to_owned(), entry.clone());
+        Ok(entry)
+    }
+
+    /// Drops `token`'s entry and revokes its lease (its key goes with it), in the background.
+    fn discard(&self, token: &str) {
+        let entry = lock_mutex(&self.inner.entries).remove(token);
+        if let Some(k) = lock_mutex(&self.inner.keepers).remove(token) {
+            k.abort();
+        }
+        if let Some(e) = entry {
+            self.inner.revoke_later(e.lease);
+        }
+    }
+
+    /// Keeps a queued entry's lease alive (a third of its TTL apart) until it is held or left.
+    fn keep_queued(&self, token: &str, entry: &Entry) {
+        let mut keepers = lock_mutex(&self.inner.keepers);
+        if keepers.contains_key(token) {
+            return;
+        }
+        let mut client = self.inner.client.clone();
+        let (lease, every) = (entry.lease, Duration::from_secs(entry.ttl_s as u64) / 3);
+        let task = self.inner.runtime.spawn(async move {
+            let Ok((mut keeper, mut stream)) = client.lease_keep_alive(lease).await else {
+                return;
+            };
+            loop {
+                tokio::time::sleep(every).await;
+                if keeper.keep_alive().await.is_err() {
+                    return;
+                }
+                match stream.message().await {
+                    Ok(Some(r)) if r.ttl() > 0 => {}
+                    _ => return,
+                }
+            }
+        });
+        keepers.insert(token.to_owned(), task.abort_handle());
+    }
+
+    fn mark_held(&self, token: &str, rev: i64) {
+        if let Some(e) = lock_mutex(&self.inner.entries).get_mut(token) {
+            e.held = true;
+            e.rev = rev;
+        }
+        if let Some(k) = lock_mutex(&self.inner.keepers).remove(token) {
+            k.abort();
+        }
+    }
+
+    /// Watches `pred` for its deletion from `from_rev` on, waking `name`'s waiters then (or
+    /// when the watch fails: they try again and look).
+    fn watch_predecessor(&self, name: &str, pred: String, from_rev: i64) {
+        let mut watches = lock_mutex(&self.inner.watches);
+        if watches.get(name).is_some_and(|(p, _)| *p == pred) {
+            return;
+        }
+        if let Some((_, old)) = watches.remove(name) {
+            old.abort();
+        }
+        let hub = self.inner.hub.clone();
+        let mut client = self.inner.client.clone();
+        let (n, key) = (name.to_owned(), pred.clone());
+        let task = self.inner.runtime.spawn(async move {
+            let options = WatchOptions::new()
+                .with_start_revision(from_rev)
+                .with_filters([WatchFilterType::NoPut]);
+            if let Ok(mut stream) = client.watch(key, Some(options)).await {
+                loop {
+                    match stream.message().await {
+                        Ok(Some(r)) if r.canceled() => break,
+                        Ok(Some(r)) => {
+                            if r.events()
+                                .iter()
+                                .any(|e| e.event_type() == EventType::Delete)
+                            {
+                                break;
+                            }
+                        }
+                        _ => break,
+                    }
+                }
+            }
+            hub.notify(&n);
+        });
+        watches.insert(name.to_owned(), (pred, task.abort_handle()));
+    }
+
+    /// The key just before ours in the queue (created before it), if any.
+    async fn predecessor(&self, name: &str, rev: i64) -> Result<Option<(String, i64)>, LockError> {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_max_create_revision(rev - 1)
+            .with_limit(1)
+            .with_keys_only();
+        let reply = self
+            .inner
+            .client
+            .clone()
+            .get(self.lock_prefix(name), Some(options))
+            .await
+            .map_err(|e| map_err(e, "reading an etcd lock's queue"))?;
+        let at = reply.header().map_or(0, |h| h.revision());
+        Ok(reply
+            .kvs()
+            .first()
+            .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), at)))
+    }
+}
+
+impl Inner {
+    fn revoke_later(&self, lease: i64) {
+        let mut client = self.client.clone();
+        self.runtime.spawn(async move {
+            let _ = client.lease_revoke(lease).await;
+        });
+    }
+
+    /// Nobody here waits for `name` any more: stop watching, and leave its queue (queued
+    /// entries only; a held one belongs to its guard).
+    fn leave(&self, name: &str) {
+        if let Some((_, w)) = lock_mutex(&self.watches).remove(name) {
+            w.abort();
+        }
+        let gone: Vec<(String, i64)> = {
+            let mut entries = lock_mutex(&self.entries);
+            let tokens: Vec<String> = entries
+                .iter()
+                .filter(|(_, e)| e.name == name && !e.held)
+                .map(|(t, _)| t.clone())
+                .collect();
+            tokens
+                .into_iter()
+                .filter_map(|t| entries.remove(&t).map(|e| (t, e.lease)))
+                .collect()
+        };
+        let mut keepers = lock_mutex(&self.keepers);
+        for (token, lease) in gone {
+            if let Some(k) = keepers.remove(&token) {
+                k.abort();
+            }
+            self.revoke_later(lease);
+        }
+    }
+}
+
+/// The first key of a lock's queue in a transaction's reply (`at`: which response).
+fn first_of(responses: &[TxnOpResponse], at: usize) -> Option<(String, i64, i64)> {
+    match responses.get(at) {
+        Some(TxnOpResponse::Get(r)) => r.kvs().first().map(|kv| {
+            (
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                kv.create_revision(),
+                kv.lease(),
+            )
+        }),
+        _ => None,
+    }
+}
+
+impl Backend for EtcdBackend {
+    fn name(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(Fencing::Monotonic, true)
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        const DOING: &str = "acquiring an etcd lock";
+        let token = req.token.as_str();
+        let entry = match self.entry(token) {
+            Some(e) => e,
+            None => self.new_entry(req.key, token, req.ttl).await?,
+        };
+        let prefix = self.lock_prefix(req.key);
+        let first = TxnOp::get(
+            prefix.as_str(),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(1)
+                    .with_keys_only(),
+            ),
+        );
+        let mine = TxnOp::get(entry.key.as_str(), Some(GetOptions::new().with_keys_only()));
+        let txn = if entry.rev == 0 {
+            // New (or resent before its reply came): create the key unless it exists.
+            let value = format!("{token} {} {}", now_ms(), req.owner);
+            Txn::new()
+                .when([Compare::create_revision(
+                    entry.key.as_str(),
+                    CompareOp::Equal,
+                    0,
+                )])
+                .and_then([
+                    TxnOp::put(
+                        entry.key.as_str(),
+                        value,
+                        Some(PutOptions::new().with_lease(entry.lease)),
+                    ),
+                    mine.clone(),
+                    first.clone(),
+                ])
+                .or_else([mine, first])
+        } else {
+            // Queued: our key must still be there, with its place.
+            Txn::new()
+                .when([Compare::create_revision(
+                    entry.key.as_str(),
+                    CompareOp::Equal,
+                    entry.rev,
+                )])
+                .and_then([mine, first])
+        };
+        let reply = self.inner.client.clone().txn(txn).await;
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) if lease_missing(&e) => {
+                // Our lease ran out before the key could be written (a long-delayed resend).
+                self.discard(token);
+                return Err(LockError::new(
+                    ErrorKind::Lost,
+                    "the etcd lease of this attempt expired before the lock was queued",
+                ));
+            }
+            Err(e) => return Err(map_err(e, DOING)),
+        };
+        let at = reply.header().map_or(0, |h| h.revision());
+        if entry.rev != 0 && !reply.succeeded() {
+            // Our key is gone (its lease expired while queued, or it was deleted): never
+            // report this lock taken.
+            self.discard(token);
+            return Err(LockError::new(
+                ErrorKind::Lost,
+                format!(
+                    "our place in the queue of {:?} is gone (its lease expired or the key was deleted)",
+                    req.key
+                ),
+            ));
+        }
+        let responses = reply.op_responses();
+        // The two reads end both branches.
+        let (Some((my_key, my_rev, _)), Some((head, _, _))) = (
+            first_of(&responses, responses.len() - 2),
+            first_of(&responses, responses.len() - 1),
+        ) else {
+            return Err(LockError::new(
+                ErrorKind::Protocol,
+                format!("{DOING}: the transaction's reads came back empty"),
+            ));
+        };
+        if my_key != entry.key {
+            return Err(LockError::new(
+                ErrorKind::Protocol,
+                format!("{DOING}: read {my_key:?} for {:?}", entry.key),
+            ));
+        }
+        if head == entry.key {
+            self.mark_held(token, my_rev);
+            return Ok(Attempt::Acquired {
+                fence: u64::try_from(my_rev).ok(),
+            });
+        }
+        if !req.waiting {
+            // Not waiting: leave no key behind.
+            self.discard(token);
+            return Ok(Attempt::Busy { holder_ttl: None });
+        }
+        // Queued: keep our place alive and watch the key just before ours.
+        if let Some(e) = lock_mutex(&self.inner.entries).get_mut(token) {
+            e.rev = my_rev;
+        }
+        self.keep_queued(token, &entry);
+        match self.predecessor(req.key, my_rev).await? {
+            Some((pred, _)) => self.watch_predecessor(req.key, pred, at + 1),
+            // Everything before us left in between: look again at once.
+            None => self.inner.hub.notify(req.key),
+        }
+        Ok(Attempt::Busy { holder_ttl: None })
+    }
+
+    async fn extend(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "extending an etcd lock";
+        let Some(entry) = self
+            .entry(token.as_str())
+            .filter(|e| e.name == key && e.rev > 0)
+        else {
+            return Ok(LeaseCheck::Missing);
+        };
+        let mut client = self.inner.client.clone();
+        let ttl_s = ttl_secs(ttl);
+        if ttl_s != entry.ttl_s {
+            // Another TTL: a new lease for the same key (its create revision stays).
+            let granted = client
+                .lease_grant(ttl_s, None)
+                .await
+                .map_err(|e| map_err(e, DOING))?;
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    entry.key.as_str(),
+                    CompareOp::Equal,
+                    entry.rev,
+                )])
+                .and_then([TxnOp::put(
+                    entry.key.as_str(),
+                    "",
+                    Some(
+                        PutOptions::new()
+                            .with_lease(granted.id())
+                            .with_ignore_value(),
+                    ),
+                )]);
+            let reply = client.txn(txn).await.map_err(|e| map_err(e, DOING));
+            let moved = matches!(reply, Ok(ref r) if r.succeeded());
+            if moved {
+                if let Some(e) = lock_mutex(&self.inner.entries).get_mut(token.as_str()) {
+                    e.lease = granted.id();
+                    e.ttl_s = granted.ttl().max(ttl_s);
+                }
+                self.inner.revoke_later(entry.lease);
+            } else {
+                self.inner.revoke_later(granted.id());
+            }
+            return reply.map(|_| {
+                if moved {
+                    LeaseCheck::Ours
+                } else {
+                    LeaseCheck::Missing
+                }
+            });
+        }
+        let mut reader = client.clone();
+        let alive = async {
+            let (mut keeper, mut stream) = client.lease_keep_alive(entry.lease).await?;
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        let still = reader.get(entry.key.as_str(), Some(GetOptions::new().with_keys_only()));
+        let (alive, still) = tokio::join!(alive, still);
+        let alive = alive.map_err(|e| map_err(e, DOING))?;
+        let still = still.map_err(|e| map_err(e, DOING))?;
+        let ours = still
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == entry.rev && kv.lease() == entry.lease);
+        if ours && alive.is_some_and(|r| r.ttl() > 0) {
+            Ok(LeaseCheck::Ours)
+        } else if still.kvs().is_empty() {
+            Ok(LeaseCheck::Missing)
+        } else {
+            Ok(LeaseCheck::Foreign)
+        }
+    }
+
+    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "releasing an etcd lock";
+        let Some(entry) = self.entry(token.as_str()).filter(|e| e.name == key) else {
+            return Ok(LeaseCheck::Missing);
+        };
+        if entry.rev == 0 {
+            // Never queued as far as we know (a cancelled first attempt): revoke its lease,
+            // which deletes a key it may have written.
+            self.discard(token.as_str());
+            return Ok(LeaseCheck::Missing);
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                entry.key.as_str(),
+                CompareOp::Equal,
+                entry.rev,
+            )])
+            .and_then([TxnOp::delete(entry.key.as_str(), None)]);
+        let reply = self.inner.client.clone().txn(txn).await;
+        let reply = reply.map_err(|e| map_err(e, DOING))?;
+        self.discard(token.as_str());
+        Ok(if reply.succeeded() {
+            LeaseCheck::Ours
+        } else {
+            LeaseCheck::Missing
+        })
+    }
+
+    async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {
+        // The watch itself is set up by each waiting attempt, from the revision it saw, so
+        // nothing is missed between this call and the next attempt.
+        Ok(Some(self.inner.hub.subscribe(key)))
+    }
+
+    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+        const DOING: &str = "reading an etcd lock's status";
+        let mut client = self.inner.client.clone();
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let reply = client
+            .get(self.lock_prefix(key), Some(options))
+            .await
+            .map_err(|e| map_err(e, DOING))?;
+        let Some(kv) = reply.kvs().first() else {
+            return Ok(LockStatus::free());
+        };
+        let value = String::from_utf8_lossy(kv.value()).into_owned();
+        let mut parts = value.splitn(3, ' ');
+        let _token = parts.next();
+        let owner = match (
+            parts.next().and_then(|s| s.parse::<u64>().ok()),
+            parts.next(),
+        ) {
+            (Some(since), Some(owner)) => format!("{owner} since {since}"),
+            _ => "(not a distlock client)".to_owned(),
+        };
+        let ttl = match client.lease_time_to_live(kv.lease(), None).await {
+            Ok(r) if r.ttl() >= 0 => Some(Duration::from_secs(r.ttl() as u64)),
+            _ => None,
+        };
+        let fence = u64::try_from(kv.create_revision()).ok();
+        Ok(LockStatus::held(Some(owner), fence, ttl).with_last_fence(fence))
+    }
+}

@@ -1,0 +1,167 @@
+//! `etcd://` URLs.
+
+use std::time::Duration;
+
+use distlock_core::url::{MultiHostUrl, split_scheme};
+use distlock_core::{ErrorKind, LockError, parse_duration};
+
+/// How to reach an etcd cluster, and where lock keys live in it.
+///
+/// From a URL: `etcd://[user:password@]host1:port1,host2:port2,…[?params]`. Any members will
+/// do: the client balances over them and moves on when one fails. Parameters:
+///
+/// | parameter | default | meaning |
+/// |---|---|---|
+/// | `prefix` | `distlock/` | the lock `orders` queues its holders under `<prefix>orders/` |
+/// | `connect_timeout` | `3s` | per connection attempt |
+/// | `response_timeout` | `2s` | per request |
+///
+/// `etcds://` (TLS) is not built in this release: it is refused as a configuration error.
+#[derive(Clone)]
+pub struct EtcdConfig {
+    pub(crate) endpoints: Vec<String>,
+    pub(crate) user: Option<(String, String)>,
+    pub(crate) prefix: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .finish()
+    }
+}
+
+impl EtcdConfig {
+    /// Parses an `etcd://` URL (see the type's documentation).
+    ///
+    /// # Errors
+    /// `Config` for a malformed URL, `etcds://`, or a bad parameter.
+    pub fn from_url(text: &str) -> Result<Self, LockError> {
+        let cfg_err = |m: String| LockError::new(ErrorKind::Config, m);
+        let (tls, rest) = split_scheme(text, "etcd", "etcds")?;
+        if tls {
+            return Err(cfg_err(
+                "etcds:// (TLS) is not built in this release of distlock; use etcd://".into(),
+            ));
+        }
+        let mut parts = MultiHostUrl::parse(rest)?;
+        if !matches!(parts.path, "" | "/") {
+            return Err(cfg_err(format!(
+                "an etcd URL has no path ({:?}): set the key prefix with ?prefix=",
+                parts.path
+            )));
+        }
+        let mut cfg = EtcdConfig {
+            endpoints: Vec::new(),
+            user: None,
+            prefix: "distlock/".into(),
+            connect_timeout: Duration::from_secs(3),
+            response_timeout: Duration::from_secs(2),
+        };
+        if let Some(p) = parts.take("prefix") {
+            cfg.prefix = p;
+        }
+        for (name, slot) in [
+            ("connect_timeout", &mut cfg.connect_timeout),
+            ("response_timeout", &mut cfg.response_timeout),
+        ] {
+            if let Some(v) = parts.take(name) {
+                let d = parse_duration(&v)?;
+                if d.is_zero() {
+                    return Err(cfg_err(format!("{name} must be above zero")));
+                }
+                *slot = d;
+            }
+        }
+        let rest = parts.rest_query();
+        if !rest.is_empty() {
+            return Err(cfg_err(format!(
+                "unknown etcd URL parameter(s) {rest:?} (known: prefix, connect_timeout, response_timeout)"
+            )));
+        }
+        if !parts.userinfo.is_empty() {
+            let (user, password) = parts.credentials();
+            cfg.user = Some((user, password));
+        }
+        for host in &parts.hosts {
+            let port_ok = host
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !port_ok {
+                return Err(cfg_err(format!(
+                    "{host:?} is not host:port (etcd's client port is usually 2379)"
+                )));
+            }
+            cfg.endpoints.push(format!("http://{host}"));
+        }
+        cfg.check_prefix()?;
+        Ok(cfg)
+    }
+
+    /// Sets the key prefix (default `distlock/`).
+    ///
+    /// # Errors
+    /// `Config` for an empty prefix.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, LockError> {
+        self.prefix = prefix.into();
+        self.check_prefix()?;
+        Ok(self)
+    }
+
+    fn check_prefix(&self) -> Result<(), LockError> {
+        if self.prefix.is_empty() {
+            return Err(LockError::new(
+                ErrorKind::Config,
+                "the etcd key prefix must not be empty (locks would mix with other keys)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_members_credentials_and_settings() {
+        let c = EtcdConfig::from_url("etcd://root:p%40ss@10.0.0.1:2379,10.0.0.2:2379?prefix=app/locks/&response_timeout=500ms")
+            .expect("valid");
+        assert_eq!(
+            c.endpoints,
+            ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
+        );
+        assert_eq!(c.user, Some(("root".into(), "p@ss".into())));
+        assert_eq!(c.prefix, "app/locks/");
+        assert_eq!(c.response_timeout, Duration::from_millis(500));
+        assert!(EtcdConfig::from_url("etcd://127.0.0.1:2379/").is_ok());
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors() {
+        for bad in [
+            "",
+            "redis://h:1",
+            "etcds://h:2379",
+            "etcd://",
+            "etcd://h",
+            "etcd://h:0",
+            "etcd://h:99999",
+            "etcd://h:2379,,g:2379",
+            "etcd://h:2379/path",
+            "etcd://h:2379?prefix=",
+            "etcd://h:2379?response_timeout=0",
+            "etcd://h:2379?bogus=1",
+        ] {
+            let e = EtcdConfig::from_url(bad).expect_err(bad);
+            assert_eq!(e.kind(), ErrorKind::Config, "{bad}: {e}");
+        }
+    }
+}

@@ -1,0 +1,9 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+
+mod backend;
+mod config;
+mod error;
+
+pub use backend::EtcdBackend;
+pub use config::EtcdConfig;

@@ -1,0 +1,163 @@
+//! etcd-specific behaviour on real members: FIFO order without a herd, a member killed under a
+//! held lock, fenced writes, and bad input.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distlock_core::{ErrorKind, LockClient, LockOptions, Released};
+use distlock_etcd::EtcdBackend;
+use distlock_testkit::Etcd;
+
+async fn client(url: &str, ttl: Duration) -> LockClient<EtcdBackend> {
+    let backend = EtcdBackend::connect(url).await.expect("connect");
+    LockClient::builder(backend)
+        .options(
+            LockOptions::builder()
+                .ttl(ttl)
+                .wait_timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        )
+        .build()
+}
+
+/// Keys queued under a lock's prefix now.
+fn queued(etcd: &Etcd, prefix: &str) -> usize {
+    etcd.ctl(&["get", prefix, "--prefix", "--keys-only"])
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
+}
+
+fn wait_queued(etcd: &Etcd, prefix: &str, n: usize) {
+    let t0 = Instant::now();
+    while queued(etcd, prefix) != n {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "never {n} in the queue"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_queued_waiters_acquire_in_queue_order() {
+    let Some(etcd) = Etcd::start() else { return };
+    let url = etcd.url("");
+    let holder = client(&url, Duration::from_secs(10)).await;
+    let prefix = holder.backend().lock_prefix("fifo");
+    let g = holder.acquire("fifo").await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        // Each waiter its own client (its own connections), queued before the next starts.
+        let c = client(&url, Duration::from_secs(10)).await;
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = c.acquire("fifo").await.expect("acquired in turn");
+            order.lock().unwrap().push((i, g.fence().unwrap()));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            assert_eq!(g.release().await.unwrap(), Released::Held);
+        }));
+        let etcd = &etcd;
+        let prefix = prefix.clone();
+        tokio::task::block_in_place(|| wait_queued(etcd, &prefix, i + 2));
+    }
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let who: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(who, (0..10).collect::<Vec<_>>(), "FIFO");
+    assert!(
+        order.windows(2).all(|w| w[0].1 < w[1].1),
+        "fences increase with the queue: {order:?}"
+    );
+    assert_eq!(queued(&etcd, &prefix), 0, "nothing left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_member_of_three_leaves_the_lock_usable() {
+    let Some(mut etcd) = Etcd::start_cluster(3) else {
+        return;
+    };
+    let url = etcd.url("");
+    let ttl = Duration::from_secs(2);
+    let a = client(&url, ttl).await;
+    let b = client(&url, ttl).await;
+    let g = a.acquire("survive").await.unwrap();
+    etcd.members_mut()[0].kill();
+    let t0 = Instant::now();
+    // New locks within the TTL plus an election.
+    loop {
+        match b.try_acquire("after-kill").await {
+            Ok(Some(g2)) => {
+                assert_eq!(g2.release().await.unwrap(), Released::Held);
+                break;
+            }
+            Ok(None) => panic!("after-kill is free"),
+            Err(e) => assert!(
+                t0.elapsed() < ttl + Duration::from_secs(2),
+                "no lock within TTL + election: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The held lock outlives several TTLs: its renewals reach the surviving members.
+    tokio::time::sleep(ttl * 2).await;
+    assert!(g.is_held(), "the watchdog kept the lock");
+    assert!(b.try_acquire("survive").await.unwrap().is_none());
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let g = b.try_acquire("survive").await.unwrap().expect("released");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_put_writes_only_while_the_lock_is_held() {
+    let Some(etcd) = Etcd::start() else { return };
+    let url = etcd.url("");
+    let a = client(&url, Duration::from_secs(10)).await;
+    let g = a.acquire("fenced").await.unwrap();
+    let fence = g.fence().unwrap();
+    assert!(
+        a.backend()
+            .fenced_put("fenced", fence, "data/x", "1")
+            .await
+            .unwrap()
+    );
+    assert_eq!(etcd.ctl(&["get", "data/x", "--print-value-only"]), "1");
+    // A stale token (an earlier holder's) writes nothing.
+    assert!(
+        !a.backend()
+            .fenced_put("fenced", fence - 1, "data/x", "0")
+            .await
+            .unwrap()
+    );
+    // The lock deleted behind our back (an operator, an expiry): the write is refused.
+    etcd.ctl(&["del", &a.backend().lock_prefix("fenced"), "--prefix"]);
+    assert!(
+        !a.backend()
+            .fenced_put("fenced", fence, "data/x", "2")
+            .await
+            .unwrap()
+    );
+    assert_eq!(etcd.ctl(&["get", "data/x", "--print-value-only"]), "1");
+    assert!(matches!(g.release().await.unwrap(), Released::Lost(_)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_etcd_is_a_clear_error() {
+    let port = distlock_testkit::free_port();
+    let t0 = Instant::now();
+    let e = EtcdBackend::connect(&format!(
+        "etcd://127.0.0.1:{port}?connect_timeout=300ms&response_timeout=300ms"
+    ))
+    .await
+    .expect_err("nobody listens");
+    assert!(
+        matches!(e.kind(), ErrorKind::Connection | ErrorKind::Timeout),
+        "{e}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+}

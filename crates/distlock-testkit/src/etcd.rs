@@ -1,0 +1,228 @@
+//! Real etcd members for tests: one alone, or three in a cluster, each on free loopback ports
+//! with its data on tmpfs (`/dev/shm` when it exists).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::process::{free_port, require_binary, tail};
+
+/// One etcd member. Killed when dropped.
+#[derive(Debug)]
+pub struct EtcdMember {
+    name: String,
+    child: Option<Child>,
+    client_port: u16,
+    peer_port: u16,
+    dir: tempfile::TempDir,
+    /// `--initial-cluster`, for restarts.
+    cluster: String,
+}
+
+/// A group of etcd members (one, or three in a cluster).
+#[derive(Debug)]
+pub struct Etcd {
+    members: Vec<EtcdMember>,
+}
+
+impl Etcd {
+    /// Starts one member. `None` (after printing `SKIP`) when etcd is missing outside CI.
+    pub fn start() -> Option<Self> {
+        Self::start_cluster(1)
+    }
+
+    /// Starts `n` members that form one cluster, and waits until it answers through each.
+    pub fn start_cluster(n: usize) -> Option<Self> {
+        if !require_binary("etcd", "the etcd engine") {
+            return None;
+        }
+        let mut last = String::new();
+        for _ in 0..5 {
+            let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+            let cluster = ports
+                .iter()
+                .enumerate()
+                .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            let mut members = Vec::new();
+            for (i, (client_port, peer_port)) in ports.iter().enumerate() {
+                let base = if std::path::Path::new("/dev/shm").is_dir() {
+                    tempfile::Builder::new()
+                        .prefix("distlock-etcd-")
+                        .tempdir_in("/dev/shm")
+                } else {
+                    tempfile::Builder::new().prefix("distlock-etcd-").tempdir()
+                };
+                let mut m = EtcdMember {
+                    name: format!("m{i}"),
+                    child: None,
+                    client_port: *client_port,
+                    peer_port: *peer_port,
+                    dir: base.expect("temp dir"),
+                    cluster: cluster.clone(),
+                };
+                m.spawn();
+                members.push(m);
+            }
+            let group = Etcd { members };
+            match group.wait_healthy(Duration::from_secs(20)) {
+                Ok(()) => return Some(group),
+                Err(e) => last = e,
+            }
+        }
+        panic!("etcd did not start after 5 tries:\n{last}");
+    }
+
+    /// `etcd://127.0.0.1:p1,…` followed by `params`.
+    pub fn url(&self, params: &str) -> String {
+        let hosts: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect();
+        format!("etcd://{}{params}", hosts.join(","))
+    }
+
+    /// The members.
+    pub fn members(&self) -> &[EtcdMember] {
+        &self.members
+    }
+
+    /// The members, to kill or pause one.
+    pub fn members_mut(&mut self) -> &mut [EtcdMember] {
+        &mut self.members
+    }
+
+    /// Runs `etcdctl` against every member and returns its trimmed output.
+    pub fn ctl(&self, args: &[&str]) -> String {
+        let endpoints: Vec<String> = self
+            .members
+            .iter()
+            .filter(|m| m.child.is_some())
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect();
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", endpoints.join(",")))
+            .args(args)
+            .output()
+            .expect("run etcdctl");
+        assert!(out.status.success(), "etcdctl {args:?} failed: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    fn wait_healthy(&self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        for m in &self.members {
+            loop {
+                if m.healthy() {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(format!(
+                        "member {} never became healthy; log tail:\n{}",
+                        m.name,
+                        m.log_tail()
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl EtcdMember {
+    fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.path().join("etcd.log")).expect("log file");
+        let child = Command::new("etcd")
+            .args(["--name", &self.name])
+            .arg("--data-dir")
+            .arg(self.dir.path().join("data"))
+            .arg(format!(
+                "--listen-client-urls=http://127.0.0.1:{}",
+                self.client_port
+            ))
+            .arg(format!(
+                "--advertise-client-urls=http://127.0.0.1:{}",
+                self.client_port
+            ))
+            .arg(format!(
+                "--listen-peer-urls=http://127.0.0.1:{}",
+                self.peer_port
+            ))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{}",
+                self.peer_port
+            ))
+            .arg(format!("--initial-cluster={}", self.cluster))
+            .args(["--initial-cluster-state", "new"])
+            // Fast elections, and so a short minimum lease TTL (1.5 × the election timeout).
+            .args(["--heartbeat-interval", "20", "--election-timeout", "200"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("run etcd");
+        self.child = Some(child);
+    }
+
+    fn healthy(&self) -> bool {
+        Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints=127.0.0.1:{}", self.client_port))
+            .args(["--command-timeout=1s", "endpoint", "health"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    fn log_tail(&self) -> String {
+        tail(&self.dir.path().join("etcd.log"), 20)
+    }
+
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.client_port
+    }
+
+    fn pid(&self) -> Pid {
+        let child = self.child.as_ref().expect("member is running");
+        Pid::from_raw(i32::try_from(child.id()).expect("pid fits"))
+    }
+
+    /// Freezes the member (SIGSTOP).
+    pub fn pause(&self) {
+        kill(self.pid(), Signal::SIGSTOP).expect("SIGSTOP");
+    }
+
+    /// Thaws a paused member (SIGCONT).
+    pub fn resume(&self) {
+        kill(self.pid(), Signal::SIGCONT).expect("SIGCONT");
+    }
+
+    /// Kills the member with SIGKILL and reaps it (its data stays, for a restart).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGCONT);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts a killed member again, on its data directory and ports.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for EtcdMember {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
