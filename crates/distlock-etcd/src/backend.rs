@@ -28,8 +28,10 @@ struct Entry {
     lease: i64,
     /// The key's create revision (its place in the queue, and the fence); 0 until known.
     rev: i64,
-    /// The lease's TTL in whole seconds, as granted.
+    /// The lease's TTL in whole seconds, as granted (the server may raise a short one).
     ttl_s: i64,
+    /// The TTL in whole seconds it was asked for (a renewal with another one moves the key).
+    asked_s: i64,
     /// Holds the lock (the watchdog renews it); otherwise queued (kept alive here).
     held: bool,
 }
@@ -229,6 +231,7 @@ impl EtcdBackend {
             lease: granted.id(),
             rev: 0,
             ttl_s: granted.ttl().max(ttl_s),
+            asked_s: ttl_s,
             held: false,
         };
         lock_mutex(&self.inner.entries).insert(token.to_owned(), entry.clone());
@@ -286,7 +289,10 @@ impl EtcdBackend {
     /// when the watch fails: they try again and look).
     fn watch_predecessor(&self, name: &str, pred: String, from_rev: i64) {
         let mut watches = lock_mutex(&self.inner.watches);
-        if watches.get(name).is_some_and(|(p, _)| *p == pred) {
+        if watches
+            .get(name)
+            .is_some_and(|(p, task)| *p == pred && !task.is_finished())
+        {
             return;
         }
         if let Some((_, old)) = watches.remove(name) {
@@ -361,7 +367,9 @@ impl Inner {
             let mut entries = lock_mutex(&self.entries);
             let tokens: Vec<String> = entries
                 .iter()
-                .filter(|(_, e)| e.name == name && !e.held)
+                // Queued ones only: a key not yet known to be queued (rev 0) belongs to an
+                // attempt in flight, which cleans up after itself.
+                .filter(|(_, e)| e.name == name && !e.held && e.rev != 0)
                 .map(|(t, _)| t.clone())
                 .collect();
             tokens
@@ -532,7 +540,7 @@ impl Backend for EtcdBackend {
         };
         let mut client = self.inner.client.clone();
         let ttl_s = ttl_secs(ttl);
-        if ttl_s != entry.ttl_s {
+        if ttl_s != entry.asked_s {
             // Another TTL: a new lease for the same key (its create revision stays).
             let granted = client
                 .lease_grant(ttl_s, None)
@@ -559,6 +567,7 @@ impl Backend for EtcdBackend {
                 if let Some(e) = lock_mutex(&self.inner.entries).get_mut(token.as_str()) {
                     e.lease = granted.id();
                     e.ttl_s = granted.ttl().max(ttl_s);
+                    e.asked_s = ttl_s;
                 }
                 self.inner.revoke_later(entry.lease);
             } else {
