@@ -17,7 +17,7 @@ use tokio::runtime::Handle;
 use tokio::task::AbortHandle;
 
 use crate::config::EtcdConfig;
-use crate::error::{lease_missing, map_err};
+use crate::error::{lease_missing, map_err, never_sent};
 
 /// One entry of ours in a lock's queue: the key `<prefix><name>/<lease id>`, attached to its
 /// own lease.
@@ -201,13 +201,23 @@ impl EtcdBackend {
             .when([Compare::create_revision(key, CompareOp::Equal, rev)])
             .and_then([TxnOp::put(data_key, value, None)]);
         let reply = self
-            .inner
-            .client
-            .clone()
-            .txn(txn)
+            .retry(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
             .await
             .map_err(|e| map_err(e, "a fenced write to etcd"))?;
         Ok(reply.succeeded())
+    }
+
+    /// Runs a request, again on another member while its connection could not even be opened
+    /// (the client balances over the members, dead ones included).
+    async fn retry<T, F, Fut>(&self, f: F) -> Result<T, etcd_client::Error>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.inner.retry(f).await
     }
 
     fn entry(&self, token: &str) -> Option<Entry> {
@@ -219,10 +229,7 @@ impl EtcdBackend {
     async fn new_entry(&self, name: &str, token: &str, ttl: Duration) -> Result<Entry, LockError> {
         let ttl_s = ttl_secs(ttl);
         let granted = self
-            .inner
-            .client
-            .clone()
-            .lease_grant(ttl_s, None)
+            .retry(|mut c| async move { c.lease_grant(ttl_s, None).await })
             .await
             .map_err(|e| map_err(e, "granting an etcd lease"))?;
         let entry = Entry {
@@ -255,20 +262,29 @@ impl EtcdBackend {
         if keepers.contains_key(token) {
             return;
         }
-        let mut client = self.inner.client.clone();
+        let inner = self.inner.clone();
         let (lease, every) = (entry.lease, Duration::from_secs(entry.ttl_s as u64) / 3);
         let task = self.inner.runtime.spawn(async move {
-            let Ok((mut keeper, mut stream)) = client.lease_keep_alive(lease).await else {
-                return;
-            };
+            // Until aborted (held, left, released) or the lease is gone; a broken stream (a
+            // member died) is opened again on another one.
             loop {
-                tokio::time::sleep(every).await;
-                if keeper.keep_alive().await.is_err() {
-                    return;
-                }
-                match stream.message().await {
-                    Ok(Some(r)) if r.ttl() > 0 => {}
-                    _ => return,
+                let opened = inner
+                    .retry(|mut c| async move { c.lease_keep_alive(lease).await })
+                    .await;
+                let Ok((mut keeper, mut stream)) = opened else {
+                    tokio::time::sleep(every / 4).await;
+                    continue;
+                };
+                loop {
+                    tokio::time::sleep(every).await;
+                    if keeper.keep_alive().await.is_err() {
+                        break;
+                    }
+                    match stream.message().await {
+                        Ok(Some(r)) if r.ttl() > 0 => {}
+                        Ok(Some(_)) => return,
+                        _ => break,
+                    }
                 }
             }
         });
@@ -298,14 +314,19 @@ impl EtcdBackend {
         if let Some((_, old)) = watches.remove(name) {
             old.abort();
         }
-        let hub = self.inner.hub.clone();
-        let mut client = self.inner.client.clone();
+        let inner = self.inner.clone();
         let (n, key) = (name.to_owned(), pred.clone());
         let task = self.inner.runtime.spawn(async move {
             let options = WatchOptions::new()
                 .with_start_revision(from_rev)
                 .with_filters([WatchFilterType::NoPut]);
-            if let Ok(mut stream) = client.watch(key, Some(options)).await {
+            let opened = inner
+                .retry(|mut c| {
+                    let (key, options) = (key.clone(), options.clone());
+                    async move { c.watch(key, Some(options)).await }
+                })
+                .await;
+            if let Ok(mut stream) = opened {
                 loop {
                     match stream.message().await {
                         Ok(Some(r)) if r.canceled() => break,
@@ -321,7 +342,7 @@ impl EtcdBackend {
                     }
                 }
             }
-            hub.notify(&n);
+            inner.hub.notify(&n);
         });
         watches.insert(name.to_owned(), (pred, task.abort_handle()));
     }
@@ -334,11 +355,12 @@ impl EtcdBackend {
             .with_max_create_revision(rev - 1)
             .with_limit(1)
             .with_keys_only();
+        let prefix = self.lock_prefix(name);
         let reply = self
-            .inner
-            .client
-            .clone()
-            .get(self.lock_prefix(name), Some(options))
+            .retry(|mut c| {
+                let (prefix, options) = (prefix.clone(), options.clone());
+                async move { c.get(prefix, Some(options)).await }
+            })
             .await
             .map_err(|e| map_err(e, "reading an etcd lock's queue"))?;
         let at = reply.header().map_or(0, |h| h.revision());
@@ -350,16 +372,36 @@ impl EtcdBackend {
 }
 
 impl Inner {
-    fn revoke_later(&self, lease: i64) {
-        let mut client = self.client.clone();
+    async fn retry<T, F, Fut>(&self, f: F) -> Result<T, etcd_client::Error>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let tries = 2 * self.config.endpoints.len() + 1;
+        let mut n = 1;
+        loop {
+            match f(self.client.clone()).await {
+                Err(e) if never_sent(&e) && n < tries => {
+                    n += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn revoke_later(self: &Arc<Self>, lease: i64) {
+        let inner = self.clone();
         self.runtime.spawn(async move {
-            let _ = client.lease_revoke(lease).await;
+            let _ = inner
+                .retry(|mut c| async move { c.lease_revoke(lease).await })
+                .await;
         });
     }
 
     /// Nobody here waits for `name` any more: stop watching, and leave its queue (queued
     /// entries only; a held one belongs to its guard).
-    fn leave(&self, name: &str) {
+    fn leave(self: &Arc<Self>, name: &str) {
         if let Some((_, w)) = lock_mutex(&self.watches).remove(name) {
             w.abort();
         }
@@ -458,7 +500,12 @@ impl Backend for EtcdBackend {
                 )])
                 .and_then([mine, first])
         };
-        let reply = self.inner.client.clone().txn(txn).await;
+        let reply = self
+            .retry(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await;
         let reply = match reply {
             Ok(r) => r,
             Err(e) if lease_missing(&e) => {
@@ -538,12 +585,11 @@ impl Backend for EtcdBackend {
         else {
             return Ok(LeaseCheck::Missing);
         };
-        let mut client = self.inner.client.clone();
         let ttl_s = ttl_secs(ttl);
         if ttl_s != entry.asked_s {
             // Another TTL: a new lease for the same key (its create revision stays).
-            let granted = client
-                .lease_grant(ttl_s, None)
+            let granted = self
+                .retry(|mut c| async move { c.lease_grant(ttl_s, None).await })
                 .await
                 .map_err(|e| map_err(e, DOING))?;
             let txn = Txn::new()
@@ -561,7 +607,13 @@ impl Backend for EtcdBackend {
                             .with_ignore_value(),
                     ),
                 )]);
-            let reply = client.txn(txn).await.map_err(|e| map_err(e, DOING));
+            let reply = self
+                .retry(|mut c| {
+                    let txn = txn.clone();
+                    async move { c.txn(txn).await }
+                })
+                .await
+                .map_err(|e| map_err(e, DOING));
             let moved = matches!(reply, Ok(ref r) if r.succeeded());
             if moved {
                 if let Some(e) = lock_mutex(&self.inner.entries).get_mut(token.as_str()) {
@@ -581,13 +633,17 @@ impl Backend for EtcdBackend {
                 }
             });
         }
-        let mut reader = client.clone();
-        let alive = async {
-            let (mut keeper, mut stream) = client.lease_keep_alive(entry.lease).await?;
+        let lease = entry.lease;
+        let alive = self.retry(|mut c| async move {
+            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
             keeper.keep_alive().await?;
             stream.message().await
-        };
-        let still = reader.get(entry.key.as_str(), Some(GetOptions::new().with_keys_only()));
+        });
+        let key = entry.key.clone();
+        let still = self.retry(|mut c| {
+            let key = key.clone();
+            async move { c.get(key, Some(GetOptions::new().with_keys_only())).await }
+        });
         let (alive, still) = tokio::join!(alive, still);
         let alive = alive.map_err(|e| map_err(e, DOING))?;
         let still = still.map_err(|e| map_err(e, DOING))?;
@@ -622,8 +678,13 @@ impl Backend for EtcdBackend {
                 entry.rev,
             )])
             .and_then([TxnOp::delete(entry.key.as_str(), None)]);
-        let reply = self.inner.client.clone().txn(txn).await;
-        let reply = reply.map_err(|e| map_err(e, DOING))?;
+        let reply = self
+            .retry(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map_err(|e| map_err(e, DOING))?;
         self.discard(token.as_str());
         Ok(if reply.succeeded() {
             LeaseCheck::Ours
@@ -640,13 +701,16 @@ impl Backend for EtcdBackend {
 
     async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
         const DOING: &str = "reading an etcd lock's status";
-        let mut client = self.inner.client.clone();
         let options = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
-        let reply = client
-            .get(self.lock_prefix(key), Some(options))
+        let prefix = self.lock_prefix(key);
+        let reply = self
+            .retry(|mut c| {
+                let (prefix, options) = (prefix.clone(), options.clone());
+                async move { c.get(prefix, Some(options)).await }
+            })
             .await
             .map_err(|e| map_err(e, DOING))?;
         let Some(kv) = reply.kvs().first() else {
@@ -662,7 +726,11 @@ impl Backend for EtcdBackend {
             (Some(since), Some(owner)) => format!("{owner} since {since}"),
             _ => "(not a distlock client)".to_owned(),
         };
-        let ttl = match client.lease_time_to_live(kv.lease(), None).await {
+        let lease = kv.lease();
+        let ttl = match self
+            .retry(|mut c| async move { c.lease_time_to_live(lease, None).await })
+            .await
+        {
             Ok(r) if r.ttl() >= 0 => Some(Duration::from_secs(r.ttl() as u64)),
             _ => None,
         };

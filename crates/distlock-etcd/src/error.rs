@@ -32,3 +32,15 @@ pub(crate) fn lease_missing(e: &Error) -> bool {
     matches!(e, Error::GRpcStatus(s)
         if s.code() == tonic::Code::NotFound && s.message().contains("lease"))
 }
+
+/// Whether the request never reached a member: its connection could not be opened (a dead
+/// member that the client's balancer picked). Any request can be sent again then.
+pub(crate) fn never_sent(e: &Error) -> bool {
+    match e {
+        Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::Unavailable && s.message().contains("connect error")
+        }
+        Error::TransportError(_) => true,
+        _ => false,
+    }
+}
