@@ -22,16 +22,17 @@ fn signal(child: &Child, sig: Signal) {
     kill(Pid::from_raw(child.id() as i32), sig).expect("signal");
 }
 
+fn keys(etcd: &Etcd, key: &str) -> Vec<String> {
+    let prefix = format!("distlock/{key}/");
+    etcd.ctl(&["get", &prefix, "--prefix", "--keys-only"])
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 fn queued(etcd: &Etcd, key: &str) -> usize {
-    etcd.ctl(&[
-        "get",
-        &format!("distlock/{key}/"),
-        "--prefix",
-        "--keys-only",
-    ])
-    .lines()
-    .filter(|l| !l.trim().is_empty())
-    .count()
+    keys(etcd, key).len()
 }
 
 fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
@@ -126,8 +127,12 @@ fn a_waiter_whose_lease_expired_in_the_queue_never_reports_the_lock_taken() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Queued for good: its waiting attempt's key, seen twice 300 ms apart (a first attempt's
+    // key, which it deletes at once on finding the lock busy, does not count).
     wait_until("the waiter's key", Duration::from_secs(10), || {
-        queued(&etcd, "queue") == 2
+        let before = keys(&etcd, "queue");
+        std::thread::sleep(Duration::from_millis(300));
+        before.len() == 2 && keys(&etcd, "queue") == before
     });
     // Frozen in the queue past its lease: etcd deletes its key.
     signal(&waiter, Signal::SIGSTOP);

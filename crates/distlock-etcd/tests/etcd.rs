@@ -22,21 +22,32 @@ async fn client(url: &str, ttl: Duration) -> LockClient<EtcdBackend> {
 }
 
 /// Keys queued under a lock's prefix now.
-fn queued(etcd: &Etcd, prefix: &str) -> usize {
+fn keys(etcd: &Etcd, prefix: &str) -> Vec<String> {
     etcd.ctl(&["get", prefix, "--prefix", "--keys-only"])
         .lines()
         .filter(|l| !l.trim().is_empty())
-        .count()
+        .map(str::to_owned)
+        .collect()
 }
 
+fn queued(etcd: &Etcd, prefix: &str) -> usize {
+    keys(etcd, prefix).len()
+}
+
+/// Waits until `n` keys are queued and stay so for 150 ms (a waiter's first attempt writes a
+/// key and deletes it at once on finding the lock busy; only its waiting attempt's key stays).
 fn wait_queued(etcd: &Etcd, prefix: &str, n: usize) {
     let t0 = Instant::now();
-    while queued(etcd, prefix) != n {
+    loop {
+        let before = keys(etcd, prefix);
+        std::thread::sleep(Duration::from_millis(150));
+        if before.len() == n && keys(etcd, prefix) == before {
+            return;
+        }
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "never {n} in the queue"
         );
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
