@@ -201,12 +201,26 @@ pub struct Capabilities {
     /// Whether the engine expires a lease by itself after its TTL (Redis: yes). Session engines
     /// (the file lock) free the lock when the holder's process or session ends instead.
     pub expiring: bool,
+    /// Whether the engine learns on its own that a held lease can no longer be trusted (a
+    /// ZooKeeper session suspended or expired), through [`Backend::lease_lost`].
+    pub loss_events: bool,
 }
 
 impl Capabilities {
     /// Builds a capabilities value.
     pub fn new(fencing: Fencing, expiring: bool) -> Self {
-        Capabilities { fencing, expiring }
+        Capabilities {
+            fencing,
+            expiring,
+            loss_events: false,
+        }
+    }
+
+    /// Says the engine implements [`Backend::lease_lost`].
+    #[must_use]
+    pub fn with_loss_events(mut self) -> Self {
+        self.loss_events = true;
+        self
     }
 }
 
@@ -291,6 +305,20 @@ pub trait Backend: Send + Sync + 'static {
         let _ = key;
         std::future::ready(Ok(None))
     }
+
+    /// Resolves, with the reason, when the engine learns by itself that the lease of `token` on
+    /// `key`, just taken, can no longer be trusted: the guard then ends it at once (`is_held`
+    /// turns false, `lost()` fires) instead of at the next renewal. Called once per guard, only
+    /// when [`Capabilities::loss_events`] is set; the future is dropped when the lease ends. The
+    /// default never resolves.
+    fn lease_lost(
+        &self,
+        key: &str,
+        token: &Token,
+    ) -> impl Future<Output = crate::LostReason> + Send + 'static {
+        let _ = (key, token);
+        std::future::pending()
+    }
 }
 
 /// A boxed, `Send` future, as returned by [`DynBackend`].
@@ -335,6 +363,8 @@ pub trait DynBackend: Send + Sync + 'static {
         &'a self,
         items: &'a [RenewItem<'a>],
     ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>>;
+    /// See [`Backend::lease_lost`].
+    fn dyn_lease_lost(&self, key: &str, token: &Token) -> BoxFuture<'static, crate::LostReason>;
     /// See [`Backend::subscribe`].
     fn dyn_subscribe<'a>(
         &'a self,
@@ -393,6 +423,9 @@ impl<B: Backend> DynBackend for B {
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
         Box::pin(self.subscribe(key))
     }
+    fn dyn_lease_lost(&self, key: &str, token: &Token) -> BoxFuture<'static, crate::LostReason> {
+        Box::pin(self.lease_lost(key, token))
+    }
 }
 
 /// An engine chosen at run time.
@@ -438,5 +471,12 @@ impl Backend for Box<dyn DynBackend> {
     }
     async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {
         (**self).dyn_subscribe(key).await
+    }
+    fn lease_lost(
+        &self,
+        key: &str,
+        token: &Token,
+    ) -> impl Future<Output = crate::LostReason> + Send + 'static {
+        (**self).dyn_lease_lost(key, token)
     }
 }

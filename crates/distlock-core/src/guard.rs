@@ -219,6 +219,9 @@ impl<B: Backend> LockGuard<B> {
         if lease.options.auto_renew() {
             crate::watchdog::Watchdog::watch(&client, lease.clone());
         }
+        if client.backend.capabilities().loss_events {
+            lease.watch_loss(client.backend.lease_lost(&lease.key, &lease.token));
+        }
         LockGuard {
             client,
             lease,

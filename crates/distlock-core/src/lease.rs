@@ -70,6 +70,9 @@ pub(crate) struct LeaseShared {
     /// `RENEWING` while the watchdog has a renewal of this lease in flight; `CLOSED` once a
     /// release has ended the lease and waits for that renewal: no renewal starts after that.
     gate: AtomicU8,
+    /// The task that waits for the engine's own word that the lease is lost (engines with
+    /// `loss_events`); stopped when the lease ends.
+    loss_watch: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 /// [`LeaseShared::gate`]: a renewal is in flight.
@@ -150,6 +153,7 @@ impl LeaseShared {
             acquired_at: sent_at,
             streak,
             gate: AtomicU8::new(0),
+            loss_watch: Mutex::new(None),
         }
     }
 
@@ -243,6 +247,29 @@ impl LeaseShared {
     }
 
     /// Ends the lease with `reason` unless it already ended. Returns the reason in force.
+    /// Ends the lease when `lost` resolves (the engine's own word that it is lost).
+    pub(crate) fn watch_loss(
+        self: &Arc<Self>,
+        lost: impl std::future::Future<Output = LostReason> + Send + 'static,
+    ) {
+        let lease = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            let reason = lost.await;
+            if let Some(lease) = lease.upgrade() {
+                lease.end(reason);
+            }
+        });
+        let mut slot = self
+            .loss_watch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if self.lock().end.is_some() {
+            task.abort();
+        } else {
+            *slot = Some(task.abort_handle());
+        }
+    }
+
     pub(crate) fn end(&self, reason: LostReason) -> LostReason {
         {
             let mut st = self.lock();
@@ -250,6 +277,14 @@ impl LeaseShared {
                 return prev;
             }
             st.end = Some(reason);
+        }
+        if let Some(watch) = self
+            .loss_watch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            watch.abort();
         }
         self.changed.notify_waiters();
         if reason != LostReason::Released {

@@ -42,6 +42,8 @@ struct Fake {
     clock: Option<Arc<ManualClock>>,
     /// How far the manual clock moves while an acquire is in flight.
     latency: Duration,
+    /// Set: the engine tells of lost leases itself (`loss_events`), when this says so.
+    loss: Option<tokio::sync::watch::Sender<Option<LostReason>>>,
 }
 
 impl Fake {
@@ -56,6 +58,7 @@ impl Fake {
             attempts: AtomicU32::new(0),
             clock: None,
             latency: Duration::ZERO,
+            loss: None,
         }
     }
     fn timeout() -> LockError {
@@ -71,7 +74,32 @@ impl Backend for Shared {
         "fake"
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(Fencing::Monotonic, true)
+        let caps = Capabilities::new(Fencing::Monotonic, true);
+        if self.0.loss.is_some() {
+            caps.with_loss_events()
+        } else {
+            caps
+        }
+    }
+    fn lease_lost(
+        &self,
+        _key: &str,
+        _token: &Token,
+    ) -> impl std::future::Future<Output = LostReason> + Send + 'static {
+        let rx = self.0.loss.as_ref().map(|tx| tx.subscribe());
+        async move {
+            let Some(mut rx) = rx else {
+                return std::future::pending().await;
+            };
+            loop {
+                if let Some(reason) = *rx.borrow_and_update() {
+                    return reason;
+                }
+                if rx.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        }
     }
     async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         let f = &self.0;
@@ -527,4 +555,24 @@ async fn a_short_lease_taken_while_the_watchdog_sleeps_long_is_renewed_in_time()
     assert!(fake.extends.load(Ordering::SeqCst) >= 3);
     assert_eq!(b.release().await.unwrap(), Released::Held);
     assert_eq!(a.release().await.unwrap(), Released::Held);
+}
+
+#[tokio::test]
+async fn an_engine_that_tells_of_a_loss_ends_the_lease_at_once() {
+    let (tx, _rx) = tokio::sync::watch::channel(None);
+    let mut fake = Fake::new();
+    fake.loss = Some(tx.clone());
+    let client = LockClient::builder(Shared(Arc::new(fake)))
+        .options(ttl_opts(60_000).build().unwrap())
+        .build();
+    let g = client.try_acquire("k").await.unwrap().expect("free");
+    assert!(g.is_held());
+    // The engine says so (a ZooKeeper session suspended): no renewal is due for 20 s.
+    tx.send_replace(Some(LostReason::Unreachable));
+    let reason = tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect("lost fires at once");
+    assert_eq!(reason, LostReason::Unreachable);
+    assert!(!g.is_held());
+    assert!(matches!(g.release().await.unwrap(), Released::Lost(_)));
 }
