@@ -7,9 +7,11 @@ mod etcd;
 mod process;
 mod redis_server;
 mod sentinel;
+mod zookeeper;
 
 pub use cluster::RedisCluster;
 pub use etcd::{Etcd, EtcdMember};
 pub use process::{free_port, require_binary};
 pub use redis_server::RedisServer;
 pub use sentinel::{MASTER_NAME, Sentinels};
+pub use zookeeper::{ZkServer, ZooKeeper};

@@ -18,6 +18,12 @@ pub mod etcd {
     pub use distlock_etcd::{EtcdBackend, EtcdConfig};
 }
 
+/// The ZooKeeper engine (feature `zookeeper`).
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper {
+    pub use distlock_zookeeper::{ZkBackend, ZkConfig};
+}
+
 /// The embedded file engine (feature `file`).
 #[cfg(feature = "file")]
 pub mod file {
@@ -49,6 +55,8 @@ pub fn supported_schemes() -> &'static [&'static str] {
         "rediss+cluster",
         #[cfg(feature = "etcd")]
         "etcd",
+        #[cfg(feature = "zookeeper")]
+        "zk",
     ]
 }
 
@@ -61,6 +69,7 @@ pub fn supported_schemes() -> &'static [&'static str] {
 /// | `redlock://h1:p1,h2:p2,h3:p3` (`redlocks://` for TLS) | Redlock over independent masters (feature `redis`) |
 /// | `redis+cluster://h1:p1,h2:p2,…` (`rediss+cluster://` for TLS) | a Redis Cluster, through any of its nodes (feature `redis`) |
 /// | `etcd://h1:2379,h2:2379,…` | etcd: FIFO queue by create revision, revision fencing (feature `etcd`) |
+/// | `zk://h1:2181,h2:2181[/chroot]` | ZooKeeper: ephemeral sequential nodes, czxid fencing (feature `zookeeper`) |
 /// | `redis+sentinel://s1:p1,s2:p2/mymaster[/db]` (`rediss+sentinel://` for TLS) | the master Redis Sentinel names, followed across failovers (feature `redis`) |
 ///
 /// # Errors
@@ -87,6 +96,8 @@ pub async fn open_backend(url: &str) -> Result<AnyBackend, LockError> {
         )),
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(Box::new(distlock_etcd::EtcdBackend::connect(url).await?)),
+        #[cfg(feature = "zookeeper")]
+        "zk" | "zks" => Ok(Box::new(distlock_zookeeper::ZkBackend::connect(url).await?)),
         "" => Err(LockError::new(
             ErrorKind::Config,
             format!("{url:?} is not a lock URL (try file:// or redis://host:6379)"),

@@ -1,0 +1,202 @@
+//! Real ZooKeeper servers for tests: one standalone, or an ensemble of three, run as
+//! `java -cp … QuorumPeerMain zoo.cfg` on free loopback ports in temporary directories.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::process::{free_port, require_binary, tail};
+
+const JAR: &str = "/usr/share/java/zookeeper.jar";
+const CONF: &str = "/etc/zookeeper/conf";
+
+/// One ZooKeeper server. Killed when dropped.
+#[derive(Debug)]
+pub struct ZkServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+/// A standalone server or an ensemble.
+#[derive(Debug)]
+pub struct ZooKeeper {
+    servers: Vec<ZkServer>,
+}
+
+impl ZooKeeper {
+    /// Starts one standalone server. `None` (after printing `SKIP`) when ZooKeeper is missing
+    /// outside CI.
+    pub fn start() -> Option<Self> {
+        Self::start_ensemble(1)
+    }
+
+    /// Starts `n` servers forming one ensemble (`n` = 1: standalone), and waits until each
+    /// serves requests. Ticks of 100 ms: sessions may be as short as 400 ms.
+    pub fn start_ensemble(n: usize) -> Option<Self> {
+        if !require_binary("java", "the ZooKeeper engine")
+            || !require_binary(JAR, "the ZooKeeper engine (package zookeeper)")
+        {
+            return None;
+        }
+        let mut last = String::new();
+        for _ in 0..3 {
+            let ports: Vec<(u16, u16, u16)> = (0..n)
+                .map(|_| (free_port(), free_port(), free_port()))
+                .collect();
+            let mut servers = Vec::new();
+            for (i, (client, _, _)) in ports.iter().enumerate() {
+                let dir = tempfile::Builder::new()
+                    .prefix("distlock-zk-")
+                    .tempdir()
+                    .expect("temp dir");
+                let data = dir.path().join("data");
+                std::fs::create_dir_all(&data).expect("data dir");
+                let mut cfg = format!(
+                    "tickTime=100\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={client}\n\
+                     clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+                     4lw.commands.whitelist=*\nminSessionTimeout=400\nmaxSessionTimeout=60000\n",
+                    data.display()
+                );
+                if n > 1 {
+                    std::fs::write(data.join("myid"), format!("{}\n", i + 1)).expect("myid");
+                    for (j, (_, peer, election)) in ports.iter().enumerate() {
+                        cfg.push_str(&format!("server.{}=127.0.0.1:{peer}:{election}\n", j + 1));
+                    }
+                }
+                std::fs::write(dir.path().join("zoo.cfg"), cfg).expect("zoo.cfg");
+                let mut s = ZkServer {
+                    child: None,
+                    port: *client,
+                    dir,
+                };
+                s.spawn();
+                servers.push(s);
+            }
+            let zk = ZooKeeper { servers };
+            match zk.wait_serving(Duration::from_secs(40)) {
+                Ok(()) => return Some(zk),
+                Err(e) => last = e,
+            }
+        }
+        panic!("ZooKeeper did not start after 3 tries:\n{last}");
+    }
+
+    /// `zk://127.0.0.1:p1,…` followed by `rest` (a chroot, parameters).
+    pub fn url(&self, rest: &str) -> String {
+        let hosts: Vec<String> = self
+            .servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!("zk://{}{rest}", hosts.join(","))
+    }
+
+    /// The servers.
+    pub fn servers(&self) -> &[ZkServer] {
+        &self.servers
+    }
+
+    /// The servers, to kill or pause one.
+    pub fn servers_mut(&mut self) -> &mut [ZkServer] {
+        &mut self.servers
+    }
+
+    fn wait_serving(&self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        for s in &self.servers {
+            while !s.four_letter("ruok").contains("imok")
+                || s.four_letter("srvr").contains("not currently serving")
+                || !s.four_letter("srvr").contains("Mode:")
+            {
+                if Instant::now() >= deadline {
+                    return Err(format!(
+                        "server on port {} never served; log tail:\n{}",
+                        s.port,
+                        tail(&s.dir.path().join("zk.log"), 30)
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ZkServer {
+    fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.path().join("zk.log")).expect("log file");
+        let child = Command::new("java")
+            .arg("-Xmx256m")
+            .arg("-Dzookeeper.jmx.log4j.disable=true")
+            .args(["-cp", &format!("{CONF}:{JAR}")])
+            .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+            .arg(self.dir.path().join("zoo.cfg"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("run java");
+        self.child = Some(child);
+    }
+
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Sends a four-letter command (`ruok`, `srvr`, `cons`…) and returns the answer (empty when
+    /// the server does not answer).
+    pub fn four_letter(&self, cmd: &str) -> String {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return String::new();
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        if s.write_all(cmd.as_bytes()).is_err() {
+            return String::new();
+        }
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    }
+
+    /// Whether this server holds the connection of the session `id`.
+    pub fn serves_session(&self, id: i64) -> bool {
+        self.four_letter("cons")
+            .contains(&format!("sid=0x{:x}", id as u64))
+    }
+
+    fn pid(&self) -> Pid {
+        let child = self.child.as_ref().expect("server is running");
+        Pid::from_raw(i32::try_from(child.id()).expect("pid fits"))
+    }
+
+    /// Freezes the server (SIGSTOP).
+    pub fn pause(&self) {
+        kill(self.pid(), Signal::SIGSTOP).expect("SIGSTOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        kill(self.pid(), Signal::SIGCONT).expect("SIGCONT");
+    }
+
+    /// Kills the server with SIGKILL and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGCONT);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for ZkServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,149 @@
+//! `zk://` URLs.
+
+use std::time::Duration;
+
+use distlock_core::url::{MultiHostUrl, split_scheme};
+use distlock_core::{ErrorKind, LockError, parse_duration};
+
+/// How to reach a ZooKeeper ensemble, and where lock nodes live in it.
+///
+/// From a URL: `zk://host1:port1,host2:port2,…[/chroot][?params]`. Parameters:
+///
+/// | parameter | default | meaning |
+/// |---|---|---|
+/// | `prefix` | `/distlock` | the lock `orders` queues its holders under `<prefix>/orders` |
+/// | `session_timeout` | `10s` | the session's timeout (the server may clamp it) |
+/// | `connect_timeout` | `3s` | per connection attempt |
+/// | `response_timeout` | `2s` | per request |
+#[derive(Clone, Debug)]
+pub struct ZkConfig {
+    /// `host:port,…[/chroot]`, as the client takes it.
+    pub(crate) cluster: String,
+    pub(crate) prefix: String,
+    pub(crate) session_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+}
+
+impl ZkConfig {
+    /// Parses a `zk://` URL (see the type's documentation).
+    ///
+    /// # Errors
+    /// `Config` for a malformed URL or a bad parameter.
+    pub fn from_url(text: &str) -> Result<Self, LockError> {
+        let cfg_err = |m: String| LockError::new(ErrorKind::Config, m);
+        let (tls, rest) = split_scheme(text, "zk", "zks")?;
+        if tls {
+            return Err(cfg_err(
+                "zks:// (TLS) is not built in this release of distlock; use zk://".into(),
+            ));
+        }
+        let mut parts = MultiHostUrl::parse(rest)?;
+        if !parts.userinfo.is_empty() {
+            return Err(cfg_err(
+                "ZooKeeper URLs take no user:password (digest auth is not built in this release)"
+                    .into(),
+            ));
+        }
+        let mut cfg = ZkConfig {
+            cluster: String::new(),
+            prefix: "/distlock".into(),
+            session_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(3),
+            response_timeout: Duration::from_secs(2),
+        };
+        if let Some(p) = parts.take("prefix") {
+            cfg.prefix = p;
+        }
+        for (name, slot) in [
+            ("session_timeout", &mut cfg.session_timeout),
+            ("connect_timeout", &mut cfg.connect_timeout),
+            ("response_timeout", &mut cfg.response_timeout),
+        ] {
+            if let Some(v) = parts.take(name) {
+                let d = parse_duration(&v)?;
+                if d.is_zero() {
+                    return Err(cfg_err(format!("{name} must be above zero")));
+                }
+                *slot = d;
+            }
+        }
+        let rest = parts.rest_query();
+        if !rest.is_empty() {
+            return Err(cfg_err(format!(
+                "unknown ZooKeeper URL parameter(s) {rest:?} (known: prefix, session_timeout, \
+                 connect_timeout, response_timeout)"
+            )));
+        }
+        for host in &parts.hosts {
+            let ok = host
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                return Err(cfg_err(format!(
+                    "{host:?} is not host:port (ZooKeeper's client port is usually 2181)"
+                )));
+            }
+        }
+        let chroot = parts.path.trim_end_matches('/');
+        if chroot.contains("//") || chroot.split('/').any(|s| s == "." || s == "..") {
+            return Err(cfg_err(format!("{:?} is not a ZooKeeper path", parts.path)));
+        }
+        cfg.cluster = format!("{}{chroot}", parts.hosts.join(","));
+        cfg.check_prefix()?;
+        Ok(cfg)
+    }
+
+    fn check_prefix(&self) -> Result<(), LockError> {
+        let p = &self.prefix;
+        if !p.starts_with('/') || p.len() < 2 || p.ends_with('/') || p.contains("//") {
+            return Err(LockError::new(
+                ErrorKind::Config,
+                format!("the ZooKeeper prefix {p:?} must be an absolute path like /distlock"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_servers_chroot_and_settings() {
+        let c = ZkConfig::from_url(
+            "zk://10.0.0.1:2181,10.0.0.2:2181/apps/x?prefix=/locks&session_timeout=4s",
+        )
+        .expect("valid");
+        assert_eq!(c.cluster, "10.0.0.1:2181,10.0.0.2:2181/apps/x");
+        assert_eq!(c.prefix, "/locks");
+        assert_eq!(c.session_timeout, Duration::from_secs(4));
+        assert_eq!(
+            ZkConfig::from_url("zk://h:2181/").unwrap().cluster,
+            "h:2181"
+        );
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors() {
+        for bad in [
+            "",
+            "zks://h:2181",
+            "zk://",
+            "zk://h",
+            "zk://h:0",
+            "zk://u:p@h:2181",
+            "zk://h:2181,,g:2181",
+            "zk://h:2181/a//b",
+            "zk://h:2181/a/../b",
+            "zk://h:2181?prefix=locks",
+            "zk://h:2181?prefix=/",
+            "zk://h:2181?session_timeout=0",
+            "zk://h:2181?what=1",
+        ] {
+            let e = ZkConfig::from_url(bad).expect_err(bad);
+            assert_eq!(e.kind(), ErrorKind::Config, "{bad}: {e}");
+        }
+    }
+}

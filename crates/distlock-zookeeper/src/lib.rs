@@ -1,0 +1,8 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+
+mod backend;
+mod config;
+
+pub use backend::ZkBackend;
+pub use config::ZkConfig;

@@ -1,0 +1,218 @@
+//! ZooKeeper-specific behaviour on real servers: FIFO order, protection mode, a session that
+//! expires under a held lock, and a server of an ensemble killed under one.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distlock_core::{
+    AcquireRequest, Attempt, Backend, ErrorKind, LockClient, LockOptions, LostReason, Released,
+    Token,
+};
+use distlock_testkit::ZooKeeper;
+use distlock_zookeeper::ZkBackend;
+
+async fn client(url: &str) -> LockClient<ZkBackend> {
+    let backend = ZkBackend::connect(url).await.expect("connect");
+    LockClient::builder(backend)
+        .options(
+            LockOptions::builder()
+                .ttl(Duration::from_secs(10))
+                .wait_timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        )
+        .build()
+}
+
+async fn children(zk: &zookeeper_client::Client, path: &str) -> Vec<String> {
+    zk.list_children(path).await.unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_queued_waiters_acquire_in_queue_order() {
+    let Some(zk) = ZooKeeper::start() else { return };
+    let url = zk.url("");
+    let raw = zookeeper_client::Client::connect(&url["zk://".len()..])
+        .await
+        .unwrap();
+    let holder = client(&url).await;
+    let parent = holder.backend().lock_path("fifo");
+    let g = holder.acquire("fifo").await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let c = client(&url).await;
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = c.acquire("fifo").await.expect("acquired in turn");
+            order.lock().unwrap().push((i, g.fence().unwrap()));
+            assert_eq!(g.release().await.unwrap(), Released::Held);
+        }));
+        // Queued for good: its node stays (a first attempt's node is deleted at once).
+        let t0 = Instant::now();
+        loop {
+            let before = children(&raw, &parent).await;
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            if before.len() == i + 2 && children(&raw, &parent).await == before {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "never queued");
+        }
+    }
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let who: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(who, (0..10).collect::<Vec<_>>(), "FIFO");
+    assert!(
+        order.windows(2).all(|w| w[0].1 < w[1].1),
+        "fences (czxid) increase with the queue: {order:?}"
+    );
+    assert!(
+        children(&raw, &parent).await.is_empty(),
+        "nothing left behind"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_create_finds_its_own_node_and_leaves_no_orphan() {
+    let Some(zk) = ZooKeeper::start() else { return };
+    let url = zk.url("");
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let token = Token::generate();
+    // The first create reached the server, its reply was lost: the node exists, with our
+    // token in its name (protection mode), and we never learnt its sequence number.
+    let parent = backend.lock_path("protect");
+    let raw = zookeeper_client::Client::connect(&url["zk://".len()..])
+        .await
+        .unwrap();
+    let persistent =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    raw.mkdir(&parent, &persistent).await.unwrap();
+    let ephemeral = zookeeper_client::CreateMode::EphemeralSequential
+        .with_acls(zookeeper_client::Acls::anyone_all());
+    let (stat, _) = raw
+        .create(
+            &format!("{parent}/_c_{}-lock-", token.as_str()),
+            b"lost reply",
+            &ephemeral,
+        )
+        .await
+        .unwrap();
+    let req = AcquireRequest::new("protect", &token, Duration::from_secs(10), "test").resent(true);
+    match backend.try_acquire(&req).await.unwrap() {
+        Attempt::Acquired { fence } => assert_eq!(fence, Some(stat.czxid as u64)),
+        other => panic!("the resend did not adopt its node: {other:?}"),
+    }
+    assert_eq!(children(&raw, &parent).await.len(), 1, "no second node");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_expires_under_a_held_lock_fires_lost() {
+    let Some(zk) = ZooKeeper::start() else { return };
+    let url = zk.url("?session_timeout=1s&response_timeout=500ms");
+    let a = client(&url).await;
+    let g = a.acquire("session").await.unwrap();
+    let session = a.backend().session_id();
+    zk.servers()[0].pause();
+    let t0 = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("lost fires while the server is frozen");
+    assert!(
+        matches!(reason, LostReason::Unreachable | LostReason::Expired),
+        "{reason:?}"
+    );
+    assert!(!g.is_held());
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    // Past the session timeout, then thawed: the server expires the session, the client
+    // opens a new one, and the lock is free for anyone.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    zk.servers()[0].resume();
+    let b = client(&url).await;
+    let t0 = Instant::now();
+    let g2 = loop {
+        if let Some(g2) = b.try_acquire("session").await.unwrap() {
+            break g2;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the expired session's node stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(g2.release().await.unwrap(), Released::Held);
+    assert!(matches!(g.release().await.unwrap(), Released::Lost(_)));
+    let t0 = Instant::now();
+    while a.backend().session_id() == session {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no new session");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let g3 = a.try_acquire("session").await.unwrap().expect("free");
+    assert_eq!(g3.release().await.unwrap(), Released::Held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_a_holder_talks_to_killed_in_an_ensemble_of_three() {
+    let Some(mut zk) = ZooKeeper::start_ensemble(3) else {
+        return;
+    };
+    let url = zk.url("?session_timeout=4s");
+    let a = client(&url).await;
+    let b = client(&url).await;
+    let g = a.acquire("ensemble").await.unwrap();
+    let fence = g.fence();
+    let mine = zk
+        .servers()
+        .iter()
+        .position(|s| s.serves_session(a.backend().session_id()))
+        .expect("a server holds A's connection");
+    zk.servers_mut()[mine].kill();
+    // The connection drop suspends the session: A stops trusting the lock at once.
+    let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("lost fires");
+    assert_eq!(reason, LostReason::Unreachable);
+    // A reconnects to a live server within the session timeout: its node (and so the lock)
+    // still exists, and nobody else may take it until A lets it go.
+    let t0 = Instant::now();
+    let status = loop {
+        match a.status("ensemble").await {
+            Ok(s) => break s,
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "A never reconnected"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(status.held);
+    assert_eq!(status.fence, fence);
+    let t0 = Instant::now();
+    loop {
+        match b.try_acquire("ensemble").await {
+            Ok(None) => break,
+            Ok(Some(_)) => panic!("taken while A's node still exists"),
+            Err(e) => assert!(t0.elapsed() < Duration::from_secs(10), "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A's release deletes its node (it reports the lease lost, as it was).
+    let released = g.release().await.unwrap();
+    assert!(matches!(released, Released::Lost(_)), "{released:?}");
+    let t0 = Instant::now();
+    let g2 = loop {
+        if let Ok(Some(g2)) = b.try_acquire("ensemble").await {
+            break g2;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "never freed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(g2.fence() > fence, "{:?} after {fence:?}", g2.fence());
+    assert_eq!(g2.release().await.unwrap(), Released::Held);
+}
