@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
@@ -34,6 +34,20 @@ struct Entry {
     asked_s: i64,
     /// Holds the lock (the watchdog renews it); otherwise queued (kept alive here).
     held: bool,
+    /// When the last grant or keep-alive of the lease that succeeded was sent: the server
+    /// keeps the lease at least `ttl_s` from then.
+    refreshed: Arc<Mutex<Instant>>,
+    /// Whether the lease was granted by the attempt in flight (then the attempt's own start
+    /// bounds it) or earlier (a spare, or a queued entry: its age must be reported).
+    fresh: bool,
+}
+
+/// A lease kept after a release, for the next acquire with the same TTL (it saves the grant's
+/// round trip).
+struct Spare {
+    lease: i64,
+    ttl_s: i64,
+    refreshed: Instant,
 }
 
 struct Inner {
@@ -45,6 +59,8 @@ struct Inner {
     keepers: Mutex<HashMap<String, AbortHandle>>,
     /// The watch on each waited-for lock's predecessor: the key watched, and its task.
     watches: Mutex<HashMap<String, (String, AbortHandle)>>,
+    /// One spare lease per asked TTL (whole seconds).
+    spares: Mutex<HashMap<i64, Spare>>,
     hub: WakeHub,
     runtime: Handle,
 }
@@ -156,6 +172,7 @@ impl EtcdBackend {
                 entries: Mutex::new(HashMap::new()),
                 keepers: Mutex::new(HashMap::new()),
                 watches: Mutex::new(HashMap::new()),
+                spares: Mutex::new(HashMap::new()),
                 hub: WakeHub::new(
                     |_| {},
                     move |name| {
@@ -224,22 +241,38 @@ impl EtcdBackend {
         lock_mutex(&self.inner.entries).get(token).cloned()
     }
 
-    /// Grants a lease and records a new entry for `token` (before any key exists: a cancelled
-    /// attempt's cleanup finds it by the token).
+    /// Takes a spare lease (one with more than half its TTL left) or grants one, and records a
+    /// new entry for `token` (before any key exists: a cancelled attempt's cleanup finds it by
+    /// the token).
     async fn new_entry(&self, name: &str, token: &str, ttl: Duration) -> Result<Entry, LockError> {
         let ttl_s = ttl_secs(ttl);
-        let granted = self
-            .retry(|mut c| async move { c.lease_grant(ttl_s, None).await })
-            .await
-            .map_err(|e| map_err(e, "granting an etcd lease"))?;
+        let spare = lock_mutex(&self.inner.spares).remove(&ttl_s);
+        let (lease, granted_s, refreshed, fresh) = match spare {
+            Some(s) if s.refreshed.elapsed() < Duration::from_secs(s.ttl_s as u64) / 2 => {
+                (s.lease, s.ttl_s, s.refreshed, false)
+            }
+            other => {
+                if let Some(old) = other {
+                    self.inner.revoke_later(old.lease);
+                }
+                let sent = Instant::now();
+                let granted = self
+                    .retry(|mut c| async move { c.lease_grant(ttl_s, None).await })
+                    .await
+                    .map_err(|e| map_err(e, "granting an etcd lease"))?;
+                (granted.id(), granted.ttl().max(ttl_s), sent, true)
+            }
+        };
         let entry = Entry {
             name: name.to_owned(),
-            key: format!("{}{:016x}", self.lock_prefix(name), granted.id()),
-            lease: granted.id(),
+            key: format!("{}{:016x}", self.lock_prefix(name), lease),
+            lease,
             rev: 0,
-            ttl_s: granted.ttl().max(ttl_s),
+            ttl_s: granted_s,
             asked_s: ttl_s,
             held: false,
+            refreshed: Arc::new(Mutex::new(refreshed)),
+            fresh,
         };
         lock_mutex(&self.inner.entries).insert(token.to_owned(), entry.clone());
         Ok(entry)
@@ -263,6 +296,7 @@ impl EtcdBackend {
             return;
         }
         let inner = self.inner.clone();
+        let refreshed = entry.refreshed.clone();
         let (lease, every) = (entry.lease, Duration::from_secs(entry.ttl_s as u64) / 3);
         let task = self.inner.runtime.spawn(async move {
             // Until aborted (held, left, released) or the lease is gone; a broken stream (a
@@ -277,11 +311,12 @@ impl EtcdBackend {
                 };
                 loop {
                     tokio::time::sleep(every).await;
+                    let sent = Instant::now();
                     if keeper.keep_alive().await.is_err() {
                         break;
                     }
                     match stream.message().await {
-                        Ok(Some(r)) if r.ttl() > 0 => {}
+                        Ok(Some(r)) if r.ttl() > 0 => *lock_mutex(&refreshed) = sent,
                         Ok(Some(_)) => return,
                         _ => break,
                     }
@@ -455,9 +490,15 @@ impl Backend for EtcdBackend {
     async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring an etcd lock";
         let token = req.token.as_str();
-        let entry = match self.entry(token) {
-            Some(e) => e,
-            None => self.new_entry(req.key, token, req.ttl).await?,
+        // `fresh`: the lease was granted by this very call (not by an earlier attempt of the
+        // same token, whose reply was lost, nor kept from a release).
+        let (entry, fresh) = match self.entry(token) {
+            Some(e) => (e, false),
+            None => {
+                let e = self.new_entry(req.key, token, req.ttl).await?;
+                let fresh = e.fresh;
+                (e, fresh)
+            }
         };
         let prefix = self.lock_prefix(req.key);
         let first = TxnOp::get(
@@ -550,8 +591,19 @@ impl Backend for EtcdBackend {
         }
         if head == entry.key {
             self.mark_held(token, my_rev);
-            return Ok(Attempt::Acquired {
-                fence: u64::try_from(my_rev).ok(),
+            let fence = u64::try_from(my_rev).ok();
+            if fresh {
+                // Granted by this very attempt: the server keeps it at least a TTL from the
+                // attempt's start, which is what the core counts from.
+                return Ok(Attempt::Acquired { fence });
+            }
+            // A spare, or a lease kept alive while queued: it lasts a TTL from its last
+            // refresh, perhaps less than from now. Say how old it is.
+            let refreshed = *lock_mutex(&entry.refreshed);
+            return Ok(Attempt::Granted {
+                fence,
+                elapsed: Some(refreshed.elapsed()),
+                ttl: Duration::from_secs(entry.ttl_s as u64),
             });
         }
         if !req.waiting {
@@ -588,6 +640,7 @@ impl Backend for EtcdBackend {
         let ttl_s = ttl_secs(ttl);
         if ttl_s != entry.asked_s {
             // Another TTL: a new lease for the same key (its create revision stays).
+            let sent = Instant::now();
             let granted = self
                 .retry(|mut c| async move { c.lease_grant(ttl_s, None).await })
                 .await
@@ -620,6 +673,7 @@ impl Backend for EtcdBackend {
                     e.lease = granted.id();
                     e.ttl_s = granted.ttl().max(ttl_s);
                     e.asked_s = ttl_s;
+                    *lock_mutex(&e.refreshed) = sent;
                 }
                 self.inner.revoke_later(entry.lease);
             } else {
@@ -634,6 +688,7 @@ impl Backend for EtcdBackend {
             });
         }
         let lease = entry.lease;
+        let sent = Instant::now();
         let alive = self.retry(|mut c| async move {
             let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
             keeper.keep_alive().await?;
@@ -652,6 +707,7 @@ impl Backend for EtcdBackend {
             .first()
             .is_some_and(|kv| kv.create_revision() == entry.rev && kv.lease() == entry.lease);
         if ours && alive.is_some_and(|r| r.ttl() > 0) {
+            *lock_mutex(&entry.refreshed) = sent;
             Ok(LeaseCheck::Ours)
         } else if still.kvs().is_empty() {
             Ok(LeaseCheck::Missing)
@@ -685,12 +741,24 @@ impl Backend for EtcdBackend {
             })
             .await
             .map_err(|e| map_err(e, DOING))?;
-        self.discard(token.as_str());
-        Ok(if reply.succeeded() {
-            LeaseCheck::Ours
-        } else {
-            LeaseCheck::Missing
-        })
+        if !reply.succeeded() {
+            self.discard(token.as_str());
+            return Ok(LeaseCheck::Missing);
+        }
+        // The key is gone; its lease, still alive, is kept for the next acquire.
+        lock_mutex(&self.inner.entries).remove(token.as_str());
+        if let Some(k) = lock_mutex(&self.inner.keepers).remove(token.as_str()) {
+            k.abort();
+        }
+        let spare = Spare {
+            lease: entry.lease,
+            ttl_s: entry.ttl_s,
+            refreshed: *lock_mutex(&entry.refreshed),
+        };
+        if let Some(old) = lock_mutex(&self.inner.spares).insert(entry.asked_s, spare) {
+            self.inner.revoke_later(old.lease);
+        }
+        Ok(LeaseCheck::Ours)
     }
 
     async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {

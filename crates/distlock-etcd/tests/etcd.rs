@@ -172,3 +172,21 @@ async fn unreachable_etcd_is_a_clear_error() {
     );
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_strictly_increase_across_500_holders() {
+    let Some(etcd) = Etcd::start() else { return };
+    let url = etcd.url("");
+    let clients = [
+        client(&url, Duration::from_secs(10)).await,
+        client(&url, Duration::from_secs(10)).await,
+    ];
+    let mut last = 0;
+    for i in 0..500 {
+        let g = clients[i % 2].acquire("fences500").await.unwrap();
+        let fence = g.fence().expect("etcd gives fences");
+        assert!(fence > last, "holder {i}: fence {fence} after {last}");
+        last = fence;
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+    }
+}

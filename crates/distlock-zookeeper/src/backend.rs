@@ -268,6 +268,51 @@ impl ZkBackend {
         ))
     }
 
+    /// The first attempt's single round trip: the create and, right behind it on the same
+    /// session (ZooKeeper answers a session's requests in order), the listing of the lock's
+    /// children, which so includes our new node. `(None, None)` when the lock's parent does not
+    /// exist yet (nothing was created: the caller takes the slow path).
+    async fn create_and_list(
+        &self,
+        client: &Client,
+        parent: &str,
+        token: &str,
+        owner: &str,
+    ) -> Result<(Option<(String, i64, i64)>, Option<Vec<String>>), LockError> {
+        const DOING: &str = "creating a ZooKeeper lock node";
+        let prefix = format!("{parent}/_c_{token}-lock-");
+        let data = format!("{token} {} {owner}", now_ms());
+        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let create = client.create(&prefix, data.as_bytes(), &options);
+        let list = client.list_children(parent);
+        let both = tokio::time::timeout(self.inner.config.response_timeout, async {
+            tokio::join!(create, list)
+        })
+        .await;
+        match both {
+            Ok((Ok((stat, seq)), listed)) => Ok((
+                Some((format!("{prefix}{seq}"), seq.into_i64(), stat.czxid)),
+                listed.ok(),
+            )),
+            Ok((Err(Error::NoNode), _)) => Ok((None, None)),
+            Ok((Err(e @ Error::ConnectionLoss), _)) => {
+                // The create may have happened: look for it by our token.
+                match self.find_own(client, parent, token).await? {
+                    Some(found) => Ok((Some(found), None)),
+                    None => Err(map_err(e, DOING)),
+                }
+            }
+            Ok((Err(e), _)) => Err(map_err(e, DOING)),
+            Err(_) => match self.find_own(client, parent, token).await {
+                Ok(Some(found)) => Ok((Some(found), None)),
+                _ => Err(LockError::new(
+                    ErrorKind::Timeout,
+                    format!("{DOING}: no answer from ZooKeeper"),
+                )),
+            },
+        }
+    }
+
     fn discard(&self, token: &str) {
         if let Some(e) = lock(&self.inner.entries).remove(token) {
             self.inner.delete_later(e.path);
@@ -413,14 +458,15 @@ impl Backend for ZkBackend {
         let parent = self.lock_path(req.key);
         let client = self.inner.session().client.clone();
         let known = lock(&self.inner.entries).get(token).cloned();
-        let entry = match known {
-            Some(e) => e,
+        let (entry, listed) = match known {
+            Some(e) => (e, None),
             None => {
                 let since = self.inner.losses.borrow().0;
-                let found = if req.resent {
-                    self.find_own(&client, &parent, token).await?
+                let (found, listed) = if req.resent {
+                    (self.find_own(&client, &parent, token).await?, None)
                 } else {
-                    None
+                    self.create_and_list(&client, &parent, token, req.owner)
+                        .await?
                 };
                 let (path, seq, czxid) = match found {
                     Some(f) => f,
@@ -435,13 +481,16 @@ impl Backend for ZkBackend {
                     held: false,
                 };
                 lock(&self.inner.entries).insert(token.to_owned(), e.clone());
-                e
+                (e, listed)
             }
         };
-        let children = match self.call(DOING, client.list_children(&parent)).await? {
-            Ok(c) => c,
-            Err(Error::NoNode) => Vec::new(),
-            Err(e) => return Err(map_err(e, DOING)),
+        let children = match listed {
+            Some(c) => c,
+            None => match self.call(DOING, client.list_children(&parent)).await? {
+                Ok(c) => c,
+                Err(Error::NoNode) => Vec::new(),
+                Err(e) => return Err(map_err(e, DOING)),
+            },
         };
         let mut queue: Vec<(i64, String)> = children
             .into_iter()

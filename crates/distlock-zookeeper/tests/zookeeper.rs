@@ -216,3 +216,18 @@ async fn the_server_a_holder_talks_to_killed_in_an_ensemble_of_three() {
     assert!(g2.fence() > fence, "{:?} after {fence:?}", g2.fence());
     assert_eq!(g2.release().await.unwrap(), Released::Held);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_strictly_increase_across_500_holders() {
+    let Some(zk) = ZooKeeper::start() else { return };
+    let url = zk.url("");
+    let clients = [client(&url).await, client(&url).await];
+    let mut last = 0;
+    for i in 0..500 {
+        let g = clients[i % 2].acquire("fences500").await.unwrap();
+        let fence = g.fence().expect("ZooKeeper gives fences");
+        assert!(fence > last, "holder {i}: fence {fence} after {last}");
+        last = fence;
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+    }
+}
