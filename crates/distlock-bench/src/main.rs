@@ -320,6 +320,110 @@ async fn parallel_rtt_us(conns: &mut [redis::aio::MultiplexedConnection], n: usi
     median(v)
 }
 
+/// One P5 row: an engine's uncontended cycle beside its raw client floor.
+struct P5Row {
+    engine: &'static str,
+    floor_name: &'static str,
+    floor: f64,
+    ours: f64,
+}
+
+/// etcd's floor: a create-if-absent transaction and a delete, with etcd-client.
+async fn etcd_floor(client: &mut etcd_client::Client, cycles: usize) -> f64 {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    let t0 = Instant::now();
+    for i in 0..cycles {
+        let txn = Txn::new()
+            .when([Compare::create_revision("raw/lock", CompareOp::Equal, 0)])
+            .and_then([TxnOp::put("raw/lock", format!("t{i}"), None)]);
+        let r = client.txn(txn).await.expect("txn");
+        assert!(r.succeeded(), "raw lock busy");
+        client.delete("raw/lock", None).await.expect("delete");
+    }
+    cycles as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// ZooKeeper's floor: an ephemeral create and a delete, with zookeeper-client.
+async fn zk_floor(client: &zookeeper_client::Client, cycles: usize) -> f64 {
+    let options =
+        zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+    let t0 = Instant::now();
+    for _ in 0..cycles {
+        client
+            .create("/rawlock", b"x", &options)
+            .await
+            .expect("create");
+        client.delete("/rawlock", None).await.expect("delete");
+    }
+    cycles as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// P5: etcd and ZooKeeper (started here, pinned like the rest), each beside its raw floor, in
+/// interleaved rounds.
+fn p5(rt: &tokio::runtime::Runtime, rounds: usize, cycles: usize, pin: bool) -> Vec<P5Row> {
+    let mut rows = Vec::new();
+    if let Some(etcd) = distlock_testkit::Etcd::start() {
+        if pin {
+            etcd.members()[0].pin_to_cpu(0);
+        }
+        let url = etcd.url("");
+        rows.push(rt.block_on(async {
+            let endpoint = format!("127.0.0.1:{}", etcd.members()[0].port());
+            let mut raw = etcd_client::Client::connect([endpoint], None)
+                .await
+                .expect("connect");
+            let ours = LockClient::new(
+                distlock_etcd::EtcdBackend::connect(&url)
+                    .await
+                    .expect("connect"),
+            );
+            etcd_floor(&mut raw, 50).await;
+            distlock_cycles(&ours, "p5", 50).await;
+            let (mut f, mut o) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                f.push(etcd_floor(&mut raw, cycles).await);
+                o.push(distlock_cycles(&ours, "p5", cycles).await);
+            }
+            P5Row {
+                engine: "etcd 3.4 (data on tmpfs)",
+                floor_name: "etcd-client txn create-if-absent + delete",
+                floor: median(f),
+                ours: median(o),
+            }
+        }));
+    }
+    if let Some(zk) = distlock_testkit::ZooKeeper::start() {
+        if pin {
+            zk.servers()[0].pin_to_cpu(0);
+        }
+        let url = zk.url("");
+        rows.push(rt.block_on(async {
+            let raw = zookeeper_client::Client::connect(&url["zk://".len()..])
+                .await
+                .expect("connect");
+            let ours = LockClient::new(
+                distlock_zookeeper::ZkBackend::connect(&url)
+                    .await
+                    .expect("connect"),
+            );
+            zk_floor(&raw, 50).await;
+            distlock_cycles(&ours, "p5", 50).await;
+            let (mut f, mut o) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                f.push(zk_floor(&raw, cycles).await);
+                o.push(distlock_cycles(&ours, "p5", cycles).await);
+            }
+            P5Row {
+                engine: "ZooKeeper 3.8",
+                floor_name: "zookeeper-client ephemeral create + delete",
+                floor: median(f),
+                ours: median(o),
+            }
+        }));
+    }
+    rows
+}
+
 /// P4's figures: medians over interleaved rounds.
 struct P4 {
     masters: usize,
@@ -850,6 +954,12 @@ fn main() {
             peer.map(|_| median(r)),
         )
     });
+    let p5 = p5(
+        &rt,
+        rounds,
+        if cli.quick { cycles } else { cycles / 2 },
+        !cli.no_pin,
+    );
     let p4 = p4(
         &rt,
         if cli.quick { 3 } else { cli.masters.max(1) },
@@ -979,6 +1089,22 @@ fn main() {
     );
     println!();
     println!(
+        "P5 other engines, uncontended acquire+release, one client, {rounds} round(s), medians"
+    );
+    println!("| engine | raw floor | floor cycles/s | distlock cycles/s | vs floor |");
+    println!("|---|---|---:|---:|---:|");
+    for r in &p5 {
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.2} |",
+            r.engine,
+            r.floor_name,
+            r.floor,
+            r.ours,
+            r.ours / r.floor
+        );
+    }
+    println!();
+    println!(
         "PING round trip: {rtt:.1} µs (median of 1000 back to back); {idle_rtt:.1} µs (each after a 2 ms pause: median of the P3 rounds' medians of 150)"
     );
     println!();
@@ -1077,6 +1203,10 @@ fn main() {
             "redis": redis_version(&server),
             "p1": { "rounds": rounds, "cycles": cycles, "sync_floor": p1_sync,
                     "async_floor": p1_async, "distlock": p1_ours, "rslock": p1_rslock },
+            "p5": p5.iter().map(|r| serde_json::json!({
+                "engine": r.engine, "floor": r.floor_name, "floor_per_sec": r.floor,
+                "distlock_per_sec": r.ours,
+            })).collect::<Vec<_>>(),
             "p4": { "masters": p4.masters, "raw_parallel_floor": p4.floor, "distlock": p4.ours,
                     "rslock": p4.rslock, "parallel_ping_us": p4.parallel_rtt_us },
             "rtt_us": rtt,

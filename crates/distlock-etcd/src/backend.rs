@@ -10,8 +10,8 @@ use distlock_core::{
     LockStatus, Subscription, Token, WakeHub,
 };
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use tokio::runtime::Handle;
 use tokio::task::AbortHandle;
@@ -235,6 +235,83 @@ impl EtcdBackend {
         Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
         self.inner.retry(f).await
+    }
+
+    /// A first attempt: one transaction that writes our key only if the lock has no key at all
+    /// (a compare over the whole prefix), and otherwise only reads the holder's. No key is left
+    /// behind when busy, and the lease is kept for the next attempt.
+    async fn acquire_fast(
+        &self,
+        req: &AcquireRequest<'_>,
+        token: &str,
+        entry: &Entry,
+        fresh: bool,
+        first: TxnOp,
+    ) -> Result<Attempt, LockError> {
+        const DOING: &str = "acquiring an etcd lock";
+        let prefix = self.lock_prefix(req.key);
+        let value = format!("{token} {} {}", now_ms(), req.owner);
+        let txn = Txn::new()
+            .when([Compare::create_revision(prefix.as_str(), CompareOp::Equal, 0).with_prefix()])
+            .and_then([TxnOp::put(
+                entry.key.as_str(),
+                value,
+                Some(PutOptions::new().with_lease(entry.lease)),
+            )])
+            .or_else([first]);
+        let reply = self
+            .retry(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await;
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) if lease_missing(&e) => {
+                self.discard(token);
+                return Err(LockError::new(
+                    ErrorKind::Lost,
+                    "the etcd lease of this attempt expired before the lock was written",
+                ));
+            }
+            Err(e) => return Err(map_err(e, DOING)),
+        };
+        if !reply.succeeded() {
+            // Busy, and nothing written: the lease goes back to the spares.
+            if let Some(e) = lock_mutex(&self.inner.entries).remove(token) {
+                let spare = Spare {
+                    lease: e.lease,
+                    ttl_s: e.ttl_s,
+                    refreshed: *lock_mutex(&e.refreshed),
+                };
+                if let Some(old) = lock_mutex(&self.inner.spares).insert(e.asked_s, spare) {
+                    self.inner.revoke_later(old.lease);
+                }
+            }
+            return Ok(Attempt::Busy { holder_ttl: None });
+        }
+        // The put was the transaction's only write: its revision is our key's create revision.
+        let rev = reply.header().map_or(0, |h| h.revision());
+        Ok(self.acquired(token, entry, rev, fresh))
+    }
+
+    /// Our key heads the queue: the lock is ours.
+    fn acquired(&self, token: &str, entry: &Entry, rev: i64, fresh: bool) -> Attempt {
+        self.mark_held(token, rev);
+        let fence = u64::try_from(rev).ok();
+        if fresh {
+            // Granted by this very attempt: the server keeps it at least a TTL from the
+            // attempt's start, which is what the core counts from.
+            return Attempt::Acquired { fence };
+        }
+        // A spare, or a lease kept alive while queued: it lasts a TTL from its last refresh,
+        // perhaps less than from now. Say how old it is.
+        let refreshed = *lock_mutex(&entry.refreshed);
+        Attempt::Granted {
+            fence,
+            elapsed: Some(refreshed.elapsed()),
+            ttl: Duration::from_secs(entry.ttl_s as u64),
+        }
     }
 
     fn entry(&self, token: &str) -> Option<Entry> {
@@ -492,12 +569,12 @@ impl Backend for EtcdBackend {
         let token = req.token.as_str();
         // `fresh`: the lease was granted by this very call (not by an earlier attempt of the
         // same token, whose reply was lost, nor kept from a release).
-        let (entry, fresh) = match self.entry(token) {
-            Some(e) => (e, false),
+        let (entry, fresh, fresh_attempt) = match self.entry(token) {
+            Some(e) => (e, false, false),
             None => {
                 let e = self.new_entry(req.key, token, req.ttl).await?;
                 let fresh = e.fresh;
-                (e, fresh)
+                (e, fresh, true)
             }
         };
         let prefix = self.lock_prefix(req.key);
@@ -511,6 +588,9 @@ impl Backend for EtcdBackend {
                     .with_keys_only(),
             ),
         );
+        if fresh_attempt && !req.waiting && !req.resent {
+            return self.acquire_fast(req, token, &entry, fresh, first).await;
+        }
         let mine = TxnOp::get(entry.key.as_str(), Some(GetOptions::new().with_keys_only()));
         let txn = if entry.rev == 0 {
             // New (or resent before its reply came): create the key unless it exists.
@@ -590,21 +670,7 @@ impl Backend for EtcdBackend {
             ));
         }
         if head == entry.key {
-            self.mark_held(token, my_rev);
-            let fence = u64::try_from(my_rev).ok();
-            if fresh {
-                // Granted by this very attempt: the server keeps it at least a TTL from the
-                // attempt's start, which is what the core counts from.
-                return Ok(Attempt::Acquired { fence });
-            }
-            // A spare, or a lease kept alive while queued: it lasts a TTL from its last
-            // refresh, perhaps less than from now. Say how old it is.
-            let refreshed = *lock_mutex(&entry.refreshed);
-            return Ok(Attempt::Granted {
-                fence,
-                elapsed: Some(refreshed.elapsed()),
-                ttl: Duration::from_secs(entry.ttl_s as u64),
-            });
+            return Ok(self.acquired(token, &entry, my_rev, fresh));
         }
         if !req.waiting {
             // Not waiting: leave no key behind.
@@ -727,21 +793,25 @@ impl Backend for EtcdBackend {
             self.discard(token.as_str());
             return Ok(LeaseCheck::Missing);
         }
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                entry.key.as_str(),
-                CompareOp::Equal,
-                entry.rev,
-            )])
-            .and_then([TxnOp::delete(entry.key.as_str(), None)]);
+        // A plain delete is safe here, unlike on a shared key: the key's name carries our
+        // lease's id, so it is ours alone (another holder's lock is another key). The deleted
+        // key's create revision tells whether it was this acquisition's.
+        let lock_key = entry.key.clone();
         let reply = self
             .retry(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
+                let lock_key = lock_key.clone();
+                async move {
+                    c.delete(lock_key, Some(DeleteOptions::new().with_prev_key()))
+                        .await
+                }
             })
             .await
             .map_err(|e| map_err(e, DOING))?;
-        if !reply.succeeded() {
+        let ours = reply
+            .prev_kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == entry.rev);
+        if !ours {
             self.discard(token.as_str());
             return Ok(LeaseCheck::Missing);
         }

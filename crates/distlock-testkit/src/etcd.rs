@@ -195,6 +195,15 @@ impl EtcdMember {
         Pid::from_raw(i32::try_from(child.id()).expect("pid fits"))
     }
 
+    /// Pins the process (every thread) to one CPU, for latency figures on a small machine.
+    pub fn pin_to_cpu(&self, cpu: usize) {
+        let out = Command::new("taskset")
+            .args(["-acp", &cpu.to_string(), &self.pid().to_string()])
+            .output()
+            .expect("run taskset");
+        assert!(out.status.success(), "taskset failed: {out:?}");
+    }
+
     /// Freezes the member (SIGSTOP).
     pub fn pause(&self) {
         kill(self.pid(), Signal::SIGSTOP).expect("SIGSTOP");

@@ -50,10 +50,16 @@ impl ZooKeeper {
                 .collect();
             let mut servers = Vec::new();
             for (i, (client, _, _)) in ports.iter().enumerate() {
-                let dir = tempfile::Builder::new()
-                    .prefix("distlock-zk-")
-                    .tempdir()
-                    .expect("temp dir");
+                // On tmpfs when there is one (as etcd's): a disk's fsync per write would be
+                // most of every request's time.
+                let dir = if std::path::Path::new("/dev/shm").is_dir() {
+                    tempfile::Builder::new()
+                        .prefix("distlock-zk-")
+                        .tempdir_in("/dev/shm")
+                } else {
+                    tempfile::Builder::new().prefix("distlock-zk-").tempdir()
+                }
+                .expect("temp dir");
                 let data = dir.path().join("data");
                 std::fs::create_dir_all(&data).expect("data dir");
                 let mut cfg = format!(
@@ -173,6 +179,15 @@ impl ZkServer {
     fn pid(&self) -> Pid {
         let child = self.child.as_ref().expect("server is running");
         Pid::from_raw(i32::try_from(child.id()).expect("pid fits"))
+    }
+
+    /// Pins the process (every thread) to one CPU, for latency figures on a small machine.
+    pub fn pin_to_cpu(&self, cpu: usize) {
+        let out = Command::new("taskset")
+            .args(["-acp", &cpu.to_string(), &self.pid().to_string()])
+            .output()
+            .expect("run taskset");
+        assert!(out.status.success(), "taskset failed: {out:?}");
     }
 
     /// Freezes the server (SIGSTOP).
