@@ -57,6 +57,27 @@ impl fmt::Display for Token {
     }
 }
 
+/// The value engines store for a holder: `<token> <since, unix ms> <owner label>` (tokens and the
+/// time never contain spaces; the label may).
+pub fn holder_value(token: &str, since_ms: u128, owner: &str) -> String {
+    format!("{token} {since_ms} {owner}")
+}
+
+/// A stored holder value's token and its label for `status` (`owner since <ms>`), or
+/// `(not a distlock client)` when another tool wrote it.
+pub fn describe_holder_value(value: &str) -> (&str, String) {
+    let mut parts = value.splitn(3, ' ');
+    let token = parts.next().unwrap_or_default();
+    let label = match (
+        parts.next().and_then(|s| s.parse::<u64>().ok()),
+        parts.next(),
+    ) {
+        (Some(since), Some(owner)) => format!("{owner} since {since}"),
+        _ => "(not a distlock client)".to_owned(),
+    };
+    (token, label)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

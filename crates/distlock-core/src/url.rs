@@ -89,6 +89,61 @@ impl<'a> MultiHostUrl<'a> {
         }
     }
 
+    /// Removes the duration parameter `name` (`500ms`, `3s`…) and returns it.
+    ///
+    /// # Errors
+    /// `Config` for a value that is not a duration, or zero.
+    pub fn take_duration(&mut self, name: &str) -> Result<Option<std::time::Duration>, LockError> {
+        let Some(v) = self.take(name) else {
+            return Ok(None);
+        };
+        let d = crate::parse_duration(&v)?;
+        if d.is_zero() {
+            return Err(LockError::new(
+                ErrorKind::Config,
+                format!("{name} must be above zero"),
+            ));
+        }
+        Ok(Some(d))
+    }
+
+    /// Fails on parameters not taken (`engine` and `known` name them in the message).
+    ///
+    /// # Errors
+    /// `Config` when any parameter is left.
+    pub fn no_more_params(&self, engine: &str, known: &str) -> Result<(), LockError> {
+        if self.query.is_empty() {
+            return Ok(());
+        }
+        Err(LockError::new(
+            ErrorKind::Config,
+            format!(
+                "unknown {engine} URL parameter(s) {:?} (known: {known})",
+                self.rest_query()
+            ),
+        ))
+    }
+
+    /// Fails unless every host is `host:port` with a port above zero (`usual` is the engine's
+    /// usual port, for the message).
+    ///
+    /// # Errors
+    /// `Config` naming the first bad host.
+    pub fn require_ports(&self, usual: u16) -> Result<(), LockError> {
+        for host in &self.hosts {
+            let ok = host
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                return Err(LockError::new(
+                    ErrorKind::Config,
+                    format!("{host:?} is not host:port (the usual port is {usual})"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The user name and password of `userinfo`, percent-decoded (empty when absent).
     pub fn credentials(&self) -> (String, String) {
         let info = self.userinfo.trim_end_matches('@');

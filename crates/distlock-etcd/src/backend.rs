@@ -250,7 +250,7 @@ impl EtcdBackend {
     ) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring an etcd lock";
         let prefix = self.lock_prefix(req.key);
-        let value = format!("{token} {} {}", now_ms(), req.owner);
+        let value = distlock_core::holder_value(token, now_ms(), req.owner);
         let txn = Txn::new()
             .when([Compare::create_revision(prefix.as_str(), CompareOp::Equal, 0).with_prefix()])
             .and_then([TxnOp::put(
@@ -279,20 +279,25 @@ impl EtcdBackend {
         if !reply.succeeded() {
             // Busy, and nothing written: the lease goes back to the spares.
             if let Some(e) = lock_mutex(&self.inner.entries).remove(token) {
-                let spare = Spare {
-                    lease: e.lease,
-                    ttl_s: e.ttl_s,
-                    refreshed: *lock_mutex(&e.refreshed),
-                };
-                if let Some(old) = lock_mutex(&self.inner.spares).insert(e.asked_s, spare) {
-                    self.inner.revoke_later(old.lease);
-                }
+                self.keep_spare(&e);
             }
             return Ok(Attempt::Busy { holder_ttl: None });
         }
         // The put was the transaction's only write: its revision is our key's create revision.
         let rev = reply.header().map_or(0, |h| h.revision());
         Ok(self.acquired(token, entry, rev, fresh))
+    }
+
+    /// Keeps an entry's lease, with no key on it any more, for the next acquire with its TTL.
+    fn keep_spare(&self, entry: &Entry) {
+        let spare = Spare {
+            lease: entry.lease,
+            ttl_s: entry.ttl_s,
+            refreshed: *lock_mutex(&entry.refreshed),
+        };
+        if let Some(old) = lock_mutex(&self.inner.spares).insert(entry.asked_s, spare) {
+            self.inner.revoke_later(old.lease);
+        }
     }
 
     /// Our key heads the queue: the lock is ours.
@@ -594,7 +599,7 @@ impl Backend for EtcdBackend {
         let mine = TxnOp::get(entry.key.as_str(), Some(GetOptions::new().with_keys_only()));
         let txn = if entry.rev == 0 {
             // New (or resent before its reply came): create the key unless it exists.
-            let value = format!("{token} {} {}", now_ms(), req.owner);
+            let value = distlock_core::holder_value(token, now_ms(), req.owner);
             Txn::new()
                 .when([Compare::create_revision(
                     entry.key.as_str(),
@@ -820,14 +825,7 @@ impl Backend for EtcdBackend {
         if let Some(k) = lock_mutex(&self.inner.keepers).remove(token.as_str()) {
             k.abort();
         }
-        let spare = Spare {
-            lease: entry.lease,
-            ttl_s: entry.ttl_s,
-            refreshed: *lock_mutex(&entry.refreshed),
-        };
-        if let Some(old) = lock_mutex(&self.inner.spares).insert(entry.asked_s, spare) {
-            self.inner.revoke_later(old.lease);
-        }
+        self.keep_spare(&entry);
         Ok(LeaseCheck::Ours)
     }
 
@@ -855,15 +853,7 @@ impl Backend for EtcdBackend {
             return Ok(LockStatus::free());
         };
         let value = String::from_utf8_lossy(kv.value()).into_owned();
-        let mut parts = value.splitn(3, ' ');
-        let _token = parts.next();
-        let owner = match (
-            parts.next().and_then(|s| s.parse::<u64>().ok()),
-            parts.next(),
-        ) {
-            (Some(since), Some(owner)) => format!("{owner} since {since}"),
-            _ => "(not a distlock client)".to_owned(),
-        };
+        let (_, owner) = distlock_core::describe_holder_value(&value);
         let lease = kv.lease();
         let ttl = match self
             .retry(|mut c| async move { c.lease_time_to_live(lease, None).await })

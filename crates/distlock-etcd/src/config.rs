@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use distlock_core::url::{MultiHostUrl, split_scheme};
-use distlock_core::{ErrorKind, LockError, parse_duration};
+use distlock_core::{ErrorKind, LockError};
 
 /// How to reach an etcd cluster, and where lock keys live in it.
 ///
@@ -68,37 +68,19 @@ impl EtcdConfig {
         if let Some(p) = parts.take("prefix") {
             cfg.prefix = p;
         }
-        for (name, slot) in [
-            ("connect_timeout", &mut cfg.connect_timeout),
-            ("response_timeout", &mut cfg.response_timeout),
-        ] {
-            if let Some(v) = parts.take(name) {
-                let d = parse_duration(&v)?;
-                if d.is_zero() {
-                    return Err(cfg_err(format!("{name} must be above zero")));
-                }
-                *slot = d;
-            }
+        if let Some(d) = parts.take_duration("connect_timeout")? {
+            cfg.connect_timeout = d;
         }
-        let rest = parts.rest_query();
-        if !rest.is_empty() {
-            return Err(cfg_err(format!(
-                "unknown etcd URL parameter(s) {rest:?} (known: prefix, connect_timeout, response_timeout)"
-            )));
+        if let Some(d) = parts.take_duration("response_timeout")? {
+            cfg.response_timeout = d;
         }
+        parts.no_more_params("etcd", "prefix, connect_timeout, response_timeout")?;
+        parts.require_ports(2379)?;
         if !parts.userinfo.is_empty() {
             let (user, password) = parts.credentials();
             cfg.user = Some((user, password));
         }
         for host in &parts.hosts {
-            let port_ok = host
-                .rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
-            if !port_ok {
-                return Err(cfg_err(format!(
-                    "{host:?} is not host:port (etcd's client port is usually 2379)"
-                )));
-            }
             cfg.endpoints.push(format!("http://{host}"));
         }
         cfg.check_prefix()?;

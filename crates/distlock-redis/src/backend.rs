@@ -821,16 +821,9 @@ fn describe_holder(
     meta_token: &str,
     meta_fence: Option<u64>,
 ) -> (String, Option<u64>) {
-    let mut parts = value.splitn(3, ' ');
-    let token = parts.next().unwrap_or_default();
+    let (token, label) = distlock_core::describe_holder_value(value);
     let fence = meta_fence.filter(|_| !token.is_empty() && token == meta_token);
-    match (
-        parts.next().and_then(|s| s.parse::<u64>().ok()),
-        parts.next(),
-    ) {
-        (Some(since), Some(owner)) => (format!("{owner} since {since}"), fence),
-        _ => ("(not a distlock client)".into(), fence),
-    }
+    (label, fence)
 }
 
 #[cfg(test)]

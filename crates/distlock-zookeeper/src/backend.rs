@@ -229,7 +229,7 @@ impl ZkBackend {
     ) -> Result<(String, i64, i64), LockError> {
         const DOING: &str = "creating a ZooKeeper lock node";
         let prefix = format!("{parent}/_c_{token}-lock-");
-        let data = format!("{token} {} {owner}", now_ms());
+        let data = distlock_core::holder_value(token, now_ms(), owner);
         let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         for _ in 0..2 {
             match self
@@ -281,7 +281,7 @@ impl ZkBackend {
     ) -> Result<(Option<(String, i64, i64)>, Option<Vec<String>>), LockError> {
         const DOING: &str = "creating a ZooKeeper lock node";
         let prefix = format!("{parent}/_c_{token}-lock-");
-        let data = format!("{token} {} {owner}", now_ms());
+        let data = distlock_core::holder_value(token, now_ms(), owner);
         let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         let create = client.create(&prefix, data.as_bytes(), &options);
         let list = client.list_children(parent);
@@ -619,15 +619,7 @@ impl Backend for ZkBackend {
             Err(e) => return Err(map_err(e, DOING)),
         };
         let value = String::from_utf8_lossy(&data).into_owned();
-        let mut parts = value.splitn(3, ' ');
-        let _token = parts.next();
-        let owner = match (
-            parts.next().and_then(|s| s.parse::<u64>().ok()),
-            parts.next(),
-        ) {
-            (Some(since), Some(owner)) => format!("{owner} since {since}"),
-            _ => "(not a distlock client)".to_owned(),
-        };
+        let (_, owner) = distlock_core::describe_holder_value(&value);
         let fence = u64::try_from(stat.czxid).ok();
         Ok(LockStatus::held(Some(owner), fence, None).with_last_fence(fence))
     }

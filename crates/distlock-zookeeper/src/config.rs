@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use distlock_core::url::{MultiHostUrl, split_scheme};
-use distlock_core::{ErrorKind, LockError, parse_duration};
+use distlock_core::{ErrorKind, LockError};
 
 /// How to reach a ZooKeeper ensemble, and where lock nodes live in it.
 ///
@@ -55,36 +55,20 @@ impl ZkConfig {
         if let Some(p) = parts.take("prefix") {
             cfg.prefix = p;
         }
-        for (name, slot) in [
-            ("session_timeout", &mut cfg.session_timeout),
-            ("connect_timeout", &mut cfg.connect_timeout),
-            ("response_timeout", &mut cfg.response_timeout),
-        ] {
-            if let Some(v) = parts.take(name) {
-                let d = parse_duration(&v)?;
-                if d.is_zero() {
-                    return Err(cfg_err(format!("{name} must be above zero")));
-                }
-                *slot = d;
-            }
+        if let Some(d) = parts.take_duration("session_timeout")? {
+            cfg.session_timeout = d;
         }
-        let rest = parts.rest_query();
-        if !rest.is_empty() {
-            return Err(cfg_err(format!(
-                "unknown ZooKeeper URL parameter(s) {rest:?} (known: prefix, session_timeout, \
-                 connect_timeout, response_timeout)"
-            )));
+        if let Some(d) = parts.take_duration("connect_timeout")? {
+            cfg.connect_timeout = d;
         }
-        for host in &parts.hosts {
-            let ok = host
-                .rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
-            if !ok {
-                return Err(cfg_err(format!(
-                    "{host:?} is not host:port (ZooKeeper's client port is usually 2181)"
-                )));
-            }
+        if let Some(d) = parts.take_duration("response_timeout")? {
+            cfg.response_timeout = d;
         }
+        parts.no_more_params(
+            "ZooKeeper",
+            "prefix, session_timeout, connect_timeout, response_timeout",
+        )?;
+        parts.require_ports(2181)?;
         let chroot = parts.path.trim_end_matches('/');
         if chroot.contains("//") || chroot.split('/').any(|s| s == "." || s == "..") {
             return Err(cfg_err(format!("{:?} is not a ZooKeeper path", parts.path)));
