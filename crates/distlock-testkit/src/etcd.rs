@@ -1,19 +1,16 @@
 //! Real etcd members for tests: one alone, or three in a cluster, each on free loopback ports
 //! with its data on tmpfs (`/dev/shm` when it exists).
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-
-use crate::process::{free_port, require_binary, tail};
+use crate::process::{Daemon, free_port, require_binary, tail};
 
 /// One etcd member. Killed when dropped.
 #[derive(Debug)]
 pub struct EtcdMember {
     name: String,
-    child: Option<Child>,
+    child: Daemon,
     client_port: u16,
     peer_port: u16,
     dir: tempfile::TempDir,
@@ -58,7 +55,7 @@ impl Etcd {
                 };
                 let mut m = EtcdMember {
                     name: format!("m{i}"),
-                    child: None,
+                    child: Daemon::default(),
                     client_port: *client_port,
                     peer_port: *peer_port,
                     dir: base.expect("temp dir"),
@@ -101,7 +98,7 @@ impl Etcd {
         let endpoints: Vec<String> = self
             .members
             .iter()
-            .filter(|m| m.child.is_some())
+            .filter(|m| m.child.is_running())
             .map(|m| format!("127.0.0.1:{}", m.client_port))
             .collect();
         let out = Command::new("etcdctl")
@@ -167,7 +164,7 @@ impl EtcdMember {
             .stderr(log)
             .spawn()
             .expect("run etcd");
-        self.child = Some(child);
+        self.child = Daemon::new(child);
     }
 
     fn healthy(&self) -> bool {
@@ -190,48 +187,29 @@ impl EtcdMember {
         self.client_port
     }
 
-    fn pid(&self) -> Pid {
-        let child = self.child.as_ref().expect("member is running");
-        Pid::from_raw(i32::try_from(child.id()).expect("pid fits"))
-    }
-
     /// Pins the process (every thread) to one CPU, for latency figures on a small machine.
     pub fn pin_to_cpu(&self, cpu: usize) {
-        let out = Command::new("taskset")
-            .args(["-acp", &cpu.to_string(), &self.pid().to_string()])
-            .output()
-            .expect("run taskset");
-        assert!(out.status.success(), "taskset failed: {out:?}");
+        self.child.pin_to_cpu(cpu);
     }
 
-    /// Freezes the member (SIGSTOP).
+    /// Freezes it (SIGSTOP).
     pub fn pause(&self) {
-        kill(self.pid(), Signal::SIGSTOP).expect("SIGSTOP");
+        self.child.pause();
     }
 
-    /// Thaws a paused member (SIGCONT).
+    /// Thaws it (SIGCONT).
     pub fn resume(&self) {
-        kill(self.pid(), Signal::SIGCONT).expect("SIGCONT");
+        self.child.resume();
     }
 
-    /// Kills the member with SIGKILL and reaps it (its data stays, for a restart).
+    /// Kills it with SIGKILL and reaps it (its data stays).
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGCONT);
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.child.kill();
     }
 
     /// Starts a killed member again, on its data directory and ports.
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
-    }
-}
-
-impl Drop for EtcdMember {
-    fn drop(&mut self) {
-        self.kill();
     }
 }

@@ -41,3 +41,59 @@ pub(crate) fn tail(path: &Path, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
+
+/// A server process the test kit started: freeze, thaw, pin or kill it. Killed when dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Daemon(Option<std::process::Child>);
+
+impl Daemon {
+    pub(crate) fn new(child: std::process::Child) -> Self {
+        Daemon(Some(child))
+    }
+
+    pub(crate) fn is_running(&self) -> bool {
+        self.0.is_some()
+    }
+
+    pub(crate) fn pid(&self) -> nix::unistd::Pid {
+        let child = self.0.as_ref().expect("the server is running");
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid fits"))
+    }
+
+    /// SIGSTOP: connections stay open and nothing answers.
+    pub(crate) fn pause(&self) {
+        nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    }
+
+    /// SIGCONT.
+    pub(crate) fn resume(&self) {
+        nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    }
+
+    /// Pins every thread of the process to one CPU (`taskset -acp`).
+    pub(crate) fn pin_to_cpu(&self, cpu: usize) {
+        let out = std::process::Command::new("taskset")
+            .args(["-acp", &cpu.to_string(), &self.pid().to_string()])
+            .output()
+            .expect("run taskset");
+        assert!(out.status.success(), "taskset failed: {out:?}");
+    }
+
+    /// SIGKILL (a paused process too) and reap.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGCONT,
+            );
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -3,13 +3,10 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-
-use crate::process::{free_port, require_binary, tail};
+use crate::process::{Daemon, free_port, require_binary, tail};
 
 const JAR: &str = "/usr/share/java/zookeeper.jar";
 const CONF: &str = "/etc/zookeeper/conf";
@@ -17,7 +14,7 @@ const CONF: &str = "/etc/zookeeper/conf";
 /// One ZooKeeper server. Killed when dropped.
 #[derive(Debug)]
 pub struct ZkServer {
-    child: Option<Child>,
+    child: Daemon,
     port: u16,
     dir: tempfile::TempDir,
 }
@@ -76,7 +73,7 @@ impl ZooKeeper {
                 }
                 std::fs::write(dir.path().join("zoo.cfg"), cfg).expect("zoo.cfg");
                 let mut s = ZkServer {
-                    child: None,
+                    child: Daemon::default(),
                     port: *client,
                     dir,
                 };
@@ -147,7 +144,7 @@ impl ZkServer {
             .stderr(log)
             .spawn()
             .expect("run java");
-        self.child = Some(child);
+        self.child = Daemon::new(child);
     }
 
     /// The client port.
@@ -176,42 +173,23 @@ impl ZkServer {
             .contains(&format!("sid=0x{:x}", id as u64))
     }
 
-    fn pid(&self) -> Pid {
-        let child = self.child.as_ref().expect("server is running");
-        Pid::from_raw(i32::try_from(child.id()).expect("pid fits"))
-    }
-
     /// Pins the process (every thread) to one CPU, for latency figures on a small machine.
     pub fn pin_to_cpu(&self, cpu: usize) {
-        let out = Command::new("taskset")
-            .args(["-acp", &cpu.to_string(), &self.pid().to_string()])
-            .output()
-            .expect("run taskset");
-        assert!(out.status.success(), "taskset failed: {out:?}");
+        self.child.pin_to_cpu(cpu);
     }
 
-    /// Freezes the server (SIGSTOP).
+    /// Freezes it (SIGSTOP).
     pub fn pause(&self) {
-        kill(self.pid(), Signal::SIGSTOP).expect("SIGSTOP");
+        self.child.pause();
     }
 
-    /// Thaws a paused server (SIGCONT).
+    /// Thaws it (SIGCONT).
     pub fn resume(&self) {
-        kill(self.pid(), Signal::SIGCONT).expect("SIGCONT");
+        self.child.resume();
     }
 
-    /// Kills the server with SIGKILL and reaps it.
+    /// Kills it with SIGKILL and reaps it (its data stays).
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGCONT);
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for ZkServer {
-    fn drop(&mut self) {
-        self.kill();
+        self.child.kill();
     }
 }
