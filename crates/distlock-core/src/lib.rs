@@ -32,4 +32,4 @@ pub use options::{
     MAX_TTL, Wait, default_drift,
 };
 pub use token::{MAX_TOKEN_LEN, Token, describe_holder_value, holder_value};
-pub use wake::{Subscription, WakeHub};
+pub use wake::{PredecessorWatches, Subscription, WakeHub};

@@ -366,3 +366,40 @@ mod tests {
         assert!(hub.keys().is_empty());
     }
 }
+
+/// One watch task per lock, on a named target (the key or node just before ours in a queue):
+/// for engines whose waiters watch their predecessor. Pointing a lock at the target it already
+/// watches, with its task still running, does nothing; any other target replaces the task.
+#[derive(Debug, Default)]
+pub struct PredecessorWatches {
+    tasks: std::sync::Mutex<HashMap<String, (String, tokio::task::AbortHandle)>>,
+}
+
+impl PredecessorWatches {
+    /// Watches `target` for `key` with the task `start` spawns, unless it is watched already.
+    pub fn point(&self, key: &str, target: &str, start: impl FnOnce() -> tokio::task::AbortHandle) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        if tasks
+            .get(key)
+            .is_some_and(|(t, task)| t == target && !task.is_finished())
+        {
+            return;
+        }
+        if let Some((_, old)) = tasks.remove(key) {
+            old.abort();
+        }
+        tasks.insert(key.to_owned(), (target.to_owned(), start()));
+    }
+
+    /// Stops watching for `key`.
+    pub fn stop(&self, key: &str) {
+        let removed = self
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+        if let Some((_, task)) = removed {
+            task.abort();
+        }
+    }
+}

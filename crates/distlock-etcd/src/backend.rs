@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
-    LockStatus, Subscription, Token, WakeHub,
+    LockStatus, PredecessorWatches, Subscription, Token, WakeHub,
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, PutOptions,
@@ -58,7 +58,7 @@ struct Inner {
     /// Keep-alive tasks of queued entries, by token.
     keepers: Mutex<HashMap<String, AbortHandle>>,
     /// The watch on each waited-for lock's predecessor: the key watched, and its task.
-    watches: Mutex<HashMap<String, (String, AbortHandle)>>,
+    watches: PredecessorWatches,
     /// One spare lease per asked TTL (whole seconds).
     spares: Mutex<HashMap<i64, Spare>>,
     hub: WakeHub,
@@ -171,7 +171,7 @@ impl EtcdBackend {
                 config,
                 entries: Mutex::new(HashMap::new()),
                 keepers: Mutex::new(HashMap::new()),
-                watches: Mutex::new(HashMap::new()),
+                watches: PredecessorWatches::default(),
                 spares: Mutex::new(HashMap::new()),
                 hub: WakeHub::new(
                     |_| {},
@@ -218,10 +218,7 @@ impl EtcdBackend {
             .when([Compare::create_revision(key, CompareOp::Equal, rev)])
             .and_then([TxnOp::put(data_key, value, None)]);
         let reply = self
-            .retry(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
+            .txn(txn)
             .await
             .map_err(|e| map_err(e, "a fenced write to etcd"))?;
         Ok(reply.succeeded())
@@ -248,7 +245,6 @@ impl EtcdBackend {
         fresh: bool,
         first: TxnOp,
     ) -> Result<Attempt, LockError> {
-        const DOING: &str = "acquiring an etcd lock";
         let prefix = self.lock_prefix(req.key);
         let value = distlock_core::holder_value(token, now_ms(), req.owner);
         let txn = Txn::new()
@@ -259,23 +255,7 @@ impl EtcdBackend {
                 Some(PutOptions::new().with_lease(entry.lease)),
             )])
             .or_else([first]);
-        let reply = self
-            .retry(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await;
-        let reply = match reply {
-            Ok(r) => r,
-            Err(e) if lease_missing(&e) => {
-                self.discard(token);
-                return Err(LockError::new(
-                    ErrorKind::Lost,
-                    "the etcd lease of this attempt expired before the lock was written",
-                ));
-            }
-            Err(e) => return Err(map_err(e, DOING)),
-        };
+        let reply = self.acquire_txn(token, txn).await?;
         if !reply.succeeded() {
             // Busy, and nothing written: the lease goes back to the spares.
             if let Some(e) = lock_mutex(&self.inner.entries).remove(token) {
@@ -316,6 +296,35 @@ impl EtcdBackend {
             fence,
             elapsed: Some(refreshed.elapsed()),
             ttl: Duration::from_secs(entry.ttl_s as u64),
+        }
+    }
+
+    /// Sends a transaction (again on another member while it never reached one).
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, etcd_client::Error> {
+        self.retry(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
+    /// An acquire's transaction: a lease found gone (expired before the key could be written)
+    /// drops the attempt's entry and is reported as `Lost`.
+    async fn acquire_txn(
+        &self,
+        token: &str,
+        txn: Txn,
+    ) -> Result<etcd_client::TxnResponse, LockError> {
+        match self.txn(txn).await {
+            Ok(r) => Ok(r),
+            Err(e) if lease_missing(&e) => {
+                self.discard(token);
+                Err(LockError::new(
+                    ErrorKind::Lost,
+                    "the etcd lease of this attempt expired before the lock was written",
+                ))
+            }
+            Err(e) => Err(map_err(e, "acquiring an etcd lock")),
         }
     }
 
@@ -421,47 +430,39 @@ impl EtcdBackend {
     /// Watches `pred` for its deletion from `from_rev` on, waking `name`'s waiters then (or
     /// when the watch fails: they try again and look).
     fn watch_predecessor(&self, name: &str, pred: String, from_rev: i64) {
-        let mut watches = lock_mutex(&self.inner.watches);
-        if watches
-            .get(name)
-            .is_some_and(|(p, task)| *p == pred && !task.is_finished())
-        {
-            return;
-        }
-        if let Some((_, old)) = watches.remove(name) {
-            old.abort();
-        }
         let inner = self.inner.clone();
         let (n, key) = (name.to_owned(), pred.clone());
-        let task = self.inner.runtime.spawn(async move {
-            let options = WatchOptions::new()
-                .with_start_revision(from_rev)
-                .with_filters([WatchFilterType::NoPut]);
-            let opened = inner
-                .retry(|mut c| {
-                    let (key, options) = (key.clone(), options.clone());
-                    async move { c.watch(key, Some(options)).await }
-                })
-                .await;
-            if let Ok(mut stream) = opened {
-                loop {
-                    match stream.message().await {
-                        Ok(Some(r)) if r.canceled() => break,
-                        Ok(Some(r)) => {
-                            if r.events()
-                                .iter()
-                                .any(|e| e.event_type() == EventType::Delete)
-                            {
-                                break;
+        self.inner.watches.point(name, &pred, move || {
+            let task = inner.runtime.clone().spawn(async move {
+                let options = WatchOptions::new()
+                    .with_start_revision(from_rev)
+                    .with_filters([WatchFilterType::NoPut]);
+                let opened = inner
+                    .retry(|mut c| {
+                        let (key, options) = (key.clone(), options.clone());
+                        async move { c.watch(key, Some(options)).await }
+                    })
+                    .await;
+                if let Ok(mut stream) = opened {
+                    loop {
+                        match stream.message().await {
+                            Ok(Some(r)) if r.canceled() => break,
+                            Ok(Some(r)) => {
+                                if r.events()
+                                    .iter()
+                                    .any(|e| e.event_type() == EventType::Delete)
+                                {
+                                    break;
+                                }
                             }
+                            _ => break,
                         }
-                        _ => break,
                     }
                 }
-            }
-            inner.hub.notify(&n);
+                inner.hub.notify(&n);
+            });
+            task.abort_handle()
         });
-        watches.insert(name.to_owned(), (pred, task.abort_handle()));
     }
 
     /// The key just before ours in the queue (created before it), if any.
@@ -519,9 +520,7 @@ impl Inner {
     /// Nobody here waits for `name` any more: stop watching, and leave its queue (queued
     /// entries only; a held one belongs to its guard).
     fn leave(self: &Arc<Self>, name: &str) {
-        if let Some((_, w)) = lock_mutex(&self.watches).remove(name) {
-            w.abort();
-        }
+        self.watches.stop(name);
         let gone: Vec<(String, i64)> = {
             let mut entries = lock_mutex(&self.entries);
             let tokens: Vec<String> = entries
@@ -626,24 +625,7 @@ impl Backend for EtcdBackend {
                 )])
                 .and_then([mine, first])
         };
-        let reply = self
-            .retry(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await;
-        let reply = match reply {
-            Ok(r) => r,
-            Err(e) if lease_missing(&e) => {
-                // Our lease ran out before the key could be written (a long-delayed resend).
-                self.discard(token);
-                return Err(LockError::new(
-                    ErrorKind::Lost,
-                    "the etcd lease of this attempt expired before the lock was queued",
-                ));
-            }
-            Err(e) => return Err(map_err(e, DOING)),
-        };
+        let reply = self.acquire_txn(token, txn).await?;
         let at = reply.header().map_or(0, |h| h.revision());
         if entry.rev != 0 && !reply.succeeded() {
             // Our key is gone (its lease expired while queued, or it was deleted): never
@@ -731,13 +713,7 @@ impl Backend for EtcdBackend {
                             .with_ignore_value(),
                     ),
                 )]);
-            let reply = self
-                .retry(|mut c| {
-                    let txn = txn.clone();
-                    async move { c.txn(txn).await }
-                })
-                .await
-                .map_err(|e| map_err(e, DOING));
+            let reply = self.txn(txn).await.map_err(|e| map_err(e, DOING));
             let moved = matches!(reply, Ok(ref r) if r.succeeded());
             if moved {
                 if let Some(e) = lock_mutex(&self.inner.entries).get_mut(token.as_str()) {

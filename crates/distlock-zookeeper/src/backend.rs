@@ -7,11 +7,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
-    LockStatus, LostReason, Subscription, Token, WakeHub,
+    LockStatus, LostReason, PredecessorWatches, Subscription, Token, WakeHub,
 };
 use tokio::runtime::Handle;
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 use zookeeper_client::{Acls, Client, CreateMode, Error, SessionState};
 
 use crate::config::ZkConfig;
@@ -43,7 +42,7 @@ struct Inner {
     /// time: a lock taken before that can no longer be trusted.
     losses: watch::Sender<(u64, LostReason)>,
     entries: Mutex<HashMap<String, Entry>>,
-    watches: Mutex<HashMap<String, (String, AbortHandle)>>,
+    watches: PredecessorWatches,
     hub: WakeHub,
     runtime: Handle,
 }
@@ -153,7 +152,7 @@ impl ZkBackend {
                 session: RwLock::new(session.clone()),
                 losses,
                 entries: Mutex::new(HashMap::new()),
-                watches: Mutex::new(HashMap::new()),
+                watches: PredecessorWatches::default(),
                 hub: WakeHub::new(
                     |_| {},
                     move |name| {
@@ -321,26 +320,18 @@ impl ZkBackend {
 
     /// Watches `pred` for its deletion, waking `name`'s waiters then.
     fn watch_predecessor(&self, name: &str, pred: String) {
-        let mut watches = lock(&self.inner.watches);
-        if watches
-            .get(name)
-            .is_some_and(|(p, task)| *p == pred && !task.is_finished())
-        {
-            return;
-        }
-        if let Some((_, old)) = watches.remove(name) {
-            old.abort();
-        }
         let inner = self.inner.clone();
         let (n, path) = (name.to_owned(), pred.clone());
-        let task = self.inner.runtime.spawn(async move {
-            let client = inner.session().client.clone();
-            if let Ok((Some(_), watcher)) = client.check_and_watch_stat(&path).await {
-                watcher.changed().await;
-            }
-            inner.hub.notify(&n);
+        self.inner.watches.point(name, &pred, move || {
+            let task = inner.runtime.clone().spawn(async move {
+                let client = inner.session().client.clone();
+                if let Ok((Some(_), watcher)) = client.check_and_watch_stat(&path).await {
+                    watcher.changed().await;
+                }
+                inner.hub.notify(&n);
+            });
+            task.abort_handle()
         });
-        watches.insert(name.to_owned(), (pred, task.abort_handle()));
     }
 }
 
@@ -422,9 +413,7 @@ impl Inner {
 
     /// Nobody here waits for `name` any more: stop watching and leave its queue.
     fn leave(&self, name: &str) {
-        if let Some((_, w)) = lock(&self.watches).remove(name) {
-            w.abort();
-        }
+        self.watches.stop(name);
         let gone: Vec<String> = {
             let mut entries = lock(&self.entries);
             let tokens: Vec<String> = entries
