@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -10,14 +11,15 @@ use distlock_core::{
     LockStatus, PredecessorWatches, Subscription, Token, WakeHub,
 };
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, PutOptions,
-    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KvClient,
+    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use tokio::runtime::Handle;
+use tokio::sync::OnceCell;
 use tokio::task::AbortHandle;
 
 use crate::config::EtcdConfig;
-use crate::error::{lease_missing, map_err, never_sent};
+use crate::error::{lease_missing, map_err, member_failed, never_sent};
 
 /// One entry of ours in a lock's queue: the key `<prefix><name>/<lease id>`, attached to its
 /// own lease.
@@ -50,8 +52,32 @@ struct Spare {
     refreshed: Instant,
 }
 
+/// One member of the cluster and its connection, opened on first use (a member down when we
+/// start is tried again when its turn comes).
+struct Member {
+    endpoint: String,
+    /// The client, and its key-value service alone: the locks' own requests clone that (one
+    /// gRPC client), not the whole `Client` (eight).
+    conn: OnceCell<(Client, KvClient)>,
+}
+
+/// Whether a request may be sent again after it timed out or its member failed while it was in
+/// flight (it may have taken effect).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Resend {
+    /// A read, a keep-alive, a watch: sending it twice changes nothing.
+    Always,
+    /// A write: sent again only when it never reached a member.
+    IfNeverSent,
+}
+
 struct Inner {
-    client: Client,
+    /// Each member on its own connection. Requests go to the current one and move on to the
+    /// next when it stops answering: a paused or partitioned member (whose TCP connection stays
+    /// up) costs one response timeout, not one in three requests as a balancer would.
+    members: Vec<Member>,
+    current: AtomicUsize,
+    options: ConnectOptions,
     config: EtcdConfig,
     /// Our entries, by token.
     entries: Mutex<HashMap<String, Entry>>,
@@ -128,46 +154,32 @@ impl EtcdBackend {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn with_config(config: EtcdConfig) -> Result<Self, LockError> {
+        // No `with_timeout`: `send_on` bounds every request by the response timeout.
+        // `require_leader`: a member that has no leader (an election, the minority side of a
+        // partition) refuses at once instead of holding the request until it times out, and
+        // the request goes to the next member.
         let mut options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
-            .with_timeout(config.response_timeout);
+            .with_require_leader(true);
         if let Some((user, password)) = &config.user {
             options = options.with_user(user.clone(), password.clone());
         }
         let doing = format!("connecting to etcd at {}", config.endpoints.join(","));
-        let limit = config.connect_timeout + config.response_timeout;
-        let client = match tokio::time::timeout(
-            limit,
-            Client::connect(config.endpoints.clone(), Some(options)),
-        )
-        .await
-        {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(map_err(e, &doing)),
-            Err(_) => {
-                return Err(LockError::new(
-                    ErrorKind::Timeout,
-                    format!("{doing}: no answer"),
-                ));
-            }
-        };
-        // A request, so an unreachable cluster or refused credentials show now.
-        let mut probe = client.clone();
-        match tokio::time::timeout(limit, probe.get("distlock-probe", None)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(map_err(e, &doing)),
-            Err(_) => {
-                return Err(LockError::new(
-                    ErrorKind::Timeout,
-                    format!("{doing}: no answer"),
-                ));
-            }
-        }
+        let members = config
+            .endpoints
+            .iter()
+            .map(|e| Member {
+                endpoint: e.clone(),
+                conn: OnceCell::new(),
+            })
+            .collect();
         let runtime = Handle::current();
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
             let leaving = weak.clone();
             Inner {
-                client,
+                members,
+                current: AtomicUsize::new(0),
+                options,
                 config,
                 entries: Mutex::new(HashMap::new()),
                 keepers: Mutex::new(HashMap::new()),
@@ -184,7 +196,13 @@ impl EtcdBackend {
                 runtime,
             }
         });
-        Ok(EtcdBackend { inner })
+        // A request, so an unreachable cluster or refused credentials show now.
+        let backend = EtcdBackend { inner };
+        backend
+            .retry_kv(|mut c| async move { c.get("distlock-probe", None).await })
+            .await
+            .map_err(|e| map_err(e, &doing))?;
+        Ok(backend)
     }
 
     /// The key prefix under which the lock `name` queues its holders.
@@ -234,6 +252,24 @@ impl EtcdBackend {
         self.inner.retry(f).await
     }
 
+    /// A key-value read, sent again on another member when its member fails.
+    async fn retry_kv<T, F, Fut>(&self, f: F) -> Result<T, etcd_client::Error>
+    where
+        F: Fn(KvClient) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.inner.retry_kv(Resend::Always, f).await
+    }
+
+    /// A key-value write, sent again only when it never reached a member.
+    async fn write_kv<T, F, Fut>(&self, f: F) -> Result<T, etcd_client::Error>
+    where
+        F: Fn(KvClient) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.inner.retry_kv(Resend::IfNeverSent, f).await
+    }
+
     /// A first attempt: one transaction that writes our key only if the lock has no key at all
     /// (a compare over the whole prefix), and otherwise only reads the holder's. No key is left
     /// behind when busy, and the lease is kept for the next attempt.
@@ -266,6 +302,24 @@ impl EtcdBackend {
         // The put was the transaction's only write: its revision is our key's create revision.
         let rev = reply.header().map_or(0, |h| h.revision());
         Ok(self.acquired(token, entry, rev, fresh))
+    }
+
+    /// Grants a lease. Also returns when the try that succeeded was sent (the server keeps the
+    /// lease at least its TTL from then) and how many tries it took.
+    async fn grant(
+        &self,
+        ttl_s: i64,
+    ) -> Result<(etcd_client::LeaseGrantResponse, Instant, u32), etcd_client::Error> {
+        let last = Mutex::new((Instant::now(), 0u32));
+        let granted = self
+            .retry(|mut c| {
+                let mut l = lock_mutex(&last);
+                *l = (Instant::now(), l.1 + 1);
+                async move { c.lease_grant(ttl_s, None).await }
+            })
+            .await?;
+        let (sent, tries) = *lock_mutex(&last);
+        Ok((granted, sent, tries))
     }
 
     /// Keeps an entry's lease, with no key on it any more, for the next acquire with its TTL.
@@ -301,7 +355,7 @@ impl EtcdBackend {
 
     /// Sends a transaction (again on another member while it never reached one).
     async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, etcd_client::Error> {
-        self.retry(|mut c| {
+        self.write_kv(|mut c| {
             let txn = txn.clone();
             async move { c.txn(txn).await }
         })
@@ -332,26 +386,30 @@ impl EtcdBackend {
         lock_mutex(&self.inner.entries).get(token).cloned()
     }
 
-    /// Takes a spare lease (one with more than half its TTL left) or grants one, and records a
-    /// new entry for `token` (before any key exists: a cancelled attempt's cleanup finds it by
-    /// the token).
+    /// Takes a spare lease (one with two thirds of its TTL left) or grants one, and records a new
+    /// entry for `token` (before any key exists: a cancelled attempt's cleanup finds it by the
+    /// token).
     async fn new_entry(&self, name: &str, token: &str, ttl: Duration) -> Result<Entry, LockError> {
         let ttl_s = ttl_secs(ttl);
         let spare = lock_mutex(&self.inner.spares).remove(&ttl_s);
         let (lease, granted_s, refreshed, fresh) = match spare {
-            Some(s) if s.refreshed.elapsed() < Duration::from_secs(s.ttl_s as u64) / 2 => {
+            // A third of its TTL at most: the core renews a lease handed over with less than
+            // half its validity left before using it, and a spare must never need that.
+            Some(s) if s.refreshed.elapsed() < Duration::from_secs(s.ttl_s as u64) / 3 => {
                 (s.lease, s.ttl_s, s.refreshed, false)
             }
             other => {
                 if let Some(old) = other {
                     self.inner.revoke_later(old.lease);
                 }
-                let sent = Instant::now();
-                let granted = self
-                    .retry(|mut c| async move { c.lease_grant(ttl_s, None).await })
+                let (granted, sent, tries) = self
+                    .grant(ttl_s)
                     .await
                     .map_err(|e| map_err(e, "granting an etcd lease"))?;
-                (granted.id(), granted.ttl().max(ttl_s), sent, true)
+                // Granted at the first try: the attempt's own start bounds it. Sent again (the
+                // first member hung, say), it is reported with its age, counted from the send
+                // that succeeded: a lock is not given up for the time lost on a dead member.
+                (granted.id(), granted.ttl().max(ttl_s), sent, tries == 1)
             }
         };
         let entry = Entry {
@@ -393,23 +451,38 @@ impl EtcdBackend {
             // Until aborted (held, left, released) or the lease is gone; a broken stream (a
             // member died) is opened again on another one.
             loop {
-                let opened = inner
-                    .retry(|mut c| async move { c.lease_keep_alive(lease).await })
+                let (member, opened) = inner
+                    .send_on(
+                        Resend::Always,
+                        |m| m.0.clone(),
+                        |mut c| async move { c.lease_keep_alive(lease).await },
+                    )
                     .await;
                 let Ok((mut keeper, mut stream)) = opened else {
                     tokio::time::sleep(every / 4).await;
                     continue;
                 };
                 loop {
-                    tokio::time::sleep(every).await;
+                    // A third of the TTL after the last refresh that succeeded: at once on a
+                    // stream opened again after a failure.
+                    let due = *lock_mutex(&refreshed) + every;
+                    tokio::time::sleep_until(due.into()).await;
                     let sent = Instant::now();
                     if keeper.keep_alive().await.is_err() {
                         break;
                     }
-                    match stream.message().await {
-                        Ok(Some(r)) if r.ttl() > 0 => *lock_mutex(&refreshed) = sent,
-                        Ok(Some(_)) => return,
-                        _ => break,
+                    // A member that stopped answering (paused, partitioned) must not hold the
+                    // keep-alive up: after the response timeout, open it again elsewhere.
+                    match tokio::time::timeout(inner.config.response_timeout, stream.message())
+                        .await
+                    {
+                        Ok(Ok(Some(r))) if r.ttl() > 0 => *lock_mutex(&refreshed) = sent,
+                        Ok(Ok(Some(_))) => return,
+                        Ok(_) => break,
+                        Err(_) => {
+                            inner.move_on(member);
+                            break;
+                        }
                     }
                 }
             }
@@ -475,7 +548,7 @@ impl EtcdBackend {
             .with_keys_only();
         let prefix = self.lock_prefix(name);
         let reply = self
-            .retry(|mut c| {
+            .retry_kv(|mut c| {
                 let (prefix, options) = (prefix.clone(), options.clone());
                 async move { c.get(prefix, Some(options)).await }
             })
@@ -490,20 +563,105 @@ impl EtcdBackend {
 }
 
 impl Inner {
+    /// Sends a request through a clone of the current member's `Client`; see `send_on`.
     async fn retry<T, F, Fut>(&self, f: F) -> Result<T, etcd_client::Error>
     where
         F: Fn(Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
-        let tries = 2 * self.config.endpoints.len() + 1;
-        let mut n = 1;
+        self.send_on(Resend::Always, |m| m.0.clone(), f).await.1
+    }
+
+    /// Sends a key-value request; see `send_on`.
+    async fn retry_kv<T, F, Fut>(&self, resend: Resend, f: F) -> Result<T, etcd_client::Error>
+    where
+        F: Fn(KvClient) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.send_on(resend, |m| m.1.clone(), f).await.1
+    }
+
+    /// Opens (once) member `i`'s connection. It is lazy: a dead member fails the first request.
+    async fn member(&self, i: usize) -> Result<&(Client, KvClient), etcd_client::Error> {
+        let m = &self.members[i];
+        m.conn
+            .get_or_try_init(|| async {
+                // A plain channel, not etcd-client's balanced one: with a single member, a
+                // balancer holds requests while the member's connection is down, where this
+                // fails them at once (a refused connection), so the next member gets them.
+                let channel = tonic::transport::Endpoint::from_shared(m.endpoint.clone())
+                    .map_err(etcd_client::Error::TransportError)?
+                    .connect_timeout(self.config.connect_timeout)
+                    .tcp_nodelay(true)
+                    .connect_lazy();
+                let c = Client::from_channel(
+                    etcd_client::Channel::Tonic(channel),
+                    Some(self.options.clone()),
+                )
+                .await?;
+                let kv = c.kv_client();
+                Ok((c, kv))
+            })
+            .await
+    }
+
+    /// Member `i` failed a request: later ones go to the next member (unless another request
+    /// moved on already).
+    fn move_on(&self, i: usize) {
+        let next = (i + 1) % self.members.len();
+        let _ = self
+            .current
+            .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Sends `f` to the current member, bounded by the response timeout (kept here rather than
+    /// by the channel: tonic's per-request timeout also sends a `grpc-timeout` header, which
+    /// makes the member arm a deadline for every request, some µs each). A member that refuses
+    /// the connection, times out or says it is unavailable is left for the next one; the
+    /// request goes there too when it never reached a member, or when `resend` allows. Returns
+    /// the member that answered last.
+    async fn send_on<C, T, P, F, Fut>(
+        &self,
+        resend: Resend,
+        pick: P,
+        f: F,
+    ) -> (usize, Result<T, etcd_client::Error>)
+    where
+        P: Fn(&(Client, KvClient)) -> C,
+        F: Fn(C) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let n = self.members.len();
+        // Every member twice (an election can make each refuse once).
+        let tries = 2 * n;
+        let mut tried = 0;
         loop {
-            match f(self.client.clone()).await {
-                Err(e) if never_sent(&e) && n < tries => {
-                    n += 1;
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                other => return other,
+            let i = self.current.load(Ordering::Relaxed) % n;
+            tried += 1;
+            let limit = self.config.response_timeout;
+            let reply = match tokio::time::timeout(limit, async {
+                let conn = self.member(i).await?;
+                f(pick(conn)).await
+            })
+            .await
+            {
+                Ok(reply) => reply,
+                Err(_) => Err(etcd_client::Error::GRpcStatus(
+                    tonic::Status::deadline_exceeded(format!("no answer within {limit:?}")),
+                )),
+            };
+            let again = match &reply {
+                Err(e) if never_sent(e) => true,
+                Err(e) if member_failed(e) => resend == Resend::Always,
+                _ => return (i, reply),
+            };
+            self.move_on(i);
+            if !again || tried >= tries {
+                return (i, reply);
+            }
+            if never_sent(reply.as_ref().err().expect("an error")) {
+                // Not a tight loop when every member refuses.
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
     }
@@ -693,11 +851,7 @@ impl Backend for EtcdBackend {
         let ttl_s = ttl_secs(ttl);
         if ttl_s != entry.asked_s {
             // Another TTL: a new lease for the same key (its create revision stays).
-            let sent = Instant::now();
-            let granted = self
-                .retry(|mut c| async move { c.lease_grant(ttl_s, None).await })
-                .await
-                .map_err(|e| map_err(e, DOING))?;
+            let (granted, sent, _) = self.grant(ttl_s).await.map_err(|e| map_err(e, DOING))?;
             let txn = Txn::new()
                 .when([Compare::create_revision(
                     entry.key.as_str(),
@@ -742,7 +896,7 @@ impl Backend for EtcdBackend {
             stream.message().await
         });
         let key = entry.key.clone();
-        let still = self.retry(|mut c| {
+        let still = self.retry_kv(|mut c| {
             let key = key.clone();
             async move { c.get(key, Some(GetOptions::new().with_keys_only())).await }
         });
@@ -779,7 +933,7 @@ impl Backend for EtcdBackend {
         // key's create revision tells whether it was this acquisition's.
         let lock_key = entry.key.clone();
         let reply = self
-            .retry(|mut c| {
+            .write_kv(|mut c| {
                 let lock_key = lock_key.clone();
                 async move {
                     c.delete(lock_key, Some(DeleteOptions::new().with_prev_key()))
@@ -819,7 +973,7 @@ impl Backend for EtcdBackend {
             .with_limit(1);
         let prefix = self.lock_prefix(key);
         let reply = self
-            .retry(|mut c| {
+            .retry_kv(|mut c| {
                 let (prefix, options) = (prefix.clone(), options.clone());
                 async move { c.get(prefix, Some(options)).await }
             })

@@ -8,13 +8,14 @@ use distlock_core::{ErrorKind, LockError};
 /// How to reach an etcd cluster, and where lock keys live in it.
 ///
 /// From a URL: `etcd://[user:password@]host1:port1,host2:port2,…[?params]`. Any members will
-/// do: the client balances over them and moves on when one fails. Parameters:
+/// do: requests go to one of them, and move on to the next when it refuses the connection,
+/// says it cannot serve, or does not answer within `response_timeout`. Parameters:
 ///
 /// | parameter | default | meaning |
 /// |---|---|---|
 /// | `prefix` | `distlock/` | the lock `orders` queues its holders under `<prefix>orders/` |
 /// | `connect_timeout` | `3s` | per connection attempt |
-/// | `response_timeout` | `2s` | per request |
+/// | `response_timeout` | `2s` | per request: a member silent this long is left for the next |
 ///
 /// `etcds://` (TLS) is not built in this release: it is refused as a configuration error.
 #[derive(Clone)]

@@ -111,6 +111,45 @@ impl Etcd {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
+    /// The members' ids (hex) and which one leads, from `etcdctl endpoint status` (members
+    /// that are stopped are left out).
+    fn status(&self) -> Vec<(usize, String, bool)> {
+        let out = self.ctl(&["endpoint", "status", "-w", "simple"]);
+        out.lines()
+            .filter_map(|line| {
+                // "127.0.0.1:<port>, <id>, <version>, <db size>, <is leader>, …"
+                let f: Vec<&str> = line.split(", ").collect();
+                let port: u16 = f.first()?.rsplit(':').next()?.parse().ok()?;
+                let i = self.members.iter().position(|m| m.client_port == port)?;
+                Some((i, (*f.get(1)?).to_owned(), *f.get(4)? == "true"))
+            })
+            .collect()
+    }
+
+    /// The index of the member that leads now, if one does.
+    pub fn leader(&self) -> Option<usize> {
+        self.status().into_iter().find(|m| m.2).map(|m| m.0)
+    }
+
+    /// Hands the leadership to member `to` (`etcdctl move-leader`) and waits until it leads.
+    ///
+    /// # Panics
+    /// When it does not lead within 5 s.
+    pub fn move_leader(&self, to: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.leader() != Some(to) {
+            assert!(
+                Instant::now() < deadline,
+                "member {to} never became the leader"
+            );
+            let status = self.status();
+            if let Some((_, id, _)) = status.iter().find(|m| m.0 == to) {
+                let _ = self.ctl(&["move-leader", id]);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn wait_healthy(&self, limit: Duration) -> Result<(), String> {
         let deadline = Instant::now() + limit;
         for m in &self.members {
