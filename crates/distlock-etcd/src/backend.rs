@@ -585,7 +585,8 @@ impl Inner {
     async fn member(&self, i: usize) -> Result<&(Client, KvClient), etcd_client::Error> {
         let m = &self.members[i];
         m.conn
-            .get_or_try_init(|| async {
+            // Boxed, like the requests: connecting is rare, and its future is large.
+            .get_or_try_init(|| Box::pin(async {
                 // A plain channel, not etcd-client's balanced one: with a single member, a
                 // balancer holds requests while the member's connection is down, where this
                 // fails them at once (a refused connection), so the next member gets them.
@@ -601,7 +602,7 @@ impl Inner {
                 .await?;
                 let kv = c.kv_client();
                 Ok((c, kv))
-            })
+            }))
             .await
     }
 
@@ -641,7 +642,9 @@ impl Inner {
             let limit = self.config.response_timeout;
             let reply = match tokio::time::timeout(limit, async {
                 let conn = self.member(i).await?;
-                f(pick(conn)).await
+                // Boxed: a tonic request future is kilobytes, and every caller's state machine
+                // would otherwise carry (and move) it.
+                Box::pin(f(pick(conn))).await
             })
             .await
             {
