@@ -586,23 +586,26 @@ impl Inner {
         let m = &self.members[i];
         m.conn
             // Boxed, like the requests: connecting is rare, and its future is large.
-            .get_or_try_init(|| Box::pin(async {
-                // A plain channel, not etcd-client's balanced one: with a single member, a
-                // balancer holds requests while the member's connection is down, where this
-                // fails them at once (a refused connection), so the next member gets them.
-                let channel = tonic::transport::Endpoint::from_shared(m.endpoint.clone())
-                    .map_err(etcd_client::Error::TransportError)?
-                    .connect_timeout(self.config.connect_timeout)
-                    .tcp_nodelay(true)
-                    .connect_lazy();
-                let c = Client::from_channel(
-                    etcd_client::Channel::Tonic(channel),
-                    Some(self.options.clone()),
-                )
-                .await?;
-                let kv = c.kv_client();
-                Ok((c, kv))
-            }))
+            .get_or_try_init(|| {
+                Box::pin(async {
+                    // A plain channel, not etcd-client's balanced one: with a single member,
+                    // a balancer holds requests while the member's connection is down, where
+                    // this fails them at once (a refused connection), so the next member gets
+                    // them.
+                    let channel = tonic::transport::Endpoint::from_shared(m.endpoint.clone())
+                        .map_err(etcd_client::Error::TransportError)?
+                        .connect_timeout(self.config.connect_timeout)
+                        .tcp_nodelay(true)
+                        .connect_lazy();
+                    let c = Client::from_channel(
+                        etcd_client::Channel::Tonic(channel),
+                        Some(self.options.clone()),
+                    )
+                    .await?;
+                    let kv = c.kv_client();
+                    Ok((c, kv))
+                })
+            })
             .await
     }
 
