@@ -4,6 +4,7 @@
 mod cluster;
 pub mod conformance;
 mod etcd;
+mod postgres;
 mod process;
 mod redis_server;
 mod sentinel;
@@ -11,6 +12,7 @@ mod zookeeper;
 
 pub use cluster::RedisCluster;
 pub use etcd::{Etcd, EtcdMember};
+pub use postgres::{PG_PASSWORD_USER, Postgres};
 pub use process::{free_port, require_binary};
 pub use redis_server::RedisServer;
 pub use sentinel::{MASTER_NAME, Sentinels};

@@ -2,6 +2,7 @@
 
 use std::net::TcpListener;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// Whether `binary` can be run. Under `CI` a missing binary panics (a failure, never a skip);
 /// elsewhere it prints `SKIP` and returns false so the caller can return early.
@@ -77,6 +78,25 @@ impl Daemon {
             .output()
             .expect("run taskset");
         assert!(out.status.success(), "taskset failed: {out:?}");
+    }
+
+    /// Sends `signal` (to a paused process too) and waits up to `grace` for it to exit; then
+    /// SIGKILL. For servers whose children must be told to go (PostgreSQL's backends outlive a
+    /// SIGKILLed postmaster).
+    pub(crate) fn stop_with(&mut self, signal: nix::sys::signal::Signal, grace: Duration) {
+        let Some(c) = self.0.as_mut() else { return };
+        let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+        let _ = nix::sys::signal::kill(pid, signal);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if matches!(c.try_wait(), Ok(Some(_))) {
+                self.0 = None;
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
     }
 
     /// SIGKILL (a paused process too) and reap.

@@ -18,6 +18,12 @@ pub mod etcd {
     pub use distlock_etcd::{EtcdBackend, EtcdConfig};
 }
 
+/// The PostgreSQL engine (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    pub use distlock_postgres::{PgBackend, PgConfig, lock_id};
+}
+
 /// The ZooKeeper engine (feature `zookeeper`).
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper {
@@ -57,6 +63,8 @@ pub fn supported_schemes() -> &'static [&'static str] {
         "etcd",
         #[cfg(feature = "zookeeper")]
         "zk",
+        #[cfg(feature = "postgres")]
+        "postgres",
     ]
 }
 
@@ -70,6 +78,7 @@ pub fn supported_schemes() -> &'static [&'static str] {
 /// | `redis+cluster://h1:p1,h2:p2,…` (`rediss+cluster://` for TLS) | a Redis Cluster, through any of its nodes (feature `redis`) |
 /// | `etcd://h1:2379,h2:2379,…` | etcd: FIFO queue by create revision, revision fencing (feature `etcd`) |
 /// | `zk://h1:2181,h2:2181[/chroot]` | ZooKeeper: ephemeral sequential nodes, czxid fencing (feature `zookeeper`) |
+/// | `postgres://user:pw@host:5432/db` (`postgresql://`) | PostgreSQL session advisory locks, sequence fencing (feature `postgres`) |
 /// | `redis+sentinel://s1:p1,s2:p2/mymaster[/db]` (`rediss+sentinel://` for TLS) | the master Redis Sentinel names, followed across failovers (feature `redis`) |
 ///
 /// # Errors
@@ -98,6 +107,10 @@ pub async fn open_backend(url: &str) -> Result<AnyBackend, LockError> {
         "etcd" | "etcds" => Ok(Box::new(distlock_etcd::EtcdBackend::connect(url).await?)),
         #[cfg(feature = "zookeeper")]
         "zk" | "zks" => Ok(Box::new(distlock_zookeeper::ZkBackend::connect(url).await?)),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            Ok(Box::new(distlock_postgres::PgBackend::connect(url).await?))
+        }
         "" => Err(LockError::new(
             ErrorKind::Config,
             format!("{url:?} is not a lock URL (try file:// or redis://host:6379)"),

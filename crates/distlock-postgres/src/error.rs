@@ -1,0 +1,30 @@
+//! Turning tokio-postgres errors into distlock's `LockError`.
+
+use distlock_core::{ErrorKind, LockError};
+use tokio_postgres::error::SqlState;
+
+pub(crate) fn map_err(e: tokio_postgres::Error, doing: &str) -> LockError {
+    let kind = match e.code() {
+        Some(c) if *c == SqlState::INVALID_PASSWORD => ErrorKind::Auth,
+        Some(c) if *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION => ErrorKind::Auth,
+        Some(c) if *c == SqlState::INSUFFICIENT_PRIVILEGE => ErrorKind::Auth,
+        Some(c) if *c == SqlState::INVALID_CATALOG_NAME => ErrorKind::Config,
+        Some(c) if *c == SqlState::INVALID_SCHEMA_NAME => ErrorKind::Config,
+        Some(c) if *c == SqlState::ADMIN_SHUTDOWN || *c == SqlState::CRASH_SHUTDOWN => {
+            ErrorKind::Connection
+        }
+        Some(c) if *c == SqlState::IDLE_SESSION_TIMEOUT => ErrorKind::Lost,
+        Some(c) if *c == SqlState::TOO_MANY_CONNECTIONS => ErrorKind::Connection,
+        Some(_) => ErrorKind::Protocol,
+        // No server code: the connection failed or closed.
+        None if e.is_closed() => ErrorKind::Connection,
+        None => {
+            if e.to_string().contains("timed out") {
+                ErrorKind::Timeout
+            } else {
+                ErrorKind::Connection
+            }
+        }
+    };
+    LockError::new(kind, format!("{doing}: {e}")).with_source(e)
+}

@@ -1,0 +1,119 @@
+//! PostgreSQL-specific behaviour on a real server: a terminated session, credentials and
+//! privileges, bad input.
+
+use std::time::{Duration, Instant};
+
+use distlock_core::{ErrorKind, LockClient, LockOptions, LostReason, Released};
+use distlock_postgres::{PgBackend, lock_id};
+use distlock_testkit::{PG_PASSWORD_USER, Postgres};
+
+async fn client(url: &str, ttl: Duration) -> LockClient<PgBackend> {
+    let backend = PgBackend::connect(url).await.expect("connect");
+    LockClient::builder(backend)
+        .options(
+            LockOptions::builder()
+                .ttl(ttl)
+                .wait_timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        )
+        .build()
+}
+
+/// The pid of the session holding the advisory lock of `name`.
+fn holder_pid(pg: &Postgres, name: &str) -> Option<i32> {
+    let id = lock_id(name);
+    let pid = pg.psql(&format!(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
+         AND classid = (({id}::bigint >> 32) & 4294967295)::oid \
+         AND objid = ({id}::bigint & 4294967295)::oid"
+    ));
+    pid.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_session_fires_the_lost_signal_at_once() {
+    let Some(pg) = Postgres::start() else { return };
+    let url = pg.url("");
+    let ttl = Duration::from_secs(30);
+    let a = client(&url, ttl).await;
+    let b = client(&url, ttl).await;
+    let g = a.acquire("terminated").await.unwrap();
+    let pid = holder_pid(&pg, "terminated").expect("a session holds it");
+    let t0 = Instant::now();
+    assert_eq!(pg.psql(&format!("SELECT pg_terminate_backend({pid})")), "t");
+    let why = tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect("the lost signal fires long before the TTL");
+    assert_eq!(why, LostReason::Stolen);
+    assert!(!g.is_held());
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    // Free at once for the others, with a higher fence.
+    let g2 = b.try_acquire("terminated").await.unwrap().expect("free");
+    assert!(g2.fence() > g.fence());
+    assert!(matches!(g.release().await.unwrap(), Released::Lost(_)));
+    assert_eq!(g2.release().await.unwrap(), Released::Held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_and_privileges_are_checked() {
+    let Some(pg) = Postgres::start() else { return };
+    let (user, pw) = PG_PASSWORD_USER;
+    let port = pg.port();
+    let wrong = format!("postgres://{user}:wrong@127.0.0.1:{port}/postgres");
+    let e = PgBackend::connect(&wrong)
+        .await
+        .expect_err("wrong password");
+    assert_eq!(e.kind(), ErrorKind::Auth, "{e}");
+    assert!(!e.to_string().contains("wrong@"), "{e}");
+    let right = format!("postgres://{user}:{pw}@127.0.0.1:{port}/postgres");
+    // The role may not create the engine's objects in public (PostgreSQL 15's default).
+    let e = PgBackend::connect(&right)
+        .await
+        .expect_err("no CREATE on public");
+    assert_eq!(e.kind(), ErrorKind::Auth, "{e}");
+    // Once an administrator made them and granted their use, it takes locks.
+    drop(PgBackend::connect(&pg.url("")).await.unwrap());
+    pg.psql(&format!(
+        "GRANT USAGE ON SEQUENCE distlock_fence TO {user}; \
+         GRANT SELECT, INSERT, UPDATE ON distlock_holders TO {user}"
+    ));
+    let c = client(&right, Duration::from_secs(5)).await;
+    let g = c.acquire("granted").await.unwrap();
+    assert!(g.fence().is_some());
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_and_unreachable_servers_are_clear_errors() {
+    for bad in ["postgres://", "postgres://h?schema=a;b", "mysql://h"] {
+        let e = PgBackend::connect(bad).await.expect_err(bad);
+        assert_eq!(e.kind(), ErrorKind::Config, "{bad}: {e}");
+    }
+    let port = distlock_testkit::free_port();
+    let t0 = Instant::now();
+    let e = PgBackend::connect(&format!("postgres://127.0.0.1:{port}/x?connect_timeout=1"))
+        .await
+        .expect_err("nobody listens");
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_names_the_holder_and_its_remaining_lease() {
+    let Some(pg) = Postgres::start() else { return };
+    let url = pg.url("");
+    let a = client(&url, Duration::from_secs(10)).await;
+    let g = a.acquire("shown").await.unwrap();
+    let st = a.status("shown").await.unwrap();
+    assert!(st.held);
+    assert_eq!(st.fence, g.fence());
+    assert!(st.owner.unwrap().contains(a.owner()));
+    let ttl = st.ttl.expect("remaining lease");
+    assert!(
+        ttl <= Duration::from_secs(10) && ttl > Duration::from_secs(8),
+        "{ttl:?}"
+    );
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    assert!(!a.status("shown").await.unwrap().held);
+}

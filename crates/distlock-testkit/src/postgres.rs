@@ -1,0 +1,237 @@
+//! A real PostgreSQL server for tests: `initdb` and `postgres` run as the `postgres` user when
+//! the tests run as root (PostgreSQL refuses root), on a free loopback port, with its data in a
+//! temporary directory (on tmpfs when there is one).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::process::{Daemon, free_port, require_binary, tail};
+
+/// One PostgreSQL server with trust authentication for `postgres` on 127.0.0.1 and a
+/// password-checked role `locker` (password `locker-pw`). Killed when dropped.
+#[derive(Debug)]
+pub struct Postgres {
+    child: Daemon,
+    port: u16,
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+/// The role that logs in with a password (scram-sha-256), for credential tests.
+pub const PG_PASSWORD_USER: (&str, &str) = ("locker", "locker-pw");
+
+/// The directory of PostgreSQL's server programs: `pg_config --bindir`, else the newest
+/// `/usr/lib/postgresql/<version>/bin`.
+fn bin_dir() -> Option<PathBuf> {
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output()
+        && out.status.success()
+    {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if dir.join("postgres").is_file() {
+            return Some(dir);
+        }
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|d| d.join("postgres").is_file())
+        .collect();
+    versions.sort();
+    versions.pop()
+}
+
+/// The `postgres` account (uid, gid) when we run as root, who must not run the server.
+fn server_account() -> Option<(u32, u32)> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let user = nix::unistd::User::from_name("postgres")
+        .ok()
+        .flatten()
+        .expect("running as root, PostgreSQL needs the 'postgres' account (package postgresql)");
+    Some((user.uid.as_raw(), user.gid.as_raw()))
+}
+
+fn as_server(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    if let Some((uid, gid)) = server_account() {
+        cmd.uid(uid).gid(gid);
+    }
+    cmd
+}
+
+impl Postgres {
+    /// Starts a server and waits until it accepts queries. `None` (after printing `SKIP`) when
+    /// PostgreSQL is missing outside CI.
+    pub fn start() -> Option<Self> {
+        let found = bin_dir();
+        if found.is_none() {
+            // Reports (and under CI fails) as any missing server does.
+            require_binary("postgres", "the PostgreSQL engine (package postgresql)");
+            return None;
+        }
+        let bin = found.expect("checked");
+        let mut last = String::new();
+        for _ in 0..3 {
+            let dir = if Path::new("/dev/shm").is_dir() {
+                tempfile::Builder::new()
+                    .prefix("distlock-pg-")
+                    .tempdir_in("/dev/shm")
+            } else {
+                tempfile::Builder::new().prefix("distlock-pg-").tempdir()
+            }
+            .expect("temp dir");
+            if let Some((uid, gid)) = server_account() {
+                nix::unistd::chown(
+                    dir.path(),
+                    Some(nix::unistd::Uid::from_raw(uid)),
+                    Some(nix::unistd::Gid::from_raw(gid)),
+                )
+                .expect("chown the data dir to postgres");
+            }
+            let data = dir.path().join("data");
+            let out = as_server(&mut Command::new(bin.join("initdb")))
+                .arg("-D")
+                .arg(&data)
+                .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"])
+                .args(["--locale", "C"])
+                .stdin(Stdio::null())
+                .output()
+                .expect("run initdb");
+            assert!(
+                out.status.success(),
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            // Passwords for `locker`, trust for the superuser (the tests' own queries).
+            let hba = "local all all trust\n\
+                       host all postgres 127.0.0.1/32 trust\n\
+                       host all all 127.0.0.1/32 scram-sha-256\n";
+            std::fs::write(data.join("pg_hba.conf"), hba).expect("pg_hba.conf");
+            let mut pg = Postgres {
+                child: Daemon::default(),
+                port: free_port(),
+                bin: bin.clone(),
+                dir,
+            };
+            pg.spawn();
+            match pg.wait_ready(Duration::from_secs(30)) {
+                Ok(()) => {
+                    let (user, pw) = PG_PASSWORD_USER;
+                    pg.psql(&format!("CREATE ROLE {user} LOGIN PASSWORD '{pw}'"));
+                    return Some(pg);
+                }
+                Err(e) => last = e,
+            }
+        }
+        panic!("PostgreSQL did not start after 3 tries:\n{last}");
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.path().join("pg.log")).expect("log file");
+        if let Some((uid, gid)) = server_account() {
+            let _ = nix::unistd::chown(
+                &self.dir.path().join("pg.log"),
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            );
+        }
+        // Durability off: the tests check locking, not the disk, and fsyncs would be most of
+        // every write's time.
+        let child = as_server(&mut Command::new(self.bin.join("postgres")))
+            .arg("-D")
+            .arg(self.dir.path().join("data"))
+            .args(["-p", &self.port.to_string()])
+            .arg("-k")
+            .arg(self.dir.path())
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
+            .args(["-c", "full_page_writes=off", "-c", "max_connections=200"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("run postgres");
+        self.child = Daemon::new(child);
+    }
+
+    fn wait_ready(&self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.try_psql("SELECT 1").is_ok_and(|o| o.status.success()) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "postgres on port {} never answered; log tail:\n{}",
+                    self.port,
+                    tail(&self.dir.path().join("pg.log"), 30)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn try_psql(&self, sql: &str) -> std::io::Result<Output> {
+        Command::new(self.bin.join("psql"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", "-d", "postgres", "-X", "-A", "-t", "-q"])
+            .args(["-v", "ON_ERROR_STOP=1", "-c", sql])
+            .stdin(Stdio::null())
+            .output()
+    }
+
+    /// Runs `sql` as the superuser through `psql` and returns its unaligned, trimmed output.
+    ///
+    /// # Panics
+    /// When the statement fails.
+    pub fn psql(&self, sql: &str) -> String {
+        let out = self.try_psql(sql).expect("run psql");
+        assert!(
+            out.status.success(),
+            "psql {sql:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres` followed by `rest` (parameters).
+    pub fn url(&self, rest: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres{rest}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Pins the server (the postmaster; backends forked later inherit it) to one CPU.
+    pub fn pin_to_cpu(&self, cpu: usize) {
+        self.child.pin_to_cpu(cpu);
+    }
+
+    /// Freezes the postmaster (SIGSTOP); sessions already open keep running in their own
+    /// backends.
+    pub fn pause(&self) {
+        self.child.pause();
+    }
+
+    /// Thaws it (SIGCONT).
+    pub fn resume(&self) {
+        self.child.resume();
+    }
+
+    /// Stops it at once: an immediate shutdown (SIGQUIT), which ends every session, as a crash
+    /// would. (A SIGKILL of the postmaster alone would leave its sessions running.)
+    pub fn kill(&mut self) {
+        self.child
+            .stop_with(nix::sys::signal::Signal::SIGQUIT, Duration::from_secs(5));
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
