@@ -45,8 +45,8 @@ fn ttl_ms(ttl: Duration) -> i64 {
 }
 
 /// One session and the statements prepared on it.
-struct Conn {
-    client: Client,
+pub(crate) struct Conn {
+    pub(crate) client: Client,
     acquire: Statement,
     release: Statement,
     check: Statement,
@@ -289,7 +289,7 @@ impl PgBackend {
     }
 
     /// An idle session, or a new one.
-    async fn take(&self) -> Result<Arc<Conn>, LockError> {
+    pub(crate) async fn take(&self) -> Result<Arc<Conn>, LockError> {
         loop {
             let next = lock(&self.inner.idle).pop();
             match next {
@@ -304,7 +304,7 @@ impl PgBackend {
     }
 
     /// Returns a session holding no lock to the pool (or closes it when the pool is full).
-    fn put_back(&self, conn: Arc<Conn>) {
+    pub(crate) fn put_back(&self, conn: Arc<Conn>) {
         if conn.is_closed() {
             return;
         }
@@ -312,6 +312,11 @@ impl PgBackend {
         if idle.len() < self.inner.config.idle_connections {
             idle.push(conn);
         }
+    }
+
+    /// The schema of the engine's objects.
+    pub(crate) fn schema(&self) -> &str {
+        &self.inner.config.schema
     }
 
     fn held(&self, token: &Token) -> Option<(String, i64, Arc<Conn>)> {

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use distlock_core::{ErrorKind, LockClient, LockOptions, LostReason, Released};
-use distlock_postgres::{PgBackend, lock_id};
+use distlock_postgres::{FencedUpdate, PgBackend, lock_id, tokio_postgres};
 use distlock_testkit::{PG_PASSWORD_USER, Postgres};
 
 async fn client(url: &str, ttl: Duration) -> LockClient<PgBackend> {
@@ -116,4 +116,116 @@ async fn status_names_the_holder_and_its_remaining_lease() {
     );
     assert_eq!(g.release().await.unwrap(), Released::Held);
     assert!(!a.status("shown").await.unwrap().held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_scoped_locks_end_with_their_transaction() {
+    let Some(pg) = Postgres::start() else { return };
+    let url = pg.url("");
+    let a = PgBackend::connect(&url).await.unwrap();
+    let b = PgBackend::connect(&url).await.unwrap();
+    pg.psql("CREATE TABLE ledger (id int PRIMARY KEY, n int NOT NULL)");
+    pg.psql("INSERT INTO ledger VALUES (1, 0)");
+
+    // Held by one transaction: the other cannot take it, nor a session lock of the same name.
+    let x = a.xact_lock("ledger", None).await.unwrap().expect("free");
+    assert!(b.xact_lock("ledger", None).await.unwrap().is_none());
+    let sessions = LockClient::new(b.clone());
+    assert!(sessions.try_acquire("ledger").await.unwrap().is_none());
+    let t0 = Instant::now();
+    let e = b
+        .xact_lock("ledger", Some(Duration::from_millis(200)))
+        .await
+        .expect_err("still taken");
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(t0.elapsed() >= Duration::from_millis(150));
+
+    // The work commits with the release.
+    x.client()
+        .execute("UPDATE ledger SET n = n + 1 WHERE id = 1", &[])
+        .await
+        .unwrap();
+    let first = x.fence();
+    x.commit().await.unwrap();
+    assert_eq!(pg.psql("SELECT n FROM ledger"), "1");
+
+    // A waiter takes it the moment it is free, with a higher fence.
+    let y = b
+        .xact_lock("ledger", Some(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(y.fence() > first);
+    y.client()
+        .execute("UPDATE ledger SET n = n + 10 WHERE id = 1", &[])
+        .await
+        .unwrap();
+    // Dropped without commit: rolled back, and free again.
+    drop(y);
+    let z = tokio::time::timeout(
+        Duration::from_secs(5),
+        a.xact_lock("ledger", Some(Duration::from_secs(5))),
+    )
+    .await
+    .expect("freed by the dropped transaction")
+    .unwrap()
+    .expect("free");
+    assert_eq!(
+        pg.psql("SELECT n FROM ledger"),
+        "1",
+        "the dropped work rolled back"
+    );
+    z.rollback().await.unwrap();
+}
+
+/// The old holder pauses past its TTL (the server ends its silent session), a new holder writes
+/// the row, and the old holder's late write is refused by the fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_holder_s_fenced_write_is_refused() {
+    let Some(pg) = Postgres::start() else { return };
+    let url = pg.url("");
+    pg.psql(
+        "CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL, \
+         fence bigint NOT NULL DEFAULT 0); INSERT INTO accounts (id, balance) VALUES (7, 100)",
+    );
+    let update = FencedUpdate::new("accounts", "id", "fence", "balance = $3").unwrap();
+    let (rows, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+
+    let ttl = Duration::from_millis(300);
+    let old = LockClient::builder(PgBackend::connect(&url).await.unwrap())
+        .options(
+            LockOptions::builder()
+                .ttl(ttl)
+                .auto_renew(false)
+                .build()
+                .unwrap(),
+        )
+        .build();
+    let new = client(&url, Duration::from_secs(10)).await;
+    let g1 = old.acquire("account-7").await.unwrap();
+    let f1 = g1.fence().unwrap();
+    assert!(update.run(&rows, &7i32, f1, &[&110i32]).await.unwrap());
+    // The old holder goes quiet past its TTL: the server ends its session.
+    tokio::time::sleep(ttl * 2).await;
+    let g2 = new
+        .acquire("account-7")
+        .await
+        .expect("the silent session ended");
+    let f2 = g2.fence().unwrap();
+    assert!(f2 > f1);
+    assert!(update.run(&rows, &7i32, f2, &[&120i32]).await.unwrap());
+    // The old holder wakes up and writes: refused.
+    assert!(!update.run(&rows, &7i32, f1, &[&999i32]).await.unwrap());
+    assert_eq!(
+        pg.psql("SELECT balance, fence FROM accounts"),
+        format!("120|{f2}")
+    );
+    // The same holder may write again; no row, no write.
+    assert!(update.run(&rows, &7i32, f2, &[&130i32]).await.unwrap());
+    assert!(!update.run(&rows, &8i32, f2, &[&1i32]).await.unwrap());
+    assert!(matches!(g1.release().await.unwrap(), Released::Lost(_)));
+    assert_eq!(g2.release().await.unwrap(), Released::Held);
 }
