@@ -4,6 +4,7 @@
 mod cluster;
 pub mod conformance;
 mod etcd;
+mod memcached;
 mod postgres;
 mod process;
 mod redis_server;
@@ -12,6 +13,7 @@ mod zookeeper;
 
 pub use cluster::RedisCluster;
 pub use etcd::{Etcd, EtcdMember};
+pub use memcached::Memcached;
 pub use postgres::{PG_PASSWORD_USER, Postgres};
 pub use process::{free_port, require_binary};
 pub use redis_server::RedisServer;

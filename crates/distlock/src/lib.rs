@@ -24,6 +24,12 @@ pub mod postgres {
     pub use distlock_postgres::{PgBackend, PgConfig, lock_id};
 }
 
+/// The memcached engine (feature `memcached`): no fencing.
+#[cfg(feature = "memcached")]
+pub mod memcached {
+    pub use distlock_memcached::{MemcachedBackend, MemcachedConfig};
+}
+
 /// The ZooKeeper engine (feature `zookeeper`).
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper {
@@ -65,6 +71,8 @@ pub fn supported_schemes() -> &'static [&'static str] {
         "zk",
         #[cfg(feature = "postgres")]
         "postgres",
+        #[cfg(feature = "memcached")]
+        "memcached",
     ]
 }
 
@@ -79,6 +87,7 @@ pub fn supported_schemes() -> &'static [&'static str] {
 /// | `etcd://h1:2379,h2:2379,…` | etcd: FIFO queue by create revision, revision fencing (feature `etcd`) |
 /// | `zk://h1:2181,h2:2181[/chroot]` | ZooKeeper: ephemeral sequential nodes, czxid fencing (feature `zookeeper`) |
 /// | `postgres://user:pw@host:5432/db` (`postgresql://`) | PostgreSQL session advisory locks, sequence fencing (feature `postgres`) |
+/// | `memcached://host:11211` | memcached `add` with CAS renewals and release, no fencing (feature `memcached`) |
 /// | `redis+sentinel://s1:p1,s2:p2/mymaster[/db]` (`rediss+sentinel://` for TLS) | the master Redis Sentinel names, followed across failovers (feature `redis`) |
 ///
 /// # Errors
@@ -111,6 +120,10 @@ pub async fn open_backend(url: &str) -> Result<AnyBackend, LockError> {
         "postgres" | "postgresql" => {
             Ok(Box::new(distlock_postgres::PgBackend::connect(url).await?))
         }
+        #[cfg(feature = "memcached")]
+        "memcached" | "memcacheds" => Ok(Box::new(
+            distlock_memcached::MemcachedBackend::connect(url).await?,
+        )),
         "" => Err(LockError::new(
             ErrorKind::Config,
             format!("{url:?} is not a lock URL (try file:// or redis://host:6379)"),

@@ -1,0 +1,318 @@
+//! The memcached engine.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use distlock_core::{
+    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
+    LockStatus, Token,
+};
+use sha2::{Digest, Sha256};
+
+use crate::config::MemcachedConfig;
+use crate::meta::{Pool, Reply};
+
+/// Why memcached gives no fencing token (shown to users who ask for one).
+const NO_FENCING: &str = "memcached has no counter that survives an eviction, a restart or a \
+     change of server: a token from it could go backwards (see the crate README)";
+
+/// memcached's longest key.
+const MAX_ITEM_KEY: usize = 250;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+/// The item's expiry for a lock TTL, in whole seconds: rounded up, plus one. memcached's clock
+/// ticks once a second and an item expires when the tick reaches its expiry, so an item can go
+/// up to a second before its seconds are up; the extra second keeps the server's copy at least
+/// as long as the holder trusts its lease.
+fn item_ttl(ttl: Duration) -> u64 {
+    ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0) + 1
+}
+
+/// A lock we hold: its item, the value we wrote (renewals write it again) and the item's CAS.
+struct Held {
+    key: String,
+    value: String,
+    cas: u64,
+}
+
+struct Inner {
+    config: MemcachedConfig,
+    pool: Pool,
+    held: Mutex<HashMap<String, Held>>,
+}
+
+/// A lock engine on memcached, as seed 000 builds it, with its repairs and its limits:
+///
+/// - **acquire** adds the item (`ms … ME`, "add" mode: only when absent) with an expiry and our
+///   holder value, and keeps the CAS memcached gives back;
+/// - **extend** writes the same value again only if the item still has our CAS (`ms … C<cas>`)
+///   with the new expiry: a compare-and-touch, so a lock that expired and was taken by another
+///   holder is never extended by us;
+/// - **release** deletes only if the CAS is still ours (`md … C<cas>`), never another holder's
+///   lock;
+/// - **no fencing token**: an eviction under memory pressure, a restart (memcached keeps
+///   nothing) or a change of servers loses the lock silently, and no counter survives them. The
+///   watchdog notices a lost item at its next renewal and the lost signal fires, but another
+///   holder may already have started.
+#[derive(Clone)]
+pub struct MemcachedBackend {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for MemcachedBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemcachedBackend")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unexpected(doing: &str, r: &Reply) -> LockError {
+    LockError::new(
+        ErrorKind::Protocol,
+        format!("{doing}: memcached answered {} {:?}", r.code, r.flags),
+    )
+}
+
+impl MemcachedBackend {
+    /// Connects to the server a URL names (see [`MemcachedConfig`]) and checks that it speaks
+    /// the meta protocol (memcached 1.6 or later).
+    ///
+    /// # Errors
+    /// `Config` for a bad URL; `Connection` or `Timeout` when the server does not answer;
+    /// `Protocol` when it is not a meta-protocol memcached.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::with_config(MemcachedConfig::from_url(url)?).await
+    }
+
+    /// Connects with an explicit configuration.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn with_config(config: MemcachedConfig) -> Result<Self, LockError> {
+        let pool = Pool::new(
+            config.host.clone(),
+            config.connect_timeout,
+            config.response_timeout,
+        );
+        let backend = MemcachedBackend {
+            inner: Arc::new(Inner {
+                config,
+                pool,
+                held: Mutex::new(HashMap::new()),
+            }),
+        };
+        // A meta no-op answers `MN`... which our reader does not take; a miss does: `EN`.
+        let probe = backend.item("distlock-probe");
+        backend
+            .inner
+            .pool
+            .call(&format!("mg {probe}"), None)
+            .await?;
+        Ok(backend)
+    }
+
+    /// The item of the lock `name`: `<prefix><name>` when memcached can store that key as it
+    /// is, else `<prefix>sha256:<hex>` of the name (too long, or with spaces or control bytes).
+    pub fn item(&self, name: &str) -> String {
+        let prefix = &self.inner.config.prefix;
+        let plain = prefix.len() + name.len() <= MAX_ITEM_KEY
+            && name.bytes().all(|b| b > b' ' && b != 0x7f);
+        if plain {
+            return format!("{prefix}{name}");
+        }
+        let digest = Sha256::digest(name.as_bytes());
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{prefix}sha256:{hex}")
+    }
+
+    /// Reads the item: our token's value and CAS, if it is there.
+    async fn read(&self, item: &str) -> Result<Option<(String, u64, Option<i64>)>, LockError> {
+        let r = self
+            .inner
+            .pool
+            .call(&format!("mg {item} v c t"), None)
+            .await?;
+        match r.code.as_str() {
+            "EN" => Ok(None),
+            "VA" => {
+                let value =
+                    String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
+                let cas = r.flag('c').and_then(|c| u64::try_from(c).ok()).unwrap_or(0);
+                Ok(Some((value, cas, r.flag('t'))))
+            }
+            _ => Err(unexpected("reading a lock", &r)),
+        }
+    }
+}
+
+impl Backend for MemcachedBackend {
+    fn name(&self) -> &'static str {
+        "memcached"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(Fencing::Unavailable(NO_FENCING), true)
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        const DOING: &str = "acquiring a memcached lock";
+        let item = self.item(req.key);
+        if req.resent {
+            // The add may have been stored before its reply was lost: ours if it carries our
+            // token.
+            if let Some((value, cas, _)) = self.read(&item).await? {
+                let (token, _) = distlock_core::describe_holder_value(&value);
+                if token == req.token.as_str() {
+                    lock(&self.inner.held).insert(
+                        req.token.as_str().to_owned(),
+                        Held {
+                            key: req.key.to_owned(),
+                            value,
+                            cas,
+                        },
+                    );
+                    return Ok(Attempt::Acquired { fence: None });
+                }
+            }
+        }
+        let value = distlock_core::holder_value(req.token.as_str(), now_ms(), req.owner);
+        let line = format!("ms {item} {} T{} ME c", value.len(), item_ttl(req.ttl));
+        let r = self.inner.pool.call(&line, Some(value.as_bytes())).await?;
+        match r.code.as_str() {
+            "HD" => {
+                let cas = r
+                    .flag('c')
+                    .and_then(|c| u64::try_from(c).ok())
+                    .ok_or_else(|| unexpected(DOING, &r))?;
+                lock(&self.inner.held).insert(
+                    req.token.as_str().to_owned(),
+                    Held {
+                        key: req.key.to_owned(),
+                        value,
+                        cas,
+                    },
+                );
+                Ok(Attempt::Acquired { fence: None })
+            }
+            "NS" => {
+                let holder_ttl = if req.waiting {
+                    self.read(&item).await?.and_then(|(_, _, t)| {
+                        t.filter(|&t| t >= 0)
+                            .map(|t| Duration::from_secs(u64::try_from(t).unwrap_or(0)))
+                    })
+                } else {
+                    None
+                };
+                Ok(Attempt::Busy { holder_ttl })
+            }
+            _ => Err(unexpected(DOING, &r)),
+        }
+    }
+
+    async fn extend(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<LeaseCheck, LockError> {
+        let Some((value, cas)) = lock(&self.inner.held)
+            .get(token.as_str())
+            .filter(|h| h.key == key)
+            .map(|h| (h.value.clone(), h.cas))
+        else {
+            return Ok(LeaseCheck::Missing);
+        };
+        let item = self.item(key);
+        let line = format!("ms {item} {} T{} C{cas} c", value.len(), item_ttl(ttl));
+        let r = self.inner.pool.call(&line, Some(value.as_bytes())).await?;
+        match r.code.as_str() {
+            "HD" => {
+                if let Some(new) = r.flag('c').and_then(|c| u64::try_from(c).ok())
+                    && let Some(h) = lock(&self.inner.held).get_mut(token.as_str())
+                {
+                    h.cas = new;
+                }
+                Ok(LeaseCheck::Ours)
+            }
+            "NF" => Ok(LeaseCheck::Missing),
+            "EX" => Ok(LeaseCheck::Foreign),
+            // Not stored: gone between the compare and the store.
+            "NS" => Ok(LeaseCheck::Missing),
+            _ => Err(unexpected("renewing a memcached lock", &r)),
+        }
+    }
+
+    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+        let held = {
+            let mut map = lock(&self.inner.held);
+            match map.get(token.as_str()) {
+                Some(h) if h.key == key => map.remove(token.as_str()),
+                _ => None,
+            }
+        };
+        let item = self.item(key);
+        let cas = match held {
+            Some(h) => h.cas,
+            None => {
+                // No record: an acquire cancelled after its add was sent (the core cleans up
+                // with its token). Ours if the item carries our token: delete it by the CAS
+                // read now, so a newer holder's lock still survives.
+                match self.read(&item).await? {
+                    Some((value, cas, _))
+                        if distlock_core::describe_holder_value(&value).0 == token.as_str() =>
+                    {
+                        cas
+                    }
+                    _ => return Ok(LeaseCheck::Missing),
+                }
+            }
+        };
+        let r = self
+            .inner
+            .pool
+            .call(&format!("md {item} C{cas}"), None)
+            .await?;
+        match r.code.as_str() {
+            "HD" => Ok(LeaseCheck::Ours),
+            "NF" => Ok(LeaseCheck::Missing),
+            "EX" => Ok(LeaseCheck::Foreign),
+            _ => Err(unexpected("releasing a memcached lock", &r)),
+        }
+    }
+
+    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+        let Some((value, _, ttl)) = self.read(&self.item(key)).await? else {
+            return Ok(LockStatus::free());
+        };
+        let (_, owner) = distlock_core::describe_holder_value(&value);
+        // Less the second `item_ttl` adds: what the holder itself counts on.
+        let ttl = ttl
+            .filter(|&t| t >= 0)
+            .map(|t| Duration::from_secs(u64::try_from(t - 1).unwrap_or(0)));
+        Ok(LockStatus::held(Some(owner), None, ttl))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiries_cover_the_clock_tick() {
+        assert_eq!(item_ttl(Duration::from_secs(10)), 11);
+        assert_eq!(item_ttl(Duration::from_millis(300)), 2);
+        assert_eq!(item_ttl(Duration::from_millis(1500)), 3);
+    }
+}

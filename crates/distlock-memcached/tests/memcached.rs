@@ -1,0 +1,88 @@
+//! memcached-specific behaviour on a real server: an eviction loses the lock, and the watchdog
+//! says so; no fence; bad input.
+
+use std::time::{Duration, Instant};
+
+use distlock_core::{ErrorKind, LockClient, LockOptions, Released};
+use distlock_memcached::MemcachedBackend;
+use distlock_testkit::Memcached;
+
+async fn client(url: &str, ttl: Duration) -> LockClient<MemcachedBackend> {
+    let backend = MemcachedBackend::connect(url).await.expect("connect");
+    LockClient::builder(backend)
+        .options(LockOptions::builder().ttl(ttl).build().unwrap())
+        .build()
+}
+
+/// The seed's first flaw: memcached evicts a lock under memory pressure without a word. The
+/// watchdog's next renewal finds it gone and the lost signal fires, while another client has
+/// already taken the "free" lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_loses_the_lock_and_the_watchdog_reports_it() {
+    let Some(mc) = Memcached::start_with_memory(2) else {
+        return;
+    };
+    let url = mc.url("");
+    let ttl = Duration::from_secs(6);
+    let a = client(&url, ttl).await;
+    let b = client(&url, ttl).await;
+    let g = a.acquire("evicted").await.unwrap();
+    assert_eq!(g.fence(), None, "memcached gives no fence");
+    let before = mc.stat("evictions").unwrap();
+    // Junk of every size around the lock item's, so its slab class fills too.
+    tokio::task::block_in_place(|| {
+        for size in (40..=200).step_by(8) {
+            mc.fill(4000, size);
+        }
+    });
+    assert!(
+        mc.stat("evictions").unwrap() > before,
+        "nothing was evicted"
+    );
+    // Evicted: another client finds the lock free while the first still believes it holds it.
+    let g2 = b
+        .try_acquire("evicted")
+        .await
+        .unwrap()
+        .expect("the item is gone");
+    assert!(g.is_held(), "nothing has told the first holder yet");
+    // Its next renewal (a third of the TTL at the latest) finds the item replaced.
+    let t0 = Instant::now();
+    let why = tokio::time::timeout(ttl / 2, g.lost())
+        .await
+        .expect("the watchdog reports the loss");
+    assert!(t0.elapsed() <= ttl / 3 + Duration::from_secs(1));
+    eprintln!("lost: {why}");
+    assert!(!g.is_held());
+    // Its release never deletes the new holder's lock.
+    assert!(matches!(g.release().await.unwrap(), Released::Lost(_)));
+    assert!(b.status("evicted").await.unwrap().held);
+    assert_eq!(g2.release().await.unwrap(), Released::Held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_and_spaced_keys_are_hashed_and_bad_servers_are_clear_errors() {
+    let Some(mc) = Memcached::start() else { return };
+    let backend = MemcachedBackend::connect(&mc.url("")).await.unwrap();
+    assert_eq!(backend.item("orders"), "distlock:orders");
+    let long = "k".repeat(1000);
+    for name in [long.as_str(), "with space", "tab\there"] {
+        let item = backend.item(name);
+        assert!(
+            item.starts_with("distlock:sha256:") && item.len() == 16 + 64,
+            "{item}"
+        );
+    }
+    let c = LockClient::new(backend);
+    let g = c.try_acquire("with space").await.unwrap().expect("free");
+    assert!(c.try_acquire("with space").await.unwrap().is_none());
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+
+    let port = distlock_testkit::free_port();
+    let t0 = Instant::now();
+    let e = MemcachedBackend::connect(&format!("memcached://127.0.0.1:{port}?connect_timeout=1s"))
+        .await
+        .expect_err("nobody listens");
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+}
