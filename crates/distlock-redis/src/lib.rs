@@ -4,6 +4,7 @@
 mod backend;
 mod config;
 mod error;
+mod fenced;
 mod keys;
 mod lane;
 mod node;
@@ -18,5 +19,6 @@ pub use backend::RedisBackend;
 #[doc(hidden)]
 pub const RELEASE_SCRIPT: &str = backend::RELEASE_SCRIPT;
 pub use config::{ClusterConfig, RedisConfig};
+pub use fenced::{fenced_get, fenced_set};
 pub use redlock::{RedlockBackend, RedlockConfig};
 pub use sentinel::{SentinelBackend, SentinelConfig};
