@@ -4,6 +4,7 @@
 mod cluster;
 pub mod conformance;
 mod etcd;
+mod mariadb;
 mod memcached;
 mod postgres;
 mod process;
@@ -13,6 +14,7 @@ mod zookeeper;
 
 pub use cluster::RedisCluster;
 pub use etcd::{Etcd, EtcdMember};
+pub use mariadb::{MARIADB_PASSWORD_USER, MariaDb};
 pub use memcached::Memcached;
 pub use postgres::{PG_PASSWORD_USER, Postgres};
 pub use process::{free_port, require_binary};

@@ -24,6 +24,12 @@ pub mod postgres {
     pub use distlock_postgres::{PgBackend, PgConfig, lock_id};
 }
 
+/// The MySQL/MariaDB engine (feature `mysql`).
+#[cfg(feature = "mysql")]
+pub mod mysql {
+    pub use distlock_mysql::{MysqlBackend, MysqlConfig, lock_name};
+}
+
 /// The memcached engine (feature `memcached`): no fencing.
 #[cfg(feature = "memcached")]
 pub mod memcached {
@@ -71,6 +77,8 @@ pub fn supported_schemes() -> &'static [&'static str] {
         "zk",
         #[cfg(feature = "postgres")]
         "postgres",
+        #[cfg(feature = "mysql")]
+        "mysql",
         #[cfg(feature = "memcached")]
         "memcached",
     ]
@@ -87,6 +95,7 @@ pub fn supported_schemes() -> &'static [&'static str] {
 /// | `etcd://h1:2379,h2:2379,…` | etcd: FIFO queue by create revision, revision fencing (feature `etcd`) |
 /// | `zk://h1:2181,h2:2181[/chroot]` | ZooKeeper: ephemeral sequential nodes, czxid fencing (feature `zookeeper`) |
 /// | `postgres://user:pw@host:5432/db` (`postgresql://`) | PostgreSQL session advisory locks, sequence fencing (feature `postgres`) |
+/// | `mysql://user:pw@host:3306/db` (`mariadb://`) | MySQL/MariaDB `GET_LOCK`, per-lock counter fencing (feature `mysql`) |
 /// | `memcached://host:11211` | memcached `add` with CAS renewals and release, no fencing (feature `memcached`) |
 /// | `redis+sentinel://s1:p1,s2:p2/mymaster[/db]` (`rediss+sentinel://` for TLS) | the master Redis Sentinel names, followed across failovers (feature `redis`) |
 ///
@@ -120,6 +129,8 @@ pub async fn open_backend(url: &str) -> Result<AnyBackend, LockError> {
         "postgres" | "postgresql" => {
             Ok(Box::new(distlock_postgres::PgBackend::connect(url).await?))
         }
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Box::new(distlock_mysql::MysqlBackend::connect(url).await?)),
         #[cfg(feature = "memcached")]
         "memcached" | "memcacheds" => Ok(Box::new(
             distlock_memcached::MemcachedBackend::connect(url).await?,

@@ -1,5 +1,4 @@
-//! The conformance suite on memcached through the run-time (`AnyBackend`) path: the engine's
-//! loss events must reach guards through the boxed backend too.
+//! The conformance suite on memcached through the run-time (`AnyBackend`) path (`open_backend`).
 
 use std::future::Future;
 use std::pin::Pin;

@@ -1,0 +1,179 @@
+//! A real MariaDB server for tests (`mariadbd --user=root`), on a free loopback port, data in a
+//! temporary directory on tmpfs when there is one.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::process::{Daemon, free_port, require_binary, tail};
+
+/// One MariaDB server: `root` without a password on 127.0.0.1, a database `distlock`, and a
+/// password-checked user `locker` (password `locker-pw`) with rights on it. Killed when dropped.
+#[derive(Debug)]
+pub struct MariaDb {
+    child: Daemon,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+/// The user that logs in with a password, for credential tests.
+pub const MARIADB_PASSWORD_USER: (&str, &str) = ("locker", "locker-pw");
+
+impl MariaDb {
+    /// Starts a server and waits until it answers. `None` (after printing `SKIP`) when MariaDB
+    /// is missing outside CI.
+    pub fn start() -> Option<Self> {
+        if !require_binary(
+            "mariadbd",
+            "the MySQL/MariaDB engine (package mariadb-server)",
+        ) || !require_binary("mariadb-install-db", "the MySQL/MariaDB engine")
+        {
+            return None;
+        }
+        let mut last = String::new();
+        for _ in 0..3 {
+            let dir = if Path::new("/dev/shm").is_dir() {
+                tempfile::Builder::new()
+                    .prefix("distlock-maria-")
+                    .tempdir_in("/dev/shm")
+            } else {
+                tempfile::Builder::new().prefix("distlock-maria-").tempdir()
+            }
+            .expect("temp dir");
+            let out = Command::new("mariadb-install-db")
+                .arg("--no-defaults")
+                .arg(format!("--datadir={}", dir.path().join("data").display()))
+                .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+                .args(["--user=root", "--innodb-flush-method=fsync"])
+                .stdin(Stdio::null())
+                .output()
+                .expect("run mariadb-install-db");
+            assert!(
+                out.status.success(),
+                "mariadb-install-db failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let mut m = MariaDb {
+                child: Daemon::default(),
+                port: free_port(),
+                dir,
+            };
+            m.spawn();
+            match m.wait_ready(Duration::from_secs(30)) {
+                Ok(()) => {
+                    let (user, pw) = MARIADB_PASSWORD_USER;
+                    m.sql(&format!(
+                        "CREATE DATABASE distlock; \
+                         CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{pw}'; \
+                         GRANT ALL ON distlock.* TO '{user}'@'127.0.0.1'"
+                    ));
+                    return Some(m);
+                }
+                Err(e) => last = e,
+            }
+        }
+        panic!("MariaDB did not start after 3 tries:\n{last}");
+    }
+
+    fn spawn(&mut self) {
+        let d = self.dir.path();
+        // Durability off (tmpfs, no binlog, lazy log flush): the tests check locking.
+        let child = Command::new("mariadbd")
+            .arg("--no-defaults")
+            .arg("--user=root")
+            .arg(format!("--datadir={}", d.join("data").display()))
+            .arg(format!("--socket={}", d.join("sock").display()))
+            .arg(format!("--pid-file={}", d.join("pid").display()))
+            .arg(format!("--log-error={}", d.join("err.log").display()))
+            .arg(format!("--port={}", self.port))
+            .args([
+                "--bind-address=127.0.0.1",
+                "--skip-name-resolve",
+                "--skip-log-bin",
+            ])
+            .args([
+                "--innodb-flush-method=fsync",
+                "--innodb-flush-log-at-trx-commit=2",
+            ])
+            .args(["--innodb-buffer-pool-size=32M", "--innodb-log-file-size=8M"])
+            .arg("--max-connections=300")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run mariadbd");
+        self.child = Daemon::new(child);
+    }
+
+    fn wait_ready(&self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.try_sql("SELECT 1").is_ok_and(|o| o.status.success()) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "mariadbd on port {} never answered; log tail:\n{}",
+                    self.port,
+                    tail(&self.dir.path().join("err.log"), 30)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn try_sql(&self, sql: &str) -> std::io::Result<Output> {
+        Command::new("mariadb")
+            .arg(format!(
+                "--socket={}",
+                self.dir.path().join("sock").display()
+            ))
+            .args(["-uroot", "--batch", "--skip-column-names", "-e", sql])
+            .stdin(Stdio::null())
+            .output()
+    }
+
+    /// Runs `sql` as root through the `mariadb` client and returns its tab-separated output.
+    ///
+    /// # Panics
+    /// When the statement fails.
+    pub fn sql(&self, sql: &str) -> String {
+        let out = self.try_sql(sql).expect("run mariadb");
+        assert!(
+            out.status.success(),
+            "mariadb -e {sql:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// `mysql://root@127.0.0.1:<port>/distlock` followed by `rest` (parameters).
+    pub fn url(&self, rest: &str) -> String {
+        format!("mysql://root@127.0.0.1:{}/distlock{rest}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Pins the server to one CPU.
+    pub fn pin_to_cpu(&self, cpu: usize) {
+        self.child.pin_to_cpu(cpu);
+    }
+
+    /// Freezes it (SIGSTOP).
+    pub fn pause(&self) {
+        self.child.pause();
+    }
+
+    /// Thaws it (SIGCONT).
+    pub fn resume(&self) {
+        self.child.resume();
+    }
+
+    /// Kills it with SIGKILL (every session ends with it).
+    pub fn kill(&mut self) {
+        self.child.kill();
+    }
+}
