@@ -421,6 +421,147 @@ fn p5(rt: &tokio::runtime::Runtime, rounds: usize, cycles: usize, pin: bool) -> 
             }
         }));
     }
+    if let Some(pg) = distlock_testkit::Postgres::start() {
+        if pin {
+            pg.pin_to_cpu(0);
+        }
+        let url = pg.url("");
+        rows.push(rt.block_on(async {
+            let (raw, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            tokio::spawn(conn);
+            let lock = raw
+                .prepare("SELECT pg_try_advisory_lock($1)")
+                .await
+                .expect("prepare");
+            let unlock = raw
+                .prepare("SELECT pg_advisory_unlock($1)")
+                .await
+                .expect("prepare");
+            let floor = |n: usize| {
+                let (raw, lock, unlock) = (&raw, &lock, &unlock);
+                async move {
+                    let t0 = Instant::now();
+                    for _ in 0..n {
+                        let got: bool = raw.query_one(lock, &[&42i64]).await.expect("lock").get(0);
+                        assert!(got, "raw lock busy");
+                        raw.query_one(unlock, &[&42i64]).await.expect("unlock");
+                    }
+                    n as f64 / t0.elapsed().as_secs_f64()
+                }
+            };
+            let ours = LockClient::new(
+                distlock_postgres::PgBackend::connect(&url)
+                    .await
+                    .expect("connect"),
+            );
+            floor(50).await;
+            distlock_cycles(&ours, "p5", 50).await;
+            let (mut f, mut o) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                f.push(floor(cycles).await);
+                o.push(distlock_cycles(&ours, "p5", cycles).await);
+            }
+            P5Row {
+                engine: "PostgreSQL 15 (data on tmpfs)",
+                floor_name: "tokio-postgres pg_try_advisory_lock + pg_advisory_unlock",
+                floor: median(f),
+                ours: median(o),
+            }
+        }));
+    }
+    if let Some(db) = distlock_testkit::MariaDb::start() {
+        if pin {
+            db.pin_to_cpu(0);
+        }
+        let url = db.url("");
+        rows.push(rt.block_on(async {
+            use mysql_async::prelude::Queryable;
+            let mut raw = mysql_async::Conn::new(mysql_async::Opts::from_url(&url).expect("url"))
+                .await
+                .expect("connect");
+            async fn floor(raw: &mut mysql_async::Conn, n: usize) -> f64 {
+                use mysql_async::prelude::Queryable;
+                let t0 = Instant::now();
+                for _ in 0..n {
+                    let got: Option<i64> = raw
+                        .query_first("SELECT GET_LOCK('raw', 0)")
+                        .await
+                        .expect("GET_LOCK");
+                    assert_eq!(got, Some(1), "raw lock busy");
+                    raw.query_drop("SELECT RELEASE_LOCK('raw')")
+                        .await
+                        .expect("RELEASE_LOCK");
+                }
+                n as f64 / t0.elapsed().as_secs_f64()
+            }
+            raw.query_drop("DO 1").await.expect("ping");
+            let ours = LockClient::new(
+                distlock_mysql::MysqlBackend::connect(&url)
+                    .await
+                    .expect("connect"),
+            );
+            floor(&mut raw, 50).await;
+            distlock_cycles(&ours, "p5", 50).await;
+            let (mut f, mut o) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                f.push(floor(&mut raw, cycles).await);
+                o.push(distlock_cycles(&ours, "p5", cycles).await);
+            }
+            P5Row {
+                engine: "MariaDB 10.11 (data on tmpfs)",
+                floor_name: "mysql_async GET_LOCK + RELEASE_LOCK",
+                floor: median(f),
+                ours: median(o),
+            }
+        }));
+    }
+    if let Some(mc) = distlock_testkit::Memcached::start() {
+        if pin {
+            mc.pin_to_cpu(0);
+        }
+        let url = mc.url("");
+        rows.push(rt.block_on(async {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", mc.port()))
+                .await
+                .expect("connect");
+            raw.set_nodelay(true).expect("nodelay");
+            async fn floor(raw: &mut tokio::net::TcpStream, n: usize) -> f64 {
+                let mut buf = [0u8; 64];
+                let t0 = Instant::now();
+                for _ in 0..n {
+                    raw.write_all(b"add raw 0 30 1\r\nx\r\n")
+                        .await
+                        .expect("add");
+                    let k = raw.read(&mut buf).await.expect("add reply");
+                    assert!(buf[..k].starts_with(b"STORED"), "raw lock busy");
+                    raw.write_all(b"delete raw\r\n").await.expect("delete");
+                    raw.read(&mut buf).await.expect("delete reply");
+                }
+                n as f64 / t0.elapsed().as_secs_f64()
+            }
+            let ours = LockClient::new(
+                distlock_memcached::MemcachedBackend::connect(&url)
+                    .await
+                    .expect("connect"),
+            );
+            floor(&mut raw, 50).await;
+            distlock_cycles(&ours, "p5", 50).await;
+            let (mut f, mut o) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                f.push(floor(&mut raw, cycles).await);
+                o.push(distlock_cycles(&ours, "p5", cycles).await);
+            }
+            P5Row {
+                engine: "memcached 1.6",
+                floor_name: "raw TCP add + delete",
+                floor: median(f),
+                ours: median(o),
+            }
+        }));
+    }
     rows
 }
 
@@ -1089,7 +1230,7 @@ fn main() {
     );
     println!();
     println!(
-        "P5 other engines, uncontended acquire+release, one client, {rounds} round(s), medians"
+        "P5/P6 other engines, uncontended acquire+release, one client, {rounds} round(s), medians"
     );
     println!("| engine | raw floor | floor cycles/s | distlock cycles/s | vs floor |");
     println!("|---|---|---:|---:|---:|");

@@ -137,6 +137,11 @@ impl Memcached {
         let _ = s.read(&mut buf);
     }
 
+    /// Pins the server (every thread) to one CPU.
+    pub fn pin_to_cpu(&self, cpu: usize) {
+        self.child.pin_to_cpu(cpu);
+    }
+
     /// Freezes it (SIGSTOP).
     pub fn pause(&self) {
         self.child.pause();
