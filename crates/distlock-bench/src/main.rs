@@ -538,7 +538,8 @@ fn p5(rt: &tokio::runtime::Runtime, rounds: usize, cycles: usize, pin: bool) -> 
                     let k = raw.read(&mut buf).await.expect("add reply");
                     assert!(buf[..k].starts_with(b"STORED"), "raw lock busy");
                     raw.write_all(b"delete raw\r\n").await.expect("delete");
-                    raw.read(&mut buf).await.expect("delete reply");
+                    let k = raw.read(&mut buf).await.expect("delete reply");
+                    assert!(buf[..k].starts_with(b"DELETED"), "raw delete failed");
                 }
                 n as f64 / t0.elapsed().as_secs_f64()
             }
