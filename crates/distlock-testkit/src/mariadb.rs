@@ -40,19 +40,26 @@ impl MariaDb {
                 tempfile::Builder::new().prefix("distlock-maria-").tempdir()
             }
             .expect("temp dir");
+            // A temporary directory of its own: MariaDB clears stray temporary files in its
+            // tmpdir at start, which breaks another server bootstrapping in a shared /tmp.
+            let tmp = dir.path().join("tmp");
+            std::fs::create_dir_all(&tmp).expect("tmp dir");
             let out = Command::new("mariadb-install-db")
                 .arg("--no-defaults")
                 .arg(format!("--datadir={}", dir.path().join("data").display()))
+                .arg(format!("--tmpdir={}", tmp.display()))
                 .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
                 .args(["--user=root", "--innodb-flush-method=fsync"])
                 .stdin(Stdio::null())
                 .output()
                 .expect("run mariadb-install-db");
-            assert!(
-                out.status.success(),
-                "mariadb-install-db failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            if !out.status.success() {
+                last = format!(
+                    "mariadb-install-db failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                continue;
+            }
             let mut m = MariaDb {
                 child: Daemon::default(),
                 port: free_port(),
@@ -85,6 +92,7 @@ impl MariaDb {
             .arg(format!("--socket={}", d.join("sock").display()))
             .arg(format!("--pid-file={}", d.join("pid").display()))
             .arg(format!("--log-error={}", d.join("err.log").display()))
+            .arg(format!("--tmpdir={}", d.join("tmp").display()))
             .arg(format!("--port={}", self.port))
             .args([
                 "--bind-address=127.0.0.1",
