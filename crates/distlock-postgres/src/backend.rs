@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
@@ -28,14 +28,22 @@ pub fn lock_id(name: &str) -> i64 {
     i64::from_be_bytes(first)
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+/// The first word of the holder label a session carries in `application_name`.
+const APP_TAG: &str = "distlock";
+
+/// Reads a holder label: its fence, TTL in milliseconds and owner.
+fn parse_label(app: &str) -> Option<(u64, i64, String)> {
+    let mut words = app.splitn(4, ' ');
+    if words.next()? != APP_TAG {
+        return None;
+    }
+    let fence = words.next()?.parse().ok()?;
+    let ttl = words.next()?.parse().ok()?;
+    Some((fence, ttl, words.next().unwrap_or_default().to_owned()))
 }
 
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The server's `idle_session_timeout` for a lock TTL, in whole milliseconds (at least 1: 0
@@ -80,8 +88,9 @@ struct Inner {
 ///
 /// - **acquire** takes a session of its own (from a small pool of idle ones) and, in one
 ///   statement, tries `pg_try_advisory_lock(id)` (`id` = [`lock_id`] of the name), takes the
-///   fence from the sequence `distlock_fence` when it got the lock, records the holder in the
-///   unlogged table `distlock_holders` (for `status`), and sets the session's
+///   fence from the sequence `distlock_fence` when it got the lock, writes the holder's label
+///   (`distlock <fence> <ttl ms> <owner>`) in the session's `application_name` (for `status`,
+///   through `pg_stat_activity`: no table write), and sets the session's
 ///   `idle_session_timeout` to the TTL;
 /// - **the lease** is the session: the server ends a session that stays silent for
 ///   `idle_session_timeout` (PostgreSQL 14 or later), and with it the lock. The watchdog's
@@ -118,7 +127,7 @@ fn why_ended(e: &tokio_postgres::Error) -> LostReason {
 
 impl PgBackend {
     /// Connects to the server a URL names (see [`PgConfig`]), and creates the fence sequence
-    /// and the holders table if they are missing.
+    /// if it is missing.
     ///
     /// # Errors
     /// `Config` for a bad URL; `Connection` or `Timeout` when the server does not answer;
@@ -161,20 +170,12 @@ impl PgBackend {
             ));
         }
         let s = &self.inner.config.schema;
-        let ddl = format!(
-            "CREATE SEQUENCE IF NOT EXISTS {s}.distlock_fence;\n\
-             CREATE UNLOGGED TABLE IF NOT EXISTS {s}.distlock_holders (\n\
-                 id bigint PRIMARY KEY, name text NOT NULL, holder text NOT NULL,\n\
-                 fence bigint NOT NULL, ttl_ms bigint NOT NULL)"
-        );
-        // Only what is missing: a role without CREATE on the schema can use objects an
+        let ddl = format!("CREATE SEQUENCE IF NOT EXISTS {s}.distlock_fence");
+        // Only when missing: a role without CREATE on the schema can use a sequence an
         // administrator made (CREATE … IF NOT EXISTS checks the privilege first).
         let missing: bool = client
             .query_one(
-                &format!(
-                    "SELECT to_regclass('{s}.distlock_fence') IS NULL \
-                         OR to_regclass('{s}.distlock_holders') IS NULL"
-                ),
+                &format!("SELECT to_regclass('{s}.distlock_fence') IS NULL"),
                 &[],
             )
             .await
@@ -233,17 +234,16 @@ impl PgBackend {
         let in_pg_locks = "l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
              AND l.classid = (($1::bigint >> 32) & 4294967295)::oid \
              AND l.objid = ($1::bigint & 4294967295)::oid";
+        // Granted: the fence, the lease (idle_session_timeout) and the holder's label in
+        // application_name, which other sessions can read in pg_stat_activity (no write).
         let acquire = format!(
-            "WITH g AS (SELECT CASE WHEN pg_try_advisory_lock($1::bigint) \
-                                    THEN nextval('{s}.distlock_fence') END AS fence), \
-                  u AS (INSERT INTO {s}.distlock_holders (id, name, holder, fence, ttl_ms) \
-                        SELECT $1, $2, $3, fence, $4::text::bigint FROM g WHERE fence IS NOT NULL \
-                        ON CONFLICT (id) DO UPDATE SET name = excluded.name, \
-                           holder = excluded.holder, fence = excluded.fence, \
-                           ttl_ms = excluded.ttl_ms \
-                        RETURNING 1) \
-             SELECT g.fence, CASE WHEN g.fence IS NOT NULL \
-                    THEN set_config('idle_session_timeout', $4::text, false) END FROM g"
+            "SELECT g.fence, CASE WHEN g.fence IS NOT NULL \
+                    THEN set_config('idle_session_timeout', $2::text, false) \
+                      || set_config('application_name', \
+                           left('{APP_TAG} ' || g.fence || ' ' || $2::text || ' ' || $3::text, 63), \
+                           false) END \
+             FROM (SELECT CASE WHEN pg_try_advisory_lock($1::bigint) \
+                               THEN nextval('{s}.distlock_fence') END AS fence) g"
         );
         let release = "SELECT pg_advisory_unlock($1::bigint), \
                        set_config('idle_session_timeout', '0', false)";
@@ -253,13 +253,12 @@ impl PgBackend {
                     set_config('idle_session_timeout', $2::text, false)"
         );
         let status = format!(
-            "SELECT h.name, h.holder, h.fence, h.ttl_ms, \
+            "SELECT a.application_name, \
                     CASE WHEN a.state = 'idle' \
                          THEN (extract(epoch FROM now() - a.state_change) * 1000)::bigint END, \
                     (SELECT last_value FROM {s}.distlock_fence) \
              FROM pg_locks l \
              LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-             LEFT JOIN {s}.distlock_holders h ON h.id = $1 \
              WHERE {in_pg_locks}"
         );
         let acquire = client
@@ -347,13 +346,12 @@ impl Backend for PgBackend {
             return Ok(Attempt::Acquired { fence: None });
         }
         let id = lock_id(req.key);
-        let holder = distlock_core::holder_value(req.token.as_str(), now_ms(), req.owner);
         let ttl = ttl_ms(req.ttl).to_string();
         let conn = self.take().await?;
         // Dropped on any error (and so is the session, with whatever it may hold).
         let row = conn
             .client
-            .query_one(&conn.acquire, &[&id, &req.key, &holder, &ttl])
+            .query_one(&conn.acquire, &[&id, &ttl, &req.owner])
             .await
             .map_err(|e| map_err(e, DOING))?;
         let fence: Option<i64> = row.get(0);
@@ -448,28 +446,19 @@ impl Backend for PgBackend {
         let Some(row) = rows.first() else {
             return Ok(LockStatus::free());
         };
-        let name: Option<String> = row.get(0);
-        let holder: Option<String> = row.get(1);
-        let fence: Option<i64> = row.get(2);
-        let ttl: Option<i64> = row.get(3);
-        let idle: Option<i64> = row.get(4);
-        let last: Option<i64> = row.get(5);
+        let app: Option<String> = row.get(0);
+        let idle: Option<i64> = row.get(1);
+        let last: Option<i64> = row.get(2);
         let last_fence = last.and_then(|l| u64::try_from(l).ok());
-        if name.as_deref() != Some(key) {
-            // Another name with the same lock id holds it (or its row is not written yet).
-            let owner = name.map(|n| format!("the lock {n:?}, whose id {id} is the same"));
-            return Ok(LockStatus::held(owner, None, None).with_last_fence(last_fence));
-        }
-        let owner = holder.map(|h| distlock_core::describe_holder_value(&h).1);
-        let remaining = match (ttl, idle) {
-            (Some(t), Some(i)) => Some(Duration::from_millis(u64::try_from(t - i).unwrap_or(0))),
-            (Some(t), None) => Some(Duration::from_millis(u64::try_from(t).unwrap_or(0))),
-            _ => None,
+        // "<tag> <fence> <ttl ms> <owner>", as the acquire wrote it (another role's session may
+        // show nothing; a session that changed its application_name shows that).
+        let Some((fence, ttl, owner)) = app.as_deref().and_then(parse_label) else {
+            return Ok(LockStatus::held(app, None, None).with_last_fence(last_fence));
         };
-        Ok(
-            LockStatus::held(owner, fence.and_then(|f| u64::try_from(f).ok()), remaining)
-                .with_last_fence(last_fence),
-        )
+        let remaining = Duration::from_millis(
+            u64::try_from(ttl.saturating_sub(idle.unwrap_or(0))).unwrap_or(0),
+        );
+        Ok(LockStatus::held(Some(owner), Some(fence), Some(remaining)).with_last_fence(last_fence))
     }
 
     fn lease_lost(
@@ -505,6 +494,20 @@ mod tests {
         assert_ne!(lock_id("orders"), lock_id("orders2"));
         let digest = Sha256::digest(b"orders");
         assert_eq!(lock_id("orders").to_be_bytes(), digest[..8]);
+    }
+
+    #[test]
+    fn holder_labels_read_back() {
+        assert_eq!(
+            parse_label("distlock 42 30000 vm/123"),
+            Some((42, 30_000, "vm/123".to_owned()))
+        );
+        assert_eq!(
+            parse_label("distlock 42 30000"),
+            Some((42, 30_000, String::new()))
+        );
+        assert_eq!(parse_label("psql"), None);
+        assert_eq!(parse_label("distlock x 1 a"), None);
     }
 
     #[test]

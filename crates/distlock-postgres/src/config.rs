@@ -13,7 +13,7 @@ use distlock_core::{ErrorKind, LockError};
 ///
 /// | parameter | default | meaning |
 /// |---|---|---|
-/// | `schema` | `public` | where the fence sequence and the holders table are created |
+/// | `schema` | `public` | where the fence sequence is created |
 /// | `idle_connections` | `16` | connections kept open between locks |
 ///
 /// TLS is not built in this release: `sslmode=require` (or stronger) is refused as a
