@@ -328,6 +328,23 @@ struct P5Row {
     ours: f64,
 }
 
+/// A raw floor and our cycle in interleaved rounds (after a warm-up of each): their medians.
+async fn interleaved<B: distlock_core::Backend>(
+    ours: &LockClient<B>,
+    rounds: usize,
+    cycles: usize,
+    mut floor: impl AsyncFnMut(usize) -> f64,
+) -> (f64, f64) {
+    floor(50).await;
+    distlock_cycles(ours, "p5", 50).await;
+    let (mut f, mut o) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        f.push(floor(cycles).await);
+        o.push(distlock_cycles(ours, "p5", cycles).await);
+    }
+    (median(f), median(o))
+}
+
 /// etcd's floor: a create-if-absent transaction and a delete, with etcd-client.
 async fn etcd_floor(client: &mut etcd_client::Client, cycles: usize) -> f64 {
     use etcd_client::{Compare, CompareOp, Txn, TxnOp};
@@ -377,18 +394,15 @@ fn p5(rt: &tokio::runtime::Runtime, rounds: usize, cycles: usize, pin: bool) -> 
                     .await
                     .expect("connect"),
             );
-            etcd_floor(&mut raw, 50).await;
-            distlock_cycles(&ours, "p5", 50).await;
-            let (mut f, mut o) = (Vec::new(), Vec::new());
-            for _ in 0..rounds {
-                f.push(etcd_floor(&mut raw, cycles).await);
-                o.push(distlock_cycles(&ours, "p5", cycles).await);
-            }
+            let (floor, ours) = interleaved(&ours, rounds, cycles, async |n| {
+                etcd_floor(&mut raw, n).await
+            })
+            .await;
             P5Row {
                 engine: "etcd 3.4 (data on tmpfs)",
                 floor_name: "etcd-client txn create-if-absent + delete",
-                floor: median(f),
-                ours: median(o),
+                floor,
+                ours,
             }
         }));
     }
@@ -406,18 +420,13 @@ fn p5(rt: &tokio::runtime::Runtime, rounds: usize, cycles: usize, pin: bool) -> 
                     .await
                     .expect("connect"),
             );
-            zk_floor(&raw, 50).await;
-            distlock_cycles(&ours, "p5", 50).await;
-            let (mut f, mut o) = (Vec::new(), Vec::new());
-            for _ in 0..rounds {
-                f.push(zk_floor(&raw, cycles).await);
-                o.push(distlock_cycles(&ours, "p5", cycles).await);
-            }
+            let (floor, ours) =
+                interleaved(&ours, rounds, cycles, async |n| zk_floor(&raw, n).await).await;
             P5Row {
                 engine: "ZooKeeper 3.8",
                 floor_name: "zookeeper-client ephemeral create + delete",
-                floor: median(f),
-                ours: median(o),
+                floor,
+                ours,
             }
         }));
     }
@@ -456,18 +465,12 @@ fn p5(rt: &tokio::runtime::Runtime, rounds: usize, cycles: usize, pin: bool) -> 
                     .await
                     .expect("connect"),
             );
-            floor(50).await;
-            distlock_cycles(&ours, "p5", 50).await;
-            let (mut f, mut o) = (Vec::new(), Vec::new());
-            for _ in 0..rounds {
-                f.push(floor(cycles).await);
-                o.push(distlock_cycles(&ours, "p5", cycles).await);
-            }
+            let (floor, ours) = interleaved(&ours, rounds, cycles, async |n| floor(n).await).await;
             P5Row {
                 engine: "PostgreSQL 15 (data on tmpfs)",
                 floor_name: "tokio-postgres pg_try_advisory_lock + pg_advisory_unlock",
-                floor: median(f),
-                ours: median(o),
+                floor,
+                ours,
             }
         }));
     }
@@ -502,18 +505,13 @@ fn p5(rt: &tokio::runtime::Runtime, rounds: usize, cycles: usize, pin: bool) -> 
                     .await
                     .expect("connect"),
             );
-            floor(&mut raw, 50).await;
-            distlock_cycles(&ours, "p5", 50).await;
-            let (mut f, mut o) = (Vec::new(), Vec::new());
-            for _ in 0..rounds {
-                f.push(floor(&mut raw, cycles).await);
-                o.push(distlock_cycles(&ours, "p5", cycles).await);
-            }
+            let (floor, ours) =
+                interleaved(&ours, rounds, cycles, async |n| floor(&mut raw, n).await).await;
             P5Row {
                 engine: "MariaDB 10.11 (data on tmpfs)",
                 floor_name: "mysql_async GET_LOCK + RELEASE_LOCK",
-                floor: median(f),
-                ours: median(o),
+                floor,
+                ours,
             }
         }));
     }
@@ -548,18 +546,13 @@ fn p5(rt: &tokio::runtime::Runtime, rounds: usize, cycles: usize, pin: bool) -> 
                     .await
                     .expect("connect"),
             );
-            floor(&mut raw, 50).await;
-            distlock_cycles(&ours, "p5", 50).await;
-            let (mut f, mut o) = (Vec::new(), Vec::new());
-            for _ in 0..rounds {
-                f.push(floor(&mut raw, cycles).await);
-                o.push(distlock_cycles(&ours, "p5", cycles).await);
-            }
+            let (floor, ours) =
+                interleaved(&ours, rounds, cycles, async |n| floor(&mut raw, n).await).await;
             P5Row {
                 engine: "memcached 1.6",
                 floor_name: "raw TCP add + delete",
-                floor: median(f),
-                ours: median(o),
+                floor,
+                ours,
             }
         }));
     }

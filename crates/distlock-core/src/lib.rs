@@ -31,5 +31,5 @@ pub use options::{
     Backoff, DEFAULT_HANDOFF_STREAK, DEFAULT_WAKE_FALLBACK, LockOptions, LockOptionsBuilder,
     MAX_TTL, Wait, default_drift,
 };
-pub use token::{MAX_TOKEN_LEN, Token, describe_holder_value, holder_value};
+pub use token::{MAX_TOKEN_LEN, Token, describe_holder_value, holder_value, unix_ms};
 pub use wake::{PredecessorWatches, Subscription, WakeHub};

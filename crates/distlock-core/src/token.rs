@@ -57,6 +57,14 @@ impl fmt::Display for Token {
     }
 }
 
+/// Now, in milliseconds since the Unix epoch (0 for a clock set before 1970): the `since` of a
+/// holder value.
+pub fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
 /// The value engines store for a holder: `<token> <since, unix ms> <owner label>` (tokens and the
 /// time never contain spaces; the label may).
 pub fn holder_value(token: &str, since_ms: u128, owner: &str) -> String {

@@ -158,8 +158,29 @@ impl<'a> MultiHostUrl<'a> {
     }
 }
 
+/// A URL with the password of its `user:password@` (if any) replaced by `***`, for messages.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((cred, host)) if cred.contains(':') => {
+            let user = cred.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn redact_hides_only_the_password() {
+        assert_eq!(super::redact("mysql://u:pw@h/db"), "mysql://u:***@h/db");
+        assert_eq!(super::redact("mysql://u@h/db"), "mysql://u@h/db");
+        assert_eq!(super::redact("no url"), "no url");
+    }
+
     use super::*;
 
     #[test]

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
@@ -127,12 +127,6 @@ impl fmt::Debug for EtcdBackend {
 fn ttl_secs(ttl: Duration) -> i64 {
     let s = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
     i64::try_from(s.max(1)).unwrap_or(i64::MAX)
-}
-
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
 }
 
 fn lock_mutex<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -282,7 +276,7 @@ impl EtcdBackend {
         first: TxnOp,
     ) -> Result<Attempt, LockError> {
         let prefix = self.lock_prefix(req.key);
-        let value = distlock_core::holder_value(token, now_ms(), req.owner);
+        let value = distlock_core::holder_value(token, distlock_core::unix_ms(), req.owner);
         let txn = Txn::new()
             .when([Compare::create_revision(prefix.as_str(), CompareOp::Equal, 0).with_prefix()])
             .and_then([TxnOp::put(
@@ -762,7 +756,7 @@ impl Backend for EtcdBackend {
         let mine = TxnOp::get(entry.key.as_str(), Some(GetOptions::new().with_keys_only()));
         let txn = if entry.rev == 0 {
             // New (or resent before its reply came): create the key unless it exists.
-            let value = distlock_core::holder_value(token, now_ms(), req.owner);
+            let value = distlock_core::holder_value(token, distlock_core::unix_ms(), req.owner);
             Txn::new()
                 .when([Compare::create_revision(
                     entry.key.as_str(),

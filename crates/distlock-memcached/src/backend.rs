@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
@@ -23,12 +23,6 @@ const MAX_ITEM_KEY: usize = 250;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
 }
 
 /// The item's expiry for a lock TTL, in whole seconds: rounded up, plus one. memcached's clock
@@ -187,7 +181,8 @@ impl Backend for MemcachedBackend {
                 }
             }
         }
-        let value = distlock_core::holder_value(req.token.as_str(), now_ms(), req.owner);
+        let value =
+            distlock_core::holder_value(req.token.as_str(), distlock_core::unix_ms(), req.owner);
         let line = format!("ms {item} {} T{} ME c", value.len(), item_ttl(req.ttl));
         let r = self.inner.pool.call(&line, Some(value.as_bytes())).await?;
         match r.code.as_str() {

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
@@ -56,7 +56,12 @@ impl MysqlConfig {
         let rest = url
             .strip_prefix("mysql://")
             .or_else(|| url.strip_prefix("mariadb://"))
-            .ok_or_else(|| config_err(format!("not a mysql:// URL: {:?}", redact(url))))?;
+            .ok_or_else(|| {
+                config_err(format!(
+                    "not a mysql:// URL: {:?}",
+                    distlock_core::url::redact(url)
+                ))
+            })?;
         let (base, query) = match rest.split_once('?') {
             Some((b, q)) => (b, Some(q)),
             None => (rest, None),
@@ -96,12 +101,16 @@ impl MysqlConfig {
                 }
             }
         }
-        let opts = Opts::from_url(&format!("mysql://{base}"))
-            .map_err(|e| config_err(format!("bad mysql URL {:?}: {e}", redact(url))))?;
+        let opts = Opts::from_url(&format!("mysql://{base}")).map_err(|e| {
+            config_err(format!(
+                "bad mysql URL {:?}: {e}",
+                distlock_core::url::redact(url)
+            ))
+        })?;
         if opts.db_name().is_none_or(str::is_empty) {
             return Err(config_err(format!(
                 "{:?} names no database (mysql://host/db): the engine keeps its table there",
-                redact(url)
+                distlock_core::url::redact(url)
             )));
         }
         let opts = OptsBuilder::from_opts(opts).stmt_cache_size(0).into();
@@ -111,20 +120,6 @@ impl MysqlConfig {
             connect_timeout,
             response_timeout,
         })
-    }
-}
-
-/// The URL without its password, for messages.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.split_once('@') {
-        Some((cred, host)) if cred.contains(':') => {
-            let user = cred.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}")
-        }
-        _ => url.to_owned(),
     }
 }
 
@@ -147,12 +142,6 @@ pub fn lock_name(name: &str) -> String {
 /// A SQL string literal (escaped by the driver's rules).
 fn lit(s: &str) -> String {
     Value::from(s).as_sql(false)
-}
-
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
 }
 
 /// The session's `wait_timeout` for a TTL: whole seconds, rounded up (the server keeps an idle
@@ -338,7 +327,7 @@ impl Backend for MysqlBackend {
         let name = lit(&lock_name(req.key));
         let holder = lit(&distlock_core::holder_value(
             req.token.as_str(),
-            now_ms(),
+            distlock_core::unix_ms(),
             req.owner,
         ));
         let ttl_ms = req.ttl.as_millis();

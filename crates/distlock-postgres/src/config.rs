@@ -95,10 +95,17 @@ impl PgConfig {
             text.push('?');
             text.push_str(&kept.join("&"));
         }
-        let mut pg = tokio_postgres::Config::from_str(&text)
-            .map_err(|e| config_err(format!("bad postgres URL {:?}: {e}", redact(url))))?;
+        let mut pg = tokio_postgres::Config::from_str(&text).map_err(|e| {
+            config_err(format!(
+                "bad postgres URL {:?}: {e}",
+                distlock_core::url::redact(url)
+            ))
+        })?;
         if pg.get_hosts().is_empty() {
-            return Err(config_err(format!("no host in {:?}", redact(url))));
+            return Err(config_err(format!(
+                "no host in {:?}",
+                distlock_core::url::redact(url)
+            )));
         }
         if pg.get_user().is_none() {
             pg.user("postgres");
@@ -116,20 +123,6 @@ impl PgConfig {
             schema,
             idle_connections,
         })
-    }
-}
-
-/// The URL without its password, for messages.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.split_once('@') {
-        Some((cred, host)) if cred.contains(':') => {
-            let user = cred.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}")
-        }
-        _ => url.to_owned(),
     }
 }
 

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
@@ -96,12 +96,6 @@ fn map_err(e: Error, doing: &str) -> LockError {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
 }
 
 /// The sequence number at the end of a lock node's name.
@@ -228,7 +222,7 @@ impl ZkBackend {
     ) -> Result<(String, i64, i64), LockError> {
         const DOING: &str = "creating a ZooKeeper lock node";
         let prefix = format!("{parent}/_c_{token}-lock-");
-        let data = distlock_core::holder_value(token, now_ms(), owner);
+        let data = distlock_core::holder_value(token, distlock_core::unix_ms(), owner);
         let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         for _ in 0..2 {
             match self
@@ -280,7 +274,7 @@ impl ZkBackend {
     ) -> Result<(Option<(String, i64, i64)>, Option<Vec<String>>), LockError> {
         const DOING: &str = "creating a ZooKeeper lock node";
         let prefix = format!("{parent}/_c_{token}-lock-");
-        let data = distlock_core::holder_value(token, now_ms(), owner);
+        let data = distlock_core::holder_value(token, distlock_core::unix_ms(), owner);
         let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         let create = client.create(&prefix, data.as_bytes(), &options);
         let list = client.list_children(parent);
