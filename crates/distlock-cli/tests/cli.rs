@@ -1,21 +1,12 @@
 //! `distlock run` and `distlock status`, as a user runs them: real processes, real engines.
 
-use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use distlock_testkit::RedisServer;
 
-const BIN: &str = env!("CARGO_BIN_EXE_distlock");
-
-/// A `distlock` command isolated in `tmp` (its default lock directory lives there).
-fn distlock(tmp: &Path) -> Command {
-    let mut c = Command::new(BIN);
-    c.env("TMPDIR", tmp)
-        .env_remove("DISTLOCK_URL")
-        .env("DISTLOCK_LOG", "off");
-    c
-}
+mod common;
+use common::distlock;
 
 fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("run distlock")

@@ -1,26 +1,13 @@
 //! `distlock run` on etcd, with real processes paused past their leases (SIGSTOP).
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use distlock_testkit::Etcd;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
-const BIN: &str = env!("CARGO_BIN_EXE_distlock");
-
-fn distlock(tmp: &Path) -> Command {
-    let mut c = Command::new(BIN);
-    c.env("TMPDIR", tmp)
-        .env_remove("DISTLOCK_URL")
-        .env("DISTLOCK_LOG", "off");
-    c
-}
-
-fn signal(child: &Child, sig: Signal) {
-    kill(Pid::from_raw(child.id() as i32), sig).expect("signal");
-}
+mod common;
+use common::{distlock, signal, wait_exit, wait_until};
 
 fn keys(etcd: &Etcd, key: &str) -> Vec<String> {
     let prefix = format!("distlock/{key}/");
@@ -33,28 +20,6 @@ fn keys(etcd: &Etcd, key: &str) -> Vec<String> {
 
 fn queued(etcd: &Etcd, key: &str) -> usize {
     keys(etcd, key).len()
-}
-
-fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !ok() {
-        assert!(t0.elapsed() < limit, "waited {limit:?} for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let t0 = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            panic!("still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]

@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::process::{Daemon, free_port, require_binary, tail};
+use crate::process::{Daemon, free_port, loopback_url, require_binary, scratch_dir, tail};
 
 /// One etcd member. Killed when dropped.
 #[derive(Debug)]
@@ -46,19 +46,13 @@ impl Etcd {
                 .join(",");
             let mut members = Vec::new();
             for (i, (client_port, peer_port)) in ports.iter().enumerate() {
-                let base = if std::path::Path::new("/dev/shm").is_dir() {
-                    tempfile::Builder::new()
-                        .prefix("distlock-etcd-")
-                        .tempdir_in("/dev/shm")
-                } else {
-                    tempfile::Builder::new().prefix("distlock-etcd-").tempdir()
-                };
+                let base = scratch_dir("distlock-etcd-");
                 let mut m = EtcdMember {
                     name: format!("m{i}"),
                     child: Daemon::default(),
                     client_port: *client_port,
                     peer_port: *peer_port,
-                    dir: base.expect("temp dir"),
+                    dir: base,
                     cluster: cluster.clone(),
                 };
                 m.spawn();
@@ -75,12 +69,7 @@ impl Etcd {
 
     /// `etcd://127.0.0.1:p1,…` followed by `params`.
     pub fn url(&self, params: &str) -> String {
-        let hosts: Vec<String> = self
-            .members
-            .iter()
-            .map(|m| format!("127.0.0.1:{}", m.client_port))
-            .collect();
-        format!("etcd://{}{params}", hosts.join(","))
+        loopback_url("etcd", self.members.iter().map(|m| m.client_port), params)
     }
 
     /// The members.

@@ -1,11 +1,10 @@
 //! A real MariaDB server for tests (`mariadbd --user=root`), on a free loopback port, data in a
 //! temporary directory on tmpfs when there is one.
 
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::process::{Daemon, free_port, require_binary, tail};
+use crate::process::{Daemon, free_port, require_binary, scratch_dir, tail};
 
 /// One MariaDB server: `root` without a password on 127.0.0.1, a database `distlock`, and a
 /// password-checked user `locker` (password `locker-pw`) with rights on it. Killed when dropped.
@@ -32,14 +31,7 @@ impl MariaDb {
         }
         let mut last = String::new();
         for _ in 0..3 {
-            let dir = if Path::new("/dev/shm").is_dir() {
-                tempfile::Builder::new()
-                    .prefix("distlock-maria-")
-                    .tempdir_in("/dev/shm")
-            } else {
-                tempfile::Builder::new().prefix("distlock-maria-").tempdir()
-            }
-            .expect("temp dir");
+            let dir = scratch_dir("distlock-maria-");
             // A temporary directory of its own: MariaDB clears stray temporary files in its
             // tmpdir at start, which breaks another server bootstrapping in a shared /tmp.
             let tmp = dir.path().join("tmp");

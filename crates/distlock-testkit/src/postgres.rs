@@ -2,11 +2,11 @@
 //! the tests run as root (PostgreSQL refuses root), on a free loopback port, with its data in a
 //! temporary directory (on tmpfs when there is one).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::process::{Daemon, free_port, require_binary, tail};
+use crate::process::{Daemon, free_port, require_binary, scratch_dir, tail};
 
 /// One PostgreSQL server with trust authentication for `postgres` on 127.0.0.1 and a
 /// password-checked role `locker` (password `locker-pw`). Killed when dropped.
@@ -74,14 +74,7 @@ impl Postgres {
         let bin = found.expect("checked");
         let mut last = String::new();
         for _ in 0..3 {
-            let dir = if Path::new("/dev/shm").is_dir() {
-                tempfile::Builder::new()
-                    .prefix("distlock-pg-")
-                    .tempdir_in("/dev/shm")
-            } else {
-                tempfile::Builder::new().prefix("distlock-pg-").tempdir()
-            }
-            .expect("temp dir");
+            let dir = scratch_dir("distlock-pg-");
             if let Some((uid, gid)) = server_account() {
                 nix::unistd::chown(
                     dir.path(),

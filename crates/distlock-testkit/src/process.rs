@@ -36,6 +36,24 @@ pub fn free_port() -> u16 {
     l.local_addr().expect("local addr").port()
 }
 
+/// A temporary directory for a server's data, on tmpfs (`/dev/shm`) when there is one: a
+/// disk's fsync per write would be most of every request's time.
+pub(crate) fn scratch_dir(prefix: &str) -> tempfile::TempDir {
+    let builder = tempfile::Builder::new().prefix(prefix).clone();
+    if Path::new("/dev/shm").is_dir() {
+        builder.tempdir_in("/dev/shm")
+    } else {
+        builder.tempdir()
+    }
+    .expect("temp dir")
+}
+
+/// `<scheme>://127.0.0.1:<p1>,127.0.0.1:<p2>,…` followed by `rest`.
+pub(crate) fn loopback_url(scheme: &str, ports: impl Iterator<Item = u16>, rest: &str) -> String {
+    let hosts: Vec<String> = ports.map(|p| format!("127.0.0.1:{p}")).collect();
+    format!("{scheme}://{}{rest}", hosts.join(","))
+}
+
 /// The last `n` lines of a log file, for failure messages.
 pub(crate) fn tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("<no log: {e}>"));

@@ -6,7 +6,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::process::{Daemon, free_port, require_binary, tail};
+use crate::process::{Daemon, free_port, loopback_url, require_binary, scratch_dir, tail};
 
 const JAR: &str = "/usr/share/java/zookeeper.jar";
 const CONF: &str = "/etc/zookeeper/conf";
@@ -47,16 +47,7 @@ impl ZooKeeper {
                 .collect();
             let mut servers = Vec::new();
             for (i, (client, _, _)) in ports.iter().enumerate() {
-                // On tmpfs when there is one (as etcd's): a disk's fsync per write would be
-                // most of every request's time.
-                let dir = if std::path::Path::new("/dev/shm").is_dir() {
-                    tempfile::Builder::new()
-                        .prefix("distlock-zk-")
-                        .tempdir_in("/dev/shm")
-                } else {
-                    tempfile::Builder::new().prefix("distlock-zk-").tempdir()
-                }
-                .expect("temp dir");
+                let dir = scratch_dir("distlock-zk-");
                 let data = dir.path().join("data");
                 std::fs::create_dir_all(&data).expect("data dir");
                 let mut cfg = format!(
@@ -91,12 +82,7 @@ impl ZooKeeper {
 
     /// `zk://127.0.0.1:p1,…` followed by `rest` (a chroot, parameters).
     pub fn url(&self, rest: &str) -> String {
-        let hosts: Vec<String> = self
-            .servers
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port))
-            .collect();
-        format!("zk://{}{rest}", hosts.join(","))
+        loopback_url("zk", self.servers.iter().map(|s| s.port), rest)
     }
 
     /// The servers.
