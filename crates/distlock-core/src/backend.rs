@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::error::LockError;
+use crate::error::{ErrorKind, LockError};
 use crate::token::Token;
 use crate::wake::Subscription;
 
@@ -260,6 +260,26 @@ pub trait Backend: Send + Sync + 'static {
     /// Who holds `key`, if anybody.
     fn status(&self, key: &str) -> impl Future<Output = Result<LockStatus, LockError>> + Send;
 
+    /// An operator's break-glass: removes whoever holds `key`, as a release by the holder
+    /// would (waiters are woken, or handed the lock, as after a release; fences stay
+    /// monotonic, so the next holder's is higher). Returns what was removed, or `None` when
+    /// the lock was free.
+    ///
+    /// The holder is not asked: it learns at its next renewal (or at once, on engines with
+    /// loss events), and until then may still believe it holds the lock. Only fencing keeps
+    /// its late writes out. The default is `Unsupported`.
+    fn force_release(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<LockStatus>, LockError>> + Send {
+        let _ = key;
+        let name = self.name();
+        std::future::ready(Err(LockError::new(
+            ErrorKind::Unsupported,
+            format!("the {name} engine cannot break a lock"),
+        )))
+    }
+
     /// [`release`](Self::release), called when tasks of this client still wait for the same
     /// key; `next` is the one whose turn comes next. An engine with a queue of waiting clients
     /// (Redis) puts this client back at the end of it in the same round trip, registered with
@@ -351,6 +371,11 @@ pub trait DynBackend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
     /// See [`Backend::status`].
     fn dyn_status<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>>;
+    /// See [`Backend::force_release`].
+    fn dyn_force_release<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>>;
     /// See [`Backend::release_queued`].
     fn dyn_release_queued<'a>(
         &'a self,
@@ -403,6 +428,12 @@ impl<B: Backend> DynBackend for B {
     fn dyn_status<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
         Box::pin(self.status(key))
     }
+    fn dyn_force_release<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockStatus>, LockError>> {
+        Box::pin(self.force_release(key))
+    }
     fn dyn_release_queued<'a>(
         &'a self,
         key: &'a str,
@@ -454,6 +485,9 @@ impl Backend for Box<dyn DynBackend> {
     }
     async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
         (**self).dyn_status(key).await
+    }
+    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        (**self).dyn_force_release(key).await
     }
     async fn release_queued(
         &self,

@@ -462,6 +462,20 @@ impl<B: Backend> LockClient<B> {
         self.inner.backend.status(key).await
     }
 
+    /// Breaks `key` whoever holds it: an operator's break-glass (see
+    /// [`Backend::force_release`]). Returns the holder that was removed, `None` when the lock
+    /// was free.
+    ///
+    /// The holder is not asked, and may go on working until its next renewal shows the loss:
+    /// only a fenced resource turns its late writes away.
+    ///
+    /// # Errors
+    /// `InvalidKey`, `Unsupported` on engines that cannot do it, and the engine's errors.
+    pub async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        validate_key(key)?;
+        self.inner.backend.force_release(key).await
+    }
+
     /// One attempt with `token` (resent while replies are lost). `waiting`: see
     /// [`AcquireRequest::waiting`].
     async fn attempt(

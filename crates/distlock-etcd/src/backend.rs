@@ -995,4 +995,53 @@ impl Backend for EtcdBackend {
         let fence = u64::try_from(kv.create_revision()).ok();
         Ok(LockStatus::held(Some(owner), fence, ttl).with_last_fence(fence))
     }
+
+    /// Deletes the holder's key (the oldest under the lock's prefix), if it is still the one
+    /// read: the next waiter's watch sees it go, as after a release. The holder's lease lives
+    /// on (it may hold the holder's other locks); its next renewal finds the key gone.
+    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        const DOING: &str = "breaking an etcd lock";
+        for _ in 0..5 {
+            let options = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1)
+                .with_keys_only();
+            let prefix = self.lock_prefix(key);
+            let reply = self
+                .retry_kv(|mut c| {
+                    let (prefix, options) = (prefix.clone(), options.clone());
+                    async move { c.get(prefix, Some(options)).await }
+                })
+                .await
+                .map_err(|e| map_err(e, DOING))?;
+            let Some(kv) = reply.kvs().first() else {
+                return Ok(None);
+            };
+            let (holder, rev) = (kv.key().to_vec(), kv.create_revision());
+            let st = self.status(key).await?;
+            if st.fence != u64::try_from(rev).ok() {
+                continue;
+            }
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    holder.clone(),
+                    CompareOp::Equal,
+                    rev,
+                )])
+                .and_then([TxnOp::delete(holder, None)]);
+            if self
+                .txn(txn)
+                .await
+                .map_err(|e| map_err(e, DOING))?
+                .succeeded()
+            {
+                return Ok(Some(st));
+            }
+        }
+        Err(LockError::new(
+            ErrorKind::Busy,
+            format!("{key:?} changed hands 5 times while being broken; try again"),
+        ))
+    }
 }

@@ -29,7 +29,20 @@ struct Inner {
 struct Held {
     key: String,
     fence: u64,
+    /// The locked file's device and inode: a forced release puts another file at the path.
+    id: (u64, u64),
     _file: File,
+}
+
+/// A file's device and inode.
+fn file_id(meta: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (meta.dev(), meta.ino())
+}
+
+/// Whether `path` still names the file whose id is `id`.
+fn still_at(path: &Path, id: (u64, u64)) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| file_id(&m) == id)
 }
 
 impl fmt::Debug for FileBackend {
@@ -219,18 +232,31 @@ fn acquire_blocking(
         });
     }
     let path = me.lock_path(key);
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| io_err("opening", &path, e))?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => return Ok(Attempt::Busy { holder_ttl: None }),
-        Err(TryLockError::Error(e)) => return Err(io_err("locking", &path, e)),
-    }
+    let mut tries = 0;
+    let (mut file, id) = loop {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| io_err("opening", &path, e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Ok(Attempt::Busy { holder_ttl: None }),
+            Err(TryLockError::Error(e)) => return Err(io_err("locking", &path, e)),
+        }
+        // A forced release may have put a new file at the path since we opened it: the lock
+        // is the file the path names now.
+        let id = file_id(&file.metadata().map_err(|e| io_err("reading", &path, e))?);
+        if still_at(&path, id) {
+            break (file, id);
+        }
+        tries += 1;
+        if tries == 3 {
+            return Ok(Attempt::Busy { holder_ttl: None });
+        }
+    };
     // From here on we hold the flock; any error drops `file`, which releases it.
     let rec = parse(&read_all(&mut file, &path)?, &path)?;
     let fence = rec.fence.checked_add(1).ok_or_else(|| {
@@ -258,6 +284,7 @@ fn acquire_blocking(
         Held {
             key: key.to_owned(),
             fence,
+            id,
             _file: file,
         },
     );
@@ -272,7 +299,10 @@ fn status_blocking(me: &FileBackend, key: &str) -> Result<LockStatus, LockError>
         Err(e) => return Err(io_err("opening", &path, e)),
     };
     // Held in this process? (flock would not tell us: it conflicts with our own open files.)
-    let here = me.held().values().any(|h| h.key == key);
+    let here = me
+        .held()
+        .values()
+        .any(|h| h.key == key && still_at(&path, h.id));
     let locked = here
         || match file.try_lock_shared() {
             Ok(()) => {
@@ -315,10 +345,16 @@ impl Backend for FileBackend {
         token: &Token,
         _ttl: Duration,
     ) -> Result<LeaseCheck, LockError> {
-        // The flock lasts as long as our open file: renewing is checking we still have it.
-        Ok(match self.held().get(token.as_str()) {
-            Some(h) if h.key == key => LeaseCheck::Ours,
-            _ => LeaseCheck::Missing,
+        // The flock lasts as long as our open file: renewing is checking we still have it, and
+        // that it is still the lock file (not swapped out by a forced release).
+        let id = match self.held().get(token.as_str()) {
+            Some(h) if h.key == key => h.id,
+            _ => return Ok(LeaseCheck::Missing),
+        };
+        Ok(if still_at(&self.lock_path(key), id) {
+            LeaseCheck::Ours
+        } else {
+            LeaseCheck::Missing
         })
     }
 
@@ -326,9 +362,15 @@ impl Backend for FileBackend {
         let mut held = self.held();
         match held.get(token.as_str()) {
             Some(h) if h.key == key => {
-                // Closing the file releases the flock.
+                // Closing the file releases the flock (of a file a forced release may have
+                // swapped out already: then the lock was not ours any more).
+                let ours = still_at(&self.lock_path(key), h.id);
                 held.remove(token.as_str());
-                Ok(LeaseCheck::Ours)
+                Ok(if ours {
+                    LeaseCheck::Ours
+                } else {
+                    LeaseCheck::Missing
+                })
             }
             _ => Ok(LeaseCheck::Missing),
         }
@@ -338,6 +380,37 @@ impl Backend for FileBackend {
         let key = key.to_owned();
         self.blocking(move |me| status_blocking(me, &key)).await
     }
+
+    /// Puts a fresh, unlocked file with the same fence counter in place of the held one
+    /// (an atomic rename): the next acquire locks the new file, and the holder's next renewal
+    /// finds its file gone from the path. The holder's process is not touched.
+    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        let key = key.to_owned();
+        self.blocking(move |me| force_release_blocking(me, &key))
+            .await
+    }
+}
+
+fn force_release_blocking(me: &FileBackend, key: &str) -> Result<Option<LockStatus>, LockError> {
+    let st = status_blocking(me, key)?;
+    if !st.held {
+        return Ok(None);
+    }
+    let path = me.lock_path(key);
+    let mut file = File::open(&path).map_err(|e| io_err("opening", &path, e))?;
+    let rec = parse(&read_all(&mut file, &path)?, &path)?;
+    let fresh = path.with_extension(format!("break-{}", std::process::id()));
+    let body = format!(
+        "{HEADER}\nfence={}\nkey={}\n",
+        rec.fence,
+        key.replace('\n', " ")
+    );
+    std::fs::write(&fresh, body).map_err(|e| io_err("writing", &fresh, e))?;
+    std::fs::rename(&fresh, &path).map_err(|e| {
+        let _ = std::fs::remove_file(&fresh);
+        io_err("replacing", &path, e)
+    })?;
+    Ok(Some(st))
 }
 
 #[cfg(test)]

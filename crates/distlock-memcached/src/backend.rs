@@ -288,16 +288,46 @@ impl Backend for MemcachedBackend {
     }
 
     async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
-        let Some((value, _, ttl)) = self.read(&self.item(key)).await? else {
-            return Ok(LockStatus::free());
-        };
-        let (_, owner) = distlock_core::describe_holder_value(&value);
-        // Less the second `item_ttl` adds: what the holder itself counts on.
-        let ttl = ttl
-            .filter(|&t| t >= 0)
-            .map(|t| Duration::from_secs(u64::try_from(t - 1).unwrap_or(0)));
-        Ok(LockStatus::held(Some(owner), None, ttl))
+        Ok(match self.read(&self.item(key)).await? {
+            Some((value, _, ttl)) => holder_status(&value, ttl),
+            None => LockStatus::free(),
+        })
     }
+
+    /// Deletes the item by the CAS it was read with (read again if it changed in between).
+    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        let item = self.item(key);
+        for _ in 0..5 {
+            let Some((value, cas, ttl)) = self.read(&item).await? else {
+                return Ok(None);
+            };
+            let r = self
+                .inner
+                .pool
+                .call(&format!("md {item} C{cas}"), None)
+                .await?;
+            match r.code.as_str() {
+                "HD" => return Ok(Some(holder_status(&value, ttl))),
+                "NF" => return Ok(None),
+                "EX" => {}
+                _ => return Err(unexpected("breaking a memcached lock", &r)),
+            }
+        }
+        Err(LockError::new(
+            ErrorKind::Busy,
+            format!("{key:?} changed hands 5 times while being broken; try again"),
+        ))
+    }
+}
+
+/// `status` of a stored holder value and the item's remaining seconds.
+fn holder_status(value: &str, ttl: Option<i64>) -> LockStatus {
+    let (_, owner) = distlock_core::describe_holder_value(value);
+    // Less the second `item_ttl` adds: what the holder itself counts on.
+    let ttl = ttl
+        .filter(|&t| t >= 0)
+        .map(|t| Duration::from_secs(u64::try_from(t - 1).unwrap_or(0)));
+    LockStatus::held(Some(owner), None, ttl)
 }
 
 #[cfg(test)]

@@ -158,7 +158,7 @@ fn map_err(e: mysql_async::Error, doing: &str) -> LockError {
     let kind = match &e {
         mysql_async::Error::Server(s) => match s.code {
             // Access denied (user, database, command, table).
-            1044 | 1045 | 1142 | 1227 | 1698 => ErrorKind::Auth,
+            1044 | 1045 | 1095 | 1142 | 1227 | 1698 => ErrorKind::Auth,
             1049 => ErrorKind::Config,
             _ => ErrorKind::Protocol,
         },
@@ -455,6 +455,44 @@ impl Backend for MysqlBackend {
             Duration::from_millis(u64::try_from(t - idle_ms).unwrap_or(0))
         });
         Ok(LockStatus::held(owner, fence, ttl).with_last_fence(fence))
+    }
+
+    /// Kills the holding connection (`KILL CONNECTION`), which frees the lock, and waits (up
+    /// to 5 s) until the server has let it go. Needs the right to kill that connection (the
+    /// same user, or `CONNECTION ADMIN`/`SUPER`).
+    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        const DOING: &str = "breaking a MySQL lock";
+        let st = self.status(key).await?;
+        if !st.held {
+            return Ok(None);
+        }
+        let who = format!("SELECT IS_USED_LOCK({})", lit(&lock_name(key)));
+        let (mut conn, row) = self.on_some_conn(&who, DOING).await?;
+        let Some(id) = row.as_ref().and_then(|r| int(r, 0)) else {
+            self.put_back(conn);
+            return Ok(None);
+        };
+        if let Err(e) = self
+            .run(&mut conn, &format!("KILL CONNECTION {id}"), DOING)
+            .await
+            && e.kind() != ErrorKind::Protocol
+        {
+            // Refused (`Auth`), or our connection failed. (`Protocol`: most likely the
+            // holder's connection ended meanwhile; the check below tells.)
+            return Err(e);
+        }
+        for _ in 0..50 {
+            let now = self.run(&mut conn, &who, DOING).await?;
+            if now.as_ref().and_then(|r| int(r, 0)) != Some(id) {
+                self.put_back(conn);
+                return Ok(Some(st));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(LockError::new(
+            ErrorKind::Timeout,
+            format!("{DOING}: connection {id} was killed but still held the lock after 5 s"),
+        ))
     }
 }
 

@@ -28,6 +28,12 @@ pub fn lock_id(name: &str) -> i64 {
     i64::from_be_bytes(first)
 }
 
+/// The advisory lock `$1` in `pg_locks` (as `l`): a bigint key is classid (high half) and objid
+/// (low half), with objsubid 1.
+const IN_PG_LOCKS: &str = "l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
+     AND l.classid = (($1::bigint >> 32) & 4294967295)::oid \
+     AND l.objid = ($1::bigint & 4294967295)::oid";
+
 /// The first word of the holder label a session carries in `application_name`.
 const APP_TAG: &str = "distlock";
 
@@ -229,11 +235,7 @@ impl PgBackend {
     ) -> Result<Arc<Conn>, LockError> {
         const DOING: &str = "preparing the lock statements";
         let s = &self.inner.config.schema;
-        // The advisory lock's row in pg_locks: a bigint key is classid (high half) and objid
-        // (low half), with objsubid 1.
-        let in_pg_locks = "l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
-             AND l.classid = (($1::bigint >> 32) & 4294967295)::oid \
-             AND l.objid = ($1::bigint & 4294967295)::oid";
+        let in_pg_locks = IN_PG_LOCKS;
         // Granted: the fence, the lease (idle_session_timeout) and the holder's label in
         // application_name, which other sessions can read in pg_stat_activity (no write).
         let acquire = format!(
@@ -459,6 +461,39 @@ impl Backend for PgBackend {
             u64::try_from(ttl.saturating_sub(idle.unwrap_or(0))).unwrap_or(0),
         );
         Ok(LockStatus::held(Some(owner), Some(fence), Some(remaining)).with_last_fence(last_fence))
+    }
+
+    /// Ends the holding session (`pg_terminate_backend`, waiting up to 5 s for it to go),
+    /// which frees the lock: the holder sees its session end at once (lost: `Stolen`). Needs
+    /// the right to signal that session (the same role, `pg_signal_backend`, or superuser).
+    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        const DOING: &str = "breaking a PostgreSQL advisory lock";
+        let st = self.status(key).await?;
+        if !st.held {
+            return Ok(None);
+        }
+        let id = lock_id(key);
+        let conn = self.take().await?;
+        let rows = conn
+            .client
+            .query(
+                &format!(
+                    "SELECT pg_terminate_backend(l.pid, 5000) FROM pg_locks l \
+                     WHERE l.pid <> pg_backend_pid() AND {IN_PG_LOCKS}"
+                ),
+                &[&id],
+            )
+            .await
+            .map_err(|e| map_err(e, DOING))?;
+        self.put_back(conn);
+        match rows.first().map(|r| r.get::<_, bool>(0)) {
+            None => Ok(None),
+            Some(true) => Ok(Some(st)),
+            Some(false) => Err(LockError::new(
+                ErrorKind::Timeout,
+                format!("{DOING}: the holding session was signalled but had not ended after 5 s"),
+            )),
+        }
     }
 
     fn lease_lost(

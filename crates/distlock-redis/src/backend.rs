@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use distlock_core::{
-    AcquireRequest, Attempt, Backend, Capabilities, Fencing, LeaseCheck, LockError, LockStatus,
-    NextWaiter, RenewItem, Subscription, Token,
+    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
+    LockStatus, NextWaiter, RenewItem, Subscription, Token,
 };
 use redis::Value;
 
@@ -777,6 +777,38 @@ impl Backend for RedisBackend {
     }
 
     async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+        Ok(self.holder(key).await?.0)
+    }
+
+    /// Releases the lock with its holder's token, read first: exactly a release by the holder
+    /// (the next waiting client is handed the lock, or woken). Read again when the holder
+    /// changed in between.
+    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        for _ in 0..FORCE_TRIES {
+            let (st, token) = self.holder(key).await?;
+            let Some(token) = token.filter(|_| st.held) else {
+                return Ok(None);
+            };
+            let token = Token::parse(&token)?;
+            match self.release_inner(key, &token, None).await? {
+                LeaseCheck::Ours => return Ok(Some(st)),
+                LeaseCheck::Missing => return Ok(None),
+                LeaseCheck::Foreign => {}
+            }
+        }
+        Err(LockError::new(
+            ErrorKind::Busy,
+            format!("{key:?} changed hands {FORCE_TRIES} times while being broken; try again"),
+        ))
+    }
+}
+
+/// How many times a forced release reads the holder again when it changed in between.
+pub(crate) const FORCE_TRIES: usize = 5;
+
+impl RedisBackend {
+    /// The lock's status and its holder's token (the first word of the lock key's value).
+    async fn holder(&self, key: &str) -> Result<(LockStatus, Option<String>), LockError> {
         const DOING: &str = "reading a Redis lock's status";
         let keys = self.layout.keys(key);
         let reply = self
@@ -799,7 +831,7 @@ impl Backend for RedisBackend {
                 .map(|f| f as u64)
         };
         match items.first().and_then(int) {
-            Some(0) => Ok(LockStatus::free().with_last_fence(last(1))),
+            Some(0) => Ok((LockStatus::free().with_last_fence(last(1)), None)),
             Some(1) => {
                 let ttl = items
                     .get(1)
@@ -808,7 +840,11 @@ impl Backend for RedisBackend {
                 let value = items.get(2).and_then(text).unwrap_or_default();
                 let meta_token = items.get(3).and_then(text).unwrap_or_default();
                 let (owner, fence) = describe_holder(&value, &meta_token, last(4));
-                Ok(LockStatus::held(Some(owner), fence, ttl).with_last_fence(last(5)))
+                let token = distlock_core::describe_holder_value(&value).0.to_owned();
+                Ok((
+                    LockStatus::held(Some(owner), fence, ttl).with_last_fence(last(5)),
+                    Some(token).filter(|t| !t.is_empty()),
+                ))
             }
             _ => Err(protocol(DOING, &reply)),
         }

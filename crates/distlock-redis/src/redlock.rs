@@ -546,6 +546,31 @@ impl Backend for RedlockBackend {
     }
 
     async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+        Ok(self.holder(key).await?.0)
+    }
+
+    /// Reads the holder a majority names, then compare-and-deletes its token on every master.
+    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        const DOING: &str = "breaking a Redlock lock";
+        let (st, token) = self.holder(key).await?;
+        let Some(token) = token.filter(|_| st.held) else {
+            return Ok(None);
+        };
+        let token = Token::parse(&token)?;
+        let lock_key = self.layout.lock_key(key);
+        let limit = self.nodes[0].response_timeout;
+        let votes = self.release_all(&lock_key, &token, limit).await;
+        match lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))? {
+            LeaseCheck::Ours => Ok(Some(st)),
+            // Expired, or released, between the read and the delete.
+            _ => Ok(None),
+        }
+    }
+}
+
+impl RedlockBackend {
+    /// The lock's status and the token a majority of masters holds.
+    async fn holder(&self, key: &str) -> Result<(LockStatus, Option<String>), LockError> {
         const DOING: &str = "reading a Redlock lock's status";
         let lock_key = self.layout.lock_key(key);
         let limit = self.nodes[0].response_timeout;
@@ -581,12 +606,13 @@ impl Backend for RedlockBackend {
             }
         }
         let Some((value, _, pttl)) = seen.into_iter().find(|(_, n, _)| *n >= needed) else {
-            return Ok(LockStatus::free());
+            return Ok((LockStatus::free(), None));
         };
         let text = String::from_utf8_lossy(&value);
         let owner = text.split_once(' ').map(|(_, rest)| rest.to_owned());
         let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
-        Ok(LockStatus::held(owner, None, ttl))
+        let token = text.split(' ').next().unwrap_or_default().to_owned();
+        Ok((LockStatus::held(owner, None, ttl), Some(token)))
     }
 }
 

@@ -425,6 +425,13 @@ impl Backend for SentinelBackend {
         self.follow(&cur, r.as_ref().err()).await;
         r
     }
+
+    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        let cur = self.current();
+        let r = cur.backend.force_release(key).await;
+        self.follow(&cur, r.as_ref().err()).await;
+        r
+    }
 }
 
 #[cfg(test)]

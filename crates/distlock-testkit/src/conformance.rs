@@ -38,6 +38,7 @@ macro_rules! conformance_tests {
             watchdog_keeps_lease,
             expired_lease_is_taken_over,
             mutual_exclusion_counter,
+            force_release_breaks_the_lock,
             bad_keys_are_refused
         );
     };
@@ -335,6 +336,57 @@ pub async fn status_reports_holder<B: Backend>(make: &impl MakeClient<B>) {
     }
     assert!(g.release().await.unwrap().was_held());
     assert!(!b.status(&k).await.unwrap().held);
+}
+
+/// An operator's forced release frees a held lock for another client (with a higher fence),
+/// names the holder it removed, and leaves the old holder unable to release the new holder's
+/// lock. A free lock is left alone.
+pub async fn force_release_breaks_the_lock<B: Backend>(make: &impl MakeClient<B>) {
+    let holder = make.client(opts().build().unwrap()).await;
+    let breaker = make.client(opts().build().unwrap()).await;
+    let next = make.client(opts().build().unwrap()).await;
+    let k = key("force");
+    assert_eq!(
+        breaker.force_release(&k).await.unwrap(),
+        None,
+        "a free lock"
+    );
+    let g = holder.try_acquire(&k).await.unwrap().expect("free lock");
+    let removed = breaker
+        .force_release(&k)
+        .await
+        .unwrap()
+        .expect("the holder was removed");
+    assert!(removed.held);
+    let owner = removed.owner.expect("the removed holder's label");
+    assert!(owner.contains(holder.owner()), "removed {owner:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let g2 = loop {
+        if let Some(g2) = next.try_acquire(&k).await.unwrap() {
+            break g2;
+        }
+        assert!(Instant::now() < deadline, "the broken lock never came free");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    if let (Some(old), Some(new)) = (g.fence(), g2.fence()) {
+        assert!(new > old, "fence {new} after the broken holder's {old}");
+    }
+    assert!(
+        matches!(g.release().await, Ok(Released::Lost(_)) | Err(_)),
+        "the broken holder's release said it still held the lock"
+    );
+    let st = breaker.status(&k).await.unwrap();
+    assert!(
+        st.held,
+        "the old holder's release freed the new holder's lock"
+    );
+    assert!(
+        st.owner
+            .as_deref()
+            .is_some_and(|o| o.contains(next.owner())),
+        "{st:?}"
+    );
+    assert_eq!(g2.release().await.unwrap(), Released::Held);
 }
 
 /// Without renewal, the local deadline ends the lease: `is_held` turns false, `lost()` fires,

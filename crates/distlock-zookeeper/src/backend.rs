@@ -577,34 +577,29 @@ impl Backend for ZkBackend {
     }
 
     async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
-        const DOING: &str = "reading a ZooKeeper lock's status";
-        let parent = self.lock_path(key);
+        Ok(self
+            .holder(key)
+            .await?
+            .map_or_else(LockStatus::free, |h| h.0))
+    }
+
+    /// Deletes the holder's node (the lowest sequence under the lock), at the version read:
+    /// the next waiter's watch fires, as after a release. The holder learns at its next check.
+    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        const DOING: &str = "breaking a ZooKeeper lock";
+        let Some((st, path, version)) = self.holder(key).await? else {
+            return Ok(None);
+        };
         let client = self.inner.session().client.clone();
-        let children = match self.call(DOING, client.list_children(&parent)).await? {
-            Ok(c) => c,
-            Err(Error::NoNode) => return Ok(LockStatus::free()),
-            Err(e) => return Err(map_err(e, DOING)),
-        };
-        let Some((_, first)) = children
-            .into_iter()
-            .filter_map(|c| seq_of(&c).map(|s| (s, c)))
-            .min()
-        else {
-            return Ok(LockStatus::free());
-        };
-        let (data, stat) = match self
-            .call(DOING, client.get_data(&format!("{parent}/{first}")))
+        match self
+            .call(DOING, client.delete(&path, Some(version)))
             .await?
         {
-            Ok(d) => d,
-            // Released in between.
-            Err(Error::NoNode) => return Ok(LockStatus::free()),
-            Err(e) => return Err(map_err(e, DOING)),
-        };
-        let value = String::from_utf8_lossy(&data).into_owned();
-        let (_, owner) = distlock_core::describe_holder_value(&value);
-        let fence = u64::try_from(stat.czxid).ok();
-        Ok(LockStatus::held(Some(owner), fence, None).with_last_fence(fence))
+            Ok(()) => Ok(Some(st)),
+            // Released (or changed) in between: not what we read.
+            Err(Error::NoNode | Error::BadVersion) => Ok(None),
+            Err(e) => Err(map_err(e, DOING)),
+        }
     }
 
     fn lease_lost(
@@ -630,5 +625,44 @@ impl Backend for ZkBackend {
                 }
             }
         }
+    }
+}
+
+impl ZkBackend {
+    /// The holder: its status, node path and the node's data version; `None` when free.
+    async fn holder(&self, key: &str) -> Result<Option<(LockStatus, String, i32)>, LockError> {
+        const DOING: &str = "reading a ZooKeeper lock's status";
+
+        let parent = self.lock_path(key);
+        let client = self.inner.session().client.clone();
+        let children = match self.call(DOING, client.list_children(&parent)).await? {
+            Ok(c) => c,
+            Err(Error::NoNode) => return Ok(None),
+            Err(e) => return Err(map_err(e, DOING)),
+        };
+        let Some((_, first)) = children
+            .into_iter()
+            .filter_map(|c| seq_of(&c).map(|s| (s, c)))
+            .min()
+        else {
+            return Ok(None);
+        };
+        let (data, stat) = match self
+            .call(DOING, client.get_data(&format!("{parent}/{first}")))
+            .await?
+        {
+            Ok(d) => d,
+            // Released in between.
+            Err(Error::NoNode) => return Ok(None),
+            Err(e) => return Err(map_err(e, DOING)),
+        };
+        let value = String::from_utf8_lossy(&data).into_owned();
+        let (_, owner) = distlock_core::describe_holder_value(&value);
+        let fence = u64::try_from(stat.czxid).ok();
+        Ok(Some((
+            LockStatus::held(Some(owner), fence, None).with_last_fence(fence),
+            format!("{parent}/{first}"),
+            stat.version,
+        )))
     }
 }
