@@ -2,27 +2,43 @@
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
+mod bench;
+mod check;
 mod exit;
+mod release;
 mod run;
 mod status;
+mod term;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 const EXAMPLES: &str = "\
 Examples:
   distlock run nightly-report -- ./report.sh          # local lock (no server needed)
   distlock run --no-wait backup -- pg_dump mydb        # exit 75 at once if someone holds it
   distlock run --url redis://10.0.0.5:6379 --ttl 10s --wait 1m deploy -- ./deploy.sh
+  distlock run --url postgres://app@db/app orders -- sh -c 'psql -c \"... WHERE fence <= $DISTLOCK_FENCE\"'
   DISTLOCK_URL=redis://cache:6379/0 distlock status deploy --json
+  distlock release --force deploy                      # break-glass: remove whoever holds it
+  distlock bench --url redis://cache:6379 --tasks 32 --keys 4 --duration 10s
+  distlock check --url etcd://10.0.0.7:2379            # a short correctness check
+  distlock completions bash > /etc/bash_completion.d/distlock
+
+Engines (--url or DISTLOCK_URL): file:///dir (the default: a local directory), redis://,
+rediss://, redis+sentinel://, redis+cluster://, redlock://, etcd://, zk://, postgres://,
+mysql:// (or mariadb://), memcached://.
 
 Exit status: the command's own; 75 when the lock could not be had (busy, or the wait timed
-out); 70 when the lock was lost while the command ran (it is sent SIGTERM, then SIGKILL);
-69 when the lock engine is unreachable; 78 for a configuration error; 64 for a bad key.";
+out; --conflict-exit-code); 70 when the lock was lost while the command ran (it is sent SIGTERM,
+then SIGKILL; --lost-exit-code); 69 when the lock engine is unreachable; 78 for a configuration
+error; 77 when the engine refused our credentials; 64 for bad usage or a bad key; 1 when
+`check` found a violation.";
 
-/// Run commands under a distributed lock, and see who holds one.
+/// Run commands under a distributed lock, see who holds one, break one, and measure or check
+/// a deployment.
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version, about, after_help = EXAMPLES)]
 struct Cli {
@@ -36,13 +52,26 @@ enum Command {
     Run(run::RunArgs),
     /// Show whether KEY is held, by whom, for how long, and its fence.
     Status(status::StatusArgs),
+    /// Break the lock KEY whoever holds it (an operator's break-glass; needs --force).
+    Release(release::ReleaseArgs),
+    /// Load a deployment: lock throughput, acquire and hand-off latency, fairness.
+    Bench(bench::BenchArgs),
+    /// Check a deployment: workers run a fenced read-modify-write under the lock, and every
+    /// overlap, stale fence or lost update is reported.
+    Check(check::CheckArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Options every subcommand takes.
 #[derive(Debug, Args)]
 struct Engine {
     /// The lock engine: file:///dir (default: a local lock directory), redis://host:port/db,
-    /// rediss://…, redis+unix:///socket.
+    /// rediss://…, redis+sentinel://, redis+cluster://, redlock://h1,h2,h3, etcd://, zk://,
+    /// postgres://, mysql://, memcached://.
     #[arg(long, env = "DISTLOCK_URL", value_name = "URL")]
     url: Option<String>,
 }
@@ -60,9 +89,44 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     distlock::parse_duration(text).map_err(|e| e.message().to_owned())
 }
 
+/// A duration as the options take it: `0`, `250ms`, `1.5s`.
+fn show_duration(d: Duration) -> String {
+    if d.is_zero() {
+        "0".into()
+    } else if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_secs_f64() * 1e3)
+    } else {
+        format!("{}s", d.as_secs_f64())
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            let run_without_dashes = e.kind() == clap::error::ErrorKind::UnknownArgument
+                && args.first().is_some_and(|a| a == "run")
+                && !args.iter().any(|a| a == "--");
+            if run_without_dashes {
+                eprintln!(
+                    "distlock: the command goes after `--`: distlock run [OPTIONS] KEY -- CMD [ARGS...]"
+                );
+                return ExitCode::from(exit::USAGE);
+            }
+            return ExitCode::from(exit::usage(&e));
+        }
+    };
     init_logging();
+    if let Command::Completions { shell } = cli.command {
+        clap_complete::generate(
+            shell,
+            &mut Cli::command(),
+            "distlock",
+            &mut std::io::stdout(),
+        );
+        return ExitCode::SUCCESS;
+    }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -77,9 +141,25 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::Release(args) => release::release(args).await,
+            Command::Bench(args) => bench::bench(args).await,
+            Command::Check(args) => check::check(args).await,
+            Command::Completions { .. } => exit::SOFTWARE,
         }
     });
     ExitCode::from(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_show_as_typed() {
+        assert_eq!(show_duration(Duration::ZERO), "0");
+        assert_eq!(show_duration(Duration::from_millis(250)), "250ms");
+        assert_eq!(show_duration(Duration::from_millis(1500)), "1.5s");
+    }
 }
 
 /// Logs go to stderr; `DISTLOCK_LOG=debug` (or info, warn, error, off) sets the level.

@@ -12,10 +12,21 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::exit;
+use crate::{exit, term};
 
-/// Time the command gets between SIGTERM and SIGKILL after the lock is lost.
-const KILL_GRACE: Duration = Duration::from_secs(10);
+/// How long a wait goes on before the spinner shows (so a lock taken at once draws nothing).
+const SPINNER_AFTER: Duration = Duration::from_millis(250);
+
+/// What to do with the command when the lock is lost under it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum OnLost {
+    /// SIGTERM, then SIGKILL after --kill-grace.
+    Term,
+    /// SIGKILL at once.
+    Kill,
+    /// Let it run to its end (with a warning).
+    Ignore,
+}
 
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
@@ -33,6 +44,19 @@ pub(crate) struct RunArgs {
     /// The holder label that `distlock status` shows (default: host/pid).
     #[arg(long)]
     label: Option<String>,
+    /// What happens to the command if the lock is lost while it runs. Whatever it is, distlock
+    /// then exits with --lost-exit-code once the command has ended.
+    #[arg(long, value_enum, default_value_t = OnLost::Term, value_name = "ACTION")]
+    on_lost: OnLost,
+    /// Time between SIGTERM and SIGKILL when the lock is lost (--on-lost term).
+    #[arg(long, default_value = "10s", value_parser = crate::parse_duration, value_name = "D")]
+    kill_grace: Duration,
+    /// Exit status when the lock could not be had (busy, or the wait timed out).
+    #[arg(long, default_value_t = exit::CONFLICT, value_name = "N")]
+    conflict_exit_code: u8,
+    /// Exit status when the lock was lost while the command ran.
+    #[arg(long, default_value_t = exit::LOST, value_name = "N")]
+    lost_exit_code: u8,
     /// The lock name.
     key: String,
     /// The command and its arguments, after `--`.
@@ -61,18 +85,33 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     }
     let client = builder.build();
 
-    let guard = match client.acquire(&args.key).await {
+    let acquire = client.acquire(&args.key);
+    tokio::pin!(acquire);
+    let acquired = tokio::select! {
+        r = &mut acquire => r,
+        () = tokio::time::sleep(SPINNER_AFTER) => {
+            let spinner = term::WaitSpinner::start(&client, &args.key);
+            let r = acquire.await;
+            if let Some(s) = spinner {
+                s.finish();
+            }
+            r
+        }
+    };
+    let guard = match acquired {
         Ok(g) => g,
         Err(e) => {
             let code = exit::report(&format!("cannot take lock {:?}", args.key), &e);
-            if code == exit::CONFLICT
-                && let Ok(distlock::LockStatus {
-                    owner: Some(owner), ..
-                }) = client.status(&args.key).await
+            if code != exit::CONFLICT {
+                return code;
+            }
+            if let Ok(distlock::LockStatus {
+                owner: Some(owner), ..
+            }) = client.status(&args.key).await
             {
                 eprintln!("distlock: held by {owner}");
             }
-            return code;
+            return args.conflict_exit_code;
         }
     };
 
@@ -93,7 +132,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         }
     };
 
-    let outcome = supervise(&mut child, &guard).await;
+    let outcome = supervise(&mut child, &guard, args.on_lost, args.kill_grace, &args.key).await;
     let released = guard.release().await;
     match outcome {
         Outcome::Exited(status) => match released {
@@ -104,7 +143,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
                      its work may not have been exclusive",
                     args.key
                 );
-                exit::LOST
+                args.lost_exit_code
             }
             Err(e) => {
                 // The command finished while we held the lock; only the release failed, and the
@@ -118,7 +157,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
                 "distlock: lock {:?} lost while the command ran: {reason}",
                 args.key
             );
-            exit::LOST
+            args.lost_exit_code
         }
         Outcome::WaitFailed(e) => {
             eprintln!("distlock: lost track of the command: {e}");
@@ -133,10 +172,14 @@ enum Outcome {
     WaitFailed(std::io::Error),
 }
 
-/// Waits for the child, forwarding SIGINT/SIGTERM/SIGHUP to it; stops it if the lock is lost.
+/// Waits for the child, forwarding SIGINT/SIGTERM/SIGHUP to it; when the lock is lost, stops
+/// it (or lets it finish) as `on_lost` says.
 async fn supervise<B: distlock::Backend>(
     child: &mut Child,
     guard: &distlock::LockGuard<B>,
+    on_lost: OnLost,
+    grace: Duration,
+    key: &str,
 ) -> Outcome {
     let pid = child
         .id()
@@ -145,17 +188,34 @@ async fn supervise<B: distlock::Backend>(
     let mut sigint = signal(SignalKind::interrupt()).ok();
     let mut sigterm = signal(SignalKind::terminate()).ok();
     let mut sighup = signal(SignalKind::hangup()).ok();
+    let mut lost = None;
     loop {
         tokio::select! {
             status = child.wait() => {
-                return match status {
-                    Ok(s) => Outcome::Exited(s),
-                    Err(e) => Outcome::WaitFailed(e),
+                return match (status, lost) {
+                    (_, Some(reason)) => Outcome::Lost(reason),
+                    (Ok(s), None) => Outcome::Exited(s),
+                    (Err(e), None) => Outcome::WaitFailed(e),
                 };
             }
-            reason = guard.lost() => {
-                stop(child, pid).await;
-                return Outcome::Lost(reason);
+            reason = guard.lost(), if lost.is_none() => {
+                match on_lost {
+                    OnLost::Term => {
+                        stop(child, pid, grace).await;
+                        return Outcome::Lost(reason);
+                    }
+                    OnLost::Kill => {
+                        let _ = child.kill().await;
+                        return Outcome::Lost(reason);
+                    }
+                    OnLost::Ignore => {
+                        eprintln!(
+                            "distlock: warning: lock {key:?} lost ({reason}); the command goes on \
+                             (--on-lost ignore), without the lock"
+                        );
+                        lost = Some(reason);
+                    }
+                }
             }
             Some(()) = recv(&mut sigint) => forward(pid, Signal::SIGINT),
             Some(()) = recv(&mut sigterm) => forward(pid, Signal::SIGTERM),
@@ -178,12 +238,9 @@ fn forward(pid: Option<Pid>, sig: Signal) {
 }
 
 /// SIGTERM, then SIGKILL after the grace period.
-async fn stop(child: &mut Child, pid: Option<Pid>) {
+async fn stop(child: &mut Child, pid: Option<Pid>, grace: Duration) {
     forward(pid, Signal::SIGTERM);
-    if tokio::time::timeout(KILL_GRACE, child.wait())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
         let _ = child.kill().await;
     }
 }

@@ -1,0 +1,175 @@
+//! `run`, `status` and `release --force` on every engine, through its URL: a holder shows in
+//! `status --json` with its label, a forced release frees the lock for the next `run` (with a
+//! higher fence where the engine has fences), and the broken holder exits 70.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use distlock_testkit::{
+    Etcd, MariaDb, Memcached, Postgres, RedisCluster, RedisServer, Sentinels, ZooKeeper,
+};
+
+mod common;
+use common::{distlock, wait_exit, wait_until};
+
+fn status(tmp: &std::path::Path, url: &str, key: &str) -> serde_json::Value {
+    let o = distlock(tmp)
+        .args(["status", "--json", "--url", url, key])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{url}: {o:?}");
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn run_status_and_break(url: &str, fenced: bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = distlock(tmp.path())
+        .args([
+            "run",
+            "--url",
+            url,
+            "k",
+            "--",
+            "sh",
+            "-c",
+            "echo \"[$DISTLOCK_KEY] [$DISTLOCK_FENCE]\"",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{url}: {o:?}");
+    let out = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+    let fence: Option<u64> = out
+        .strip_prefix("[k] [")
+        .and_then(|r| r.strip_suffix(']'))
+        .unwrap_or_else(|| panic!("{url}: {out:?}"))
+        .parse()
+        .ok();
+    assert_eq!(fence.is_some(), fenced, "{url}: {out:?}");
+
+    let mut holder = distlock(tmp.path())
+        .args([
+            "run",
+            "--url",
+            url,
+            "--label",
+            "engine-test",
+            "--ttl",
+            "2s",
+            "k",
+            "--",
+            "sleep",
+            "30",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the holder's lock", Duration::from_secs(15), || {
+        status(tmp.path(), url, "k")["held"] == true
+    });
+    let st = status(tmp.path(), url, "k");
+    assert!(
+        st["owner"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("engine-test"),
+        "{url}: {st}"
+    );
+    let o = distlock(tmp.path())
+        .args(["release", "--force", "--url", url, "k"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{url}: {o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with("removed k: held"),
+        "{url}: {o:?}"
+    );
+    let o = distlock(tmp.path())
+        .args([
+            "run",
+            "--url",
+            url,
+            "--wait",
+            "10s",
+            "k",
+            "--",
+            "sh",
+            "-c",
+            "echo $DISTLOCK_FENCE",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{url}: {o:?}");
+    if let Some(first) = fence {
+        let next: u64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+        assert!(next > first, "{url}: {next} after {first}");
+    }
+    assert_eq!(
+        wait_exit(&mut holder, Duration::from_secs(15)).code(),
+        Some(70),
+        "{url}: the broken holder"
+    );
+    assert_eq!(status(tmp.path(), url, "k")["held"], false, "{url}");
+}
+
+#[test]
+fn etcd() {
+    let Some(etcd) = Etcd::start() else { return };
+    run_status_and_break(&etcd.url(""), true);
+}
+
+#[test]
+fn zookeeper() {
+    let Some(zk) = ZooKeeper::start() else { return };
+    run_status_and_break(&zk.url(""), true);
+}
+
+#[test]
+fn postgres() {
+    let Some(pg) = Postgres::start() else { return };
+    run_status_and_break(&pg.url(""), true);
+}
+
+#[test]
+fn mariadb() {
+    let Some(db) = MariaDb::start() else { return };
+    run_status_and_break(&db.url(""), true);
+}
+
+#[test]
+fn memcached() {
+    let Some(mc) = Memcached::start() else { return };
+    run_status_and_break(&mc.url(""), false);
+}
+
+#[test]
+fn redlock() {
+    let masters: Vec<RedisServer> = (0..3).filter_map(|_| RedisServer::start()).collect();
+    if masters.len() < 3 {
+        return;
+    }
+    let hosts: Vec<String> = masters
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.port()))
+        .collect();
+    run_status_and_break(&format!("redlock://{}", hosts.join(",")), false);
+}
+
+#[test]
+fn sentinel() {
+    let Some(master) = RedisServer::start() else {
+        return;
+    };
+    let Some(sentinels) = Sentinels::start(3, &master) else {
+        return;
+    };
+    run_status_and_break(&sentinels.url(""), true);
+}
+
+#[test]
+fn cluster() {
+    let Some(cluster) = RedisCluster::start(3) else {
+        return;
+    };
+    run_status_and_break(&cluster.url(""), true);
+}
