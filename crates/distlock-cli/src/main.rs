@@ -150,18 +150,6 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_show_as_typed() {
-        assert_eq!(show_duration(Duration::ZERO), "0");
-        assert_eq!(show_duration(Duration::from_millis(250)), "250ms");
-        assert_eq!(show_duration(Duration::from_millis(1500)), "1.5s");
-    }
-}
-
 /// Logs go to stderr; `DISTLOCK_LOG=debug` (or info, warn, error, off) sets the level.
 fn init_logging() {
     let level = match std::env::var("DISTLOCK_LOG").as_deref() {
@@ -178,5 +166,17 @@ fn init_logging() {
             .with_writer(std::io::stderr)
             .with_target(false)
             .init();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_show_as_typed() {
+        assert_eq!(show_duration(Duration::ZERO), "0");
+        assert_eq!(show_duration(Duration::from_millis(250)), "250ms");
+        assert_eq!(show_duration(Duration::from_millis(1500)), "1.5s");
     }
 }
