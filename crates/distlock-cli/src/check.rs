@@ -32,6 +32,9 @@ pub(crate) struct CheckArgs {
     /// Prefix of the lock used; a random part is added, so a check never meets a real lock.
     #[arg(long, default_value = "distlock-check/")]
     prefix: String,
+    /// The holder label (default: host/pid); each worker adds its number.
+    #[arg(long)]
+    label: Option<String>,
     /// Print the figures as one JSON object.
     #[arg(long)]
     json: bool,
@@ -77,6 +80,7 @@ pub(crate) async fn check(args: CheckArgs) -> u8 {
         args.prefix,
         &distlock::Token::generate().as_str()[..12]
     );
+    let label = args.label.clone().unwrap_or_else(distlock::default_owner);
     let mut clients = Vec::new();
     for i in 0..args.workers {
         let backend: AnyBackend = match distlock::open_backend(&url).await {
@@ -86,7 +90,7 @@ pub(crate) async fn check(args: CheckArgs) -> u8 {
         clients.push(
             LockClient::builder(backend)
                 .options(options)
-                .owner(format!("{} check-{i}", distlock::default_owner()))
+                .owner(format!("{label} check-{i}"))
                 .build(),
         );
     }
