@@ -35,6 +35,8 @@ use distlock_redis::{RedisBackend, RedlockBackend};
 use distlock_testkit::RedisServer;
 use tokio::io::AsyncBufReadExt;
 
+mod peers;
+
 #[derive(Parser, Debug)]
 #[command(about = "distlock benchmarks against the raw redis-rs floor (prints a table)")]
 struct Cli {
@@ -63,10 +65,14 @@ struct Cli {
     /// Also write the figures as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// The rslock peer program (bench/peers/rslock, built by bench/run.sh): adds rslock's rows
-    /// to P1 and P4, run in the same rounds.
+    /// The folder of installed peers (bench/peers/README.md; bench/run.sh installs them): adds
+    /// their rows to P1, P2 and P4, run in the same rounds.
     #[arg(long)]
-    rslock: Option<PathBuf>,
+    peers: Option<PathBuf>,
+    /// Also write the report (the tables, with the machine, pinning mode and date) as Markdown
+    /// to this file, for example docs/benchmarks.md.
+    #[arg(long)]
+    report: Option<PathBuf>,
     /// Masters of the P4 Redlock runs.
     #[arg(long, default_value_t = 5)]
     masters: usize,
@@ -245,20 +251,6 @@ async fn rtt_us(
         v.push(t0.elapsed().as_secs_f64() * 1e6);
     }
     median(v)
-}
-
-/// rslock's cycles per second over `urls`, from the peer program (it inherits our CPU pinning).
-fn rslock_cycles(peer: &std::path::Path, cycles: usize, urls: &[String]) -> f64 {
-    let out = std::process::Command::new(peer)
-        .arg(cycles.to_string())
-        .args(urls)
-        .output()
-        .expect("run the rslock peer");
-    assert!(out.status.success(), "the rslock peer failed: {out:?}");
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("the rslock peer prints cycles per second")
 }
 
 /// The raw Redlock floor: `SET NX PX` on every master at once, then the release script on every
@@ -564,19 +556,19 @@ struct P4 {
     masters: usize,
     floor: f64,
     ours: f64,
-    rslock: Option<f64>,
+    peers: Vec<peers::Figure>,
     parallel_rtt_us: f64,
 }
 
 /// P4: uncontended Redlock cycles over `n` masters (started here, pinned like the rest), the
-/// raw parallel floor, and rslock, in interleaved rounds.
+/// raw parallel floor, and the peers, in interleaved rounds.
 fn p4(
     rt: &tokio::runtime::Runtime,
     n: usize,
     rounds: usize,
     cycles: usize,
     pin: bool,
-    peer: Option<&std::path::Path>,
+    peer_list: &[peers::Peer],
 ) -> P4 {
     let masters: Vec<RedisServer> = (0..n)
         .map(|_| RedisServer::start().expect("redis-server"))
@@ -609,19 +601,20 @@ fn p4(
         );
         redlock_floor(&mut conns, &script, 50).await;
         distlock_cycles(&ours, "p4", 50).await;
-        let (mut f, mut o, mut r) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut f, mut o) = (Vec::new(), Vec::new());
+        let mut r: Vec<Vec<peers::Figure>> = vec![Vec::new(); peer_list.len()];
         for _ in 0..rounds {
             f.push(redlock_floor(&mut conns, &script, cycles).await);
             o.push(distlock_cycles(&ours, "p4", cycles).await);
-            if let Some(peer) = peer {
-                r.push(rslock_cycles(peer, cycles, &urls));
+            for (i, peer) in peer_list.iter().enumerate() {
+                r[i].push(peer.cycles(cycles, &urls));
             }
         }
         P4 {
             masters: n,
             floor: median(f),
             ours: median(o),
-            rslock: peer.map(|_| median(r)),
+            peers: r.iter().map(|v| peers::median_figure(v)).collect(),
             parallel_rtt_us: parallel_rtt_us(&mut conns, 1000).await,
         }
     })
@@ -669,8 +662,14 @@ async fn worker(
                 let called = mono_ns();
                 let g = c.acquire("hot").await.expect("acquire");
                 let acquired = mono_ns();
-                if hold_us > 0 {
+                if hold_us > 0 && gap_us > 0 {
+                    // P3: tokio's whole-millisecond timer, on purpose (see its comment).
                     tokio::time::sleep(Duration::from_micros(hold_us)).await;
+                } else if hold_us > 0 {
+                    // P2's hold, as precise as the peers' (a thread's sleep): tokio's timer
+                    // would round 1 ms up to nearly 2.
+                    let hold = Duration::from_micros(hold_us);
+                    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(hold)).await;
                 }
                 let fence = g.fence().unwrap_or(0);
                 let sent = mono_ns();
@@ -697,6 +696,7 @@ async fn worker(
 struct Contention {
     mode: Mode,
     waiters: usize,
+    hold_us: u64,
     processes: usize,
     per_sec: f64,
     fairness: f64,
@@ -795,6 +795,7 @@ async fn contention(
     Contention {
         mode,
         waiters,
+        hold_us,
         processes,
         per_sec: total as f64 / (millis as f64 / 1000.0),
         fairness: min as f64 / max as f64,
@@ -805,6 +806,96 @@ async fn contention(
         cross_p99_us: cross.value_at_quantile(0.99) as f64 / 1000.0,
         handoffs: all.len(),
         cross_count: cross.len(),
+    }
+}
+
+/// P2 of a peer: its own contending processes on one hot key.
+struct PeerContention {
+    name: String,
+    hold_us: u64,
+    result: Result<PeerP2, peers::Figure>,
+}
+
+struct PeerP2 {
+    per_sec: f64,
+    fairness: f64,
+    cmds_per_acq: f64,
+    errors: u64,
+}
+
+/// Every command the server has run so far (`INFO commandstats`).
+fn total_calls(server: &RedisServer) -> u64 {
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|l| {
+            l.split_once("calls=")?
+                .1
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+fn peer_contention(
+    server: &RedisServer,
+    peer: &peers::Peer,
+    (processes, tasks): (usize, usize),
+    millis: u64,
+    hold_us: u64,
+) -> PeerContention {
+    let name = peer.name.clone();
+    let before = total_calls(server);
+    // Interpreters take a while to start: everybody begins together, 2 s from now.
+    let start_ns = mono_ns() + 2_000_000_000;
+    let deadline = Instant::now() + Duration::from_millis(2000 + millis) + Duration::from_secs(30);
+    let mut children = Vec::new();
+    for _ in 0..processes {
+        match peer.contend(&server.url(), tasks, start_ns, millis, hold_us) {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                return PeerContention {
+                    name,
+                    hold_us,
+                    result: Err(peers::Figure::Failed(e.to_string())),
+                };
+            }
+        }
+    }
+    let mut per_process = Vec::new();
+    let mut errors = 0;
+    let mut failed = None;
+    for c in children {
+        match peer.contended(c, deadline) {
+            Ok((a, e)) => {
+                per_process.push(a);
+                errors += e;
+            }
+            Err(f) => failed = failed.or(Some(f)),
+        }
+    }
+    if let Some(f) = failed {
+        return PeerContention {
+            name,
+            hold_us,
+            result: Err(f),
+        };
+    }
+    let calls = total_calls(server).saturating_sub(before + 1);
+    let total: u64 = per_process.iter().sum();
+    let max = per_process.iter().copied().max().unwrap_or(0).max(1);
+    let min = per_process.iter().copied().min().unwrap_or(0);
+    PeerContention {
+        name,
+        hold_us,
+        result: Ok(PeerP2 {
+            per_sec: total as f64 / (millis as f64 / 1000.0),
+            fairness: min as f64 / max as f64,
+            cmds_per_acq: calls as f64 / total.max(1) as f64,
+            errors,
+        }),
     }
 }
 
@@ -1062,8 +1153,12 @@ fn main() {
     let mut async_conn = rt
         .block_on(raw.get_multiplexed_async_connection())
         .expect("async connection");
-    let peer = cli.rslock.as_deref();
-    let (p1_sync, p1_async, p1_ours, rtt, p1_rslock) = rt.block_on(async {
+    let peer_list = cli
+        .peers
+        .as_deref()
+        .map(peers::discover)
+        .unwrap_or_default();
+    let (p1_sync, p1_async, p1_ours, rtt, p1_peers, p1_lat) = rt.block_on(async {
         let mut sync_conn = raw.get_connection().expect("sync connection");
         let script = redis::Script::new(RELEASE_LUA);
         let ours = LockClient::new(RedisBackend::connect(&url).await.expect("connect"));
@@ -1071,22 +1166,37 @@ fn main() {
         floor_sync(&mut sync_conn, &script, 50);
         floor_async(&mut async_conn, &script, 50).await;
         distlock_cycles(&ours, "p1", 50).await;
-        let (mut s, mut a, mut d, mut r) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut s, mut a, mut d) = (Vec::new(), Vec::new(), Vec::new());
+        let mut r: Vec<Vec<peers::Figure>> = vec![Vec::new(); peer_list.len()];
         for _ in 0..rounds {
             s.push(floor_sync(&mut sync_conn, &script, cycles));
             a.push(floor_async(&mut async_conn, &script, cycles).await);
             d.push(distlock_cycles(&ours, "p1", cycles).await);
-            if let Some(peer) = peer {
-                r.push(rslock_cycles(peer, cycles, std::slice::from_ref(&url)));
+            for (i, peer) in peer_list.iter().enumerate() {
+                r[i].push(peer.cycles(cycles, std::slice::from_ref(&url)));
             }
         }
         let rtt = rtt_us(&mut async_conn, 1000, None).await;
+        // The distribution of one cycle's time, the floor's and ours alternating.
+        let mut lat_floor = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+        let mut lat_ours = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+        for _ in 0..cycles {
+            let t = Instant::now();
+            floor_async(&mut async_conn, &script, 1).await;
+            let _ = lat_floor.record(t.elapsed().as_nanos() as u64);
+            let t = Instant::now();
+            distlock_cycles(&ours, "p1", 1).await;
+            let _ = lat_ours.record(t.elapsed().as_nanos() as u64);
+        }
         (
             median(s),
             median(a),
             median(d),
             rtt,
-            peer.map(|_| median(r)),
+            r.iter()
+                .map(|v| peers::median_figure(v))
+                .collect::<Vec<_>>(),
+            [lat_floor, lat_ours],
         )
     });
     let p5 = p5(
@@ -1101,7 +1211,7 @@ fn main() {
         rounds,
         cycles,
         !cli.no_pin,
-        peer,
+        &peer_list,
     );
 
     let mut runs = Vec::new();
@@ -1120,6 +1230,23 @@ fn main() {
                 cli.worker_threads,
                 (0, 0),
             )));
+        }
+    }
+    // P2 beside the peers: the most waiters, in 4 processes, with no hold and a 1 ms hold.
+    let p2_waiters = *waiters.last().unwrap_or(&8);
+    let p2_shape = (4, p2_waiters / 4);
+    runs.push(rt2.block_on(contention(
+        &server,
+        Mode::Events,
+        p2_waiters,
+        millis,
+        cli.worker_threads,
+        (1000, 0),
+    )));
+    let mut p2_peers = Vec::new();
+    for peer in &peer_list {
+        for hold_us in [0, 1000] {
+            p2_peers.push(peer_contention(&server, peer, p2_shape, millis, hold_us));
         }
     }
     // P3 unloaded: two processes, one task each; a holder keeps the lock 3 ms and, after its
@@ -1159,77 +1286,132 @@ fn main() {
     }
     let idle_rtt = median(p3.iter().map(|r| r.idle_rtt).collect());
 
-    println!(
+    // The report: printed, and written as Markdown with --report.
+    let mut report = String::new();
+    macro_rules! outln {
+        () => {
+            report.push('\n')
+        };
+        ($($t:tt)*) => {{
+            report.push_str(&format!($($t)*));
+            report.push('\n');
+        }};
+    }
+    macro_rules! out {
+        ($($t:tt)*) => {
+            report.push_str(&format!($($t)*))
+        };
+    }
+    outln!(
         "distlock-bench — Redis {} — {pinning}",
         redis_version(&server)
     );
-    println!();
-    println!(
+    outln!();
+    outln!(
         "P1 uncontended acquire+release, one client, {rounds} round(s) × {cycles} cycles, medians"
     );
-    println!("| client | cycles/s | vs async floor |");
-    println!("|---|---:|---:|");
-    println!(
+    outln!("| client | cycles/s | vs async floor |");
+    outln!("|---|---:|---:|");
+    outln!(
         "| redis-rs sync SET NX PX + EVALSHA (floor) | {p1_sync:.0} | {:.2} |",
         p1_sync / p1_async
     );
-    println!("| redis-rs async SET NX PX + EVALSHA (floor) | {p1_async:.0} | 1.00 |");
-    println!(
+    outln!("| redis-rs async SET NX PX + EVALSHA (floor) | {p1_async:.0} | 1.00 |");
+    outln!(
         "| distlock try_acquire + release | {p1_ours:.0} | {:.2} |",
         p1_ours / p1_async
     );
-    match p1_rslock {
-        Some(r) => println!(
-            "| rslock 0.10 lock + unlock (one master) | {r:.0} | {:.2} |\n\ndistlock vs rslock: {:.2}×",
-            r / p1_async,
-            p1_ours / r
-        ),
-        None => println!("| rslock | n/a (peer not built: run bench/run.sh) | |"),
+    for (peer, fig) in peer_list.iter().zip(&p1_peers) {
+        outln!(
+            "| {} lock + unlock | {} | {} |",
+            peer.name,
+            fig.cell(0),
+            fig.value()
+                .map_or(String::new(), |r| format!("{:.2}", r / p1_async))
+        );
     }
-    println!();
-    println!(
+    if peer_list.is_empty() {
+        outln!("| peers | n/a (not installed: run bench/run.sh) | |");
+    }
+    for (peer, fig) in peer_list.iter().zip(&p1_peers) {
+        if let Some(r) = fig.value() {
+            outln!();
+            out!("distlock vs {}: {:.2}×", peer.name, p1_ours / r);
+        }
+    }
+    outln!();
+    outln!();
+    outln!("P1 one cycle's time (µs), {cycles} cycles of each, alternating");
+    outln!("| client | p50 | p90 | p99 | p99.9 | max |");
+    outln!("|---|---:|---:|---:|---:|---:|");
+    for (name, h) in ["redis-rs async floor", "distlock"].iter().zip(&p1_lat) {
+        let q = |x: f64| h.value_at_quantile(x) as f64 / 1000.0;
+        outln!(
+            "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            q(0.5),
+            q(0.9),
+            q(0.99),
+            q(0.999),
+            h.max() as f64 / 1000.0
+        );
+    }
+    outln!();
+    outln!(
         "P4 Redlock over {} masters, uncontended acquire+release, one client, {rounds} round(s) × {cycles} cycles, medians",
         p4.masters
     );
-    println!("| client | cycles/s | vs raw parallel floor | cycle µs | in parallel PING rounds |");
-    println!("|---|---:|---:|---:|---:|");
+    outln!("| client | cycles/s | vs raw parallel floor | cycle µs | in parallel PING rounds |");
+    outln!("|---|---:|---:|---:|---:|");
     let p4_row = |name: &str, per_sec: f64| {
-        println!(
+        format!(
             "| {name} | {per_sec:.0} | {:.2} | {:.1} | {:.2} |",
             per_sec / p4.floor,
             1e6 / per_sec,
             1e6 / per_sec / p4.parallel_rtt_us.max(f64::MIN_POSITIVE)
-        );
+        )
     };
-    p4_row(
-        "raw floor: SET NX PX, then the release script, on all masters at once",
-        p4.floor,
+    outln!(
+        "{}",
+        p4_row(
+            "raw floor: SET NX PX, then the release script, on all masters at once",
+            p4.floor,
+        )
     );
-    p4_row("distlock RedlockBackend try_acquire + release", p4.ours);
-    match p4.rslock {
-        Some(r) => {
-            p4_row("rslock 0.10 lock + unlock", r);
-            println!();
-            println!(
-                "distlock vs rslock over {} masters: {:.2}×",
+    outln!(
+        "{}",
+        p4_row("distlock RedlockBackend try_acquire + release", p4.ours)
+    );
+    for (peer, fig) in peer_list.iter().zip(&p4.peers) {
+        match fig.value() {
+            Some(r) => outln!("{}", p4_row(&format!("{} lock + unlock", peer.name), r)),
+            None => outln!("| {} | {} | | | |", peer.name, fig.cell(0)),
+        }
+    }
+    if peer_list.is_empty() {
+        outln!("| peers | n/a (not installed: run bench/run.sh) | | | |");
+    }
+    for (peer, fig) in peer_list.iter().zip(&p4.peers) {
+        if let Some(r) = fig.value() {
+            outln!(
+                "distlock vs {} over {} masters: {:.2}×",
+                peer.name,
                 p4.masters,
                 p4.ours / r
             );
         }
-        None => println!("| rslock | n/a (peer not built: run bench/run.sh) | | | |"),
     }
-    println!(
+    outln!(
         "parallel PING round to all masters: {:.1} µs (median of 1000); a cycle is two rounds",
         p4.parallel_rtt_us
     );
-    println!();
-    println!(
+    outln!();
+    outln!(
         "P5/P6 other engines, uncontended acquire+release, one client, {rounds} round(s), medians"
     );
-    println!("| engine | raw floor | floor cycles/s | distlock cycles/s | vs floor |");
-    println!("|---|---|---:|---:|---:|");
+    outln!("| engine | raw floor | floor cycles/s | distlock cycles/s | vs floor |");
+    outln!("|---|---|---:|---:|---:|");
     for r in &p5 {
-        println!(
+        outln!(
             "| {} | {} | {:.0} | {:.0} | {:.2} |",
             r.engine,
             r.floor_name,
@@ -1238,25 +1420,23 @@ fn main() {
             r.ours / r.floor
         );
     }
-    println!();
-    println!(
+    outln!();
+    outln!(
         "PING round trip: {rtt:.1} µs (median of 1000 back to back); {idle_rtt:.1} µs (each after a 2 ms pause: median of the P3 rounds' medians of 150)"
     );
-    println!();
+    outln!();
     let runtime = if cli.worker_threads <= 1 {
         "current-thread runtime".to_owned()
     } else {
         format!("multi-thread runtime, {} threads", cli.worker_threads)
     };
-    println!(
-        "P2/P3 one hot key, zero hold, {millis} ms per run, each process on a tokio {runtime}"
-    );
-    println!(
+    outln!("P2/P3 one hot key, zero hold, {millis} ms per run, each process on a tokio {runtime}");
+    outln!(
         "| mode | waiters | processes | acq/s | vs P1 | fairness | cmds/acq | hand-off p50 µs | p99 µs | cross-process p50 | in RTTs |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for r in &runs {
-        println!(
+    outln!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in runs.iter().filter(|r| r.hold_us == 0) {
+        outln!(
             "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} |",
             r.mode.name(),
             r.waiters,
@@ -1275,15 +1455,58 @@ fn main() {
             ),
         );
     }
-    println!();
-    println!(
+    outln!();
+    outln!(
+        "P2 beside the peers: one hot key, {} processes × {} tasks, {millis} ms per run; each library waits its own way",
+        p2_shape.0,
+        p2_shape.1
+    );
+    outln!(
+        "| client | hold | acq/s | vs distlock's P1 | fairness (min/max per process) | cmds/acq | errors |"
+    );
+    outln!("|---|---:|---:|---:|---:|---:|---:|");
+    for r in runs
+        .iter()
+        .filter(|r| r.mode == Mode::Events && r.waiters == p2_waiters)
+    {
+        outln!(
+            "| distlock (events) | {} ms | {:.0} | {:.2} | {:.2} | {:.2} | 0 |",
+            r.hold_us / 1000,
+            r.per_sec,
+            r.per_sec / p1_ours,
+            r.fairness,
+            r.cmds_per_acq
+        );
+    }
+    for c in &p2_peers {
+        match &c.result {
+            Ok(r) => outln!(
+                "| {} | {} ms | {:.0} | {:.2} | {:.2} | {:.2} | {} |",
+                c.name,
+                c.hold_us / 1000,
+                r.per_sec,
+                r.per_sec / p1_ours,
+                r.fairness,
+                r.cmds_per_acq,
+                r.errors
+            ),
+            Err(f) => outln!(
+                "| {} | {} ms | {} | | | | |",
+                c.name,
+                c.hold_us / 1000,
+                f.cell(0)
+            ),
+        }
+    }
+    outln!();
+    outln!(
         "P3 hand-off latency, unloaded: 2 processes, 1 task each; a holder keeps the lock 3 ms, then pauses 0.3 ms; {} interleaved round(s), medians over rounds",
         p3.len()
     );
-    println!(
+    outln!(
         "| mode | hand-offs | release → other process acquired p50 µs | p99 µs | in idle RTTs | worst round | in back-to-back RTTs |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    outln!("|---|---:|---:|---:|---:|---:|---:|");
     let p3_rows: Vec<P3Row> = (0..2)
         .map(|m| {
             P3Row::of(&p3, p3[0].modes[m].mode.name(), |r| {
@@ -1298,7 +1521,7 @@ fn main() {
         )))
         .collect();
     for row in &p3_rows {
-        println!(
+        outln!(
             "| {} | {} | {:.1} | {} | {:.1} | {:.1} | {:.1} |",
             row.name,
             row.count,
@@ -1313,7 +1536,7 @@ fn main() {
             row.p50_us / rtt.max(f64::MIN_POSITIVE),
         );
     }
-    println!(
+    outln!(
         "per round, idle RTT / events p50 / raw floor p50 (µs): {}",
         p3.iter()
             .map(|r| format!(
@@ -1323,7 +1546,7 @@ fn main() {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    println!(
+    outln!(
         "distlock events vs the raw floor: {:.2}× its hand-off time (median of the rounds' ratios)",
         median(
             p3.iter()
@@ -1331,23 +1554,56 @@ fn main() {
                 .collect()
         )
     );
+    print!("{report}");
+    if let Some(path) = &cli.report {
+        std::fs::write(path, markdown_report(&report, pinning, &cli)).expect("write the report");
+    }
     if let Some(path) = cli.json {
+        let p1_latency: serde_json::Map<String, serde_json::Value> = ["floor", "distlock"]
+            .iter()
+            .zip(&p1_lat)
+            .map(|(name, h)| {
+                let pts: Vec<serde_json::Value> =
+                    [50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.99, 100.0]
+                        .iter()
+                        .map(|p| {
+                            serde_json::json!([p, h.value_at_quantile(p / 100.0) as f64 / 1000.0])
+                        })
+                        .collect();
+                ((*name).to_owned(), serde_json::Value::Array(pts))
+            })
+            .collect();
         let json = serde_json::json!({
             "pinning": pinning,
             "worker_threads": cli.worker_threads,
             "redis": redis_version(&server),
             "p1": { "rounds": rounds, "cycles": cycles, "sync_floor": p1_sync,
-                    "async_floor": p1_async, "distlock": p1_ours, "rslock": p1_rslock },
+                    "async_floor": p1_async, "distlock": p1_ours,
+                    "peers": peer_list.iter().zip(&p1_peers)
+                        .map(|(p, f)| (p.name.clone(), f.json()))
+                        .collect::<serde_json::Map<_, _>>() },
             "p5": p5.iter().map(|r| serde_json::json!({
                 "engine": r.engine, "floor": r.floor_name, "floor_per_sec": r.floor,
                 "distlock_per_sec": r.ours,
             })).collect::<Vec<_>>(),
             "p4": { "masters": p4.masters, "raw_parallel_floor": p4.floor, "distlock": p4.ours,
-                    "rslock": p4.rslock, "parallel_ping_us": p4.parallel_rtt_us },
+                    "parallel_ping_us": p4.parallel_rtt_us,
+                    "peers": peer_list.iter().zip(&p4.peers)
+                        .map(|(p, f)| (p.name.clone(), f.json()))
+                        .collect::<serde_json::Map<_, _>>() },
+            "p2_peers": p2_peers.iter().map(|c| match &c.result {
+                Ok(r) => serde_json::json!({
+                    "client": c.name, "hold_us": c.hold_us, "per_sec": r.per_sec,
+                    "fairness": r.fairness, "cmds_per_acq": r.cmds_per_acq, "errors": r.errors,
+                }),
+                Err(f) => serde_json::json!({ "client": c.name, "hold_us": c.hold_us, "result": f.json() }),
+            }).collect::<Vec<_>>(),
+            "p1_latency_us": p1_latency,
             "rtt_us": rtt,
             "idle_rtt_us": idle_rtt,
             "contention": runs.iter().map(|r| serde_json::json!({
                 "mode": r.mode.name(), "waiters": r.waiters, "processes": r.processes,
+                "hold_us": r.hold_us,
                 "per_sec": r.per_sec, "fairness": r.fairness, "cmds_per_acq": r.cmds_per_acq,
                 "handoff_p50_us": r.handoff_p50_us, "handoff_p99_us": r.handoff_p99_us,
                 "cross_process_p50_us": r.cross_p50_us,
@@ -1362,6 +1618,59 @@ fn main() {
         std::fs::write(&path, serde_json::to_string_pretty(&json).expect("json"))
             .expect("write the JSON");
     }
+}
+
+/// The report as a Markdown page: where and how it was measured, then the tables (each with
+/// the blank line Markdown wants before it).
+fn markdown_report(report: &str, pinning: &str, cli: &Cli) -> String {
+    let run = |cmd: &str, args: &[&str]| {
+        std::process::Command::new(cmd)
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mut page = format!(
+        "# Benchmarks\n\n\
+         Written by `bench/run.sh --report docs/benchmarks.md` (distlock-bench{}) on {}.\n\n\
+         - Machine: {cores} vCPU ({cpu}), Linux {}.\n\
+         - Pinning: {pinning}.\n\
+         - Rounds are interleaved (floor, distlock and every peer in each round); the tables show \
+         medians over rounds. Raw figures: the JSON written with `--json`.\n\
+         - Peers: installed by `bench/run.sh` outside the repository \
+         ([bench/peers/README.md](../bench/peers/README.md)); a cell that says n/a names the \
+         feature the library lacks.\n\n",
+        if cli.quick { " --quick" } else { "" },
+        run("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        run("uname", &["-r"]),
+    );
+    page.push_str(
+        "![Throughput against waiters](img/throughput-vs-waiters.png)\n\n\
+         ![One uncontended cycle's time](img/p1-latency.png)\n\n",
+    );
+    let mut prev_table = false;
+    for line in report.lines() {
+        let table = line.starts_with('|');
+        if table && !prev_table {
+            page.push('\n');
+        }
+        if !table && prev_table && !line.is_empty() {
+            page.push('\n');
+        }
+        page.push_str(line);
+        page.push('\n');
+        prev_table = table;
+    }
+    page
 }
 
 /// A figure with `decimals`, or `-` when it rests on no sample.
