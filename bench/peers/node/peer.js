@@ -56,9 +56,86 @@ async function contend(url, tasks, startNs, millis, holdUs) {
   client.disconnect();
 }
 
+// N locks held with redlock's automatic extension (`using`), extended when a third of the
+// TTL is left... that is, at the same TTL/3 pace as distlock's watchdog.
+async function renew(url, n, millis, ttlMs) {
+  const client = new Redis(url);
+  const redlock = new Redlock([client], { retryCount: 0, automaticExtensionThreshold: (2 * ttlMs) / 3 });
+  let ready = 0;
+  let release;
+  const released = new Promise((r) => (release = r));
+  let measured;
+  const signals = [];
+  const all = Array.from({ length: n }, (_, i) =>
+    redlock.using([`peer:node-redlock:held:${i}`], ttlMs, async (signal) => {
+      signals.push(signal);
+      ready++;
+      if (ready === n) measured = measure();
+      await released;
+      return !signal.aborted;
+    }),
+  );
+  async function measure() {
+    console.log("ready");
+    const cpu0 = process.cpuUsage();
+    const t0 = process.hrtime.bigint();
+    await sleep(millis);
+    const cpu = process.cpuUsage(cpu0);
+    const secs = Number(process.hrtime.bigint() - t0) / 1e9;
+    return { cpu_s: (cpu.user + cpu.system) / 1e6, seconds: secs };
+  }
+  while (ready < n) await sleep(10);
+  const m = await measured;
+  // Held: the automatic extension has not aborted the routine (it aborts on a failed extension).
+  const results = { held: signals.filter((s) => !s.aborted).length, ...m };
+  console.log(JSON.stringify(results));
+  process.stdin.once("data", () => release());
+  const held = await Promise.all(all);
+  client.disconnect();
+  if (held.some((h) => !h)) console.error("some locks were lost");
+  process.exit(0);
+}
+
+// One locker taking turns with another process: each acquisition's times, for P3.
+async function handoff(url, holdUs, gapUs, startNs, millis) {
+  const client = new Redis(url);
+  const redlock = new Redlock([client], { retryCount: -1 });
+  const end = startNs + BigInt(millis) * 1000000n;
+  const events = [];
+  let errors = 0;
+  let asked = null;
+  while (monoNs() < startNs) await sleep(0.2);
+  while (monoNs() < end) {
+    if (asked === null) asked = monoNs();
+    const called = asked;
+    let lock;
+    try {
+      lock = await redlock.acquire(["peer:node-redlock:handoff"], TTL_MS);
+    } catch (e) {
+      errors++;
+      continue;
+    }
+    asked = null;
+    const acquired = monoNs();
+    await sleep(holdUs / 1000);
+    const sent = monoNs();
+    await lock.release();
+    events.push([acquired, sent, called].map(Number));
+    await sleep(gapUs / 1000);
+  }
+  console.log(JSON.stringify({ events, errors }));
+  client.disconnect();
+}
+
 const [mode, ...rest] = process.argv.slice(2);
 if (mode === "cycles") {
   cycles(Number(rest[0]), rest.slice(1)).catch((e) => { console.error(e); process.exit(1); });
+} else if (mode === "handoff") {
+  handoff(rest[0], Number(rest[1]), Number(rest[2]), BigInt(rest[3]), Number(rest[4]))
+    .catch((e) => { console.error(e); process.exit(1); });
+} else if (mode === "renew") {
+  renew(rest[0], Number(rest[1]), Number(rest[2]), Number(rest[3]))
+    .catch((e) => { console.error(e); process.exit(1); });
 } else if (mode === "contend") {
   contend(rest[0], Number(rest[1]), BigInt(rest[2]), Number(rest[3]), Number(rest[4]))
     .catch((e) => { console.error(e); process.exit(1); });

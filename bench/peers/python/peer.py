@@ -2,6 +2,8 @@
 
 Usage: peer.py LIB cycles N URL...
        peer.py LIB contend URL TASKS START_NS MILLIS HOLD_US
+       peer.py LIB renew URL N MILLIS TTL_MS
+       peer.py LIB handoff URL HOLD_US GAP_US START_NS MILLIS
 LIB: redis-py (redis.lock.Lock), python-redis-lock (redis_lock.Lock), pottery (pottery.Redlock).
 Tasks are threads, as these blocking libraries are used. Exit status 3 with "n/a (why)" when
 the library lacks what the mode needs.
@@ -108,10 +110,77 @@ def contend(lib, url, tasks, start_ns, millis, hold_us):
     print(json.dumps({"acquisitions": sum(got), "errors": sum(errors)}))
 
 
+def renew(lib, url, n, millis, ttl_ms):
+    """N locks kept alive by the library's own renewal, where it has one."""
+    if lib != "python-redis-lock":
+        na("no automatic renewal")
+    import redis_lock
+
+    # A renewal thread per lock (the library's design): small stacks, so that ten thousand of
+    # them fit in the address space the machine allows.
+    threading.stack_size(256 * 1024)
+    conn = redis.Redis.from_url(url)
+    expire = max(ttl_ms // 1000, 1)  # whole seconds; renewed every 2/3 of it
+    locks = [
+        redis_lock.Lock(conn, f"peer:prl:held:{i}", expire=expire, auto_renewal=True)
+        for i in range(n)
+    ]
+    for lock in locks:
+        if not lock.acquire(blocking=False):
+            raise SystemExit("a held key was busy")
+    print("ready", flush=True)
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    time.sleep(millis / 1000)
+    cpu, secs = time.process_time() - cpu0, time.perf_counter() - t0
+    held = sum(1 for lock in locks if lock.locked())
+    print(json.dumps({"held": held, "cpu_s": cpu, "seconds": secs}), flush=True)
+    sys.stdin.readline()
+    for lock in locks:
+        lock.release()
+
+
+def handoff(lib, url, hold_us, gap_us, start_ns, millis):
+    """One locker taking turns with another process: each acquisition's times, for P3."""
+    make = maker(lib, [url])
+    key = f"peer:{lib}:handoff"
+    end = start_ns + millis * 1_000_000
+    events, errors, asked = [], 0, None
+    while time.monotonic_ns() < start_ns:
+        time.sleep(0.0002)
+    while time.monotonic_ns() < end:
+        lock = make(key)
+        called = asked = asked or time.monotonic_ns()
+        left = max((end - called) / 1e9, 0.001)
+        try:
+            if lib == "redis-py":
+                ok = lock.acquire(blocking=True, blocking_timeout=left)
+            elif lib == "python-redis-lock":
+                ok = lock.acquire(blocking=True, timeout=max(int(left), 1))
+            else:
+                ok = lock.acquire(blocking=True, timeout=left)
+        except Exception:
+            errors += 1
+            continue
+        if not ok:
+            continue
+        asked = None
+        acquired = time.monotonic_ns()
+        time.sleep(hold_us / 1e6)
+        sent = time.monotonic_ns()
+        lock.release()
+        events.append([acquired, sent, called])
+        time.sleep(gap_us / 1e6)
+    print(json.dumps({"events": events, "errors": errors}))
+
+
 def main():
     lib, mode, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
     if mode == "cycles":
         cycles(lib, int(rest[0]), rest[1:])
+    elif mode == "handoff":
+        handoff(lib, rest[0], int(rest[1]), int(rest[2]), int(rest[3]), int(rest[4]))
+    elif mode == "renew":
+        renew(lib, rest[0], int(rest[1]), int(rest[2]), int(rest[3]))
     elif mode == "contend":
         contend(lib, rest[0], int(rest[1]), int(rest[2]), int(rest[3]), int(rest[4]))
     else:

@@ -35,6 +35,7 @@ use distlock_redis::{RedisBackend, RedlockBackend};
 use distlock_testkit::RedisServer;
 use tokio::io::AsyncBufReadExt;
 
+mod p6;
 mod peers;
 
 #[derive(Parser, Debug)]
@@ -852,8 +853,15 @@ fn peer_contention(
     let start_ns = mono_ns() + 2_000_000_000;
     let deadline = Instant::now() + Duration::from_millis(2000 + millis) + Duration::from_secs(30);
     let mut children = Vec::new();
+    let args = [
+        server.url(),
+        tasks.to_string(),
+        start_ns.to_string(),
+        millis.to_string(),
+        hold_us.to_string(),
+    ];
     for _ in 0..processes {
-        match peer.contend(&server.url(), tasks, start_ns, millis, hold_us) {
+        match peer.start("contend", &args) {
             Ok(c) => children.push(c),
             Err(e) => {
                 return PeerContention {
@@ -868,10 +876,10 @@ fn peer_contention(
     let mut errors = 0;
     let mut failed = None;
     for c in children {
-        match peer.contended(c, deadline) {
-            Ok((a, e)) => {
-                per_process.push(a);
-                errors += e;
+        match peer.finish(c, deadline) {
+            Ok(v) => {
+                per_process.push(v["acquisitions"].as_u64().unwrap_or(0));
+                errors += v["errors"].as_u64().unwrap_or(0);
             }
             Err(f) => failed = failed.or(Some(f)),
         }
@@ -897,6 +905,56 @@ fn peer_contention(
             errors,
         }),
     }
+}
+
+/// P3 of a peer: two of its processes take turns (hold 3 ms, pause 0.3 ms), each waiting its
+/// own way; the release → other process acquired times, in µs (count, p50, p99).
+fn peer_handoff(
+    server: &RedisServer,
+    peer: &peers::Peer,
+    millis: u64,
+) -> Result<(u64, f64, f64), peers::Figure> {
+    let start_ns = mono_ns() + 2_000_000_000;
+    let deadline = Instant::now() + Duration::from_millis(2000 + millis) + Duration::from_secs(30);
+    let args = [
+        server.url(),
+        "3000".into(),
+        "300".into(),
+        start_ns.to_string(),
+        millis.to_string(),
+    ];
+    let children: Vec<_> = (0..2)
+        .map(|_| peer.start("handoff", &args))
+        .collect::<Result<_, _>>()
+        .map_err(|e| peers::Figure::Failed(e.to_string()))?;
+    // (acquired, release sent, asked, process)
+    let mut events: Vec<(u64, u64, u64, usize)> = Vec::new();
+    for (p, c) in children.into_iter().enumerate() {
+        let v = peer.finish(c, deadline)?;
+        for e in v["events"].as_array().into_iter().flatten() {
+            let f = |i: usize| e[i].as_u64().unwrap_or(0);
+            events.push((f(0), f(1), f(2), p));
+        }
+    }
+    events.sort_by_key(|e| e.0);
+    let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    for w in events.windows(2) {
+        let (prev, next) = (w[0], w[1]);
+        // A hand-off: the other process was already waiting when this release began.
+        if next.3 != prev.3 && next.2 <= prev.1 && next.0 >= prev.1 {
+            let _ = h.record(next.0 - prev.1);
+        }
+    }
+    if h.is_empty() {
+        return Err(peers::Figure::Failed(
+            "no hand-off between the two processes".into(),
+        ));
+    }
+    Ok((
+        h.len(),
+        h.value_at_quantile(0.5) as f64 / 1000.0,
+        h.value_at_quantile(0.99) as f64 / 1000.0,
+    ))
 }
 
 /// Interleaved rounds of the unloaded hand-off (P3).
@@ -1249,6 +1307,20 @@ fn main() {
             p2_peers.push(peer_contention(&server, peer, p2_shape, millis, hold_us));
         }
     }
+    // P6: many held locks kept alive by automatic renewal.
+    let (p6_locks, p6_ttl, p6_window) = if cli.quick {
+        (
+            200,
+            Duration::from_millis(1500),
+            Duration::from_millis(1500),
+        )
+    } else {
+        (10_000, Duration::from_secs(3), Duration::from_secs(9))
+    };
+    let mut p6_rows = vec![p6::ours(&rt, &server, p6_locks, p6_ttl, p6_window)];
+    for peer in &peer_list {
+        p6_rows.push(p6::peer(&server, peer, p6_locks, p6_ttl, p6_window));
+    }
     // P3 unloaded: two processes, one task each; a holder keeps the lock 3 ms and, after its
     // release, pauses 0.3 ms before it asks again (tokio's timers tick in whole ms, so the pause
     // lasts 1 or 2 ms: over before the other holder's 3 ms are). So every release finds the
@@ -1285,6 +1357,11 @@ fn main() {
         });
     }
     let idle_rtt = median(p3.iter().map(|r| r.idle_rtt).collect());
+    let p3_peer_millis = if cli.quick { p3_millis } else { 3000 };
+    let p3_peers: Vec<(String, Result<(u64, f64, f64), peers::Figure>)> = peer_list
+        .iter()
+        .map(|p| (p.name.clone(), peer_handoff(&server, p, p3_peer_millis)))
+        .collect();
 
     // The report: printed, and written as Markdown with --report.
     let mut report = String::new();
@@ -1405,9 +1482,7 @@ fn main() {
         p4.parallel_rtt_us
     );
     outln!();
-    outln!(
-        "P5/P6 other engines, uncontended acquire+release, one client, {rounds} round(s), medians"
-    );
+    outln!("P5 other engines, uncontended acquire+release, one client, {rounds} round(s), medians");
     outln!("| engine | raw floor | floor cycles/s | distlock cycles/s | vs floor |");
     outln!("|---|---|---:|---:|---:|");
     for r in &p5 {
@@ -1536,6 +1611,17 @@ fn main() {
             row.p50_us / rtt.max(f64::MIN_POSITIVE),
         );
     }
+    for (name, r) in &p3_peers {
+        match r {
+            Ok((count, p50, p99)) => outln!(
+                "| {name} (its own waiting, one run of {} ms) | {count} | {p50:.1} | {p99:.0} | {:.1} | | {:.1} |",
+                p3_peer_millis,
+                p50 / idle_rtt.max(f64::MIN_POSITIVE),
+                p50 / rtt.max(f64::MIN_POSITIVE)
+            ),
+            Err(f) => outln!("| {name} | {} | | | | | |", f.cell(0)),
+        }
+    }
     outln!(
         "per round, idle RTT / events p50 / raw floor p50 (µs): {}",
         p3.iter()
@@ -1554,6 +1640,93 @@ fn main() {
                 .collect()
         )
     );
+    outln!();
+    outln!(
+        "P6 {p6_locks} held locks kept alive by automatic renewal, TTL {} (renewed every TTL/3), measured over {}",
+        show(p6_ttl),
+        show(p6_window)
+    );
+    outln!(
+        "| client | still held | renewal round trips per tick | server commands per renewal | client CPU % of a core | Redis CPU % |"
+    );
+    outln!("|---|---:|---:|---:|---:|---:|");
+    for r in &p6_rows {
+        match &r.result {
+            Ok(f) => outln!(
+                "| {} | {} | {} | {:.2} | {:.1} | {:.1} |",
+                r.client,
+                f.held_after,
+                f.trips_per_tick
+                    .map_or("-".to_owned(), |t| format!("{t:.1}")),
+                f.cmds_per_renewal,
+                f.client_cpu_pct,
+                f.server_cpu_pct
+            ),
+            Err(fig) => outln!("| {} | {} | | | | |", r.client, fig.cell(0)),
+        }
+    }
+    // The bars of the brief (§4), each with its figure.
+    outln!();
+    outln!("Bars");
+    outln!("| bar | figure | met |");
+    outln!("|---|---:|---|");
+    let mut bar = |name: &str, figure: Option<f64>, ok: &dyn Fn(f64) -> bool| {
+        let (fig, met) = match figure {
+            Some(f) => (format!("{f:.3}"), if ok(f) { "yes" } else { "**no**" }),
+            None => ("n/a".to_owned(), "not measured"),
+        };
+        outln!("| {name} | {fig} | {met} |");
+    };
+    let rslock_of = |figs: &[peers::Figure]| {
+        peer_list
+            .iter()
+            .zip(figs)
+            .find(|(p, _)| p.name.starts_with("rslock"))
+            .and_then(|(_, f)| f.value())
+    };
+    bar(
+        "P1 ≥ 0.95× the async floor",
+        Some(p1_ours / p1_async),
+        &|f| f >= 0.95,
+    );
+    bar(
+        "P1 ≥ rslock (ratio)",
+        rslock_of(&p1_peers).map(|r| p1_ours / r),
+        &|f| f >= 1.0,
+    );
+    let p2_run = runs
+        .iter()
+        .find(|r| r.mode == Mode::Events && r.waiters == p2_waiters && r.hold_us == 0);
+    bar(
+        "P2 throughput ≥ 0.5× P1",
+        p2_run.map(|r| r.per_sec / p1_ours),
+        &|f| f >= 0.5,
+    );
+    bar("P2 fairness ≥ 0.5", p2_run.map(|r| r.fairness), &|f| {
+        f >= 0.5
+    });
+    bar(
+        "P2 commands per acquisition ≤ 4",
+        p2_run.map(|r| r.cmds_per_acq),
+        &|f| f <= 4.0,
+    );
+    bar(
+        "P3 hand-off p50 ≤ 3 round trips",
+        p3_rows.first().map(|r| r.idle_rtts),
+        &|f| f <= 3.0,
+    );
+    bar(
+        "P4 ≥ 1.5× rslock (ratio)",
+        rslock_of(&p4.peers).map(|r| p4.ours / r),
+        &|f| f >= 1.5,
+    );
+    for r in &p5 {
+        bar(
+            &format!("P5 {} ≥ 0.9× its floor", r.engine),
+            Some(r.ours / r.floor),
+            &|f| f >= 0.9,
+        );
+    }
     print!("{report}");
     if let Some(path) = &cli.report {
         std::fs::write(path, markdown_report(&report, pinning, &cli)).expect("write the report");
@@ -1599,6 +1772,19 @@ fn main() {
                 Err(f) => serde_json::json!({ "client": c.name, "hold_us": c.hold_us, "result": f.json() }),
             }).collect::<Vec<_>>(),
             "p1_latency_us": p1_latency,
+            "p6": {
+                "locks": p6_locks, "ttl_ms": p6_ttl.as_millis() as u64,
+                "window_ms": p6_window.as_millis() as u64,
+                "rows": p6_rows.iter().map(|r| match &r.result {
+                    Ok(f) => serde_json::json!({
+                        "client": r.client, "held_after": f.held_after,
+                        "round_trips_per_tick": f.trips_per_tick,
+                        "cmds_per_renewal": f.cmds_per_renewal,
+                        "client_cpu_pct": f.client_cpu_pct, "server_cpu_pct": f.server_cpu_pct,
+                    }),
+                    Err(fig) => serde_json::json!({ "client": r.client, "result": fig.json() }),
+                }).collect::<Vec<_>>(),
+            },
             "rtt_us": rtt,
             "idle_rtt_us": idle_rtt,
             "contention": runs.iter().map(|r| serde_json::json!({
@@ -1613,6 +1799,13 @@ fn main() {
                 "cross_process_p50_us": r.p50_us, "cross_process_p99_us": r.p99_us,
                 "idle_rtts": r.idle_rtts, "worst_round_idle_rtts": r.worst_idle_rtts,
             })).collect::<Vec<_>>(),
+            "p3_peers": p3_peers.iter().map(|(name, r)| match r {
+                Ok((count, p50, p99)) => serde_json::json!({
+                    "client": name, "handoffs": count, "cross_process_p50_us": p50,
+                    "cross_process_p99_us": p99,
+                }),
+                Err(f) => serde_json::json!({ "client": name, "result": f.json() }),
+            }).collect::<Vec<_>>(),
             "p3_idle_rtt_us_per_round": p3.iter().map(|r| r.idle_rtt).collect::<Vec<_>>(),
         });
         std::fs::write(&path, serde_json::to_string_pretty(&json).expect("json"))
@@ -1670,7 +1863,21 @@ fn markdown_report(report: &str, pinning: &str, cli: &Cli) -> String {
         page.push('\n');
         prev_table = table;
     }
+    // The hand-written notes on the misses, when run from the repository's root.
+    if let Ok(notes) = std::fs::read_to_string("bench/notes.md") {
+        page.push('\n');
+        page.push_str(&notes.replacen("# Notes", "## Notes", 1));
+    }
     page
+}
+
+/// A duration as `1.5 s` or `300 ms`.
+fn show(d: Duration) -> String {
+    if d >= Duration::from_secs(1) {
+        format!("{} s", d.as_secs_f64())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
 }
 
 /// A figure with `decimals`, or `-` when it rests on no sample.

@@ -84,6 +84,34 @@ pub(crate) fn discover(dir: &Path) -> Vec<Peer> {
     peers.into_iter().map(|(_, p)| p).collect()
 }
 
+/// A file for a peer's stderr (a pipe nobody drains while the peer runs could fill up and
+/// stall it); its last line explains a failure.
+fn stderr_file() -> (Stdio, PathBuf) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "distlock-peer-{}-{}.err",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    match std::fs::File::create(&path) {
+        Ok(f) => (Stdio::from(f), path),
+        Err(_) => (Stdio::null(), path),
+    }
+}
+
+/// The last non-empty line of a peer's stderr file (and the file removed).
+fn last_error(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let _ = std::fs::remove_file(path);
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .to_owned()
+}
+
 impl Peer {
     fn outcome(&self, out: std::process::Output) -> Result<String, Figure> {
         let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
@@ -123,58 +151,124 @@ impl Peer {
         }
     }
 
-    /// Starts one contending process (see the README's `contend`).
-    pub(crate) fn contend(
+    /// Starts one process of `mode` (`contend` or `handoff`) with `args`; its stderr goes to
+    /// a file.
+    pub(crate) fn start(
         &self,
-        url: &str,
-        tasks: usize,
-        start_ns: u64,
-        millis: u64,
-        hold_us: u64,
-    ) -> std::io::Result<std::process::Child> {
+        mode: &str,
+        args: &[String],
+    ) -> std::io::Result<(std::process::Child, PathBuf)> {
+        let (err, path) = stderr_file();
         Command::new(&self.run)
-            .args([
-                "contend",
-                url,
-                &tasks.to_string(),
-                &start_ns.to_string(),
-                &millis.to_string(),
-                &hold_us.to_string(),
-            ])
+            .arg(mode)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stderr(err)
             .spawn()
+            .map(|c| (c, path))
     }
 
-    /// The acquisitions and errors a contending process printed once it has finished; killed
-    /// (and failed) if it runs past `deadline`.
-    pub(crate) fn contended(
+    /// The JSON object a process started by [`start`](Self::start) printed once it has
+    /// finished; killed (and failed) if it runs past `deadline`.
+    pub(crate) fn finish(
         &self,
-        mut child: std::process::Child,
+        (mut child, err): (std::process::Child, PathBuf),
         deadline: std::time::Instant,
-    ) -> Result<(u64, u64), Figure> {
-        loop {
+    ) -> Result<serde_json::Value, Figure> {
+        // Its stdout is read as it goes (a long event list would fill the pipe).
+        let mut stdout = child.stdout.take().expect("stdout");
+        let reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut stdout, &mut text);
+            text
+        });
+        let status = loop {
             match child.try_wait() {
-                Ok(Some(_)) => break,
+                Ok(Some(s)) => break s,
                 Ok(None) if std::time::Instant::now() > deadline => {
                     let _ = child.kill();
                     let _ = child.wait();
+                    let _ = std::fs::remove_file(&err);
                     return Err(Figure::Failed("still running long after its end".into()));
                 }
                 Ok(None) => std::thread::sleep(std::time::Duration::from_millis(20)),
                 Err(e) => return Err(Figure::Failed(e.to_string())),
             }
+        };
+        let text = reader.join().unwrap_or_default().trim().to_owned();
+        let why = last_error(&err);
+        match status.code() {
+            Some(0) => serde_json::from_str(&text)
+                .map_err(|_| Figure::Failed(format!("printed {text:?} ({why})"))),
+            Some(3) => Err(Figure::NotApplicable(text)),
+            _ => Err(Figure::Failed(format!("{status} ({why})"))),
         }
-        let out = child
-            .wait_with_output()
+    }
+
+    /// `renew URL N MILLIS TTL_MS`: the peer takes N locks with its automatic renewal, prints
+    /// `ready` (then `at_ready` runs), holds them for MILLIS, prints
+    /// `{"held": h, "cpu_s": c, "seconds": s}` (its CPU over the window), and releases them
+    /// once we answer with a line. Returns (held, cpu_s, seconds).
+    pub(crate) fn renew(
+        &self,
+        url: &str,
+        n: usize,
+        window: std::time::Duration,
+        ttl: std::time::Duration,
+        at_ready: impl FnOnce(),
+    ) -> Result<(usize, f64, f64), Figure> {
+        use std::io::{BufRead, Write};
+        let (err, err_path) = stderr_file();
+        let mut child = Command::new(&self.run)
+            .args([
+                "renew",
+                url,
+                &n.to_string(),
+                &window.as_millis().to_string(),
+                &ttl.as_millis().to_string(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
             .map_err(|e| Figure::Failed(e.to_string()))?;
-        let text = self.outcome(out)?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|_| Figure::Failed(format!("printed {text:?}")))?;
+        let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let first = lines.next().and_then(Result::ok).unwrap_or_default();
+        if first.trim() != "ready" {
+            // It said why (n/a), or failed: either way it is ending by itself.
+            drop(child.stdin.take());
+            let out = child
+                .wait_with_output()
+                .map_err(|e| Figure::Failed(e.to_string()));
+            return Err(match out {
+                Ok(o) if o.status.code() == Some(3) => {
+                    Figure::NotApplicable(first.trim().to_owned())
+                }
+                Ok(o) => Figure::Failed(format!(
+                    "{} ({})",
+                    first.trim(),
+                    String::from_utf8_lossy(&o.stderr)
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                )),
+                Err(f) => f,
+            });
+        }
+        at_ready();
+        let figures = lines.next().and_then(Result::ok).unwrap_or_default();
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = writeln!(stdin);
+        }
+        let _ = child.wait();
+        let why = last_error(&err_path);
+        let v: serde_json::Value = serde_json::from_str(&figures)
+            .map_err(|_| Figure::Failed(format!("printed {figures:?} ({why})")))?;
         Ok((
-            v["acquisitions"].as_u64().unwrap_or(0),
-            v["errors"].as_u64().unwrap_or(0),
+            v["held"].as_u64().unwrap_or(0) as usize,
+            v["cpu_s"].as_f64().unwrap_or(0.0),
+            v["seconds"].as_f64().unwrap_or(1.0),
         ))
     }
 }

@@ -78,6 +78,42 @@ fn main() {
             }
             println!("{}", serde_json::json!({"acquisitions": got, "errors": errors}));
         }
+        Some("handoff") => {
+            // One locker taking turns with another process: each acquisition's times (P3).
+            let rl = redlock::RedLock::new(vec![args[1].clone()]);
+            let hold = Duration::from_micros(args[2].parse().expect("HOLD_US"));
+            let gap = Duration::from_micros(args[3].parse().expect("GAP_US"));
+            let start_ns: u64 = args[4].parse().expect("START_NS");
+            let millis: u64 = args[5].parse().expect("MILLIS");
+            let end = start_ns + millis * 1_000_000;
+            while mono_ns() < start_ns {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let (mut events, mut errors) = (Vec::new(), 0u64);
+            let mut asked = None;
+            while mono_ns() < end {
+                let called = *asked.get_or_insert_with(mono_ns);
+                match rl.lock(b"peer:redlock-rs:handoff", TTL_MS) {
+                    Ok(Some(lock)) => {
+                        asked = None;
+                        let acquired = mono_ns();
+                        std::thread::sleep(hold);
+                        let sent = mono_ns();
+                        rl.unlock(&lock);
+                        events.push([acquired, sent, called]);
+                        std::thread::sleep(gap);
+                    }
+                    // The crate gave up after its retries: ask again (still waiting).
+                    Ok(None) => {}
+                    Err(_) => errors += 1,
+                }
+            }
+            println!("{}", serde_json::json!({"events": events, "errors": errors}));
+        }
+        Some("renew") => {
+            println!("n/a (no automatic renewal)");
+            std::process::exit(3);
+        }
         _ => {
             eprintln!("usage: cycles N URL… | contend URL TASKS START_NS MILLIS HOLD_US");
             std::process::exit(2);

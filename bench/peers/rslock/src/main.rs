@@ -79,6 +79,44 @@ fn main() {
             });
             println!("{}", serde_json::json!({"acquisitions": got, "errors": errors}));
         }
+        Some("handoff") => {
+            // One locker taking turns with another process: each acquisition's times (P3).
+            let url = args[1].clone();
+            let hold = Duration::from_micros(args[2].parse().expect("HOLD_US"));
+            let gap = Duration::from_micros(args[3].parse().expect("GAP_US"));
+            let start_ns: u64 = args[4].parse().expect("START_NS");
+            let millis: u64 = args[5].parse().expect("MILLIS");
+            let end = start_ns + millis * 1_000_000;
+            let (events, errors) = rt.block_on(async {
+                let manager = rslock::LockManager::new(vec![url]);
+                while mono_ns() < start_ns {
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
+                let (mut events, mut errors) = (Vec::new(), 0u64);
+                let mut asked = None;
+                while mono_ns() < end {
+                    let called = *asked.get_or_insert_with(mono_ns);
+                    match manager.lock("peer:rslock:handoff", TTL).await {
+                        Ok(lock) => {
+                            asked = None;
+                            let acquired = mono_ns();
+                            tokio::time::sleep(hold).await;
+                            let sent = mono_ns();
+                            manager.unlock(&lock).await;
+                            events.push([acquired, sent, called]);
+                            tokio::time::sleep(gap).await;
+                        }
+                        Err(_) => errors += 1,
+                    }
+                }
+                (events, errors)
+            });
+            println!("{}", serde_json::json!({"events": events, "errors": errors}));
+        }
+        Some("renew") => {
+            println!("n/a (no automatic renewal)");
+            std::process::exit(3);
+        }
         _ => {
             eprintln!("usage: cycles N URL… | contend URL TASKS START_NS MILLIS HOLD_US");
             std::process::exit(2);

@@ -1,0 +1,203 @@
+//! P6: many held locks kept alive by the watchdog: renewal round trips per tick, and CPU.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use distlock_core::{
+    AcquireRequest, Attempt, Backend, Capabilities, LeaseCheck, LockClient, LockError, LockOptions,
+    LockStatus, NextWaiter, RenewItem, Subscription, Token,
+};
+use distlock_redis::RedisBackend;
+use distlock_testkit::RedisServer;
+
+use crate::peers;
+
+/// The Redis engine, counting the watchdog's renewal calls (each one pipelined round trip).
+#[derive(Clone)]
+struct Counting {
+    inner: RedisBackend,
+    calls: Arc<AtomicU64>,
+    renewals: Arc<AtomicU64>,
+}
+
+impl Backend for Counting {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        self.inner.try_acquire(req).await
+    }
+    async fn extend(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<LeaseCheck, LockError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.renewals.fetch_add(1, Ordering::Relaxed);
+        self.inner.extend(key, token, ttl).await
+    }
+    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+        self.inner.release(key, token).await
+    }
+    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+        self.inner.status(key).await
+    }
+    async fn release_queued(
+        &self,
+        key: &str,
+        token: &Token,
+        next: &NextWaiter<'_>,
+    ) -> Result<LeaseCheck, LockError> {
+        self.inner.release_queued(key, token, next).await
+    }
+    async fn extend_many<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+    ) -> Vec<Result<LeaseCheck, LockError>> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.renewals
+            .fetch_add(items.len() as u64, Ordering::Relaxed);
+        self.inner.extend_many(items).await
+    }
+    async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {
+        self.inner.subscribe(key).await
+    }
+}
+
+/// One P6 row.
+pub(crate) struct Row {
+    pub(crate) client: String,
+    pub(crate) result: Result<Figures, peers::Figure>,
+}
+
+pub(crate) struct Figures {
+    pub(crate) held_after: usize,
+    /// Renewal round trips (calls to the server that renew) per tick of TTL/3.
+    pub(crate) trips_per_tick: Option<f64>,
+    /// Server commands per renewal of one lock.
+    pub(crate) cmds_per_renewal: f64,
+    /// Client CPU, in % of one core, while the locks are held.
+    pub(crate) client_cpu_pct: f64,
+    /// Redis's CPU, in % of one core.
+    pub(crate) server_cpu_pct: f64,
+}
+
+fn process_cpu() -> f64 {
+    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .expect("getrusage");
+    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    tv(u.user_time()) + tv(u.system_time())
+}
+
+fn server_cpu(server: &RedisServer) -> f64 {
+    let info = server.cli(&["INFO", "cpu"]);
+    ["used_cpu_sys:", "used_cpu_user:"]
+        .iter()
+        .filter_map(|k| info.lines().find_map(|l| l.strip_prefix(k)))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// distlock: `n` locks on one client, held for `window`, renewed by the watchdog every TTL/3.
+pub(crate) fn ours(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    n: usize,
+    ttl: Duration,
+    window: Duration,
+) -> Row {
+    let calls = Arc::new(AtomicU64::new(0));
+    let renewals = Arc::new(AtomicU64::new(0));
+    let result = rt.block_on(async {
+        let backend = Counting {
+            inner: RedisBackend::connect(&server.url()).await.expect("connect"),
+            calls: calls.clone(),
+            renewals: renewals.clone(),
+        };
+        let options = LockOptions::builder().ttl(ttl).build().expect("options");
+        let client = LockClient::builder(backend).options(options).build();
+        let keys: Vec<String> = (0..n).map(|i| format!("p6:{i}")).collect();
+        let mut guards = Vec::with_capacity(n);
+        for chunk in keys.chunks(500) {
+            let got =
+                futures_util::future::join_all(chunk.iter().map(|k| client.try_acquire(k))).await;
+            for g in got {
+                guards.push(g.expect("acquire").expect("a free key"));
+            }
+        }
+        // Settle one tick, then measure.
+        tokio::time::sleep(ttl / 3).await;
+        let (c0, r0) = (
+            calls.load(Ordering::Relaxed),
+            renewals.load(Ordering::Relaxed),
+        );
+        let (cmd0, scpu0, cpu0, t0) = (
+            crate::total_calls(server),
+            server_cpu(server),
+            process_cpu(),
+            Instant::now(),
+        );
+        tokio::time::sleep(window).await;
+        let secs = t0.elapsed().as_secs_f64();
+        let cpu = process_cpu() - cpu0;
+        let scpu = server_cpu(server) - scpu0;
+        let cmds = crate::total_calls(server).saturating_sub(cmd0 + 3);
+        let (c, r) = (
+            calls.load(Ordering::Relaxed) - c0,
+            renewals.load(Ordering::Relaxed) - r0,
+        );
+        let held_after = guards.iter().filter(|g| g.is_held()).count();
+        futures_util::future::join_all(guards.into_iter().map(|g| g.release())).await;
+        let ticks = secs / (ttl.as_secs_f64() / 3.0);
+        Figures {
+            held_after,
+            trips_per_tick: Some(c as f64 / ticks),
+            cmds_per_renewal: cmds as f64 / r.max(1) as f64,
+            client_cpu_pct: cpu / secs * 100.0,
+            server_cpu_pct: scpu / secs * 100.0,
+        }
+    });
+    Row {
+        client: "distlock (watchdog, pipelined renewals)".into(),
+        result: Ok(result),
+    }
+}
+
+/// A peer's own automatic renewal of `n` locks, where it has one. The server's counters are
+/// read when the peer says its locks are all held and when its window ends (before it
+/// releases them).
+pub(crate) fn peer(
+    server: &RedisServer,
+    peer: &peers::Peer,
+    n: usize,
+    ttl: Duration,
+    window: Duration,
+) -> Row {
+    let mut at_ready = None;
+    let result = peer
+        .renew(&server.url(), n, window, ttl, || {
+            at_ready = Some((crate::total_calls(server), server_cpu(server)));
+        })
+        .map(|(held, cpu_s, secs)| {
+            let (cmd0, scpu0) = at_ready.unwrap_or((0, 0.0));
+            let scpu = server_cpu(server) - scpu0;
+            let cmds = crate::total_calls(server).saturating_sub(cmd0 + 3);
+            let ticks = secs / (ttl.as_secs_f64() / 3.0);
+            Figures {
+                held_after: held,
+                trips_per_tick: None,
+                cmds_per_renewal: cmds as f64 / (n as f64 * ticks).max(1.0),
+                client_cpu_pct: cpu_s / secs * 100.0,
+                server_cpu_pct: scpu / secs * 100.0,
+            }
+        });
+    Row {
+        client: peer.name.clone(),
+        result,
+    }
+}
