@@ -907,13 +907,12 @@ fn peer_contention(
     }
 }
 
+/// A peer's P3: hand-offs counted, p50 and p99 in µs; or why there are none.
+type HandoffFigures = Result<(u64, f64, f64), peers::Figure>;
+
 /// P3 of a peer: two of its processes take turns (hold 3 ms, pause 0.3 ms), each waiting its
 /// own way; the release → other process acquired times, in µs (count, p50, p99).
-fn peer_handoff(
-    server: &RedisServer,
-    peer: &peers::Peer,
-    millis: u64,
-) -> Result<(u64, f64, f64), peers::Figure> {
+fn peer_handoff(server: &RedisServer, peer: &peers::Peer, millis: u64) -> HandoffFigures {
     let start_ns = mono_ns() + 2_000_000_000;
     let deadline = Instant::now() + Duration::from_millis(2000 + millis) + Duration::from_secs(30);
     let args = [
@@ -1358,7 +1357,7 @@ fn main() {
     }
     let idle_rtt = median(p3.iter().map(|r| r.idle_rtt).collect());
     let p3_peer_millis = if cli.quick { p3_millis } else { 3000 };
-    let p3_peers: Vec<(String, Result<(u64, f64, f64), peers::Figure>)> = peer_list
+    let p3_peers: Vec<(String, HandoffFigures)> = peer_list
         .iter()
         .map(|p| (p.name.clone(), peer_handoff(&server, p, p3_peer_millis)))
         .collect();
@@ -1831,12 +1830,15 @@ fn markdown_report(report: &str, pinning: &str, cli: &Cli) -> String {
                 .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
         })
         .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    // Every CPU of the machine (our own affinity is CPU 0 alone when pinned).
+    let cores = std::fs::read_to_string("/proc/cpuinfo")
+        .map(|c| c.lines().filter(|l| l.starts_with("processor")).count())
+        .unwrap_or(0);
     let mut page = format!(
         "# Benchmarks\n\n\
-         Written by `bench/run.sh --report docs/benchmarks.md` (distlock-bench{}) on {}.\n\n\
+         Written by `bench/run.sh` (distlock-bench{} with the peers) on {}.\n\n\
          - Machine: {cores} vCPU ({cpu}), Linux {}.\n\
-         - Pinning: {pinning}.\n\
+         - CPU pinning: {pinning}.\n\
          - Rounds are interleaved (floor, distlock and every peer in each round); the tables show \
          medians over rounds. Raw figures: the JSON written with `--json`.\n\
          - Peers: installed by `bench/run.sh` outside the repository \
