@@ -45,6 +45,16 @@ def maker(lib, urls):
     raise SystemExit(f"unknown library {lib}")
 
 
+def acquire_waiting(lib, lock, left):
+    """Each library's own waiting, for at most `left` seconds: redis-py polls every 0.1 s,
+    python-redis-lock waits on a list a release pushes to, pottery retries after a pause."""
+    if lib == "redis-py":
+        return lock.acquire(blocking=True, blocking_timeout=left)
+    if lib == "python-redis-lock":
+        return lock.acquire(blocking=True, timeout=max(int(left), 1))
+    return lock.acquire(blocking=True, timeout=left)
+
+
 def cycles(lib, n, urls):
     make = maker(lib, urls)
     key = f"peer:{lib}"
@@ -78,14 +88,7 @@ def contend(lib, url, tasks, start_ns, millis, hold_us):
             lock = make(key)
             left = max((end - time.monotonic_ns()) / 1e9, 0.001)
             try:
-                # Each library's own waiting: redis-py polls every 0.1 s, python-redis-lock
-                # waits on a list a release pushes to, pottery retries with a back-off.
-                if lib == "redis-py":
-                    ok = lock.acquire(blocking=True, blocking_timeout=left)
-                elif lib == "python-redis-lock":
-                    ok = lock.acquire(blocking=True, timeout=max(int(left), 1))
-                else:
-                    ok = lock.acquire(blocking=True, timeout=left)
+                ok = acquire_waiting(lib, lock, left)
             except Exception as e:
                 if not any(errors):
                     print(f"{lib}: {e!r}", file=sys.stderr)
@@ -152,12 +155,7 @@ def handoff(lib, url, hold_us, gap_us, start_ns, millis):
         called = asked = asked or time.monotonic_ns()
         left = max((end - called) / 1e9, 0.001)
         try:
-            if lib == "redis-py":
-                ok = lock.acquire(blocking=True, blocking_timeout=left)
-            elif lib == "python-redis-lock":
-                ok = lock.acquire(blocking=True, timeout=max(int(left), 1))
-            else:
-                ok = lock.acquire(blocking=True, timeout=left)
+            ok = acquire_waiting(lib, lock, left)
         except Exception:
             errors += 1
             continue

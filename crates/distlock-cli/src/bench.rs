@@ -4,10 +4,10 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use distlock::{AnyBackend, Backend, LockClient, LockOptions, Wait};
+use distlock::{Backend, LockClient, LockOptions, Wait};
 use hdrhistogram::Histogram;
 
-use crate::{exit, term};
+use crate::{crowd, exit, term};
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
@@ -70,26 +70,13 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
         eprintln!("distlock: --duration must be more than 0");
         return exit::USAGE;
     }
-    let options = match LockOptions::builder().ttl(args.ttl).build() {
-        Ok(o) => o,
-        Err(e) => return exit::report("invalid options", &e),
-    };
     let url = args.engine.url().to_owned();
-    let label = args.label.clone().unwrap_or_else(distlock::default_owner);
     // Every task's client first (connections are not part of the measurement).
-    let mut clients = Vec::new();
-    for i in 0..args.tasks {
-        let backend: AnyBackend = match distlock::open_backend(&url).await {
-            Ok(b) => b,
-            Err(e) => return exit::report("cannot open the lock engine", &e),
+    let clients =
+        match crowd::clients(&url, args.tasks, args.ttl, args.label.as_deref(), "bench").await {
+            Ok(c) => c,
+            Err(code) => return code,
         };
-        clients.push(
-            LockClient::builder(backend)
-                .options(options)
-                .owner(format!("{label} bench-{i}"))
-                .build(),
-        );
-    }
     let engine = clients[0].backend().name();
     let keys: Vec<String> = (0..args.keys)
         .map(|k| format!("{}{k}", args.prefix))
@@ -102,15 +89,7 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
     let bar = term::progress(args.duration, "bench");
     let started = Instant::now();
     let deadline = started + args.duration;
-    let ticker = {
-        let bar = bar.clone();
-        tokio::spawn(async move {
-            loop {
-                bar.set_position(u64::try_from(started.elapsed().as_millis()).unwrap_or(0));
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-    };
+    let ticker = crowd::follow_clock(&bar, started);
     // All tasks on this thread (the engines' clients do their I/O in their own tasks).
     let running = clients.iter().enumerate().map(|(i, client)| {
         let me = u32::try_from(i).unwrap_or(u32::MAX);

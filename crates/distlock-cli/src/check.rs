@@ -9,9 +9,9 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use distlock::{AnyBackend, Backend, Fencing, LockClient, LockOptions, Released, Wait};
+use distlock::{Backend, Fencing, LockClient, LockOptions, Released, Wait};
 
-use crate::{exit, term};
+use crate::{crowd, exit, term};
 
 #[derive(Debug, Args)]
 pub(crate) struct CheckArgs {
@@ -70,30 +70,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 pub(crate) async fn check(args: CheckArgs) -> u8 {
-    let options = match LockOptions::builder().ttl(args.ttl).build() {
-        Ok(o) => o,
-        Err(e) => return exit::report("invalid options", &e),
-    };
     let url = args.engine.url().to_owned();
     let key = format!(
         "{}{}",
         args.prefix,
         &distlock::Token::generate().as_str()[..12]
     );
-    let label = args.label.clone().unwrap_or_else(distlock::default_owner);
-    let mut clients = Vec::new();
-    for i in 0..args.workers {
-        let backend: AnyBackend = match distlock::open_backend(&url).await {
-            Ok(b) => b,
-            Err(e) => return exit::report("cannot open the lock engine", &e),
+    let clients =
+        match crowd::clients(&url, args.workers, args.ttl, args.label.as_deref(), "check").await {
+            Ok(c) => c,
+            Err(code) => return code,
         };
-        clients.push(
-            LockClient::builder(backend)
-                .options(options)
-                .owner(format!("{label} check-{i}"))
-                .build(),
-        );
-    }
     let engine = clients[0].backend().name();
     let fenced = matches!(
         clients[0].backend().capabilities().fencing,
@@ -106,15 +93,7 @@ pub(crate) async fn check(args: CheckArgs) -> u8 {
     let running = clients
         .iter()
         .map(|client| worker(client, &key, &resource, args.hold, deadline));
-    let ticker = {
-        let bar = bar.clone();
-        tokio::spawn(async move {
-            loop {
-                bar.set_position(u64::try_from(started.elapsed().as_millis()).unwrap_or(0));
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-    };
+    let ticker = crowd::follow_clock(&bar, started);
     let mut counts = Counts::default();
     for c in futures_util::future::join_all(running).await {
         counts.acquisitions += c.acquisitions;

@@ -4,6 +4,7 @@
 
 mod bench;
 mod check;
+mod crowd;
 mod exit;
 mod release;
 mod run;

@@ -11,12 +11,7 @@ mod common;
 use common::{distlock, signal, wait_exit, wait_until};
 
 fn held(tmp: &Path, url: &str, key: &str) -> bool {
-    let o = distlock(tmp)
-        .args(["status", "--json", "--url", url, key])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{o:?}");
-    String::from_utf8_lossy(&o.stdout).contains("\"held\":true")
+    common::status_json(tmp, url, key)["held"] == true
 }
 
 /// The holder is frozen past its TTL: the server ends its silent session (and the lock with

@@ -10,16 +10,7 @@ use distlock_testkit::{
 };
 
 mod common;
-use common::{distlock, wait_exit, wait_until};
-
-fn status(tmp: &std::path::Path, url: &str, key: &str) -> serde_json::Value {
-    let o = distlock(tmp)
-        .args(["status", "--json", "--url", url, key])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{url}: {o:?}");
-    serde_json::from_slice(&o.stdout).unwrap()
-}
+use common::{distlock, status_json as status, wait_exit, wait_until};
 
 fn run_status_and_break(url: &str, fenced: bool) {
     let tmp = tempfile::tempdir().unwrap();

@@ -47,3 +47,13 @@ pub(crate) fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `distlock status --json --url URL KEY`, parsed.
+pub(crate) fn status_json(tmp: &Path, url: &str, key: &str) -> serde_json::Value {
+    let o = distlock(tmp)
+        .args(["status", "--json", "--url", url, key])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{url}: {o:?}");
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"))
+}
