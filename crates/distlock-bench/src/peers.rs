@@ -233,6 +233,19 @@ impl Peer {
             .stderr(err)
             .spawn()
             .map_err(|e| Figure::Failed(e.to_string()))?;
+        // Ten thousand locks can take an interpreter minutes to set up; past this it has hung.
+        let pid = child.id().to_string();
+        let limit = window + std::time::Duration::from_secs(600);
+        let (done, timer) = std::sync::mpsc::channel::<()>();
+        let killer = std::thread::spawn(move || {
+            if timer.recv_timeout(limit).is_err() {
+                let _ = Command::new("kill").args(["-9", &pid]).status();
+            }
+        });
+        let finished = move || {
+            let _ = done.send(());
+            let _ = killer.join();
+        };
         let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
         let first = lines.next().and_then(Result::ok).unwrap_or_default();
         if first.trim() != "ready" {
@@ -241,17 +254,16 @@ impl Peer {
             let out = child
                 .wait_with_output()
                 .map_err(|e| Figure::Failed(e.to_string()));
+            finished();
             return Err(match out {
                 Ok(o) if o.status.code() == Some(3) => {
                     Figure::NotApplicable(first.trim().to_owned())
                 }
                 Ok(o) => Figure::Failed(format!(
-                    "{} ({})",
+                    "{} {} ({})",
+                    o.status,
                     first.trim(),
-                    String::from_utf8_lossy(&o.stderr)
-                        .lines()
-                        .last()
-                        .unwrap_or("")
+                    last_error(&err_path)
                 )),
                 Err(f) => f,
             });
@@ -262,6 +274,7 @@ impl Peer {
             let _ = writeln!(stdin);
         }
         let _ = child.wait();
+        finished();
         let why = last_error(&err_path);
         let v: serde_json::Value = serde_json::from_str(&figures)
             .map_err(|_| Figure::Failed(format!("printed {figures:?} ({why})")))?;
