@@ -535,24 +535,67 @@ impl EtcdBackend {
     /// The key just before ours in the queue (created before it), if any.
     async fn predecessor(&self, name: &str, rev: i64) -> Result<Option<(String, i64)>, LockError> {
         let options = GetOptions::new()
-            .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_max_create_revision(rev - 1)
             .with_limit(1)
             .with_keys_only();
-        let prefix = self.lock_prefix(name);
         let reply = self
-            .retry_kv(|mut c| {
-                let (prefix, options) = (prefix.clone(), options.clone());
-                async move { c.get(prefix, Some(options)).await }
-            })
-            .await
-            .map_err(|e| map_err(e, "reading an etcd lock's queue"))?;
+            .get_under(name, options, "reading an etcd lock's queue")
+            .await?;
         let at = reply.header().map_or(0, |h| h.revision());
         Ok(reply
             .kvs()
             .first()
             .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), at)))
+    }
+
+    /// A read of the keys under the lock `name`'s prefix, with `options` (resent as reads are).
+    async fn get_under(
+        &self,
+        name: &str,
+        options: GetOptions,
+        doing: &str,
+    ) -> Result<etcd_client::GetResponse, LockError> {
+        let prefix = self.lock_prefix(name);
+        self.retry_kv(|mut c| {
+            let (prefix, options) = (prefix.clone(), options.clone());
+            async move { c.get(prefix, Some(options.with_prefix())).await }
+        })
+        .await
+        .map_err(|e| map_err(e, doing))
+    }
+
+    /// The holder's key (the oldest under the lock's prefix), if anybody holds `name`.
+    async fn holder_kv(
+        &self,
+        name: &str,
+        doing: &str,
+    ) -> Result<Option<etcd_client::KeyValue>, LockError> {
+        let options = GetOptions::new()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        Ok(self
+            .get_under(name, options, doing)
+            .await?
+            .kvs()
+            .first()
+            .cloned())
+    }
+
+    /// `status` of a holder's key: its label, its lease's remaining time, its fence.
+    async fn holder_status(&self, kv: &etcd_client::KeyValue) -> LockStatus {
+        let value = String::from_utf8_lossy(kv.value()).into_owned();
+        let (_, owner) = distlock_core::describe_holder_value(&value);
+        let lease = kv.lease();
+        let ttl = match self
+            .retry(|mut c| async move { c.lease_time_to_live(lease, None).await })
+            .await
+        {
+            Ok(r) if r.ttl() >= 0 => Some(Duration::from_secs(r.ttl() as u64)),
+            _ => None,
+        };
+        let fence = u64::try_from(kv.create_revision()).ok();
+        LockStatus::held(Some(owner), fence, ttl).with_last_fence(fence)
     }
 }
 
@@ -966,34 +1009,12 @@ impl Backend for EtcdBackend {
     }
 
     async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
-        const DOING: &str = "reading an etcd lock's status";
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
-        let prefix = self.lock_prefix(key);
-        let reply = self
-            .retry_kv(|mut c| {
-                let (prefix, options) = (prefix.clone(), options.clone());
-                async move { c.get(prefix, Some(options)).await }
-            })
-            .await
-            .map_err(|e| map_err(e, DOING))?;
-        let Some(kv) = reply.kvs().first() else {
-            return Ok(LockStatus::free());
-        };
-        let value = String::from_utf8_lossy(kv.value()).into_owned();
-        let (_, owner) = distlock_core::describe_holder_value(&value);
-        let lease = kv.lease();
-        let ttl = match self
-            .retry(|mut c| async move { c.lease_time_to_live(lease, None).await })
-            .await
-        {
-            Ok(r) if r.ttl() >= 0 => Some(Duration::from_secs(r.ttl() as u64)),
-            _ => None,
-        };
-        let fence = u64::try_from(kv.create_revision()).ok();
-        Ok(LockStatus::held(Some(owner), fence, ttl).with_last_fence(fence))
+        Ok(
+            match self.holder_kv(key, "reading an etcd lock's status").await? {
+                Some(kv) => self.holder_status(&kv).await,
+                None => LockStatus::free(),
+            },
+        )
     }
 
     /// Deletes the holder's key (the oldest under the lock's prefix), if it is still the one
@@ -1002,34 +1023,17 @@ impl Backend for EtcdBackend {
     async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
         const DOING: &str = "breaking an etcd lock";
         for _ in 0..5 {
-            let options = GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                .with_limit(1)
-                .with_keys_only();
-            let prefix = self.lock_prefix(key);
-            let reply = self
-                .retry_kv(|mut c| {
-                    let (prefix, options) = (prefix.clone(), options.clone());
-                    async move { c.get(prefix, Some(options)).await }
-                })
-                .await
-                .map_err(|e| map_err(e, DOING))?;
-            let Some(kv) = reply.kvs().first() else {
+            let Some(kv) = self.holder_kv(key, DOING).await? else {
                 return Ok(None);
             };
-            let (holder, rev) = (kv.key().to_vec(), kv.create_revision());
-            let st = self.status(key).await?;
-            if st.fence != u64::try_from(rev).ok() {
-                continue;
-            }
+            let st = self.holder_status(&kv).await;
             let txn = Txn::new()
                 .when([Compare::create_revision(
-                    holder.clone(),
+                    kv.key(),
                     CompareOp::Equal,
-                    rev,
+                    kv.create_revision(),
                 )])
-                .and_then([TxnOp::delete(holder, None)]);
+                .and_then([TxnOp::delete(kv.key(), None)]);
             if self
                 .txn(txn)
                 .await

@@ -94,10 +94,8 @@ impl Etcd {
             .env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", endpoints.join(",")))
             .args(args)
-            .output()
-            .expect("run etcdctl");
-        assert!(out.status.success(), "etcdctl {args:?} failed: {out:?}");
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+            .output();
+        crate::process::checked_stdout(&format!("etcdctl {args:?}"), out)
     }
 
     /// The members' ids (hex) and which one leads, from `etcdctl endpoint status` (members

@@ -138,13 +138,7 @@ impl MariaDb {
     /// # Panics
     /// When the statement fails.
     pub fn sql(&self, sql: &str) -> String {
-        let out = self.try_sql(sql).expect("run mariadb");
-        assert!(
-            out.status.success(),
-            "mariadb -e {sql:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        crate::process::checked_stdout(&format!("mariadb -e {sql:?}"), self.try_sql(sql))
     }
 
     /// `mysql://root@127.0.0.1:<port>/distlock` followed by `rest` (parameters).

@@ -180,13 +180,7 @@ impl Postgres {
     /// # Panics
     /// When the statement fails.
     pub fn psql(&self, sql: &str) -> String {
-        let out = self.try_psql(sql).expect("run psql");
-        assert!(
-            out.status.success(),
-            "psql {sql:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        crate::process::checked_stdout(&format!("psql {sql:?}"), self.try_psql(sql))
     }
 
     /// `postgres://postgres@127.0.0.1:<port>/postgres` followed by `rest` (parameters).

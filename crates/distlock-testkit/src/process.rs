@@ -55,6 +55,20 @@ pub(crate) fn loopback_url(scheme: &str, ports: impl Iterator<Item = u16>, rest:
 }
 
 /// The last `n` lines of a log file, for failure messages.
+/// The trimmed stdout of a client tool the kit ran (`what` names it in the failure).
+///
+/// # Panics
+/// When the tool could not run or failed.
+pub(crate) fn checked_stdout(what: &str, out: std::io::Result<std::process::Output>) -> String {
+    let out = out.unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 pub(crate) fn tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("<no log: {e}>"));
     let lines: Vec<&str> = text.lines().collect();

@@ -186,9 +186,7 @@ impl RedisServer {
         if let Some(p) = &self.password {
             cmd.args(["--no-auth-warning", "-a", p]);
         }
-        let out = cmd.args(args).output().expect("run redis-cli");
-        assert!(out.status.success(), "redis-cli {args:?} failed: {:?}", out);
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        crate::process::checked_stdout(&format!("redis-cli {args:?}"), cmd.args(args).output())
     }
 
     /// Calls per command since the server started (or `CONFIG RESETSTAT`), from
