@@ -551,6 +551,11 @@ impl<B: Backend> LockClient<B> {
             local.retire_token(key, &token);
         }
         let validity = options.validity();
+        let sent = if crate::seeded::on(crate::seeded::SeededBug::ReplyTimeValidity) {
+            inner.clock.now()
+        } else {
+            sent
+        };
         let lease = Arc::new(LeaseShared::new(
             key.to_owned(),
             token.clone(),

@@ -11,6 +11,8 @@ mod key;
 mod lease;
 mod local;
 mod options;
+#[doc(hidden)]
+pub mod seeded;
 mod token;
 pub mod url;
 mod wake;

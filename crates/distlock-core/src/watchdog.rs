@@ -118,9 +118,15 @@ enum Outcome {
     Ended,
 }
 
+/// Seeded bug `renew-after-loss`: ended leases stay in the watchdog and are renewed for as long
+/// as the engine still has their token.
+fn renew_after_loss() -> bool {
+    crate::seeded::on(crate::seeded::SeededBug::RenewAfterLoss)
+}
+
 /// Why a lease left the watchdog without being renewed again.
 fn retire(e: &Entry) -> bool {
-    if e.retired || e.lease.snapshot().end.is_some() {
+    if e.retired || (e.lease.snapshot().end.is_some() && !renew_after_loss()) {
         return true;
     }
     e.lease
@@ -142,7 +148,7 @@ async fn run<B: Backend>(client: Weak<ClientInner<B>>, shared: Arc<DogShared>) {
                 return;
             }
             for (lease, due) in intake.new.drain(..) {
-                if lease.snapshot().end.is_some() {
+                if lease.snapshot().end.is_some() && !renew_after_loss() {
                     continue;
                 }
                 next_id += 1;
@@ -226,7 +232,7 @@ fn collect(entries: &mut [Entry]) -> Vec<Item> {
         };
         let lease = &e.lease;
         let st = lease.snapshot();
-        if st.end.is_some() {
+        if st.end.is_some() && !renew_after_loss() {
             continue;
         }
         let mut ttl = st.ttl;
@@ -241,7 +247,7 @@ fn collect(entries: &mut [Entry]) -> Vec<Item> {
             }
             ttl = ttl.min(left);
         }
-        if lease.end_if_past_deadline().is_some() {
+        if lease.end_if_past_deadline().is_some() && !renew_after_loss() {
             continue;
         }
         e.in_flight = true;
@@ -267,6 +273,18 @@ async fn send<B: Backend>(client: Arc<ClientInner<B>>, batch: Vec<Item>) -> Vec<
         })
         .max()
         .unwrap_or_default();
+    // Seeded bug `renew-after-loss`: an ended lease's deadline no longer moves; give the
+    // renewal its TTL instead.
+    let budget = if renew_after_loss() {
+        batch
+            .iter()
+            .map(|i| i.ttl)
+            .max()
+            .unwrap_or(budget)
+            .max(budget)
+    } else {
+        budget
+    };
     for i in &batch {
         i.renewal.lease().renew_sent();
     }
@@ -285,7 +303,7 @@ async fn send<B: Backend>(client: Arc<ClientInner<B>>, batch: Vec<Item>) -> Vec<
                 let outcome = match replies.next() {
                     Some(Ok(LeaseCheck::Ours)) => {
                         let validity = item.ttl.saturating_sub(lease.options.drift_for(item.ttl));
-                        if lease.renewed(sent, item.ttl, validity) {
+                        if lease.renewed(sent, item.ttl, validity) || renew_after_loss() {
                             tracing::debug!(target: "distlock", key = %lease.key,
                                 fence = ?lease.fence, valid_for_ms = validity.as_millis() as u64,
                                 "lock renewed");

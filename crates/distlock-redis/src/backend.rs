@@ -5,6 +5,7 @@ use std::sync::PoisonError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use distlock_core::seeded::{self, SeededBug};
 use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
     LockStatus, NextWaiter, RenewItem, Subscription, Token,
@@ -40,12 +41,30 @@ pub(crate) const RELEASE_SCRIPT: &str = concat!(
     include_str!("scripts/release.lua")
 );
 
+/// Seeded bug `plain-del`: release deletes the key whoever holds it.
+const SEEDED_PLAIN_DEL: &str = "redis.call('DEL', KEYS[1]) return 1";
+/// Seeded bug `unconditional-pexpire`: renewal extends the key whoever holds it.
+const SEEDED_PEXPIRE: &str = "return redis.call('PEXPIRE', KEYS[1], ARGV[2])";
+
+/// The compare-and-pexpire renewal (or, under the seeded bug, the unconditional one).
+pub(crate) fn extend_script() -> &'static str {
+    if seeded::on(SeededBug::UnconditionalPexpire) {
+        SEEDED_PEXPIRE
+    } else {
+        include_str!("scripts/extend.lua")
+    }
+}
+
 impl Scripts {
     fn new() -> Self {
         Scripts {
             acquire: redis::Script::new(with_lib!("scripts/acquire.lua")),
-            extend: redis::Script::new(include_str!("scripts/extend.lua")),
-            release: redis::Script::new(RELEASE_SCRIPT),
+            extend: redis::Script::new(extend_script()),
+            release: redis::Script::new(if seeded::on(SeededBug::PlainDel) {
+                SEEDED_PLAIN_DEL
+            } else {
+                RELEASE_SCRIPT
+            }),
             status: redis::Script::new(include_str!("scripts/status.lua")),
         }
     }

@@ -14,6 +14,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use distlock_core::seeded::{self, SeededBug};
 use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
     LockStatus, RenewItem, Token, default_drift,
@@ -38,7 +39,7 @@ impl Scripts {
     fn new() -> Self {
         Scripts {
             acquire: redis::Script::new(include_str!("scripts/redlock_acquire.lua")),
-            extend: redis::Script::new(include_str!("scripts/extend.lua")),
+            extend: redis::Script::new(crate::backend::extend_script()),
             release: redis::Script::new(include_str!("scripts/redlock_release.lua")),
         }
     }
@@ -137,12 +138,9 @@ impl RedlockConfig {
 
 /// Votes needed out of `n` masters: a strict majority.
 pub(crate) fn quorum(n: usize) -> usize {
-    #[cfg(feature = "seeded-bug-half-quorum")]
-    {
+    if cfg!(feature = "seeded-bug-half-quorum") || seeded::on(SeededBug::HalfQuorum) {
         n / 2
-    }
-    #[cfg(not(feature = "seeded-bug-half-quorum"))]
-    {
+    } else {
         n / 2 + 1
     }
 }
@@ -467,7 +465,7 @@ impl Backend for RedlockBackend {
         }
         // Not ours: take back every copy we may have, on every master (one that did not
         // answer in time may have granted it).
-        if !cfg!(feature = "seeded-bug-keep-partial")
+        if !(cfg!(feature = "seeded-bug-keep-partial") || seeded::on(SeededBug::KeepPartial))
             && votes.iter().any(|v| matches!(v, Vote::Yes | Vote::Failed))
         {
             self.release_all(&lock_key, req.token, limit).await;

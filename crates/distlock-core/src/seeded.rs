@@ -1,0 +1,103 @@
+//! Seeded bugs for the fault-injection harness's negative controls (test-only).
+//!
+//! A harness that reports "0 violations" proves something only if it catches builds that are
+//! broken on purpose. With the `seeded-bugs` feature, the bug named by the environment variable
+//! `DISTLOCK_SEEDED_BUG` (read once, at first use) is switched on in the library; without the
+//! feature, [`on`] is a constant `false` and the compiler removes every seeded branch.
+//!
+//! Never enable the feature outside the harness: each bug breaks mutual exclusion or liveness
+//! on purpose.
+
+/// One deliberately broken behaviour.
+#[doc(hidden)]
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeededBug {
+    /// Redis release is a plain `DEL`, whoever holds the key.
+    PlainDel,
+    /// Redis renewal is an unconditional `PEXPIRE`, whoever holds the key.
+    UnconditionalPexpire,
+    /// The lease's validity counts from the reply, not from when the request was sent.
+    ReplyTimeValidity,
+    /// Lease deadlines follow the wall clock (`SystemTime`) instead of the monotonic one.
+    WallClock,
+    /// Redlock takes `N/2` votes as a quorum instead of `N/2 + 1`.
+    HalfQuorum,
+    /// A failed Redlock acquisition leaves the copies it got on the masters.
+    KeepPartial,
+    /// The watchdog goes on renewing a lease after it ended (lost, leaked or dropped).
+    RenewAfterLoss,
+}
+
+impl SeededBug {
+    /// Every seeded bug, in the order the harness reports them.
+    pub const ALL: [SeededBug; 7] = [
+        SeededBug::PlainDel,
+        SeededBug::UnconditionalPexpire,
+        SeededBug::ReplyTimeValidity,
+        SeededBug::WallClock,
+        SeededBug::HalfQuorum,
+        SeededBug::KeepPartial,
+        SeededBug::RenewAfterLoss,
+    ];
+
+    /// The name used in `DISTLOCK_SEEDED_BUG` and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            SeededBug::PlainDel => "plain-del",
+            SeededBug::UnconditionalPexpire => "unconditional-pexpire",
+            SeededBug::ReplyTimeValidity => "reply-time-validity",
+            SeededBug::WallClock => "wall-clock",
+            SeededBug::HalfQuorum => "half-quorum",
+            SeededBug::KeepPartial => "keep-partial",
+            SeededBug::RenewAfterLoss => "renew-after-loss",
+        }
+    }
+
+    /// The bug called `name`, if any.
+    pub fn from_name(name: &str) -> Option<SeededBug> {
+        SeededBug::ALL.into_iter().find(|b| b.name() == name)
+    }
+}
+
+/// The environment variable that names the active seeded bug.
+pub const ENV: &str = "DISTLOCK_SEEDED_BUG";
+
+/// Whether `bug` is switched on in this process.
+#[cfg(feature = "seeded-bugs")]
+pub fn on(bug: SeededBug) -> bool {
+    static ACTIVE: std::sync::OnceLock<Option<SeededBug>> = std::sync::OnceLock::new();
+    *ACTIVE.get_or_init(|| {
+        std::env::var(ENV)
+            .ok()
+            .and_then(|n| SeededBug::from_name(&n))
+    }) == Some(bug)
+}
+
+/// Whether `bug` is switched on in this process: never, without the `seeded-bugs` feature.
+#[cfg(not(feature = "seeded-bugs"))]
+#[inline(always)]
+pub fn on(_bug: SeededBug) -> bool {
+    false
+}
+
+/// Whether this build can switch seeded bugs on at all.
+pub const fn available() -> bool {
+    cfg!(feature = "seeded-bugs")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_nothing_is_on_by_default() {
+        for b in SeededBug::ALL {
+            assert_eq!(SeededBug::from_name(b.name()), Some(b));
+            if !available() {
+                assert!(!on(b));
+            }
+        }
+        assert_eq!(SeededBug::from_name("no-such-bug"), None);
+    }
+}
