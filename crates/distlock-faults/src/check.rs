@@ -1,0 +1,744 @@
+//! The checkers (CK1–CK8 of `shared/TESTING.md`), run on a finished history.
+//!
+//! Every event carries `t`, monotonic nanoseconds on the machine's one `CLOCK_MONOTONIC`.
+//! A holder's *claim* is a deadline `vu` it reported (at acquire, at each renewal and at the
+//! check before its write): it promised not to act as holder past it.
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::{Value, json};
+
+use crate::resource::Register;
+
+/// One acquisition, put together from its events.
+#[derive(Debug, Clone, Default)]
+struct Hold {
+    n: u64,
+    acq_t: i64,
+    fence: Option<u64>,
+    validity_ns: i64,
+    /// The latest deadline claimed.
+    max_vu: i64,
+    /// When renewals that succeeded were sent (claimed deadline − validity).
+    renew_sent: Vec<i64>,
+    /// When it stopped acting as holder: release started, guard abandoned, future cancelled,
+    /// process killed.
+    end_t: Option<i64>,
+    /// A release that started at this time removed a lock it believed was its own.
+    release_held_at: Option<i64>,
+}
+
+/// A fault window, from the history.
+#[derive(Debug, Clone)]
+struct Fault {
+    kind: String,
+    start: i64,
+    end: i64,
+    /// Faults where the server itself loses or cuts leases (restart without persistence,
+    /// clock jump, an external delete): violations in their window are counted as caveats.
+    server_side: bool,
+    worker: Option<u64>,
+    n: Option<u64>,
+}
+
+/// The SQL form's figures.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SqlFigures {
+    pub(crate) w_accepted: u64,
+    pub(crate) w_lost: u64,
+    pub(crate) rw_accepted: u64,
+    pub(crate) rw_lost: u64,
+    pub(crate) rw_out_of_order: u64,
+}
+
+/// More live tasks than this over a worker's run is a leak.
+const LEAK_TASKS: u64 = 32;
+/// More resident memory than this (KiB) over a worker's run is a leak.
+const LEAK_RSS_KB: u64 = 64 * 1024;
+/// More open connections than this from one worker to one server is a leak.
+const LEAK_CONNECTIONS: u64 = 8;
+
+/// Limits the checkers hold the run to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// CK7: after a holder dies or gives its lock up, some waiter holds it within this.
+    pub(crate) free_within_ns: i64,
+    /// CK8: a loss on the server is reported by the holder within this.
+    pub(crate) detect_within_ns: i64,
+    /// A window after a server-side fault in which violations count as its caveats.
+    pub(crate) caveat_window_ns: i64,
+}
+
+/// The figures of one scenario.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Figures {
+    pub(crate) acquisitions: u64,
+    pub(crate) faults: HashMap<String, u64>,
+    pub(crate) fenced: Option<Register>,
+    pub(crate) unfenced: Register,
+    /// CK1: fenced writes interleaved, with a lower token, or two owners with one token
+    /// (outside, inside the aftermath of server-side faults).
+    pub(crate) ck1: u64,
+    pub(crate) ck1_caveat: u64,
+    /// CK2: acknowledged updates lost in fenced mode.
+    pub(crate) ck2: u64,
+    /// CK3: token regressions outside server-side faults, and inside them.
+    pub(crate) ck3: u64,
+    pub(crate) ck3_caveat: u64,
+    /// CK5: acquisitions before an earlier holder's claimed deadline (outside, inside
+    /// server-side faults).
+    pub(crate) ck5: u64,
+    pub(crate) ck5_caveat: u64,
+    /// CK6: renewals sent or releases that removed a lock after another holder took it.
+    pub(crate) ck6: u64,
+    /// CK7: probes, the longest time the lock stayed unusable, and probes past the bound.
+    pub(crate) ck7_probes: u64,
+    pub(crate) ck7_max_ms: f64,
+    pub(crate) ck7: u64,
+    /// Lock copies found on the servers when the run ended (excused or not).
+    pub(crate) ck7_leaks: u64,
+    /// The most live tasks a worker gained after its warm-up, and the most connections one
+    /// worker had open to one server at the end.
+    pub(crate) ck7_tasks_grown: u64,
+    pub(crate) ck7_max_connections: u64,
+    /// CK8: loss detection latencies (ms), and how many were past the bound.
+    pub(crate) ck8_ms: Vec<f64>,
+    pub(crate) ck8: u64,
+    /// The SQL form, when it ran: accepted writes and lost updates of row `w` (write fenced
+    /// only) and row `rw` (read and write fenced).
+    pub(crate) sql: Option<SqlFigures>,
+    /// Examples of violations, for the report.
+    pub(crate) examples: Vec<String>,
+}
+
+fn i(v: &Value, k: &str) -> Option<i64> {
+    v.get(k).and_then(Value::as_i64)
+}
+
+fn u(v: &Value, k: &str) -> Option<u64> {
+    v.get(k).and_then(Value::as_u64)
+}
+
+fn s<'a>(v: &'a Value, k: &str) -> &'a str {
+    v.get(k).and_then(Value::as_str).unwrap_or("")
+}
+
+/// Runs every checker on `events` (the history) and the resource's end state.
+pub(crate) fn check(
+    events: &[Value],
+    fenced: Option<&Register>,
+    unfenced: &Register,
+    bounds: Bounds,
+    run_end: i64,
+) -> Figures {
+    let mut holds: HashMap<u64, Hold> = HashMap::new();
+    let mut faults: Vec<Fault> = Vec::new();
+    let mut abandons: Vec<(i64, u64)> = Vec::new();
+    let mut lost_at: HashMap<u64, i64> = HashMap::new();
+    let mut op_worker: HashMap<u64, u64> = HashMap::new();
+    for e in events {
+        let t = i(e, "t").unwrap_or(0);
+        let n = u(e, "n");
+        if let (Some(n), Some(w)) = (n, u(e, "w")) {
+            op_worker.insert(n, w);
+        }
+        match (s(e, "ev"), s(e, "f")) {
+            ("ok", "acquire") => {
+                let n = n.unwrap_or(0);
+                let validity_ns = u(e, "validity_ms").unwrap_or(0) as i64 * 1_000_000;
+                holds.insert(
+                    n,
+                    Hold {
+                        n,
+                        acq_t: t,
+                        fence: u(e, "fence"),
+                        validity_ns,
+                        max_vu: i(e, "vu").unwrap_or(t),
+                        ..Hold::default()
+                    },
+                );
+            }
+            ("renewed", _) | ("check", _) => {
+                if let Some(h) = n.and_then(|n| holds.get_mut(&n)) {
+                    let vu = i(e, "vu").unwrap_or(0);
+                    h.max_vu = h.max_vu.max(vu);
+                    if s(e, "ev") == "renewed" {
+                        h.renew_sent.push(vu - h.validity_ns);
+                    }
+                }
+            }
+            ("invoke", "release") | ("abandon", _) | ("cancel", _) => {
+                if let Some(h) = n.and_then(|n| holds.get_mut(&n)) {
+                    h.end_t.get_or_insert(t);
+                }
+                if s(e, "ev") == "abandon" {
+                    abandons.push((t, n.unwrap_or(0)));
+                }
+            }
+            ("ok", "release") => {
+                if e.get("held").and_then(Value::as_bool) == Some(true)
+                    && let Some(h) = n.and_then(|n| holds.get_mut(&n))
+                {
+                    h.release_held_at = h.end_t;
+                }
+            }
+            ("lost", _) => {
+                if let Some(n) = n {
+                    lost_at.entry(n).or_insert(t);
+                }
+            }
+            ("fault", _) => faults.push(Fault {
+                kind: s(e, "kind").to_owned(),
+                start: i(e, "start").unwrap_or(t),
+                end: i(e, "end").unwrap_or(t),
+                server_side: e.get("server_side").and_then(Value::as_bool) == Some(true),
+                worker: u(e, "w"),
+                n: u(e, "holder"),
+            }),
+            _ => {}
+        }
+    }
+    // A killed worker stopped acting as holder when it died.
+    for f in faults.iter().filter(|f| f.kind == "kill-holder") {
+        if let Some(h) = f.n.and_then(|n| holds.get_mut(&n)) {
+            h.end_t = Some(h.end_t.map_or(f.start, |e| e.min(f.start)));
+        }
+    }
+    let mut holds: Vec<Hold> = holds.into_values().collect();
+    holds.sort_by_key(|h| (h.acq_t, h.n));
+
+    let mut fig = Figures {
+        acquisitions: holds.len() as u64,
+        fenced: fenced.cloned(),
+        unfenced: unfenced.clone(),
+        ..Figures::default()
+    };
+    for f in &faults {
+        *fig.faults.entry(f.kind.clone()).or_default() += 1;
+    }
+    let caveat = |from: i64, to: i64| {
+        faults
+            .iter()
+            .any(|f| f.server_side && f.start <= to && f.end + bounds.caveat_window_ns >= from)
+    };
+    let example = |fig: &mut Figures, text: String| {
+        if fig.examples.len() < 12 {
+            fig.examples.push(text);
+        }
+    };
+
+    // CK1 and CK2 on the fenced resource. CK1 is replayed from the accepted writes, so that
+    // those after a server-side fault (a fence counter lost with the data stays low for
+    // long) count as its caveats.
+    if let Some(r) = fenced {
+        fig.ck2 = r.lost_updates();
+        let mut value = 0i64;
+        let mut last: Option<(u64, u64)> = None;
+        for e in events.iter().filter(|e| {
+            s(e, "ev") == "write" && e.get("accepted").and_then(Value::as_bool) == Some(true)
+        }) {
+            let (t, n, v) = (
+                i(e, "t").unwrap_or(0),
+                u(e, "n").unwrap_or(0),
+                i(e, "value"),
+            );
+            let v = v.unwrap_or(0);
+            let mut bad = value != v - 1;
+            if let (Some(f), Some((ln, lf))) = (u(e, "fence"), last) {
+                bad |= f < lf || (f == lf && n != ln);
+            }
+            if bad {
+                if faults.iter().any(|f| f.server_side && f.start <= t) {
+                    fig.ck1_caveat += 1;
+                } else {
+                    fig.ck1 += 1;
+                    example(
+                        &mut fig,
+                        format!("CK1: op {n}'s fenced write was accepted out of order"),
+                    );
+                }
+            }
+            if let Some(f) = u(e, "fence") {
+                last = Some((n, f));
+            }
+            value = v;
+        }
+    }
+
+    // The SQL form: row `rw` is held to CK1 and CK2 like the fenced register; row `w` (only
+    // the write fenced) is reported.
+    if let Some(fin) = events.iter().find(|e| s(e, "ev") == "sql-final") {
+        let mut f = SqlFigures::default();
+        let mut value = 0i64;
+        let mut last: Option<u64> = None;
+        for e in events.iter().filter(|e| s(e, "ev") == "write") {
+            if e.get("sw_accepted").and_then(Value::as_bool) == Some(true) {
+                f.w_accepted += 1;
+            }
+            if e.get("srw_accepted").and_then(Value::as_bool) != Some(true) {
+                continue;
+            }
+            f.rw_accepted += 1;
+            let v = i(e, "srw").unwrap_or(0);
+            let fence = u(e, "fence");
+            let bad = value != v - 1 || matches!((fence, last), (Some(a), Some(b)) if a < b);
+            if bad {
+                let t = i(e, "t").unwrap_or(0);
+                if faults.iter().any(|f| f.server_side && f.start <= t) {
+                    fig.ck1_caveat += 1;
+                } else {
+                    f.rw_out_of_order += 1;
+                    fig.ck1 += 1;
+                    example(
+                        &mut fig,
+                        format!(
+                            "CK1: op {}'s SQL write was accepted out of order",
+                            u(e, "n").unwrap_or(0)
+                        ),
+                    );
+                }
+            }
+            value = v;
+            last = fence.or(last);
+        }
+        let final_w = i(fin, "w").unwrap_or(0).max(0) as u64;
+        let final_rw = i(fin, "rw").unwrap_or(0).max(0) as u64;
+        f.w_lost = f.w_accepted.saturating_sub(final_w);
+        f.rw_lost = f.rw_accepted.saturating_sub(final_rw);
+        fig.ck2 += f.rw_lost;
+        fig.sql = Some(f);
+    }
+
+    // CK3: each new holder's token is above every earlier one.
+    let mut top: Option<(u64, i64)> = None;
+    for h in &holds {
+        let Some(f) = h.fence else { continue };
+        if let Some((max, at)) = top
+            && f <= max
+        {
+            if caveat(at, h.acq_t) {
+                fig.ck3_caveat += 1;
+            } else {
+                fig.ck3 += 1;
+                example(
+                    &mut fig,
+                    format!("CK3: op {} got token {f} after token {max}", h.n),
+                );
+            }
+        }
+        if top.is_none_or(|(max, _)| f > max) {
+            top = Some((f, h.acq_t));
+        }
+    }
+
+    // CK5 and CK6: against every earlier holder.
+    for (bi, b) in holds.iter().enumerate() {
+        let mut overlapped = false;
+        for a in &holds[..bi] {
+            if a.acq_t >= b.acq_t {
+                continue;
+            }
+            let claim_end = a.end_t.map_or(a.max_vu, |e| e.min(a.max_vu));
+            if !overlapped && b.acq_t < claim_end {
+                overlapped = true;
+                if caveat(a.acq_t, b.acq_t) {
+                    fig.ck5_caveat += 1;
+                } else {
+                    fig.ck5 += 1;
+                    example(
+                        &mut fig,
+                        format!(
+                            "CK5: op {} acquired {:.1} ms before op {}'s claimed deadline",
+                            b.n,
+                            (claim_end - b.acq_t) as f64 / 1e6,
+                            a.n
+                        ),
+                    );
+                }
+            }
+        }
+        // b's own renewals and release, after a later holder took the lock.
+        for c in &holds[bi + 1..] {
+            let late_renew = b.renew_sent.iter().filter(|&&s| s > c.acq_t).count() as u64;
+            let late_release = b.release_held_at.is_some_and(|r| r > c.acq_t);
+            if late_renew > 0 || late_release {
+                fig.ck6 += late_renew + u64::from(late_release);
+                example(
+                    &mut fig,
+                    format!(
+                        "CK6: op {} {} after op {} acquired",
+                        b.n,
+                        if late_release {
+                            "removed the lock"
+                        } else {
+                            "renewed the lock"
+                        },
+                        c.n
+                    ),
+                );
+                break;
+            }
+        }
+    }
+
+    // CK7: after a holder dies or abandons its lock, somebody holds it within the bound.
+    let mut probes: Vec<(i64, String)> = abandons
+        .iter()
+        .map(|&(t, n)| (t, format!("op {n} abandoned its lock")))
+        .collect();
+    for f in &faults {
+        if f.kind == "kill-holder" {
+            probes.push((f.start, format!("worker {:?} was killed", f.worker)));
+        }
+    }
+    for (t, what) in probes {
+        fig.ck7_probes += 1;
+        let next = holds.iter().map(|h| h.acq_t).filter(|&a| a > t).min();
+        let gap = next.unwrap_or(run_end) - t;
+        fig.ck7_max_ms = fig.ck7_max_ms.max(gap as f64 / 1e6);
+        if gap > bounds.free_within_ns {
+            fig.ck7 += 1;
+            example(
+                &mut fig,
+                format!(
+                    "CK7: {what}; nobody held the lock for {:.0} ms after",
+                    gap as f64 / 1e6
+                ),
+            );
+        }
+    }
+
+    // CK7, leaks: when the run ends, every operation is over. A lock copy still on a server
+    // must belong to an operation that did not let go cleanly (abandoned, cancelled, killed,
+    // lost, or whose release failed); any other is a leak (a failed attempt that kept its
+    // copies, a release that left one behind).
+    let mut excused: HashSet<&str> = HashSet::new();
+    let mut released_ok: HashSet<u64> = HashSet::new();
+    for e in events {
+        if s(e, "ev") == "ok" && s(e, "f") == "release" {
+            released_ok.insert(u(e, "n").unwrap_or(0));
+        }
+    }
+    let killed: HashSet<u64> = faults
+        .iter()
+        .filter(|f| f.kind == "kill-holder")
+        .filter_map(|f| f.n)
+        .collect();
+    for e in events {
+        if s(e, "ev") == "ok" && s(e, "f") == "acquire" {
+            let n = u(e, "n").unwrap_or(0);
+            if !released_ok.contains(&n) || killed.contains(&n) {
+                excused.insert(s(e, "token"));
+            }
+        }
+    }
+    for e in events.iter().filter(|e| s(e, "ev") == "leftover") {
+        for tok in e
+            .get("tokens")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+        {
+            fig.ck7_leaks += 1;
+            if !excused.contains(tok) {
+                fig.ck7 += 1;
+                example(
+                    &mut fig,
+                    format!("CK7: a lock copy with token {tok} outlived every operation"),
+                );
+            }
+        }
+    }
+
+    // CK7, leaks during the run: a copy whose token no acquisition reported, still there a
+    // third of a TTL later, and not explained by a fault of its owner's (a cut link, a pause,
+    // a kill: its clean-up could not get through).
+    let ttl_ns = events
+        .iter()
+        .find(|e| s(e, "ev") == "start")
+        .and_then(|e| u(e, "ttl_ms"))
+        .unwrap_or(1000) as i64
+        * 1_000_000;
+    let known: HashSet<&str> = events
+        .iter()
+        .filter(|e| s(e, "ev") == "ok" && s(e, "f") == "acquire")
+        .map(|e| s(e, "token"))
+        .collect();
+    let mut unknown: HashMap<&str, (&str, i64, i64)> = HashMap::new();
+    for e in events.iter().filter(|e| s(e, "ev") == "audit") {
+        let t = i(e, "t").unwrap_or(0);
+        for c in e
+            .get("copies")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let tok = c.get(1).and_then(Value::as_str).unwrap_or("");
+            let owner = c.get(2).and_then(Value::as_str).unwrap_or("");
+            if tok.is_empty() || known.contains(tok) {
+                continue;
+            }
+            let entry = unknown.entry(tok).or_insert((owner, t, t));
+            entry.2 = t;
+        }
+    }
+    for (tok, (owner, first, last)) in unknown {
+        if last - first < ttl_ns / 3 {
+            continue;
+        }
+        let w: Option<u64> = owner.strip_prefix("worker-").and_then(|n| n.parse().ok());
+        // A restart only removes copies; a paused server or slowed links can hold a clean-up
+        // back, as can any fault of the owner's own.
+        let explained = faults.iter().any(|f| {
+            let relevant = f.worker == w
+                || f.kind == "pause-server"
+                || (f.kind == "delay-replies" && f.worker.is_none());
+            relevant && f.start <= last && f.end + ttl_ns >= first
+        });
+        if !explained {
+            fig.ck7 += 1;
+            example(
+                &mut fig,
+                format!(
+                    "CK7: {owner}'s lock copy {tok} belonged to no holder for {:.0} ms",
+                    (last - first) as f64 / 1e6
+                ),
+            );
+        }
+    }
+
+    // CK7, resources: a worker's live tasks and memory must not grow with the operations it
+    // ran, and its open connections must stay few.
+    let mut per_worker: HashMap<(u64, u64), Vec<(u64, u64)>> = HashMap::new();
+    for e in events.iter().filter(|e| s(e, "ev") == "done") {
+        if let (Some(w), Some(tasks), Some(rss)) = (u(e, "w"), u(e, "tasks"), u(e, "rss_kb")) {
+            per_worker
+                .entry((w, u(e, "inc").unwrap_or(0)))
+                .or_default()
+                .push((tasks, rss));
+        }
+    }
+    for ((w, inc), samples) in &per_worker {
+        // After a warm-up of 10 operations (connections, caches), growth means a leak.
+        if samples.len() < 30 {
+            continue;
+        }
+        let (t0, m0) = samples[9];
+        let (t1, m1) = samples[samples.len() - 1];
+        fig.ck7_tasks_grown = fig.ck7_tasks_grown.max(t1.saturating_sub(t0));
+        if t1 > t0 + LEAK_TASKS || m1 > m0 + LEAK_RSS_KB {
+            fig.ck7 += 1;
+            example(
+                &mut fig,
+                format!(
+                    "CK7: worker {w}.{inc} grew from {t0} to {t1} tasks and {m0} to {m1} KiB \
+                     over {} operations",
+                    samples.len()
+                ),
+            );
+        }
+    }
+    for e in events.iter().filter(|e| s(e, "ev") == "connections") {
+        for (w, per_server) in e
+            .get("open")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            for n in per_server
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_u64)
+            {
+                fig.ck7_max_connections = fig.ck7_max_connections.max(n);
+                if n > LEAK_CONNECTIONS {
+                    fig.ck7 += 1;
+                    example(
+                        &mut fig,
+                        format!("CK7: worker {w} kept {n} connections to one server"),
+                    );
+                }
+            }
+        }
+    }
+
+    // CK8: server-side loss → the holder's lost signal.
+    for f in faults.iter().filter(|f| f.kind == "steal") {
+        let Some(n) = f.n else { continue };
+        let Some(h) = holds.iter().find(|h| h.n == n) else {
+            continue;
+        };
+        match lost_at.get(&n) {
+            Some(&l) if h.end_t.is_none_or(|e| l <= e) => {
+                let ms = (l - f.start) as f64 / 1e6;
+                fig.ck8_ms.push(ms);
+                if l - f.start > bounds.detect_within_ns {
+                    fig.ck8 += 1;
+                    example(
+                        &mut fig,
+                        format!("CK8: op {n} learned of its loss after {ms:.0} ms"),
+                    );
+                }
+            }
+            // It let go (or checked before writing) before the signal: no sample.
+            _ => {}
+        }
+    }
+    fig.ck8_ms.sort_by(f64::total_cmp);
+    fig
+}
+
+/// The `q` quantile of sorted samples.
+pub(crate) fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let idx = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted.get(idx).copied()
+}
+
+impl Figures {
+    /// Safety violations that no caveat covers (the figure that must be 0).
+    pub(crate) fn violations(&self) -> u64 {
+        self.ck1 + self.ck2 + self.ck3 + self.ck5 + self.ck6 + self.ck7 + self.ck8
+    }
+
+    /// Lost acknowledged updates of the unfenced control, in percent of its accepted writes.
+    pub(crate) fn unfenced_lost_pct(&self) -> f64 {
+        let r = &self.unfenced;
+        if r.accepted == 0 {
+            0.0
+        } else {
+            100.0 * r.lost_updates() as f64 / r.accepted as f64
+        }
+    }
+
+    /// The figures as JSON, for the report file.
+    pub(crate) fn to_json(&self) -> Value {
+        let reg = |r: &Register| {
+            json!({"value": r.value, "accepted": r.accepted, "rejected": r.rejected,
+                "lost": r.lost_updates(), "interleaved": r.interleaved,
+                "token_down": r.token_down, "shared_token": r.shared_token})
+        };
+        json!({
+            "acquisitions": self.acquisitions,
+            "faults": self.faults,
+            "fenced": self.fenced.as_ref().map(reg),
+            "unfenced": reg(&self.unfenced),
+            "unfenced_lost_pct": self.unfenced_lost_pct(),
+            "ck1_fenced_violations": self.ck1,
+            "ck1_caveat": self.ck1_caveat,
+            "ck2_lost_acknowledged": self.ck2,
+            "ck3_token_regressions": self.ck3,
+            "ck3_caveat": self.ck3_caveat,
+            "ck5_early_acquisitions": self.ck5,
+            "ck5_caveat": self.ck5_caveat,
+            "ck6_foreign_renew_release": self.ck6,
+            "ck7_probes": self.ck7_probes,
+            "ck7_max_ms": self.ck7_max_ms,
+            "ck7_violations": self.ck7,
+            "ck7_leftover_copies": self.ck7_leaks,
+            "ck7_tasks_grown": self.ck7_tasks_grown,
+            "ck7_max_connections": self.ck7_max_connections,
+            "ck8_p50_ms": quantile(&self.ck8_ms, 0.5),
+            "ck8_p99_ms": quantile(&self.ck8_ms, 0.99),
+            "ck8_samples": self.ck8_ms.len(),
+            "ck8_violations": self.ck8,
+            "sql": self.sql.map(|q| json!({"write_fenced_accepted": q.w_accepted,
+                "write_fenced_lost": q.w_lost, "read_write_fenced_accepted": q.rw_accepted,
+                "read_write_fenced_lost": q.rw_lost,
+                "read_write_fenced_out_of_order": q.rw_out_of_order})),
+            "examples": self.examples,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bounds() -> Bounds {
+        Bounds {
+            free_within_ns: 3_000_000_000,
+            detect_within_ns: 1_000_000_000,
+            caveat_window_ns: 1_000_000_000,
+        }
+    }
+
+    fn acq(n: u64, t: i64, fence: u64, vu: i64) -> Value {
+        json!({"ev": "ok", "f": "acquire", "n": n, "t": t, "fence": fence, "vu": vu,
+            "validity_ms": 900})
+    }
+
+    #[test]
+    fn an_acquisition_inside_an_earlier_claim_is_ck5() {
+        let ms = 1_000_000;
+        let events = vec![
+            acq(1, 0, 1, 900 * ms),
+            acq(2, 500 * ms, 2, 1400 * ms),
+            json!({"ev": "invoke", "f": "release", "n": 2, "t": 600 * ms}),
+        ];
+        let r = Register::default();
+        let f = check(&events, Some(&r), &r, bounds(), 2000 * ms);
+        assert_eq!((f.ck5, f.ck3, f.ck6), (1, 0, 0));
+    }
+
+    #[test]
+    fn a_release_before_the_next_acquire_is_no_violation() {
+        let ms = 1_000_000;
+        let events = vec![
+            acq(1, 0, 1, 900 * ms),
+            json!({"ev": "invoke", "f": "release", "n": 1, "t": 100 * ms}),
+            json!({"ev": "ok", "f": "release", "n": 1, "t": 101 * ms, "held": true}),
+            acq(2, 102 * ms, 2, 1000 * ms),
+        ];
+        let r = Register::default();
+        let f = check(&events, Some(&r), &r, bounds(), 2000 * ms);
+        assert_eq!(f.violations(), 0);
+    }
+
+    #[test]
+    fn a_renewal_sent_after_the_next_acquire_is_ck6_and_a_lower_token_ck3() {
+        let ms = 1_000_000;
+        let events = vec![
+            acq(1, 0, 5, 900 * ms),
+            acq(2, 1000 * ms, 4, 1900 * ms),
+            // Sent at 1100 ms (claimed 2000 − validity 900).
+            json!({"ev": "renewed", "n": 1, "t": 1101 * ms, "vu": 2000 * ms}),
+        ];
+        let r = Register::default();
+        let f = check(&events, Some(&r), &r, bounds(), 3000 * ms);
+        assert_eq!((f.ck6, f.ck3), (1, 1));
+        // The renewal's claim also covers op 2's acquire.
+        assert_eq!(f.ck5, 1);
+    }
+
+    #[test]
+    fn server_side_faults_turn_violations_into_caveats() {
+        let ms = 1_000_000;
+        let events = vec![
+            acq(1, 0, 7, 900 * ms),
+            json!({"ev": "fault", "kind": "restart-volatile", "start": 300 * ms,
+                "end": 350 * ms, "server_side": true, "t": 350 * ms}),
+            acq(2, 400 * ms, 1, 1300 * ms),
+        ];
+        let r = Register::default();
+        let f = check(&events, Some(&r), &r, bounds(), 3000 * ms);
+        assert_eq!((f.ck5, f.ck5_caveat, f.ck3, f.ck3_caveat), (0, 1, 0, 1));
+    }
+
+    #[test]
+    fn a_lock_nobody_gets_after_an_abandon_is_ck7() {
+        let ms = 1_000_000;
+        let events = vec![
+            acq(1, 0, 1, 900 * ms),
+            json!({"ev": "abandon", "n": 1, "t": 100 * ms}),
+        ];
+        let r = Register::default();
+        let f = check(&events, Some(&r), &r, bounds(), 10_000 * ms);
+        assert_eq!((f.ck7_probes, f.ck7), (1, 1));
+    }
+}

@@ -1,0 +1,335 @@
+//! The fault injector: one fault at a time, on a seeded schedule, each healed before the next.
+//! Every fault is bounded in time, and the run's end heals whatever is left.
+
+use std::time::Duration;
+
+use distlock_testkit::LinkMode;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use rand::Rng;
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use serde_json::json;
+
+use crate::mono;
+use crate::run::{SharedRef, lock};
+use crate::scenario::{Fault, Scenario};
+
+/// `lo..hi` times `ttl`.
+fn times(rng: &mut StdRng, ttl: Duration, lo: f64, hi: f64) -> Duration {
+    ttl.mul_f64(rng.random_range(lo..hi))
+}
+
+fn record(shared: &SharedRef, kind: &str, start: i64, extra: serde_json::Value) {
+    let mut v = json!({"ev": "fault", "kind": kind, "start": start, "end": mono::now_ns(),
+        "t": mono::now_ns(), "server_side": false});
+    if let (Some(o), Some(x)) = (v.as_object_mut(), extra.as_object()) {
+        for (k, val) in x {
+            o.insert(k.clone(), val.clone());
+        }
+    }
+    lock(shared).history.record(v);
+}
+
+/// The worker holding the lock now, if any (with its operation).
+fn holder(shared: &SharedRef) -> Option<(usize, u64)> {
+    let s = lock(shared);
+    s.workers
+        .iter()
+        .enumerate()
+        .find_map(|(i, w)| w.holding.filter(|_| !w.paused).map(|n| (i, n)))
+}
+
+/// Waits up to `limit` for a holder.
+async fn wait_holder(shared: &SharedRef, limit: Duration) -> Option<(usize, u64)> {
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(h) = holder(shared) {
+            return Some(h);
+        }
+        if tokio::time::Instant::now() >= until {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Some servers: one for a single server, one or two (a minority) of Redlock's masters.
+fn some_servers(rng: &mut StdRng, n: usize) -> Vec<usize> {
+    if n == 1 {
+        return vec![0];
+    }
+    let k = rng.random_range(1..=(n - 1) / 2);
+    let all: Vec<usize> = (0..n).collect();
+    all.choose_multiple(rng, k).copied().collect()
+}
+
+fn set_links(shared: &SharedRef, w: usize, servers: &[usize], mode: LinkMode) {
+    let s = lock(shared);
+    for &i in servers {
+        if let Some(p) = s.workers[w].proxies.get(i) {
+            p.set(mode);
+        }
+    }
+}
+
+fn has_netns(shared: &SharedRef, w: usize) -> bool {
+    lock(shared).workers[w].netns.is_some()
+}
+
+fn netns_cut(shared: &SharedRef, w: usize, ports: &[u16], reject: bool) {
+    if let Some(n) = &mut lock(shared).workers[w].netns
+        && let Err(e) = n.cut(ports, reject)
+    {
+        eprintln!("distlock-faults: partition of worker {w}: {e}");
+    }
+}
+
+fn netns_heal(shared: &SharedRef, w: usize) {
+    if let Some(n) = &mut lock(shared).workers[w].netns
+        && let Err(e) = n.heal()
+    {
+        eprintln!("distlock-faults: healing worker {w}: {e}");
+    }
+}
+
+/// Injects faults until `stop_at` (monotonic ns).
+pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRng, stop_at: i64) {
+    if scenario.faults.is_empty() {
+        return;
+    }
+    let ttl = scenario.ttl;
+    let servers = lock(&shared).engine.len();
+    let direct = lock(&shared).engine.direct_url(ttl);
+    let steal_client = if scenario.faults.contains(&Fault::Steal) {
+        distlock::connect(&direct)
+            .await
+            .ok()
+            .map(std::sync::Arc::new)
+    } else {
+        None
+    };
+    // Let the workers start.
+    tokio::time::sleep(ttl).await;
+    while mono::now_ns() + (3 * ttl).as_nanos() as i64 <= stop_at {
+        let Some(&fault) = scenario.faults.choose(&mut rng) else {
+            return;
+        };
+        let start = mono::now_ns();
+        match fault {
+            Fault::PauseHolder => {
+                let d = times(&mut rng, ttl, 0.5, 3.0);
+                lock(&shared).pause_at_check = Some(d);
+                // The loop pauses the next worker that checks its lease; it records the fault.
+                tokio::time::sleep(d + ttl / 2).await;
+                lock(&shared).pause_at_check = None;
+            }
+            Fault::KillHolder => {
+                if let Some((w, n)) = wait_holder(&shared, 2 * ttl).await {
+                    let pid = lock(&shared).workers[w].pid;
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                    record(
+                        &shared,
+                        fault.name(),
+                        mono::now_ns(),
+                        json!({"w": w, "holder": n}),
+                    );
+                }
+            }
+            Fault::PauseServer => {
+                let which = some_servers(&mut rng, servers);
+                let d = times(&mut rng, ttl, 0.2, 1.5);
+                for &i in &which {
+                    lock(&shared).engine.pause(i);
+                }
+                tokio::time::sleep(d).await;
+                for &i in &which {
+                    lock(&shared).engine.resume(i);
+                }
+                record(&shared, fault.name(), start, json!({"servers": which}));
+            }
+            Fault::RestartServer if !lock(&shared).engine.restartable() => {}
+            Fault::RestartServer => {
+                let which = some_servers(&mut rng, servers);
+                let delayed = rng.random_bool(0.5);
+                let delay = if delayed {
+                    times(&mut rng, ttl, 0.5, 2.0)
+                } else {
+                    Duration::ZERO
+                };
+                for &i in &which {
+                    lock(&shared).engine.kill(i);
+                }
+                tokio::time::sleep(delay).await;
+                for &i in &which {
+                    lock(&shared).engine.restart(i);
+                }
+                let volatile = !lock(&shared).engine.persistent();
+                let kind = if volatile {
+                    "restart-volatile"
+                } else {
+                    "restart-persistent"
+                };
+                record(
+                    &shared,
+                    kind,
+                    start,
+                    json!({"servers": which, "delay_ms": delay.as_millis() as u64,
+                        "server_side": volatile}),
+                );
+            }
+            Fault::DelayReplies if rng.random_bool(0.5) => {
+                // Every worker's replies slowed, each by its own delay.
+                let d = times(&mut rng, ttl, 3.0, 6.0);
+                let all: Vec<usize> = (0..servers).collect();
+                let mut delays = Vec::new();
+                for w in 0..scenario.workers {
+                    let delay = times(&mut rng, ttl, 0.05, 1.0);
+                    delays.push(delay.as_millis() as u64);
+                    set_links(&shared, w, &all, LinkMode::DelayReplies(delay));
+                }
+                tokio::time::sleep(d).await;
+                for w in 0..scenario.workers {
+                    set_links(&shared, w, &all, LinkMode::Pass);
+                }
+                record(
+                    &shared,
+                    fault.name(),
+                    start,
+                    json!({"w": "all", "delays_ms": delays}),
+                );
+            }
+            Fault::DelayReplies | Fault::LoseReplies | Fault::Partition => {
+                let w = rng.random_range(0..scenario.workers);
+                let which: Vec<usize> = if fault == Fault::Partition && rng.random_bool(0.5) {
+                    (0..servers).collect()
+                } else {
+                    some_servers(&mut rng, servers)
+                };
+                let (mode, d) = match fault {
+                    Fault::DelayReplies => (
+                        LinkMode::DelayReplies(times(&mut rng, ttl, 0.2, 1.2)),
+                        times(&mut rng, ttl, 2.0, 4.0),
+                    ),
+                    Fault::LoseReplies => (
+                        LinkMode::LoseReplies,
+                        Duration::from_millis(rng.random_range(100..500)),
+                    ),
+                    _ => (LinkMode::Blackhole, times(&mut rng, ttl, 0.5, 3.0)),
+                };
+                let in_netns = fault == Fault::Partition && has_netns(&shared, w);
+                let reject = in_netns && rng.random_bool(0.5);
+                let mode_name = if in_netns {
+                    // nftables in the worker's namespace, on the proxies of those servers.
+                    let all = which.len() == servers;
+                    let ports: Vec<u16> = {
+                        let s = lock(&shared);
+                        which
+                            .iter()
+                            .map(|&i| s.workers[w].proxies[i].port())
+                            .collect()
+                    };
+                    netns_cut(&shared, w, if all { &[] } else { &ports }, reject);
+                    tokio::time::sleep(d).await;
+                    netns_heal(&shared, w);
+                    if reject { "nft reject" } else { "nft drop" }.to_owned()
+                } else {
+                    set_links(&shared, w, &which, mode);
+                    tokio::time::sleep(d).await;
+                    set_links(&shared, w, &which, LinkMode::Pass);
+                    format!("{mode:?}")
+                };
+                record(
+                    &shared,
+                    fault.name(),
+                    start,
+                    json!({"w": w, "servers": which, "mode": mode_name}),
+                );
+            }
+            Fault::ServerClockJump => {
+                let by = times(&mut rng, ttl, 0.3, 1.0);
+                lock(&shared).engine.clock_jump(by);
+                record(
+                    &shared,
+                    fault.name(),
+                    start,
+                    json!({"by_ms": by.as_millis() as u64, "server_side": true}),
+                );
+            }
+            Fault::ClientClockJump => {
+                let back = rng.random_range(2..=4) * ttl.as_secs().max(1);
+                let d = times(&mut rng, ttl, 1.5, 2.5);
+                lock(&shared).jump_at_acquire = Some((back, d));
+                tokio::time::sleep(d + ttl).await;
+                lock(&shared).jump_at_acquire = None;
+            }
+            Fault::Steal => {
+                if let Some((w, n)) = wait_holder(&shared, 2 * ttl).await {
+                    // What an operator's forced release does: the holder's lock goes on the
+                    // server side (Redis: deleted; etcd, ZooKeeper: its key or node deleted;
+                    // PostgreSQL: its session terminated).
+                    if let Some(c) = &steal_client {
+                        force_release(c.clone()).await;
+                    }
+                    record(
+                        &shared,
+                        fault.name(),
+                        mono::now_ns(),
+                        json!({"w": w, "holder": n, "server_side": true}),
+                    );
+                    tokio::time::sleep(ttl).await;
+                }
+            }
+        }
+        // A quiet spell, so each fault's effects can be told apart.
+        let quiet = times(&mut rng, ttl, 1.0, 2.5);
+        tokio::time::sleep(quiet).await;
+    }
+}
+
+/// Client clock jump, started by the loop when a worker under libfaketime takes the lock: its
+/// wall clock goes back `back_s` seconds and it is paused for `d`, past its lease; the clock
+/// is set right again after.
+pub(crate) fn jump_and_pause(shared: &SharedRef, id: usize, back_s: u64, d: Duration) {
+    let (pid, file, holder) = {
+        let mut s = lock(shared);
+        let w = &mut s.workers[id];
+        w.paused = true;
+        (w.pid, w.faketime.clone(), w.holding)
+    };
+    let Some(file) = file else { return };
+    let start = mono::now_ns();
+    let _ = std::fs::write(&file, format!("-{back_s}\n"));
+    let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(d).await;
+        let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+        // The holder runs on with the jumped clock for a while, then it is set right.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _ = std::fs::write(&file, "+0\n");
+        {
+            let mut s = lock(&shared);
+            if s.workers[id].pid == pid {
+                s.workers[id].paused = false;
+            }
+        }
+        record(
+            &shared,
+            "client-clock-jump",
+            start,
+            json!({"w": id, "holder": holder, "back_s": back_s,
+                "paused_ms": d.as_millis() as u64}),
+        );
+    });
+}
+
+/// A forced release of the harness's lock, through the engine-erased backend's boxed future
+/// (the generic one is not `Send` for every lifetime, which `tokio::spawn` needs).
+fn force_release(
+    c: std::sync::Arc<distlock::LockClient<distlock::AnyBackend>>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let _ = c.backend().dyn_force_release("k").await;
+    })
+}

@@ -1,0 +1,342 @@
+//! `distlock-faults`: distlock's fault-injection harness, in Jepsen's method.
+//!
+//! ```text
+//! distlock-faults run [--quick] [--scenario NAME]... [--seed N] [--duration 20s] [--out DIR]
+//! distlock-faults controls [--bug NAME]...   (needs --features seeded-bugs)
+//! distlock-faults list
+//! ```
+//!
+//! See `docs/reliability.md` for what it does and what it found.
+
+mod check;
+mod engine;
+mod faults;
+mod mono;
+mod netns;
+mod resource;
+mod run;
+mod scenario;
+mod sql;
+mod worker;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use serde_json::{Value, json};
+
+use crate::check::{Figures, quantile};
+use crate::scenario::Scenario;
+
+#[derive(Parser)]
+#[command(
+    name = "distlock-faults",
+    version,
+    about = "Fault-injection harness of distlock"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Runs scenarios and prints one line of figures for each; exits 1 on any violation.
+    Run {
+        /// The short set that CI runs (holder pause, release after expiry, kill -9 of a holder,
+        /// lost replies).
+        #[arg(long)]
+        quick: bool,
+        /// Scenarios to run (default: all; see `list`).
+        #[arg(long = "scenario")]
+        scenarios: Vec<String>,
+        /// Seed of the operation mix and the fault schedule.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// How long each scenario runs.
+        #[arg(long, default_value = "20s", value_parser = parse_duration)]
+        duration: Duration,
+        /// Where histories and the report go (default: a new temporary folder).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Runs each seeded bug in the scenario that must catch it; exits 1 unless all are caught.
+    Controls {
+        /// Bugs to run (default: all).
+        #[arg(long = "bug")]
+        bugs: Vec<String>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// How long each control runs at most.
+        #[arg(long, default_value = "20s", value_parser = parse_duration)]
+        duration: Duration,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Lists the scenarios and the negative controls.
+    List,
+    /// A worker process (started by `run`; it talks JSON lines on stdin and stdout).
+    #[command(hide = true)]
+    Worker {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        id: usize,
+        #[arg(long)]
+        ttl_ms: u64,
+    },
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    distlock::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("distlock-faults: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = rt.block_on(async {
+        match cli.cmd {
+            Cmd::Worker { url, id, ttl_ms } => worker::run(worker::WorkerArgs {
+                url,
+                id,
+                ttl: Duration::from_millis(ttl_ms),
+            })
+            .await
+            .map(|()| true),
+            Cmd::List => {
+                for s in scenario::all() {
+                    println!("{:<28} {}", s.name, s.about);
+                }
+                println!();
+                for c in scenario::CONTROLS {
+                    println!(
+                        "control {:<22} in {:<28} caught by {}",
+                        c.bug, c.scenario, c.expect
+                    );
+                }
+                Ok(true)
+            }
+            Cmd::Run {
+                quick,
+                scenarios,
+                seed,
+                duration,
+                out,
+            } => run_scenarios(quick, scenarios, seed, duration, out).await,
+            Cmd::Controls {
+                bugs,
+                seed,
+                duration,
+                out,
+            } => run_controls(bugs, seed, duration, out).await,
+        }
+    });
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("distlock-faults: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn out_dir(out: Option<PathBuf>) -> Result<PathBuf, String> {
+    let dir = match out {
+        Some(d) => d,
+        None => tempfile::Builder::new()
+            .prefix("distlock-faults-")
+            .tempdir()
+            .map_err(|e| e.to_string())?
+            .keep(),
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// The scenario's line: the figures `shared/TESTING.md` asks for.
+fn summary(s: &Scenario, f: &Figures) -> String {
+    let count = |k: &str| f.faults.get(k).copied().unwrap_or(0);
+    let pauses = count("pause-holder") + count("pause-server");
+    let partitions = count("partition") + count("delay-replies") + count("lose-replies");
+    let restarts = count("restart-volatile") + count("restart-persistent") + count("kill-holder");
+    let jumps = count("server-clock-jump") + count("client-clock-jump");
+    let total: u64 = f.faults.values().sum();
+    let fenced = match &f.fenced {
+        Some(_) => format!("{} fenced violations", f.ck1),
+        None => "fenced n/a (no fencing tokens)".to_owned(),
+    };
+    let lost = match &f.fenced {
+        Some(_) => format!("{} lost acknowledged updates", f.ck2),
+        None => "lost updates n/a".to_owned(),
+    };
+    let detect = match (quantile(&f.ck8_ms, 0.5), quantile(&f.ck8_ms, 0.99)) {
+        (Some(p50), Some(p99)) => format!("loss detection p50 {p50:.0} ms / p99 {p99:.0} ms"),
+        _ => "loss detection not exercised".to_owned(),
+    };
+    let sql = match &f.sql {
+        Some(q) => format!(
+            "; SQL form: fenced read and write lost {} of {}, write-only fencing lost {} of {}",
+            q.rw_lost, q.rw_accepted, q.w_lost, q.w_accepted
+        ),
+        None => String::new(),
+    };
+    let mut caveats = String::new();
+    if f.ck5_caveat + f.ck3_caveat + f.ck1_caveat > 0 {
+        caveats = format!(
+            "; caveats (server-side faults): {} early acquisitions, {} token regressions, \
+             {} fenced writes out of order",
+            f.ck5_caveat, f.ck3_caveat, f.ck1_caveat
+        );
+    }
+    format!(
+        "{}: {} acquisitions under {total} faults ({pauses} pauses, {partitions} link faults, \
+         {restarts} kills/restarts, {jumps} clock jumps): {fenced}, {lost}, {} token \
+         regressions, {} early acquisitions, {} foreign renew/release, {} liveness misses \
+         (max {:.0} ms to free); unfenced control lost {:.1}% ({} of {}); {detect}{sql}{caveats}",
+        s.name,
+        f.acquisitions,
+        f.ck3,
+        f.ck5,
+        f.ck6,
+        f.ck7,
+        f.ck7_max_ms,
+        f.unfenced_lost_pct(),
+        f.unfenced.lost_updates(),
+        f.unfenced.accepted,
+    )
+}
+
+fn write_report(dir: &Path, name: &str, v: &Value) -> Result<(), String> {
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_string_pretty(v).unwrap_or_default())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("report: {}", path.display());
+    Ok(())
+}
+
+async fn run_scenarios(
+    quick: bool,
+    names: Vec<String>,
+    seed: u64,
+    duration: Duration,
+    out: Option<PathBuf>,
+) -> Result<bool, String> {
+    let list: Vec<Scenario> = if !names.is_empty() {
+        names
+            .iter()
+            .map(|n| scenario::by_name(n).ok_or_else(|| format!("no scenario {n:?} (see `list`)")))
+            .collect::<Result<_, _>>()?
+    } else if quick {
+        scenario::QUICK
+            .iter()
+            .filter_map(|n| scenario::by_name(n))
+            .collect()
+    } else {
+        scenario::all()
+    };
+    let dir = out_dir(out)?;
+    println!(
+        "distlock-faults: {} scenarios, seed {seed}, {} s each; histories in {}",
+        list.len(),
+        duration.as_secs(),
+        dir.display()
+    );
+    let mut ok = true;
+    let mut report = Vec::new();
+    for s in &list {
+        let o = run::run(s, seed, duration, &dir, None).await?;
+        let line = summary(s, &o.figures);
+        println!("{line}");
+        for e in &o.figures.examples {
+            println!("    {e}");
+        }
+        if o.figures.violations() > 0 {
+            ok = false;
+        }
+        let faults_bite = o.figures.unfenced.lost_updates() > 0;
+        report.push(json!({"scenario": s.name, "about": s.about, "seed": seed,
+            "duration_s": duration.as_secs(), "line": line, "figures": o.figures.to_json(),
+            "unfenced_lost_updates": faults_bite,
+            "history": o.history.display().to_string()}));
+    }
+    write_report(&dir, "report.json", &Value::Array(report))?;
+    Ok(ok)
+}
+
+async fn run_controls(
+    bugs: Vec<String>,
+    seed: u64,
+    duration: Duration,
+    out: Option<PathBuf>,
+) -> Result<bool, String> {
+    if !distlock_core::seeded::available() {
+        return Err(
+            "this build has no seeded bugs: run it with `--features seeded-bugs`".to_owned(),
+        );
+    }
+    let controls: Vec<_> = scenario::CONTROLS
+        .iter()
+        .filter(|c| bugs.is_empty() || bugs.iter().any(|b| b == c.bug))
+        .copied()
+        .collect();
+    if controls.is_empty() {
+        return Err(format!("no control named {bugs:?} (see `list`)"));
+    }
+    let dir = out_dir(out)?;
+    let mut caught = 0;
+    let mut report = Vec::new();
+    for c in &controls {
+        let s = scenario::by_name(c.scenario)
+            .ok_or_else(|| format!("control {}: no scenario {}", c.bug, c.scenario))?;
+        let o = run::run(&s, seed, duration, &dir, Some(c.bug)).await?;
+        let f = &o.figures;
+        let hit = f.violations() > 0;
+        if hit || !c.harness_catches {
+            caught += 1;
+        }
+        let first = f.examples.first().cloned().unwrap_or_default();
+        println!(
+            "control {:<22} {}: {}",
+            c.bug,
+            match (hit, c.harness_catches) {
+                (true, _) => "caught",
+                (false, true) => "NOT CAUGHT",
+                (false, false) => "not caught (known gap, see list)",
+            },
+            if hit {
+                first
+            } else {
+                format!("no violation in {} acquisitions", f.acquisitions)
+            }
+        );
+        report.push(
+            json!({"bug": c.bug, "scenario": c.scenario, "expected": c.expect,
+            "caught": hit, "figures": f.to_json(), "history": o.history.display().to_string()}),
+        );
+    }
+    let known_gaps = controls.iter().filter(|c| !c.harness_catches).count();
+    println!(
+        "caught {}/{} seeded bugs{}",
+        report.iter().filter(|r| r["caught"] == true).count(),
+        controls.len(),
+        if known_gaps > 0 {
+            format!(" ({known_gaps} known gap, listed by `list`)")
+        } else {
+            String::new()
+        }
+    );
+    write_report(&dir, "controls.json", &Value::Array(report))?;
+    Ok(caught == controls.len())
+}

@@ -1,0 +1,607 @@
+//! The orchestrator: starts the engine, the proxies and the worker processes, hands out
+//! operations, serves the protected resource, injects the scenario's faults on a seeded
+//! schedule, records the history and runs the checkers.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use distlock_testkit::{FaultProxy, LinkMode};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+use crate::check::{self, Bounds, Figures};
+use crate::engine::{Engine, EngineKind};
+use crate::mono;
+use crate::netns::NetNs;
+use crate::resource::Register;
+use crate::scenario::{Fault, Scenario};
+use crate::sql::SqlResource;
+
+/// libfaketime, for client clock jumps.
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// What one run produced.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub(crate) figures: Figures,
+    pub(crate) history: PathBuf,
+}
+
+/// One worker process and its links.
+pub(crate) struct Worker {
+    child: Child,
+    /// Lines for its stdin, written by a task that owns the pipe.
+    input: mpsc::UnboundedSender<String>,
+    pub(crate) pid: i32,
+    /// Its proxies, one per server.
+    pub(crate) proxies: Vec<FaultProxy>,
+    /// Its network namespace, where partitions are nftables rules.
+    pub(crate) netns: Option<NetNs>,
+    /// The file libfaketime reads this worker's clock offset from.
+    pub(crate) faketime: Option<PathBuf>,
+    /// The operation in progress, if any.
+    op: Option<u64>,
+    /// It holds the lock for this operation.
+    pub(crate) holding: Option<u64>,
+    pub(crate) paused: bool,
+}
+
+/// Messages to the orchestrator's loop.
+enum Msg {
+    Line(usize, u64, Value),
+    Exited(usize, u64),
+}
+
+/// State shared between the loop and the fault injector.
+pub(crate) struct Shared {
+    pub(crate) workers: Vec<Worker>,
+    pub(crate) history: History,
+    fenced: Register,
+    unfenced: Register,
+    pub(crate) engine: Engine,
+    /// A pause waits for the next worker that checks its lease before writing.
+    pub(crate) pause_at_check: Option<Duration>,
+    /// A client clock jump waits for the next worker under libfaketime that takes the lock:
+    /// seconds back, and how long it is paused.
+    pub(crate) jump_at_acquire: Option<(u64, Duration)>,
+    stopping: bool,
+    next_op: u64,
+}
+
+/// The history: every event, in memory and as JSON lines.
+pub(crate) struct History {
+    events: Vec<Value>,
+    out: BufWriter<File>,
+}
+
+impl History {
+    fn create(path: &Path) -> std::io::Result<History> {
+        Ok(History {
+            events: Vec::new(),
+            out: BufWriter::new(File::create(path)?),
+        })
+    }
+
+    pub(crate) fn record(&mut self, v: Value) {
+        let _ = writeln!(self.out, "{v}");
+        self.events.push(v);
+    }
+}
+
+pub(crate) type SharedRef = Arc<Mutex<Shared>>;
+
+pub(crate) fn lock(s: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
+    s.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs `scenario` with `seed`, writing the history under `out_dir`.
+pub(crate) async fn run(
+    scenario: &Scenario,
+    seed: u64,
+    duration: Duration,
+    out_dir: &Path,
+    seeded_bug: Option<&str>,
+) -> Result<Outcome, String> {
+    let ttl = scenario.ttl;
+    let engine = Engine::start(scenario.engine)?;
+    let upstreams = engine.upstreams();
+    let fenced_engine = engine.fenced();
+    let tag = match seeded_bug {
+        Some(b) => format!("{}-bug-{b}-{seed}", scenario.name),
+        None => format!("{}-{seed}", scenario.name),
+    };
+    let history_path = out_dir.join(format!("{tag}.jsonl"));
+    let history = History::create(&history_path).map_err(|e| e.to_string())?;
+    let shared: SharedRef = Arc::new(Mutex::new(Shared {
+        workers: Vec::new(),
+        history,
+        fenced: Register::default(),
+        unfenced: Register::default(),
+        engine,
+        pause_at_check: None,
+        jump_at_acquire: None,
+        stopping: false,
+        next_op: 1,
+    }));
+    let sql = if scenario.sql {
+        Some(Arc::new(SqlResource::start().await?))
+    } else {
+        None
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
+    let uses_faketime = scenario.faults.contains(&Fault::ClientClockJump);
+    if uses_faketime && !Path::new(LIBFAKETIME).exists() {
+        return Err(format!(
+            "{} needs libfaketime ({LIBFAKETIME}; Debian package faketime)",
+            scenario.name
+        ));
+    }
+    let spawn = SpawnCfg {
+        kind: scenario.engine,
+        netns: scenario.netns,
+        ttl,
+        seeded_bug: seeded_bug.map(str::to_owned),
+        faketime: uses_faketime,
+        dir: out_dir.to_path_buf(),
+        tag: tag.clone(),
+        upstreams,
+    };
+    for id in 0..scenario.workers {
+        let w = spawn_worker(&spawn, id, 0, &tx).await?;
+        lock(&shared).workers.push(w);
+    }
+    let mut rng = StdRng::seed_from_u64(seed);
+    let injector_rng = StdRng::seed_from_u64(seed ^ 0x5eed_fa17);
+    let started = mono::now_ns();
+    let stop_at = started + duration.as_nanos() as i64;
+    lock(&shared)
+        .history
+        .record(json!({"ev": "start", "t": started,
+        "scenario": scenario.name, "seed": seed, "ttl_ms": ttl.as_millis() as u64,
+        "seeded_bug": seeded_bug}));
+    let injector = tokio::spawn(crate::faults::inject(
+        shared.clone(),
+        scenario.clone(),
+        injector_rng,
+        stop_at,
+    ));
+    let ports = lock(&shared).engine.redis_ports();
+    let auditor = tokio::spawn(audit(shared.clone(), ports, ttl / 5));
+    let mut ready = vec![false; scenario.workers];
+    let mut incs = vec![0u64; scenario.workers];
+    // The loop ends when the time is up and every worker finished its operation, or at the
+    // hard deadline.
+    let hard_stop = stop_at + (scenario.max_op_time().as_nanos() as i64) + 15_000_000_000;
+    loop {
+        let now = mono::now_ns();
+        if now >= stop_at {
+            let mut s = lock(&shared);
+            s.stopping = true;
+            if s.workers.iter().all(|w| w.op.is_none() || w.paused) || now >= hard_stop {
+                break;
+            }
+        }
+        let msg = match tokio::time::timeout(Duration::from_millis(50), rx.recv()).await {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(_) => continue,
+        };
+        match msg {
+            Msg::Line(id, inc, mut v) => {
+                if incs[id] != inc {
+                    continue;
+                }
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("w".into(), json!(id));
+                    o.insert("inc".into(), json!(inc));
+                }
+                let ev = v.get("ev").and_then(Value::as_str).unwrap_or("").to_owned();
+                let req = v
+                    .get("req")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned();
+                if ev == "ready" {
+                    ready[id] = true;
+                    lock(&shared).history.record(v);
+                    next_op(&shared, id, scenario, &mut rng);
+                    continue;
+                }
+                if !req.is_empty() {
+                    serve(&shared, id, &req, v, fenced_engine, sql.as_ref());
+                    continue;
+                }
+                let mut pause = None;
+                let mut jump = None;
+                {
+                    let mut s = lock(&shared);
+                    let n = v.get("n").and_then(Value::as_u64);
+                    let w = &mut s.workers[id];
+                    match (ev.as_str(), v.get("f").and_then(Value::as_str)) {
+                        ("ok", Some("acquire")) => {
+                            w.holding = n;
+                            if w.faketime.is_some() {
+                                jump = s.jump_at_acquire.take();
+                            }
+                        }
+                        ("invoke", Some("release")) | ("abandon", _) | ("cancel", _) => {
+                            w.holding = None;
+                        }
+                        ("check", _) => {
+                            if let Some(d) = s.pause_at_check.take() {
+                                pause = Some(d);
+                            }
+                        }
+                        _ => {}
+                    }
+                    s.history.record(v);
+                }
+                if let Some(d) = pause {
+                    pause_worker(&shared, id, d);
+                }
+                if let Some((back, d)) = jump {
+                    crate::faults::jump_and_pause(&shared, id, back, d);
+                }
+                if ev == "done" {
+                    lock(&shared).workers[id].op = None;
+                    next_op(&shared, id, scenario, &mut rng);
+                }
+            }
+            Msg::Exited(id, inc) => {
+                if incs[id] != inc {
+                    continue;
+                }
+                // Killed by the injector: a new process takes its place.
+                if lock(&shared).stopping {
+                    lock(&shared).workers[id].op = None;
+                    continue;
+                }
+                incs[id] += 1;
+                let w = spawn_worker(&spawn, id, incs[id], &tx).await?;
+                let mut s = lock(&shared);
+                s.history
+                    .record(json!({"ev": "respawn", "w": id, "inc": incs[id],
+                    "t": mono::now_ns()}));
+                s.workers[id] = w;
+            }
+        }
+    }
+    injector.abort();
+    let _ = injector.await;
+    auditor.abort();
+    let _ = auditor.await;
+    let run_end = mono::now_ns();
+    // Heal, look for leftover locks, stop the workers, and check.
+    {
+        let s = lock(&shared);
+        for i in 0..s.engine.len() {
+            s.engine.resume(i);
+        }
+        let mut s = s;
+        for w in &mut s.workers {
+            let _ = kill(Pid::from_raw(w.pid), Signal::SIGCONT);
+            for p in &w.proxies {
+                p.set(LinkMode::Pass);
+            }
+            if let Some(n) = &mut w.netns {
+                let _ = n.heal();
+            }
+        }
+    }
+    // Background releases (cancelled operations) finish within a round trip or two.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if let Some(sql) = &sql {
+        let v = sql.values().await?;
+        lock(&shared)
+            .history
+            .record(json!({"ev": "sql-final", "t": mono::now_ns(),
+            "w": v.w, "rw": v.rw}));
+    }
+    let mut s = lock(&shared);
+    let s = &mut *s;
+    let open: Vec<Vec<usize>> = s
+        .workers
+        .iter()
+        .map(|w| w.proxies.iter().map(FaultProxy::connections).collect())
+        .collect();
+    s.history
+        .record(json!({"ev": "connections", "t": mono::now_ns(), "open": open}));
+    if let Some(tokens) = s.engine.lock_tokens("k") {
+        s.history
+            .record(json!({"ev": "leftover", "t": mono::now_ns(), "tokens": tokens}));
+    }
+    for w in &mut s.workers {
+        let _ = kill(Pid::from_raw(w.pid), Signal::SIGCONT);
+        let _ = kill(Pid::from_raw(w.pid), Signal::SIGKILL);
+        for p in &w.proxies {
+            p.set(LinkMode::Pass);
+        }
+    }
+    s.history.record(json!({"ev": "end", "t": run_end}));
+    let _ = s.history.out.flush();
+    let renew = ttl / 3;
+    let bounds = Bounds {
+        free_within_ns: (ttl + Duration::from_millis(2500)).as_nanos() as i64,
+        detect_within_ns: (renew + s.engine.request_timeout() + Duration::from_millis(100))
+            .as_nanos() as i64,
+        caveat_window_ns: (2 * ttl).as_nanos() as i64,
+    };
+    let figures = check::check(
+        &s.history.events,
+        fenced_engine.then_some(&s.fenced),
+        &s.unfenced,
+        bounds,
+        run_end,
+    );
+    for w in &mut s.workers {
+        let _ = w.child.start_kill();
+    }
+    Ok(Outcome {
+        figures,
+        history: history_path,
+    })
+}
+
+struct SpawnCfg {
+    kind: EngineKind,
+    netns: bool,
+    ttl: Duration,
+    seeded_bug: Option<String>,
+    faketime: bool,
+    dir: PathBuf,
+    tag: String,
+    upstreams: Vec<std::net::SocketAddr>,
+}
+
+async fn spawn_worker(
+    cfg: &SpawnCfg,
+    id: usize,
+    inc: u64,
+    tx: &mpsc::UnboundedSender<Msg>,
+) -> Result<Worker, String> {
+    let netns = if cfg.netns {
+        Some(NetNs::create(id, inc)?)
+    } else {
+        None
+    };
+    let ip: IpAddr = netns
+        .as_ref()
+        .map_or(Ipv4Addr::LOCALHOST, |n| n.host_ip)
+        .into();
+    let mut proxies = Vec::new();
+    for up in &cfg.upstreams {
+        proxies.push(
+            FaultProxy::start_on(ip, *up)
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let ports: Vec<u16> = proxies.iter().map(FaultProxy::port).collect();
+    let url = cfg.kind.url(&ip.to_string(), &ports, cfg.ttl);
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let stderr = File::create(cfg.dir.join(format!("{}-w{id}-{inc}.log", cfg.tag)))
+        .map_err(|e| e.to_string())?;
+    let mut cmd = match &netns {
+        Some(n) => n.command(&exe),
+        None => Command::new(exe),
+    };
+    cmd.args(["worker", "--url", &url, "--id", &id.to_string()])
+        .args(["--ttl-ms", &cfg.ttl.as_millis().to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(stderr))
+        .kill_on_drop(true)
+        .env_remove(distlock_core::seeded::ENV);
+    if let Some(bug) = &cfg.seeded_bug {
+        cmd.env(distlock_core::seeded::ENV, bug);
+    }
+    let mut faketime = None;
+    if cfg.faketime {
+        let f = cfg.dir.join(format!("{}-w{id}.faketime", cfg.tag));
+        std::fs::write(&f, "+0\n").map_err(|e| e.to_string())?;
+        cmd.env("LD_PRELOAD", LIBFAKETIME)
+            .env("FAKETIME_TIMESTAMP_FILE", &f)
+            .env("FAKETIME_NO_CACHE", "1")
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        faketime = Some(f);
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("spawn worker: {e}"))?;
+    let pid = child.id().ok_or("worker exited at once")? as i32;
+    let mut stdin = child.stdin.take().ok_or("no stdin")?;
+    let (input, mut lines_in) = mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        while let Some(line) = lines_in.recv().await {
+            if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                let _ = tx.send(Msg::Line(id, inc, v));
+            }
+        }
+        let _ = tx.send(Msg::Exited(id, inc));
+    });
+    Ok(Worker {
+        child,
+        input,
+        pid,
+        proxies,
+        netns,
+        faketime,
+        op: None,
+        holding: None,
+        paused: false,
+    })
+}
+
+/// Sends a line to a worker (a dead one's closed pipe is ignored: it is being replaced).
+fn send(shared: &SharedRef, id: usize, v: &Value) {
+    let _ = lock(shared).workers[id].input.send(format!("{v}\n"));
+}
+
+fn next_op(shared: &SharedRef, id: usize, scenario: &Scenario, rng: &mut StdRng) {
+    let op = {
+        let mut s = lock(shared);
+        if s.stopping {
+            return;
+        }
+        let n = s.next_op;
+        s.next_op += 1;
+        s.workers[id].op = Some(n);
+        scenario.op(n, rng)
+    };
+    send(shared, id, &op);
+}
+
+/// Serves a read or a write of the protected resource, and records it. With the SQL form,
+/// its statements run first, in a task of their own.
+fn serve(
+    shared: &SharedRef,
+    id: usize,
+    req: &str,
+    v: Value,
+    fenced_engine: bool,
+    sql: Option<&Arc<SqlResource>>,
+) {
+    let Some(sql) = sql.cloned() else {
+        apply(shared, id, req, &v, fenced_engine, Value::Null);
+        return;
+    };
+    let shared = shared.clone();
+    let req = req.to_owned();
+    tokio::spawn(async move {
+        let fence = v.get("fence").and_then(Value::as_u64);
+        let part = if req == "read" {
+            match sql.read(fence).await {
+                Ok(r) => json!({"sw": r.w, "srw": r.rw}),
+                Err(e) => json!({"sql_error": e}),
+            }
+        } else {
+            let w = v.get("sw").and_then(Value::as_i64).unwrap_or(0);
+            let rw = v.get("srw").and_then(Value::as_i64).unwrap_or(0);
+            match sql.write(fence, w, rw).await {
+                Ok((a, b)) => {
+                    json!({"sw": w, "srw": rw, "sw_accepted": a, "srw_accepted": b})
+                }
+                Err(e) => json!({"sql_error": e}),
+            }
+        };
+        apply(&shared, id, &req, &v, fenced_engine, part);
+    });
+}
+
+/// The in-memory registers' part of a request, the history record and the reply; `sql` is
+/// what the SQL form answered (merged into both).
+fn apply(shared: &SharedRef, id: usize, req: &str, v: &Value, fenced_engine: bool, sql: Value) {
+    let n = v.get("n").and_then(Value::as_u64).unwrap_or(0);
+    let fence = v.get("fence").and_then(Value::as_u64);
+    let merge = |mut a: Value| {
+        if let (Some(o), Some(x)) = (a.as_object_mut(), sql.as_object()) {
+            for (k, val) in x {
+                o.insert(k.clone(), val.clone());
+            }
+        }
+        a
+    };
+    let reply = {
+        let mut s = lock(shared);
+        let t = mono::now_ns();
+        if req == "read" {
+            let value = s.fenced.read(true, fence);
+            let uvalue = s.unfenced.read(false, fence);
+            s.history
+                .record(merge(json!({"ev": "read", "w": id, "n": n, "t": t,
+                "fence": fence, "value": value, "uvalue": uvalue})));
+            merge(json!({"reply": "read", "n": n, "value": value, "uvalue": uvalue}))
+        } else {
+            let value = v.get("value").and_then(Value::as_i64).unwrap_or(0);
+            let uvalue = v.get("uvalue").and_then(Value::as_i64).unwrap_or(0);
+            let accepted = fenced_engine && s.fenced.write(true, n, fence, value);
+            let uaccepted = s.unfenced.write(false, n, fence, uvalue);
+            s.history
+                .record(merge(json!({"ev": "write", "w": id, "n": n, "t": t,
+                "fence": fence, "value": value, "accepted": accepted,
+                "uaccepted": uaccepted})));
+            json!({"reply": "write", "n": n, "accepted": accepted, "uaccepted": uaccepted})
+        }
+    };
+    send(shared, id, &reply);
+}
+
+pub(crate) fn pause_worker(shared: &SharedRef, id: usize, d: Duration) {
+    let (pid, holder) = {
+        let mut s = lock(shared);
+        let w = &mut s.workers[id];
+        w.paused = true;
+        (w.pid, w.holding)
+    };
+    let start = mono::now_ns();
+    let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(d).await;
+        let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+        let mut s = lock(&shared);
+        if s.workers[id].pid == pid {
+            s.workers[id].paused = false;
+        }
+        s.history
+            .record(json!({"ev": "fault", "kind": "pause-holder", "w": id,
+            "holder": holder, "start": start, "end": mono::now_ns(), "t": mono::now_ns(),
+            "server_side": false}));
+    });
+}
+
+/// Reads the lock's copies on every Redis server every `every`, and records the ones it finds
+/// (the leak check: a copy that belongs to no holder must not stay).
+async fn audit(shared: SharedRef, ports: Vec<u16>, every: Duration) {
+    if ports.is_empty() {
+        return;
+    }
+    let name = "distlock:{k}";
+    loop {
+        tokio::time::sleep(every).await;
+        let mut copies = Vec::new();
+        for (i, port) in ports.iter().enumerate() {
+            let read = async {
+                let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+                let mut c = client.get_multiplexed_async_connection().await.ok()?;
+                redis::cmd("GET")
+                    .arg(name)
+                    .query_async::<Option<String>>(&mut c)
+                    .await
+                    .ok()?
+            };
+            // A paused or restarting server is skipped this time.
+            if let Ok(Some(v)) = tokio::time::timeout(Duration::from_millis(100), read).await {
+                let mut parts = v.split(' ');
+                let token = parts.next().unwrap_or("").to_owned();
+                let owner = parts.nth(1).unwrap_or("").to_owned();
+                copies.push(json!([i, token, owner]));
+            }
+        }
+        if !copies.is_empty() {
+            lock(&shared)
+                .history
+                .record(json!({"ev": "audit", "t": mono::now_ns(),
+                "copies": copies}));
+        }
+    }
+}

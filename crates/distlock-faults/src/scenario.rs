@@ -1,0 +1,418 @@
+//! The scenarios: an engine, a mix of operations and a list of faults to draw from.
+
+use std::time::Duration;
+
+use rand::Rng;
+use rand::rngs::StdRng;
+use serde_json::{Value, json};
+
+use crate::engine::EngineKind;
+
+/// A fault the injector can apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// SIGSTOP of the next holder that checks its lease before writing, for 0.5–3 × TTL.
+    PauseHolder,
+    /// SIGKILL of a holder; a new worker process takes its place.
+    KillHolder,
+    /// SIGSTOP of a server for 0.2–1.5 × TTL.
+    PauseServer,
+    /// SIGKILL of a server, restarted at once or after 0.5–2 × TTL (with the engine's
+    /// persistence setting).
+    RestartServer,
+    /// One worker's replies held back by 0.2–1.2 × TTL for a while (the proxy).
+    DelayReplies,
+    /// One worker's requests reach the server but replies are lost and the connection reset
+    /// (the proxy), for a short while.
+    LoseReplies,
+    /// One worker cut off from the servers (the proxy drops everything), for 0.5–3 × TTL.
+    Partition,
+    /// The servers' clock jumps forward by 0.3–1 × TTL (lock keys' PTTL shrinks).
+    ServerClockJump,
+    /// A worker's wall clock jumps back by 2–4 × TTL while it holds the lock, and it is paused
+    /// past its lease (libfaketime).
+    ClientClockJump,
+    /// The holder's lock is deleted on the server (an operator, a flush): loss detection.
+    Steal,
+}
+
+impl Fault {
+    /// The name in histories and reports.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Fault::PauseHolder => "pause-holder",
+            Fault::KillHolder => "kill-holder",
+            Fault::PauseServer => "pause-server",
+            Fault::RestartServer => "restart-server",
+            Fault::DelayReplies => "delay-replies",
+            Fault::LoseReplies => "lose-replies",
+            Fault::Partition => "partition",
+            Fault::ServerClockJump => "server-clock-jump",
+            Fault::ClientClockJump => "client-clock-jump",
+            Fault::Steal => "steal",
+        }
+    }
+}
+
+/// One scenario.
+#[derive(Debug, Clone)]
+pub(crate) struct Scenario {
+    pub(crate) name: &'static str,
+    pub(crate) about: &'static str,
+    pub(crate) engine: EngineKind,
+    pub(crate) workers: usize,
+    pub(crate) ttl: Duration,
+    pub(crate) faults: Vec<Fault>,
+    /// Share of operations that do not renew and hold past the TTL (release after expiry).
+    pub(crate) expire_share: f64,
+    /// Share of operations that abandon (leak) their guard.
+    pub(crate) abandon_share: f64,
+    /// Share of operations whose future is dropped part way.
+    pub(crate) cancel_share: f64,
+    /// Share of operations that hold 1–3 × TTL, renewing (losses happen while they hold).
+    pub(crate) long_share: f64,
+    /// Whether the other (short) operations renew their lease.
+    pub(crate) renew: bool,
+    /// Workers run in their own network namespaces; partitions are nftables rules there
+    /// (otherwise the proxy drops the traffic).
+    pub(crate) netns: bool,
+    /// The protected resource also runs in its SQL form, on a PostgreSQL of its own.
+    pub(crate) sql: bool,
+}
+
+impl Scenario {
+    fn new(name: &'static str, about: &'static str, engine: EngineKind) -> Scenario {
+        Scenario {
+            name,
+            about,
+            engine,
+            workers: 4,
+            ttl: Duration::from_millis(1000),
+            faults: Vec::new(),
+            expire_share: 0.0,
+            abandon_share: 0.0,
+            cancel_share: 0.0,
+            long_share: 0.0,
+            renew: true,
+            netns: false,
+            sql: false,
+        }
+    }
+
+    fn faults(mut self, faults: &[Fault]) -> Scenario {
+        self.faults = faults.to_vec();
+        self
+    }
+
+    /// The longest an operation can take, waits included.
+    pub(crate) fn max_op_time(&self) -> Duration {
+        self.wait() + 3 * self.ttl
+    }
+
+    fn wait(&self) -> Duration {
+        Duration::from_secs(8)
+    }
+
+    /// The `n`th operation, drawn from the scenario's mix.
+    pub(crate) fn op(&self, n: u64, rng: &mut StdRng) -> Value {
+        let ttl = self.ttl.as_millis() as u64;
+        let roll: f64 = rng.random();
+        let (hold, renew, end) = if roll < self.expire_share {
+            // Holds past its lease without renewing, then releases: release after expiry.
+            (rng.random_range(ttl * 11 / 10..=ttl * 2), false, "release")
+        } else if roll < self.expire_share + self.abandon_share {
+            (rng.random_range(5..=30), true, "abandon")
+        } else if roll < self.expire_share + self.abandon_share + self.cancel_share {
+            (rng.random_range(5..=60), true, "cancel")
+        } else if roll
+            < self.expire_share + self.abandon_share + self.cancel_share + self.long_share
+        {
+            (rng.random_range(ttl..=ttl * 3), true, "release")
+        } else {
+            (rng.random_range(5..=40), self.renew, "release")
+        };
+        json!({
+            "op": "acquire", "n": n, "key": "k",
+            "hold_ms": hold, "gap_ms": rng.random_range(5..=20),
+            "renew": renew, "end": end,
+            "cancel_ms": rng.random_range(1..=80),
+            "wait_ms": self.wait().as_millis() as u64,
+        })
+    }
+}
+
+/// Every scenario, in the order of the report. `quick`: the short set CI runs.
+pub(crate) fn all() -> Vec<Scenario> {
+    use Fault::*;
+    let redis = EngineKind::Redis { persist: false };
+    let redis_aof = EngineKind::Redis { persist: true };
+    let redlock = EngineKind::Redlock { n: 5 };
+    vec![
+        Scenario {
+            sql: true,
+            ..Scenario::new(
+                "redis-holder-pause",
+                "single Redis; holders paused right after checking their lease (resource in memory and in PostgreSQL)",
+                redis,
+            )
+            .faults(&[PauseHolder])
+        },
+        Scenario {
+            expire_share: 0.3,
+            ..Scenario::new(
+                "redis-release-after-expiry",
+                "single Redis; holders that do not renew outlive their lease, then release",
+                redis,
+            )
+        },
+        Scenario {
+            abandon_share: 0.1,
+            ..Scenario::new(
+                "redis-kill-holder",
+                "single Redis; holders killed with SIGKILL, guards abandoned",
+                redis,
+            )
+            .faults(&[KillHolder])
+        },
+        Scenario::new(
+            "redis-lost-replies",
+            "single Redis; replies lost (the request took effect) and connections reset",
+            redis,
+        )
+        .faults(&[LoseReplies]),
+        Scenario {
+            expire_share: 0.5,
+            ..Scenario::new(
+                "redis-slow-replies-expiry",
+                "single Redis; replies delayed while holders outlive their lease",
+                redis,
+            )
+            .faults(&[DelayReplies])
+        },
+        Scenario {
+            netns: true,
+            long_share: 0.1,
+            ..Scenario::new(
+                "redis-partition",
+                "single Redis; workers in their own network namespaces cut off by nftables (drop or reset)",
+                redis,
+            )
+            .faults(&[Partition])
+        },
+        Scenario {
+            cancel_share: 0.25,
+            ..Scenario::new(
+                "redis-slow-links",
+                "single Redis; replies delayed, workers cut off, futures cancelled",
+                redis,
+            )
+            .faults(&[DelayReplies, Partition])
+        },
+        Scenario::new(
+            "redis-server-faults",
+            "single Redis with fsync'd AOF; server paused, killed and restarted",
+            redis_aof,
+        )
+        .faults(&[PauseServer, RestartServer]),
+        Scenario {
+            long_share: 0.8,
+            ..Scenario::new(
+                "redis-loss",
+                "single Redis; locks deleted on the server while held: loss detection",
+                redis,
+            )
+            .faults(&[Steal])
+        },
+        Scenario {
+            renew: false,
+            ..Scenario::new(
+                "redis-client-clock",
+                "single Redis; holders' wall clocks jump back while they are paused past their lease",
+                redis,
+            )
+            .faults(&[ClientClockJump])
+        },
+        Scenario {
+            expire_share: 0.1,
+            abandon_share: 0.05,
+            cancel_share: 0.1,
+            long_share: 0.1,
+            sql: true,
+            ..Scenario::new(
+                "redis-mixed",
+                "single Redis; every client-side fault at random",
+                redis,
+            )
+            .faults(&[
+                PauseHolder,
+                KillHolder,
+                LoseReplies,
+                DelayReplies,
+                Partition,
+                PauseServer,
+                ClientClockJump,
+            ])
+        },
+        Scenario {
+            long_share: 0.3,
+            ..Scenario::new(
+                "redis-restart-volatile",
+                "caveat: single Redis without persistence, killed and restarted (locks and fence counter lost)",
+                redis,
+            )
+            .faults(&[RestartServer])
+        },
+        Scenario {
+            long_share: 0.5,
+            ..Scenario::new(
+                "redis-server-clock",
+                "caveat: single Redis whose clock jumps forward (lock keys expire early)",
+                redis,
+            )
+            .faults(&[ServerClockJump])
+        },
+        Scenario::new(
+            "redlock-holder-pause",
+            "Redlock over 5 masters; holders paused, killed, replies lost",
+            redlock,
+        )
+        .faults(&[PauseHolder, KillHolder, LoseReplies]),
+        Scenario {
+            long_share: 0.2,
+            netns: true,
+            ..Scenario::new(
+                "redlock-minority",
+                "Redlock over 5 masters; up to two masters paused or restarted, workers cut off",
+                redlock,
+            )
+            .faults(&[PauseServer, RestartServer, Partition])
+        },
+        Scenario {
+            long_share: 0.5,
+            ..Scenario::new(
+                "redlock-restarts",
+                "caveat: Redlock over 5 masters without persistence; a minority restarted while locks are held",
+                redlock,
+            )
+            .faults(&[RestartServer])
+        },
+        Scenario {
+            ttl: Duration::from_secs(2),
+            long_share: 0.1,
+            ..Scenario::new(
+                "etcd",
+                "etcd; holders paused and killed, links cut and replies lost, the member paused and restarted, locks deleted",
+                EngineKind::Etcd,
+            )
+            .faults(&session_faults(true))
+        },
+        Scenario {
+            ttl: Duration::from_secs(2),
+            long_share: 0.1,
+            ..Scenario::new(
+                "zookeeper",
+                "ZooKeeper; holders paused and killed, links cut and replies lost, the server paused, nodes deleted",
+                EngineKind::ZooKeeper,
+            )
+            .faults(&session_faults(false))
+        },
+        Scenario {
+            ttl: Duration::from_secs(2),
+            long_share: 0.1,
+            sql: true,
+            ..Scenario::new(
+                "postgres",
+                "PostgreSQL; holders paused and killed, links cut and replies lost, the postmaster paused, sessions terminated",
+                EngineKind::Postgres,
+            )
+            .faults(&session_faults(false))
+        },
+    ]
+}
+
+/// The faults of the etcd, ZooKeeper and PostgreSQL scenarios.
+fn session_faults(restart: bool) -> Vec<Fault> {
+    use Fault::*;
+    let mut v = vec![
+        PauseHolder,
+        KillHolder,
+        LoseReplies,
+        Partition,
+        PauseServer,
+        Steal,
+    ];
+    if restart {
+        v.push(RestartServer);
+    }
+    v
+}
+
+/// The scenario called `name`.
+pub(crate) fn by_name(name: &str) -> Option<Scenario> {
+    all().into_iter().find(|s| s.name == name)
+}
+
+/// The short seeded set inside `.ci/run`: holder pause, release after expiry, kill -9 of a
+/// holder and a lost reply.
+pub(crate) const QUICK: [&str; 4] = [
+    "redis-holder-pause",
+    "redis-release-after-expiry",
+    "redis-kill-holder",
+    "redis-lost-replies",
+];
+
+/// A negative control: a seeded bug, the scenario that must catch it, and which checker.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Control {
+    pub(crate) bug: &'static str,
+    pub(crate) scenario: &'static str,
+    pub(crate) expect: &'static str,
+    /// False while the harness has no scenario that catches it (it is reported, not counted).
+    pub(crate) harness_catches: bool,
+}
+
+/// Every negative control.
+pub(crate) const CONTROLS: [Control; 7] = [
+    Control {
+        bug: "plain-del",
+        scenario: "redis-release-after-expiry",
+        expect: "CK5/CK6",
+        harness_catches: true,
+    },
+    Control {
+        bug: "unconditional-pexpire",
+        scenario: "redis-server-clock",
+        expect: "CK6",
+        harness_catches: true,
+    },
+    Control {
+        bug: "reply-time-validity",
+        scenario: "redis-slow-replies-expiry",
+        expect: "CK5",
+        harness_catches: true,
+    },
+    Control {
+        bug: "wall-clock",
+        scenario: "redis-client-clock",
+        expect: "CK5",
+        harness_catches: true,
+    },
+    Control {
+        bug: "half-quorum",
+        scenario: "redlock-minority",
+        expect: "CK5",
+        harness_catches: true,
+    },
+    Control {
+        bug: "keep-partial",
+        scenario: "redlock-restarts",
+        expect: "CK7 (leaked copies)",
+        harness_catches: true,
+    },
+    Control {
+        bug: "renew-after-loss",
+        scenario: "redis-kill-holder",
+        expect: "CK7",
+        harness_catches: true,
+    },
+];

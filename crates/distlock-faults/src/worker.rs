@@ -1,0 +1,319 @@
+//! A worker process: one lock client that runs the orchestrator's operations, one at a time,
+//! and reports everything it sees on stdout (one JSON object per line).
+//!
+//! Its critical section is read → work → check → write on the protected resource, which the
+//! orchestrator holds: the worker asks for reads and writes on stdout and gets the answers on
+//! stdin. Being its own process, a worker can be paused (SIGSTOP) or killed (SIGKILL) alone,
+//! and run under libfaketime.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock::{AnyBackend, Clock, LockClient, LockGuard, LockOptions, Released, SystemClock};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{Mutex, mpsc};
+
+use crate::mono;
+
+/// The worker's settings, from its command line.
+#[derive(Debug, Clone)]
+pub(crate) struct WorkerArgs {
+    pub(crate) url: String,
+    pub(crate) id: usize,
+    pub(crate) ttl: Duration,
+}
+
+/// One operation, as the orchestrator sends it.
+#[derive(Debug, Clone)]
+struct Op {
+    n: u64,
+    key: String,
+    /// The work between the read and the check.
+    hold: Duration,
+    /// The time between the check and the write (where a pause does the most harm).
+    gap: Duration,
+    renew: bool,
+    /// `release`, `abandon` (leak the guard) or `cancel` (drop the future after `cancel_after`).
+    end: String,
+    cancel_after: Duration,
+    wait: Duration,
+}
+
+impl Op {
+    fn parse(v: &Value) -> Option<Op> {
+        let ms = |k: &str| Duration::from_millis(v.get(k).and_then(Value::as_u64).unwrap_or(0));
+        Some(Op {
+            n: v.get("n")?.as_u64()?,
+            key: v.get("key")?.as_str()?.to_owned(),
+            hold: ms("hold_ms"),
+            gap: ms("gap_ms"),
+            renew: v.get("renew").and_then(Value::as_bool).unwrap_or(true),
+            end: v
+                .get("end")
+                .and_then(Value::as_str)
+                .unwrap_or("release")
+                .to_owned(),
+            cancel_after: ms("cancel_ms"),
+            wait: ms("wait_ms"),
+        })
+    }
+}
+
+/// Writes events to stdout, one line each, flushed at once.
+#[derive(Clone)]
+struct Out(Arc<Mutex<tokio::io::Stdout>>);
+
+impl Out {
+    async fn send(&self, mut v: Value) {
+        if let Some(o) = v.as_object_mut() {
+            o.entry("t").or_insert_with(|| json!(mono::now_ns()));
+        }
+        let mut line = v.to_string();
+        line.push('\n');
+        let mut out = self.0.lock().await;
+        // The orchestrator gone means the run is over: nothing to do but stop.
+        if out.write_all(line.as_bytes()).await.is_err() || out.flush().await.is_err() {
+            std::process::exit(0);
+        }
+    }
+}
+
+/// The lease deadline `vu` (on this process's lock clock) as monotonic nanoseconds.
+fn vu_ns(vu: Instant) -> i128 {
+    mono::instant_ns(vu, SystemClock.now())
+}
+
+pub(crate) async fn run(args: WorkerArgs) -> Result<(), String> {
+    let backend = distlock::open_backend(&args.url)
+        .await
+        .map_err(|e| format!("worker {}: {e}", args.id))?;
+    let base = LockOptions::builder()
+        .ttl(args.ttl)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let client = LockClient::builder(backend)
+        .owner(format!("worker-{}", args.id))
+        .options(base)
+        .build();
+    let out = Out(Arc::new(Mutex::new(tokio::io::stdout())));
+    out.send(json!({"ev": "ready", "pid": std::process::id()}))
+        .await;
+
+    // stdin carries operations and the answers to our resource requests.
+    let (op_tx, mut op_rx) = mpsc::unbounded_channel::<Value>();
+    let (reply_tx, reply_rx) = mpsc::unbounded_channel::<Value>();
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(tokio::io::stdin()).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            let to = if v.get("reply").is_some() {
+                &reply_tx
+            } else {
+                &op_tx
+            };
+            if to.send(v).is_err() {
+                break;
+            }
+        }
+        // stdin closed: the orchestrator is gone.
+        std::process::exit(0);
+    });
+    let replies = Arc::new(Mutex::new(reply_rx));
+    while let Some(v) = op_rx.recv().await {
+        if v.get("op").and_then(Value::as_str) == Some("exit") {
+            break;
+        }
+        let Some(op) = Op::parse(&v) else { continue };
+        let n = op.n;
+        if op.end == "cancel" {
+            let cancel_after = op.cancel_after;
+            let body = one_op(&client, &op, &out, &replies);
+            if tokio::time::timeout(cancel_after, body).await.is_err() {
+                out.send(json!({"ev": "cancel", "n": n})).await;
+            }
+        } else {
+            one_op(&client, &op, &out, &replies).await;
+        }
+        // For the leak checks: live tasks and resident memory after each operation.
+        let tasks = tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks();
+        out.send(json!({"ev": "done", "n": n, "tasks": tasks, "rss_kb": rss_kb()}))
+            .await;
+    }
+    Ok(())
+}
+
+/// Asks the orchestrator for something and waits for its answer to this operation.
+async fn ask(
+    out: &Out,
+    replies: &Mutex<mpsc::UnboundedReceiver<Value>>,
+    req: Value,
+    n: u64,
+) -> Option<Value> {
+    out.send(req).await;
+    let mut rx = replies.lock().await;
+    while let Some(v) = rx.recv().await {
+        // Answers to a cancelled operation arrive late: skip them.
+        if v.get("n").and_then(Value::as_u64) == Some(n) {
+            return Some(v);
+        }
+    }
+    None
+}
+
+async fn one_op(
+    client: &LockClient<AnyBackend>,
+    op: &Op,
+    out: &Out,
+    replies: &Mutex<mpsc::UnboundedReceiver<Value>>,
+) {
+    let n = op.n;
+    let opts = match LockOptions::builder()
+        .ttl(client.options().ttl())
+        .auto_renew(op.renew)
+        .wait_timeout(op.wait)
+        .build()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            out.send(json!({"ev": "fail", "f": "acquire", "n": n, "err": e.to_string()}))
+                .await;
+            return;
+        }
+    };
+    out.send(json!({"ev": "invoke", "f": "acquire", "n": n}))
+        .await;
+    let guard = match client.acquire_with(&op.key, &opts).await {
+        Ok(g) => g,
+        Err(e) => {
+            let ev = if e.is_ambiguous() { "info" } else { "fail" };
+            out.send(json!({"ev": ev, "f": "acquire", "n": n, "err": e.to_string()}))
+                .await;
+            return;
+        }
+    };
+    let fence = guard.fence();
+    out.send(json!({
+        "ev": "ok", "f": "acquire", "n": n, "fence": fence,
+        "vu": vu_ns(guard.valid_until()) as i64,
+        "validity_ms": opts.validity().as_millis() as u64,
+        "token": guard.token().as_str(),
+    }))
+    .await;
+    // Renewals and the lost signal, as they happen, until the operation ends.
+    let watch = tokio::spawn(watch_lease(guard.handle(), out.clone(), n));
+    let _stop_watch = AbortOnDrop(watch.abort_handle());
+    critical_section(&guard, op, out, replies, fence).await;
+    match op.end.as_str() {
+        "abandon" => {
+            out.send(json!({"ev": "abandon", "n": n})).await;
+            let _ = guard.leak();
+        }
+        _ => {
+            out.send(json!({"ev": "invoke", "f": "release", "n": n}))
+                .await;
+            match guard.release().await {
+                Ok(r) => {
+                    let why = match r {
+                        Released::Held => None,
+                        Released::Lost(reason) => Some(reason.to_string()),
+                    };
+                    out.send(json!({"ev": "ok", "f": "release", "n": n,
+                        "held": r.was_held(), "why": why}))
+                        .await;
+                }
+                Err(e) => {
+                    let ev = if e.is_ambiguous() { "info" } else { "fail" };
+                    out.send(json!({"ev": ev, "f": "release", "n": n, "err": e.to_string()}))
+                        .await;
+                }
+            }
+        }
+    }
+}
+
+/// read → work → check that the lease is still valid → gap → write the value read plus one.
+async fn critical_section(
+    guard: &LockGuard<AnyBackend>,
+    op: &Op,
+    out: &Out,
+    replies: &Mutex<mpsc::UnboundedReceiver<Value>>,
+    fence: Option<u64>,
+) {
+    let n = op.n;
+    let Some(read) = ask(
+        out,
+        replies,
+        json!({"req": "read", "n": n, "key": op.key, "fence": fence}),
+        n,
+    )
+    .await
+    else {
+        return;
+    };
+    tokio::time::sleep(op.hold).await;
+    if !guard.is_held() {
+        out.send(json!({"ev": "skip-write", "n": n})).await;
+        return;
+    }
+    // The claim: we hold the lock until `vu`. A pause here, after the check, is the classic
+    // "stop-the-world pause at the worst moment".
+    out.send(json!({"ev": "check", "n": n, "vu": vu_ns(guard.valid_until()) as i64}))
+        .await;
+    tokio::time::sleep(op.gap).await;
+    let value = read.get("value").and_then(Value::as_i64).unwrap_or(0) + 1;
+    let uvalue = read.get("uvalue").and_then(Value::as_i64).unwrap_or(0) + 1;
+    let mut req = json!({"req": "write", "n": n, "key": op.key, "fence": fence,
+        "value": value, "uvalue": uvalue});
+    // The SQL form's rows, when the scenario has them.
+    for k in ["sw", "srw"] {
+        if let Some(v) = read.get(k).and_then(Value::as_i64) {
+            req[k] = json!(v + 1);
+        }
+    }
+    let _ = ask(out, replies, req, n).await;
+}
+
+/// Reports every move of the lease's deadline (a renewal) and its end.
+async fn watch_lease(handle: distlock::LeaseHandle, out: Out, n: u64) {
+    let mut last = handle.valid_until();
+    let lost = handle.lost();
+    tokio::pin!(lost);
+    loop {
+        tokio::select! {
+            reason = &mut lost => {
+                if reason != distlock::LostReason::Released {
+                    out.send(json!({"ev": "lost", "n": n, "reason": format!("{reason:?}")})).await;
+                }
+                return;
+            }
+            () = tokio::time::sleep(Duration::from_millis(2)) => {
+                let vu = handle.valid_until();
+                if vu > last {
+                    last = vu;
+                    out.send(json!({"ev": "renewed", "n": n, "vu": vu_ns(vu) as i64})).await;
+                }
+            }
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Resident memory in KiB, from `/proc/self/statm` (4 KiB pages).
+fn rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|t| t.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4)
+}
