@@ -27,11 +27,14 @@ pub enum SeededBug {
     KeepPartial,
     /// The watchdog goes on renewing a lease after it ended (lost, leaked or dropped).
     RenewAfterLoss,
+    /// PostgreSQL: a dropped session is treated as still holding its lock (no loss event,
+    /// renewals on the dead session succeed).
+    PgSessionHeld,
 }
 
 impl SeededBug {
     /// Every seeded bug, in the order the harness reports them.
-    pub const ALL: [SeededBug; 7] = [
+    pub const ALL: [SeededBug; 8] = [
         SeededBug::PlainDel,
         SeededBug::UnconditionalPexpire,
         SeededBug::ReplyTimeValidity,
@@ -39,6 +42,7 @@ impl SeededBug {
         SeededBug::HalfQuorum,
         SeededBug::KeepPartial,
         SeededBug::RenewAfterLoss,
+        SeededBug::PgSessionHeld,
     ];
 
     /// The name used in `DISTLOCK_SEEDED_BUG` and in reports.
@@ -51,6 +55,7 @@ impl SeededBug {
             SeededBug::HalfQuorum => "half-quorum",
             SeededBug::KeepPartial => "keep-partial",
             SeededBug::RenewAfterLoss => "renew-after-loss",
+            SeededBug::PgSessionHeld => "pg-session-held",
         }
     }
 

@@ -268,13 +268,16 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
                     // What an operator's forced release does: the holder's lock goes on the
                     // server side (Redis: deleted; etcd, ZooKeeper: its key or node deleted;
                     // PostgreSQL: its session terminated).
+                    // The window runs from before the call to its end: the loss happens
+                    // somewhere in it, and loss detection is measured from its start.
+                    let start = mono::now_ns();
                     if let Some(c) = &steal_client {
                         force_release(c.clone()).await;
                     }
                     record(
                         &shared,
                         fault.name(),
-                        mono::now_ns(),
+                        start,
                         json!({"w": w, "holder": n, "server_side": true}),
                     );
                     tokio::time::sleep(ttl).await;

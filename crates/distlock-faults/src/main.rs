@@ -172,6 +172,7 @@ fn summary(s: &Scenario, f: &Figures) -> String {
     let partitions = count("partition") + count("delay-replies") + count("lose-replies");
     let restarts = count("restart-volatile") + count("restart-persistent") + count("kill-holder");
     let jumps = count("server-clock-jump") + count("client-clock-jump");
+    let steals = count("steal");
     let total: u64 = f.faults.values().sum();
     let fenced = match &f.fenced {
         Some(_) => format!("{} fenced violations", f.ck1),
@@ -202,7 +203,7 @@ fn summary(s: &Scenario, f: &Figures) -> String {
     }
     format!(
         "{}: {} acquisitions under {total} faults ({pauses} pauses, {partitions} link faults, \
-         {restarts} kills/restarts, {jumps} clock jumps): {fenced}, {lost}, {} token \
+         {restarts} kills/restarts, {jumps} clock jumps, {steals} forced releases): {fenced}, {lost}, {} token \
          regressions, {} early acquisitions, {} foreign renew/release, {} liveness misses \
          (max {:.0} ms to free); unfenced control lost {:.1}% ({} of {}); {detect}{sql}{caveats}",
         s.name,

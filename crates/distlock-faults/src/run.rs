@@ -161,7 +161,11 @@ pub(crate) async fn run(
         let w = spawn_worker(&spawn, id, 0, &tx).await?;
         lock(&shared).workers.push(w);
     }
-    let mut rng = StdRng::seed_from_u64(seed);
+    // Each worker draws its operations from its own generator, so the seed fixes every
+    // worker's sequence whatever the order their events arrive in.
+    let mut rngs: Vec<StdRng> = (0..scenario.workers as u64)
+        .map(|w| StdRng::seed_from_u64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ w))
+        .collect();
     let injector_rng = StdRng::seed_from_u64(seed ^ 0x5eed_fa17);
     let started = mono::now_ns();
     let stop_at = started + duration.as_nanos() as i64;
@@ -178,7 +182,6 @@ pub(crate) async fn run(
     ));
     let ports = lock(&shared).engine.redis_ports();
     let auditor = tokio::spawn(audit(shared.clone(), ports, ttl / 5));
-    let mut ready = vec![false; scenario.workers];
     let mut incs = vec![0u64; scenario.workers];
     // The loop ends when the time is up and every worker finished its operation, or at the
     // hard deadline.
@@ -213,9 +216,8 @@ pub(crate) async fn run(
                     .unwrap_or("")
                     .to_owned();
                 if ev == "ready" {
-                    ready[id] = true;
                     lock(&shared).history.record(v);
-                    next_op(&shared, id, scenario, &mut rng);
+                    next_op(&shared, id, scenario, &mut rngs[id]);
                     continue;
                 }
                 if !req.is_empty() {
@@ -255,7 +257,7 @@ pub(crate) async fn run(
                 }
                 if ev == "done" {
                     lock(&shared).workers[id].op = None;
-                    next_op(&shared, id, scenario, &mut rng);
+                    next_op(&shared, id, scenario, &mut rngs[id]);
                 }
             }
             Msg::Exited(id, inc) => {

@@ -327,6 +327,16 @@ pub(crate) fn all() -> Vec<Scenario> {
             )
             .faults(&session_faults(false))
         },
+        Scenario {
+            ttl: Duration::from_secs(2),
+            long_share: 0.6,
+            ..Scenario::new(
+                "postgres-loss",
+                "PostgreSQL; holders' sessions terminated while they hold: loss detection",
+                EngineKind::Postgres,
+            )
+            .faults(&[Fault::Steal])
+        },
     ]
 }
 
@@ -372,7 +382,7 @@ pub(crate) struct Control {
 }
 
 /// Every negative control.
-pub(crate) const CONTROLS: [Control; 7] = [
+pub(crate) const CONTROLS: [Control; 8] = [
     Control {
         bug: "plain-del",
         scenario: "redis-release-after-expiry",
@@ -413,6 +423,12 @@ pub(crate) const CONTROLS: [Control; 7] = [
         bug: "renew-after-loss",
         scenario: "redis-kill-holder",
         expect: "CK7",
+        harness_catches: true,
+    },
+    Control {
+        bug: "pg-session-held",
+        scenario: "postgres-loss",
+        expect: "CK5/CK6 (renewals on a terminated session)",
         harness_catches: true,
     },
 ];

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use distlock_core::seeded::{self, SeededBug};
 use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
     LockStatus, LostReason, Token,
@@ -383,6 +384,9 @@ impl Backend for PgBackend {
         let Some((held_key, id, conn)) = self.held(token) else {
             return Ok(LeaseCheck::Missing);
         };
+        if conn.is_closed() && seeded::on(SeededBug::PgSessionHeld) {
+            return Ok(LeaseCheck::Ours);
+        }
         if held_key != key || conn.is_closed() {
             return Ok(LeaseCheck::Missing);
         }
@@ -501,7 +505,10 @@ impl Backend for PgBackend {
         _key: &str,
         token: &Token,
     ) -> impl std::future::Future<Output = LostReason> + Send + 'static {
-        let ended = self.held(token).map(|(_, _, c)| c.ended.clone());
+        let ended = self
+            .held(token)
+            .map(|(_, _, c)| c.ended.clone())
+            .filter(|_| !seeded::on(SeededBug::PgSessionHeld));
         async move {
             let Some(mut ended) = ended else {
                 return std::future::pending().await;
