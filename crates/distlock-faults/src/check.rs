@@ -73,6 +73,9 @@ pub(crate) struct Bounds {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Figures {
     pub(crate) acquisitions: u64,
+    /// Acquires that ended without the lock (`fail` or `info`: a wait that timed out, an
+    /// engine error).
+    pub(crate) acquire_failed: u64,
     pub(crate) faults: HashMap<String, u64>,
     pub(crate) fenced: Option<Register>,
     pub(crate) unfenced: Register,
@@ -204,11 +207,16 @@ pub(crate) fn check(
             h.end_t = Some(h.end_t.map_or(f.start, |e| e.min(f.start)));
         }
     }
+    let acquire_failed = events
+        .iter()
+        .filter(|e| matches!(s(e, "ev"), "fail" | "info") && s(e, "f") == "acquire")
+        .count() as u64;
     let mut holds: Vec<Hold> = holds.into_values().collect();
     holds.sort_by_key(|h| (h.acq_t, h.n));
 
     let mut fig = Figures {
         acquisitions: holds.len() as u64,
+        acquire_failed,
         fenced: fenced.cloned(),
         unfenced: unfenced.clone(),
         ..Figures::default()
@@ -451,9 +459,11 @@ pub(crate) fn check(
         }
     }
 
-    // CK7, leaks during the run: a copy whose token no acquisition reported, still there a
-    // third of a TTL later, and not explained by a fault of its owner's (a cut link, a pause,
-    // a kill: its clean-up could not get through).
+    // CK7, leaks during the run: a copy whose token no acquisition reported, seen on the same
+    // server in consecutive audits for a third of a TTL or more, and not explained by a fault
+    // of its owner's (a cut link, a pause, a kill: its clean-up could not get through). A
+    // waiting client's attempts reuse one token, so the same token seen now and then in
+    // separate audits is a string of short attempts, not a leak.
     let ttl_ns = events
         .iter()
         .find(|e| s(e, "ev") == "start")
@@ -465,8 +475,11 @@ pub(crate) fn check(
         .filter(|e| s(e, "ev") == "ok" && s(e, "f") == "acquire")
         .map(|e| s(e, "token"))
         .collect();
-    let mut unknown: HashMap<&str, (&str, i64, i64)> = HashMap::new();
-    for e in events.iter().filter(|e| s(e, "ev") == "audit") {
+    // (token, server) → (start of its current run of consecutive audits, the run's last audit
+    // index); runs long enough are leaks (token, owner, first seen, last seen).
+    let mut runs: HashMap<(&str, u64), (i64, usize)> = HashMap::new();
+    let mut leaks: Vec<(&str, &str, i64, i64)> = Vec::new();
+    for (idx, e) in events.iter().filter(|e| s(e, "ev") == "audit").enumerate() {
         let t = i(e, "t").unwrap_or(0);
         for c in e
             .get("copies")
@@ -474,19 +487,27 @@ pub(crate) fn check(
             .into_iter()
             .flatten()
         {
+            let server = c.get(0).and_then(Value::as_u64).unwrap_or(0);
             let tok = c.get(1).and_then(Value::as_str).unwrap_or("");
             let owner = c.get(2).and_then(Value::as_str).unwrap_or("");
             if tok.is_empty() || known.contains(tok) {
                 continue;
             }
-            let entry = unknown.entry(tok).or_insert((owner, t, t));
-            entry.2 = t;
+            let run = runs.entry((tok, server)).or_insert((t, idx));
+            if run.1 + 1 < idx {
+                // Not seen in the audit before: a new run.
+                run.0 = t;
+            }
+            run.1 = idx;
+            if t - run.0 >= ttl_ns / 3 {
+                match leaks.iter_mut().find(|l| l.0 == tok) {
+                    Some(l) => l.3 = t,
+                    None => leaks.push((tok, owner, run.0, t)),
+                }
+            }
         }
     }
-    for (tok, (owner, first, last)) in unknown {
-        if last - first < ttl_ns / 3 {
-            continue;
-        }
+    for (tok, owner, first, last) in leaks {
         let w: Option<u64> = owner.strip_prefix("worker-").and_then(|n| n.parse().ok());
         // A restart only removes copies; a paused server or slowed links can hold a clean-up
         // back, as can any fault of the owner's own.
@@ -625,6 +646,7 @@ impl Figures {
         };
         json!({
             "acquisitions": self.acquisitions,
+            "acquires_failed": self.acquire_failed,
             "faults": self.faults,
             "fenced": self.fenced.as_ref().map(reg),
             "unfenced": reg(&self.unfenced),
@@ -740,5 +762,33 @@ mod tests {
         let r = Register::default();
         let f = check(&events, Some(&r), &r, bounds(), 10_000 * ms);
         assert_eq!((f.ck7_probes, f.ck7), (1, 1));
+    }
+
+    #[test]
+    fn a_copy_that_stays_is_a_leak_and_one_seen_now_and_then_is_not() {
+        let ms = 1_000_000;
+        let audit = |t: i64, tok: &str| {
+            let copies = if tok.is_empty() {
+                json!([])
+            } else {
+                json!([[3, tok, "worker-1"]])
+            };
+            json!({"ev": "audit", "t": t * ms, "copies": copies})
+        };
+        let mut events = vec![json!({"ev": "start", "t": 0, "ttl_ms": 1000})];
+        // Seen twice, 1.2 s apart, with empty audits between: two short attempts.
+        events.push(audit(0, "aaaa"));
+        for k in 1..6 {
+            events.push(audit(200 * k, ""));
+        }
+        events.push(audit(1200, "aaaa"));
+        // Seen in every audit for 600 ms: a leak.
+        for k in 7..11 {
+            events.push(audit(200 * k, "bbbb"));
+        }
+        let r = Register::default();
+        let f = check(&events, Some(&r), &r, bounds(), 3000 * ms);
+        assert_eq!(f.ck7, 1, "{:?}", f.examples);
+        assert!(f.examples[0].contains("bbbb"));
     }
 }

@@ -202,12 +202,13 @@ fn summary(s: &Scenario, f: &Figures) -> String {
         );
     }
     format!(
-        "{}: {} acquisitions under {total} faults ({pauses} pauses, {partitions} link faults, \
+        "{}: {} acquisitions ({} acquires gave up) under {total} faults ({pauses} pauses, {partitions} link faults, \
          {restarts} kills/restarts, {jumps} clock jumps, {steals} forced releases): {fenced}, {lost}, {} token \
          regressions, {} early acquisitions, {} foreign renew/release, {} liveness misses \
          (max {:.0} ms to free); unfenced control lost {:.1}% ({} of {}); {detect}{sql}{caveats}",
         s.name,
         f.acquisitions,
+        f.acquire_failed,
         f.ck3,
         f.ck5,
         f.ck6,

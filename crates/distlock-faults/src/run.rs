@@ -28,6 +28,9 @@ use crate::resource::Register;
 use crate::scenario::{Fault, Scenario};
 use crate::sql::SqlResource;
 
+/// How long a worker waits before its next operation after an acquire that failed.
+const BACKOFF_MS: u64 = 50;
+
 /// libfaketime, for client clock jumps.
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
@@ -55,6 +58,9 @@ pub(crate) struct Worker {
     /// It holds the lock for this operation.
     pub(crate) holding: Option<u64>,
     pub(crate) paused: bool,
+    /// Its last acquire failed: the next operation starts after a pause, as a client backs
+    /// off (an engine that fails fast while it is unreachable would make a tight loop).
+    backoff: bool,
 }
 
 /// Messages to the orchestrator's loop.
@@ -240,6 +246,7 @@ pub(crate) async fn run(
                         ("invoke", Some("release")) | ("abandon", _) | ("cancel", _) => {
                             w.holding = None;
                         }
+                        ("fail" | "info", Some("acquire")) => w.backoff = true,
                         ("check", _) => {
                             if let Some(d) = s.pause_at_check.take() {
                                 pause = Some(d);
@@ -450,6 +457,7 @@ async fn spawn_worker(
         op: None,
         holding: None,
         paused: false,
+        backoff: false,
     })
 }
 
@@ -467,7 +475,11 @@ fn next_op(shared: &SharedRef, id: usize, scenario: &Scenario, rng: &mut StdRng)
         let n = s.next_op;
         s.next_op += 1;
         s.workers[id].op = Some(n);
-        scenario.op(n, rng)
+        let mut op = scenario.op(n, rng);
+        if std::mem::take(&mut s.workers[id].backoff) {
+            op["delay_ms"] = json!(BACKOFF_MS);
+        }
+        op
     };
     send(shared, id, &op);
 }
@@ -599,11 +611,9 @@ async fn audit(shared: SharedRef, ports: Vec<u16>, every: Duration) {
                 copies.push(json!([i, token, owner]));
             }
         }
-        if !copies.is_empty() {
-            lock(&shared)
-                .history
-                .record(json!({"ev": "audit", "t": mono::now_ns(),
-                "copies": copies}));
-        }
+        // Empty audits are recorded too: a leak is a copy seen in consecutive audits.
+        lock(&shared)
+            .history
+            .record(json!({"ev": "audit", "t": mono::now_ns(), "copies": copies}));
     }
 }

@@ -38,6 +38,8 @@ struct Op {
     end: String,
     cancel_after: Duration,
     wait: Duration,
+    /// A pause before the operation starts (after a failed acquire).
+    delay: Duration,
 }
 
 impl Op {
@@ -56,6 +58,7 @@ impl Op {
                 .to_owned(),
             cancel_after: ms("cancel_ms"),
             wait: ms("wait_ms"),
+            delay: ms("delay_ms"),
         })
     }
 }
@@ -128,6 +131,9 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<(), String> {
         }
         let Some(op) = Op::parse(&v) else { continue };
         let n = op.n;
+        if !op.delay.is_zero() {
+            tokio::time::sleep(op.delay).await;
+        }
         if op.end == "cancel" {
             let cancel_after = op.cancel_after;
             let body = one_op(&client, &op, &out, &replies);
