@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use serde_json::{Value, json};
 
 use crate::check::{Figures, quantile};
@@ -40,6 +40,20 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// What `run` and `controls` share.
+#[derive(Args)]
+struct Common {
+    /// Seed of the operation mix and the fault schedule.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// How long each scenario runs.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Where histories and the report go (default: a new temporary folder).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Runs scenarios and prints one line of figures for each; exits 1 on any violation.
@@ -51,28 +65,16 @@ enum Cmd {
         /// Scenarios to run (default: all; see `list`).
         #[arg(long = "scenario")]
         scenarios: Vec<String>,
-        /// Seed of the operation mix and the fault schedule.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// How long each scenario runs.
-        #[arg(long, default_value = "20s", value_parser = parse_duration)]
-        duration: Duration,
-        /// Where histories and the report go (default: a new temporary folder).
-        #[arg(long)]
-        out: Option<PathBuf>,
+        #[command(flatten)]
+        common: Common,
     },
     /// Runs each seeded bug in the scenario that must catch it; exits 1 unless all are caught.
     Controls {
         /// Bugs to run (default: all).
         #[arg(long = "bug")]
         bugs: Vec<String>,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// How long each control runs at most.
-        #[arg(long, default_value = "20s", value_parser = parse_duration)]
-        duration: Duration,
-        #[arg(long)]
-        out: Option<PathBuf>,
+        #[command(flatten)]
+        common: Common,
     },
     /// Lists the scenarios and the negative controls.
     List,
@@ -130,16 +132,11 @@ fn main() -> ExitCode {
             Cmd::Run {
                 quick,
                 scenarios,
-                seed,
-                duration,
-                out,
-            } => run_scenarios(quick, scenarios, seed, duration, out).await,
-            Cmd::Controls {
-                bugs,
-                seed,
-                duration,
-                out,
-            } => run_controls(bugs, seed, duration, out).await,
+                common: c,
+            } => run_scenarios(quick, scenarios, c.seed, c.duration, c.out).await,
+            Cmd::Controls { bugs, common: c } => {
+                run_controls(bugs, c.seed, c.duration, c.out).await
+            }
         }
     });
     match result {
