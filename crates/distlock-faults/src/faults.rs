@@ -54,6 +54,48 @@ async fn wait_holder(shared: &SharedRef, limit: Duration) -> Option<(usize, u64)
     }
 }
 
+/// Waits up to `limit` for worker `w` to hold the lock for `hold` in one operation other than
+/// `before`; returns that operation.
+async fn wait_long_hold(
+    shared: &SharedRef,
+    w: usize,
+    before: Option<u64>,
+    hold: Duration,
+    limit: Duration,
+) -> Option<u64> {
+    let until = tokio::time::Instant::now() + limit;
+    let mut since: Option<(u64, tokio::time::Instant)> = None;
+    loop {
+        let now = tokio::time::Instant::now();
+        match lock(shared).workers[w].holding {
+            Some(n) if Some(n) != before => match since {
+                Some((m, t)) if m == n => {
+                    if now - t >= hold {
+                        return Some(n);
+                    }
+                }
+                _ => since = Some((n, now)),
+            },
+            _ => since = None,
+        }
+        if now >= until {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A reply delay: three times in four a slow reply that still comes within the request
+/// timeout (the client takes the lock late and must count its lease from the send), else one
+/// past it (a timeout, an ambiguous outcome).
+fn reply_delay(rng: &mut StdRng, request_timeout: Duration, ttl: Duration) -> Duration {
+    if rng.random_bool(0.75) {
+        request_timeout.mul_f64(rng.random_range(0.2..0.95))
+    } else {
+        times(rng, ttl, 0.3, 1.2)
+    }
+}
+
 /// Some servers: one for a single server, one or two (a minority) of Redlock's masters.
 fn some_servers(rng: &mut StdRng, n: usize) -> Vec<usize> {
     if n == 1 {
@@ -101,6 +143,7 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
     let ttl = scenario.ttl;
     let servers = lock(&shared).engine.len();
     let direct = lock(&shared).engine.direct_url(ttl);
+    let request_timeout = lock(&shared).engine.request_timeout();
     let steal_client = if scenario.faults.contains(&Fault::Steal) {
         distlock::connect(&direct)
             .await
@@ -178,13 +221,13 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
                         "server_side": volatile}),
                 );
             }
-            Fault::DelayReplies if rng.random_bool(0.5) => {
+            Fault::DelayReplies if rng.random_bool(0.3) => {
                 // Every worker's replies slowed, each by its own delay.
                 let d = times(&mut rng, ttl, 3.0, 6.0);
                 let all: Vec<usize> = (0..servers).collect();
                 let mut delays = Vec::new();
                 for w in 0..scenario.workers {
-                    let delay = times(&mut rng, ttl, 0.05, 1.0);
+                    let delay = reply_delay(&mut rng, request_timeout, ttl);
                     delays.push(delay.as_millis() as u64);
                     set_links(&shared, w, &all, LinkMode::DelayReplies(delay));
                 }
@@ -199,7 +242,33 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
                     json!({"w": "all", "delays_ms": delays}),
                 );
             }
-            Fault::DelayReplies | Fault::LoseReplies | Fault::Partition => {
+            Fault::DelayReplies => {
+                // One worker's replies slowed. A delay within the request timeout lasts until
+                // the worker has taken the lock under it and held it for a TTL (6 TTLs at
+                // most): a slow grant to a holder that outlives its lease is where a client
+                // that counts its validity from the reply overstates it. A longer delay (the
+                // requests time out) lasts 2-4 TTLs.
+                let w = rng.random_range(0..scenario.workers);
+                let which = some_servers(&mut rng, servers);
+                let delay = reply_delay(&mut rng, request_timeout, ttl);
+                let before = lock(&shared).workers[w].holding;
+                set_links(&shared, w, &which, LinkMode::DelayReplies(delay));
+                let held = if delay < request_timeout {
+                    wait_long_hold(&shared, w, before, ttl, 6 * ttl).await
+                } else {
+                    tokio::time::sleep(times(&mut rng, ttl, 2.0, 4.0)).await;
+                    None
+                };
+                set_links(&shared, w, &which, LinkMode::Pass);
+                record(
+                    &shared,
+                    fault.name(),
+                    start,
+                    json!({"w": w, "servers": which, "delay_ms": delay.as_millis() as u64,
+                        "held_past_ttl": held}),
+                );
+            }
+            Fault::LoseReplies | Fault::Partition => {
                 let w = rng.random_range(0..scenario.workers);
                 let which: Vec<usize> = if fault == Fault::Partition && rng.random_bool(0.5) {
                     (0..servers).collect()
@@ -207,10 +276,6 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
                     some_servers(&mut rng, servers)
                 };
                 let (mode, d) = match fault {
-                    Fault::DelayReplies => (
-                        LinkMode::DelayReplies(times(&mut rng, ttl, 0.2, 1.2)),
-                        times(&mut rng, ttl, 2.0, 4.0),
-                    ),
                     Fault::LoseReplies => (
                         LinkMode::LoseReplies,
                         Duration::from_millis(rng.random_range(100..500)),

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! distlock-faults run [--quick] [--scenario NAME]... [--seed N] [--duration 20s] [--out DIR]
-//! distlock-faults controls [--bug NAME]...   (needs --features seeded-bugs)
+//! distlock-faults controls [--bug NAME]... [--attempts 3]   (needs --features seeded-bugs)
 //! distlock-faults list
 //! ```
 //!
@@ -73,6 +73,10 @@ enum Cmd {
         /// Bugs to run (default: all).
         #[arg(long = "bug")]
         bugs: Vec<String>,
+        /// A control that no violation showed is run again with the next seed, up to this
+        /// many runs in all (faults land at random moments: one run can miss a window).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+        attempts: u64,
         #[command(flatten)]
         common: Common,
     },
@@ -134,9 +138,11 @@ fn main() -> ExitCode {
                 scenarios,
                 common: c,
             } => run_scenarios(quick, scenarios, c.seed, c.duration, c.out).await,
-            Cmd::Controls { bugs, common: c } => {
-                run_controls(bugs, c.seed, c.duration, c.out).await
-            }
+            Cmd::Controls {
+                bugs,
+                attempts,
+                common: c,
+            } => run_controls(bugs, attempts, c.seed, c.duration, c.out).await,
         }
     });
     match result {
@@ -276,6 +282,7 @@ async fn run_scenarios(
 
 async fn run_controls(
     bugs: Vec<String>,
+    attempts: u64,
     seed: u64,
     duration: Duration,
     out: Option<PathBuf>,
@@ -299,9 +306,21 @@ async fn run_controls(
     for c in &controls {
         let s = scenario::by_name(c.scenario)
             .ok_or_else(|| format!("control {}: no scenario {}", c.bug, c.scenario))?;
-        let o = run::run(&s, seed, duration, &dir, Some(c.bug)).await?;
+        let mut runs = 0;
+        let (o, hit) = loop {
+            let this_seed = seed.wrapping_add(runs);
+            runs += 1;
+            let o = run::run(&s, this_seed, duration, &dir, Some(c.bug)).await?;
+            let hit = o.figures.violations() > 0;
+            if hit || !c.harness_catches || runs >= attempts {
+                break (o, hit);
+            }
+            println!(
+                "control {:<22} no violation with seed {this_seed} ({} acquisitions); again",
+                c.bug, o.figures.acquisitions
+            );
+        };
         let f = &o.figures;
-        let hit = f.violations() > 0;
         if hit || !c.harness_catches {
             caught += 1;
         }
@@ -310,9 +329,10 @@ async fn run_controls(
             "control {:<22} {}: {}",
             c.bug,
             match (hit, c.harness_catches) {
-                (true, _) => "caught",
-                (false, true) => "NOT CAUGHT",
-                (false, false) => "not caught (known gap, see list)",
+                (true, _) if runs == 1 => "caught".to_owned(),
+                (true, _) => format!("caught (run {runs})"),
+                (false, true) => format!("NOT CAUGHT in {runs} runs"),
+                (false, false) => "not caught (known gap, see list)".to_owned(),
             },
             if hit {
                 first
@@ -322,7 +342,8 @@ async fn run_controls(
         );
         report.push(
             json!({"bug": c.bug, "scenario": c.scenario, "expected": c.expect,
-            "caught": hit, "figures": f.to_json(), "history": o.history.display().to_string()}),
+            "caught": hit, "runs": runs, "figures": f.to_json(),
+            "history": o.history.display().to_string()}),
         );
     }
     let known_gaps = controls.iter().filter(|c| !c.harness_catches).count();
