@@ -61,7 +61,9 @@ impl<T> KeyQueue<T> {
 
 /// The per-key local queues of one client. `T` is what a hand-off delivers.
 pub(crate) struct LocalQueues<T> {
-    map: Mutex<HashMap<String, KeyQueue<T>>>,
+    /// Keyed by lock name. foldhash (seeded per map) rather than SipHash: the map is touched
+    /// twice per acquisition, and its keys are the process's own lock names.
+    map: Mutex<HashMap<String, KeyQueue<T>, foldhash::fast::RandomState>>,
     next_id: AtomicU64,
 }
 
@@ -96,12 +98,12 @@ pub(crate) struct Offer<T> {
 impl<T> LocalQueues<T> {
     pub(crate) fn new() -> Self {
         LocalQueues {
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(HashMap::default()),
             next_id: AtomicU64::new(1),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, KeyQueue<T>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, KeyQueue<T>, foldhash::fast::RandomState>> {
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

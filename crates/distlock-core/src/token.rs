@@ -19,8 +19,7 @@ pub struct Token(String);
 impl Token {
     /// A fresh random token.
     pub fn generate() -> Self {
-        let bits: u128 = rand::random();
-        Token(format!("{bits:032x}"))
+        Token(hex128(rand::random()))
     }
 
     /// A token read from elsewhere (another process, a command line).
@@ -65,10 +64,29 @@ pub fn unix_ms() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
+/// `bits` as 32 lower-case hex digits, written by hand: `format!` costs several times as much,
+/// and a token is made for every acquisition.
+fn hex128(bits: u128) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(32);
+    for i in (0..32).rev() {
+        s.push(char::from(HEX[((bits >> (4 * i)) & 0xf) as usize]));
+    }
+    s
+}
+
 /// The value engines store for a holder: `<token> <since, unix ms> <owner label>` (tokens and the
 /// time never contain spaces; the label may).
 pub fn holder_value(token: &str, since_ms: u128, owner: &str) -> String {
-    format!("{token} {since_ms} {owner}")
+    let mut digits = itoa::Buffer::new();
+    let since = digits.format(since_ms);
+    let mut v = String::with_capacity(token.len() + since.len() + owner.len() + 2);
+    v.push_str(token);
+    v.push(' ');
+    v.push_str(since);
+    v.push(' ');
+    v.push_str(owner);
+    v
 }
 
 /// A stored holder value's token and its label for `status` (`owner since <ms>`), or
@@ -89,6 +107,25 @@ pub fn describe_holder_value(value: &str) -> (&str, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_and_holder_values_read_as_formatted() {
+        for bits in [
+            0,
+            1,
+            0xabc,
+            u128::MAX,
+            0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
+        ] {
+            assert_eq!(hex128(bits), format!("{bits:032x}"));
+        }
+        let v = holder_value("t0k", 1_700_000_000_123, "host/42 job");
+        assert_eq!(v, "t0k 1700000000123 host/42 job");
+        assert_eq!(
+            describe_holder_value(&v),
+            ("t0k", "host/42 job since 1700000000123".to_owned())
+        );
+    }
 
     #[test]
     fn tokens_are_128_bit_hex_and_distinct() {

@@ -12,7 +12,7 @@ use distlock_core::{
 use sha2::{Digest, Sha256};
 
 use crate::config::MemcachedConfig;
-use crate::meta::{Pool, Reply};
+use crate::meta::{Arg, Pool, Reply};
 
 /// Why memcached gives no fencing token (shown to users who ask for one).
 const NO_FENCING: &str = "memcached has no counter that survives an eviction, a restart or a \
@@ -43,7 +43,8 @@ struct Held {
 struct Inner {
     config: MemcachedConfig,
     pool: Pool,
-    held: Mutex<HashMap<String, Held>>,
+    /// By token. foldhash rather than SipHash: touched at every acquisition and release.
+    held: Mutex<HashMap<String, Held, foldhash::fast::RandomState>>,
 }
 
 /// A lock engine on memcached, as seed 000 builds it, with its repairs and its limits:
@@ -75,7 +76,7 @@ impl fmt::Debug for MemcachedBackend {
 fn unexpected(doing: &str, r: &Reply) -> LockError {
     LockError::new(
         ErrorKind::Protocol,
-        format!("{doing}: memcached answered {} {:?}", r.code, r.flags),
+        format!("{doing}: memcached answered {r}"),
     )
 }
 
@@ -104,7 +105,7 @@ impl MemcachedBackend {
             inner: Arc::new(Inner {
                 config,
                 pool,
-                held: Mutex::new(HashMap::new()),
+                held: Mutex::new(HashMap::default()),
             }),
         };
         // A meta no-op answers `MN`... which our reader does not take; a miss does: `EN`.
@@ -112,7 +113,7 @@ impl MemcachedBackend {
         backend
             .inner
             .pool
-            .call(&format!("mg {probe}"), None)
+            .call(&[Arg::Word("mg"), Arg::Word(&probe)], None)
             .await?;
         Ok(backend)
     }
@@ -124,7 +125,10 @@ impl MemcachedBackend {
         let plain = prefix.len() + name.len() <= MAX_ITEM_KEY
             && name.bytes().all(|b| b > b' ' && b != 0x7f);
         if plain {
-            return format!("{prefix}{name}");
+            let mut item = String::with_capacity(prefix.len() + name.len());
+            item.push_str(prefix);
+            item.push_str(name);
+            return item;
         }
         let digest = Sha256::digest(name.as_bytes());
         let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
@@ -136,9 +140,18 @@ impl MemcachedBackend {
         let r = self
             .inner
             .pool
-            .call(&format!("mg {item} v c t"), None)
+            .call(
+                &[
+                    Arg::Word("mg"),
+                    Arg::Word(item),
+                    Arg::Word("v"),
+                    Arg::Word("c"),
+                    Arg::Word("t"),
+                ],
+                None,
+            )
             .await?;
-        match r.code.as_str() {
+        match r.code {
             "EN" => Ok(None),
             "VA" => {
                 let value =
@@ -183,9 +196,16 @@ impl Backend for MemcachedBackend {
         }
         let value =
             distlock_core::holder_value(req.token.as_str(), distlock_core::unix_ms(), req.owner);
-        let line = format!("ms {item} {} T{} ME c", value.len(), item_ttl(req.ttl));
+        let line = [
+            Arg::Word("ms"),
+            Arg::Word(&item),
+            Arg::Num(value.len() as u64),
+            Arg::Flag('T', item_ttl(req.ttl)),
+            Arg::Word("ME"),
+            Arg::Word("c"),
+        ];
         let r = self.inner.pool.call(&line, Some(value.as_bytes())).await?;
-        match r.code.as_str() {
+        match r.code {
             "HD" => {
                 let cas = r
                     .flag('c')
@@ -230,9 +250,16 @@ impl Backend for MemcachedBackend {
             return Ok(LeaseCheck::Missing);
         };
         let item = self.item(key);
-        let line = format!("ms {item} {} T{} C{cas} c", value.len(), item_ttl(ttl));
+        let line = [
+            Arg::Word("ms"),
+            Arg::Word(&item),
+            Arg::Num(value.len() as u64),
+            Arg::Flag('T', item_ttl(ttl)),
+            Arg::Flag('C', cas),
+            Arg::Word("c"),
+        ];
         let r = self.inner.pool.call(&line, Some(value.as_bytes())).await?;
-        match r.code.as_str() {
+        match r.code {
             "HD" => {
                 if let Some(new) = r.flag('c').and_then(|c| u64::try_from(c).ok())
                     && let Some(h) = lock(&self.inner.held).get_mut(token.as_str())
@@ -277,9 +304,12 @@ impl Backend for MemcachedBackend {
         let r = self
             .inner
             .pool
-            .call(&format!("md {item} C{cas}"), None)
+            .call(
+                &[Arg::Word("md"), Arg::Word(&item), Arg::Flag('C', cas)],
+                None,
+            )
             .await?;
-        match r.code.as_str() {
+        match r.code {
             "HD" => Ok(LeaseCheck::Ours),
             "NF" => Ok(LeaseCheck::Missing),
             "EX" => Ok(LeaseCheck::Foreign),
@@ -304,9 +334,12 @@ impl Backend for MemcachedBackend {
             let r = self
                 .inner
                 .pool
-                .call(&format!("md {item} C{cas}"), None)
+                .call(
+                    &[Arg::Word("md"), Arg::Word(&item), Arg::Flag('C', cas)],
+                    None,
+                )
                 .await?;
-            match r.code.as_str() {
+            match r.code {
                 "HD" => return Ok(Some(holder_status(&value, ttl))),
                 "NF" => return Ok(None),
                 "EX" => {}

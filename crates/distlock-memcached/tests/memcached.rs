@@ -86,3 +86,39 @@ async fn long_and_spaced_keys_are_hashed_and_bad_servers_are_clear_errors() {
     assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
     assert!(t0.elapsed() < Duration::from_secs(2));
 }
+
+/// A server that stops answering: the request fails with `Timeout` after the response timeout
+/// (the connection keeps one reply deadline, moved before each request), the connection is
+/// dropped so that its late reply is never read as another request's, and once the server is
+/// back the lock is usable again: the timed-out attempt's item is cleaned up or expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_times_out_and_its_late_replies_are_not_misread() {
+    let Some(mc) = Memcached::start() else { return };
+    let c = client(&mc.url("?response_timeout=300ms"), Duration::from_secs(3)).await;
+    for _ in 0..50 {
+        let g = c.try_acquire("p").await.unwrap().expect("free");
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+    }
+    mc.pause();
+    let t0 = Instant::now();
+    let e = c.try_acquire("p").await.expect_err("the server is paused");
+    let took = t0.elapsed();
+    mc.resume();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    let until = Instant::now() + Duration::from_secs(6);
+    let g = loop {
+        if let Some(g) = c.try_acquire("p").await.unwrap() {
+            break g;
+        }
+        assert!(Instant::now() < until, "the lock never came free");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let status = c.status("p").await.unwrap();
+    assert!(status.held, "{status:?}");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    assert!(!c.status("p").await.unwrap().held);
+}

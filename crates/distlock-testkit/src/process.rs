@@ -93,9 +93,16 @@ impl Daemon {
         nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid fits"))
     }
 
-    /// SIGSTOP: connections stay open and nothing answers.
+    /// SIGSTOP: connections stay open and nothing answers. Returns once every thread is
+    /// stopped (the signal is only queued when `kill` returns, and a thread running on the other
+    /// CPU could still answer a request sent right after), or after a second at most.
     pub(crate) fn pause(&self) {
-        nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+        let pid = self.pid();
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while !all_stopped(pid) && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     /// SIGCONT.
@@ -148,4 +155,19 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Whether every thread of `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
+fn all_stopped(pid: nix::unistd::Pid) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command name, which is in parentheses.
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+                .is_some_and(|state| state == 'T' || state == 't')
+        })
+    })
 }
