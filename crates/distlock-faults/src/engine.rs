@@ -195,24 +195,6 @@ impl Engine {
         }
     }
 
-    /// The tokens stored under the lock `key` on each server, for the leak check at the end of
-    /// a run (Redis and Redlock; `None` for the other engines).
-    pub(crate) fn lock_tokens(&self, key: &str) -> Option<Vec<String>> {
-        let Servers::Redis(servers) = &self.servers else {
-            return None;
-        };
-        let name = format!("distlock:{{{key}}}");
-        Some(
-            servers
-                .iter()
-                .filter_map(|s| {
-                    let v = s.cli(&["GET", &name]);
-                    v.split_whitespace().next().map(str::to_owned)
-                })
-                .collect(),
-        )
-    }
-
     /// A forward jump of the server's clock by `by`, as it affects expiry: every lock key's
     /// remaining time shrinks by `by` (keys it brings to zero expire). Debian's redis-server
     /// hangs under libfaketime, so this Lua script stands in for it. Redis only.

@@ -67,7 +67,8 @@ async fn wait_long_hold(
     let mut since: Option<(u64, tokio::time::Instant)> = None;
     loop {
         let now = tokio::time::Instant::now();
-        match lock(shared).workers[w].holding {
+        let holding = lock(shared).workers[w].holding;
+        match holding {
             Some(n) if Some(n) != before => match since {
                 Some((m, t)) if m == n => {
                     if now - t >= hold {

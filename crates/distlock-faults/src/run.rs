@@ -187,7 +187,7 @@ pub(crate) async fn run(
         stop_at,
     ));
     let ports = lock(&shared).engine.redis_ports();
-    let auditor = tokio::spawn(audit(shared.clone(), ports, ttl / 5));
+    let auditor = tokio::spawn(audit(shared.clone(), ports.clone(), ttl / 5));
     let mut incs = vec![0u64; scenario.workers];
     // The loop ends when the time is up and every worker finished its operation, or at the
     // hard deadline.
@@ -317,6 +317,18 @@ pub(crate) async fn run(
             .record(json!({"ev": "sql-final", "t": mono::now_ns(),
             "w": v.w, "rw": v.rw}));
     }
+    // The copies of the lock left on the Redis servers (every server runs again by now).
+    let leftover = if ports.is_empty() {
+        None
+    } else {
+        let copies = lock_copies(&ports, Duration::from_secs(1)).await;
+        Some(
+            copies
+                .into_iter()
+                .map(|(_, token, _)| token)
+                .collect::<Vec<_>>(),
+        )
+    };
     let mut s = lock(&shared);
     let s = &mut *s;
     let open: Vec<Vec<usize>> = s
@@ -326,7 +338,7 @@ pub(crate) async fn run(
         .collect();
     s.history
         .record(json!({"ev": "connections", "t": mono::now_ns(), "open": open}));
-    if let Some(tokens) = s.engine.lock_tokens("k") {
+    if let Some(tokens) = leftover {
         s.history
             .record(json!({"ev": "leftover", "t": mono::now_ns(), "tokens": tokens}));
     }
@@ -589,31 +601,42 @@ async fn audit(shared: SharedRef, ports: Vec<u16>, every: Duration) {
     if ports.is_empty() {
         return;
     }
-    let name = "distlock:{k}";
     loop {
         tokio::time::sleep(every).await;
-        let mut copies = Vec::new();
-        for (i, port) in ports.iter().enumerate() {
-            let read = async {
-                let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
-                let mut c = client.get_multiplexed_async_connection().await.ok()?;
-                redis::cmd("GET")
-                    .arg(name)
-                    .query_async::<Option<String>>(&mut c)
-                    .await
-                    .ok()?
-            };
-            // A paused or restarting server is skipped this time.
-            if let Ok(Some(v)) = tokio::time::timeout(Duration::from_millis(100), read).await {
-                let mut parts = v.split(' ');
-                let token = parts.next().unwrap_or("").to_owned();
-                let owner = parts.nth(1).unwrap_or("").to_owned();
-                copies.push(json!([i, token, owner]));
-            }
-        }
+        // A paused or restarting server is skipped this time.
+        let copies: Vec<Value> = lock_copies(&ports, Duration::from_millis(100))
+            .await
+            .into_iter()
+            .map(|(i, token, owner)| json!([i, token, owner]))
+            .collect();
         // Empty audits are recorded too: a leak is a copy seen in consecutive audits.
         lock(&shared)
             .history
             .record(json!({"ev": "audit", "t": mono::now_ns(), "copies": copies}));
     }
+}
+
+/// The lock's copies on the Redis servers at `ports`: (server, token, owner) for each server
+/// that has one and answers within `timeout`.
+async fn lock_copies(ports: &[u16], timeout: Duration) -> Vec<(usize, String, String)> {
+    let name = "distlock:{k}";
+    let mut copies = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let read = async {
+            let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+            let mut c = client.get_multiplexed_async_connection().await.ok()?;
+            redis::cmd("GET")
+                .arg(name)
+                .query_async::<Option<String>>(&mut c)
+                .await
+                .ok()?
+        };
+        if let Ok(Some(v)) = tokio::time::timeout(timeout, read).await {
+            let mut parts = v.split(' ');
+            let token = parts.next().unwrap_or("").to_owned();
+            let owner = parts.nth(1).unwrap_or("").to_owned();
+            copies.push((i, token, owner));
+        }
+    }
+    copies
 }

@@ -20,7 +20,9 @@ pub(crate) enum Fault {
     /// SIGKILL of a server, restarted at once or after 0.5–2 × TTL (with the engine's
     /// persistence setting).
     RestartServer,
-    /// One worker's replies held back by 0.2–1.2 × TTL for a while (the proxy).
+    /// Replies held back by the proxy: mostly by less than the request timeout (slow grants),
+    /// sometimes by 0.3–1.2 × TTL (timeouts); one worker's until it has held the lock a TTL,
+    /// or every worker's for 3–6 × TTL.
     DelayReplies,
     /// One worker's requests reach the server but replies are lost and the connection reset
     /// (the proxy), for a short while.
