@@ -33,9 +33,11 @@ fn item_ttl(ttl: Duration) -> u64 {
     ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0) + 1
 }
 
-/// A lock we hold: its item, the value we wrote (renewals write it again) and the item's CAS.
+/// A lock we hold: its key and item, the value we wrote (renewals write it again) and the
+/// item's CAS.
 struct Held {
     key: String,
+    item: String,
     value: String,
     cas: u64,
 }
@@ -156,8 +158,7 @@ impl MemcachedBackend {
             "VA" => {
                 let value =
                     String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
-                let cas = r.flag('c').and_then(|c| u64::try_from(c).ok()).unwrap_or(0);
-                Ok(Some((value, cas, r.flag('t'))))
+                Ok(Some((value, r.cas.unwrap_or(0), r.ttl)))
             }
             _ => Err(unexpected("reading a lock", &r)),
         }
@@ -186,6 +187,7 @@ impl Backend for MemcachedBackend {
                         req.token.as_str().to_owned(),
                         Held {
                             key: req.key.to_owned(),
+                            item,
                             value,
                             cas,
                         },
@@ -207,14 +209,12 @@ impl Backend for MemcachedBackend {
         let r = self.inner.pool.call(&line, Some(value.as_bytes())).await?;
         match r.code {
             "HD" => {
-                let cas = r
-                    .flag('c')
-                    .and_then(|c| u64::try_from(c).ok())
-                    .ok_or_else(|| unexpected(DOING, &r))?;
+                let cas = r.cas.ok_or_else(|| unexpected(DOING, &r))?;
                 lock(&self.inner.held).insert(
                     req.token.as_str().to_owned(),
                     Held {
                         key: req.key.to_owned(),
+                        item,
                         value,
                         cas,
                     },
@@ -242,14 +242,13 @@ impl Backend for MemcachedBackend {
         token: &Token,
         ttl: Duration,
     ) -> Result<LeaseCheck, LockError> {
-        let Some((value, cas)) = lock(&self.inner.held)
+        let Some((item, value, cas)) = lock(&self.inner.held)
             .get(token.as_str())
             .filter(|h| h.key == key)
-            .map(|h| (h.value.clone(), h.cas))
+            .map(|h| (h.item.clone(), h.value.clone(), h.cas))
         else {
             return Ok(LeaseCheck::Missing);
         };
-        let item = self.item(key);
         let line = [
             Arg::Word("ms"),
             Arg::Word(&item),
@@ -261,7 +260,7 @@ impl Backend for MemcachedBackend {
         let r = self.inner.pool.call(&line, Some(value.as_bytes())).await?;
         match r.code {
             "HD" => {
-                if let Some(new) = r.flag('c').and_then(|c| u64::try_from(c).ok())
+                if let Some(new) = r.cas
                     && let Some(h) = lock(&self.inner.held).get_mut(token.as_str())
                 {
                     h.cas = new;
@@ -284,18 +283,18 @@ impl Backend for MemcachedBackend {
                 _ => None,
             }
         };
-        let item = self.item(key);
-        let cas = match held {
-            Some(h) => h.cas,
+        let (item, cas) = match held {
+            Some(h) => (h.item, h.cas),
             None => {
                 // No record: an acquire cancelled after its add was sent (the core cleans up
                 // with its token). Ours if the item carries our token: delete it by the CAS
                 // read now, so a newer holder's lock still survives.
+                let item = self.item(key);
                 match self.read(&item).await? {
                     Some((value, cas, _))
                         if distlock_core::describe_holder_value(&value).0 == token.as_str() =>
                     {
-                        cas
+                        (item, cas)
                     }
                     _ => return Ok(LeaseCheck::Missing),
                 }

@@ -15,20 +15,11 @@ use tokio::time::{Instant, Sleep};
 #[derive(Debug)]
 pub(crate) struct Reply {
     pub(crate) code: &'static str,
-    cas: Option<i64>,
-    ttl: Option<i64>,
+    /// The item's CAS (`c`), when asked for.
+    pub(crate) cas: Option<u64>,
+    /// The item's seconds left (`t`, `-1` for none), when asked for.
+    pub(crate) ttl: Option<i64>,
     pub(crate) value: Option<Vec<u8>>,
-}
-
-impl Reply {
-    /// The numeric value of the flag `letter` (`c` → the CAS, `t` → the TTL), if returned.
-    pub(crate) fn flag(&self, letter: char) -> Option<i64> {
-        match letter {
-            'c' => self.cas,
-            't' => self.ttl,
-            _ => None,
-        }
-    }
 }
 
 impl std::fmt::Display for Reply {
