@@ -338,17 +338,29 @@ async fn interleaved<B: distlock_core::Backend>(
     (median(f), median(o))
 }
 
-/// etcd's floor: a create-if-absent transaction and a delete, with etcd-client.
-async fn etcd_floor(client: &mut etcd_client::Client, cycles: usize) -> f64 {
-    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+/// etcd's floor: a create-if-absent transaction and a delete, as bare gRPC calls on one
+/// connection (no member fail-over, no leader check, no lease).
+async fn etcd_floor(conn: &distlock_etcd::wire::Conn, cycles: usize) -> f64 {
+    use distlock_etcd::wire::{Compare, CompareResult, DeleteRangeRequest, RequestOp, TxnRequest};
     let t0 = Instant::now();
     for i in 0..cycles {
-        let txn = Txn::new()
-            .when([Compare::create_revision("raw/lock", CompareOp::Equal, 0)])
-            .and_then([TxnOp::put("raw/lock", format!("t{i}"), None)]);
-        let r = client.txn(txn).await.expect("txn");
-        assert!(r.succeeded(), "raw lock busy");
-        client.delete("raw/lock", None).await.expect("delete");
+        let txn = TxnRequest::new(
+            vec![Compare::create_revision(
+                "raw/lock",
+                CompareResult::Equal,
+                0,
+            )],
+            vec![RequestOp::put("raw/lock", format!("t{i}"), 0)],
+            vec![],
+        );
+        let r = conn.txn(txn).await.expect("txn");
+        assert!(r.succeeded, "raw lock busy");
+        conn.delete_range(DeleteRangeRequest {
+            key: b"raw/lock".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .expect("delete");
     }
     cycles as f64 / t0.elapsed().as_secs_f64()
 }
@@ -378,22 +390,23 @@ fn p5(rt: &tokio::runtime::Runtime, rounds: usize, cycles: usize, pin: bool) -> 
         }
         let url = etcd.url("");
         rows.push(rt.block_on(async {
-            let endpoint = format!("127.0.0.1:{}", etcd.members()[0].port());
-            let mut raw = etcd_client::Client::connect([endpoint], None)
-                .await
-                .expect("connect");
+            let endpoint = format!("http://127.0.0.1:{}", etcd.members()[0].port());
+            let raw = distlock_etcd::wire::Conn::lazy(
+                endpoint.parse().expect("an endpoint"),
+                Duration::from_secs(3),
+                false,
+                None,
+            );
             let ours = LockClient::new(
                 distlock_etcd::EtcdBackend::connect(&url)
                     .await
                     .expect("connect"),
             );
-            let (floor, ours) = interleaved(&ours, rounds, cycles, async |n| {
-                etcd_floor(&mut raw, n).await
-            })
-            .await;
+            let (floor, ours) =
+                interleaved(&ours, rounds, cycles, async |n| etcd_floor(&raw, n).await).await;
             P5Row {
                 engine: "etcd 3.4 (data on tmpfs)",
-                floor_name: "etcd-client txn create-if-absent + delete",
+                floor_name: "raw gRPC txn create-if-absent + delete",
                 floor,
                 ours,
             }

@@ -10,16 +10,18 @@ use distlock_core::{
     AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
     LockStatus, PredecessorWatches, Subscription, Token, WakeHub,
 };
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KvClient,
-    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
-};
 use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 use tokio::task::AbortHandle;
 
 use crate::config::EtcdConfig;
 use crate::error::{lease_missing, map_err, member_failed, never_sent};
+use crate::wire::{
+    Compare, CompareResult, Conn, DeleteRangeRequest, EventType, FilterType, KeyValue,
+    RangeRequest, RangeResponse, RequestOp, ResponseOp, SortOrder, SortTarget, TxnRequest,
+    TxnResponse, WatchCreateRequest, revision,
+};
+use tonic::Status;
 
 /// One entry of ours in a lock's queue: the key `<prefix><name>/<lease id>`, attached to its
 /// own lease.
@@ -55,10 +57,9 @@ struct Spare {
 /// One member of the cluster and its connection, opened on first use (a member down when we
 /// start is tried again when its turn comes).
 struct Member {
-    endpoint: String,
-    /// The client, and its key-value service alone: the locks' own requests clone that (one
-    /// gRPC client), not the whole `Client` (eight).
-    conn: OnceCell<(Client, KvClient)>,
+    endpoint: tonic::transport::Endpoint,
+    /// The connection, logged in (when the URL has credentials) on first use.
+    conn: OnceCell<Conn>,
 }
 
 /// Whether a request may be sent again after it timed out or its member failed while it was in
@@ -77,7 +78,6 @@ struct Inner {
     /// up) costs one response timeout, not one in three requests as a balancer would.
     members: Vec<Member>,
     current: AtomicUsize,
-    options: ConnectOptions,
     config: EtcdConfig,
     /// Our entries, by token.
     entries: Mutex<HashMap<String, Entry>>,
@@ -148,32 +148,26 @@ impl EtcdBackend {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn with_config(config: EtcdConfig) -> Result<Self, LockError> {
-        // No `with_timeout`: `send_on` bounds every request by the response timeout.
-        // `require_leader`: a member that has no leader (an election, the minority side of a
-        // partition) refuses at once instead of holding the request until it times out, and
-        // the request goes to the next member.
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(config.connect_timeout)
-            .with_require_leader(true);
-        if let Some((user, password)) = &config.user {
-            options = options.with_user(user.clone(), password.clone());
-        }
         let doing = format!("connecting to etcd at {}", config.endpoints.join(","));
-        let members = config
-            .endpoints
-            .iter()
-            .map(|e| Member {
-                endpoint: e.clone(),
+        let mut members = Vec::with_capacity(config.endpoints.len());
+        for e in &config.endpoints {
+            let endpoint = tonic::transport::Endpoint::from_shared(e.clone()).map_err(|err| {
+                LockError::new(
+                    ErrorKind::Config,
+                    format!("{e:?} is not an etcd member address: {err}"),
+                )
+            })?;
+            members.push(Member {
+                endpoint,
                 conn: OnceCell::new(),
-            })
-            .collect();
+            });
+        }
         let runtime = Handle::current();
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
             let leaving = weak.clone();
             Inner {
                 members,
                 current: AtomicUsize::new(0),
-                options,
                 config,
                 entries: Mutex::new(HashMap::new()),
                 keepers: Mutex::new(HashMap::new()),
@@ -193,7 +187,7 @@ impl EtcdBackend {
         // A request, so an unreachable cluster or refused credentials show now.
         let backend = EtcdBackend { inner };
         backend
-            .retry_kv(|mut c| async move { c.get("distlock-probe", None).await })
+            .retry(|c| async move { c.range(RangeRequest::key("distlock-probe")).await })
             .await
             .map_err(|e| map_err(e, &doing))?;
         Ok(backend)
@@ -208,6 +202,23 @@ impl EtcdBackend {
     /// fencing token `fence`: one transaction that compares the lock key's create revision
     /// (Jepsen's safe "lock-etcd-set"). `Ok(false)`: the lock is no longer ours (expired, or
     /// taken over), and nothing was written.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), distlock_core::LockError> {
+    /// use distlock_core::LockClient;
+    /// use distlock_etcd::EtcdBackend;
+    ///
+    /// let locks = LockClient::new(EtcdBackend::connect("etcd://127.0.0.1:2379").await?);
+    /// let guard = locks.acquire("config").await?;
+    /// let fence = guard.fence().expect("etcd gives fences");
+    /// let written = locks
+    ///     .backend()
+    ///     .fenced_put("config", fence, "app/config", "v2")
+    ///     .await?;
+    /// assert!(written, "the lock was lost before the write");
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// The client's errors.
@@ -226,42 +237,35 @@ impl EtcdBackend {
             .find(|e| e.name == name && e.rev == rev && e.held)
             .map(|e| e.key.clone());
         let Some(key) = key else { return Ok(false) };
-        let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, rev)])
-            .and_then([TxnOp::put(data_key, value, None)]);
+        let txn = TxnRequest::new(
+            vec![Compare::create_revision(key, CompareResult::Equal, rev)],
+            vec![RequestOp::put(data_key, value, 0)],
+            vec![],
+        );
         let reply = self
             .txn(txn)
             .await
             .map_err(|e| map_err(e, "a fenced write to etcd"))?;
-        Ok(reply.succeeded())
+        Ok(reply.succeeded)
     }
 
-    /// Runs a request, again on another member while its connection could not even be opened
-    /// (the client balances over the members, dead ones included).
-    async fn retry<T, F, Fut>(&self, f: F) -> Result<T, etcd_client::Error>
+    /// A request that may be sent twice (a read, a keep-alive, a watch), sent again on another
+    /// member when its member fails.
+    async fn retry<T, F, Fut>(&self, f: F) -> Result<T, Status>
     where
-        F: Fn(Client) -> Fut,
-        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+        F: Fn(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
     {
         self.inner.retry(f).await
     }
 
-    /// A key-value read, sent again on another member when its member fails.
-    async fn retry_kv<T, F, Fut>(&self, f: F) -> Result<T, etcd_client::Error>
+    /// A write, sent again only when it never reached a member.
+    async fn write<T, F, Fut>(&self, f: F) -> Result<T, Status>
     where
-        F: Fn(KvClient) -> Fut,
-        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+        F: Fn(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
     {
-        self.inner.retry_kv(Resend::Always, f).await
-    }
-
-    /// A key-value write, sent again only when it never reached a member.
-    async fn write_kv<T, F, Fut>(&self, f: F) -> Result<T, etcd_client::Error>
-    where
-        F: Fn(KvClient) -> Fut,
-        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
-    {
-        self.inner.retry_kv(Resend::IfNeverSent, f).await
+        self.inner.send_on(Resend::IfNeverSent, f).await.1
     }
 
     /// A first attempt: one transaction that writes our key only if the lock has no key at all
@@ -273,20 +277,17 @@ impl EtcdBackend {
         token: &str,
         entry: &Entry,
         fresh: bool,
-        first: TxnOp,
+        first: RequestOp,
     ) -> Result<Attempt, LockError> {
         let prefix = self.lock_prefix(req.key);
         let value = distlock_core::holder_value(token, distlock_core::unix_ms(), req.owner);
-        let txn = Txn::new()
-            .when([Compare::create_revision(prefix.as_str(), CompareOp::Equal, 0).with_prefix()])
-            .and_then([TxnOp::put(
-                entry.key.as_str(),
-                value,
-                Some(PutOptions::new().with_lease(entry.lease)),
-            )])
-            .or_else([first]);
+        let txn = TxnRequest::new(
+            vec![Compare::create_revision(prefix, CompareResult::Equal, 0).over_prefix()],
+            vec![RequestOp::put(entry.key.as_str(), value, entry.lease)],
+            vec![first],
+        );
         let reply = self.acquire_txn(token, txn).await?;
-        if !reply.succeeded() {
+        if !reply.succeeded {
             // Busy, and nothing written: the lease goes back to the spares.
             if let Some(e) = lock_mutex(&self.inner.entries).remove(token) {
                 self.keep_spare(&e);
@@ -294,24 +295,31 @@ impl EtcdBackend {
             return Ok(Attempt::Busy { holder_ttl: None });
         }
         // The put was the transaction's only write: its revision is our key's create revision.
-        let rev = reply.header().map_or(0, |h| h.revision());
+        let rev = revision(reply.header.as_ref());
         Ok(self.acquired(token, entry, rev, fresh))
     }
 
     /// Grants a lease. Also returns when the try that succeeded was sent (the server keeps the
     /// lease at least its TTL from then) and how many tries it took.
-    async fn grant(
-        &self,
-        ttl_s: i64,
-    ) -> Result<(etcd_client::LeaseGrantResponse, Instant, u32), etcd_client::Error> {
+    async fn grant(&self, ttl_s: i64) -> Result<(Granted, Instant, u32), Status> {
         let last = Mutex::new((Instant::now(), 0u32));
         let granted = self
-            .retry(|mut c| {
+            .retry(|c| {
                 let mut l = lock_mutex(&last);
                 *l = (Instant::now(), l.1 + 1);
-                async move { c.lease_grant(ttl_s, None).await }
+                async move { c.lease_grant(ttl_s).await }
             })
             .await?;
+        if !granted.error.is_empty() {
+            return Err(Status::unknown(format!(
+                "granting a lease: {}",
+                granted.error
+            )));
+        }
+        let granted = Granted {
+            id: granted.id,
+            ttl: granted.ttl,
+        };
         let (sent, tries) = *lock_mutex(&last);
         Ok((granted, sent, tries))
     }
@@ -348,8 +356,8 @@ impl EtcdBackend {
     }
 
     /// Sends a transaction (again on another member while it never reached one).
-    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, etcd_client::Error> {
-        self.write_kv(|mut c| {
+    async fn txn(&self, txn: TxnRequest) -> Result<TxnResponse, Status> {
+        self.write(|c| {
             let txn = txn.clone();
             async move { c.txn(txn).await }
         })
@@ -358,11 +366,7 @@ impl EtcdBackend {
 
     /// An acquire's transaction: a lease found gone (expired before the key could be written)
     /// drops the attempt's entry and is reported as `Lost`.
-    async fn acquire_txn(
-        &self,
-        token: &str,
-        txn: Txn,
-    ) -> Result<etcd_client::TxnResponse, LockError> {
+    async fn acquire_txn(&self, token: &str, txn: TxnRequest) -> Result<TxnResponse, LockError> {
         match self.txn(txn).await {
             Ok(r) => Ok(r),
             Err(e) if lease_missing(&e) => {
@@ -403,7 +407,7 @@ impl EtcdBackend {
                 // Granted at the first try: the attempt's own start bounds it. Sent again (the
                 // first member hung, say), it is reported with its age, counted from the send
                 // that succeeded: a lock is not given up for the time lost on a dead member.
-                (granted.id(), granted.ttl().max(ttl_s), sent, tries == 1)
+                (granted.id, granted.ttl.max(ttl_s), sent, tries == 1)
             }
         };
         let entry = Entry {
@@ -445,38 +449,39 @@ impl EtcdBackend {
             // Until aborted (held, left, released) or the lease is gone; a broken stream (a
             // member died) is opened again on another one.
             loop {
+                // A third of the TTL after the last refresh that succeeded: at once on a
+                // stream opened again after a failure. Opening the stream sends a keep-alive.
+                let due = *lock_mutex(&refreshed) + every;
+                tokio::time::sleep_until(due.into()).await;
+                let mut sent = Instant::now();
                 let (member, opened) = inner
-                    .send_on(
-                        Resend::Always,
-                        |m| m.0.clone(),
-                        |mut c| async move { c.lease_keep_alive(lease).await },
-                    )
+                    .send_on(Resend::Always, |c| async move {
+                        c.lease_keep_alive(lease).await
+                    })
                     .await;
-                let Ok((mut keeper, mut stream)) = opened else {
+                let Ok(mut keeper) = opened else {
                     tokio::time::sleep(every / 4).await;
                     continue;
                 };
                 loop {
-                    // A third of the TTL after the last refresh that succeeded: at once on a
-                    // stream opened again after a failure.
-                    let due = *lock_mutex(&refreshed) + every;
-                    tokio::time::sleep_until(due.into()).await;
-                    let sent = Instant::now();
-                    if keeper.keep_alive().await.is_err() {
-                        break;
-                    }
                     // A member that stopped answering (paused, partitioned) must not hold the
                     // keep-alive up: after the response timeout, open it again elsewhere.
-                    match tokio::time::timeout(inner.config.response_timeout, stream.message())
+                    match tokio::time::timeout(inner.config.response_timeout, keeper.message())
                         .await
                     {
-                        Ok(Ok(Some(r))) if r.ttl() > 0 => *lock_mutex(&refreshed) = sent,
+                        Ok(Ok(Some(r))) if r.ttl > 0 => *lock_mutex(&refreshed) = sent,
                         Ok(Ok(Some(_))) => return,
                         Ok(_) => break,
                         Err(_) => {
                             inner.move_on(member);
                             break;
                         }
+                    }
+                    let due = *lock_mutex(&refreshed) + every;
+                    tokio::time::sleep_until(due.into()).await;
+                    sent = Instant::now();
+                    if keeper.send().await.is_err() {
+                        break;
                     }
                 }
             }
@@ -501,23 +506,26 @@ impl EtcdBackend {
         let (n, key) = (name.to_owned(), pred.clone());
         self.inner.watches.point(name, &pred, move || {
             let task = inner.runtime.clone().spawn(async move {
-                let options = WatchOptions::new()
-                    .with_start_revision(from_rev)
-                    .with_filters([WatchFilterType::NoPut]);
+                let create = WatchCreateRequest {
+                    key: key.into_bytes(),
+                    start_revision: from_rev,
+                    filters: vec![FilterType::NoPut as i32],
+                    ..Default::default()
+                };
                 let opened = inner
-                    .retry(|mut c| {
-                        let (key, options) = (key.clone(), options.clone());
-                        async move { c.watch(key, Some(options)).await }
+                    .retry(|c| {
+                        let create = create.clone();
+                        async move { c.watch(create).await }
                     })
                     .await;
                 if let Ok(mut stream) = opened {
                     loop {
                         match stream.message().await {
-                            Ok(Some(r)) if r.canceled() => break,
+                            Ok(Some(r)) if r.canceled => break,
                             Ok(Some(r)) => {
-                                if r.events()
+                                if r.events
                                     .iter()
-                                    .any(|e| e.event_type() == EventType::Delete)
+                                    .any(|e| e.r#type == EventType::Delete as i32)
                                 {
                                     break;
                                 }
@@ -534,113 +542,87 @@ impl EtcdBackend {
 
     /// The key just before ours in the queue (created before it), if any.
     async fn predecessor(&self, name: &str, rev: i64) -> Result<Option<(String, i64)>, LockError> {
-        let options = GetOptions::new()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_max_create_revision(rev - 1)
-            .with_limit(1)
-            .with_keys_only();
-        let reply = self
-            .get_under(name, options, "reading an etcd lock's queue")
-            .await?;
-        let at = reply.header().map_or(0, |h| h.revision());
+        let read = RangeRequest::prefix(self.lock_prefix(name))
+            .sorted(SortTarget::Create, SortOrder::Descend)
+            .max_create_revision(rev - 1)
+            .limit(1)
+            .keys_only();
+        let reply = self.read(read, "reading an etcd lock's queue").await?;
+        let at = revision(reply.header.as_ref());
         Ok(reply
-            .kvs()
+            .kvs
             .first()
-            .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), at)))
+            .map(|kv| (String::from_utf8_lossy(&kv.key).into_owned(), at)))
     }
 
-    /// A read of the keys under the lock `name`'s prefix, with `options` (resent as reads are).
-    async fn get_under(
-        &self,
-        name: &str,
-        options: GetOptions,
-        doing: &str,
-    ) -> Result<etcd_client::GetResponse, LockError> {
-        let prefix = self.lock_prefix(name);
-        self.retry_kv(|mut c| {
-            let (prefix, options) = (prefix.clone(), options.clone());
-            async move { c.get(prefix, Some(options.with_prefix())).await }
+    /// A read (resent as reads are).
+    async fn read(&self, read: RangeRequest, doing: &str) -> Result<RangeResponse, LockError> {
+        self.retry(|c| {
+            let read = read.clone();
+            async move { c.range(read).await }
         })
         .await
         .map_err(|e| map_err(e, doing))
     }
 
     /// The holder's key (the oldest under the lock's prefix), if anybody holds `name`.
-    async fn holder_kv(
-        &self,
-        name: &str,
-        doing: &str,
-    ) -> Result<Option<etcd_client::KeyValue>, LockError> {
-        let options = GetOptions::new()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
-        Ok(self
-            .get_under(name, options, doing)
-            .await?
-            .kvs()
-            .first()
-            .cloned())
+    async fn holder_kv(&self, name: &str, doing: &str) -> Result<Option<KeyValue>, LockError> {
+        let read = RangeRequest::prefix(self.lock_prefix(name))
+            .sorted(SortTarget::Create, SortOrder::Ascend)
+            .limit(1);
+        Ok(self.read(read, doing).await?.kvs.into_iter().next())
     }
 
     /// `status` of a holder's key: its label, its lease's remaining time, its fence.
-    async fn holder_status(&self, kv: &etcd_client::KeyValue) -> LockStatus {
-        let value = String::from_utf8_lossy(kv.value()).into_owned();
+    async fn holder_status(&self, kv: &KeyValue) -> LockStatus {
+        let value = String::from_utf8_lossy(&kv.value).into_owned();
         let (_, owner) = distlock_core::describe_holder_value(&value);
-        let lease = kv.lease();
+        let lease = kv.lease;
         let ttl = match self
-            .retry(|mut c| async move { c.lease_time_to_live(lease, None).await })
+            .retry(|c| async move { c.lease_time_to_live(lease).await })
             .await
         {
-            Ok(r) if r.ttl() >= 0 => Some(Duration::from_secs(r.ttl() as u64)),
+            Ok(r) if r.ttl >= 0 => Some(Duration::from_secs(r.ttl as u64)),
             _ => None,
         };
-        let fence = u64::try_from(kv.create_revision()).ok();
+        let fence = u64::try_from(kv.create_revision).ok();
         LockStatus::held(Some(owner), fence, ttl).with_last_fence(fence)
     }
 }
 
 impl Inner {
-    /// Sends a request through a clone of the current member's `Client`; see `send_on`.
-    async fn retry<T, F, Fut>(&self, f: F) -> Result<T, etcd_client::Error>
+    /// Sends a request that may be sent twice; see `send_on`.
+    async fn retry<T, F, Fut>(&self, f: F) -> Result<T, Status>
     where
-        F: Fn(Client) -> Fut,
-        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+        F: Fn(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
     {
-        self.send_on(Resend::Always, |m| m.0.clone(), f).await.1
+        self.send_on(Resend::Always, f).await.1
     }
 
-    /// Sends a key-value request; see `send_on`.
-    async fn retry_kv<T, F, Fut>(&self, resend: Resend, f: F) -> Result<T, etcd_client::Error>
-    where
-        F: Fn(KvClient) -> Fut,
-        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
-    {
-        self.send_on(resend, |m| m.1.clone(), f).await.1
-    }
-
-    /// Opens (once) member `i`'s connection. It is lazy: a dead member fails the first request.
-    async fn member(&self, i: usize) -> Result<&(Client, KvClient), etcd_client::Error> {
+    /// Opens (once) member `i`'s connection, and logs in when the URL has credentials. The
+    /// connection is lazy: a dead member fails the first request, and a failed login is tried
+    /// again by the next request.
+    async fn member(&self, i: usize) -> Result<&Conn, Status> {
         let m = &self.members[i];
         m.conn
             // Boxed, like the requests: connecting is rare, and its future is large.
             .get_or_try_init(|| {
                 Box::pin(async {
-                    // A plain channel, not etcd-client's balanced one: with a single member,
-                    // a balancer holds requests while the member's connection is down, where
+                    // A plain channel per member, not a balanced one: with a single member, a
+                    // balancer holds requests while the member's connection is down, where
                     // this fails them at once (a refused connection), so the next member gets
-                    // them.
-                    let channel = tonic::transport::Endpoint::from_shared(m.endpoint.clone())
-                        .map_err(etcd_client::Error::TransportError)?
-                        .connect_timeout(self.config.connect_timeout)
-                        .tcp_nodelay(true)
-                        .connect_lazy();
-                    let c = Client::from_channel(
-                        etcd_client::Channel::Tonic(channel),
-                        Some(self.options.clone()),
-                    )
-                    .await?;
-                    let kv = c.kv_client();
-                    Ok((c, kv))
+                    // them. `require_leader`: a member that has no leader (an election, the
+                    // minority side of a partition) refuses at once instead of holding the
+                    // request until it times out, and the request goes to the next member.
+                    let conn = Conn::lazy(
+                        m.endpoint.clone(),
+                        self.config.connect_timeout,
+                        true,
+                        self.config.user.clone(),
+                    );
+                    conn.authenticate().await?;
+                    Ok(conn)
                 })
             })
             .await
@@ -656,21 +638,15 @@ impl Inner {
     }
 
     /// Sends `f` to the current member, bounded by the response timeout (kept here rather than
-    /// by the channel: tonic's per-request timeout also sends a `grpc-timeout` header, which
+    /// by the channel: gRPC's per-request timeout also sends a `grpc-timeout` header, which
     /// makes the member arm a deadline for every request, some µs each). A member that refuses
     /// the connection, times out or says it is unavailable is left for the next one; the
     /// request goes there too when it never reached a member, or when `resend` allows. Returns
     /// the member that answered last.
-    async fn send_on<C, T, P, F, Fut>(
-        &self,
-        resend: Resend,
-        pick: P,
-        f: F,
-    ) -> (usize, Result<T, etcd_client::Error>)
+    async fn send_on<T, F, Fut>(&self, resend: Resend, f: F) -> (usize, Result<T, Status>)
     where
-        P: Fn(&(Client, KvClient)) -> C,
-        F: Fn(C) -> Fut,
-        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+        F: Fn(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
     {
         let n = self.members.len();
         // Every member twice (an election can make each refuse once).
@@ -681,17 +657,17 @@ impl Inner {
             tried += 1;
             let limit = self.config.response_timeout;
             let reply = match tokio::time::timeout(limit, async {
-                let conn = self.member(i).await?;
-                // Boxed: a tonic request future is kilobytes, and every caller's state machine
+                let conn = self.member(i).await?.clone();
+                // Boxed: a gRPC request future is kilobytes, and every caller's state machine
                 // would otherwise carry (and move) it.
-                Box::pin(f(pick(conn))).await
+                Box::pin(f(conn)).await
             })
             .await
             {
                 Ok(reply) => reply,
-                Err(_) => Err(etcd_client::Error::GRpcStatus(
-                    tonic::Status::deadline_exceeded(format!("no answer within {limit:?}")),
-                )),
+                Err(_) => Err(Status::deadline_exceeded(format!(
+                    "no answer within {limit:?}"
+                ))),
             };
             let again = match &reply {
                 Err(e) if never_sent(e) => true,
@@ -702,7 +678,7 @@ impl Inner {
             if !again || tried >= tries {
                 return (i, reply);
             }
-            if never_sent(reply.as_ref().err().expect("an error")) {
+            if reply.as_ref().err().is_some_and(never_sent) {
                 // Not a tight loop when every member refuses.
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
@@ -713,7 +689,7 @@ impl Inner {
         let inner = self.clone();
         self.runtime.spawn(async move {
             let _ = inner
-                .retry(|mut c| async move { c.lease_revoke(lease).await })
+                .retry(|c| async move { c.lease_revoke(lease).await })
                 .await;
         });
     }
@@ -747,17 +723,20 @@ impl Inner {
 }
 
 /// The first key of a lock's queue in a transaction's reply (`at`: which response).
-fn first_of(responses: &[TxnOpResponse], at: usize) -> Option<(String, i64, i64)> {
-    match responses.get(at) {
-        Some(TxnOpResponse::Get(r)) => r.kvs().first().map(|kv| {
-            (
-                String::from_utf8_lossy(kv.key()).into_owned(),
-                kv.create_revision(),
-                kv.lease(),
-            )
-        }),
-        _ => None,
-    }
+fn first_of(responses: &[ResponseOp], at: usize) -> Option<(String, i64, i64)> {
+    let kv = responses.get(at)?.range()?.kvs.first()?;
+    Some((
+        String::from_utf8_lossy(&kv.key).into_owned(),
+        kv.create_revision,
+        kv.lease,
+    ))
+}
+
+/// A lease as granted.
+struct Granted {
+    id: i64,
+    /// Seconds (the server may raise a short TTL to its minimum).
+    ttl: i64,
 }
 
 impl Backend for EtcdBackend {
@@ -783,52 +762,47 @@ impl Backend for EtcdBackend {
             }
         };
         let prefix = self.lock_prefix(req.key);
-        let first = TxnOp::get(
-            prefix.as_str(),
-            Some(
-                GetOptions::new()
-                    .with_prefix()
-                    .with_sort(SortTarget::Create, SortOrder::Ascend)
-                    .with_limit(1)
-                    .with_keys_only(),
-            ),
+        let first = RequestOp::range(
+            RangeRequest::prefix(prefix)
+                .sorted(SortTarget::Create, SortOrder::Ascend)
+                .limit(1)
+                .keys_only(),
         );
         if fresh_attempt && !req.waiting && !req.resent {
             return self.acquire_fast(req, token, &entry, fresh, first).await;
         }
-        let mine = TxnOp::get(entry.key.as_str(), Some(GetOptions::new().with_keys_only()));
+        let mine = RequestOp::range(RangeRequest::key(entry.key.as_str()).keys_only());
         let txn = if entry.rev == 0 {
             // New (or resent before its reply came): create the key unless it exists.
             let value = distlock_core::holder_value(token, distlock_core::unix_ms(), req.owner);
-            Txn::new()
-                .when([Compare::create_revision(
+            TxnRequest::new(
+                vec![Compare::create_revision(
                     entry.key.as_str(),
-                    CompareOp::Equal,
+                    CompareResult::Equal,
                     0,
-                )])
-                .and_then([
-                    TxnOp::put(
-                        entry.key.as_str(),
-                        value,
-                        Some(PutOptions::new().with_lease(entry.lease)),
-                    ),
+                )],
+                vec![
+                    RequestOp::put(entry.key.as_str(), value, entry.lease),
                     mine.clone(),
                     first.clone(),
-                ])
-                .or_else([mine, first])
+                ],
+                vec![mine, first],
+            )
         } else {
             // Queued: our key must still be there, with its place.
-            Txn::new()
-                .when([Compare::create_revision(
+            TxnRequest::new(
+                vec![Compare::create_revision(
                     entry.key.as_str(),
-                    CompareOp::Equal,
+                    CompareResult::Equal,
                     entry.rev,
-                )])
-                .and_then([mine, first])
+                )],
+                vec![mine, first],
+                vec![],
+            )
         };
         let reply = self.acquire_txn(token, txn).await?;
-        let at = reply.header().map_or(0, |h| h.revision());
-        if entry.rev != 0 && !reply.succeeded() {
+        let at = revision(reply.header.as_ref());
+        if entry.rev != 0 && !reply.succeeded {
             // Our key is gone (its lease expired while queued, or it was deleted): never
             // report this lock taken.
             self.discard(token);
@@ -840,7 +814,7 @@ impl Backend for EtcdBackend {
                 ),
             ));
         }
-        let responses = reply.op_responses();
+        let responses = reply.responses;
         // The two reads end both branches.
         let (Some((my_key, my_rev, _)), Some((head, _, _))) = (
             first_of(&responses, responses.len() - 2),
@@ -895,33 +869,27 @@ impl Backend for EtcdBackend {
         if ttl_s != entry.asked_s {
             // Another TTL: a new lease for the same key (its create revision stays).
             let (granted, sent, _) = self.grant(ttl_s).await.map_err(|e| map_err(e, DOING))?;
-            let txn = Txn::new()
-                .when([Compare::create_revision(
+            let txn = TxnRequest::new(
+                vec![Compare::create_revision(
                     entry.key.as_str(),
-                    CompareOp::Equal,
+                    CompareResult::Equal,
                     entry.rev,
-                )])
-                .and_then([TxnOp::put(
-                    entry.key.as_str(),
-                    "",
-                    Some(
-                        PutOptions::new()
-                            .with_lease(granted.id())
-                            .with_ignore_value(),
-                    ),
-                )]);
+                )],
+                vec![RequestOp::move_to_lease(entry.key.as_str(), granted.id)],
+                vec![],
+            );
             let reply = self.txn(txn).await.map_err(|e| map_err(e, DOING));
-            let moved = matches!(reply, Ok(ref r) if r.succeeded());
+            let moved = matches!(reply, Ok(ref r) if r.succeeded);
             if moved {
                 if let Some(e) = lock_mutex(&self.inner.entries).get_mut(token.as_str()) {
-                    e.lease = granted.id();
-                    e.ttl_s = granted.ttl().max(ttl_s);
+                    e.lease = granted.id;
+                    e.ttl_s = granted.ttl.max(ttl_s);
                     e.asked_s = ttl_s;
                     *lock_mutex(&e.refreshed) = sent;
                 }
                 self.inner.revoke_later(entry.lease);
             } else {
-                self.inner.revoke_later(granted.id());
+                self.inner.revoke_later(granted.id);
             }
             return reply.map(|_| {
                 if moved {
@@ -933,27 +901,26 @@ impl Backend for EtcdBackend {
         }
         let lease = entry.lease;
         let sent = Instant::now();
-        let alive = self.retry(|mut c| async move {
-            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
-            keeper.keep_alive().await?;
-            stream.message().await
+        let alive = self.retry(|c| async move {
+            // Opening the stream sends the keep-alive.
+            c.lease_keep_alive(lease).await?.message().await
         });
         let key = entry.key.clone();
-        let still = self.retry_kv(|mut c| {
-            let key = key.clone();
-            async move { c.get(key, Some(GetOptions::new().with_keys_only())).await }
+        let still = self.retry(|c| {
+            let read = RangeRequest::key(key.as_str()).keys_only();
+            async move { c.range(read).await }
         });
         let (alive, still) = tokio::join!(alive, still);
         let alive = alive.map_err(|e| map_err(e, DOING))?;
         let still = still.map_err(|e| map_err(e, DOING))?;
         let ours = still
-            .kvs()
+            .kvs
             .first()
-            .is_some_and(|kv| kv.create_revision() == entry.rev && kv.lease() == entry.lease);
-        if ours && alive.is_some_and(|r| r.ttl() > 0) {
+            .is_some_and(|kv| kv.create_revision == entry.rev && kv.lease == entry.lease);
+        if ours && alive.is_some_and(|r| r.ttl > 0) {
             *lock_mutex(&entry.refreshed) = sent;
             Ok(LeaseCheck::Ours)
-        } else if still.kvs().is_empty() {
+        } else if still.kvs.is_empty() {
             Ok(LeaseCheck::Missing)
         } else {
             Ok(LeaseCheck::Foreign)
@@ -976,19 +943,20 @@ impl Backend for EtcdBackend {
         // key's create revision tells whether it was this acquisition's.
         let lock_key = entry.key.clone();
         let reply = self
-            .write_kv(|mut c| {
-                let lock_key = lock_key.clone();
-                async move {
-                    c.delete(lock_key, Some(DeleteOptions::new().with_prev_key()))
-                        .await
-                }
+            .write(|c| {
+                let delete = DeleteRangeRequest {
+                    key: lock_key.clone().into_bytes(),
+                    prev_kv: true,
+                    ..Default::default()
+                };
+                async move { c.delete_range(delete).await }
             })
             .await
             .map_err(|e| map_err(e, DOING))?;
         let ours = reply
-            .prev_kvs()
+            .prev_kvs
             .first()
-            .is_some_and(|kv| kv.create_revision() == entry.rev);
+            .is_some_and(|kv| kv.create_revision == entry.rev);
         if !ours {
             self.discard(token.as_str());
             return Ok(LeaseCheck::Missing);
@@ -1027,18 +995,20 @@ impl Backend for EtcdBackend {
                 return Ok(None);
             };
             let st = self.holder_status(&kv).await;
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    kv.key(),
-                    CompareOp::Equal,
-                    kv.create_revision(),
-                )])
-                .and_then([TxnOp::delete(kv.key(), None)]);
+            let txn = TxnRequest::new(
+                vec![Compare::create_revision(
+                    kv.key.as_slice(),
+                    CompareResult::Equal,
+                    kv.create_revision,
+                )],
+                vec![RequestOp::delete(kv.key.as_slice())],
+                vec![],
+            );
             if self
                 .txn(txn)
                 .await
                 .map_err(|e| map_err(e, DOING))?
-                .succeeded()
+                .succeeded
             {
                 return Ok(Some(st));
             }

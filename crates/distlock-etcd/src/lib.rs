@@ -4,6 +4,8 @@
 mod backend;
 mod config;
 mod error;
+#[doc(hidden)]
+pub mod wire;
 
 pub use backend::EtcdBackend;
 pub use config::EtcdConfig;

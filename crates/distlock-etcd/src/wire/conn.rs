@@ -1,0 +1,360 @@
+//! A gRPC connection to one etcd member: the calls distlock makes, with the metadata etcd
+//! expects (`hasleader`, the auth `token`).
+
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use http::uri::PathAndQuery;
+use tokio::sync::mpsc;
+use tonic::metadata::AsciiMetadataValue;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status, Streaming};
+
+use super::messages::*;
+
+/// One member's connection. Cheap to clone: the clones share the channel and the auth token.
+#[derive(Clone)]
+pub struct Conn {
+    channel: Channel,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// Ask the member to refuse at once when it has no leader (an election, the minority side
+    /// of a partition) rather than hold the request.
+    require_leader: bool,
+    credentials: Option<(String, String)>,
+    /// The token from the last `Authenticate`, sent with every request.
+    token: RwLock<Option<AsciiMetadataValue>>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("require_leader", &self.shared.require_leader)
+            .field(
+                "user",
+                &self.shared.credentials.as_ref().map(|(user, _)| user),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// The keep-alive stream of one lease: send a keep-alive, read its answer.
+#[derive(Debug)]
+pub struct KeepAlive {
+    id: i64,
+    requests: mpsc::Sender<LeaseKeepAliveRequest>,
+    replies: Streaming<LeaseKeepAliveResponse>,
+}
+
+impl KeepAlive {
+    /// Sends one keep-alive of the lease.
+    ///
+    /// # Errors
+    /// `Unavailable` when the stream has closed.
+    pub async fn send(&mut self) -> Result<(), Status> {
+        self.requests
+            .send(LeaseKeepAliveRequest { id: self.id })
+            .await
+            .map_err(|_| Status::unavailable("the keep-alive stream has closed"))
+    }
+
+    /// The next answer; `None` when the member ended the stream.
+    ///
+    /// # Errors
+    /// The stream's error.
+    pub async fn message(&mut self) -> Result<Option<LeaseKeepAliveResponse>, Status> {
+        self.replies.message().await
+    }
+}
+
+/// A watch's events. The request side stays open while this lives (etcd ends a watch stream
+/// whose client went away).
+#[derive(Debug)]
+pub struct WatchStream {
+    _requests: mpsc::Sender<WatchRequest>,
+    replies: Streaming<WatchResponse>,
+}
+
+impl WatchStream {
+    /// The next batch of events; `None` when the member ended the stream.
+    ///
+    /// # Errors
+    /// The stream's error.
+    pub async fn message(&mut self) -> Result<Option<WatchResponse>, Status> {
+        self.replies.message().await
+    }
+}
+
+/// A request stream fed by a channel.
+fn stream_of<T: Send + 'static>(
+    rx: mpsc::Receiver<T>,
+) -> impl futures_util::Stream<Item = T> + Send + 'static {
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
+}
+
+/// etcd's answer to a request whose token it no longer knows (it expired, or the member
+/// restarted).
+fn token_expired(s: &Status) -> bool {
+    s.code() == Code::Unauthenticated && s.message().contains("invalid auth token")
+}
+
+impl Conn {
+    /// A connection to `endpoint`, opened at the first request (a member that is down fails
+    /// that request, not this call).
+    pub fn lazy(
+        endpoint: Endpoint,
+        connect_timeout: Duration,
+        require_leader: bool,
+        credentials: Option<(String, String)>,
+    ) -> Conn {
+        let channel = endpoint
+            .connect_timeout(connect_timeout)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        Conn {
+            channel,
+            shared: Arc::new(Shared {
+                require_leader,
+                credentials,
+                token: RwLock::new(None),
+            }),
+        }
+    }
+
+    /// Logs in with the connection's credentials (if it has any): later requests carry the
+    /// token.
+    ///
+    /// # Errors
+    /// The member's answer: `InvalidArgument` "authentication failed" for a wrong password.
+    pub async fn authenticate(&self) -> Result<(), Status> {
+        let Some((name, password)) = &self.shared.credentials else {
+            return Ok(());
+        };
+        let reply: AuthenticateResponse = self
+            .call(
+                "/etcdserverpb.Auth/Authenticate",
+                AuthenticateRequest {
+                    name: name.clone(),
+                    password: password.clone(),
+                },
+                false,
+            )
+            .await?;
+        let token = AsciiMetadataValue::try_from(reply.token.as_str())
+            .map_err(|_| Status::internal("etcd sent an auth token that is not ASCII"))?;
+        *self
+            .shared
+            .token
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(token);
+        Ok(())
+    }
+
+    fn request<T>(&self, message: T, with_token: bool) -> Request<T> {
+        let mut req = Request::new(message);
+        let meta = req.metadata_mut();
+        if self.shared.require_leader {
+            meta.insert("hasleader", AsciiMetadataValue::from_static("true"));
+        }
+        if with_token
+            && let Some(token) = self
+                .shared
+                .token
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        {
+            meta.insert("token", token);
+        }
+        req
+    }
+
+    async fn grpc(&self) -> Result<tonic::client::Grpc<Channel>, Status> {
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone());
+        grpc.ready()
+            .await
+            .map_err(|e| Status::from_error(Box::new(e)))?;
+        Ok(grpc)
+    }
+
+    async fn call<Q, A>(
+        &self,
+        path: &'static str,
+        message: Q,
+        with_token: bool,
+    ) -> Result<A, Status>
+    where
+        Q: prost::Message + Clone + Send + Sync + 'static,
+        A: prost::Message + Default + Send + Sync + 'static,
+    {
+        let codec = tonic_prost::ProstCodec::<Q, A>::default();
+        let reply = self
+            .grpc()
+            .await?
+            .unary(
+                self.request(message, with_token),
+                PathAndQuery::from_static(path),
+                codec,
+            )
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// A unary call; a token the member no longer knows is renewed once.
+    async fn unary<Q, A>(&self, path: &'static str, message: Q) -> Result<A, Status>
+    where
+        Q: prost::Message + Clone + Send + Sync + 'static,
+        A: prost::Message + Default + Send + Sync + 'static,
+    {
+        match self.call(path, message.clone(), true).await {
+            Err(s) if token_expired(&s) && self.shared.credentials.is_some() => {
+                self.authenticate().await?;
+                self.call(path, message, true).await
+            }
+            other => other,
+        }
+    }
+
+    /// Opens a bidirectional stream, its first message sent at once.
+    async fn open<Q, A>(
+        &self,
+        path: &'static str,
+        first: Q,
+    ) -> Result<(mpsc::Sender<Q>, Streaming<A>), Status>
+    where
+        Q: prost::Message + Clone + Send + Sync + 'static,
+        A: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut renewed = false;
+        loop {
+            let (tx, rx) = mpsc::channel(4);
+            tx.try_send(first.clone())
+                .map_err(|_| Status::internal("a new stream's queue is full"))?;
+            let codec = tonic_prost::ProstCodec::<Q, A>::default();
+            let opened = self
+                .grpc()
+                .await?
+                .streaming(
+                    self.request(stream_of(rx), true),
+                    PathAndQuery::from_static(path),
+                    codec,
+                )
+                .await;
+            match opened {
+                Ok(r) => return Ok((tx, r.into_inner())),
+                Err(s) if token_expired(&s) && self.shared.credentials.is_some() && !renewed => {
+                    renewed = true;
+                    self.authenticate().await?;
+                }
+                Err(s) => return Err(s),
+            }
+        }
+    }
+
+    /// `KV.Range`.
+    ///
+    /// # Errors
+    /// The member's status.
+    pub async fn range(&self, req: RangeRequest) -> Result<RangeResponse, Status> {
+        self.unary("/etcdserverpb.KV/Range", req).await
+    }
+
+    /// `KV.Put`.
+    ///
+    /// # Errors
+    /// The member's status.
+    pub async fn put(&self, req: PutRequest) -> Result<PutResponse, Status> {
+        self.unary("/etcdserverpb.KV/Put", req).await
+    }
+
+    /// `KV.DeleteRange`.
+    ///
+    /// # Errors
+    /// The member's status.
+    pub async fn delete_range(
+        &self,
+        req: DeleteRangeRequest,
+    ) -> Result<DeleteRangeResponse, Status> {
+        self.unary("/etcdserverpb.KV/DeleteRange", req).await
+    }
+
+    /// `KV.Txn`.
+    ///
+    /// # Errors
+    /// The member's status.
+    pub async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, Status> {
+        self.unary("/etcdserverpb.KV/Txn", req).await
+    }
+
+    /// `Lease.LeaseGrant`: a lease of `ttl` seconds.
+    ///
+    /// # Errors
+    /// The member's status.
+    pub async fn lease_grant(&self, ttl: i64) -> Result<LeaseGrantResponse, Status> {
+        self.unary(
+            "/etcdserverpb.Lease/LeaseGrant",
+            LeaseGrantRequest { ttl, id: 0 },
+        )
+        .await
+    }
+
+    /// `Lease.LeaseRevoke`.
+    ///
+    /// # Errors
+    /// The member's status (`NotFound` when the lease is already gone).
+    pub async fn lease_revoke(&self, id: i64) -> Result<LeaseRevokeResponse, Status> {
+        self.unary("/etcdserverpb.Lease/LeaseRevoke", LeaseRevokeRequest { id })
+            .await
+    }
+
+    /// `Lease.LeaseTimeToLive`.
+    ///
+    /// # Errors
+    /// The member's status.
+    pub async fn lease_time_to_live(&self, id: i64) -> Result<LeaseTimeToLiveResponse, Status> {
+        self.unary(
+            "/etcdserverpb.Lease/LeaseTimeToLive",
+            LeaseTimeToLiveRequest { id, keys: false },
+        )
+        .await
+    }
+
+    /// Opens the keep-alive stream of lease `id` and sends its first keep-alive.
+    ///
+    /// # Errors
+    /// The member's status.
+    pub async fn lease_keep_alive(&self, id: i64) -> Result<KeepAlive, Status> {
+        let (requests, replies) = self
+            .open(
+                "/etcdserverpb.Lease/LeaseKeepAlive",
+                LeaseKeepAliveRequest { id },
+            )
+            .await?;
+        Ok(KeepAlive {
+            id,
+            requests,
+            replies,
+        })
+    }
+
+    /// Opens a watch.
+    ///
+    /// # Errors
+    /// The member's status.
+    pub async fn watch(&self, create: WatchCreateRequest) -> Result<WatchStream, Status> {
+        let (requests, replies) = self
+            .open(
+                "/etcdserverpb.Watch/Watch",
+                WatchRequest {
+                    request_union: Some(WatchRequestUnion::Create(create)),
+                },
+            )
+            .await?;
+        Ok(WatchStream {
+            _requests: requests,
+            replies,
+        })
+    }
+}
