@@ -101,6 +101,11 @@ impl FileBackend {
         if url.scheme() != "file" {
             return Err(cfg(format!("{:?} is not a file:// URL", url.scheme())));
         }
+        if let Some((name, _)) = url.query_pairs().next() {
+            return Err(cfg(format!(
+                "unknown file URL parameter {name:?} (the file engine takes none)"
+            )));
+        }
         if url
             .host_str()
             .is_some_and(|h| !h.is_empty() && h != "localhost")

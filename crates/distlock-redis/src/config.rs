@@ -96,7 +96,14 @@ impl RedisConfig {
                     })?);
                 }
                 "wait_timeout" => wait_timeout = Some(positive(&k, &v)?),
-                _ => rest.push((k.into_owned(), v.into_owned())),
+                // redis-rs's own: the database and protocol; a socket's credentials.
+                "db" | "protocol" | "user" | "pass" => rest.push((k.into_owned(), v.into_owned())),
+                other => {
+                    return Err(cfg_err(format!(
+                        "unknown Redis URL parameter {other:?} (known: {}, db, protocol)",
+                        OURS.join(", ")
+                    )));
+                }
             }
         }
         debug_assert!(OURS.len() == 6);
