@@ -1,11 +1,15 @@
 //! Seeded bugs for the fault-injection harness's negative controls (test-only).
 //!
 //! A harness that reports "0 violations" proves something only if it catches builds that are
-//! broken on purpose. With the `seeded-bugs` feature, the bug named by the environment variable
-//! `DISTLOCK_SEEDED_BUG` (read once, at first use) is switched on in the library; without the
-//! feature, [`on`] is a constant `false` and the compiler removes every seeded branch.
+//! broken on purpose. In a build compiled with `RUSTFLAGS="--cfg distlock_seeded_bugs"`, the bug
+//! named by the environment variable `DISTLOCK_SEEDED_BUG` (read once, at first use) is switched
+//! on in the library; in every other build, [`on`] is a constant `false` and the compiler
+//! removes every seeded branch.
 //!
-//! Never enable the feature outside the harness: each bug breaks mutual exclusion or liveness
+//! It is a `--cfg` flag, not a Cargo feature, on purpose (as tokio keeps loom behind
+//! `--cfg loom`): Cargo unifies features across a dependency graph, so a feature could be
+//! switched on for everyone by any crate in it. A `--cfg` comes only from whoever runs the
+//! build: the fault harness and CI (`.ci/seeded`). Each bug breaks mutual exclusion or liveness
 //! on purpose.
 
 /// One deliberately broken behaviour.
@@ -69,7 +73,7 @@ impl SeededBug {
 pub const ENV: &str = "DISTLOCK_SEEDED_BUG";
 
 /// Whether `bug` is switched on in this process.
-#[cfg(feature = "seeded-bugs")]
+#[cfg(distlock_seeded_bugs)]
 pub fn on(bug: SeededBug) -> bool {
     static ACTIVE: std::sync::OnceLock<Option<SeededBug>> = std::sync::OnceLock::new();
     *ACTIVE.get_or_init(|| {
@@ -79,8 +83,9 @@ pub fn on(bug: SeededBug) -> bool {
     }) == Some(bug)
 }
 
-/// Whether `bug` is switched on in this process: never, without the `seeded-bugs` feature.
-#[cfg(not(feature = "seeded-bugs"))]
+/// Whether `bug` is switched on in this process: never, in a build without
+/// `--cfg distlock_seeded_bugs`.
+#[cfg(not(distlock_seeded_bugs))]
 #[inline(always)]
 pub fn on(_bug: SeededBug) -> bool {
     false
@@ -88,7 +93,7 @@ pub fn on(_bug: SeededBug) -> bool {
 
 /// Whether this build can switch seeded bugs on at all.
 pub const fn available() -> bool {
-    cfg!(feature = "seeded-bugs")
+    cfg!(distlock_seeded_bugs)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! distlock-faults run [--quick] [--scenario NAME]... [--seed N] [--duration 20s] [--out DIR]
-//! distlock-faults controls [--bug NAME]... [--attempts 3]   (needs --features seeded-bugs)
+//! distlock-faults controls [--bug NAME]... [--attempts 3]   (needs --cfg distlock_seeded_bugs)
 //! distlock-faults list
 //! ```
 //!
@@ -288,9 +288,9 @@ async fn run_controls(
     out: Option<PathBuf>,
 ) -> Result<bool, String> {
     if !distlock_core::seeded::available() {
-        return Err(
-            "this build has no seeded bugs: run it with `--features seeded-bugs`".to_owned(),
-        );
+        return Err("this build has no seeded bugs: build it with \
+             RUSTFLAGS=\"--cfg distlock_seeded_bugs\" (bash .ci/seeded shows how)"
+            .to_owned());
     }
     let controls: Vec<_> = scenario::CONTROLS
         .iter()

@@ -138,7 +138,7 @@ impl RedlockConfig {
 
 /// Votes needed out of `n` masters: a strict majority.
 pub(crate) fn quorum(n: usize) -> usize {
-    if cfg!(feature = "seeded-bug-half-quorum") || seeded::on(SeededBug::HalfQuorum) {
+    if seeded::on(SeededBug::HalfQuorum) {
         n / 2
     } else {
         n / 2 + 1
@@ -465,7 +465,7 @@ impl Backend for RedlockBackend {
         }
         // Not ours: take back every copy we may have, on every master (one that did not
         // answer in time may have granted it).
-        if !(cfg!(feature = "seeded-bug-keep-partial") || seeded::on(SeededBug::KeepPartial))
+        if !seeded::on(SeededBug::KeepPartial)
             && votes.iter().any(|v| matches!(v, Vote::Yes | Vote::Failed))
         {
             self.release_all(&lock_key, req.token, limit).await;

@@ -135,7 +135,7 @@ async fn a_holder_paused_past_its_validity_loses_the_lock_to_the_next() {
     assert_eq!(gb.release().await.unwrap(), Released::Held);
 }
 
-/// Catches the seeded bug `seeded-bug-half-quorum`: a foreign majority must keep us out.
+/// Catches the seeded bug `half-quorum`: a foreign majority must keep us out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_a_foreign_majority_keeps_the_lock() {
     let Some(ms) = masters(5) else { return };
@@ -150,7 +150,7 @@ async fn seeded_a_foreign_majority_keeps_the_lock() {
     );
 }
 
-/// Catches the seeded bug `seeded-bug-keep-partial`: a failed attempt takes back its copies.
+/// Catches the seeded bug `keep-partial`: a failed attempt takes back its copies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_a_failed_attempt_leaves_no_copy_behind() {
     let Some(ms) = masters(5) else { return };
