@@ -120,19 +120,34 @@ fn has_netns(shared: &SharedRef, w: usize) -> bool {
     lock(shared).workers[w].netns.is_some()
 }
 
+/// A fault that could not be injected: recorded in the history and kept, so that the run
+/// fails at its end (a "no violation" about a fault that never happened proves nothing).
+pub(crate) fn not_injected(shared: &SharedRef, what: String, why: String) {
+    eprintln!("distlock-faults: could not inject {what}: {why}");
+    let mut s = lock(shared);
+    s.history
+        .record(json!({"ev": "fault-not-injected", "what": what, "why": why,
+        "t": mono::now_ns()}));
+    s.not_injected.push(format!("{what}: {why}"));
+}
+
 fn netns_cut(shared: &SharedRef, w: usize, ports: &[u16], reject: bool) {
-    if let Some(n) = &mut lock(shared).workers[w].netns
-        && let Err(e) = n.cut(ports, reject)
-    {
-        eprintln!("distlock-faults: partition of worker {w}: {e}");
+    let cut = match &mut lock(shared).workers[w].netns {
+        Some(n) => n.cut(ports, reject),
+        None => Err("the worker has no network namespace".into()),
+    };
+    if let Err(e) = cut {
+        not_injected(shared, format!("a partition of worker {w}"), e);
     }
 }
 
 fn netns_heal(shared: &SharedRef, w: usize) {
-    if let Some(n) = &mut lock(shared).workers[w].netns
-        && let Err(e) = n.heal()
-    {
-        eprintln!("distlock-faults: healing worker {w}: {e}");
+    let healed = match &mut lock(shared).workers[w].netns {
+        Some(n) => n.heal(),
+        None => Ok(()),
+    };
+    if let Err(e) = healed {
+        not_injected(shared, format!("the heal of worker {w}'s partition"), e);
     }
 }
 
@@ -146,10 +161,13 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
     let direct = lock(&shared).engine.direct_url(ttl);
     let request_timeout = lock(&shared).engine.request_timeout();
     let steal_client = if scenario.faults.contains(&Fault::Steal) {
-        distlock::connect(&direct)
-            .await
-            .ok()
-            .map(std::sync::Arc::new)
+        match distlock::connect(&direct).await {
+            Ok(c) => Some(std::sync::Arc::new(c)),
+            Err(e) => {
+                not_injected(&shared, "forced releases".into(), e.to_string());
+                None
+            }
+        }
     } else {
         None
     };
@@ -171,7 +189,15 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
             Fault::KillHolder => {
                 if let Some((w, n)) = wait_holder(&shared, 2 * ttl).await {
                     let pid = lock(&shared).workers[w].pid;
-                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                    match kill(Pid::from_raw(pid), Signal::SIGKILL) {
+                        Ok(()) => {}
+                        // It ended on its own just now: there was no holder to kill.
+                        Err(nix::errno::Errno::ESRCH) => continue,
+                        Err(e) => {
+                            not_injected(&shared, format!("kill -9 of worker {w}"), e.to_string());
+                            continue;
+                        }
+                    }
                     record(
                         &shared,
                         fault.name(),
@@ -337,8 +363,10 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
                     // The window runs from before the call to its end: the loss happens
                     // somewhere in it, and loss detection is measured from its start.
                     let start = mono::now_ns();
-                    if let Some(c) = &steal_client {
-                        force_release(c.clone()).await;
+                    if let Some(c) = &steal_client
+                        && let Err(e) = force_release(c.clone()).await
+                    {
+                        not_injected(&shared, "a forced release".into(), e);
                     }
                     record(
                         &shared,
@@ -368,15 +396,24 @@ pub(crate) fn jump_and_pause(shared: &SharedRef, id: usize, back_s: u64, d: Dura
     };
     let Some(file) = file else { return };
     let start = mono::now_ns();
-    let _ = std::fs::write(&file, format!("-{back_s}\n"));
-    let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+    let what = move || format!("a clock jump of worker {id}");
+    if let Err(e) = std::fs::write(&file, format!("-{back_s}\n")) {
+        not_injected(shared, what(), e.to_string());
+    }
+    if let Err(e) = kill(Pid::from_raw(pid), Signal::SIGSTOP) {
+        not_injected(shared, what(), e.to_string());
+    }
     let shared = shared.clone();
     tokio::spawn(async move {
         tokio::time::sleep(d).await;
-        let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+        if let Err(e) = kill(Pid::from_raw(pid), Signal::SIGCONT) {
+            not_injected(&shared, what(), e.to_string());
+        }
         // The holder runs on with the jumped clock for a while, then it is set right.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let _ = std::fs::write(&file, "+0\n");
+        if let Err(e) = std::fs::write(&file, "+0\n") {
+            not_injected(&shared, what(), e.to_string());
+        }
         {
             let mut s = lock(&shared);
             if s.workers[id].pid == pid {
@@ -397,8 +434,12 @@ pub(crate) fn jump_and_pause(shared: &SharedRef, id: usize, back_s: u64, d: Dura
 /// (the generic one is not `Send` for every lifetime, which `tokio::spawn` needs).
 fn force_release(
     c: std::sync::Arc<distlock::LockClient<distlock::AnyBackend>>,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
     Box::pin(async move {
-        let _ = c.backend().dyn_force_release("k").await;
+        c.backend()
+            .dyn_force_release("k")
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     })
 }

@@ -7,6 +7,17 @@ use std::io::Write;
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
+/// Whether `tool` is installed: an executable of that name in a folder of the PATH.
+pub(crate) fn installed(tool: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            std::fs::metadata(dir.join(tool))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
 /// One namespace, named after the orchestrator's pid and the worker's id.
 #[derive(Debug)]
 pub(crate) struct NetNs {

@@ -81,6 +81,9 @@ pub(crate) struct Shared {
     /// A client clock jump waits for the next worker under libfaketime that takes the lock:
     /// seconds back, and how long it is paused.
     pub(crate) jump_at_acquire: Option<(u64, Duration)>,
+    /// Faults the injector could not inject (a missing tool, a failed signal): any one fails
+    /// the run, since its "no violation" would be about faults that never happened.
+    pub(crate) not_injected: Vec<String>,
     stopping: bool,
     next_op: u64,
 }
@@ -137,6 +140,7 @@ pub(crate) async fn run(
         engine,
         pause_at_check: None,
         jump_at_acquire: None,
+        not_injected: Vec::new(),
         stopping: false,
         next_op: 1,
     }));
@@ -152,6 +156,17 @@ pub(crate) async fn run(
             "{} needs libfaketime ({LIBFAKETIME}; Debian package faketime)",
             scenario.name
         ));
+    }
+    if scenario.netns {
+        for (tool, package) in [("ip", "iproute2"), ("nft", "nftables")] {
+            if !crate::netns::installed(tool) {
+                return Err(format!(
+                    "{} cuts workers off with `{tool}`, which is not installed (Debian package \
+                     {package})",
+                    scenario.name
+                ));
+            }
+        }
     }
     let spawn = SpawnCfg {
         kind: scenario.engine,
@@ -287,11 +302,16 @@ pub(crate) async fn run(
         }
     }
     injector.abort();
-    let _ = injector.await;
+    if let Err(e) = injector.await
+        && e.is_panic()
+    {
+        crate::faults::not_injected(&shared, "the injector".into(), "it panicked".into());
+    }
     auditor.abort();
     let _ = auditor.await;
     let run_end = mono::now_ns();
     // Heal, look for leftover locks, stop the workers, and check.
+    let mut failed = Vec::new();
     {
         let s = lock(&shared);
         for i in 0..s.engine.len() {
@@ -303,10 +323,15 @@ pub(crate) async fn run(
             for p in &w.proxies {
                 p.set(LinkMode::Pass);
             }
-            if let Some(n) = &mut w.netns {
-                let _ = n.heal();
+            if let Some(n) = &mut w.netns
+                && let Err(e) = n.heal()
+            {
+                failed.push(format!("healing a partition: {e}"));
             }
         }
+    }
+    for f in failed {
+        crate::faults::not_injected(&shared, "the final heal".into(), f);
     }
     // Background releases (cancelled operations) finish within a round trip or two.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -367,6 +392,14 @@ pub(crate) async fn run(
     );
     for w in &mut s.workers {
         let _ = w.child.start_kill();
+    }
+    if !s.not_injected.is_empty() {
+        return Err(format!(
+            "{}: {} fault(s) could not be injected, so the run proves nothing: {}",
+            scenario.name,
+            s.not_injected.len(),
+            s.not_injected.join("; ")
+        ));
     }
     Ok(Outcome {
         figures,
@@ -579,11 +612,17 @@ pub(crate) fn pause_worker(shared: &SharedRef, id: usize, d: Duration) {
         (w.pid, w.holding)
     };
     let start = mono::now_ns();
-    let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+    if let Err(e) = kill(Pid::from_raw(pid), Signal::SIGSTOP) {
+        crate::faults::not_injected(shared, format!("pause of worker {id}"), e.to_string());
+        lock(shared).workers[id].paused = false;
+        return;
+    }
     let shared = shared.clone();
     tokio::spawn(async move {
         tokio::time::sleep(d).await;
-        let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+        if let Err(e) = kill(Pid::from_raw(pid), Signal::SIGCONT) {
+            crate::faults::not_injected(&shared, format!("thaw of worker {id}"), e.to_string());
+        }
         let mut s = lock(&shared);
         if s.workers[id].pid == pid {
             s.workers[id].paused = false;
