@@ -25,7 +25,7 @@ pub(crate) async fn clients(
     for i in 0..n {
         let backend = distlock::open_backend(url)
             .await
-            .map_err(|e| exit::report("cannot open the lock engine", &e))?;
+            .map_err(|e| exit::report_open(&e))?;
         clients.push(
             LockClient::builder(backend)
                 .options(options)

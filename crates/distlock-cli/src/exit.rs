@@ -44,6 +44,15 @@ pub(crate) fn report(doing: &str, err: &LockError) -> u8 {
     code(err)
 }
 
+/// Prints why the lock engine could not be opened and returns the exit status: 69 for any
+/// engine that does not answer, whether it refused the connection or stayed silent (a timeout
+/// here is not a busy lock).
+pub(crate) fn report_open(err: &LockError) -> u8 {
+    let code = code(err);
+    eprintln!("distlock: cannot open the lock engine: {}", one_line(err));
+    if code == CONFLICT { UNAVAILABLE } else { code }
+}
+
 /// The exit status of an error.
 pub(crate) fn code(err: &LockError) -> u8 {
     match err.kind() {

@@ -29,7 +29,7 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
     }
     let client = match distlock::connect(args.engine.url()).await {
         Ok(c) => c,
-        Err(e) => return exit::report("cannot open the lock engine", &e),
+        Err(e) => return exit::report_open(&e),
     };
     let removed = match client.force_release(&args.key).await {
         Ok(r) => r,

@@ -77,7 +77,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     };
     let backend = match distlock::open_backend(args.engine.url()).await {
         Ok(b) => b,
-        Err(e) => return exit::report("cannot open the lock engine", &e),
+        Err(e) => return exit::report_open(&e),
     };
     let mut builder = LockClient::builder(backend).options(options);
     if let Some(label) = args.label {

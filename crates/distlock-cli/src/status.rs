@@ -19,7 +19,7 @@ pub(crate) struct StatusArgs {
 pub(crate) async fn status(args: StatusArgs) -> u8 {
     let client = match distlock::connect(args.engine.url()).await {
         Ok(c) => c,
-        Err(e) => return exit::report("cannot open the lock engine", &e),
+        Err(e) => return exit::report_open(&e),
     };
     let st = match client.status(&args.key).await {
         Ok(s) => s,
@@ -74,7 +74,7 @@ fn with_age(owner: &str) -> String {
     let Ok(since) = since.parse::<u128>() else {
         return owner.to_owned();
     };
-    let now = distlock::unix_ms();
+    let now = distlock::engine::unix_ms();
     if since == 0 || since > now {
         return owner.to_owned();
     }

@@ -84,6 +84,48 @@ fn bad_input_has_clear_exit_codes() {
     }
 }
 
+/// A refused connection, on every engine: exit 69 ("unreachable", never 75 "busy"), and one
+/// readable line that names the cause, with no driver's debug dump in it.
+#[test]
+fn every_unreachable_engine_exits_69_with_one_readable_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let urls = [
+        "redis://127.0.0.1:1",
+        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+        "redis+sentinel://127.0.0.1:1/mymaster",
+        "redis+cluster://127.0.0.1:1",
+        "etcd://127.0.0.1:1",
+        "zk://127.0.0.1:1?connect_timeout=300ms&session_timeout=1s",
+        "postgres://app@127.0.0.1:1/app",
+        "mysql://app@127.0.0.1:1/app",
+        "memcached://127.0.0.1:1",
+    ];
+    for url in urls {
+        for sub in [
+            &["run", "--url", url, "k", "--", "true"][..],
+            &["status", "--url", url, "k"],
+        ] {
+            let o = run(distlock(tmp.path()).args(sub));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(69), "{sub:?}: {err}");
+            assert_eq!(err.trim_end().lines().count(), 1, "{sub:?}: {err}");
+            assert!(
+                err.starts_with("distlock: cannot open the lock engine: "),
+                "{err}"
+            );
+            for dump in ["ConnectError(", "Os {", "Status {", "code:", "Some("] {
+                assert!(!err.contains(dump), "{url}: a debug dump: {err}");
+            }
+            if !url.starts_with("zk:") && !url.starts_with("redlock:") {
+                assert!(
+                    err.contains("refused"),
+                    "{url}: the cause is missing: {err}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn run_on_redis_and_exit_70_when_the_lock_is_lost() {
     let Some(server) = RedisServer::start() else {

@@ -265,6 +265,22 @@ impl<B: Backend> LockGuard<B> {
 
     /// Resolves when the lease ends (lost, or released through another path).
     ///
+    /// Race it against the work, so that the work stops as soon as the lock is no longer ours:
+    ///
+    /// ```no_run
+    /// # async fn work() {}
+    /// # async fn demo<B: distlock_core::Backend>(
+    /// #     locks: distlock_core::LockClient<B>,
+    /// # ) -> Result<(), distlock_core::LockError> {
+    /// let guard = locks.acquire("migrations").await?;
+    /// tokio::select! {
+    ///     reason = guard.lost() => eprintln!("lock lost ({reason}): stopped half-way"),
+    ///     () = work() => {}
+    /// }
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// Cancel-safe.
     pub async fn lost(&self) -> LostReason {
@@ -319,6 +335,11 @@ impl<B: Backend> LockGuard<B> {
     /// Releases the lock (compare-and-delete: never another owner's lock) and says whether the
     /// lease was still ours. No renewal goes out after this returns.
     ///
+    /// A lease already known to be lost (the lost signal fired, or its deadline passed) is
+    /// reported as [`Released::Lost`] at once, without waiting on the engine, which may be the
+    /// very thing that stopped answering: the compare-and-delete that frees the key early if
+    /// it is still ours goes out in the background, as on drop.
+    ///
     /// # Errors
     /// Engine errors (the lock then frees when its TTL runs out).
     ///
@@ -329,6 +350,12 @@ impl<B: Backend> LockGuard<B> {
         let lease = self.lease.clone();
         let before = lease.end_if_past_deadline();
         lease.end(LostReason::Released);
+        if let Some(reason) = before {
+            spawn_finish(self.client.clone(), lease, before);
+            tracing::debug!(target: "distlock", key = %self.lease.key, fence = ?self.lease.fence,
+                %reason, "released a lease that was already lost");
+            return Ok(Released::Lost(reason));
+        }
         // If this future is dropped half-way, release in the background instead.
         let mut pending = PendingFinish {
             client: &self.client,

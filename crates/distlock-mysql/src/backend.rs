@@ -166,7 +166,28 @@ fn map_err(e: mysql_async::Error, doing: &str) -> LockError {
         mysql_async::Error::Url(_) => ErrorKind::Config,
         mysql_async::Error::Driver(_) | mysql_async::Error::Other(_) => ErrorKind::Connection,
     };
+    // An I/O error reads "Input/output error: Input/output error: <cause>" in the driver's
+    // words: say the cause once, and keep it (a copy) as the source.
+    if let mysql_async::Error::Io(_) = &e
+        && let Some(io) = innermost_io(&e)
+    {
+        let cause = std::io::Error::new(io.kind(), io.to_string());
+        return LockError::new(kind, format!("{doing}: {io}")).with_source(cause);
+    }
     LockError::new(kind, format!("{doing}: {e}")).with_source(e)
+}
+
+/// The last `std::io::Error` in an error's chain of causes.
+fn innermost_io<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a std::io::Error> {
+    let mut found = None;
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            found = Some(io);
+        }
+        cause = c.source();
+    }
+    found
 }
 
 /// A lock we hold, and the connection that holds it (taken out by the release; renewals of

@@ -109,13 +109,19 @@ async fn connect(config: &ZkConfig) -> Result<Client, LockError> {
         .with_session_timeout(config.session_timeout)
         .with_connection_timeout(config.connect_timeout)
         .connect(&config.cluster);
-    match tokio::time::timeout(config.connect_timeout + config.session_timeout, connect).await {
+    let limit = config.connect_timeout + config.session_timeout;
+    // No server that answers within the limit is an unreachable engine, not a busy lock: the
+    // client tries each server again until then, so a refused connection also ends here.
+    let unreachable = || {
+        LockError::new(
+            ErrorKind::Connection,
+            format!("{doing}: no server answered within {limit:?}"),
+        )
+    };
+    match tokio::time::timeout(limit, connect).await {
         Ok(Ok(c)) => Ok(c),
+        Ok(Err(Error::Timeout)) | Err(_) => Err(unreachable()),
         Ok(Err(e)) => Err(map_err(e, &doing)),
-        Err(_) => Err(LockError::new(
-            ErrorKind::Timeout,
-            format!("{doing}: no answer"),
-        )),
     }
 }
 
