@@ -9,7 +9,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use distlock::{Backend, Fencing, LockClient, LockOptions, Released, Wait};
+use distlock::engine::Fencing;
+use distlock::{Backend, LockClient, LockOptions, Released, Wait};
 
 use crate::{crowd, exit, term};
 
@@ -132,7 +133,7 @@ pub(crate) async fn check(args: CheckArgs) -> u8 {
             "{}",
             serde_json::json!({
                 "engine": engine,
-                "url": distlock::url::redact(&url),
+                "url": distlock::engine::url::redact(&url),
                 "key": key,
                 "workers": args.workers,
                 "seconds": elapsed.as_secs_f64(),
@@ -166,7 +167,7 @@ pub(crate) async fn check(args: CheckArgs) -> u8 {
              locks lost         {} before the write (skipped), {} at release\n\
              errors             {}\n\
              left held          {}\n",
-            distlock::url::redact(&url),
+            distlock::engine::url::redact(&url),
             args.workers,
             crate::show_duration(args.hold),
             elapsed.as_secs_f64(),

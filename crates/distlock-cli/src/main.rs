@@ -14,7 +14,7 @@ mod term;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -101,8 +101,22 @@ fn show_duration(d: Duration) -> String {
     }
 }
 
+/// `--version`: the version, and the engines compiled in (made once, for the process's life).
+fn version() -> &'static str {
+    let text = format!(
+        "{}\nengines: {}",
+        env!("CARGO_PKG_VERSION"),
+        distlock::engines().join(", ")
+    );
+    Box::leak(text.into_boxed_str())
+}
+
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let parsed = Cli::command()
+        .version(version())
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(c) => c,
         Err(e) => {
             let args: Vec<String> = std::env::args().skip(1).collect();

@@ -278,6 +278,53 @@ fn a_lock_removed_under_the_command_stops_it_and_exits_70() {
     }
 }
 
+/// A server that stops answering (SIGSTOP): the lease ends at its local deadline, the command
+/// is stopped, and distlock exits as soon as the command has ended. It does not wait on the
+/// silent server for a renewal in flight or for a release of a lease it knows is lost (with a
+/// 5 s response timeout, that wait would be seconds).
+#[test]
+fn a_paused_server_stops_the_command_and_distlock_exits_promptly() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("{}?response_timeout=5s", server.url());
+    let stopped = tmp.path().join("stopped");
+    let script = format!(
+        "trap 'touch {}; exit 0' TERM; sleep 30 & wait",
+        stopped.display()
+    );
+    let mut holder = distlock(tmp.path())
+        .args(["run", "--url", &url, "--ttl", "1s", "paused", "--"])
+        .args(["sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the holder's lock", Duration::from_secs(10), || {
+        common::status_json(tmp.path(), &url, "paused")["held"] == true
+    });
+    server.pause();
+    let paused = Instant::now();
+    wait_until("the command's SIGTERM", Duration::from_secs(5), || {
+        stopped.exists()
+    });
+    let stopped_after = paused.elapsed();
+    let st = wait_exit(&mut holder, Duration::from_secs(15));
+    let exited_after = paused.elapsed();
+    server.resume();
+    assert_eq!(st.code(), Some(70));
+    assert!(
+        stopped_after < Duration::from_millis(1500),
+        "the lease outlived its 1 s TTL: the command was stopped {stopped_after:?} after the pause"
+    );
+    assert!(
+        exited_after - stopped_after < Duration::from_millis(1500),
+        "distlock waited on the paused server: stopped at {stopped_after:?}, exited at \
+         {exited_after:?}"
+    );
+}
+
 #[test]
 fn sigterm_reaches_the_command_and_the_lock_is_released() {
     for t in Target::all() {
@@ -522,7 +569,13 @@ fn help_version_and_completions() {
         "{help}"
     );
     let o = distlock(t.dir()).arg("--version").output().unwrap();
-    assert!(String::from_utf8_lossy(&o.stdout).starts_with("distlock "));
+    let version = String::from_utf8_lossy(&o.stdout);
+    assert!(version.starts_with("distlock "), "{version}");
+    // Every engine is compiled into the command.
+    assert!(
+        version.contains("engines: file, redis, tls, etcd, zookeeper, postgres, mysql, memcached"),
+        "{version}"
+    );
     for shell in ["bash", "zsh", "fish"] {
         let o = distlock(t.dir())
             .args(["completions", shell])

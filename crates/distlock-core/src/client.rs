@@ -223,6 +223,21 @@ impl<B: Backend> LockClient<B> {
     /// A request whose reply is lost (timeout, broken connection) is resent with the same token,
     /// which the engine treats as the same acquisition.
     ///
+    /// ```no_run
+    /// # async fn demo<B: distlock_core::Backend>(
+    /// #     locks: distlock_core::LockClient<B>,
+    /// # ) -> Result<(), distlock_core::LockError> {
+    /// match locks.try_acquire("backup").await? {
+    ///     Some(guard) => {
+    ///         // ... the work, passing guard.fence() to whatever it writes ...
+    ///         let released = guard.release().await?;
+    ///         assert!(released.was_held(), "the lease ran out before the work ended");
+    ///     }
+    ///     None => println!("another process is running the backup"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// `InvalidKey`, and the engine's errors (`Connection`, `Timeout`, `Auth`, `Protocol`…).
     ///
@@ -265,6 +280,27 @@ impl<B: Backend> LockClient<B> {
     ///   remaining lease or [`LockOptions::wake_fallback`], whichever comes first;
     /// - on engines without events, it sleeps a jittered back-off, never past the holder's
     ///   remaining lease.
+    ///
+    /// ```no_run
+    /// # async fn demo<B: distlock_core::Backend>(backend: B) -> Result<(), distlock_core::LockError> {
+    /// use std::time::Duration;
+    /// use distlock_core::{ErrorKind, LockClient, LockOptions};
+    ///
+    /// let options = LockOptions::builder()
+    ///     .ttl(Duration::from_secs(30))
+    ///     .wait_timeout(Duration::from_secs(5))
+    ///     .build()?;
+    /// let locks = LockClient::builder(backend).options(options).build();
+    /// match locks.acquire("deploy").await {
+    ///     Ok(guard) => {
+    ///         // ... deploy ...
+    ///         guard.release().await?;
+    ///     }
+    ///     Err(e) if e.kind() == ErrorKind::Timeout => println!("still held after 5 s"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// `Busy` when the options say not to wait, `Timeout` when the wait timeout passes, and the
@@ -426,6 +462,26 @@ impl<B: Backend> LockClient<B> {
     ///
     /// The body gets a [`LeaseHandle`]: it can check `is_held()` between steps or `select!` on
     /// `lost()` to stop early.
+    ///
+    /// ```no_run
+    /// # async fn demo<B: distlock_core::Backend>(
+    /// #     locks: distlock_core::LockClient<B>,
+    /// # ) -> Result<(), distlock_core::LockError> {
+    /// let rows = locks
+    ///     .with_lock("reindex", |lease| async move {
+    ///         let mut done = 0;
+    ///         for _batch in 0..10 {
+    ///             if !lease.is_held() {
+    ///                 break; // the lease ended: stop before the next step
+    ///             }
+    ///             done += 1; // ... one batch, fenced with lease.fence() ...
+    ///         }
+    ///         done
+    ///     })
+    ///     .await?; // Err(Lost) if the lease ended before the body finished
+    /// println!("{rows} batches");
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// The errors of `acquire`; and `Lost` when the lease had ended before the body finished

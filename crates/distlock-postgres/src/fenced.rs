@@ -92,6 +92,23 @@ impl FencedUpdate {
     /// row was written; `Ok(false)`: refused, because a newer fence wrote the row (the writer's
     /// lock is stale) or no row has that key.
     ///
+    /// ```no_run
+    /// # use distlock_postgres::{FencedUpdate, tokio_postgres::Client};
+    /// # async fn demo<B: distlock_core::Backend>(
+    /// #     locks: distlock_core::LockClient<B>,
+    /// #     db: Client,
+    /// # ) -> Result<(), distlock_core::LockError> {
+    /// let pay = FencedUpdate::new("invoices", "id", "fence", "status = $3")?;
+    /// let guard = locks.acquire("invoice:42").await?;
+    /// let fence = guard.fence().expect("an engine with fences");
+    /// // ... work that may outlive the lease (a pause, a slow call) ...
+    /// if !pay.run(&db, &42_i64, fence, &[&"paid"]).await? {
+    ///     // A newer holder wrote the row: this holder's lock is stale; stop.
+    /// }
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// The server's error, or `Config` for a fence beyond `i64::MAX`.
     pub async fn run(

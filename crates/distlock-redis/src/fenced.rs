@@ -17,6 +17,23 @@ const FENCED_SET: &str = include_str!("scripts/fenced_set.lua");
 /// Fences are compared as whole numbers of any size up to `u64::MAX`, digit by digit (Lua's
 /// numbers are doubles, exact only to 2^53).
 ///
+/// ```no_run
+/// # async fn demo(
+/// #     locks: distlock_core::LockClient<distlock_redis::RedisBackend>,
+/// # ) -> Result<(), distlock_core::LockError> {
+/// # let to_err = |e: redis::RedisError| distlock_core::LockError::new(distlock_core::ErrorKind::Connection, e.to_string());
+/// let data = redis::Client::open("redis://127.0.0.1:6379").map_err(to_err)?;
+/// let mut conn = data.get_multiplexed_async_connection().await.map_err(to_err)?;
+/// let guard = locks.acquire("report").await?;
+/// let fence = guard.fence().expect("Redis gives fences");
+/// // ... long work, during which the lease may run out ...
+/// if !distlock_redis::fenced_set(&mut conn, "report:data", fence, b"contents").await? {
+///     // A newer holder wrote it: this holder's lock is stale. Stop; do not retry.
+/// }
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+///
 /// # Errors
 /// The connection's errors; `Protocol` when the key holds something that is not such a hash.
 pub async fn fenced_set(

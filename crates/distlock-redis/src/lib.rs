@@ -20,5 +20,8 @@ pub use backend::RedisBackend;
 pub const RELEASE_SCRIPT: &str = backend::RELEASE_SCRIPT;
 pub use config::{ClusterConfig, RedisConfig};
 pub use fenced::{fenced_get, fenced_set};
+/// The client library (redis-rs), whose connections [`fenced_set`] and [`fenced_get`] take: the
+/// same version distlock is built with.
+pub use redis;
 pub use redlock::{RedlockBackend, RedlockConfig};
 pub use sentinel::{SentinelBackend, SentinelConfig};
