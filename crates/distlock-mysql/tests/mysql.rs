@@ -29,7 +29,10 @@ async fn a_killed_connection_is_reported_lost_by_the_next_renewal() {
     // KILL returns before the killed connection has ended and let its locks go.
     let t0 = Instant::now();
     while db.sql(&format!("SELECT IS_USED_LOCK('{}')", lock_name("killed"))) != "NULL" {
-        assert!(t0.elapsed() < Duration::from_secs(5), "the killed connection kept its lock");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the killed connection kept its lock"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let g2 = b
