@@ -4,68 +4,75 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use distlock_core::{
-    AcquireRequest, Attempt, Backend, Capabilities, LeaseCheck, LockClient, LockError, LockOptions,
-    LockStatus, NextWaiter, RenewItem, Subscription, Token,
+use distlock_core::engine::{
+    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, Breaker, Capabilities, Handover,
+    LeaseCheck, LeaseRef, RenewItem, Sessions, WakeSource,
 };
+use distlock_core::{LockClient, LockError, LockOptions, LockStatus};
 use distlock_redis::RedisBackend;
 use distlock_testkit::RedisServer;
 
 use crate::peers;
 
-/// The Redis engine, counting the watchdog's renewal calls (each one pipelined round trip).
+/// An engine, counting the watchdog's renewal calls (each one a round trip: a pipelined batch
+/// where the engine batches) and the leases they renew.
 #[derive(Clone)]
-struct Counting {
-    inner: RedisBackend,
+struct Counting<B> {
+    inner: B,
     calls: Arc<AtomicU64>,
     renewals: Arc<AtomicU64>,
 }
 
-impl Backend for Counting {
+impl<B: Backend> Backend for Counting<B> {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        self.inner.try_acquire(req).await
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        self.inner.acquire(req).await
     }
-    async fn extend(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<LeaseCheck, LockError> {
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.renewals.fetch_add(1, Ordering::Relaxed);
-        self.inner.extend(key, token, ttl).await
+        self.inner.renew(lease, ttl).await
     }
-    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
-        self.inner.release(key, token).await
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        self.inner.release(lease).await
     }
-    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
-        self.inner.status(key).await
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        self.inner.inspect(key).await
     }
-    async fn release_queued(
-        &self,
-        key: &str,
-        token: &Token,
-        next: &NextWaiter<'_>,
-    ) -> Result<LeaseCheck, LockError> {
-        self.inner.release_queued(key, token, next).await
+    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
+        self.inner.batch_renew().map(|_| self as &dyn BatchRenew)
     }
-    async fn extend_many<'a>(
+    fn wake_source(&self) -> Option<&dyn WakeSource> {
+        self.inner.wake_source()
+    }
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        self.inner.sessions()
+    }
+    fn handover(&self) -> Option<&dyn Handover> {
+        self.inner.handover()
+    }
+    fn breaker(&self) -> Option<&dyn Breaker> {
+        self.inner.breaker()
+    }
+}
+
+impl<B: Backend> BatchRenew for Counting<B> {
+    fn renew_many<'a>(
         &'a self,
         items: &'a [RenewItem<'a>],
-    ) -> Vec<Result<LeaseCheck, LockError>> {
+    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.renewals
             .fetch_add(items.len() as u64, Ordering::Relaxed);
-        self.inner.extend_many(items).await
-    }
-    async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {
-        self.inner.subscribe(key).await
+        match self.inner.batch_renew() {
+            Some(batch) => batch.renew_many(items),
+            None => Box::pin(std::future::ready(Vec::new())),
+        }
     }
 }
 
@@ -137,7 +144,7 @@ pub(crate) fn ours(
             renewals.load(Ordering::Relaxed),
         );
         let (cmd0, scpu0, cpu0, t0) = (
-            crate::total_calls(server),
+            crate::p2::total_calls(server),
             server_cpu(server),
             process_cpu(),
             Instant::now(),
@@ -146,7 +153,7 @@ pub(crate) fn ours(
         let secs = t0.elapsed().as_secs_f64();
         let cpu = process_cpu() - cpu0;
         let scpu = server_cpu(server) - scpu0;
-        let cmds = crate::total_calls(server).saturating_sub(cmd0 + 3);
+        let cmds = crate::p2::total_calls(server).saturating_sub(cmd0 + 3);
         let (c, r) = (
             calls.load(Ordering::Relaxed) - c0,
             renewals.load(Ordering::Relaxed) - r0,
@@ -181,12 +188,12 @@ pub(crate) fn peer(
     let mut at_ready = None;
     let result = peer
         .renew(&server.url(), n, window, ttl, || {
-            at_ready = Some((crate::total_calls(server), server_cpu(server)));
+            at_ready = Some((crate::p2::total_calls(server), server_cpu(server)));
         })
         .map(|(held, cpu_s, secs)| {
             let (cmd0, scpu0) = at_ready.unwrap_or((0, 0.0));
             let scpu = server_cpu(server) - scpu0;
-            let cmds = crate::total_calls(server).saturating_sub(cmd0 + 3);
+            let cmds = crate::p2::total_calls(server).saturating_sub(cmd0 + 3);
             let ticks = secs / (ttl.as_secs_f64() / 3.0);
             Figures {
                 held_after: held,

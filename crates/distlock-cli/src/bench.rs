@@ -140,7 +140,7 @@ async fn one_task<B: Backend>(
             return r;
         }
         let Ok(options) = LockOptions::builder()
-            .ttl(client.options().ttl())
+            .ttl(client.default_options().ttl())
             .wait(Wait::Timeout(deadline - now))
             .build()
         else {

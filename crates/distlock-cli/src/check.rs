@@ -227,7 +227,7 @@ async fn worker<B: Backend>(
             Ok(None) => {
                 c.contended += 1;
                 let Ok(options) = LockOptions::builder()
-                    .ttl(client.options().ttl())
+                    .ttl(client.default_options().ttl())
                     .wait(Wait::Timeout(deadline - now))
                     .build()
                 else {

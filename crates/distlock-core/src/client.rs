@@ -1,34 +1,23 @@
-//! The lock client: acquire, wait, `with_lock`, status. Written once, for every engine.
+//! The lock client: the entry points of acquire, waiting, `with_lock`, status and forced
+//! release, over the layers below it (acquire, guard, watchdog, driver, lease).
 
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::FutureExt;
 
-use crate::backend::{AcquireRequest, Attempt, Backend, LeaseCheck, LockStatus};
+use crate::acquire::{Try, Want, attempt, wait_for};
 use crate::clock::{Clock, SystemClock};
+use crate::driver::Driver;
+use crate::engine::{Backend, LeaseKind, LockStatus};
 use crate::error::{ErrorKind, LockError};
-use crate::guard::{Handoff, LockGuard, Released, lost_error};
+use crate::guard::{Holding, LockGuard, Released, lost_error};
 use crate::key::validate_key;
-use crate::lease::{LeaseHandle, LeaseShared};
-use crate::local::{Gate, LocalQueues};
+use crate::lease::LeaseHandle;
 use crate::options::{LockOptions, Wait};
 use crate::token::Token;
-use crate::wake::Subscription;
-use crate::watchdog::Watchdog;
-
-pub(crate) struct ClientInner<B: Backend> {
-    pub(crate) backend: B,
-    pub(crate) options: LockOptions,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) owner: String,
-    /// Per-key local queues (singleflight and hand-off); `None` when turned off.
-    pub(crate) local: Option<LocalQueues<Handoff<B>>>,
-    pub(crate) watchdog: Watchdog,
-}
 
 /// A lock client over one engine. Cheap to clone; share one per process.
 ///
@@ -43,13 +32,15 @@ pub(crate) struct ClientInner<B: Backend> {
 /// # Ok(()) }
 /// ```
 pub struct LockClient<B: Backend> {
-    inner: Arc<ClientInner<B>>,
+    holding: Arc<Holding<B>>,
+    options: LockOptions,
 }
 
 impl<B: Backend> Clone for LockClient<B> {
     fn clone(&self) -> Self {
         LockClient {
-            inner: self.inner.clone(),
+            holding: self.holding.clone(),
+            options: self.options,
         }
     }
 }
@@ -57,9 +48,9 @@ impl<B: Backend> Clone for LockClient<B> {
 impl<B: Backend> fmt::Debug for LockClient<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockClient")
-            .field("engine", &self.inner.backend.name())
-            .field("owner", &self.inner.owner)
-            .field("options", &self.inner.options)
+            .field("engine", &self.backend().name())
+            .field("owner", &self.owner())
+            .field("options", &self.options)
             .finish()
     }
 }
@@ -83,13 +74,15 @@ impl<B: Backend> fmt::Debug for LockClientBuilder<B> {
 }
 
 impl<B: Backend> LockClientBuilder<B> {
-    /// Default options of every acquisition made through this client.
+    /// Default options of every acquisition made through this client (a call can change any of
+    /// them: [`LockClient::lock`]).
     pub fn options(mut self, options: LockOptions) -> Self {
         self.options = options;
         self
     }
 
-    /// The monotonic clock lease deadlines are measured on (tests inject one).
+    /// The monotonic clock lease deadlines are measured on (tests inject one). Engines that
+    /// keep time of their own read it too.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
@@ -113,15 +106,10 @@ impl<B: Backend> LockClientBuilder<B> {
     /// Builds the client.
     pub fn build(self) -> LockClient<B> {
         let owner = self.owner.unwrap_or_else(default_owner);
+        let driver = Driver::new(self.backend, self.clock, owner);
         LockClient {
-            inner: Arc::new(ClientInner {
-                backend: self.backend,
-                options: self.options,
-                clock: self.clock,
-                owner,
-                local: self.local_queue.then(LocalQueues::new),
-                watchdog: Watchdog::new(),
-            }),
+            holding: Arc::new(Holding::new(driver, self.local_queue)),
+            options: self.options,
         }
     }
 }
@@ -134,56 +122,6 @@ pub fn default_owner() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".to_owned());
     format!("{host}/{}", std::process::id())
-}
-
-/// A waiter's subscription; parked in the local queue for the next head when the waiter goes.
-struct SubSlot<'a, B: Backend> {
-    local: Option<&'a LocalQueues<Handoff<B>>>,
-    key: &'a str,
-    sub: Option<Subscription>,
-}
-
-impl<B: Backend> Drop for SubSlot<'_, B> {
-    fn drop(&mut self) {
-        if let (Some(local), Some(sub)) = (self.local, self.sub.take()) {
-            local.park(self.key, sub);
-        }
-    }
-}
-
-/// Outcome of one attempt, internally.
-enum Try<B: Backend> {
-    Got(LockGuard<B>),
-    Busy(Option<Duration>),
-}
-
-/// Releases a lock taken by a request whose outcome we never learned, if the acquire is given up
-/// or its future is dropped half-way.
-struct PendingCleanup<'a, B: Backend> {
-    client: &'a Arc<ClientInner<B>>,
-    key: &'a str,
-    token: &'a Token,
-    armed: bool,
-}
-
-impl<B: Backend> Drop for PendingCleanup<'_, B> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        // The token may hold the lock: never let a later attempt of this wait reuse it.
-        if let Some(local) = &self.client.local {
-            local.retire_token(self.key, self.token);
-        }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let client = self.client.clone();
-            let key = self.key.to_owned();
-            let token = self.token.clone();
-            rt.spawn(async move {
-                let _ = client.backend.release(&key, &token).await;
-            });
-        }
-    }
 }
 
 impl<B: Backend> LockClient<B> {
@@ -205,17 +143,26 @@ impl<B: Backend> LockClient<B> {
 
     /// The engine.
     pub fn backend(&self) -> &B {
-        &self.inner.backend
+        self.holding.driver().backend()
     }
 
-    /// The default options of this client.
+    /// The default options of this client's acquisitions.
+    pub fn default_options(&self) -> &LockOptions {
+        &self.options
+    }
+
+    /// The default options of this client's acquisitions.
+    #[deprecated(
+        since = "0.2.0",
+        note = "renamed `default_options`: `options` reads like the builder's setter"
+    )]
     pub fn options(&self) -> &LockOptions {
-        &self.inner.options
+        &self.options
     }
 
     /// The holder label written with every lock.
     pub fn owner(&self) -> &str {
-        &self.inner.owner
+        self.holding.driver().owner()
     }
 
     /// One attempt to take `key`. A busy lock is `Ok(None)`.
@@ -245,7 +192,8 @@ impl<B: Backend> LockClient<B> {
     /// If the future is dropped while a request is in flight, a release of that token is sent in
     /// the background, so nothing stays half taken.
     pub async fn try_acquire(&self, key: &str) -> Result<Option<LockGuard<B>>, LockError> {
-        self.try_acquire_with(key, &self.inner.options).await
+        self.try_lease(key, LeaseKind::Exclusive, &self.options)
+            .await
     }
 
     /// [`try_acquire`](Self::try_acquire) with other options.
@@ -260,14 +208,7 @@ impl<B: Backend> LockClient<B> {
         key: &str,
         options: &LockOptions,
     ) -> Result<Option<LockGuard<B>>, LockError> {
-        validate_key(key)?;
-        if self.held_here(key) {
-            return Ok(None);
-        }
-        match self.attempt(key, options, false, Token::generate()).await? {
-            Try::Got(g) => Ok(Some(g)),
-            Try::Busy(_) => Ok(None),
-        }
+        self.try_lease(key, LeaseKind::Exclusive, options).await
     }
 
     /// Takes `key`, waiting as the client's options say (default: forever).
@@ -310,7 +251,7 @@ impl<B: Backend> LockClient<B> {
     /// Cancel-safe: a dropped `acquire` leaves nothing taken, no subscription and no place in
     /// the local queue.
     pub async fn acquire(&self, key: &str) -> Result<LockGuard<B>, LockError> {
-        self.acquire_with(key, &self.inner.options).await
+        self.lease(key, LeaseKind::Exclusive, &self.options).await
     }
 
     /// [`acquire`](Self::acquire) with other options.
@@ -325,136 +266,7 @@ impl<B: Backend> LockClient<B> {
         key: &str,
         options: &LockOptions,
     ) -> Result<LockGuard<B>, LockError> {
-        validate_key(key)?;
-        match options.wait() {
-            Wait::No => {
-                if self.held_here(key) {
-                    return Err(LockError::busy(key));
-                }
-                self.attempt(key, options, false, Token::generate())
-                    .await
-                    .and_then(|t| match t {
-                        Try::Got(g) => Ok(g),
-                        Try::Busy(_) => Err(LockError::busy(key)),
-                    })
-            }
-            Wait::Forever => self.wait_for(key, options).await,
-            Wait::Timeout(d) => tokio::time::timeout(d, self.wait_for(key, options))
-                .await
-                .map_err(|_| {
-                    LockError::new(
-                        ErrorKind::Timeout,
-                        format!("waited {d:?} for lock {key:?} without getting it"),
-                    )
-                })?,
-        }
-    }
-
-    /// Whether a task of this client holds `key` right now (a local check, no I/O).
-    fn held_here(&self, key: &str) -> bool {
-        self.inner
-            .local
-            .as_ref()
-            .is_some_and(|l| l.live_holder(key).is_some())
-    }
-
-    /// The waiting loop of `acquire`; the caller bounds it with the wait timeout.
-    async fn wait_for(&self, key: &str, options: &LockOptions) -> Result<LockGuard<B>, LockError> {
-        let inner = &self.inner;
-        let mut ticket = inner.local.as_ref().map(|l| l.join(key, *options));
-        // Declared after the ticket, so dropped before it: the subscription is parked for the
-        // next head while this waiter is still in the queue.
-        let mut slot = SubSlot {
-            local: inner.local.as_ref(),
-            key,
-            sub: None,
-        };
-        let sub = &mut slot.sub;
-        let mut subscribed = false;
-        let mut round = 0u32;
-        // Without a local queue, this wait's own token (with one, the queue's, shared by its
-        // successive heads): every attempt of a wait uses the same token, so a release that
-        // hands the lock to the registered waiter ([`Attempt::Granted`]) finds it.
-        let mut own_token: Option<Token> = None;
-        loop {
-            // Our turn in the local queue, or a hand-off from a local holder.
-            if let Some(t) = ticket.as_mut() {
-                loop {
-                    match t.gate() {
-                        Gate::Handed(h) => match h.into_guard() {
-                            Some(g) => return Ok(g),
-                            None => continue,
-                        },
-                        Gate::Go => break,
-                        Gate::Wait(holder) => {
-                            if let Some(h) = t.changed(holder.as_ref()).await
-                                && let Some(g) = h.into_guard()
-                            {
-                                return Ok(g);
-                            }
-                        }
-                    }
-                }
-            }
-            if options.events()
-                && sub.is_none()
-                && let Some(parked) = inner.local.as_ref().and_then(|l| l.take_parked(key))
-            {
-                // A previous head's subscription, still active: no need to subscribe and try
-                // again after this attempt.
-                *sub = Some(parked);
-                subscribed = true;
-            }
-            // Only a first attempt with no subscription yet may take the engine's fast path.
-            let waiting = subscribed || round > 0;
-            let token = match ticket.as_ref() {
-                Some(t) => t.wait_token(),
-                None => own_token.get_or_insert_with(Token::generate).clone(),
-            };
-            let holder_ttl = match self.attempt(key, options, waiting, token).await? {
-                Try::Got(g) => return Ok(g),
-                Try::Busy(ttl) => ttl,
-            };
-            if options.events() && !subscribed {
-                // Subscribe first, then try again, then wait: a release between our attempt and
-                // the subscription cannot be missed.
-                subscribed = true;
-                match inner.backend.subscribe(key).await {
-                    Ok(Some(s)) => {
-                        *sub = Some(s);
-                        continue;
-                    }
-                    Ok(None) => {}
-                    Err(e) => tracing::debug!(target: "distlock", key, error = %e,
-                        "cannot subscribe to release events; polling"),
-                }
-            }
-            let pause = match sub {
-                Some(_) => {
-                    let cap = options.wake_fallback();
-                    holder_ttl.map_or(cap, |t| (t + Duration::from_millis(1)).min(cap))
-                }
-                None => options.backoff().delay(round, holder_ttl),
-            };
-            round = round.saturating_add(1);
-            let event = async {
-                match sub.as_mut() {
-                    Some(s) => s.next().await,
-                    None => std::future::pending().await,
-                }
-            };
-            let nudged = async {
-                match ticket.as_ref() {
-                    Some(t) => t.nudged().await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = tokio::time::sleep(pause) => {}
-                () = event => {}
-                () = nudged => {}
-            }
-        }
+        self.lease(key, LeaseKind::Exclusive, options).await
     }
 
     /// Runs `body` while holding `key`, and releases the lock on every path: success, error,
@@ -494,16 +306,8 @@ impl<B: Backend> LockClient<B> {
         F: FnOnce(LeaseHandle) -> Fut,
         Fut: Future<Output = T>,
     {
-        let guard = self.acquire(key).await?;
-        let out = AssertUnwindSafe(body(guard.handle())).catch_unwind().await;
-        let released = guard.release().await;
-        match out {
-            Err(panic) => std::panic::resume_unwind(panic),
-            Ok(value) => match released? {
-                Released::Held => Ok(value),
-                Released::Lost(reason) => Err(lost_error(key, reason)),
-            },
-        }
+        self.run_leased(key, LeaseKind::Exclusive, &self.options, body)
+            .await
     }
 
     /// Who holds `key`: held or free, the holder's label, remaining TTL and fence.
@@ -515,12 +319,12 @@ impl<B: Backend> LockClient<B> {
     /// Cancel-safe (read only).
     pub async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
         validate_key(key)?;
-        self.inner.backend.status(key).await
+        self.holding.driver().inspect(key).await
     }
 
     /// Breaks `key` whoever holds it: an operator's break-glass (see
-    /// [`Backend::force_release`]). Returns the holder that was removed, `None` when the lock
-    /// was free.
+    /// [`Breaker`](crate::engine::Breaker)). Returns the holder that was removed, `None` when
+    /// the lock was free.
     ///
     /// The holder is not asked, and may go on working until its next renewal shows the loss:
     /// only a fenced resource turns its late writes away.
@@ -529,99 +333,86 @@ impl<B: Backend> LockClient<B> {
     /// `InvalidKey`, `Unsupported` on engines that cannot do it, and the engine's errors.
     pub async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
         validate_key(key)?;
-        self.inner.backend.force_release(key).await
+        self.holding.driver().force_release(key).await
     }
 
-    /// One attempt with `token` (resent while replies are lost). `waiting`: see
-    /// [`AcquireRequest::waiting`].
-    async fn attempt(
+    /// One attempt at a lease of `kind` on `key`; a busy lock is `Ok(None)`.
+    pub(crate) async fn try_lease(
         &self,
         key: &str,
+        kind: LeaseKind,
         options: &LockOptions,
-        waiting: bool,
-        token: Token,
-    ) -> Result<Try<B>, LockError> {
-        let inner = &self.inner;
-        let ttl = options.ttl();
-        let mut req = AcquireRequest::new(key, &token, ttl, &inner.owner).waiting(waiting);
-        let mut cleanup = PendingCleanup {
-            client: inner,
-            key,
-            token: &token,
-            armed: true,
-        };
-        let mut resent = 0;
-        let (sent, fence) = loop {
-            let sent = inner.clock.now();
-            match inner.backend.try_acquire(&req).await {
-                Ok(Attempt::Acquired { fence }) => break (sent, fence),
-                Ok(Attempt::Granted {
-                    fence,
-                    elapsed,
-                    ttl: granted_ttl,
-                }) => {
-                    // The lease was written when a release handed it to us, at most `elapsed`
-                    // ago. Use it as it is if most of it is left; otherwise (or when its TTL is
-                    // not ours, or its start unknown) renew it first, from now.
-                    let now = inner.clock.now();
-                    let validity = options.validity();
-                    if granted_ttl == ttl
-                        && let Some(since) = elapsed.and_then(|e| now.checked_sub(e))
-                        && since + validity > now + validity / 2
-                    {
-                        break (since, fence);
-                    }
-                    let sent = inner.clock.now();
-                    match inner.backend.extend(key, &token, ttl).await {
-                        Ok(LeaseCheck::Ours) => break (sent, fence),
-                        Ok(_) => {
-                            // It ran out before we could use it.
-                            cleanup.armed = false;
-                            if let Some(local) = &inner.local {
-                                local.retire_token(key, &token);
-                            }
-                            return Ok(Try::Busy(None));
-                        }
-                        Err(e) => return Err(e),
-                    }
+    ) -> Result<Option<LockGuard<B>>, LockError> {
+        validate_key(key)?;
+        if self.held_here(key) {
+            return Ok(None);
+        }
+        let want = Want { key, kind, options };
+        match attempt(&self.holding, want, false, Token::generate()).await? {
+            Try::Got(g) => Ok(Some(g)),
+            Try::Busy(_) => Ok(None),
+        }
+    }
+
+    /// A lease of `kind` on `key`, waiting as `options` say.
+    pub(crate) async fn lease(
+        &self,
+        key: &str,
+        kind: LeaseKind,
+        options: &LockOptions,
+    ) -> Result<LockGuard<B>, LockError> {
+        validate_key(key)?;
+        let want = Want { key, kind, options };
+        match options.wait() {
+            Wait::No => {
+                if self.held_here(key) {
+                    return Err(LockError::busy(key));
                 }
-                Ok(Attempt::Busy { holder_ttl }) => {
-                    cleanup.armed = false;
-                    return Ok(Try::Busy(holder_ttl));
-                }
-                Err(e) if e.is_ambiguous() && resent < options.acquire_retries() => {
-                    resent += 1;
-                    req = req.resent(true);
-                    tracing::debug!(target: "distlock", key, error = %e, resent,
-                        "acquire reply lost; resending with the same token");
-                }
-                Err(e) => {
-                    // Leave cleanup armed only if the request may have taken the lock.
-                    cleanup.armed = e.is_ambiguous();
-                    return Err(e);
+                match attempt(&self.holding, want, false, Token::generate()).await? {
+                    Try::Got(g) => Ok(g),
+                    Try::Busy(_) => Err(LockError::busy(key)),
                 }
             }
-        };
-        cleanup.armed = false;
-        if let Some(local) = &inner.local {
-            local.retire_token(key, &token);
+            Wait::Forever => wait_for(&self.holding, want).await,
+            Wait::Timeout(d) => tokio::time::timeout(d, wait_for(&self.holding, want))
+                .await
+                .map_err(|_| {
+                    LockError::new(
+                        ErrorKind::Timeout,
+                        format!("waited {d:?} for lock {key:?} without getting it"),
+                    )
+                })?,
         }
-        let validity = options.validity();
-        let sent = if crate::seeded::on(crate::seeded::SeededBug::ReplyTimeValidity) {
-            inner.clock.now()
-        } else {
-            sent
-        };
-        let lease = Arc::new(LeaseShared::new(
-            key.to_owned(),
-            token.clone(),
-            fence,
-            inner.clock.clone(),
-            *options,
-            sent,
-        ));
-        tracing::debug!(target: "distlock", key, fence = ?fence,
-            valid_for_ms = validity.as_millis() as u64, "lock acquired");
-        Ok(Try::Got(LockGuard::new(inner.clone(), lease)))
+    }
+
+    /// Runs `body` under a lease of `kind` on `key`, released on every path.
+    pub(crate) async fn run_leased<F, Fut, T>(
+        &self,
+        key: &str,
+        kind: LeaseKind,
+        options: &LockOptions,
+        body: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnOnce(LeaseHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.lease(key, kind, options).await?;
+        let out = AssertUnwindSafe(body(guard.handle())).catch_unwind().await;
+        let released = guard.release().await;
+        match out {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(value) => match released? {
+                Released::Held => Ok(value),
+                Released::Lost(reason) => Err(lost_error(key, reason)),
+            },
+        }
+    }
+
+    /// Whether a task of this client holds `key` right now (a local check, no I/O).
+    fn held_here(&self, key: &str) -> bool {
+        self.holding
+            .local()
+            .is_some_and(|l| l.live_holder(key).is_some())
     }
 }

@@ -1,14 +1,19 @@
-//! The guard returned by a successful acquire.
+//! Guards, and what the guards of one client share ([`Holding`]): the engine's driver, the
+//! local queues and the watchdog. A guard is made when a lease is taken: it registers the
+//! lease with the watchdog, with the local queue and with the engine's session events, and it
+//! ends the lease on every path (release, drop, leak, a hand-off to a local waiter).
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::{Backend, LeaseCheck, NextWaiter};
-use crate::client::ClientInner;
+use crate::driver::Driver;
+use crate::engine::{Backend, LeaseCheck};
 use crate::error::{ErrorKind, LockError};
-use crate::lease::{LeaseHandle, LeaseShared, LostReason};
+use crate::lease::{LeaseEnd, LeaseHandle, LeaseShared, LostReason};
+use crate::local::LocalQueues;
 use crate::token::Token;
+use crate::watchdog::Watchdog;
 
 /// What `release` found: whether the lease was still ours when we let it go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +47,53 @@ pub struct LeakedLease {
     pub valid_until: Instant,
 }
 
+/// What the guards of one client share, and where they are made: the engine's driver, the
+/// client's local queues (when on) and its watchdog.
+pub(crate) struct Holding<B: Backend> {
+    driver: Arc<Driver<B>>,
+    local: Option<LocalQueues<Handoff<B>>>,
+    watchdog: Watchdog,
+}
+
+impl<B: Backend> Holding<B> {
+    pub(crate) fn new(driver: Driver<B>, local_queue: bool) -> Self {
+        Holding {
+            driver: Arc::new(driver),
+            local: local_queue.then(LocalQueues::new),
+            watchdog: Watchdog::new(),
+        }
+    }
+
+    pub(crate) fn driver(&self) -> &Arc<Driver<B>> {
+        &self.driver
+    }
+
+    /// The local queues, unless the client turned them off.
+    pub(crate) fn local(&self) -> Option<&LocalQueues<Handoff<B>>> {
+        self.local.as_ref()
+    }
+
+    /// The guard of a lease just taken: this client's holder of the key from now, renewed by
+    /// the watchdog (unless the options say not to), and ended at once when the engine says its
+    /// session ended.
+    pub(crate) fn guard(self: &Arc<Self>, lease: Arc<LeaseShared>) -> LockGuard<B> {
+        if let Some(local) = &self.local {
+            local.set_holder(lease.key(), &lease);
+        }
+        if lease.options().auto_renew() {
+            self.watchdog.watch(&self.driver, lease.clone());
+        }
+        if let Some(end) = self.driver.session_end(&lease.engine_ref()) {
+            lease.watch_loss(end);
+        }
+        LockGuard {
+            holding: self.clone(),
+            lease,
+            done: false,
+        }
+    }
+}
+
 /// Proof that we hold a lock, until it is released, dropped or lost.
 ///
 /// # Release on drop is not immediate
@@ -51,7 +103,7 @@ pub struct LeakedLease {
 /// still ours.
 #[must_use = "dropping the guard releases the lock at once (in the background)"]
 pub struct LockGuard<B: Backend> {
-    client: Arc<ClientInner<B>>,
+    holding: Arc<Holding<B>>,
     lease: Arc<LeaseShared>,
     done: bool,
 }
@@ -59,7 +111,7 @@ pub struct LockGuard<B: Backend> {
 /// A lease handed from a releasing holder to a waiting task of the same client. If it is never
 /// taken (the waiter's future was dropped), its drop releases the lock.
 pub(crate) struct Handoff<B: Backend> {
-    client: Arc<ClientInner<B>>,
+    holding: Arc<Holding<B>>,
     lease: Option<Arc<LeaseShared>>,
 }
 
@@ -67,42 +119,43 @@ impl<B: Backend> Handoff<B> {
     /// The guard of the handed-over lease.
     pub(crate) fn into_guard(mut self) -> Option<LockGuard<B>> {
         let lease = self.lease.take()?;
-        Some(LockGuard::new(self.client.clone(), lease))
+        Some(self.holding.guard(lease))
     }
 }
 
 impl<B: Backend> Drop for Handoff<B> {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
-            let before = lease.end_if_past_deadline();
-            lease.end(LostReason::Released);
-            spawn_finish(self.client.clone(), lease, before);
+            let before = lease.lost_by_now();
+            lease.mark_released();
+            spawn_finish(self.holding.clone(), lease, before);
         }
     }
 }
 
 fn spawn_finish<B: Backend>(
-    client: Arc<ClientInner<B>>,
+    holding: Arc<Holding<B>>,
     lease: Arc<LeaseShared>,
     before: Option<LostReason>,
 ) {
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         rt.spawn(async move {
-            if let Err(e) = finish(&client, &lease, before).await {
-                tracing::debug!(target: "distlock", key = %lease.key, error = %e,
+            if let Err(e) = finish(&holding, &lease, before).await {
+                tracing::debug!(target: "distlock", key = %lease.key(), error = %e,
                     "background release failed; the TTL will free the lock");
             }
         });
-    } else if let Some(local) = &client.local {
-        local.clear_holder(&lease.key, &lease);
+    } else if let Some(local) = holding.local() {
+        local.clear_holder(lease.key(), &lease);
     }
 }
 
 /// Ends a lease that the caller has already marked released: waits for any renewal in flight,
-/// hands the lease to a local waiter if the options ask for it, and otherwise deletes the lock
-/// (compare-and-delete). `before` is how the lease had ended before the release, if it had.
+/// hands the lease to a local waiter if the options ask for it, and otherwise releases it on the
+/// engine (which compares the token). `before` is how the lease was lost before the release, if
+/// it was.
 async fn finish<B: Backend>(
-    client: &Arc<ClientInner<B>>,
+    holding: &Arc<Holding<B>>,
     lease: &Arc<LeaseShared>,
     before: Option<LostReason>,
 ) -> Result<Released, LockError> {
@@ -110,26 +163,20 @@ async fn finish<B: Backend>(
     lease.close_gate().await;
     let result = async {
         if before.is_none()
-            && lease.options.handoff()
-            && lease.streak < lease.options.handoff_streak()
-            && let Some(done) = hand_off(client, lease).await
+            && lease.options().handoff()
+            && lease.streak() < lease.options().handoff_streak()
+            && let Some(done) = hand_off(holding, lease).await
         {
             return done;
         }
-        let next = client
-            .local
-            .as_ref()
-            .and_then(|l| l.next_waiter(&lease.key));
-        let reply = match next {
-            Some((token, ttl)) => {
-                let next = NextWaiter::new(&token, ttl, &client.owner);
-                client
-                    .backend
-                    .release_queued(&lease.key, &lease.token, &next)
-                    .await
-            }
-            None => client.backend.release(&lease.key, &lease.token).await,
-        };
+        let next = holding.local().and_then(|l| l.next_waiter(lease.key()));
+        let reply = holding
+            .driver()
+            .release(
+                &lease.engine_ref(),
+                next.as_ref().map(|(token, ttl)| (token, *ttl)),
+            )
+            .await;
         match (before, reply) {
             (Some(reason), _) => Ok(Released::Lost(reason)),
             (None, Ok(LeaseCheck::Ours)) => Ok(Released::Held),
@@ -139,8 +186,8 @@ async fn finish<B: Backend>(
         }
     }
     .await;
-    if let Some(local) = &client.local {
-        local.clear_holder(&lease.key, lease);
+    if let Some(local) = holding.local() {
+        local.clear_holder(lease.key(), lease);
     }
     result
 }
@@ -148,18 +195,18 @@ async fn finish<B: Backend>(
 /// Gives the lease to the next local waiter with one renewal. `None` when nobody took it (the
 /// caller then releases as usual).
 async fn hand_off<B: Backend>(
-    client: &Arc<ClientInner<B>>,
+    holding: &Arc<Holding<B>>,
     lease: &Arc<LeaseShared>,
 ) -> Option<Result<Released, LockError>> {
-    let local = client.local.as_ref()?;
-    let mut offer = local.offer(&lease.key, lease)?;
+    let local = holding.local()?;
+    let mut offer = local.offer(lease.key(), lease)?;
     let ttl = offer.options.ttl();
-    let sent = lease.clock.now();
-    let renewed = client.backend.extend(&lease.key, &lease.token, ttl).await;
+    let sent = lease.now();
+    let renewed = holding.driver().renew(&lease.engine_ref(), ttl).await;
     match renewed {
         Ok(LeaseCheck::Ours) => {}
         Ok(check) => {
-            local.withdraw(&lease.key, offer);
+            local.withdraw(lease.key(), offer);
             let reason = if check == LeaseCheck::Foreign {
                 LostReason::Stolen
             } else {
@@ -168,9 +215,9 @@ async fn hand_off<B: Backend>(
             return Some(Ok(Released::Lost(reason)));
         }
         Err(e) => {
-            tracing::debug!(target: "distlock", key = %lease.key, error = %e,
+            tracing::debug!(target: "distlock", key = %lease.key(), error = %e,
                 "hand-off renewal failed; releasing instead");
-            local.withdraw(&lease.key, offer);
+            local.withdraw(lease.key(), offer);
             return None;
         }
     }
@@ -179,30 +226,26 @@ async fn hand_off<B: Backend>(
         let options = offer.options;
         let validity = ttl.saturating_sub(options.drift_for(ttl));
         let next = Arc::new(LeaseShared::with_deadline(
-            lease.key.clone(),
-            lease.token.clone(),
-            lease.fence,
-            lease.clock.clone(),
-            options,
+            lease.respec(options),
             sent,
             ttl,
             sent + validity,
-            lease.streak + 1,
+            lease.streak() + 1,
         ));
         let value = Handoff {
-            client: client.clone(),
+            holding: holding.clone(),
             lease: Some(next.clone()),
         };
-        match local.deliver(&lease.key, offer, &next, value) {
+        match local.deliver(lease.key(), offer, &next, value) {
             Ok(()) => {
-                tracing::debug!(target: "distlock", key = %lease.key, fence = ?lease.fence,
-                    streak = lease.streak + 1, "lock handed to a local waiter");
+                tracing::debug!(target: "distlock", key = %lease.key(), fence = ?lease.fence(),
+                    streak = lease.streak() + 1, "lock handed to a local waiter");
                 return Some(Ok(Released::Held));
             }
             Err(mut back) => {
                 // That waiter has gone: nobody must release this lease on its behalf.
                 back.lease = None;
-                match local.offer(&lease.key, lease) {
+                match local.offer(lease.key(), lease) {
                     Some(o) => offer = o,
                     None => return None,
                 }
@@ -212,37 +255,20 @@ async fn hand_off<B: Backend>(
 }
 
 impl<B: Backend> LockGuard<B> {
-    pub(crate) fn new(client: Arc<ClientInner<B>>, lease: Arc<LeaseShared>) -> Self {
-        if let Some(local) = &client.local {
-            local.set_holder(&lease.key, &lease);
-        }
-        if lease.options.auto_renew() {
-            crate::watchdog::Watchdog::watch(&client, lease.clone());
-        }
-        if client.backend.capabilities().loss_events {
-            lease.watch_loss(client.backend.lease_lost(&lease.key, &lease.token));
-        }
-        LockGuard {
-            client,
-            lease,
-            done: false,
-        }
-    }
-
     /// The lock key.
     pub fn key(&self) -> &str {
-        &self.lease.key
+        self.lease.key()
     }
 
     /// The fencing token: strictly greater for every new holder of this key. `None` when the
     /// engine cannot give a correct one.
     pub fn fence(&self) -> Option<u64> {
-        self.lease.fence
+        self.lease.fence()
     }
 
     /// The token stored under the key.
     pub fn token(&self) -> &Token {
-        &self.lease.token
+        self.lease.token()
     }
 
     /// The deadline of the lease on the monotonic clock: the moment the acquire (or the last
@@ -263,7 +289,7 @@ impl<B: Backend> LockGuard<B> {
         }
     }
 
-    /// Resolves when the lease ends (lost, or released through another path).
+    /// Resolves when the lease is lost (the guard's own release ends it otherwise).
     ///
     /// Race it against the work, so that the work stops as soon as the lock is no longer ours:
     ///
@@ -301,34 +327,29 @@ impl<B: Backend> LockGuard<B> {
             .ttl(ttl)
             .auto_renew(false)
             .build()?;
-        if let Some(reason) = self.lease.end_if_past_deadline() {
-            return Err(lost_error(&self.lease.key, reason));
+        let lease = &self.lease;
+        if let Some(end) = lease.end_if_past_deadline() {
+            return Err(lost_error(lease.key(), end));
         }
-        let sent = self.lease.clock.now();
+        let sent = lease.now();
         let check = self
-            .client
-            .backend
-            .extend(&self.lease.key, &self.lease.token, ttl)
+            .holding
+            .driver()
+            .renew(&lease.engine_ref(), ttl)
             .await?;
         match check {
             LeaseCheck::Ours => {
-                let validity = ttl.saturating_sub(self.lease.options.drift_for(ttl));
-                if !self.lease.renewed(sent, ttl, validity) {
-                    let reason = self.lease.snapshot().end.unwrap_or(LostReason::Released);
-                    return Err(lost_error(&self.lease.key, reason));
+                let validity = ttl.saturating_sub(lease.options().drift_for(ttl));
+                if !lease.renewed(sent, ttl, validity) {
+                    let end = lease.snapshot().end.unwrap_or(LeaseEnd::Released);
+                    return Err(lost_error(lease.key(), end));
                 }
-                tracing::debug!(target: "distlock", key = %self.lease.key, fence = ?self.lease.fence,
+                tracing::debug!(target: "distlock", key = %lease.key(), fence = ?lease.fence(),
                     valid_for_ms = validity.as_millis() as u64, "lock renewed");
                 Ok(())
             }
-            LeaseCheck::Missing => Err(lost_error(
-                &self.lease.key,
-                self.lease.end(self.lease.missing_reason()),
-            )),
-            LeaseCheck::Foreign => Err(lost_error(
-                &self.lease.key,
-                self.lease.end(LostReason::Stolen),
-            )),
+            LeaseCheck::Missing => Err(lost_error(lease.key(), lease.lose(lease.missing_reason()))),
+            LeaseCheck::Foreign => Err(lost_error(lease.key(), lease.lose(LostReason::Stolen))),
         }
     }
 
@@ -348,25 +369,25 @@ impl<B: Backend> LockGuard<B> {
     pub async fn release(mut self) -> Result<Released, LockError> {
         self.done = true;
         let lease = self.lease.clone();
-        let before = lease.end_if_past_deadline();
-        lease.end(LostReason::Released);
+        let before = lease.lost_by_now();
+        lease.mark_released();
         if let Some(reason) = before {
-            spawn_finish(self.client.clone(), lease, before);
-            tracing::debug!(target: "distlock", key = %self.lease.key, fence = ?self.lease.fence,
+            spawn_finish(self.holding.clone(), lease, before);
+            tracing::debug!(target: "distlock", key = %self.lease.key(), fence = ?self.lease.fence(),
                 %reason, "released a lease that was already lost");
             return Ok(Released::Lost(reason));
         }
         // If this future is dropped half-way, release in the background instead.
         let mut pending = PendingFinish {
-            client: &self.client,
+            holding: &self.holding,
             lease: &lease,
             before,
             armed: true,
         };
-        let outcome = finish(&self.client, &lease, before).await;
+        let outcome = finish(&self.holding, &lease, before).await;
         pending.armed = false;
         let outcome = outcome?;
-        tracing::debug!(target: "distlock", key = %lease.key, fence = ?lease.fence,
+        tracing::debug!(target: "distlock", key = %lease.key(), fence = ?lease.fence(),
             held = outcome.was_held(), "lock released");
         Ok(outcome)
     }
@@ -376,14 +397,14 @@ impl<B: Backend> LockGuard<B> {
     pub fn leak(mut self) -> LeakedLease {
         self.done = true;
         let valid_until = self.valid_until();
-        self.lease.end(LostReason::Released);
-        if let Some(local) = &self.client.local {
-            local.clear_holder(&self.lease.key, &self.lease);
+        self.lease.mark_released();
+        if let Some(local) = self.holding.local() {
+            local.clear_holder(self.lease.key(), &self.lease);
         }
         LeakedLease {
-            key: self.lease.key.clone(),
-            token: self.lease.token.clone(),
-            fence: self.lease.fence,
+            key: self.lease.key().to_owned(),
+            token: self.lease.token().clone(),
+            fence: self.lease.fence(),
             valid_until,
         }
     }
@@ -391,7 +412,7 @@ impl<B: Backend> LockGuard<B> {
 
 /// Finishes a release in the background if `release()` is cancelled.
 struct PendingFinish<'a, B: Backend> {
-    client: &'a Arc<ClientInner<B>>,
+    holding: &'a Arc<Holding<B>>,
     lease: &'a Arc<LeaseShared>,
     before: Option<LostReason>,
     armed: bool,
@@ -400,13 +421,13 @@ struct PendingFinish<'a, B: Backend> {
 impl<B: Backend> Drop for PendingFinish<'_, B> {
     fn drop(&mut self) {
         if self.armed {
-            spawn_finish(self.client.clone(), self.lease.clone(), self.before);
+            spawn_finish(self.holding.clone(), self.lease.clone(), self.before);
         }
     }
 }
 
-pub(crate) fn lost_error(key: &str, reason: LostReason) -> LockError {
-    LockError::new(ErrorKind::Lost, format!("lock {key:?}: {reason}"))
+pub(crate) fn lost_error(key: &str, end: impl fmt::Display) -> LockError {
+    LockError::new(ErrorKind::Lost, format!("lock {key:?}: {end}"))
 }
 
 impl<B: Backend> Drop for LockGuard<B> {
@@ -414,18 +435,18 @@ impl<B: Backend> Drop for LockGuard<B> {
         if self.done {
             return;
         }
-        let before = self.lease.end_if_past_deadline();
-        self.lease.end(LostReason::Released);
-        spawn_finish(self.client.clone(), self.lease.clone(), before);
+        let before = self.lease.lost_by_now();
+        self.lease.mark_released();
+        spawn_finish(self.holding.clone(), self.lease.clone(), before);
     }
 }
 
 impl<B: Backend> fmt::Debug for LockGuard<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("key", &self.lease.key)
-            .field("fence", &self.lease.fence)
-            .field("engine", &self.client.backend.name())
+            .field("key", &self.lease.key())
+            .field("fence", &self.lease.fence())
+            .field("engine", &self.holding.driver().backend().name())
             .field("held", &self.is_held())
             .finish()
     }

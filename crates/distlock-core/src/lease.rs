@@ -1,41 +1,47 @@
-//! The state of one held lease, shared by its guard, its watchdog and any [`LeaseHandle`].
+//! The state of one held lease, shared by its guard, its watchdog and any [`LeaseHandle`]: its
+//! deadline, how it ended, and the gate that keeps renewals from crossing a release. The bottom
+//! layer of the core: it knows nothing of engines, guards or clients.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
 use crate::clock::Clock;
+pub use crate::engine::LostReason;
+use crate::engine::{LeaseKind, LeaseRef};
 use crate::options::LockOptions;
+use crate::sync::MutexExt;
 use crate::token::Token;
 
-/// Why a lease ended before (or without) a successful release.
+/// How a lease ended: released by its holder, or lost.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LostReason {
-    /// The lease ran out: the engine had no lock for us, or the local deadline passed with no
-    /// renewal (watchdog off, or renewal too late).
-    Expired,
-    /// Someone else removed or replaced our lock: another owner's token was found under the
-    /// key, or the key was gone while our lease should still have been running (an external
-    /// `DEL`, a flush, a server restart without persistence).
-    Stolen,
-    /// Renewals kept failing (engine unreachable) until the local deadline passed.
-    Unreachable,
-    /// This holder released the lease (or dropped or leaked its guard). Not a loss, but the end.
+pub enum LeaseEnd {
+    /// Its holder released it (or dropped or leaked its guard).
     Released,
+    /// It was lost, for this reason.
+    Lost(LostReason),
 }
 
-impl fmt::Display for LostReason {
+impl LeaseEnd {
+    /// The reason, if the lease was lost.
+    pub fn lost(self) -> Option<LostReason> {
+        match self {
+            LeaseEnd::Lost(r) => Some(r),
+            LeaseEnd::Released => None,
+        }
+    }
+}
+
+impl fmt::Display for LeaseEnd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            LostReason::Expired => "the lease expired",
-            LostReason::Stolen => "another owner holds the lock",
-            LostReason::Unreachable => "the lock engine was unreachable until the lease ran out",
-            LostReason::Released => "the lease was released",
-        })
+        match self {
+            LeaseEnd::Released => f.write_str("the lease was released"),
+            LeaseEnd::Lost(r) => r.fmt(f),
+        }
     }
 }
 
@@ -48,25 +54,36 @@ pub(crate) struct LeaseState {
     pub(crate) sent_at: Instant,
     /// The TTL renewals ask for.
     pub(crate) ttl: Duration,
-    pub(crate) end: Option<LostReason>,
+    pub(crate) end: Option<LeaseEnd>,
     /// A renewal is outstanding or the last one failed for a network reason: a deadline passing
     /// now means `Unreachable`.
     pub(crate) renew_failing: bool,
 }
 
-pub(crate) struct LeaseShared {
+/// What a new lease is: its name, token, kind and fence, the clock and options it lives by.
+pub(crate) struct LeaseSpec {
     pub(crate) key: String,
     pub(crate) token: Token,
+    pub(crate) kind: LeaseKind,
     pub(crate) fence: Option<u64>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) options: LockOptions,
+}
+
+pub(crate) struct LeaseShared {
+    key: String,
+    token: Token,
+    kind: LeaseKind,
+    fence: Option<u64>,
+    clock: Arc<dyn Clock>,
+    options: LockOptions,
     state: Mutex<LeaseState>,
     /// Woken when the lease ends or its deadline moves, and when a renewal lets go of the gate.
     changed: Notify,
     /// When this holder's acquire (or the hand-off renewal) was sent: `max_hold` counts from here.
-    pub(crate) acquired_at: Instant,
+    acquired_at: Instant,
     /// How many local hand-offs in a row led to this lease (0 for a fresh acquire).
-    pub(crate) streak: u32,
+    streak: u32,
     /// `RENEWING` while the watchdog has a renewal of this lease in flight; `CLOSED` once a
     /// release has ended the lease and waits for that renewal: no renewal starts after that.
     gate: AtomicU8,
@@ -100,36 +117,17 @@ impl Drop for Renewal {
 }
 
 impl LeaseShared {
-    pub(crate) fn new(
-        key: String,
-        token: Token,
-        fence: Option<u64>,
-        clock: Arc<dyn Clock>,
-        options: LockOptions,
-        sent_at: Instant,
-    ) -> Self {
-        let ttl = options.ttl();
-        let validity = options.validity();
-        Self::with_deadline(
-            key,
-            token,
-            fence,
-            clock,
-            options,
-            sent_at,
-            ttl,
-            sent_at + validity,
-            0,
-        )
+    /// A lease whose request was sent at `sent_at`, valid for the options' validity from then.
+    pub(crate) fn new(spec: LeaseSpec, sent_at: Instant) -> Self {
+        let ttl = spec.options.ttl();
+        let validity = spec.options.validity();
+        Self::with_deadline(spec, sent_at, ttl, sent_at + validity, 0)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// A lease valid until `valid_until`, renewed with `ttl`, the `streak`-th local hand-off in
+    /// a row.
     pub(crate) fn with_deadline(
-        key: String,
-        token: Token,
-        fence: Option<u64>,
-        clock: Arc<dyn Clock>,
-        options: LockOptions,
+        spec: LeaseSpec,
         sent_at: Instant,
         ttl: Duration,
         valid_until: Instant,
@@ -143,11 +141,12 @@ impl LeaseShared {
             renew_failing: false,
         };
         LeaseShared {
-            key,
-            token,
-            fence,
-            clock,
-            options,
+            key: spec.key,
+            token: spec.token,
+            kind: spec.kind,
+            fence: spec.fence,
+            clock: spec.clock,
+            options: spec.options,
             state: Mutex::new(state),
             changed: Notify::new(),
             acquired_at: sent_at,
@@ -157,8 +156,55 @@ impl LeaseShared {
         }
     }
 
+    /// The same lease's spec with other options (a hand-off to a waiter that asked for them).
+    pub(crate) fn respec(&self, options: LockOptions) -> LeaseSpec {
+        LeaseSpec {
+            key: self.key.clone(),
+            token: self.token.clone(),
+            kind: self.kind,
+            fence: self.fence,
+            clock: self.clock.clone(),
+            options,
+        }
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub(crate) fn token(&self) -> &Token {
+        &self.token
+    }
+
+    pub(crate) fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+
+    pub(crate) fn options(&self) -> &LockOptions {
+        &self.options
+    }
+
+    pub(crate) fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    /// When this holder's acquire (or the hand-off renewal) was sent.
+    pub(crate) fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    /// How many local hand-offs in a row led to this lease.
+    pub(crate) fn streak(&self) -> u32 {
+        self.streak
+    }
+
+    /// The lease as the engine names it.
+    pub(crate) fn engine_ref(&self) -> LeaseRef<'_> {
+        LeaseRef::new(&self.key, &self.token, self.kind)
+    }
+
     fn lock(&self) -> MutexGuard<'_, LeaseState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.locked()
     }
 
     pub(crate) fn snapshot(&self) -> LeaseState {
@@ -200,7 +246,7 @@ impl LeaseShared {
 
     /// Whether the holder released the lease (its release may still be on its way).
     pub(crate) fn is_released(&self) -> bool {
-        self.snapshot().end == Some(LostReason::Released)
+        self.snapshot().end == Some(LeaseEnd::Released)
     }
 
     /// Records a successful renewal sent at `sent_at`. Returns false if the lease had ended,
@@ -246,7 +292,6 @@ impl LeaseShared {
         self.lock().renew_failing = true;
     }
 
-    /// Ends the lease with `reason` unless it already ended. Returns the reason in force.
     /// Ends the lease when `lost` resolves (the engine's own word that it is lost).
     pub(crate) fn watch_loss(
         self: &Arc<Self>,
@@ -256,13 +301,10 @@ impl LeaseShared {
         let task = tokio::spawn(async move {
             let reason = lost.await;
             if let Some(lease) = lease.upgrade() {
-                lease.end(reason);
+                lease.lose(reason);
             }
         });
-        let mut slot = self
-            .loss_watch
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut slot = self.loss_watch.locked();
         if self.lock().end.is_some() {
             task.abort();
         } else {
@@ -270,24 +312,29 @@ impl LeaseShared {
         }
     }
 
-    pub(crate) fn end(&self, reason: LostReason) -> LostReason {
+    /// Ends the lease as lost, unless it already ended. Returns how it ended.
+    pub(crate) fn lose(&self, reason: LostReason) -> LeaseEnd {
+        self.finish(LeaseEnd::Lost(reason))
+    }
+
+    /// Ends the lease as released by its holder, unless it already ended. Returns how it ended.
+    pub(crate) fn mark_released(&self) -> LeaseEnd {
+        self.finish(LeaseEnd::Released)
+    }
+
+    fn finish(&self, end: LeaseEnd) -> LeaseEnd {
         {
             let mut st = self.lock();
             if let Some(prev) = st.end {
                 return prev;
             }
-            st.end = Some(reason);
+            st.end = Some(end);
         }
-        if let Some(watch) = self
-            .loss_watch
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+        if let Some(watch) = self.loss_watch.locked().take() {
             watch.abort();
         }
         self.changed.notify_waiters();
-        if reason != LostReason::Released {
+        if let LeaseEnd::Lost(reason) = end {
             tracing::warn!(
                 target: "distlock",
                 key = %self.key,
@@ -296,12 +343,17 @@ impl LeaseShared {
                 "lock lost"
             );
         }
-        reason
+        end
     }
 
-    /// Ends the lease as expired if its deadline has passed; the reason says whether renewals were
-    /// failing.
-    pub(crate) fn end_if_past_deadline(&self) -> Option<LostReason> {
+    /// The reason the lease is lost now: its earlier loss, or its deadline passing (the reason
+    /// then says whether renewals were failing). `None` while it is held, and once released.
+    pub(crate) fn lost_by_now(&self) -> Option<LostReason> {
+        self.end_if_past_deadline().and_then(LeaseEnd::lost)
+    }
+
+    /// Ends the lease as lost if its deadline has passed; returns how it ended, if it did.
+    pub(crate) fn end_if_past_deadline(&self) -> Option<LeaseEnd> {
         let st = self.snapshot();
         if let Some(r) = st.end {
             return Some(r);
@@ -314,10 +366,19 @@ impl LeaseShared {
         } else {
             LostReason::Expired
         };
-        Some(self.end(reason))
+        Some(self.lose(reason))
     }
 
+    /// Resolves when the lease is lost; never, once it was released.
     pub(crate) async fn lost(&self) -> LostReason {
+        match self.ended().await {
+            LeaseEnd::Lost(reason) => reason,
+            LeaseEnd::Released => std::future::pending().await,
+        }
+    }
+
+    /// Resolves when the lease ends, however it ends.
+    pub(crate) async fn ended(&self) -> LeaseEnd {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -384,12 +445,22 @@ impl LeaseHandle {
         self.shared.is_held()
     }
 
-    /// Resolves when the lease ends: lost (expired, stolen, unreachable) or released.
+    /// Resolves when the lease is lost (expired, stolen, unreachable). It never resolves once
+    /// the lease was released: code that must stop either way awaits [`ended`](Self::ended).
     ///
     /// # Cancel safety
     /// Cancel-safe: drop it and call again at will, for example inside `tokio::select!`.
     pub async fn lost(&self) -> LostReason {
         self.shared.lost().await
+    }
+
+    /// Resolves when the lease ends, lost or released (by its guard's `release`, drop or
+    /// `leak`).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn ended(&self) -> LeaseEnd {
+        self.shared.ended().await
     }
 }
 

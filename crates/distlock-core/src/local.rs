@@ -3,14 +3,15 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{Notify, oneshot};
 
+use crate::engine::Subscription;
 use crate::lease::LeaseShared;
 use crate::options::LockOptions;
+use crate::sync::MutexExt;
 use crate::token::Token;
-use crate::wake::Subscription;
 
 struct Waiter<T> {
     id: u64,
@@ -68,18 +69,18 @@ pub(crate) struct LocalQueues<T> {
 }
 
 /// Where a waiter stands.
-pub(crate) enum Gate<T> {
+pub(crate) enum QueuePosition<T> {
     /// A releasing holder handed us its lease.
     Handed(T),
     /// We are the head and no task of ours holds the key: go and ask the engine.
-    Go,
+    Head,
     /// Wait: behind other local waiters, or behind a local holder (given), or for an offered
     /// hand-off to complete.
-    Wait(Option<Arc<LeaseShared>>),
+    Behind(Option<Arc<LeaseShared>>),
 }
 
 /// A place in a key's local queue. Dropping it leaves the queue and passes the turn on.
-pub(crate) struct Ticket<'a, T> {
+pub(crate) struct QueuePlace<'a, T> {
     queues: &'a LocalQueues<T>,
     key: &'a str,
     id: u64,
@@ -88,7 +89,7 @@ pub(crate) struct Ticket<'a, T> {
 }
 
 /// A waiter a releasing holder took out of the queue to offer it the lease.
-pub(crate) struct Offer<T> {
+pub(crate) struct HandoffOffer<T> {
     id: u64,
     turn: Arc<Notify>,
     pub(crate) options: LockOptions,
@@ -104,11 +105,11 @@ impl<T> LocalQueues<T> {
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, KeyQueue<T>, foldhash::fast::RandomState>> {
-        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+        self.map.locked()
     }
 
     /// Joins the back of `key`'s queue.
-    pub(crate) fn join<'a>(&'a self, key: &'a str, options: LockOptions) -> Ticket<'a, T> {
+    pub(crate) fn join<'a>(&'a self, key: &'a str, options: LockOptions) -> QueuePlace<'a, T> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let turn = Arc::new(Notify::new());
         let (tx, rx) = oneshot::channel();
@@ -122,7 +123,7 @@ impl<T> LocalQueues<T> {
                 options,
                 handoff: tx,
             });
-        Ticket {
+        QueuePlace {
             queues: self,
             key,
             id,
@@ -202,7 +203,7 @@ impl<T> LocalQueues<T> {
 
     /// Takes the head waiter out of the queue to offer it `lease`'s hand-off, if `lease` is the
     /// holder and somebody waits.
-    pub(crate) fn offer(&self, key: &str, lease: &Arc<LeaseShared>) -> Option<Offer<T>> {
+    pub(crate) fn offer(&self, key: &str, lease: &Arc<LeaseShared>) -> Option<HandoffOffer<T>> {
         let mut map = self.lock();
         let q = map.get_mut(key)?;
         if !q.holder.as_ref().is_some_and(|h| Arc::ptr_eq(h, lease)) {
@@ -210,7 +211,7 @@ impl<T> LocalQueues<T> {
         }
         let w = q.waiters.pop_front()?;
         q.offered += 1;
-        Some(Offer {
+        Some(HandoffOffer {
             id: w.id,
             turn: w.turn,
             options: w.options,
@@ -223,7 +224,7 @@ impl<T> LocalQueues<T> {
     pub(crate) fn deliver(
         &self,
         key: &str,
-        offer: Offer<T>,
+        offer: HandoffOffer<T>,
         new_lease: &Arc<LeaseShared>,
         value: T,
     ) -> Result<(), T> {
@@ -245,7 +246,7 @@ impl<T> LocalQueues<T> {
     }
 
     /// Puts an offered waiter back at the head of the queue (the hand-off did not happen).
-    pub(crate) fn withdraw(&self, key: &str, offer: Offer<T>) {
+    pub(crate) fn withdraw(&self, key: &str, offer: HandoffOffer<T>) {
         let mut map = self.lock();
         let q = map.entry(key.to_owned()).or_default();
         q.offered = q.offered.saturating_sub(1);
@@ -265,33 +266,33 @@ impl<T> LocalQueues<T> {
     }
 }
 
-impl<T> Ticket<'_, T> {
+impl<T> QueuePlace<'_, T> {
     /// Where this waiter stands now.
-    pub(crate) fn gate(&mut self) -> Gate<T> {
+    pub(crate) fn position(&mut self) -> QueuePosition<T> {
         if let Some(rx) = self.rx.as_mut()
             && let Ok(v) = rx.try_recv()
         {
             self.rx = None;
-            return Gate::Handed(v);
+            return QueuePosition::Handed(v);
         }
         let map = self.queues.lock();
         let Some(q) = map.get(self.key) else {
-            return Gate::Go;
+            return QueuePosition::Head;
         };
         match q.waiters.iter().position(|w| w.id == self.id) {
             Some(0) => match &q.holder {
-                Some(h) if h.is_held() => Gate::Wait(Some(h.clone())),
+                Some(h) if h.is_held() => QueuePosition::Behind(Some(h.clone())),
                 // Released, and the release is on its way: wait for it to complete (the holder
                 // then clears itself and nudges us), or our attempt would only race it (and,
                 // on Redis, find the lock handed to the next client).
-                Some(h) if h.is_released() => Gate::Wait(None),
+                Some(h) if h.is_released() => QueuePosition::Behind(None),
                 // Lost while its guard lives: the lock may be free, go and ask.
-                _ => Gate::Go,
+                _ => QueuePosition::Head,
             },
-            Some(_) => Gate::Wait(None),
+            Some(_) => QueuePosition::Behind(None),
             // Offered a hand-off: the releasing holder will deliver it or put us back.
-            None if self.rx.is_some() => Gate::Wait(None),
-            None => Gate::Go,
+            None if self.rx.is_some() => QueuePosition::Behind(None),
+            None => QueuePosition::Head,
         }
     }
 
@@ -302,7 +303,7 @@ impl<T> Ticket<'_, T> {
         let lost = async {
             match holder {
                 Some(h) => {
-                    h.lost().await;
+                    h.ended().await;
                 }
                 None => std::future::pending().await,
             }
@@ -336,7 +337,7 @@ impl<T> Ticket<'_, T> {
     }
 }
 
-impl<T> Drop for Ticket<'_, T> {
+impl<T> Drop for QueuePlace<'_, T> {
     fn drop(&mut self) {
         let mut map = self.queues.lock();
         let Some(q) = map.get_mut(self.key) else {

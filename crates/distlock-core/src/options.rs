@@ -11,6 +11,7 @@ use crate::error::{ErrorKind, LockError};
 pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// How long `acquire` waits for a busy lock.
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
     /// One attempt; a busy lock is an error of kind `Busy`.
@@ -136,6 +137,11 @@ impl LockOptions {
         LockOptionsBuilder {
             opts: LockOptions::default(),
         }
+    }
+
+    /// A builder starting from these options, to change some of them.
+    pub fn to_builder(&self) -> LockOptionsBuilder {
+        LockOptionsBuilder { opts: *self }
     }
 
     /// The lease length asked of the engine.

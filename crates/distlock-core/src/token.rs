@@ -75,33 +75,72 @@ fn hex128(bits: u128) -> String {
     s
 }
 
-/// The value engines store for a holder: `<token> <since, unix ms> <owner label>` (tokens and the
-/// time never contain spaces; the label may).
-pub fn holder_value(token: &str, since_ms: u128, owner: &str) -> String {
-    let mut digits = itoa::Buffer::new();
-    let since = digits.format(since_ms);
-    let mut v = String::with_capacity(token.len() + since.len() + owner.len() + 2);
-    v.push_str(token);
-    v.push(' ');
-    v.push_str(since);
-    v.push(' ');
-    v.push_str(owner);
-    v
+/// The value engines store for a holder: `<token> <since, unix ms> <owner label>` (tokens and
+/// the time never contain spaces; the label may). The one codec of it: every engine writes and
+/// reads holders through this type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HolderValue<'a> {
+    /// The holder's token.
+    pub token: &'a str,
+    /// When it took the lock, in ms since the Unix epoch; `None` when another tool wrote the
+    /// value.
+    pub since_ms: Option<u64>,
+    /// The holder's label; `None` when another tool wrote the value.
+    pub owner: Option<&'a str>,
 }
 
-/// A stored holder value's token and its label for `status` (`owner since <ms>`), or
-/// `(not a distlock client)` when another tool wrote it.
-pub fn describe_holder_value(value: &str) -> (&str, String) {
-    let mut parts = value.splitn(3, ' ');
-    let token = parts.next().unwrap_or_default();
-    let label = match (
-        parts.next().and_then(|s| s.parse::<u64>().ok()),
-        parts.next(),
-    ) {
-        (Some(since), Some(owner)) => format!("{owner} since {since}"),
-        _ => "(not a distlock client)".to_owned(),
-    };
-    (token, label)
+impl<'a> HolderValue<'a> {
+    /// The value for `token` held by `owner` from now (the wall clock, shown to people; never
+    /// used for deadlines).
+    pub fn now(token: &'a str, owner: &'a str) -> Self {
+        HolderValue {
+            token,
+            since_ms: Some(u64::try_from(unix_ms()).unwrap_or(u64::MAX)),
+            owner: Some(owner),
+        }
+    }
+
+    /// The value as stored (written by hand: `format!` costs several times as much, and a value
+    /// is made for every acquisition).
+    pub fn encode(&self) -> String {
+        let mut digits = itoa::Buffer::new();
+        let since = digits.format(self.since_ms.unwrap_or(0));
+        let owner = self.owner.unwrap_or_default();
+        let mut v = String::with_capacity(self.token.len() + since.len() + owner.len() + 2);
+        v.push_str(self.token);
+        v.push(' ');
+        v.push_str(since);
+        v.push(' ');
+        v.push_str(owner);
+        v
+    }
+
+    /// Reads a stored value: the token is everything up to the first space (all of it for a
+    /// plain token written by another tool).
+    pub fn parse(value: &'a str) -> Self {
+        let mut parts = value.splitn(3, ' ');
+        let token = parts.next().unwrap_or_default();
+        match (parts.next().and_then(|s| s.parse().ok()), parts.next()) {
+            (Some(since), Some(owner)) => HolderValue {
+                token,
+                since_ms: Some(since),
+                owner: Some(owner),
+            },
+            _ => HolderValue {
+                token,
+                since_ms: None,
+                owner: None,
+            },
+        }
+    }
+
+    /// The holder as `status` shows it: `owner since <ms>`, or `(not a distlock client)`.
+    pub fn label(&self) -> String {
+        match (self.owner, self.since_ms) {
+            (Some(owner), Some(since)) => format!("{owner} since {since}"),
+            _ => "(not a distlock client)".to_owned(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -119,12 +158,18 @@ mod tests {
         ] {
             assert_eq!(hex128(bits), format!("{bits:032x}"));
         }
-        let v = holder_value("t0k", 1_700_000_000_123, "host/42 job");
-        assert_eq!(v, "t0k 1700000000123 host/42 job");
-        assert_eq!(
-            describe_holder_value(&v),
-            ("t0k", "host/42 job since 1700000000123".to_owned())
-        );
+        let v = HolderValue {
+            token: "t0k",
+            since_ms: Some(1_700_000_000_123),
+            owner: Some("host/42 job"),
+        };
+        let text = v.encode();
+        assert_eq!(text, "t0k 1700000000123 host/42 job");
+        assert_eq!(HolderValue::parse(&text), v);
+        assert_eq!(v.label(), "host/42 job since 1700000000123");
+        let foreign = HolderValue::parse("plain-token");
+        assert_eq!(foreign.token, "plain-token");
+        assert_eq!(foreign.label(), "(not a distlock client)");
     }
 
     #[test]

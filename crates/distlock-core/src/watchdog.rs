@@ -1,17 +1,20 @@
 //! The watchdog: one task per client renews every held lease of that client. Renewals that are
-//! due together go to the engine as one batch ([`Backend::extend_many`]), which the Redis engine
-//! sends as one pipeline: one round trip per tick, however many locks are held.
+//! due together go to the engine as one batch (a Redis pipeline, one keep-alive per etcd
+//! session: see [`BatchRenew`](crate::engine::BatchRenew)): one round trip per tick, however
+//! many locks are held. It sits above the lease and the driver, and knows nothing of guards or
+//! clients.
 
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio::time::Instant as TokioInstant;
 
-use crate::backend::{Backend, LeaseCheck, RenewItem};
-use crate::client::ClientInner;
+use crate::driver::Driver;
+use crate::engine::{Backend, LeaseCheck, RenewItem};
 use crate::lease::{LeaseShared, LostReason, Renewal};
+use crate::sync::MutexExt;
 
 /// The client's handle on its watchdog task (started at the first lease that needs it).
 ///
@@ -21,15 +24,17 @@ use crate::lease::{LeaseShared, LostReason, Renewal};
 /// they are due are simply dropped when it next looks (at the latest after `INTAKE_BATCH` new
 /// leases).
 pub(crate) struct Watchdog {
-    shared: Arc<DogShared>,
+    inbox: Arc<Inbox>,
 }
 
-struct DogShared {
-    intake: Mutex<Intake>,
+/// What the client hands its watchdog task: new leases, and a wake-up when one is due sooner
+/// than the task's next look.
+struct Inbox {
+    state: Mutex<InboxState>,
     wake: tokio::sync::Notify,
 }
 
-struct Intake {
+struct InboxState {
     /// Leases handed over since the task last looked, with when their first renewal is due.
     new: Vec<(Arc<LeaseShared>, TokioInstant)>,
     /// When the task will look next, if it sleeps on a timer; `None` when it waits for work.
@@ -40,17 +45,17 @@ struct Intake {
     closed: bool,
 }
 
-impl DogShared {
-    fn intake(&self) -> std::sync::MutexGuard<'_, Intake> {
-        self.intake.lock().unwrap_or_else(PoisonError::into_inner)
+impl Inbox {
+    fn state(&self) -> std::sync::MutexGuard<'_, InboxState> {
+        self.state.locked()
     }
 }
 
 impl Watchdog {
     pub(crate) fn new() -> Self {
         Watchdog {
-            shared: Arc::new(DogShared {
-                intake: Mutex::new(Intake {
+            inbox: Arc::new(Inbox {
+                state: Mutex::new(InboxState {
                     new: Vec::new(),
                     armed: None,
                     running: false,
@@ -61,43 +66,42 @@ impl Watchdog {
         }
     }
 
-    /// Hands `lease` to the client's watchdog task, starting the task if needed (or again, if
-    /// the runtime it ran on has shut down).
-    pub(crate) fn watch<B: Backend>(client: &Arc<ClientInner<B>>, lease: Arc<LeaseShared>) {
-        let due = TokioInstant::now() + lease.options.renew_interval();
-        let shared = &client.watchdog.shared;
-        let mut intake = shared.intake();
-        intake.new.push((lease, due));
-        if !intake.running {
-            intake.running = true;
-            intake.armed = None;
-            drop(intake);
-            tokio::spawn(run(Arc::downgrade(client), shared.clone()));
-        } else if intake.armed.is_none_or(|t| t > due) || intake.new.len() >= INTAKE_BATCH {
-            drop(intake);
-            shared.wake.notify_one();
+    /// Hands `lease` to the watchdog task, starting the task if needed (or again, if the
+    /// runtime it ran on has shut down). The task renews through `driver`, and ends with it.
+    pub(crate) fn watch<B: Backend>(&self, driver: &Arc<Driver<B>>, lease: Arc<LeaseShared>) {
+        let due = TokioInstant::now() + lease.options().renew_interval();
+        let mut state = self.inbox.state();
+        state.new.push((lease, due));
+        if !state.running {
+            state.running = true;
+            state.armed = None;
+            drop(state);
+            tokio::spawn(run(Arc::downgrade(driver), self.inbox.clone()));
+        } else if state.armed.is_none_or(|t| t > due) || state.new.len() >= INBOX_BATCH {
+            drop(state);
+            self.inbox.wake.notify_one();
         }
     }
 }
 
 /// How many new leases wait for the task before it is woken anyway (to drop the released ones).
-const INTAKE_BATCH: usize = 64;
+const INBOX_BATCH: usize = 64;
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        self.shared.intake().closed = true;
-        self.shared.wake.notify_one();
+        self.inbox.state().closed = true;
+        self.inbox.wake.notify_one();
     }
 }
 
 /// Marks the watchdog stopped when its task ends (or is dropped with its runtime).
-struct Running(Arc<DogShared>);
+struct StoppedOnExit(Arc<Inbox>);
 
-impl Drop for Running {
+impl Drop for StoppedOnExit {
     fn drop(&mut self) {
-        let mut intake = self.0.intake();
-        intake.running = false;
-        intake.armed = None;
+        let mut state = self.0.state();
+        state.running = false;
+        state.armed = None;
     }
 }
 
@@ -112,7 +116,7 @@ struct Entry {
     retired: bool,
 }
 
-enum Outcome {
+enum RenewOutcome {
     Renewed,
     Failed,
     Ended,
@@ -130,31 +134,31 @@ fn retire(e: &Entry) -> bool {
         return true;
     }
     e.lease
-        .options
+        .options()
         .max_renewals()
         .is_some_and(|max| e.renewals >= max)
 }
 
-async fn run<B: Backend>(client: Weak<ClientInner<B>>, shared: Arc<DogShared>) {
-    let running = Running(shared);
-    let shared = &running.0;
+async fn run<B: Backend>(driver: Weak<Driver<B>>, inbox: Arc<Inbox>) {
+    let running = StoppedOnExit(inbox);
+    let inbox = &running.0;
     let mut entries: Vec<Entry> = Vec::new();
     let mut next_id = 0u64;
     let mut in_flight = FuturesUnordered::new();
     loop {
         let next_due = {
-            let mut intake = shared.intake();
-            if intake.closed {
+            let mut state = inbox.state();
+            if state.closed {
                 return;
             }
-            for (lease, due) in intake.new.drain(..) {
+            for (lease, due) in state.new.drain(..) {
                 if lease.snapshot().end.is_some() && !renew_after_loss() {
                     continue;
                 }
                 next_id += 1;
                 entries.push(Entry {
                     id: next_id,
-                    interval: lease.options.renew_interval(),
+                    interval: lease.options().renew_interval(),
                     lease,
                     due,
                     renewals: 0,
@@ -164,7 +168,7 @@ async fn run<B: Backend>(client: Weak<ClientInner<B>>, shared: Arc<DogShared>) {
             }
             entries.retain(|e| e.in_flight || !retire(e));
             let next_due = entries.iter().filter(|e| !e.in_flight).map(|e| e.due).min();
-            intake.armed = next_due;
+            state.armed = next_due;
             next_due
         };
         let sleep = async {
@@ -176,33 +180,33 @@ async fn run<B: Backend>(client: Weak<ClientInner<B>>, shared: Arc<DogShared>) {
         tokio::select! {
             biased;
             Some(results) = in_flight.next(), if !in_flight.is_empty() => {
-                let results: Vec<(u64, Outcome)> = results;
+                let results: Vec<(u64, RenewOutcome)> = results;
                 let now = TokioInstant::now();
                 for (id, outcome) in results {
                     let Some(e) = entries.iter_mut().find(|e| e.id == id) else { continue };
                     e.in_flight = false;
                     match outcome {
-                        Outcome::Renewed => {
+                        RenewOutcome::Renewed => {
                             e.renewals = e.renewals.saturating_add(1);
                             e.due = now + e.interval;
                         }
-                        Outcome::Failed => {
+                        RenewOutcome::Failed => {
                             // Try again sooner, but not in a tight loop, and before the deadline.
                             let left = e.lease.snapshot().valid_until
-                                .saturating_duration_since(e.lease.clock.now());
+                                .saturating_duration_since(e.lease.now());
                             let retry = (e.interval / 4).max(Duration::from_millis(5));
                             e.due = now + retry.min(left);
                         }
-                        Outcome::Ended => e.retired = true,
+                        RenewOutcome::Ended => e.retired = true,
                     }
                 }
             }
-            () = shared.wake.notified() => {}
+            () = inbox.wake.notified() => {}
             () = sleep => {
-                let Some(client) = client.upgrade() else { return };
+                let Some(driver) = driver.upgrade() else { return };
                 let batch = collect(&mut entries);
                 if !batch.is_empty() {
-                    in_flight.push(send(client, batch));
+                    in_flight.push(send(driver, batch));
                 }
             }
         }
@@ -236,8 +240,8 @@ fn collect(entries: &mut [Entry]) -> Vec<Item> {
             continue;
         }
         let mut ttl = st.ttl;
-        if let Some(max_hold) = lease.options.max_hold() {
-            let left = (lease.acquired_at + max_hold).saturating_duration_since(lease.clock.now());
+        if let Some(max_hold) = lease.options().max_hold() {
+            let left = (lease.acquired_at() + max_hold).saturating_duration_since(lease.now());
             // Whole milliseconds, as engines want them.
             let left = Duration::from_millis(left.as_millis() as u64);
             if left.is_zero() {
@@ -260,8 +264,8 @@ fn collect(entries: &mut [Entry]) -> Vec<Item> {
     batch
 }
 
-async fn send<B: Backend>(client: Arc<ClientInner<B>>, batch: Vec<Item>) -> Vec<(u64, Outcome)> {
-    let sent = client.clock.now();
+async fn send<B: Backend>(driver: Arc<Driver<B>>, batch: Vec<Item>) -> Vec<(u64, RenewOutcome)> {
+    let sent = driver.now();
     let budget = batch
         .iter()
         .map(|i| {
@@ -290,9 +294,9 @@ async fn send<B: Backend>(client: Arc<ClientInner<B>>, batch: Vec<Item>) -> Vec<
     }
     let items: Vec<RenewItem<'_>> = batch
         .iter()
-        .map(|i| RenewItem::new(&i.renewal.lease().key, &i.renewal.lease().token, i.ttl))
+        .map(|i| RenewItem::new(i.renewal.lease().engine_ref(), i.ttl))
         .collect();
-    let replies = tokio::time::timeout(budget, client.backend.extend_many(&items)).await;
+    let replies = tokio::time::timeout(budget, driver.renew_many(&items)).await;
     drop(items);
     let mut out = Vec::with_capacity(batch.len());
     match replies {
@@ -302,39 +306,39 @@ async fn send<B: Backend>(client: Arc<ClientInner<B>>, batch: Vec<Item>) -> Vec<
                 let lease = item.renewal.lease();
                 let outcome = match replies.next() {
                     Some(Ok(LeaseCheck::Ours)) => {
-                        let validity = item.ttl.saturating_sub(lease.options.drift_for(item.ttl));
+                        let validity = item.ttl.saturating_sub(lease.options().drift_for(item.ttl));
                         if lease.renewed(sent, item.ttl, validity) || renew_after_loss() {
-                            tracing::debug!(target: "distlock", key = %lease.key,
-                                fence = ?lease.fence, valid_for_ms = validity.as_millis() as u64,
+                            tracing::debug!(target: "distlock", key = %lease.key(),
+                                fence = ?lease.fence(), valid_for_ms = validity.as_millis() as u64,
                                 "lock renewed");
-                            Outcome::Renewed
+                            RenewOutcome::Renewed
                         } else {
-                            Outcome::Ended
+                            RenewOutcome::Ended
                         }
                     }
                     Some(Ok(LeaseCheck::Missing)) => {
-                        lease.end(lease.missing_reason());
-                        Outcome::Ended
+                        lease.lose(lease.missing_reason());
+                        RenewOutcome::Ended
                     }
                     Some(Ok(LeaseCheck::Foreign)) => {
-                        lease.end(LostReason::Stolen);
-                        Outcome::Ended
+                        lease.lose(LostReason::Stolen);
+                        RenewOutcome::Ended
                     }
                     Some(Err(e)) => {
-                        tracing::warn!(target: "distlock", key = %lease.key, error = %e,
+                        tracing::warn!(target: "distlock", key = %lease.key(), error = %e,
                             "renewal failed");
                         lease.renew_failed();
                         if lease.end_if_past_deadline().is_some() {
-                            Outcome::Ended
+                            RenewOutcome::Ended
                         } else {
-                            Outcome::Failed
+                            RenewOutcome::Failed
                         }
                     }
                     None => {
-                        tracing::warn!(target: "distlock", key = %lease.key,
+                        tracing::warn!(target: "distlock", key = %lease.key(),
                             "the engine gave no reply for this renewal");
                         lease.renew_failed();
-                        Outcome::Failed
+                        RenewOutcome::Failed
                     }
                 };
                 out.push((item.id, outcome));
@@ -346,9 +350,9 @@ async fn send<B: Backend>(client: Arc<ClientInner<B>>, batch: Vec<Item>) -> Vec<
                 let lease = item.renewal.lease();
                 lease.renew_failed();
                 if lease.end_if_past_deadline().is_none() {
-                    lease.end(LostReason::Unreachable);
+                    lease.lose(LostReason::Unreachable);
                 }
-                out.push((item.id, Outcome::Ended));
+                out.push((item.id, RenewOutcome::Ended));
             }
         }
     }

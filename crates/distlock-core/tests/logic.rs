@@ -6,9 +6,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use distlock_core::engine::{
+    AcquireRequest, Attempt, BatchRenew, BoxFuture, Capabilities, Fencing, LeaseCheck, LeaseRef,
+    RenewItem, Sessions,
+};
 use distlock_core::{
-    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockClient,
-    LockError, LockOptions, LockStatus, LostReason, ManualClock, Released, Token,
+    Backend, ErrorKind, LockClient, LockError, LockOptions, LockStatus, LostReason, ManualClock,
+    Released,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -67,41 +71,16 @@ impl Fake {
 }
 
 #[derive(Clone)]
-struct Shared(Arc<Fake>);
+struct FakeEngine(Arc<Fake>);
 
-impl Backend for Shared {
+impl Backend for FakeEngine {
     fn name(&self) -> &'static str {
         "fake"
     }
     fn capabilities(&self) -> Capabilities {
-        let caps = Capabilities::new(Fencing::Monotonic, true);
-        if self.0.loss.is_some() {
-            caps.with_loss_events()
-        } else {
-            caps
-        }
+        Capabilities::new(Fencing::Monotonic, true)
     }
-    fn lease_lost(
-        &self,
-        _key: &str,
-        _token: &Token,
-    ) -> impl std::future::Future<Output = LostReason> + Send + 'static {
-        let rx = self.0.loss.as_ref().map(|tx| tx.subscribe());
-        async move {
-            let Some(mut rx) = rx else {
-                return std::future::pending().await;
-            };
-            loop {
-                if let Some(reason) = *rx.borrow_and_update() {
-                    return reason;
-                }
-                if rx.changed().await.is_err() {
-                    return std::future::pending().await;
-                }
-            }
-        }
-    }
-    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         let f = &self.0;
         f.attempts.fetch_add(1, Ordering::SeqCst);
         if let Some(c) = &f.clock {
@@ -113,13 +92,13 @@ impl Backend for Shared {
         }
         let mut st = f.state.lock().unwrap();
         st.tokens_seen.push(req.token.as_str().to_owned());
-        let outcome = match st.locks.get(req.key).cloned() {
+        let outcome = match st.locks.get(req.name).cloned() {
             None => {
-                let fence = st.fences.entry(req.key.to_owned()).or_default();
+                let fence = st.fences.entry(req.name.to_owned()).or_default();
                 *fence += 1;
                 let fence = *fence;
                 st.locks
-                    .insert(req.key.to_owned(), (req.token.as_str().to_owned(), fence));
+                    .insert(req.name.to_owned(), (req.token.as_str().to_owned(), fence));
                 Attempt::Acquired { fence: Some(fence) }
             }
             Some((t, fence)) if t == req.token.as_str() => Attempt::Acquired { fence: Some(fence) },
@@ -133,12 +112,7 @@ impl Backend for Shared {
         }
         Ok(outcome)
     }
-    async fn extend(
-        &self,
-        _key: &str,
-        _token: &Token,
-        _ttl: Duration,
-    ) -> Result<LeaseCheck, LockError> {
+    async fn renew(&self, _lease: &LeaseRef<'_>, _ttl: Duration) -> Result<LeaseCheck, LockError> {
         self.0.extends.fetch_add(1, Ordering::SeqCst);
         tokio::task::yield_now().await;
         match *self.0.renew.lock().unwrap() {
@@ -148,36 +122,66 @@ impl Backend for Shared {
             Renew::Fail => Err(LockError::new(ErrorKind::Connection, "down")),
         }
     }
-    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
         let mut st = self.0.state.lock().unwrap();
-        st.released.push(token.as_str().to_owned());
-        match st.locks.get(key) {
-            Some((t, _)) if t == token.as_str() => {
-                st.locks.remove(key);
+        st.released.push(lease.token.as_str().to_owned());
+        match st.locks.get(lease.name) {
+            Some((t, _)) if t == lease.token.as_str() => {
+                st.locks.remove(lease.name);
                 Ok(LeaseCheck::Ours)
             }
             Some(_) => Ok(LeaseCheck::Foreign),
             None => Ok(LeaseCheck::Missing),
         }
     }
-    async fn extend_many<'a>(
-        &'a self,
-        items: &'a [distlock_core::RenewItem<'a>],
-    ) -> Vec<Result<LeaseCheck, LockError>> {
-        self.0.batches.fetch_add(1, Ordering::SeqCst);
-        // A busy client: the batch leaves a little after the watchdog decided to send it.
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        let mut out = Vec::new();
-        for i in items {
-            out.push(self.extend(i.key, i.token, i.ttl).await);
-        }
-        out
-    }
-    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         let st = self.0.state.lock().unwrap();
         Ok(match st.locks.get(key) {
             Some((_, f)) => LockStatus::held(None, Some(*f), None),
             None => LockStatus::free(),
+        })
+    }
+    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
+        Some(self)
+    }
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        self.0.loss.is_some().then_some(self as &dyn Sessions)
+    }
+}
+
+impl BatchRenew for FakeEngine {
+    fn renew_many<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
+        Box::pin(async move {
+            self.0.batches.fetch_add(1, Ordering::SeqCst);
+            // A busy client: the batch leaves a little after the watchdog decided to send it.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let mut out = Vec::new();
+            for i in items {
+                out.push(self.renew(&i.lease, i.ttl).await);
+            }
+            out
+        })
+    }
+}
+
+impl Sessions for FakeEngine {
+    fn session_end(&self, _lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason> {
+        let rx = self.0.loss.as_ref().map(|tx| tx.subscribe());
+        Box::pin(async move {
+            let Some(mut rx) = rx else {
+                return std::future::pending().await;
+            };
+            loop {
+                if let Some(reason) = *rx.borrow_and_update() {
+                    return reason;
+                }
+                if rx.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
         })
     }
 }
@@ -192,7 +196,7 @@ async fn validity_counts_from_when_the_request_was_sent() {
     let mut fake = Fake::new();
     fake.clock = Some(clock.clone());
     fake.latency = Duration::from_millis(400); // the reply arrives 400 ms after the send
-    let client = LockClient::builder(Shared(Arc::new(fake)))
+    let client = LockClient::builder(FakeEngine(Arc::new(fake)))
         .clock(clock.clone())
         .options(ttl_opts(10_000).auto_renew(false).build().unwrap())
         .build();
@@ -212,7 +216,7 @@ async fn validity_counts_from_when_the_request_was_sent() {
 async fn a_lost_reply_is_resent_with_the_same_token_and_counted_once() {
     let fake = Arc::new(Fake::new());
     fake.lose_replies.store(2, Ordering::SeqCst);
-    let client = LockClient::new(Shared(fake.clone()));
+    let client = LockClient::new(FakeEngine(fake.clone()));
     let g = client
         .try_acquire("k")
         .await
@@ -232,7 +236,7 @@ async fn a_lost_reply_is_resent_with_the_same_token_and_counted_once() {
 async fn giving_up_after_ambiguous_errors_releases_what_may_have_been_taken() {
     let fake = Arc::new(Fake::new());
     fake.lose_replies.store(10, Ordering::SeqCst);
-    let client = LockClient::new(Shared(fake.clone()));
+    let client = LockClient::new(FakeEngine(fake.clone()));
     let e = client.try_acquire("k").await.expect_err("every reply lost");
     assert_eq!(e.kind(), ErrorKind::Timeout);
     // The cleanup runs in the background.
@@ -254,8 +258,8 @@ async fn giving_up_after_ambiguous_errors_releases_what_may_have_been_taken() {
 #[tokio::test]
 async fn a_clear_refusal_is_not_resent() {
     let fake = Arc::new(Fake::new());
-    let client = LockClient::new(Shared(fake.clone()));
-    let other = LockClient::new(Shared(fake.clone()));
+    let client = LockClient::new(FakeEngine(fake.clone()));
+    let other = LockClient::new(FakeEngine(fake.clone()));
     let holder = client.try_acquire("k").await.unwrap().expect("free");
     assert!(other.try_acquire("k").await.unwrap().is_none());
     assert_eq!(
@@ -271,7 +275,7 @@ async fn a_clear_refusal_is_not_resent() {
 
 async fn lost_with(renew: Renew) -> (LostReason, Duration) {
     let fake = Arc::new(Fake::new());
-    let client = LockClient::builder(Shared(fake.clone()))
+    let client = LockClient::builder(FakeEngine(fake.clone()))
         .options(ttl_opts(300).build().unwrap())
         .build();
     let g = client.acquire("k").await.unwrap();
@@ -308,7 +312,7 @@ async fn the_watchdog_reports_why_a_lease_was_lost() {
 #[tokio::test]
 async fn with_lock_fails_when_the_lease_was_lost_during_the_body() {
     let fake = Arc::new(Fake::new());
-    let client = LockClient::builder(Shared(fake.clone()))
+    let client = LockClient::builder(FakeEngine(fake.clone()))
         .options(ttl_opts(300).build().unwrap())
         .build();
     let f2 = fake.clone();
@@ -326,7 +330,7 @@ async fn with_lock_fails_when_the_lease_was_lost_during_the_body() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_renewal_is_sent_after_release() {
     let fake = Arc::new(Fake::new());
-    let client = LockClient::builder(Shared(fake.clone()))
+    let client = LockClient::builder(FakeEngine(fake.clone()))
         .options(
             ttl_opts(30)
                 .renew_interval(Duration::from_millis(2))
@@ -355,7 +359,7 @@ async fn no_renewal_is_sent_after_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_of_many_leases_go_out_in_one_batch_per_tick() {
     let fake = Arc::new(Fake::new());
-    let client = LockClient::builder(Shared(fake.clone()))
+    let client = LockClient::builder(FakeEngine(fake.clone()))
         .options(
             ttl_opts(3000)
                 .renew_interval(Duration::from_millis(100))
@@ -384,7 +388,7 @@ async fn renewals_of_many_leases_go_out_in_one_batch_per_tick() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_limits_let_the_lease_run_out() {
     let fake = Arc::new(Fake::new());
-    let client = LockClient::new(Shared(fake.clone()));
+    let client = LockClient::new(FakeEngine(fake.clone()));
     let by_count = ttl_opts(300)
         .renew_interval(Duration::from_millis(50))
         .max_renewals(3)
@@ -425,8 +429,8 @@ async fn renewal_limits_let_the_lease_run_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_waiters_take_turns_in_fifo_order_and_only_the_head_asks() {
     let fake = Arc::new(Fake::new());
-    let other = LockClient::new(Shared(fake.clone()));
-    let client = LockClient::new(Shared(fake.clone()));
+    let other = LockClient::new(FakeEngine(fake.clone()));
+    let client = LockClient::new(FakeEngine(fake.clone()));
     let blocker = other.try_acquire("q").await.unwrap().unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
@@ -460,7 +464,7 @@ async fn local_waiters_take_turns_in_fifo_order_and_only_the_head_asks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_waiter_leaves_the_queue() {
     let fake = Arc::new(Fake::new());
-    let client = LockClient::new(Shared(fake.clone()));
+    let client = LockClient::new(FakeEngine(fake.clone()));
     let g = client.try_acquire("d").await.unwrap().unwrap();
     let first = tokio::time::timeout(Duration::from_millis(50), client.acquire("d")).await;
     assert!(first.is_err(), "the lock is held");
@@ -484,7 +488,7 @@ async fn hand_off_keeps_the_fence_and_is_bounded() {
         .handoff_streak(3)
         .build()
         .unwrap();
-    let client = LockClient::builder(Shared(fake.clone()))
+    let client = LockClient::builder(FakeEngine(fake.clone()))
         .options(opts)
         .build();
     let first = client.acquire("h").await.unwrap();
@@ -535,7 +539,7 @@ async fn hand_off_keeps_the_fence_and_is_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_lease_taken_while_the_watchdog_sleeps_long_is_renewed_in_time() {
     let fake = Arc::new(Fake::new());
-    let client = LockClient::new(Shared(fake.clone()));
+    let client = LockClient::new(FakeEngine(fake.clone()));
     let long = ttl_opts(30_000).build().unwrap();
     let short = ttl_opts(300).build().unwrap();
     let a = client
@@ -562,7 +566,7 @@ async fn an_engine_that_tells_of_a_loss_ends_the_lease_at_once() {
     let (tx, _rx) = tokio::sync::watch::channel(None);
     let mut fake = Fake::new();
     fake.loss = Some(tx.clone());
-    let client = LockClient::builder(Shared(Arc::new(fake)))
+    let client = LockClient::builder(FakeEngine(Arc::new(fake)))
         .options(ttl_opts(60_000).build().unwrap())
         .build();
     let g = client.try_acquire("k").await.unwrap().expect("free");

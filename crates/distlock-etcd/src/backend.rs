@@ -2,20 +2,20 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use distlock_core::{
-    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
-    LockStatus, PredecessorWatches, Subscription, Token, WakeHub,
+use distlock_core::engine::{
+    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
+    Fencing, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, MutexExt,
+    PredecessorWatches, Subscription, WakeHub, WakeSource,
 };
 use tokio::runtime::Handle;
-use tokio::sync::OnceCell;
 use tokio::task::AbortHandle;
 
 use crate::config::EtcdConfig;
-use crate::error::{lease_missing, map_err, member_failed, never_sent};
+use crate::error::{lease_missing, map_err};
+use crate::members::{Members, Resend};
 use crate::wire::{
     Compare, CompareResult, Conn, DeleteRangeRequest, EventType, FilterType, KeyValue,
     RangeRequest, RangeResponse, RequestOp, ResponseOp, SortOrder, SortTarget, TxnRequest,
@@ -54,30 +54,9 @@ struct Spare {
     refreshed: Instant,
 }
 
-/// One member of the cluster and its connection, opened on first use (a member down when we
-/// start is tried again when its turn comes).
-struct Member {
-    endpoint: tonic::transport::Endpoint,
-    /// The connection, logged in (when the URL has credentials) on first use.
-    conn: OnceCell<Conn>,
-}
-
-/// Whether a request may be sent again after it timed out or its member failed while it was in
-/// flight (it may have taken effect).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Resend {
-    /// A read, a keep-alive, a watch: sending it twice changes nothing.
-    Always,
-    /// A write: sent again only when it never reached a member.
-    IfNeverSent,
-}
-
 struct Inner {
-    /// Each member on its own connection. Requests go to the current one and move on to the
-    /// next when it stops answering: a paused or partitioned member (whose TCP connection stays
-    /// up) costs one response timeout, not one in three requests as a balancer would.
-    members: Vec<Member>,
-    current: AtomicUsize,
+    /// The members, each on its own connection, and which one requests go to.
+    members: Members,
     config: EtcdConfig,
     /// Our entries, by token.
     entries: Mutex<HashMap<String, Entry>>,
@@ -129,10 +108,6 @@ fn ttl_secs(ttl: Duration) -> i64 {
     i64::try_from(s.max(1)).unwrap_or(i64::MAX)
 }
 
-fn lock_mutex<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl EtcdBackend {
     /// Connects to the members a URL names (see [`EtcdConfig`]).
     ///
@@ -149,25 +124,12 @@ impl EtcdBackend {
     /// As [`connect`](Self::connect).
     pub async fn with_config(config: EtcdConfig) -> Result<Self, LockError> {
         let doing = format!("connecting to etcd at {}", config.endpoints.join(","));
-        let mut members = Vec::with_capacity(config.endpoints.len());
-        for e in &config.endpoints {
-            let endpoint = tonic::transport::Endpoint::from_shared(e.clone()).map_err(|err| {
-                LockError::new(
-                    ErrorKind::Config,
-                    format!("{e:?} is not an etcd member address: {err}"),
-                )
-            })?;
-            members.push(Member {
-                endpoint,
-                conn: OnceCell::new(),
-            });
-        }
+        let members = Members::new(&config)?;
         let runtime = Handle::current();
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
             let leaving = weak.clone();
             Inner {
                 members,
-                current: AtomicUsize::new(0),
                 config,
                 entries: Mutex::new(HashMap::new()),
                 keepers: Mutex::new(HashMap::new()),
@@ -232,7 +194,10 @@ impl EtcdBackend {
         let Ok(rev) = i64::try_from(fence) else {
             return Ok(false);
         };
-        let key = lock_mutex(&self.inner.entries)
+        let key = self
+            .inner
+            .entries
+            .locked()
             .values()
             .find(|e| e.name == name && e.rev == rev && e.held)
             .map(|e| e.key.clone());
@@ -256,7 +221,7 @@ impl EtcdBackend {
         F: Fn(Conn) -> Fut,
         Fut: std::future::Future<Output = Result<T, Status>>,
     {
-        self.inner.retry(f).await
+        self.inner.members.retry(f).await
     }
 
     /// A write, sent again only when it never reached a member.
@@ -265,7 +230,7 @@ impl EtcdBackend {
         F: Fn(Conn) -> Fut,
         Fut: std::future::Future<Output = Result<T, Status>>,
     {
-        self.inner.send_on(Resend::IfNeverSent, f).await.1
+        self.inner.members.write(f).await
     }
 
     /// A first attempt: one transaction that writes our key only if the lock has no key at all
@@ -279,8 +244,8 @@ impl EtcdBackend {
         fresh: bool,
         first: RequestOp,
     ) -> Result<Attempt, LockError> {
-        let prefix = self.lock_prefix(req.key);
-        let value = distlock_core::holder_value(token, distlock_core::unix_ms(), req.owner);
+        let prefix = self.lock_prefix(req.name);
+        let value = HolderValue::now(token, req.owner).encode();
         let txn = TxnRequest::new(
             vec![Compare::create_revision(prefix, CompareResult::Equal, 0).over_prefix()],
             vec![RequestOp::put(entry.key.as_str(), value, entry.lease)],
@@ -289,7 +254,7 @@ impl EtcdBackend {
         let reply = self.acquire_txn(token, txn).await?;
         if !reply.succeeded {
             // Busy, and nothing written: the lease goes back to the spares.
-            if let Some(e) = lock_mutex(&self.inner.entries).remove(token) {
+            if let Some(e) = self.inner.entries.locked().remove(token) {
                 self.keep_spare(&e);
             }
             return Ok(Attempt::Busy { holder_ttl: None });
@@ -305,7 +270,7 @@ impl EtcdBackend {
         let last = Mutex::new((Instant::now(), 0u32));
         let granted = self
             .retry(|c| {
-                let mut l = lock_mutex(&last);
+                let mut l = last.locked();
                 *l = (Instant::now(), l.1 + 1);
                 async move { c.lease_grant(ttl_s).await }
             })
@@ -320,7 +285,7 @@ impl EtcdBackend {
             id: granted.id,
             ttl: granted.ttl,
         };
-        let (sent, tries) = *lock_mutex(&last);
+        let (sent, tries) = *last.locked();
         Ok((granted, sent, tries))
     }
 
@@ -329,9 +294,9 @@ impl EtcdBackend {
         let spare = Spare {
             lease: entry.lease,
             ttl_s: entry.ttl_s,
-            refreshed: *lock_mutex(&entry.refreshed),
+            refreshed: *entry.refreshed.locked(),
         };
-        if let Some(old) = lock_mutex(&self.inner.spares).insert(entry.asked_s, spare) {
+        if let Some(old) = self.inner.spares.locked().insert(entry.asked_s, spare) {
             self.inner.revoke_later(old.lease);
         }
     }
@@ -347,10 +312,10 @@ impl EtcdBackend {
         }
         // A spare, or a lease kept alive while queued: it lasts a TTL from its last refresh,
         // perhaps less than from now. Say how old it is.
-        let refreshed = *lock_mutex(&entry.refreshed);
-        Attempt::Granted {
+        let refreshed = *entry.refreshed.locked();
+        Attempt::AcquiredEarlier {
             fence,
-            elapsed: Some(refreshed.elapsed()),
+            age: Some(refreshed.elapsed()),
             ttl: Duration::from_secs(entry.ttl_s as u64),
         }
     }
@@ -381,7 +346,7 @@ impl EtcdBackend {
     }
 
     fn entry(&self, token: &str) -> Option<Entry> {
-        lock_mutex(&self.inner.entries).get(token).cloned()
+        self.inner.entries.locked().get(token).cloned()
     }
 
     /// Takes a spare lease (one with two thirds of its TTL left) or grants one, and records a new
@@ -389,7 +354,7 @@ impl EtcdBackend {
     /// token).
     async fn new_entry(&self, name: &str, token: &str, ttl: Duration) -> Result<Entry, LockError> {
         let ttl_s = ttl_secs(ttl);
-        let spare = lock_mutex(&self.inner.spares).remove(&ttl_s);
+        let spare = self.inner.spares.locked().remove(&ttl_s);
         let (lease, granted_s, refreshed, fresh) = match spare {
             // A third of its TTL at most: the core renews a lease handed over with less than
             // half its validity left before using it, and a spare must never need that.
@@ -421,14 +386,17 @@ impl EtcdBackend {
             refreshed: Arc::new(Mutex::new(refreshed)),
             fresh,
         };
-        lock_mutex(&self.inner.entries).insert(token.to_owned(), entry.clone());
+        self.inner
+            .entries
+            .locked()
+            .insert(token.to_owned(), entry.clone());
         Ok(entry)
     }
 
     /// Drops `token`'s entry and revokes its lease (its key goes with it), in the background.
     fn discard(&self, token: &str) {
-        let entry = lock_mutex(&self.inner.entries).remove(token);
-        if let Some(k) = lock_mutex(&self.inner.keepers).remove(token) {
+        let entry = self.inner.entries.locked().remove(token);
+        if let Some(k) = self.inner.keepers.locked().remove(token) {
             k.abort();
         }
         if let Some(e) = entry {
@@ -438,7 +406,7 @@ impl EtcdBackend {
 
     /// Keeps a queued entry's lease alive (a third of its TTL apart) until it is held or left.
     fn keep_queued(&self, token: &str, entry: &Entry) {
-        let mut keepers = lock_mutex(&self.inner.keepers);
+        let mut keepers = self.inner.keepers.locked();
         if keepers.contains_key(token) {
             return;
         }
@@ -451,10 +419,11 @@ impl EtcdBackend {
             loop {
                 // A third of the TTL after the last refresh that succeeded: at once on a
                 // stream opened again after a failure. Opening the stream sends a keep-alive.
-                let due = *lock_mutex(&refreshed) + every;
+                let due = *refreshed.locked() + every;
                 tokio::time::sleep_until(due.into()).await;
                 let mut sent = Instant::now();
                 let (member, opened) = inner
+                    .members
                     .send_on(Resend::Always, |c| async move {
                         c.lease_keep_alive(lease).await
                     })
@@ -469,15 +438,15 @@ impl EtcdBackend {
                     match tokio::time::timeout(inner.config.response_timeout, keeper.message())
                         .await
                     {
-                        Ok(Ok(Some(r))) if r.ttl > 0 => *lock_mutex(&refreshed) = sent,
+                        Ok(Ok(Some(r))) if r.ttl > 0 => *refreshed.locked() = sent,
                         Ok(Ok(Some(_))) => return,
                         Ok(_) => break,
                         Err(_) => {
-                            inner.move_on(member);
+                            inner.members.move_on(member);
                             break;
                         }
                     }
-                    let due = *lock_mutex(&refreshed) + every;
+                    let due = *refreshed.locked() + every;
                     tokio::time::sleep_until(due.into()).await;
                     sent = Instant::now();
                     if keeper.send().await.is_err() {
@@ -490,11 +459,11 @@ impl EtcdBackend {
     }
 
     fn mark_held(&self, token: &str, rev: i64) {
-        if let Some(e) = lock_mutex(&self.inner.entries).get_mut(token) {
+        if let Some(e) = self.inner.entries.locked().get_mut(token) {
             e.held = true;
             e.rev = rev;
         }
-        if let Some(k) = lock_mutex(&self.inner.keepers).remove(token) {
+        if let Some(k) = self.inner.keepers.locked().remove(token) {
             k.abort();
         }
     }
@@ -513,6 +482,7 @@ impl EtcdBackend {
                     ..Default::default()
                 };
                 let opened = inner
+                    .members
                     .retry(|c| {
                         let create = create.clone();
                         async move { c.watch(create).await }
@@ -576,7 +546,7 @@ impl EtcdBackend {
     /// `status` of a holder's key: its label, its lease's remaining time, its fence.
     async fn holder_status(&self, kv: &KeyValue) -> LockStatus {
         let value = String::from_utf8_lossy(&kv.value).into_owned();
-        let (_, owner) = distlock_core::describe_holder_value(&value);
+        let owner = HolderValue::parse(&value).label();
         let lease = kv.lease;
         let ttl = match self
             .retry(|c| async move { c.lease_time_to_live(lease).await })
@@ -591,104 +561,11 @@ impl EtcdBackend {
 }
 
 impl Inner {
-    /// Sends a request that may be sent twice; see `send_on`.
-    async fn retry<T, F, Fut>(&self, f: F) -> Result<T, Status>
-    where
-        F: Fn(Conn) -> Fut,
-        Fut: std::future::Future<Output = Result<T, Status>>,
-    {
-        self.send_on(Resend::Always, f).await.1
-    }
-
-    /// Opens (once) member `i`'s connection, and logs in when the URL has credentials. The
-    /// connection is lazy: a dead member fails the first request, and a failed login is tried
-    /// again by the next request.
-    async fn member(&self, i: usize) -> Result<&Conn, Status> {
-        let m = &self.members[i];
-        m.conn
-            // Boxed, like the requests: connecting is rare, and its future is large.
-            .get_or_try_init(|| {
-                Box::pin(async {
-                    // A plain channel per member, not a balanced one: with a single member, a
-                    // balancer holds requests while the member's connection is down, where
-                    // this fails them at once (a refused connection), so the next member gets
-                    // them. `require_leader`: a member that has no leader (an election, the
-                    // minority side of a partition) refuses at once instead of holding the
-                    // request until it times out, and the request goes to the next member.
-                    let conn = Conn::lazy(
-                        m.endpoint.clone(),
-                        self.config.connect_timeout,
-                        true,
-                        self.config.user.clone(),
-                    );
-                    conn.authenticate().await?;
-                    Ok(conn)
-                })
-            })
-            .await
-    }
-
-    /// Member `i` failed a request: later ones go to the next member (unless another request
-    /// moved on already).
-    fn move_on(&self, i: usize) {
-        let next = (i + 1) % self.members.len();
-        let _ = self
-            .current
-            .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
-    }
-
-    /// Sends `f` to the current member, bounded by the response timeout (kept here rather than
-    /// by the channel: gRPC's per-request timeout also sends a `grpc-timeout` header, which
-    /// makes the member arm a deadline for every request, some µs each). A member that refuses
-    /// the connection, times out or says it is unavailable is left for the next one; the
-    /// request goes there too when it never reached a member, or when `resend` allows. Returns
-    /// the member that answered last.
-    async fn send_on<T, F, Fut>(&self, resend: Resend, f: F) -> (usize, Result<T, Status>)
-    where
-        F: Fn(Conn) -> Fut,
-        Fut: std::future::Future<Output = Result<T, Status>>,
-    {
-        let n = self.members.len();
-        // Every member twice (an election can make each refuse once).
-        let tries = 2 * n;
-        let mut tried = 0;
-        loop {
-            let i = self.current.load(Ordering::Relaxed) % n;
-            tried += 1;
-            let limit = self.config.response_timeout;
-            let reply = match tokio::time::timeout(limit, async {
-                let conn = self.member(i).await?.clone();
-                // Boxed: a gRPC request future is kilobytes, and every caller's state machine
-                // would otherwise carry (and move) it.
-                Box::pin(f(conn)).await
-            })
-            .await
-            {
-                Ok(reply) => reply,
-                Err(_) => Err(Status::deadline_exceeded(format!(
-                    "no answer within {limit:?}"
-                ))),
-            };
-            let again = match &reply {
-                Err(e) if never_sent(e) => true,
-                Err(e) if member_failed(e) => resend == Resend::Always,
-                _ => return (i, reply),
-            };
-            self.move_on(i);
-            if !again || tried >= tries {
-                return (i, reply);
-            }
-            if reply.as_ref().err().is_some_and(never_sent) {
-                // Not a tight loop when every member refuses.
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    }
-
     fn revoke_later(self: &Arc<Self>, lease: i64) {
         let inner = self.clone();
         self.runtime.spawn(async move {
             let _ = inner
+                .members
                 .retry(|c| async move { c.lease_revoke(lease).await })
                 .await;
         });
@@ -699,7 +576,7 @@ impl Inner {
     fn leave(self: &Arc<Self>, name: &str) {
         self.watches.stop(name);
         let gone: Vec<(String, i64)> = {
-            let mut entries = lock_mutex(&self.entries);
+            let mut entries = self.entries.locked();
             let tokens: Vec<String> = entries
                 .iter()
                 // Queued ones only: a key not yet known to be queued (rev 0) belongs to an
@@ -712,7 +589,7 @@ impl Inner {
                 .filter_map(|t| entries.remove(&t).map(|e| (t, e.lease)))
                 .collect()
         };
-        let mut keepers = lock_mutex(&self.keepers);
+        let mut keepers = self.keepers.locked();
         for (token, lease) in gone {
             if let Some(k) = keepers.remove(&token) {
                 k.abort();
@@ -748,7 +625,7 @@ impl Backend for EtcdBackend {
         Capabilities::new(Fencing::Monotonic, true)
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring an etcd lock";
         let token = req.token.as_str();
         // `fresh`: the lease was granted by this very call (not by an earlier attempt of the
@@ -756,25 +633,25 @@ impl Backend for EtcdBackend {
         let (entry, fresh, fresh_attempt) = match self.entry(token) {
             Some(e) => (e, false, false),
             None => {
-                let e = self.new_entry(req.key, token, req.ttl).await?;
+                let e = self.new_entry(req.name, token, req.ttl).await?;
                 let fresh = e.fresh;
                 (e, fresh, true)
             }
         };
-        let prefix = self.lock_prefix(req.key);
+        let prefix = self.lock_prefix(req.name);
         let first = RequestOp::range(
             RangeRequest::prefix(prefix)
                 .sorted(SortTarget::Create, SortOrder::Ascend)
                 .limit(1)
                 .keys_only(),
         );
-        if fresh_attempt && !req.waiting && !req.resent {
+        if fresh_attempt && !req.queue && !req.retry {
             return self.acquire_fast(req, token, &entry, fresh, first).await;
         }
         let mine = RequestOp::range(RangeRequest::key(entry.key.as_str()).keys_only());
         let txn = if entry.rev == 0 {
             // New (or resent before its reply came): create the key unless it exists.
-            let value = distlock_core::holder_value(token, distlock_core::unix_ms(), req.owner);
+            let value = HolderValue::now(token, req.owner).encode();
             TxnRequest::new(
                 vec![Compare::create_revision(
                     entry.key.as_str(),
@@ -810,7 +687,7 @@ impl Backend for EtcdBackend {
                 ErrorKind::Lost,
                 format!(
                     "our place in the queue of {:?} is gone (its lease expired or the key was deleted)",
-                    req.key
+                    req.name
                 ),
             ));
         }
@@ -834,31 +711,27 @@ impl Backend for EtcdBackend {
         if head == entry.key {
             return Ok(self.acquired(token, &entry, my_rev, fresh));
         }
-        if !req.waiting {
+        if !req.queue {
             // Not waiting: leave no key behind.
             self.discard(token);
             return Ok(Attempt::Busy { holder_ttl: None });
         }
         // Queued: keep our place alive and watch the key just before ours.
-        if let Some(e) = lock_mutex(&self.inner.entries).get_mut(token) {
+        if let Some(e) = self.inner.entries.locked().get_mut(token) {
             e.rev = my_rev;
         }
         self.keep_queued(token, &entry);
-        match self.predecessor(req.key, my_rev).await? {
-            Some((pred, _)) => self.watch_predecessor(req.key, pred, at + 1),
+        match self.predecessor(req.name, my_rev).await? {
+            Some((pred, _)) => self.watch_predecessor(req.name, pred, at + 1),
             // Everything before us left in between: look again at once.
-            None => self.inner.hub.notify(req.key),
+            None => self.inner.hub.notify(req.name),
         }
         Ok(Attempt::Busy { holder_ttl: None })
     }
 
-    async fn extend(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<LeaseCheck, LockError> {
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "extending an etcd lock";
+        let (key, token) = (lease.name, lease.token);
         let Some(entry) = self
             .entry(token.as_str())
             .filter(|e| e.name == key && e.rev > 0)
@@ -881,11 +754,11 @@ impl Backend for EtcdBackend {
             let reply = self.txn(txn).await.map_err(|e| map_err(e, DOING));
             let moved = matches!(reply, Ok(ref r) if r.succeeded);
             if moved {
-                if let Some(e) = lock_mutex(&self.inner.entries).get_mut(token.as_str()) {
+                if let Some(e) = self.inner.entries.locked().get_mut(token.as_str()) {
                     e.lease = granted.id;
                     e.ttl_s = granted.ttl.max(ttl_s);
                     e.asked_s = ttl_s;
-                    *lock_mutex(&e.refreshed) = sent;
+                    *e.refreshed.locked() = sent;
                 }
                 self.inner.revoke_later(entry.lease);
             } else {
@@ -918,7 +791,7 @@ impl Backend for EtcdBackend {
             .first()
             .is_some_and(|kv| kv.create_revision == entry.rev && kv.lease == entry.lease);
         if ours && alive.is_some_and(|r| r.ttl > 0) {
-            *lock_mutex(&entry.refreshed) = sent;
+            *entry.refreshed.locked() = sent;
             Ok(LeaseCheck::Ours)
         } else if still.kvs.is_empty() {
             Ok(LeaseCheck::Missing)
@@ -927,8 +800,9 @@ impl Backend for EtcdBackend {
         }
     }
 
-    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "releasing an etcd lock";
+        let (key, token) = (lease.name, lease.token);
         let Some(entry) = self.entry(token.as_str()).filter(|e| e.name == key) else {
             return Ok(LeaseCheck::Missing);
         };
@@ -962,21 +836,15 @@ impl Backend for EtcdBackend {
             return Ok(LeaseCheck::Missing);
         }
         // The key is gone; its lease, still alive, is kept for the next acquire.
-        lock_mutex(&self.inner.entries).remove(token.as_str());
-        if let Some(k) = lock_mutex(&self.inner.keepers).remove(token.as_str()) {
+        self.inner.entries.locked().remove(token.as_str());
+        if let Some(k) = self.inner.keepers.locked().remove(token.as_str()) {
             k.abort();
         }
         self.keep_spare(&entry);
         Ok(LeaseCheck::Ours)
     }
 
-    async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {
-        // The watch itself is set up by each waiting attempt, from the revision it saw, so
-        // nothing is missed between this call and the next attempt.
-        Ok(Some(self.inner.hub.subscribe(key)))
-    }
-
-    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         Ok(
             match self.holder_kv(key, "reading an etcd lock's status").await? {
                 Some(kv) => self.holder_status(&kv).await,
@@ -985,14 +853,35 @@ impl Backend for EtcdBackend {
         )
     }
 
+    fn wake_source(&self) -> Option<&dyn WakeSource> {
+        Some(self)
+    }
+
+    fn breaker(&self) -> Option<&dyn Breaker> {
+        Some(self)
+    }
+}
+
+impl WakeSource for EtcdBackend {
+    fn subscribe<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        // The watch itself is set up by each waiting attempt, from the revision it saw, so
+        // nothing is missed between this call and the next attempt.
+        Box::pin(std::future::ready(Ok(Some(self.inner.hub.subscribe(key)))))
+    }
+}
+
+impl Breaker for EtcdBackend {
     /// Deletes the holder's key (the oldest under the lock's prefix), if it is still the one
     /// read: the next waiter's watch sees it go, as after a release. The holder's lease lives
     /// on (it may hold the holder's other locks); its next renewal finds the key gone.
-    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
-        const DOING: &str = "breaking an etcd lock";
-        for _ in 0..5 {
+    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
+        Box::pin(async move {
+            const DOING: &str = "breaking an etcd lock";
             let Some(kv) = self.holder_kv(key, DOING).await? else {
-                return Ok(None);
+                return Ok(BreakOutcome::Free);
             };
             let st = self.holder_status(&kv).await;
             let txn = TxnRequest::new(
@@ -1004,18 +893,12 @@ impl Backend for EtcdBackend {
                 vec![RequestOp::delete(kv.key.as_slice())],
                 vec![],
             );
-            if self
-                .txn(txn)
-                .await
-                .map_err(|e| map_err(e, DOING))?
-                .succeeded
-            {
-                return Ok(Some(st));
-            }
-        }
-        Err(LockError::new(
-            ErrorKind::Busy,
-            format!("{key:?} changed hands 5 times while being broken; try again"),
-        ))
+            let done = self.txn(txn).await.map_err(|e| map_err(e, DOING))?;
+            Ok(if done.succeeded {
+                BreakOutcome::Broken(st)
+            } else {
+                BreakOutcome::Changed
+            })
+        })
     }
 }

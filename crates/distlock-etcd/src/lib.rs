@@ -4,6 +4,7 @@
 mod backend;
 mod config;
 mod error;
+mod members;
 #[doc(hidden)]
 pub mod wire;
 

@@ -12,8 +12,8 @@ use rand::seq::IndexedRandom;
 use serde_json::json;
 
 use crate::mono;
-use crate::run::{SharedRef, lock};
 use crate::scenario::{Fault, Scenario};
+use crate::state::{SharedRef, lock, not_injected};
 
 /// `lo..hi` times `ttl`.
 fn times(rng: &mut StdRng, ttl: Duration, lo: f64, hi: f64) -> Duration {
@@ -118,17 +118,6 @@ fn set_links(shared: &SharedRef, w: usize, servers: &[usize], mode: LinkMode) {
 
 fn has_netns(shared: &SharedRef, w: usize) -> bool {
     lock(shared).workers[w].netns.is_some()
-}
-
-/// A fault that could not be injected: recorded in the history and kept, so that the run
-/// fails at its end (a "no violation" about a fault that never happened proves nothing).
-pub(crate) fn not_injected(shared: &SharedRef, what: String, why: String) {
-    eprintln!("distlock-faults: could not inject {what}: {why}");
-    let mut s = lock(shared);
-    s.history
-        .record(json!({"ev": "fault-not-injected", "what": what, "why": why,
-        "t": mono::now_ns()}));
-    s.not_injected.push(format!("{what}: {why}"));
 }
 
 fn netns_cut(shared: &SharedRef, w: usize, ports: &[u16], reject: bool) {
@@ -430,16 +419,12 @@ pub(crate) fn jump_and_pause(shared: &SharedRef, id: usize, back_s: u64, d: Dura
     });
 }
 
-/// A forced release of the harness's lock, through the engine-erased backend's boxed future
-/// (the generic one is not `Send` for every lifetime, which `tokio::spawn` needs).
-fn force_release(
+/// A forced release of the harness's lock.
+async fn force_release(
     c: std::sync::Arc<distlock::LockClient<distlock::AnyBackend>>,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
-    Box::pin(async move {
-        c.backend()
-            .dyn_force_release("k")
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    })
+) -> Result<(), String> {
+    c.force_release("k")
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }

@@ -17,6 +17,7 @@ mod resource;
 mod run;
 mod scenario;
 mod sql;
+mod state;
 mod worker;
 
 use std::path::{Path, PathBuf};

@@ -3,11 +3,11 @@
 //! schedule, records the history and runs the checkers.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_testkit::{FaultProxy, LinkMode};
@@ -17,7 +17,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::sync::mpsc;
 
 use crate::check::{self, Bounds, Figures};
@@ -27,6 +27,7 @@ use crate::netns::NetNs;
 use crate::resource::Register;
 use crate::scenario::{Fault, Scenario};
 use crate::sql::SqlResource;
+use crate::state::{History, RunState, SharedRef, Worker, lock, not_injected};
 
 /// How long a worker waits before its next operation after an acquire that failed.
 const BACKOFF_MS: u64 = 50;
@@ -36,82 +37,15 @@ const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 /// What one run produced.
 #[derive(Debug)]
-pub(crate) struct Outcome {
+pub(crate) struct RunReport {
     pub(crate) figures: Figures,
     pub(crate) history: PathBuf,
-}
-
-/// One worker process and its links.
-pub(crate) struct Worker {
-    child: Child,
-    /// Lines for its stdin, written by a task that owns the pipe.
-    input: mpsc::UnboundedSender<String>,
-    pub(crate) pid: i32,
-    /// Its proxies, one per server.
-    pub(crate) proxies: Vec<FaultProxy>,
-    /// Its network namespace, where partitions are nftables rules.
-    pub(crate) netns: Option<NetNs>,
-    /// The file libfaketime reads this worker's clock offset from.
-    pub(crate) faketime: Option<PathBuf>,
-    /// The operation in progress, if any.
-    op: Option<u64>,
-    /// It holds the lock for this operation.
-    pub(crate) holding: Option<u64>,
-    pub(crate) paused: bool,
-    /// Its last acquire failed: the next operation starts after a pause, as a client backs
-    /// off (an engine that fails fast while it is unreachable would make a tight loop).
-    backoff: bool,
 }
 
 /// Messages to the orchestrator's loop.
 enum Msg {
     Line(usize, u64, Value),
     Exited(usize, u64),
-}
-
-/// State shared between the loop and the fault injector.
-pub(crate) struct Shared {
-    pub(crate) workers: Vec<Worker>,
-    pub(crate) history: History,
-    fenced: Register,
-    unfenced: Register,
-    pub(crate) engine: Engine,
-    /// A pause waits for the next worker that checks its lease before writing.
-    pub(crate) pause_at_check: Option<Duration>,
-    /// A client clock jump waits for the next worker under libfaketime that takes the lock:
-    /// seconds back, and how long it is paused.
-    pub(crate) jump_at_acquire: Option<(u64, Duration)>,
-    /// Faults the injector could not inject (a missing tool, a failed signal): any one fails
-    /// the run, since its "no violation" would be about faults that never happened.
-    pub(crate) not_injected: Vec<String>,
-    stopping: bool,
-    next_op: u64,
-}
-
-/// The history: every event, in memory and as JSON lines.
-pub(crate) struct History {
-    events: Vec<Value>,
-    out: BufWriter<File>,
-}
-
-impl History {
-    fn create(path: &Path) -> std::io::Result<History> {
-        Ok(History {
-            events: Vec::new(),
-            out: BufWriter::new(File::create(path)?),
-        })
-    }
-
-    pub(crate) fn record(&mut self, v: Value) {
-        let _ = writeln!(self.out, "{v}");
-        self.events.push(v);
-    }
-}
-
-pub(crate) type SharedRef = Arc<Mutex<Shared>>;
-
-pub(crate) fn lock(s: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
-    s.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Runs `scenario` with `seed`, writing the history under `out_dir`.
@@ -121,7 +55,7 @@ pub(crate) async fn run(
     duration: Duration,
     out_dir: &Path,
     seeded_bug: Option<&str>,
-) -> Result<Outcome, String> {
+) -> Result<RunReport, String> {
     let ttl = scenario.ttl;
     let engine = Engine::start(scenario.engine)?;
     let upstreams = engine.upstreams();
@@ -132,7 +66,7 @@ pub(crate) async fn run(
     };
     let history_path = out_dir.join(format!("{tag}.jsonl"));
     let history = History::create(&history_path).map_err(|e| e.to_string())?;
-    let shared: SharedRef = Arc::new(Mutex::new(Shared {
+    let shared: SharedRef = Arc::new(Mutex::new(RunState {
         workers: Vec::new(),
         history,
         fenced: Register::default(),
@@ -305,7 +239,7 @@ pub(crate) async fn run(
     if let Err(e) = injector.await
         && e.is_panic()
     {
-        crate::faults::not_injected(&shared, "the injector".into(), "it panicked".into());
+        not_injected(&shared, "the injector".into(), "it panicked".into());
     }
     auditor.abort();
     let _ = auditor.await;
@@ -331,7 +265,7 @@ pub(crate) async fn run(
         }
     }
     for f in failed {
-        crate::faults::not_injected(&shared, "the final heal".into(), f);
+        not_injected(&shared, "the final heal".into(), f);
     }
     // Background releases (cancelled operations) finish within a round trip or two.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -401,7 +335,7 @@ pub(crate) async fn run(
             s.not_injected.join("; ")
         ));
     }
-    Ok(Outcome {
+    Ok(RunReport {
         figures,
         history: history_path,
     })
@@ -613,7 +547,7 @@ pub(crate) fn pause_worker(shared: &SharedRef, id: usize, d: Duration) {
     };
     let start = mono::now_ns();
     if let Err(e) = kill(Pid::from_raw(pid), Signal::SIGSTOP) {
-        crate::faults::not_injected(shared, format!("pause of worker {id}"), e.to_string());
+        not_injected(shared, format!("pause of worker {id}"), e.to_string());
         lock(shared).workers[id].paused = false;
         return;
     }
@@ -621,7 +555,7 @@ pub(crate) fn pause_worker(shared: &SharedRef, id: usize, d: Duration) {
     tokio::spawn(async move {
         tokio::time::sleep(d).await;
         if let Err(e) = kill(Pid::from_raw(pid), Signal::SIGCONT) {
-            crate::faults::not_injected(&shared, format!("thaw of worker {id}"), e.to_string());
+            not_injected(&shared, format!("thaw of worker {id}"), e.to_string());
         }
         let mut s = lock(&shared);
         if s.workers[id].pid == pid {

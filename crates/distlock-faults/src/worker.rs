@@ -179,7 +179,7 @@ async fn one_op(
 ) {
     let n = op.n;
     let opts = match LockOptions::builder()
-        .ttl(client.options().ttl())
+        .ttl(client.default_options().ttl())
         .auto_renew(op.renew)
         .wait_timeout(op.wait)
         .build()
@@ -287,12 +287,12 @@ async fn critical_section(
 /// Reports every move of the lease's deadline (a renewal) and its end.
 async fn watch_lease(handle: distlock::LeaseHandle, out: Out, n: u64) {
     let mut last = handle.valid_until();
-    let lost = handle.lost();
-    tokio::pin!(lost);
+    let ended = handle.ended();
+    tokio::pin!(ended);
     loop {
         tokio::select! {
-            reason = &mut lost => {
-                if reason != distlock::LostReason::Released {
+            end = &mut ended => {
+                if let Some(reason) = end.lost() {
                     out.send(json!({"ev": "lost", "n": n, "reason": format!("{reason:?}")})).await;
                 }
                 return;

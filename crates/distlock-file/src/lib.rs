@@ -9,9 +9,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use distlock_core::{
-    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
-    LockStatus, Token,
+#[cfg(test)]
+use distlock_core::Token;
+use distlock_core::engine::{
+    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
+    Fencing, LeaseCheck, LeaseRef, LockError, LockStatus, MutexExt,
 };
 
 /// The lock engine on local files. See the crate docs.
@@ -134,7 +136,7 @@ impl FileBackend {
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
-        self.inner.held.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.held.locked()
     }
 
     async fn blocking<T: Send + 'static>(
@@ -337,22 +339,18 @@ impl Backend for FileBackend {
         Capabilities::new(Fencing::Monotonic, false)
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         // Synchronous on purpose: a non-blocking flock plus a few bytes of local I/O, with no
         // await point, so a cancelled acquire can never leave a lock taken behind its back
         // (a spawn_blocking task would run on after its future is dropped).
-        acquire_blocking(self, req.key, req.token.as_str(), req.owner)
+        acquire_blocking(self, req.name, req.token.as_str(), req.owner)
     }
 
-    async fn extend(
-        &self,
-        key: &str,
-        token: &Token,
-        _ttl: Duration,
-    ) -> Result<LeaseCheck, LockError> {
+    async fn renew(&self, lease: &LeaseRef<'_>, _ttl: Duration) -> Result<LeaseCheck, LockError> {
         // The flock lasts as long as our open file: renewing is checking we still have it, and
         // that it is still the lock file (not swapped out by a forced release).
-        let id = match self.held().get(token.as_str()) {
+        let key = lease.name;
+        let id = match self.held().get(lease.token.as_str()) {
             Some(h) if h.key == key => h.id,
             _ => return Ok(LeaseCheck::Missing),
         };
@@ -363,7 +361,8 @@ impl Backend for FileBackend {
         })
     }
 
-    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        let (key, token) = (lease.name, lease.token);
         let mut held = self.held();
         match held.get(token.as_str()) {
             Some(h) if h.key == key => {
@@ -381,25 +380,30 @@ impl Backend for FileBackend {
         }
     }
 
-    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         let key = key.to_owned();
         self.blocking(move |me| status_blocking(me, &key)).await
     }
 
-    /// Puts a fresh, unlocked file with the same fence counter in place of the held one
-    /// (an atomic rename): the next acquire locks the new file, and the holder's next renewal
-    /// finds its file gone from the path. The holder's process is not touched.
-    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
-        let key = key.to_owned();
-        self.blocking(move |me| force_release_blocking(me, &key))
-            .await
+    fn breaker(&self) -> Option<&dyn Breaker> {
+        Some(self)
     }
 }
 
-fn force_release_blocking(me: &FileBackend, key: &str) -> Result<Option<LockStatus>, LockError> {
+impl Breaker for FileBackend {
+    /// Puts a fresh, unlocked file with the same fence counter in place of the held one
+    /// (an atomic rename): the next acquire locks the new file, and the holder's next renewal
+    /// finds its file gone from the path. The holder's process is not touched.
+    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
+        let key = key.to_owned();
+        Box::pin(self.blocking(move |me| break_blocking(me, &key)))
+    }
+}
+
+fn break_blocking(me: &FileBackend, key: &str) -> Result<BreakOutcome, LockError> {
     let st = status_blocking(me, key)?;
     if !st.held {
-        return Ok(None);
+        return Ok(BreakOutcome::Free);
     }
     let path = me.lock_path(key);
     let mut file = File::open(&path).map_err(|e| io_err("opening", &path, e))?;
@@ -415,7 +419,7 @@ fn force_release_blocking(me: &FileBackend, key: &str) -> Result<Option<LockStat
         let _ = std::fs::remove_file(&fresh);
         io_err("replacing", &path, e)
     })?;
-    Ok(Some(st))
+    Ok(BreakOutcome::Broken(st))
 }
 
 #[cfg(test)]

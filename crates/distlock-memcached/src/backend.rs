@@ -2,12 +2,12 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_core::{
-    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
-    LockStatus, Token,
+use distlock_core::engine::{
+    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
+    Fencing, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, MutexExt,
 };
 use sha2::{Digest, Sha256};
 
@@ -20,10 +20,6 @@ const NO_FENCING: &str = "memcached has no counter that survives an eviction, a 
 
 /// memcached's longest key.
 const MAX_ITEM_KEY: usize = 250;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// The item's expiry for a lock TTL, in whole seconds: rounded up, plus one. memcached's clock
 /// ticks once a second and an item expires when the tick reaches its expiry, so an item can go
@@ -174,30 +170,27 @@ impl Backend for MemcachedBackend {
         Capabilities::new(Fencing::Unavailable(NO_FENCING), true)
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a memcached lock";
-        let item = self.item(req.key);
-        if req.resent {
-            // The add may have been stored before its reply was lost: ours if it carries our
-            // token.
-            if let Some((value, cas, _)) = self.read(&item).await? {
-                let (token, _) = distlock_core::describe_holder_value(&value);
-                if token == req.token.as_str() {
-                    lock(&self.inner.held).insert(
-                        req.token.as_str().to_owned(),
-                        Held {
-                            key: req.key.to_owned(),
-                            item,
-                            value,
-                            cas,
-                        },
-                    );
-                    return Ok(Attempt::Acquired { fence: None });
-                }
-            }
+        let item = self.item(req.name);
+        // A resend: the add may have been stored before its reply was lost, and is ours if it
+        // carries our token.
+        if req.retry
+            && let Some((value, cas, _)) = self.read(&item).await?
+            && HolderValue::parse(&value).token == req.token.as_str()
+        {
+            self.inner.held.locked().insert(
+                req.token.as_str().to_owned(),
+                Held {
+                    key: req.name.to_owned(),
+                    item,
+                    value,
+                    cas,
+                },
+            );
+            return Ok(Attempt::Acquired { fence: None });
         }
-        let value =
-            distlock_core::holder_value(req.token.as_str(), distlock_core::unix_ms(), req.owner);
+        let value = HolderValue::now(req.token.as_str(), req.owner).encode();
         let line = [
             Arg::Word("ms"),
             Arg::Word(&item),
@@ -210,10 +203,10 @@ impl Backend for MemcachedBackend {
         match r.code {
             "HD" => {
                 let cas = r.cas.ok_or_else(|| unexpected(DOING, &r))?;
-                lock(&self.inner.held).insert(
+                self.inner.held.locked().insert(
                     req.token.as_str().to_owned(),
                     Held {
-                        key: req.key.to_owned(),
+                        key: req.name.to_owned(),
                         item,
                         value,
                         cas,
@@ -222,7 +215,7 @@ impl Backend for MemcachedBackend {
                 Ok(Attempt::Acquired { fence: None })
             }
             "NS" => {
-                let holder_ttl = if req.waiting {
+                let holder_ttl = if req.queue {
                     self.read(&item).await?.and_then(|(_, _, t)| {
                         t.filter(|&t| t >= 0)
                             .map(|t| Duration::from_secs(u64::try_from(t).unwrap_or(0)))
@@ -236,13 +229,12 @@ impl Backend for MemcachedBackend {
         }
     }
 
-    async fn extend(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<LeaseCheck, LockError> {
-        let Some((item, value, cas)) = lock(&self.inner.held)
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        let (key, token) = (lease.name, lease.token);
+        let Some((item, value, cas)) = self
+            .inner
+            .held
+            .locked()
             .get(token.as_str())
             .filter(|h| h.key == key)
             .map(|h| (h.item.clone(), h.value.clone(), h.cas))
@@ -261,7 +253,7 @@ impl Backend for MemcachedBackend {
         match r.code {
             "HD" => {
                 if let Some(new) = r.cas
-                    && let Some(h) = lock(&self.inner.held).get_mut(token.as_str())
+                    && let Some(h) = self.inner.held.locked().get_mut(token.as_str())
                 {
                     h.cas = new;
                 }
@@ -275,9 +267,10 @@ impl Backend for MemcachedBackend {
         }
     }
 
-    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        let (key, token) = (lease.name, lease.token);
         let held = {
-            let mut map = lock(&self.inner.held);
+            let mut map = self.inner.held.locked();
             match map.get(token.as_str()) {
                 Some(h) if h.key == key => map.remove(token.as_str()),
                 _ => None,
@@ -291,9 +284,7 @@ impl Backend for MemcachedBackend {
                 // read now, so a newer holder's lock still survives.
                 let item = self.item(key);
                 match self.read(&item).await? {
-                    Some((value, cas, _))
-                        if distlock_core::describe_holder_value(&value).0 == token.as_str() =>
-                    {
+                    Some((value, cas, _)) if HolderValue::parse(&value).token == token.as_str() => {
                         (item, cas)
                     }
                     _ => return Ok(LeaseCheck::Missing),
@@ -316,19 +307,25 @@ impl Backend for MemcachedBackend {
         }
     }
 
-    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         Ok(match self.read(&self.item(key)).await? {
             Some((value, _, ttl)) => holder_status(&value, ttl),
             None => LockStatus::free(),
         })
     }
 
-    /// Deletes the item by the CAS it was read with (read again if it changed in between).
-    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
-        let item = self.item(key);
-        for _ in 0..5 {
+    fn breaker(&self) -> Option<&dyn Breaker> {
+        Some(self)
+    }
+}
+
+impl Breaker for MemcachedBackend {
+    /// Deletes the item by the CAS it was read with.
+    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
+        Box::pin(async move {
+            let item = self.item(key);
             let Some((value, cas, ttl)) = self.read(&item).await? else {
-                return Ok(None);
+                return Ok(BreakOutcome::Free);
             };
             let r = self
                 .inner
@@ -339,22 +336,18 @@ impl Backend for MemcachedBackend {
                 )
                 .await?;
             match r.code {
-                "HD" => return Ok(Some(holder_status(&value, ttl))),
-                "NF" => return Ok(None),
-                "EX" => {}
-                _ => return Err(unexpected("breaking a memcached lock", &r)),
+                "HD" => Ok(BreakOutcome::Broken(holder_status(&value, ttl))),
+                "NF" => Ok(BreakOutcome::Free),
+                "EX" => Ok(BreakOutcome::Changed),
+                _ => Err(unexpected("breaking a memcached lock", &r)),
             }
-        }
-        Err(LockError::new(
-            ErrorKind::Busy,
-            format!("{key:?} changed hands 5 times while being broken; try again"),
-        ))
+        })
     }
 }
 
 /// `status` of a stored holder value and the item's remaining seconds.
 fn holder_status(value: &str, ttl: Option<i64>) -> LockStatus {
-    let (_, owner) = distlock_core::describe_holder_value(value);
+    let owner = HolderValue::parse(value).label();
     // Less the second `item_ttl` adds: what the holder itself counts on.
     let ttl = ttl
         .filter(|&t| t >= 0)

@@ -2,12 +2,12 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_core::{
-    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
-    LockStatus, Token,
+use distlock_core::engine::{
+    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
+    Fencing, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, MutexExt,
 };
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, Row, Value};
@@ -148,10 +148,6 @@ fn lit(s: &str) -> String {
 /// session at least that long), at least 1.
 fn wait_secs(ttl: Duration) -> u64 {
     (ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).max(1)
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn map_err(e: mysql_async::Error, doing: &str) -> LockError {
@@ -301,11 +297,11 @@ impl MysqlBackend {
 
     /// An idle connection, or a new one.
     fn pooled(&self) -> Option<Conn> {
-        lock(&self.inner.idle).pop()
+        self.inner.idle.locked().pop()
     }
 
     fn put_back(&self, conn: Conn) {
-        let mut idle = lock(&self.inner.idle);
+        let mut idle = self.inner.idle.locked();
         if idle.len() < self.inner.config.idle_connections {
             idle.push(conn);
         }
@@ -341,16 +337,12 @@ impl Backend for MysqlBackend {
         Capabilities::new(Fencing::Monotonic, true)
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a MySQL named lock";
         // A resent attempt needs no check: the attempt whose reply was lost dropped its
         // connection, and the lock, if it got it, went with it.
-        let name = lit(&lock_name(req.key));
-        let holder = lit(&distlock_core::holder_value(
-            req.token.as_str(),
-            distlock_core::unix_ms(),
-            req.owner,
-        ));
+        let name = lit(&lock_name(req.name));
+        let holder = lit(&HolderValue::now(req.token.as_str(), req.owner).encode());
         let ttl_ms = req.ttl.as_millis();
         let sql = format!(
             "SET SESSION wait_timeout = {secs}; \
@@ -372,23 +364,22 @@ impl Backend for MysqlBackend {
             return Ok(Attempt::Busy { holder_ttl: None });
         }
         let fence = int(&row, 1).and_then(|f| u64::try_from(f).ok());
-        lock(&self.inner.held).insert(
+        self.inner.held.locked().insert(
             req.token.as_str().to_owned(),
             Held {
-                key: req.key.to_owned(),
+                key: req.name.to_owned(),
                 conn: Arc::new(tokio::sync::Mutex::new(Some(conn))),
             },
         );
         Ok(Attempt::Acquired { fence })
     }
 
-    async fn extend(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<LeaseCheck, LockError> {
-        let Some(slot) = lock(&self.inner.held)
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        let (key, token) = (lease.name, lease.token);
+        let Some(slot) = self
+            .inner
+            .held
+            .locked()
             .get(token.as_str())
             .filter(|h| h.key == key)
             .map(|h| h.conn.clone())
@@ -418,9 +409,10 @@ impl Backend for MysqlBackend {
         }
     }
 
-    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        let (key, token) = (lease.name, lease.token);
         let held = {
-            let mut map = lock(&self.inner.held);
+            let mut map = self.inner.held.locked();
             match map.get(token.as_str()) {
                 Some(h) if h.key == key => map.remove(token.as_str()),
                 _ => None,
@@ -451,7 +443,7 @@ impl Backend for MysqlBackend {
         }
     }
 
-    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         const DOING: &str = "reading a MySQL lock's status";
         let name = lit(&lock_name(key));
         let sql = format!(
@@ -470,7 +462,7 @@ impl Backend for MysqlBackend {
             return Ok(LockStatus::free().with_last_fence(fence));
         }
         let holder: Option<String> = row.get::<Option<String>, _>(1).flatten();
-        let owner = holder.map(|h| distlock_core::describe_holder_value(&h).1);
+        let owner = holder.map(|h| HolderValue::parse(&h).label());
         let ttl = int(&row, 3).map(|t| {
             let idle_ms = int(&row, 4).unwrap_or(0).saturating_mul(1000);
             Duration::from_millis(u64::try_from(t - idle_ms).unwrap_or(0))
@@ -478,20 +470,32 @@ impl Backend for MysqlBackend {
         Ok(LockStatus::held(owner, fence, ttl).with_last_fence(fence))
     }
 
+    fn breaker(&self) -> Option<&dyn Breaker> {
+        Some(self)
+    }
+}
+
+impl Breaker for MysqlBackend {
     /// Kills the holding connection (`KILL CONNECTION`), which frees the lock, and waits (up
     /// to 5 s) until the server has let it go. Needs the right to kill that connection (the
     /// same user, or `CONNECTION ADMIN`/`SUPER`).
-    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
+        Box::pin(self.kill_holder(key))
+    }
+}
+
+impl MysqlBackend {
+    async fn kill_holder(&self, key: &str) -> Result<BreakOutcome, LockError> {
         const DOING: &str = "breaking a MySQL lock";
-        let st = self.status(key).await?;
+        let st = self.inspect(key).await?;
         if !st.held {
-            return Ok(None);
+            return Ok(BreakOutcome::Free);
         }
         let who = format!("SELECT IS_USED_LOCK({})", lit(&lock_name(key)));
         let (mut conn, row) = self.on_some_conn(&who, DOING).await?;
         let Some(id) = row.as_ref().and_then(|r| int(r, 0)) else {
             self.put_back(conn);
-            return Ok(None);
+            return Ok(BreakOutcome::Free);
         };
         if let Err(e) = self
             .run(&mut conn, &format!("KILL CONNECTION {id}"), DOING)
@@ -506,7 +510,7 @@ impl Backend for MysqlBackend {
             let now = self.run(&mut conn, &who, DOING).await?;
             if now.as_ref().and_then(|r| int(r, 0)) != Some(id) {
                 self.put_back(conn);
-                return Ok(Some(st));
+                return Ok(BreakOutcome::Broken(st));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -2,14 +2,14 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_core::seeded::{self, SeededBug};
-use distlock_core::{
-    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
-    LockStatus, LostReason, Token,
+use distlock_core::engine::{
+    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
+    Fencing, LeaseCheck, LeaseRef, LockError, LockStatus, LostReason, MutexExt, Sessions, Token,
 };
+use distlock_core::seeded::{self, SeededBug};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio_postgres::error::SqlState;
@@ -47,10 +47,6 @@ fn parse_label(app: &str) -> Option<(u64, i64, String)> {
     let fence = words.next()?.parse().ok()?;
     let ttl = words.next()?.parse().ok()?;
     Some((fence, ttl, words.next().unwrap_or_default().to_owned()))
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The server's `idle_session_timeout` for a lock TTL, in whole milliseconds (at least 1: 0
@@ -293,7 +289,7 @@ impl PgBackend {
     /// An idle session, or a new one.
     pub(crate) async fn take(&self) -> Result<Arc<Conn>, LockError> {
         loop {
-            let next = lock(&self.inner.idle).pop();
+            let next = self.inner.idle.locked().pop();
             match next {
                 Some(c) if c.is_closed() => continue,
                 Some(c) => return Ok(c),
@@ -310,7 +306,7 @@ impl PgBackend {
         if conn.is_closed() {
             return;
         }
-        let mut idle = lock(&self.inner.idle);
+        let mut idle = self.inner.idle.locked();
         if idle.len() < self.inner.config.idle_connections {
             idle.push(conn);
         }
@@ -322,7 +318,9 @@ impl PgBackend {
     }
 
     fn held(&self, token: &Token) -> Option<(String, i64, Arc<Conn>)> {
-        lock(&self.inner.held)
+        self.inner
+            .held
+            .locked()
             .get(token.as_str())
             .map(|h| (h.key.clone(), h.id, h.conn.clone()))
     }
@@ -334,21 +332,21 @@ impl Backend for PgBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(Fencing::Monotonic, true).with_loss_events()
+        Capabilities::new(Fencing::Monotonic, true)
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a PostgreSQL advisory lock";
-        if req.resent
+        if req.retry
             && let Some((key, _, conn)) = self.held(req.token)
-            && key == req.key
+            && key == req.name
             && !conn.is_closed()
         {
             // The reply came after all: the lock is ours already (never locked twice: a
             // session-level advisory lock counts its acquisitions).
             return Ok(Attempt::Acquired { fence: None });
         }
-        let id = lock_id(req.key);
+        let id = lock_id(req.name);
         let ttl = ttl_ms(req.ttl).to_string();
         let conn = self.take().await?;
         // Dropped on any error (and so is the session, with whatever it may hold).
@@ -362,10 +360,10 @@ impl Backend for PgBackend {
             self.put_back(conn);
             return Ok(Attempt::Busy { holder_ttl: None });
         };
-        lock(&self.inner.held).insert(
+        self.inner.held.locked().insert(
             req.token.as_str().to_owned(),
             Held {
-                key: req.key.to_owned(),
+                key: req.name.to_owned(),
                 id,
                 conn,
             },
@@ -375,13 +373,9 @@ impl Backend for PgBackend {
         })
     }
 
-    async fn extend(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<LeaseCheck, LockError> {
-        let Some((held_key, id, conn)) = self.held(token) else {
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        let key = lease.name;
+        let Some((held_key, id, conn)) = self.held(lease.token) else {
             return Ok(LeaseCheck::Missing);
         };
         if conn.is_closed() && seeded::on(SeededBug::PgSessionHeld) {
@@ -403,9 +397,10 @@ impl Backend for PgBackend {
         }
     }
 
-    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        let (key, token) = (lease.name, lease.token);
         let held = {
-            let mut map = lock(&self.inner.held);
+            let mut map = self.inner.held.locked();
             match map.get(token.as_str()) {
                 Some(h) if h.key == key => map.remove(token.as_str()),
                 _ => None,
@@ -439,7 +434,7 @@ impl Backend for PgBackend {
         }
     }
 
-    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         const DOING: &str = "reading a PostgreSQL lock's status";
         let id = lock_id(key);
         let conn = self.take().await?;
@@ -467,14 +462,30 @@ impl Backend for PgBackend {
         Ok(LockStatus::held(Some(owner), Some(fence), Some(remaining)).with_last_fence(last_fence))
     }
 
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        Some(self)
+    }
+
+    fn breaker(&self) -> Option<&dyn Breaker> {
+        Some(self)
+    }
+}
+
+impl Breaker for PgBackend {
     /// Ends the holding session (`pg_terminate_backend`, waiting up to 5 s for it to go),
     /// which frees the lock: the holder sees its session end at once (lost: `Stolen`). Needs
     /// the right to signal that session (the same role, `pg_signal_backend`, or superuser).
-    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
+        Box::pin(self.terminate_holder(key))
+    }
+}
+
+impl PgBackend {
+    async fn terminate_holder(&self, key: &str) -> Result<BreakOutcome, LockError> {
         const DOING: &str = "breaking a PostgreSQL advisory lock";
-        let st = self.status(key).await?;
+        let st = self.inspect(key).await?;
         if !st.held {
-            return Ok(None);
+            return Ok(BreakOutcome::Free);
         }
         let id = lock_id(key);
         let conn = self.take().await?;
@@ -491,25 +502,24 @@ impl Backend for PgBackend {
             .map_err(|e| map_err(e, DOING))?;
         self.put_back(conn);
         match rows.first().map(|r| r.get::<_, bool>(0)) {
-            None => Ok(None),
-            Some(true) => Ok(Some(st)),
+            None => Ok(BreakOutcome::Free),
+            Some(true) => Ok(BreakOutcome::Broken(st)),
             Some(false) => Err(LockError::new(
                 ErrorKind::Timeout,
                 format!("{DOING}: the holding session was signalled but had not ended after 5 s"),
             )),
         }
     }
+}
 
-    fn lease_lost(
-        &self,
-        _key: &str,
-        token: &Token,
-    ) -> impl std::future::Future<Output = LostReason> + Send + 'static {
+impl Sessions for PgBackend {
+    /// The guard's session ending (the server closed it, an idle timeout, a termination).
+    fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason> {
         let ended = self
-            .held(token)
+            .held(lease.token)
             .map(|(_, _, c)| c.ended.clone())
             .filter(|_| !seeded::on(SeededBug::PgSessionHeld));
-        async move {
+        Box::pin(async move {
             let Some(mut ended) = ended else {
                 return std::future::pending().await;
             };
@@ -521,7 +531,7 @@ impl Backend for PgBackend {
                     return std::future::pending().await;
                 }
             }
-        }
+        })
     }
 }
 

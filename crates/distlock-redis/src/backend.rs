@@ -3,12 +3,12 @@
 use std::fmt;
 use std::sync::PoisonError;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use distlock_core::seeded::{self, SeededBug};
-use distlock_core::{
-    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
-    LockStatus, NextWaiter, RenewItem, Subscription, Token,
+use distlock_core::engine::{
+    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
+    Fencing, Handover, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, NextWaiter,
+    RenewItem, Subscription, Token, WakeSource,
 };
 use redis::Value;
 
@@ -16,59 +16,8 @@ use crate::config::{ClusterConfig, RedisConfig, WaitReplicas};
 use crate::error::{map_err, protocol};
 use crate::keys::{KeyLayout, LockKeys, WakeChannel};
 use crate::node::{Acks, Node, push_wait};
+use crate::scripts::{Scripts, text, ttl_ms, unix_ms};
 use crate::subscriber::{Grant, MAX_REGS, Reg, Shared, Subscriber, WaitState};
-
-/// The Lua scripts, hashed once per backend and run with EVALSHA (loaded on NOSCRIPT).
-struct Scripts {
-    acquire: redis::Script,
-    extend: redis::Script,
-    release: redis::Script,
-    status: redis::Script,
-}
-
-/// The helpers (`pass_on`, `is_ours`) that the scripts share, prepended to each.
-macro_rules! with_lib {
-    ($file:literal) => {
-        concat!(include_str!("scripts/lib.lua"), include_str!($file))
-    };
-}
-pub(crate) use with_lib;
-
-/// The release script (compare-and-delete, or hand-over to the next queued client).
-pub(crate) const RELEASE_SCRIPT: &str = concat!(
-    include_str!("scripts/release_head.lua"),
-    include_str!("scripts/lib.lua"),
-    include_str!("scripts/release.lua")
-);
-
-/// Seeded bug `plain-del`: release deletes the key whoever holds it.
-const SEEDED_PLAIN_DEL: &str = "redis.call('DEL', KEYS[1]) return 1";
-/// Seeded bug `unconditional-pexpire`: renewal extends the key whoever holds it.
-const SEEDED_PEXPIRE: &str = "return redis.call('PEXPIRE', KEYS[1], ARGV[2])";
-
-/// The compare-and-pexpire renewal (or, under the seeded bug, the unconditional one).
-pub(crate) fn extend_script() -> &'static str {
-    if seeded::on(SeededBug::UnconditionalPexpire) {
-        SEEDED_PEXPIRE
-    } else {
-        include_str!("scripts/extend.lua")
-    }
-}
-
-impl Scripts {
-    fn new() -> Self {
-        Scripts {
-            acquire: redis::Script::new(with_lib!("scripts/acquire.lua")),
-            extend: redis::Script::new(extend_script()),
-            release: redis::Script::new(if seeded::on(SeededBug::PlainDel) {
-                SEEDED_PLAIN_DEL
-            } else {
-                RELEASE_SCRIPT
-            }),
-            status: redis::Script::new(include_str!("scripts/status.lua")),
-        }
-    }
-}
 
 /// A lock engine on one Redis server (or a primary whose failover you accept; see the docs on
 /// replication).
@@ -333,7 +282,7 @@ impl RedisBackend {
         let wake = self.wake.for_lock(keys.lock());
         let full = [
             token.as_str(),
-            now.format(now_ms()),
+            now.format(unix_ms()),
             mine.as_str(),
             believed.as_str(),
             &wake,
@@ -459,9 +408,9 @@ impl RedisBackend {
             None => (None, Duration::ZERO),
         };
         st.mark_contended(token);
-        Some(Ok(Attempt::Granted {
+        Some(Ok(Attempt::AcquiredEarlier {
             fence: Some(fence),
-            elapsed,
+            age: elapsed,
             ttl,
         }))
     }
@@ -488,7 +437,8 @@ impl RedisBackend {
         req: &AcquireRequest<'_>,
         granted: Attempt,
     ) -> Result<Attempt, LockError> {
-        let (Some(wait), Attempt::Granted { fence, .. }) = (self.node.wait, &granted) else {
+        let (Some(wait), Attempt::AcquiredEarlier { fence, .. }) = (self.node.wait, &granted)
+        else {
             return Ok(granted);
         };
         const DOING: &str = "acquiring a Redis lock";
@@ -497,7 +447,7 @@ impl RedisBackend {
             .node
             .run_waited(
                 &self.scripts.extend,
-                &[&self.layout.lock_key(req.key)],
+                &[&self.layout.lock_key(req.name)],
                 &[req.token.as_str(), ms.format(ttl_ms(req.ttl))],
                 DOING,
             )
@@ -505,7 +455,7 @@ impl RedisBackend {
         match lease_check(&reply) {
             Some(LeaseCheck::Ours) => {
                 let acks = acks.unwrap_or(Ok(0));
-                self.undo_unreplicated(req.key, req.token, wait, acks)
+                self.undo_unreplicated(req.name, req.token, wait, acks)
                     .await?;
                 Ok(Attempt::Acquired { fence: *fence })
             }
@@ -548,13 +498,6 @@ fn handed_elsewhere(
     }
 }
 
-/// The wall clock in ms since the epoch (shown as a holder's start; never used for deadlines).
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 fn lease_check(v: &Value) -> Option<LeaseCheck> {
     match v {
         Value::Int(1) => Some(LeaseCheck::Ours),
@@ -564,22 +507,9 @@ fn lease_check(v: &Value) -> Option<LeaseCheck> {
     }
 }
 
-pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
-    // Options guarantee whole milliseconds ≥ 1 and at most a year; clamp anyway.
-    (ttl.as_millis() as u64).max(1)
-}
-
 fn int(v: &Value) -> Option<i64> {
     match v {
         Value::Int(i) => Some(*i),
-        _ => None,
-    }
-}
-
-pub(crate) fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
         _ => None,
     }
 }
@@ -593,49 +523,42 @@ impl Backend for RedisBackend {
         Capabilities::new(Fencing::Monotonic, true)
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a Redis lock";
         // A lock handed to this wait needs no request at all: look first.
-        let other = match self.take_grant(req.key, req.token.as_str()) {
+        let other = match self.take_grant(req.name, req.token.as_str()) {
             Some(Ok(granted)) => return self.replicate_grant(req, granted).await,
             Some(Err(other)) => Some(other),
             None => None,
         };
-        let keys = self.layout.keys(req.key);
+        let keys = self.layout.keys(req.name);
         let mut ttl = itoa::Buffer::new();
         let ttl = ttl.format(ttl_ms(req.ttl));
-        let mut since = itoa::Buffer::new();
-        let since = since.format(now_ms());
         let token = req.token.as_str();
-        let mut value = String::with_capacity(token.len() + since.len() + req.owner.len() + 2);
-        value.push_str(token);
-        value.push(' ');
-        value.push_str(since);
-        value.push(' ');
-        value.push_str(req.owner);
+        let value = HolderValue::now(token, req.owner).encode();
         let convert = match &other {
             Some(Grant::Handed { token, .. }) => token.as_str(),
             _ => "",
         };
-        if !req.waiting && !req.resent && convert.is_empty() {
+        if !req.queue && !req.retry && convert.is_empty() {
             return self
-                .acquire_fast(req.key, &keys, req.token, &value, ttl)
+                .acquire_fast(req.name, &keys, req.token, &value, ttl)
                 .await;
         }
-        if !req.resent
+        if !req.retry
             && convert.is_empty()
-            && let Some(left) = self.handed_elsewhere(req.key)
+            && let Some(left) = self.handed_elsewhere(req.name)
         {
             return Ok(Attempt::Busy {
                 holder_ttl: Some(left),
             });
         }
         // Queue up for a grant only while subscribed to wake-ups (they bring it).
-        let watching = self.subscriber.is_watching(req.key);
+        let watching = self.subscriber.is_watching(req.name);
         let (seq, elem, believed) = if watching {
             let mut st = self.lock_shared();
-            let seq = self.register(&mut st, req.key, req.ttl);
-            let believed = st.queued.get(req.key).cloned().unwrap_or_default();
+            let seq = self.register(&mut st, req.name, req.ttl);
+            let believed = st.queued.get(req.name).cloned().unwrap_or_default();
             drop(st);
             (
                 seq,
@@ -662,7 +585,7 @@ impl Backend for RedisBackend {
                     // for `leave`.
                     self.lock_shared()
                         .grants
-                        .entry(req.key.to_owned())
+                        .entry(req.name.to_owned())
                         .or_insert(g);
                 }
                 return Err(e);
@@ -677,23 +600,23 @@ impl Backend for RedisBackend {
             items.get(2).and_then(int),
         ) {
             (Some(1), Some(fence), _) if fence > 0 => {
-                if req.waiting || watching {
+                if req.queue || watching {
                     let mut st = self.lock_shared();
-                    if req.waiting {
+                    if req.queue {
                         // Taken after a wait: others may wait too, and its release may hand over.
                         st.mark_contended(token);
                     }
                     if watching {
-                        st.queued.remove(req.key);
+                        st.queued.remove(req.name);
                         // A grant to this token may still be on its way: it is taken.
-                        match st.grants.get(req.key) {
+                        match st.grants.get(req.name) {
                             Some(Grant::Handed { token: t, .. }) if t == token => {
-                                st.grants.remove(req.key);
+                                st.grants.remove(req.name);
                             }
                             Some(Grant::Handed { .. }) => {}
                             _ => {
                                 st.grants.insert(
-                                    req.key.to_owned(),
+                                    req.name.to_owned(),
                                     Grant::Taken {
                                         token: token.to_owned(),
                                         fence: fence as u64,
@@ -704,7 +627,7 @@ impl Backend for RedisBackend {
                     }
                 }
                 if let (Some(wait), Some(acks)) = (self.node.wait, acks) {
-                    self.undo_unreplicated(req.key, req.token, wait, acks)
+                    self.undo_unreplicated(req.name, req.token, wait, acks)
                         .await?;
                 }
                 Ok(Attempt::Acquired {
@@ -715,8 +638,8 @@ impl Backend for RedisBackend {
                 if watching {
                     let mut st = self.lock_shared();
                     if queued == Some(1) {
-                        st.believe_queued(req.key, seq, elem);
-                    } else if let Some(q) = st.regs.get_mut(req.key) {
+                        st.believe_queued(req.name, seq, elem);
+                    } else if let Some(q) = st.regs.get_mut(req.name) {
                         // Our earlier registration stays: this one was not used.
                         q.retain(|r| r.seq != seq);
                     }
@@ -730,13 +653,9 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn extend(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<LeaseCheck, LockError> {
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "extending a Redis lock";
+        let (key, token) = (lease.name, lease.token);
         let lock_key = self.layout.lock_key(key);
         let ms = ttl_ms(ttl).to_string();
         let (reply, acks) = self
@@ -756,74 +675,99 @@ impl Backend for RedisBackend {
         Ok(check)
     }
 
-    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
-        self.release_inner(key, token, None).await
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        self.release_inner(lease.name, lease.token, None).await
     }
 
-    async fn release_queued(
-        &self,
-        key: &str,
-        token: &Token,
-        next: &NextWaiter<'_>,
-    ) -> Result<LeaseCheck, LockError> {
-        self.release_inner(key, token, Some(next)).await
-    }
-
-    /// All renewals in one pipeline: one round trip however many locks are held.
-    async fn extend_many<'a>(
-        &'a self,
-        items: &'a [RenewItem<'a>],
-    ) -> Vec<Result<LeaseCheck, LockError>> {
-        const DOING: &str = "renewing Redis locks";
-        if items.is_empty() {
-            return Vec::new();
-        }
-        let lock_keys: Vec<String> = items.iter().map(|i| self.layout.lock_key(i.key)).collect();
-        self.node
-            .extend_batch(&self.scripts.extend, &lock_keys, items, DOING)
-            .await
-            .into_iter()
-            .map(|r| r.and_then(|v| lease_check(&v).ok_or_else(|| protocol(DOING, &v))))
-            .collect()
-    }
-
-    async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {
-        Ok(Some(
-            self.subscriber
-                .subscribe(key, self.node.response_timeout)
-                .await,
-        ))
-    }
-
-    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         Ok(self.holder(key).await?.0)
     }
 
-    /// Releases the lock with its holder's token, read first: exactly a release by the holder
-    /// (the next waiting client is handed the lock, or woken). Read again when the holder
-    /// changed in between.
-    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
-        for _ in 0..FORCE_TRIES {
-            let (st, token) = self.holder(key).await?;
-            let Some(token) = token.filter(|_| st.held) else {
-                return Ok(None);
-            };
-            let token = Token::parse(&token)?;
-            match self.release_inner(key, &token, None).await? {
-                LeaseCheck::Ours => return Ok(Some(st)),
-                LeaseCheck::Missing => return Ok(None),
-                LeaseCheck::Foreign => {}
-            }
-        }
-        Err(LockError::new(
-            ErrorKind::Busy,
-            format!("{key:?} changed hands {FORCE_TRIES} times while being broken; try again"),
-        ))
+    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
+        Some(self)
+    }
+
+    fn wake_source(&self) -> Option<&dyn WakeSource> {
+        Some(self)
+    }
+
+    fn handover(&self) -> Option<&dyn Handover> {
+        Some(self)
+    }
+
+    fn breaker(&self) -> Option<&dyn Breaker> {
+        Some(self)
     }
 }
 
-/// How many times a forced release reads the holder again when it changed in between.
-pub(crate) const FORCE_TRIES: usize = 5;
+impl BatchRenew for RedisBackend {
+    /// All renewals in one pipeline: one round trip however many locks are held.
+    fn renew_many<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
+        Box::pin(async move {
+            const DOING: &str = "renewing Redis locks";
+            if items.is_empty() {
+                return Vec::new();
+            }
+            let lock_keys: Vec<String> = items
+                .iter()
+                .map(|i| self.layout.lock_key(i.lease.name))
+                .collect();
+            self.node
+                .extend_batch(&self.scripts.extend, &lock_keys, items, DOING)
+                .await
+                .into_iter()
+                .map(|r| r.and_then(|v| lease_check(&v).ok_or_else(|| protocol(DOING, &v))))
+                .collect()
+        })
+    }
+}
+
+impl WakeSource for RedisBackend {
+    fn subscribe<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        Box::pin(async move {
+            Ok(Some(
+                self.subscriber
+                    .subscribe(key, self.node.response_timeout)
+                    .await,
+            ))
+        })
+    }
+}
+
+impl Handover for RedisBackend {
+    fn release_requeue<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        next: &'a NextWaiter<'a>,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(self.release_inner(lease.name, lease.token, Some(next)))
+    }
+}
+
+impl Breaker for RedisBackend {
+    /// Releases the lock with its holder's token, read first: exactly a release by the holder
+    /// (the next waiting client is handed the lock, or woken).
+    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
+        Box::pin(async move {
+            let (st, token) = self.holder(key).await?;
+            let Some(token) = token.filter(|_| st.held) else {
+                return Ok(BreakOutcome::Free);
+            };
+            let token = Token::parse(&token)?;
+            Ok(match self.release_inner(key, &token, None).await? {
+                LeaseCheck::Ours => BreakOutcome::Broken(st),
+                LeaseCheck::Missing => BreakOutcome::Free,
+                _ => BreakOutcome::Changed,
+            })
+        })
+    }
+}
 
 impl RedisBackend {
     /// The lock's status and its holder's token (the first word of the lock key's value).
@@ -859,7 +803,7 @@ impl RedisBackend {
                 let value = items.get(2).and_then(text).unwrap_or_default();
                 let meta_token = items.get(3).and_then(text).unwrap_or_default();
                 let (owner, fence) = describe_holder(&value, &meta_token, last(4));
-                let token = distlock_core::describe_holder_value(&value).0.to_owned();
+                let token = HolderValue::parse(&value).token.to_owned();
                 Ok((
                     LockStatus::held(Some(owner), fence, ttl).with_last_fence(last(5)),
                     Some(token).filter(|t| !t.is_empty()),
@@ -876,9 +820,9 @@ fn describe_holder(
     meta_token: &str,
     meta_fence: Option<u64>,
 ) -> (String, Option<u64>) {
-    let (token, label) = distlock_core::describe_holder_value(value);
-    let fence = meta_fence.filter(|_| !token.is_empty() && token == meta_token);
-    (label, fence)
+    let holder = HolderValue::parse(value);
+    let fence = meta_fence.filter(|_| !holder.token.is_empty() && holder.token == meta_token);
+    (holder.label(), fence)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ mod keys;
 mod lane;
 mod node;
 mod redlock;
+mod scripts;
 mod sentinel;
 mod subscriber;
 
@@ -17,7 +18,7 @@ pub use backend::RedisBackend;
 /// The release script's source, for the benchmark's raw-client floor (not a stable API: its
 /// arguments are described at its top).
 #[doc(hidden)]
-pub const RELEASE_SCRIPT: &str = backend::RELEASE_SCRIPT;
+pub const RELEASE_SCRIPT: &str = scripts::RELEASE_SCRIPT;
 pub use config::{ClusterConfig, RedisConfig};
 pub use fenced::{fenced_get, fenced_set};
 /// The client library (redis-rs), whose connections [`fenced_set`] and [`fenced_get`] take: the

@@ -6,15 +6,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use distlock_core::{ErrorKind, LockError, RenewItem};
+use distlock_core::engine::{ErrorKind, LockError, RenewItem};
 use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 
-use crate::backend::ttl_ms;
 use crate::config::{RedisConfig, WaitReplicas};
 use crate::error::map_err;
 use crate::lane::Lane;
+use crate::scripts::ttl_ms;
 
 /// A connection to one server, or to a Cluster; cheap to clone (the clones share the
 /// connections).
@@ -433,7 +433,7 @@ impl Node {
                 .arg(script.get_hash())
                 .arg(1)
                 .arg(&lock_keys[i])
-                .arg(items[i].token.as_str())
+                .arg(items[i].lease.token.as_str())
                 .arg(ttl_ms(items[i].ttl));
         }
         if let Some(wait) = self.wait {

@@ -14,19 +14,20 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_core::seeded::{self, SeededBug};
-use distlock_core::{
-    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
-    LockStatus, RenewItem, Token, default_drift,
+use distlock_core::default_drift;
+use distlock_core::engine::{
+    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
+    ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, RenewItem, Token,
 };
+use distlock_core::seeded::{self, SeededBug};
 use futures_util::future::join_all;
 use redis::Value;
 
-use crate::backend::{now_ms, ttl_ms};
 use crate::config::{MultiHostUrl, RedisConfig, positive, strip_scheme};
 use crate::error::protocol;
 use crate::keys::KeyLayout;
 use crate::node::Node;
+use crate::scripts::ttl_ms;
 
 /// Scripts run on each master (loaded on `NOSCRIPT`).
 struct Scripts {
@@ -39,7 +40,7 @@ impl Scripts {
     fn new() -> Self {
         Scripts {
             acquire: redis::Script::new(include_str!("scripts/redlock_acquire.lua")),
-            extend: redis::Script::new(crate::backend::extend_script()),
+            extend: redis::Script::new(crate::scripts::extend_script()),
             release: redis::Script::new(include_str!("scripts/redlock_release.lua")),
         }
     }
@@ -432,15 +433,15 @@ impl Backend for RedlockBackend {
         )
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a Redlock lock";
         let started = Instant::now();
-        let lock_key = self.layout.lock_key(req.key);
-        let value = format!("{} {} {}", req.token.as_str(), now_ms(), req.owner);
+        let lock_key = self.layout.lock_key(req.name);
+        let value = HolderValue::now(req.token.as_str(), req.owner).encode();
         let mut ttl_buf = itoa::Buffer::new();
         let ttl = ttl_buf.format(ttl_ms(req.ttl));
         let limit = self.timeout_for(req.ttl);
-        let votes = if req.resent || req.waiting {
+        let votes = if req.retry || req.queue {
             // Re-arms a lock already ours (a resent request, or a master that kept our copy
             // from an earlier attempt of this wait) and reports the holder's lease.
             self.on_all(
@@ -477,13 +478,9 @@ impl Backend for RedlockBackend {
         }
     }
 
-    async fn extend(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<LeaseCheck, LockError> {
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "renewing a Redlock lock";
+        let (key, token) = (lease.name, lease.token);
         let lock_key = self.layout.lock_key(key);
         let mut ttl_buf = itoa::Buffer::new();
         let votes = self
@@ -498,23 +495,75 @@ impl Backend for RedlockBackend {
         lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))
     }
 
-    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "releasing a Redlock lock";
+        let (key, token) = (lease.name, lease.token);
         let lock_key = self.layout.lock_key(key);
         let limit = self.nodes[0].response_timeout;
         let votes = self.release_all(&lock_key, token, limit).await;
         lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))
     }
 
-    async fn extend_many<'a>(
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        Ok(self.holder(key).await?.0)
+    }
+
+    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
+        Some(self)
+    }
+
+    fn breaker(&self) -> Option<&dyn Breaker> {
+        Some(self)
+    }
+}
+
+impl Breaker for RedlockBackend {
+    /// Reads the holder a majority names, then compare-and-deletes its token on every master.
+    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
+        Box::pin(self.break_holder(key))
+    }
+}
+
+impl RedlockBackend {
+    async fn break_holder(&self, key: &str) -> Result<BreakOutcome, LockError> {
+        const DOING: &str = "breaking a Redlock lock";
+        let (st, token) = self.holder(key).await?;
+        let Some(token) = token.filter(|_| st.held) else {
+            return Ok(BreakOutcome::Free);
+        };
+        let token = Token::parse(&token)?;
+        let lock_key = self.layout.lock_key(key);
+        let limit = self.nodes[0].response_timeout;
+        let votes = self.release_all(&lock_key, &token, limit).await;
+        match lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))? {
+            LeaseCheck::Ours => Ok(BreakOutcome::Broken(st)),
+            // Expired, or released, between the read and the delete.
+            LeaseCheck::Missing => Ok(BreakOutcome::Free),
+            _ => Ok(BreakOutcome::Changed),
+        }
+    }
+}
+
+impl BatchRenew for RedlockBackend {
+    fn renew_many<'a>(
         &'a self,
         items: &'a [RenewItem<'a>],
-    ) -> Vec<Result<LeaseCheck, LockError>> {
+    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
+        Box::pin(self.renew_batch(items))
+    }
+}
+
+impl RedlockBackend {
+    /// Every renewal on every master in one pipeline per master, all masters at once.
+    async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
         const DOING: &str = "renewing Redlock locks";
         if items.is_empty() {
             return Vec::new();
         }
-        let lock_keys: Vec<String> = items.iter().map(|i| self.layout.lock_key(i.key)).collect();
+        let lock_keys: Vec<String> = items
+            .iter()
+            .map(|i| self.layout.lock_key(i.lease.name))
+            .collect();
         let limit = items
             .iter()
             .map(|i| self.timeout_for(i.ttl))
@@ -541,28 +590,6 @@ impl Backend for RedlockBackend {
                 lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))
             })
             .collect()
-    }
-
-    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
-        Ok(self.holder(key).await?.0)
-    }
-
-    /// Reads the holder a majority names, then compare-and-deletes its token on every master.
-    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
-        const DOING: &str = "breaking a Redlock lock";
-        let (st, token) = self.holder(key).await?;
-        let Some(token) = token.filter(|_| st.held) else {
-            return Ok(None);
-        };
-        let token = Token::parse(&token)?;
-        let lock_key = self.layout.lock_key(key);
-        let limit = self.nodes[0].response_timeout;
-        let votes = self.release_all(&lock_key, &token, limit).await;
-        match lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))? {
-            LeaseCheck::Ours => Ok(Some(st)),
-            // Expired, or released, between the read and the delete.
-            _ => Ok(None),
-        }
     }
 }
 

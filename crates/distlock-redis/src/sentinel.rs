@@ -5,15 +5,17 @@ use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use distlock_core::{
-    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, LeaseCheck, LockError, LockStatus,
-    NextWaiter, RenewItem, Subscription, Token,
+use distlock_core::engine::{
+    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
+    ErrorKind, Handover, LeaseCheck, LeaseRef, LockError, LockStatus, NextWaiter, RenewItem,
+    Subscription, WakeSource,
 };
 use redis::Value;
 
-use crate::backend::{RedisBackend, text};
+use crate::backend::RedisBackend;
 use crate::config::{MultiHostUrl, RedisConfig, strip_scheme};
 use crate::error::map_err;
+use crate::scripts::text;
 
 /// Where the sentinels are, which master they watch, and how to talk to it.
 ///
@@ -361,76 +363,107 @@ impl Backend for SentinelBackend {
         self.current().backend.capabilities()
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         let cur = self.current();
-        let r = cur.backend.try_acquire(req).await;
+        let r = cur.backend.acquire(req).await;
         self.follow(&cur, r.as_ref().err()).await;
         r
     }
 
-    async fn extend(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Duration,
-    ) -> Result<LeaseCheck, LockError> {
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
         let cur = self.current();
-        let r = cur.backend.extend(key, token, ttl).await;
+        let r = cur.backend.renew(lease, ttl).await;
         self.follow(&cur, r.as_ref().err()).await;
         r
     }
 
-    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
         let cur = self.current();
-        let r = cur.backend.release(key, token).await;
+        let r = cur.backend.release(lease).await;
         self.follow(&cur, r.as_ref().err()).await;
         r
     }
 
-    async fn release_queued(
-        &self,
-        key: &str,
-        token: &Token,
-        next: &NextWaiter<'_>,
-    ) -> Result<LeaseCheck, LockError> {
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         let cur = self.current();
-        let r = cur.backend.release_queued(key, token, next).await;
+        let r = cur.backend.inspect(key).await;
         self.follow(&cur, r.as_ref().err()).await;
         r
     }
 
-    async fn extend_many<'a>(
+    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
+        Some(self)
+    }
+
+    fn wake_source(&self) -> Option<&dyn WakeSource> {
+        Some(self)
+    }
+
+    fn handover(&self) -> Option<&dyn Handover> {
+        Some(self)
+    }
+
+    fn breaker(&self) -> Option<&dyn Breaker> {
+        Some(self)
+    }
+}
+
+// Each capability is the current master's, and a failure sends us to the sentinels.
+
+impl BatchRenew for SentinelBackend {
+    fn renew_many<'a>(
         &'a self,
         items: &'a [RenewItem<'a>],
-    ) -> Vec<Result<LeaseCheck, LockError>> {
-        let cur = self.current();
-        let r = cur.backend.extend_many(items).await;
-        let error = r.iter().find_map(|x| x.as_ref().err());
-        self.follow(&cur, error).await;
-        r
+    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
+        Box::pin(async move {
+            let cur = self.current();
+            let r = cur.backend.renew_many(items).await;
+            let error = r.iter().find_map(|x| x.as_ref().err());
+            self.follow(&cur, error).await;
+            r
+        })
     }
+}
 
-    async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {
-        // A subscription on a master that is later left behind stops firing; the waiter's
-        // fallback interval then bounds its sleeps.
-        let cur = self.current();
-        let r = cur.backend.subscribe(key).await;
-        self.follow(&cur, r.as_ref().err()).await;
-        r
+impl WakeSource for SentinelBackend {
+    /// A subscription on a master that is later left behind stops firing; the waiter's
+    /// fallback interval then bounds its sleeps.
+    fn subscribe<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        Box::pin(async move {
+            let cur = self.current();
+            let r = cur.backend.subscribe(key).await;
+            self.follow(&cur, r.as_ref().err()).await;
+            r
+        })
     }
+}
 
-    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
-        let cur = self.current();
-        let r = cur.backend.status(key).await;
-        self.follow(&cur, r.as_ref().err()).await;
-        r
+impl Handover for SentinelBackend {
+    fn release_requeue<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        next: &'a NextWaiter<'a>,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            let cur = self.current();
+            let r = cur.backend.release_requeue(lease, next).await;
+            self.follow(&cur, r.as_ref().err()).await;
+            r
+        })
     }
+}
 
-    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
-        let cur = self.current();
-        let r = cur.backend.force_release(key).await;
-        self.follow(&cur, r.as_ref().err()).await;
-        r
+impl Breaker for SentinelBackend {
+    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
+        Box::pin(async move {
+            let cur = self.current();
+            let r = cur.backend.break_once(key).await;
+            self.follow(&cur, r.as_ref().err()).await;
+            r
+        })
     }
 }
 

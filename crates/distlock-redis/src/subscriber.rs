@@ -32,16 +32,16 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use distlock_core::{Subscription, WakeHub};
+use distlock_core::engine::{Subscription, WakeHub};
 use futures_util::StreamExt;
 use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::backend::with_lib;
 use crate::config::RedisConfig;
 use crate::keys::{KeyLayout, LockKeys, WakeChannel};
 use crate::lane::{self, Direct, Target};
 use crate::node::Node;
+use crate::scripts::with_lib;
 
 /// How long a lock's channels stay subscribed after its last waiter here has gone. A client that
 /// takes turns on a hot lock stops waiting at every acquisition and waits again soon after:
@@ -787,7 +787,7 @@ async fn leave_lock_key(start: &Start, lock_key: &str, handed: &str) {
     let mut now = itoa::Buffer::new();
     let lock_keys = [keys.lock(), keys.meta(), keys.waiters()];
     let wake = start.wake.for_lock(lock_key);
-    let args = [&*wake, handed, now.format(crate::backend::now_ms())];
+    let args = [&*wake, handed, now.format(crate::scripts::unix_ms())];
     let call = start
         .node
         .run(script, &lock_keys, &args, "leaving the waiters' queue");

@@ -2,12 +2,19 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
+use distlock_core::engine::{AcquireRequest, Attempt, Clock, LeaseCheck, LeaseKind, LeaseRef};
 use distlock_core::{
-    AcquireRequest, Attempt, Backend, Backoff, ErrorKind, LeaseCheck, LockClient, LockOptions,
-    LostReason, Released, Token,
+    Backend, Backoff, ErrorKind, LockClient, LockOptions, LostReason, Released, SystemClock, Token,
 };
 use distlock_redis::RedisBackend;
 use distlock_testkit::{RedisServer, free_port};
+
+/// The exclusive lease of `token` on `name`, as the engine names it.
+fn lease<'a>(name: &'a str, token: &'a Token) -> LeaseRef<'a> {
+    LeaseRef::new(name, token, LeaseKind::Exclusive)
+}
 
 fn opts() -> distlock_core::LockOptionsBuilder {
     LockOptions::builder()
@@ -96,12 +103,12 @@ async fn release_and_extend_never_touch_another_owners_lock() {
     );
     let ours = Token::generate();
     assert_eq!(
-        backend.release("foreign", &ours).await.unwrap(),
+        backend.release(&lease("foreign", &ours)).await.unwrap(),
         LeaseCheck::Foreign
     );
     assert_eq!(
         backend
-            .extend("foreign", &ours, Duration::from_secs(60))
+            .renew(&lease("foreign", &ours), Duration::from_secs(60))
             .await
             .unwrap(),
         LeaseCheck::Foreign
@@ -159,13 +166,13 @@ async fn an_expired_lease_can_be_neither_extended_nor_released() {
     let backend = c.backend();
     assert_eq!(
         backend
-            .extend("expired", &token, Duration::from_secs(30))
+            .renew(&lease("expired", &token), Duration::from_secs(30))
             .await
             .unwrap(),
         LeaseCheck::Missing
     );
     assert_eq!(
-        backend.release("expired", &token).await.unwrap(),
+        backend.release(&lease("expired", &token)).await.unwrap(),
         LeaseCheck::Missing
     );
     assert_eq!(
@@ -192,16 +199,18 @@ async fn a_retried_acquire_succeeds_once_and_counts_the_fence_once() {
     };
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
     let token = Token::generate();
-    let req = AcquireRequest::new("retry", &token, Duration::from_secs(5), "test/1");
-    let first = backend.try_acquire(&req).await.unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let req = AcquireRequest::new("retry", &token, Duration::from_secs(5), "test/1", &clock);
+    let first = backend.acquire(&req).await.unwrap();
     assert_eq!(first, Attempt::Acquired { fence: Some(1) });
     // The reply was "lost": the client sends the same request again, later, with a longer TTL.
     // The first went out on the fast path, which records no holder fence: the resend takes a
     // new one while the lock is ours (it still orders holders), and keeps it from then on.
-    let req2 = AcquireRequest::new("retry", &token, Duration::from_secs(20), "test/1").resent(true);
-    let again = backend.try_acquire(&req2).await.unwrap();
+    let req2 =
+        AcquireRequest::new("retry", &token, Duration::from_secs(20), "test/1", &clock).retry(true);
+    let again = backend.acquire(&req2).await.unwrap();
     assert_eq!(again, Attempt::Acquired { fence: Some(2) });
-    let third = backend.try_acquire(&req2).await.unwrap();
+    let third = backend.acquire(&req2).await.unwrap();
     assert_eq!(third, again, "same acquisition, same fence");
     assert_eq!(
         server.cli(&["HGET", &backend.meta_key("retry"), "fence"]),
@@ -210,7 +219,7 @@ async fn a_retried_acquire_succeeds_once_and_counts_the_fence_once() {
     );
     // Without the resend flag, a first attempt never takes a lock it already holds twice.
     assert_eq!(
-        backend.try_acquire(&req).await.unwrap(),
+        backend.acquire(&req).await.unwrap(),
         Attempt::Busy { holder_ttl: None }
     );
     assert!(
@@ -220,22 +229,23 @@ async fn a_retried_acquire_succeeds_once_and_counts_the_fence_once() {
     // Another token is still refused.
     let other = Token::generate();
     let busy = backend
-        .try_acquire(
-            &AcquireRequest::new("retry", &other, Duration::from_secs(5), "x").waiting(true),
+        .acquire(
+            &AcquireRequest::new("retry", &other, Duration::from_secs(5), "x", &clock).queue(true),
         )
         .await
         .unwrap();
     assert!(matches!(busy, Attempt::Busy { holder_ttl: Some(t) } if t > Duration::from_secs(5)));
     assert_eq!(
-        backend.release("retry", &token).await.unwrap(),
+        backend.release(&lease("retry", &token)).await.unwrap(),
         LeaseCheck::Ours
     );
     let next = backend
-        .try_acquire(&AcquireRequest::new(
+        .acquire(&AcquireRequest::new(
             "retry",
             &other,
             Duration::from_secs(5),
             "x",
+            &clock,
         ))
         .await
         .unwrap();

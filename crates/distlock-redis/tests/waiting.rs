@@ -3,9 +3,8 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use distlock_core::{
-    Backend, LeaseCheck, LockClient, LockOptions, LostReason, Released, RenewItem,
-};
+use distlock_core::engine::{BatchRenew, LeaseCheck, LeaseKind, LeaseRef, RenewItem};
+use distlock_core::{LockClient, LockOptions, LostReason, Released};
 use distlock_redis::RedisBackend;
 use distlock_testkit::RedisServer;
 
@@ -354,17 +353,23 @@ async fn batched_renewals_answer_each_lock_in_order() {
     let b = c.acquire("b2").await.unwrap();
     let gone = distlock_core::Token::generate();
     server.cli(&["SET", &c.backend().lock_key("b3"), "theirs", "PX", "60000"]);
+    let item = |name, token| {
+        RenewItem::new(
+            LeaseRef::new(name, token, LeaseKind::Exclusive),
+            Duration::from_secs(60),
+        )
+    };
     let items = [
-        RenewItem::new("b1", a.token(), Duration::from_secs(60)),
-        RenewItem::new("b9", &gone, Duration::from_secs(60)),
-        RenewItem::new("b3", &gone, Duration::from_secs(60)),
-        RenewItem::new("b2", b.token(), Duration::from_secs(60)),
+        item("b1", a.token()),
+        item("b9", &gone),
+        item("b3", &gone),
+        item("b2", b.token()),
     ];
     // After a script flush too: the pipeline reloads the script and resends.
     server.cli(&["SCRIPT", "FLUSH"]);
     let out: Vec<LeaseCheck> = c
         .backend()
-        .extend_many(&items)
+        .renew_many(&items)
         .await
         .into_iter()
         .map(Result::unwrap)

@@ -15,8 +15,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use distlock_core::engine::Fencing;
 use distlock_core::{
-    Backend, Backoff, ErrorKind, Fencing, LockClient, LockOptions, LostReason, Released, Wait,
+    Backend, Backoff, ErrorKind, LeaseEnd, LockClient, LockOptions, LostReason, Released, Wait,
 };
 
 /// Declares one `#[tokio::test]` per conformance case, each calling `$setup` for its own fixture.
@@ -286,7 +287,7 @@ pub async fn dropped_guard_is_released<B: Backend>(make: &impl MakeClient<B>) {
     let h = g.handle();
     drop(g);
     assert!(!h.is_held());
-    assert_eq!(h.lost().await, LostReason::Released);
+    assert_eq!(h.ended().await, LeaseEnd::Released);
     eventually_free(&b, &k, Duration::from_secs(2)).await;
 }
 

@@ -5,9 +5,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
-use distlock_core::{
-    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LockError,
-    LockStatus, LostReason, PredecessorWatches, Subscription, Token, WakeHub,
+use distlock_core::engine::{
+    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
+    Fencing, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, LostReason, MutexExt,
+    PredecessorWatches, Sessions, Subscription, WakeHub, WakeSource,
 };
 use tokio::runtime::Handle;
 use tokio::sync::watch;
@@ -92,10 +93,6 @@ fn map_err(e: Error, doing: &str) -> LockError {
         _ => ErrorKind::Protocol,
     };
     LockError::new(kind, format!("{doing}: {e}")).with_source(e)
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The sequence number at the end of a lock node's name.
@@ -228,7 +225,7 @@ impl ZkBackend {
     ) -> Result<(String, i64, i64), LockError> {
         const DOING: &str = "creating a ZooKeeper lock node";
         let prefix = format!("{parent}/_c_{token}-lock-");
-        let data = distlock_core::holder_value(token, distlock_core::unix_ms(), owner);
+        let data = HolderValue::now(token, owner).encode();
         let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         for _ in 0..2 {
             match self
@@ -280,7 +277,7 @@ impl ZkBackend {
     ) -> Result<(Option<(String, i64, i64)>, Option<Vec<String>>), LockError> {
         const DOING: &str = "creating a ZooKeeper lock node";
         let prefix = format!("{parent}/_c_{token}-lock-");
-        let data = distlock_core::holder_value(token, distlock_core::unix_ms(), owner);
+        let data = HolderValue::now(token, owner).encode();
         let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         let create = client.create(&prefix, data.as_bytes(), &options);
         let list = client.list_children(parent);
@@ -313,7 +310,7 @@ impl ZkBackend {
     }
 
     fn discard(&self, token: &str) {
-        if let Some(e) = lock(&self.inner.entries).remove(token) {
+        if let Some(e) = self.inner.entries.locked().remove(token) {
             self.inner.delete_later(e.path);
         }
     }
@@ -415,7 +412,7 @@ impl Inner {
     fn leave(&self, name: &str) {
         self.watches.stop(name);
         let gone: Vec<String> = {
-            let mut entries = lock(&self.entries);
+            let mut entries = self.entries.locked();
             let tokens: Vec<String> = entries
                 .iter()
                 .filter(|(_, e)| e.name == name && !e.held)
@@ -438,20 +435,20 @@ impl Backend for ZkBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(Fencing::Monotonic, false).with_loss_events()
+        Capabilities::new(Fencing::Monotonic, false)
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a ZooKeeper lock";
         let token = req.token.as_str();
-        let parent = self.lock_path(req.key);
+        let parent = self.lock_path(req.name);
         let client = self.inner.session().client.clone();
-        let known = lock(&self.inner.entries).get(token).cloned();
+        let known = self.inner.entries.locked().get(token).cloned();
         let (entry, listed) = match known {
             Some(e) => (e, None),
             None => {
                 let since = self.inner.losses.borrow().0;
-                let (found, listed) = if req.resent {
+                let (found, listed) = if req.retry {
                     (self.find_own(&client, &parent, token).await?, None)
                 } else {
                     self.create_and_list(&client, &parent, token, req.owner)
@@ -462,14 +459,17 @@ impl Backend for ZkBackend {
                     None => self.create(&client, &parent, token, req.owner).await?,
                 };
                 let e = Entry {
-                    name: req.key.to_owned(),
+                    name: req.name.to_owned(),
                     path,
                     seq,
                     czxid,
                     since,
                     held: false,
                 };
-                lock(&self.inner.entries).insert(token.to_owned(), e.clone());
+                self.inner
+                    .entries
+                    .locked()
+                    .insert(token.to_owned(), e.clone());
                 (e, listed)
             }
         };
@@ -488,40 +488,39 @@ impl Backend for ZkBackend {
         queue.sort();
         let Some(place) = queue.iter().position(|(s, _)| *s == entry.seq) else {
             // Our node is gone: its session ended while it waited (or it was deleted).
-            lock(&self.inner.entries).remove(token);
+            self.inner.entries.locked().remove(token);
             return Err(LockError::new(
                 ErrorKind::Lost,
                 format!(
                     "our place in the queue of {:?} is gone (the session ended or the node was deleted)",
-                    req.key
+                    req.name
                 ),
             ));
         };
         if place == 0 {
-            if let Some(e) = lock(&self.inner.entries).get_mut(token) {
+            if let Some(e) = self.inner.entries.locked().get_mut(token) {
                 e.held = true;
             }
             return Ok(Attempt::Acquired {
                 fence: u64::try_from(entry.czxid).ok(),
             });
         }
-        if !req.waiting {
+        if !req.queue {
             self.discard(token);
             return Ok(Attempt::Busy { holder_ttl: None });
         }
         let pred = format!("{parent}/{}", queue[place - 1].1);
-        self.watch_predecessor(req.key, pred);
+        self.watch_predecessor(req.name, pred);
         Ok(Attempt::Busy { holder_ttl: None })
     }
 
-    async fn extend(
-        &self,
-        key: &str,
-        token: &Token,
-        _ttl: Duration,
-    ) -> Result<LeaseCheck, LockError> {
+    async fn renew(&self, lease: &LeaseRef<'_>, _ttl: Duration) -> Result<LeaseCheck, LockError> {
+        let (key, token) = (lease.name, lease.token);
         const DOING: &str = "checking a ZooKeeper lock";
-        let Some(entry) = lock(&self.inner.entries)
+        let Some(entry) = self
+            .inner
+            .entries
+            .locked()
             .get(token.as_str())
             .filter(|e| e.name == key && e.held)
             .cloned()
@@ -545,9 +544,13 @@ impl Backend for ZkBackend {
         }
     }
 
-    async fn release(&self, key: &str, token: &Token) -> Result<LeaseCheck, LockError> {
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        let (key, token) = (lease.name, lease.token);
         const DOING: &str = "releasing a ZooKeeper lock";
-        let Some(entry) = lock(&self.inner.entries)
+        let Some(entry) = self
+            .inner
+            .entries
+            .locked()
             .get(token.as_str())
             .filter(|e| e.name == key)
             .cloned()
@@ -570,7 +573,7 @@ impl Backend for ZkBackend {
         let trusted = self.inner.losses.borrow().0 == entry.since;
         let client = self.inner.session().client.clone();
         let deleted = self.call(DOING, client.delete(&entry.path, None)).await?;
-        lock(&self.inner.entries).remove(token.as_str());
+        self.inner.entries.locked().remove(token.as_str());
         match deleted {
             Ok(()) if trusted => Ok(LeaseCheck::Ours),
             Ok(()) | Err(Error::NoNode) => Ok(LeaseCheck::Missing),
@@ -578,46 +581,69 @@ impl Backend for ZkBackend {
         }
     }
 
-    async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {
-        Ok(Some(self.inner.hub.subscribe(key)))
-    }
-
-    async fn status(&self, key: &str) -> Result<LockStatus, LockError> {
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         Ok(self
             .holder(key)
             .await?
             .map_or_else(LockStatus::free, |h| h.0))
     }
 
-    /// Deletes the holder's node (the lowest sequence under the lock), at the version read:
-    /// the next waiter's watch fires, as after a release. The holder learns at its next check.
-    async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
-        const DOING: &str = "breaking a ZooKeeper lock";
-        let Some((st, path, version)) = self.holder(key).await? else {
-            return Ok(None);
-        };
-        let client = self.inner.session().client.clone();
-        match self
-            .call(DOING, client.delete(&path, Some(version)))
-            .await?
-        {
-            Ok(()) => Ok(Some(st)),
-            // Released (or changed) in between: not what we read.
-            Err(Error::NoNode | Error::BadVersion) => Ok(None),
-            Err(e) => Err(map_err(e, DOING)),
-        }
+    fn wake_source(&self) -> Option<&dyn WakeSource> {
+        Some(self)
     }
 
-    fn lease_lost(
-        &self,
-        _key: &str,
-        token: &Token,
-    ) -> impl std::future::Future<Output = LostReason> + Send + 'static {
-        let since = lock(&self.inner.entries)
-            .get(token.as_str())
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        Some(self)
+    }
+
+    fn breaker(&self) -> Option<&dyn Breaker> {
+        Some(self)
+    }
+}
+
+impl WakeSource for ZkBackend {
+    fn subscribe<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        Box::pin(std::future::ready(Ok(Some(self.inner.hub.subscribe(key)))))
+    }
+}
+
+impl Breaker for ZkBackend {
+    /// Deletes the holder's node (the lowest sequence under the lock), at the version read:
+    /// the next waiter's watch fires, as after a release. The holder learns at its next check.
+    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
+        Box::pin(async move {
+            const DOING: &str = "breaking a ZooKeeper lock";
+            let Some((st, path, version)) = self.holder(key).await? else {
+                return Ok(BreakOutcome::Free);
+            };
+            let client = self.inner.session().client.clone();
+            match self
+                .call(DOING, client.delete(&path, Some(version)))
+                .await?
+            {
+                Ok(()) => Ok(BreakOutcome::Broken(st)),
+                // Released (or changed) in between: not what we read.
+                Err(Error::NoNode | Error::BadVersion) => Ok(BreakOutcome::Changed),
+                Err(e) => Err(map_err(e, DOING)),
+            }
+        })
+    }
+}
+
+impl Sessions for ZkBackend {
+    /// The session suspended (disconnected) or expired since the lease was taken.
+    fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason> {
+        let since = self
+            .inner
+            .entries
+            .locked()
+            .get(lease.token.as_str())
             .map(|e| e.since);
         let mut losses = self.inner.losses.subscribe();
-        async move {
+        Box::pin(async move {
             let Some(since) = since else {
                 return std::future::pending().await;
             };
@@ -630,7 +656,7 @@ impl Backend for ZkBackend {
                     return std::future::pending().await;
                 }
             }
-        }
+        })
     }
 }
 
@@ -663,7 +689,7 @@ impl ZkBackend {
             Err(e) => return Err(map_err(e, DOING)),
         };
         let value = String::from_utf8_lossy(&data).into_owned();
-        let (_, owner) = distlock_core::describe_holder_value(&value);
+        let owner = HolderValue::parse(&value).label();
         let fence = u64::try_from(stat.czxid).ok();
         Ok(Some((
             LockStatus::held(Some(owner), fence, None).with_last_fence(fence),

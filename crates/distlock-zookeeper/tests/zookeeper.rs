@@ -4,9 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use distlock_core::engine::{AcquireRequest, Attempt, Clock};
 use distlock_core::{
-    AcquireRequest, Attempt, Backend, ErrorKind, LockClient, LockOptions, LostReason, Released,
-    Token,
+    Backend, ErrorKind, LockClient, LockOptions, LostReason, Released, SystemClock, Token,
 };
 use distlock_testkit::ZooKeeper;
 use distlock_zookeeper::ZkBackend;
@@ -101,8 +101,10 @@ async fn a_resent_create_finds_its_own_node_and_leaves_no_orphan() {
         )
         .await
         .unwrap();
-    let req = AcquireRequest::new("protect", &token, Duration::from_secs(10), "test").resent(true);
-    match backend.try_acquire(&req).await.unwrap() {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let req =
+        AcquireRequest::new("protect", &token, Duration::from_secs(10), "test", &clock).retry(true);
+    match backend.acquire(&req).await.unwrap() {
         Attempt::Acquired { fence } => assert_eq!(fence, Some(stat.czxid as u64)),
         other => panic!("the resend did not adopt its node: {other:?}"),
     }

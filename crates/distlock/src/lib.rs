@@ -19,12 +19,7 @@ pub use schemes::{connect, engines, open_backend, supported_schemes};
 /// An application that takes locks needs none of this: [`connect`], [`LockClient`] and
 /// [`LockGuard`] are the whole API.
 pub mod engine {
-    pub use distlock_core::url;
-    pub use distlock_core::{
-        AcquireRequest, AnyBackend, Attempt, Backend, BoxFuture, Capabilities, DynBackend, Fencing,
-        LeaseCheck, LockStatus, NextWaiter, PredecessorWatches, RenewItem, Subscription, Token,
-        WakeHub, describe_holder_value, holder_value, unix_ms,
-    };
+    pub use distlock_core::engine::*;
 }
 
 /// The Redis engines: one server, Sentinel, Cluster and Redlock (feature `redis`), and the

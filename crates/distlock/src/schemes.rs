@@ -1,7 +1,8 @@
 //! From a URL to an engine: one table of schemes, from which both [`supported_schemes`] and
 //! [`open_backend`] read, so that the two cannot disagree.
 
-use distlock_core::{AnyBackend, BoxFuture, ErrorKind, LockClient, LockError};
+use distlock_core::engine::BoxFuture;
+use distlock_core::{AnyBackend, ErrorKind, LockClient, LockError};
 
 type Open = for<'a> fn(&'a str) -> BoxFuture<'a, Result<AnyBackend, LockError>>;
 

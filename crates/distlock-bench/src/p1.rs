@@ -1,0 +1,125 @@
+//! P1: one client's uncontended acquire + release, beside the raw redis-rs floors (sync and
+//! async) and the peers, in interleaved rounds; and the distribution of one cycle's time.
+
+use std::time::Instant;
+
+use distlock_core::LockClient;
+use distlock_redis::RedisBackend;
+
+use crate::common::{RELEASE_LUA, distlock_cycles, median, rtt_us};
+use crate::peers;
+
+pub(crate) fn floor_sync(
+    conn: &mut redis::Connection,
+    script: &redis::Script,
+    cycles: usize,
+) -> f64 {
+    let t0 = Instant::now();
+    for i in 0..cycles {
+        let token = format!("t{i}");
+        let ok: Option<String> = redis::cmd("SET")
+            .arg("raw:sync")
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query(conn)
+            .expect("SET");
+        assert!(ok.is_some(), "raw lock busy");
+        let _: i64 = script
+            .key("raw:sync")
+            .arg(&token)
+            .invoke(conn)
+            .expect("EVALSHA");
+    }
+    cycles as f64 / t0.elapsed().as_secs_f64()
+}
+
+pub(crate) async fn floor_async(
+    conn: &mut redis::aio::MultiplexedConnection,
+    script: &redis::Script,
+    cycles: usize,
+) -> f64 {
+    let t0 = Instant::now();
+    for i in 0..cycles {
+        let token = format!("t{i}");
+        let ok: Option<String> = redis::cmd("SET")
+            .arg("raw:async")
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(conn)
+            .await
+            .expect("SET");
+        assert!(ok.is_some(), "raw lock busy");
+        let _: i64 = script
+            .key("raw:async")
+            .arg(&token)
+            .invoke_async(conn)
+            .await
+            .expect("EVALSHA");
+    }
+    cycles as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// P1's figures: medians over the rounds, in cycles per second.
+pub(crate) struct Figures {
+    pub(crate) sync_floor: f64,
+    pub(crate) async_floor: f64,
+    pub(crate) ours: f64,
+    /// A `PING` round trip, back to back, in µs.
+    pub(crate) rtt: f64,
+    pub(crate) peers: Vec<peers::Figure>,
+    /// One cycle's time: the async floor's, and ours.
+    pub(crate) latency: [hdrhistogram::Histogram<u64>; 2],
+}
+
+/// Interleaved rounds of the floors, distlock and every peer on the server at `url`; then the
+/// distribution of one cycle's time, the async floor's and ours alternating.
+pub(crate) async fn measure(
+    raw: &redis::Client,
+    url: &str,
+    async_conn: &mut redis::aio::MultiplexedConnection,
+    rounds: usize,
+    cycles: usize,
+    peer_list: &[peers::Peer],
+) -> Figures {
+    let mut sync_conn = raw.get_connection().expect("sync connection");
+    let script = redis::Script::new(RELEASE_LUA);
+    let ours = LockClient::new(RedisBackend::connect(url).await.expect("connect"));
+    // Warm-up: load scripts, fill connection pools.
+    floor_sync(&mut sync_conn, &script, 50);
+    floor_async(async_conn, &script, 50).await;
+    distlock_cycles(&ours, "p1", 50).await;
+    let (mut s, mut a, mut d) = (Vec::new(), Vec::new(), Vec::new());
+    let mut r: Vec<Vec<peers::Figure>> = vec![Vec::new(); peer_list.len()];
+    let urls = [url.to_owned()];
+    for _ in 0..rounds {
+        s.push(floor_sync(&mut sync_conn, &script, cycles));
+        a.push(floor_async(async_conn, &script, cycles).await);
+        d.push(distlock_cycles(&ours, "p1", cycles).await);
+        for (i, peer) in peer_list.iter().enumerate() {
+            r[i].push(peer.cycles(cycles, &urls));
+        }
+    }
+    let rtt = rtt_us(async_conn, 1000, None).await;
+    let mut lat_floor = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    let mut lat_ours = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    for _ in 0..cycles {
+        let t = Instant::now();
+        floor_async(async_conn, &script, 1).await;
+        let _ = lat_floor.record(t.elapsed().as_nanos() as u64);
+        let t = Instant::now();
+        distlock_cycles(&ours, "p1", 1).await;
+        let _ = lat_ours.record(t.elapsed().as_nanos() as u64);
+    }
+    Figures {
+        sync_floor: median(s),
+        async_floor: median(a),
+        ours: median(d),
+        rtt,
+        peers: r.iter().map(|v| peers::median_figure(v)).collect(),
+        latency: [lat_floor, lat_ours],
+    }
+}

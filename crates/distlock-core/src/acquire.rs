@@ -1,0 +1,278 @@
+//! Taking a lease: one attempt (resent with the same token while replies are lost, cleaned up
+//! when given up), and the waiting loop around it (the local queue, release events, back-off).
+//! Written once, for every engine and every kind of lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::engine::Subscription;
+use crate::engine::{Attempt, Backend, LeaseCheck, LeaseKind};
+use crate::error::LockError;
+use crate::guard::{Handoff, Holding, LockGuard};
+use crate::lease::{LeaseShared, LeaseSpec};
+use crate::local::{LocalQueues, QueuePosition};
+use crate::options::LockOptions;
+use crate::token::Token;
+
+/// What one attempt found.
+pub(crate) enum Try<B: Backend> {
+    Got(LockGuard<B>),
+    Busy(Option<Duration>),
+}
+
+/// One lease request: a name, a kind and the options it is taken with.
+#[derive(Clone, Copy)]
+pub(crate) struct Want<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) kind: LeaseKind,
+    pub(crate) options: &'a LockOptions,
+}
+
+/// A waiter's subscription; parked in the local queue for the next head when the waiter goes.
+struct ParkedOnDrop<'a, B: Backend> {
+    local: Option<&'a LocalQueues<Handoff<B>>>,
+    key: &'a str,
+    sub: Option<Subscription>,
+}
+
+impl<B: Backend> Drop for ParkedOnDrop<'_, B> {
+    fn drop(&mut self) {
+        if let (Some(local), Some(sub)) = (self.local, self.sub.take()) {
+            local.park(self.key, sub);
+        }
+    }
+}
+
+/// Releases a lease taken by a request whose outcome we never learned, if the acquire is given
+/// up or its future is dropped half-way.
+struct PendingCleanup<'a, B: Backend> {
+    holding: &'a Arc<Holding<B>>,
+    want: Want<'a>,
+    token: &'a Token,
+    armed: bool,
+}
+
+impl<B: Backend> Drop for PendingCleanup<'_, B> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // The token may hold the lock: never let a later attempt of this wait reuse it.
+        if let Some(local) = self.holding.local() {
+            local.retire_token(self.want.key, self.token);
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let holding = self.holding.clone();
+            let key = self.want.key.to_owned();
+            let kind = self.want.kind;
+            let token = self.token.clone();
+            rt.spawn(async move {
+                let lease = crate::engine::LeaseRef::new(&key, &token, kind);
+                let _ = holding.driver().release(&lease, None).await;
+            });
+        }
+    }
+}
+
+/// One attempt with `token`, resent while replies are lost. `queue`: see
+/// [`AcquireRequest::queue`](crate::engine::AcquireRequest::queue).
+pub(crate) async fn attempt<B: Backend>(
+    holding: &Arc<Holding<B>>,
+    want: Want<'_>,
+    queue: bool,
+    token: Token,
+) -> Result<Try<B>, LockError> {
+    let driver = holding.driver();
+    let Want { key, kind, options } = want;
+    let ttl = options.ttl();
+    let mut req = driver.request(key, kind, &token, ttl).queue(queue);
+    let mut cleanup = PendingCleanup {
+        holding,
+        want,
+        token: &token,
+        armed: true,
+    };
+    let mut resent = 0;
+    let (sent, fence) = loop {
+        let sent = driver.now();
+        match driver.acquire(&req).await {
+            Ok(Attempt::Acquired { fence }) => break (sent, fence),
+            Ok(Attempt::AcquiredEarlier {
+                fence,
+                age,
+                ttl: granted_ttl,
+            }) => {
+                // The lease began at most `age` ago. Use it as it is if most of it is left;
+                // otherwise (or when its TTL is not ours, or its start unknown) renew it first,
+                // from now.
+                let now = driver.now();
+                let validity = options.validity();
+                if granted_ttl == ttl
+                    && let Some(since) = age.and_then(|e| now.checked_sub(e))
+                    && since + validity > now + validity / 2
+                {
+                    break (since, fence);
+                }
+                let sent = driver.now();
+                match driver.renew(&req.lease(), ttl).await {
+                    Ok(LeaseCheck::Ours) => break (sent, fence),
+                    Ok(_) => {
+                        // It ran out before we could use it.
+                        cleanup.armed = false;
+                        if let Some(local) = holding.local() {
+                            local.retire_token(key, &token);
+                        }
+                        return Ok(Try::Busy(None));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(Attempt::Busy { holder_ttl }) => {
+                cleanup.armed = false;
+                return Ok(Try::Busy(holder_ttl));
+            }
+            Err(e) if e.is_ambiguous() && resent < options.acquire_retries() => {
+                resent += 1;
+                req = req.retry(true);
+                tracing::debug!(target: "distlock", key, error = %e, resent,
+                    "acquire reply lost; resending with the same token");
+            }
+            Err(e) => {
+                // Leave cleanup armed only if the request may have taken the lock.
+                cleanup.armed = e.is_ambiguous();
+                return Err(e);
+            }
+        }
+    };
+    cleanup.armed = false;
+    drop(cleanup);
+    if let Some(local) = holding.local() {
+        local.retire_token(key, &token);
+    }
+    let validity = options.validity();
+    let sent = if crate::seeded::on(crate::seeded::SeededBug::ReplyTimeValidity) {
+        driver.now()
+    } else {
+        sent
+    };
+    let spec = LeaseSpec {
+        key: key.to_owned(),
+        token,
+        kind,
+        fence,
+        clock: driver.clock().clone(),
+        options: *options,
+    };
+    let lease = Arc::new(LeaseShared::new(spec, sent));
+    tracing::debug!(target: "distlock", key, fence = ?fence,
+        valid_for_ms = validity.as_millis() as u64, "lock acquired");
+    Ok(Try::Got(holding.guard(lease)))
+}
+
+/// Waits for the lease; the caller bounds the wait with the wait timeout.
+///
+/// Tasks of one client that wait for the same name queue locally, and only the head talks to
+/// the engine. After a busy attempt the head subscribes to release events (where the engine
+/// has them), tries once more, then sleeps until an event, the holder's remaining lease or the
+/// fallback interval; without events it backs off.
+pub(crate) async fn wait_for<B: Backend>(
+    holding: &Arc<Holding<B>>,
+    want: Want<'_>,
+) -> Result<LockGuard<B>, LockError> {
+    let Want { key, options, .. } = want;
+    let local = holding.local();
+    let mut ticket = local.map(|l| l.join(key, *options));
+    // Declared after the ticket, so dropped before it: the subscription is parked for the next
+    // head while this waiter is still in the queue.
+    let mut slot = ParkedOnDrop {
+        local,
+        key,
+        sub: None,
+    };
+    let sub = &mut slot.sub;
+    let mut subscribed = false;
+    let mut round = 0u32;
+    // Without a local queue, this wait's own token (with one, the queue's, shared by its
+    // successive heads): every attempt of a wait uses the same token, so a release that hands
+    // the lock to the registered waiter finds it.
+    let mut own_token: Option<Token> = None;
+    loop {
+        // Our turn in the local queue, or a hand-off from a local holder.
+        if let Some(t) = ticket.as_mut() {
+            loop {
+                match t.position() {
+                    QueuePosition::Handed(h) => match h.into_guard() {
+                        Some(g) => return Ok(g),
+                        None => continue,
+                    },
+                    QueuePosition::Head => break,
+                    QueuePosition::Behind(holder) => {
+                        if let Some(h) = t.changed(holder.as_ref()).await
+                            && let Some(g) = h.into_guard()
+                        {
+                            return Ok(g);
+                        }
+                    }
+                }
+            }
+        }
+        if options.events()
+            && sub.is_none()
+            && let Some(parked) = local.and_then(|l| l.take_parked(key))
+        {
+            // A previous head's subscription, still active: no need to subscribe and try again
+            // after this attempt.
+            *sub = Some(parked);
+            subscribed = true;
+        }
+        // Only a first attempt with no subscription yet may take the engine's fast path.
+        let queue = subscribed || round > 0;
+        let token = match ticket.as_ref() {
+            Some(t) => t.wait_token(),
+            None => own_token.get_or_insert_with(Token::generate).clone(),
+        };
+        let holder_ttl = match attempt(holding, want, queue, token).await? {
+            Try::Got(g) => return Ok(g),
+            Try::Busy(ttl) => ttl,
+        };
+        if options.events() && !subscribed {
+            // Subscribe first, then try again, then wait: a release between our attempt and
+            // the subscription cannot be missed.
+            subscribed = true;
+            match holding.driver().subscribe(key).await {
+                Ok(Some(s)) => {
+                    *sub = Some(s);
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) => tracing::debug!(target: "distlock", key, error = %e,
+                    "cannot subscribe to release events; polling"),
+            }
+        }
+        let pause = match sub {
+            Some(_) => {
+                let cap = options.wake_fallback();
+                holder_ttl.map_or(cap, |t| (t + Duration::from_millis(1)).min(cap))
+            }
+            None => options.backoff().delay(round, holder_ttl),
+        };
+        round = round.saturating_add(1);
+        let event = async {
+            match sub.as_mut() {
+                Some(s) => s.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        let nudged = async {
+            match ticket.as_ref() {
+                Some(t) => t.nudged().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = event => {}
+            () = nudged => {}
+        }
+    }
+}

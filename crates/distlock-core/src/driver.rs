@@ -1,0 +1,159 @@
+//! The engine as one client drives it: its backend, with the client's clock and holder label.
+//! Every call the core makes to an engine goes through here, and so does the choice between a
+//! capability and its fallback (a batch or one renewal each, a hand-over or a plain release,
+//! events or none).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::clock::Clock;
+use crate::engine::{
+    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, LeaseCheck, LeaseKind, LeaseRef,
+    LockStatus, LostReason, NextWaiter, RenewItem, Subscription,
+};
+use crate::error::{ErrorKind, LockError};
+use crate::token::Token;
+
+/// How many times a forced release reads the holder again when the lock changed hands under it.
+const BREAK_ATTEMPTS: u32 = 5;
+
+pub(crate) struct Driver<B> {
+    backend: B,
+    clock: Arc<dyn Clock>,
+    owner: String,
+}
+
+impl<B: Backend> Driver<B> {
+    pub(crate) fn new(backend: B, clock: Arc<dyn Clock>, owner: String) -> Self {
+        Driver {
+            backend,
+            clock,
+            owner,
+        }
+    }
+
+    pub(crate) fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    pub(crate) fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    /// The holder label written with every lock.
+    pub(crate) fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// An acquire request for `token` on `key`, with this client's label and clock.
+    pub(crate) fn request<'a>(
+        &'a self,
+        key: &'a str,
+        kind: LeaseKind,
+        token: &'a Token,
+        ttl: Duration,
+    ) -> AcquireRequest<'a> {
+        AcquireRequest::new(key, token, ttl, &self.owner, &self.clock).kind(kind)
+    }
+
+    pub(crate) async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        if !self.backend.capabilities().supports(req.kind) {
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "the {} engine cannot hold {} leases",
+                    self.backend.name(),
+                    req.kind.name()
+                ),
+            ));
+        }
+        self.backend.acquire(req).await
+    }
+
+    pub(crate) async fn renew(
+        &self,
+        lease: &LeaseRef<'_>,
+        ttl: Duration,
+    ) -> Result<LeaseCheck, LockError> {
+        self.backend.renew(lease, ttl).await
+    }
+
+    /// Renews every item: in one round trip where the engine can, else one renewal each, all at
+    /// once.
+    pub(crate) async fn renew_many(
+        &self,
+        items: &[RenewItem<'_>],
+    ) -> Vec<Result<LeaseCheck, LockError>> {
+        match self.backend.batch_renew() {
+            Some(batch) => batch.renew_many(items).await,
+            None => {
+                futures_util::future::join_all(
+                    items.iter().map(|i| self.backend.renew(&i.lease, i.ttl)),
+                )
+                .await
+            }
+        }
+    }
+
+    /// Releases `lease`. `next` is this client's next waiter for the same name, if any: an
+    /// engine with a server-side queue puts the client back in it in the same round trip.
+    pub(crate) async fn release(
+        &self,
+        lease: &LeaseRef<'_>,
+        next: Option<(&Token, Duration)>,
+    ) -> Result<LeaseCheck, LockError> {
+        match (self.backend.handover(), next) {
+            (Some(handover), Some((token, ttl))) => {
+                let next = NextWaiter::new(token, ttl, &self.owner);
+                handover.release_requeue(lease, &next).await
+            }
+            _ => self.backend.release(lease).await,
+        }
+    }
+
+    /// A subscription to `key`'s release events; `None` when the engine has none.
+    pub(crate) async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {
+        match self.backend.wake_source() {
+            Some(source) => source.subscribe(key).await,
+            None => Ok(None),
+        }
+    }
+
+    /// The engine's word that the session holding `lease` ended, if it has sessions.
+    pub(crate) fn session_end(
+        &self,
+        lease: &LeaseRef<'_>,
+    ) -> Option<BoxFuture<'static, LostReason>> {
+        self.backend.sessions().map(|s| s.session_end(lease))
+    }
+
+    pub(crate) async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        self.backend.inspect(key).await
+    }
+
+    /// Removes whoever holds `key`: what was removed, or `None` when the lock was free. The
+    /// holder is read and removed again when the lock changed hands in between, a few times.
+    pub(crate) async fn force_release(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        let Some(breaker) = self.backend.breaker() else {
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                format!("the {} engine cannot break a lock", self.backend.name()),
+            ));
+        };
+        for _ in 0..BREAK_ATTEMPTS {
+            match breaker.break_once(key).await? {
+                BreakOutcome::Free => return Ok(None),
+                BreakOutcome::Broken(status) => return Ok(Some(status)),
+                BreakOutcome::Changed => {}
+            }
+        }
+        Err(LockError::new(
+            ErrorKind::Busy,
+            format!("{key:?} changed hands {BREAK_ATTEMPTS} times while being broken; try again"),
+        ))
+    }
+}

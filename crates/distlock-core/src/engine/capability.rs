@@ -1,0 +1,106 @@
+//! The optional capabilities of an engine, one trait each. An engine that has one implements
+//! its trait and returns itself from the matching getter of [`Backend`](super::Backend).
+//!
+//! Their methods return boxed futures, so that the traits are object-safe: the getters return
+//! `Option<&dyn Trait>`, and the core asks for a capability without knowing the engine's type.
+
+use std::time::Duration;
+
+use super::{BoxFuture, LeaseCheck, LeaseRef, LockStatus, LostReason, RenewItem, Subscription};
+use crate::error::LockError;
+use crate::token::Token;
+
+/// Renewal of many leases in one round trip (a Redis pipeline; one keep-alive for every lease
+/// of an etcd session). The watchdog sends every renewal that is due in one call. Without this
+/// capability, it renews them one by one, concurrently.
+pub trait BatchRenew: Send + Sync {
+    /// Renews every item: one result per item, in order.
+    fn renew_many<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>>;
+}
+
+/// Release events, so that a waiter sleeps until the lock is free instead of polling.
+pub trait WakeSource: Send + Sync {
+    /// A subscription to `name`'s release events; `Ok(None)` when there are none for it right
+    /// now (waiters then back off). A subscription may miss events (a foreign client's release,
+    /// a reconnect): waiters always bound their sleep by the holder's remaining lease and a
+    /// capped fallback interval.
+    ///
+    /// It should resolve only once the subscription is active at the server (or give up on
+    /// confirmation after a short time), so that a release between this call and the waiter's
+    /// next attempt is not missed.
+    fn subscribe<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>>;
+}
+
+/// Sessions whose end ends their leases: an etcd lease that the engine keeps alive for all of
+/// a client's locks, a ZooKeeper session, a database connection. When the engine learns that a
+/// session ended (or can no longer be trusted), every lease on it is lost at once, not at its
+/// next renewal.
+pub trait Sessions: Send + Sync {
+    /// Resolves, with the reason, when the session that holds `lease` (just acquired) ends.
+    /// Called once per lease; the future is dropped when the lease ends.
+    fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason>;
+}
+
+/// The next waiter of this client for a name, as a release passes it to an engine with a
+/// [`Handover`] queue.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct NextWaiter<'a> {
+    /// The token the waiter's attempts use.
+    pub token: &'a Token,
+    /// The lease it asks for.
+    pub ttl: Duration,
+    /// The holder label to write.
+    pub owner: &'a str,
+}
+
+impl<'a> NextWaiter<'a> {
+    /// A waiter with `token`, asking for `ttl`, labelled `owner`.
+    pub fn new(token: &'a Token, ttl: Duration, owner: &'a str) -> Self {
+        NextWaiter { token, ttl, owner }
+    }
+}
+
+/// A server-side queue of waiting clients (Redis). Waiting attempts (those with
+/// [`AcquireRequest::queue`](super::AcquireRequest::queue)) register their token; a release
+/// that finds clients queued writes the lock for the first of them, whose next attempt then
+/// returns [`Attempt::AcquiredEarlier`](super::Attempt::AcquiredEarlier) without another write.
+pub trait Handover: Send + Sync {
+    /// Releases `lease` while tasks of this client still wait for the same name: in the same
+    /// round trip, the client goes back to the end of the engine's queue, registered with
+    /// `next`'s token, so its next task neither jumps ahead of other clients nor spends a round
+    /// trip queueing.
+    fn release_requeue<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        next: &'a NextWaiter<'a>,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
+}
+
+/// What one attempt to break a lock did.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BreakOutcome {
+    /// Nobody held the lock.
+    Free,
+    /// The holder read was removed, as its own release would have: waiters are served, and
+    /// the next fence is higher.
+    Broken(LockStatus),
+    /// The lock changed hands between the read and the removal: nothing was removed (the
+    /// core tries again, a few times).
+    Changed,
+}
+
+/// An operator's break-glass: removing whoever holds a lock. The holder is not asked: it learns
+/// at its next renewal (or at once, on engines with [`Sessions`]), and until then may still
+/// believe it holds the lock. Only fencing keeps its late writes out.
+pub trait Breaker: Send + Sync {
+    /// Reads `name`'s holder and removes it, if it is still the one read.
+    fn break_once<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>>;
+}

@@ -1,0 +1,137 @@
+//! Engines chosen at run time: the object-safe twin of [`Backend`], which boxes the futures of
+//! the four primitives. The capability getters are object-safe already and pass through.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use super::{
+    AcquireRequest, Attempt, Backend, BatchRenew, Breaker, Capabilities, Handover, LeaseCheck,
+    LeaseRef, LockStatus, Sessions, WakeSource,
+};
+use crate::error::LockError;
+
+/// A boxed, `Send` future, as the object-safe traits return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The object-safe twin of [`Backend`], so an engine can be chosen at run time (from a URL).
+/// Every `Backend` is a `DynBackend`, and [`AnyBackend`] is a `Backend` again.
+pub trait DynBackend: Send + Sync + 'static {
+    /// See [`Backend::name`].
+    fn dyn_name(&self) -> &'static str;
+    /// See [`Backend::capabilities`].
+    fn dyn_capabilities(&self) -> Capabilities;
+    /// See [`Backend::acquire`].
+    fn dyn_acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>>;
+    /// See [`Backend::renew`].
+    fn dyn_renew<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
+    /// See [`Backend::release`].
+    fn dyn_release<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
+    /// See [`Backend::inspect`].
+    fn dyn_inspect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>>;
+    /// See [`Backend::batch_renew`].
+    fn dyn_batch_renew(&self) -> Option<&dyn BatchRenew>;
+    /// See [`Backend::wake_source`].
+    fn dyn_wake_source(&self) -> Option<&dyn WakeSource>;
+    /// See [`Backend::sessions`].
+    fn dyn_sessions(&self) -> Option<&dyn Sessions>;
+    /// See [`Backend::handover`].
+    fn dyn_handover(&self) -> Option<&dyn Handover>;
+    /// See [`Backend::breaker`].
+    fn dyn_breaker(&self) -> Option<&dyn Breaker>;
+}
+
+impl<B: Backend> DynBackend for B {
+    fn dyn_name(&self) -> &'static str {
+        self.name()
+    }
+    fn dyn_capabilities(&self) -> Capabilities {
+        self.capabilities()
+    }
+    fn dyn_acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        Box::pin(self.acquire(req))
+    }
+    fn dyn_renew<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(self.renew(lease, ttl))
+    }
+    fn dyn_release<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(self.release(lease))
+    }
+    fn dyn_inspect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
+        Box::pin(self.inspect(name))
+    }
+    fn dyn_batch_renew(&self) -> Option<&dyn BatchRenew> {
+        self.batch_renew()
+    }
+    fn dyn_wake_source(&self) -> Option<&dyn WakeSource> {
+        self.wake_source()
+    }
+    fn dyn_sessions(&self) -> Option<&dyn Sessions> {
+        self.sessions()
+    }
+    fn dyn_handover(&self) -> Option<&dyn Handover> {
+        self.handover()
+    }
+    fn dyn_breaker(&self) -> Option<&dyn Breaker> {
+        self.breaker()
+    }
+}
+
+/// An engine chosen at run time.
+pub type AnyBackend = Box<dyn DynBackend>;
+
+impl Backend for AnyBackend {
+    fn name(&self) -> &'static str {
+        (**self).dyn_name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        (**self).dyn_capabilities()
+    }
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        (**self).dyn_acquire(req).await
+    }
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        (**self).dyn_renew(lease, ttl).await
+    }
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        (**self).dyn_release(lease).await
+    }
+    async fn inspect(&self, name: &str) -> Result<LockStatus, LockError> {
+        (**self).dyn_inspect(name).await
+    }
+    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
+        (**self).dyn_batch_renew()
+    }
+    fn wake_source(&self) -> Option<&dyn WakeSource> {
+        (**self).dyn_wake_source()
+    }
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        (**self).dyn_sessions()
+    }
+    fn handover(&self) -> Option<&dyn Handover> {
+        (**self).dyn_handover()
+    }
+    fn breaker(&self) -> Option<&dyn Breaker> {
+        (**self).dyn_breaker()
+    }
+}

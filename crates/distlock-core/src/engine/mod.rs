@@ -1,0 +1,411 @@
+//! The engine interface: what a lock engine supplies, and nothing more.
+//!
+//! An engine implements four primitives on named leases ([`Backend`]): **acquire** a lease of a
+//! given [`LeaseKind`], **renew** it, **release** it, and **inspect** who holds a name. Anything
+//! beyond them is an optional capability with a trait of its own, which the engine exposes
+//! through a getter on [`Backend`] when it has it:
+//!
+//! | capability | trait | engines that have it |
+//! |---|---|---|
+//! | renew many leases in one round trip | [`BatchRenew`] | Redis (a pipeline), etcd and the databases (one session keep-alive) |
+//! | wake waiters when a lock is released | [`WakeSource`] | Redis (pub/sub), etcd and ZooKeeper (watches) |
+//! | a session whose end ends its leases | [`Sessions`] | etcd (a lease per session), ZooKeeper, PostgreSQL |
+//! | hand a released lock to the next waiting client on the server | [`Handover`] | Redis |
+//! | break a lock whoever holds it (an operator's break-glass) | [`Breaker`] | all but memcached's weakest cases |
+//!
+//! Waiting, the watchdog, in-process queues, hand-off between tasks, guards and the lost signal
+//! are written once in the core, on top of these. `docs/architecture.md` shows the layers and
+//! how to add an engine.
+
+mod capability;
+mod dynamic;
+mod wake;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use capability::{
+    BatchRenew, BreakOutcome, Breaker, Handover, NextWaiter, Sessions, WakeSource,
+};
+pub use dynamic::{AnyBackend, BoxFuture, DynBackend};
+pub use wake::{PredecessorWatches, Subscription, WakeHub};
+
+pub use crate::clock::Clock;
+pub use crate::error::{ErrorKind, LockError};
+pub use crate::sync::MutexExt;
+pub use crate::token::{HolderValue, Token, unix_ms};
+pub use crate::url;
+
+/// Why a lease was lost: it ended while its holder still counted on it.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LostReason {
+    /// The lease ran out: the engine had no lock for us, or the local deadline passed with no
+    /// renewal (watchdog off, or renewal too late).
+    Expired,
+    /// Someone else removed or replaced our lock: another owner's token was found under the
+    /// key, or the key was gone while our lease should still have been running (an external
+    /// `DEL`, a flush, a server restart without persistence).
+    Stolen,
+    /// Renewals kept failing (engine unreachable) until the local deadline passed.
+    Unreachable,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostReason::Expired => "the lease expired",
+            LostReason::Stolen => "another owner holds the lock",
+            LostReason::Unreachable => "the lock engine was unreachable until the lease ran out",
+        })
+    }
+}
+
+/// The kind of lease a request asks for.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaseKind {
+    /// Excludes every other holder (a mutex, or a read-write lock's writer).
+    Exclusive,
+    /// Shares the name with other shared leases and excludes exclusive ones (a reader).
+    Shared,
+    /// One of `permits` leases that may be held at once (a counting semaphore).
+    Permit {
+        /// How many may be held at once.
+        permits: u32,
+    },
+}
+
+impl LeaseKind {
+    /// A short name for logs and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            LeaseKind::Exclusive => "exclusive",
+            LeaseKind::Shared => "shared",
+            LeaseKind::Permit { .. } => "permit",
+        }
+    }
+}
+
+/// One acquire request, as handed to an engine.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct AcquireRequest<'a> {
+    /// The lock's name (validated by the core).
+    pub name: &'a str,
+    /// The kind of lease asked for.
+    pub kind: LeaseKind,
+    /// Our token. A resend of a request whose reply was lost carries the same token.
+    pub token: &'a Token,
+    /// The lease to ask for.
+    pub ttl: Duration,
+    /// A label naming the holder (host/pid by default), shown by `status`.
+    pub owner: &'a str,
+    /// This is a resend of a request whose reply was lost (same token): the lease may already
+    /// be ours, and a path that cannot tell (a plain create-if-absent) must not be taken.
+    pub retry: bool,
+    /// The caller waits if the lock is busy: the engine may queue this token for the lock (and
+    /// hand it over, or wake it, when its turn comes) and should report the holder's remaining
+    /// lease. Without it (a first attempt), the engine takes its cheapest path and leaves
+    /// nothing behind when the lock is busy.
+    pub queue: bool,
+    /// The clock the core measures lease deadlines on: an engine that keeps time of its own
+    /// (a lease's age, a keep-alive's) reads it here, so an injected clock governs it too.
+    pub clock: &'a Arc<dyn Clock>,
+}
+
+impl<'a> AcquireRequest<'a> {
+    /// An exclusive lease on `name` for `token`, of `ttl`, labelled `owner`.
+    pub fn new(
+        name: &'a str,
+        token: &'a Token,
+        ttl: Duration,
+        owner: &'a str,
+        clock: &'a Arc<dyn Clock>,
+    ) -> Self {
+        AcquireRequest {
+            name,
+            kind: LeaseKind::Exclusive,
+            token,
+            ttl,
+            owner,
+            retry: false,
+            queue: false,
+            clock,
+        }
+    }
+
+    /// Asks for a lease of another kind.
+    #[must_use]
+    pub fn kind(mut self, kind: LeaseKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// Marks the request as a resend (see [`AcquireRequest::retry`]).
+    #[must_use]
+    pub fn retry(mut self, retry: bool) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Marks the request as a waiter's (see [`AcquireRequest::queue`]).
+    #[must_use]
+    pub fn queue(mut self, queue: bool) -> Self {
+        self.queue = queue;
+        self
+    }
+
+    /// The lease this request asks for, as renewals and releases name it.
+    pub fn lease(&self) -> LeaseRef<'a> {
+        LeaseRef {
+            name: self.name,
+            token: self.token,
+            kind: self.kind,
+        }
+    }
+}
+
+/// A lease as renewals and releases name it.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct LeaseRef<'a> {
+    /// The lock's name.
+    pub name: &'a str,
+    /// Our token.
+    pub token: &'a Token,
+    /// The lease's kind.
+    pub kind: LeaseKind,
+}
+
+impl<'a> LeaseRef<'a> {
+    /// The lease of `token` on `name`, of `kind`.
+    pub fn new(name: &'a str, token: &'a Token, kind: LeaseKind) -> Self {
+        LeaseRef { name, token, kind }
+    }
+}
+
+/// One lease to renew in a batch ([`BatchRenew::renew_many`]).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct RenewItem<'a> {
+    /// The lease.
+    pub lease: LeaseRef<'a>,
+    /// The new lease, from the moment the batch is sent.
+    pub ttl: Duration,
+}
+
+impl<'a> RenewItem<'a> {
+    /// A renewal of `lease` to `ttl`.
+    pub fn new(lease: LeaseRef<'a>, ttl: Duration) -> Self {
+        RenewItem { lease, ttl }
+    }
+}
+
+/// What one acquire attempt found.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The lease is ours, counted from when this request was sent: newly taken, or already
+    /// ours with this token (a resent request).
+    Acquired {
+        /// The fencing token, if the engine gives a correct one.
+        fence: Option<u64>,
+    },
+    /// The lease is ours, but it began before this request: it was written for this token by
+    /// another client's release (a server-side hand-over, [`Handover`]), or it is a lease the
+    /// engine kept alive while this token was queued. The core counts the lease from `age` ago,
+    /// or renews it before use when `age` is unknown, too old, or `ttl` is not the one asked.
+    AcquiredEarlier {
+        /// The fencing token, if the engine gives a correct one.
+        fence: Option<u64>,
+        /// The lease was written (or last refreshed) at most this long ago; `None` when the
+        /// engine cannot bound it.
+        age: Option<Duration>,
+        /// The TTL it was written with.
+        ttl: Duration,
+    },
+    /// Someone else holds it.
+    Busy {
+        /// The holder's remaining lease, when the engine knows it.
+        holder_ttl: Option<Duration>,
+    },
+}
+
+/// What the engine found under the name when we renewed or released a lease.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseCheck {
+    /// It held our token (and the operation was applied).
+    Ours,
+    /// There was no lease of ours: it had expired, or was removed.
+    Missing,
+    /// Another owner's token was there: our lease expired and someone else took the lock.
+    Foreign,
+}
+
+/// What `status` reports about a name.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LockStatus {
+    /// Whether anybody holds the lock.
+    pub held: bool,
+    /// The holder's label (host/pid and since when), if known.
+    pub owner: Option<String>,
+    /// The holder's fencing token, when the engine recorded it.
+    pub fence: Option<u64>,
+    /// The highest fence the engine has issued for this name so far, when it keeps a counter
+    /// (the holder's fence is at most this; the next holder's will be higher). Engines that
+    /// skip recording the holder's fence on their fast path report only this.
+    pub last_fence: Option<u64>,
+    /// The holder's remaining lease, if the lease expires.
+    pub ttl: Option<Duration>,
+}
+
+impl LockStatus {
+    /// Nobody holds the lock.
+    pub fn free() -> Self {
+        LockStatus::default()
+    }
+
+    /// The lock is held.
+    pub fn held(owner: Option<String>, fence: Option<u64>, ttl: Option<Duration>) -> Self {
+        LockStatus {
+            held: true,
+            owner,
+            fence,
+            last_fence: None,
+            ttl,
+        }
+    }
+
+    /// The same status, with the highest fence issued so far.
+    #[must_use]
+    pub fn with_last_fence(mut self, last_fence: Option<u64>) -> Self {
+        self.last_fence = last_fence;
+        self
+    }
+}
+
+/// Whether an engine gives fencing tokens, and why not when it does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fencing {
+    /// Every new holder gets a strictly greater number than every earlier holder.
+    Monotonic,
+    /// No correct token can be given; the reason is shown to users.
+    Unavailable(&'static str),
+}
+
+/// What an engine's primitives can do (its optional capabilities are the getters of
+/// [`Backend`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Fencing tokens.
+    pub fencing: Fencing,
+    /// Whether the engine expires a lease by itself after its TTL (Redis: yes). Session engines
+    /// (the file lock) free the lock when the holder's process or session ends instead.
+    pub expiring: bool,
+    /// Whether [`LeaseKind::Shared`] leases can be acquired.
+    pub shared: bool,
+    /// Whether [`LeaseKind::Permit`] leases can be acquired.
+    pub permits: bool,
+}
+
+impl Capabilities {
+    /// Exclusive leases only, with `fencing`; `expiring` as [`Capabilities::expiring`].
+    pub fn new(fencing: Fencing, expiring: bool) -> Self {
+        Capabilities {
+            fencing,
+            expiring,
+            shared: false,
+            permits: false,
+        }
+    }
+
+    /// Says the engine acquires shared leases too.
+    #[must_use]
+    pub fn with_shared(mut self) -> Self {
+        self.shared = true;
+        self
+    }
+
+    /// Says the engine acquires permits too.
+    #[must_use]
+    pub fn with_permits(mut self) -> Self {
+        self.permits = true;
+        self
+    }
+
+    /// Whether a lease of `kind` can be acquired.
+    pub fn supports(&self, kind: LeaseKind) -> bool {
+        match kind {
+            LeaseKind::Exclusive => true,
+            LeaseKind::Shared => self.shared,
+            LeaseKind::Permit { .. } => self.permits,
+        }
+    }
+}
+
+/// The primitives a lock engine supplies, and the getters of its optional capabilities.
+///
+/// Every method takes `&self` and may be called concurrently. `acquire` must be idempotent for
+/// a repeated token (a resend after a lost reply), and `renew` and `release` must compare the
+/// token before changing anything.
+pub trait Backend: Send + Sync + 'static {
+    /// A short engine name for logs and errors ("redis", "file").
+    fn name(&self) -> &'static str;
+
+    /// What this engine's primitives can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// One attempt to take a lease. A kind the engine does not support is `Unsupported`.
+    fn acquire(
+        &self,
+        req: &AcquireRequest<'_>,
+    ) -> impl Future<Output = Result<Attempt, LockError>> + Send;
+
+    /// Renews our lease to `ttl` from now, if it is still ours.
+    fn renew(
+        &self,
+        lease: &LeaseRef<'_>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<LeaseCheck, LockError>> + Send;
+
+    /// Ends our lease, if it is still ours.
+    fn release(
+        &self,
+        lease: &LeaseRef<'_>,
+    ) -> impl Future<Output = Result<LeaseCheck, LockError>> + Send;
+
+    /// Who holds `name`, if anybody.
+    fn inspect(&self, name: &str) -> impl Future<Output = Result<LockStatus, LockError>> + Send;
+
+    /// Renewal of many leases in one round trip, if the engine can.
+    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
+        None
+    }
+
+    /// Release events for waiters, if the engine has them.
+    fn wake_source(&self) -> Option<&dyn WakeSource> {
+        None
+    }
+
+    /// Sessions whose end ends their leases, if the engine has them.
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        None
+    }
+
+    /// A server-side queue of waiting clients that releases hand the lock to, if the engine
+    /// has one.
+    fn handover(&self) -> Option<&dyn Handover> {
+        None
+    }
+
+    /// Breaking a lock whoever holds it, if the engine can.
+    fn breaker(&self) -> Option<&dyn Breaker> {
+        None
+    }
+}
