@@ -135,7 +135,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     let outcome = supervise(&mut child, &guard, args.on_lost, args.kill_grace, &args.key).await;
     let released = guard.release().await;
     match outcome {
-        Outcome::Exited(status) => match released {
+        ChildEnd::Exited(status) => match released {
             Ok(Released::Held) => status_code(status),
             Ok(Released::Lost(reason)) => {
                 eprintln!(
@@ -152,21 +152,21 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
                 status_code(status)
             }
         },
-        Outcome::Lost(reason) => {
+        ChildEnd::Lost(reason) => {
             eprintln!(
                 "distlock: lock {:?} lost while the command ran: {reason}",
                 args.key
             );
             args.lost_exit_code
         }
-        Outcome::WaitFailed(e) => {
+        ChildEnd::WaitFailed(e) => {
             eprintln!("distlock: lost track of the command: {e}");
             exit::SOFTWARE
         }
     }
 }
 
-enum Outcome {
+enum ChildEnd {
     Exited(ExitStatus),
     Lost(LostReason),
     WaitFailed(std::io::Error),
@@ -180,7 +180,7 @@ async fn supervise<B: distlock::Backend>(
     on_lost: OnLost,
     grace: Duration,
     key: &str,
-) -> Outcome {
+) -> ChildEnd {
     let pid = child
         .id()
         .and_then(|p| i32::try_from(p).ok())
@@ -193,20 +193,20 @@ async fn supervise<B: distlock::Backend>(
         tokio::select! {
             status = child.wait() => {
                 return match (status, lost) {
-                    (_, Some(reason)) => Outcome::Lost(reason),
-                    (Ok(s), None) => Outcome::Exited(s),
-                    (Err(e), None) => Outcome::WaitFailed(e),
+                    (_, Some(reason)) => ChildEnd::Lost(reason),
+                    (Ok(s), None) => ChildEnd::Exited(s),
+                    (Err(e), None) => ChildEnd::WaitFailed(e),
                 };
             }
             reason = guard.lost(), if lost.is_none() => {
                 match on_lost {
                     OnLost::Term => {
                         stop(child, pid, grace).await;
-                        return Outcome::Lost(reason);
+                        return ChildEnd::Lost(reason);
                     }
                     OnLost::Kill => {
                         let _ = child.kill().await;
-                        return Outcome::Lost(reason);
+                        return ChildEnd::Lost(reason);
                     }
                     OnLost::Ignore => {
                         eprintln!(

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine::Subscription;
-use crate::engine::{Attempt, Backend, LeaseCheck, LeaseKind};
+use crate::driver::Driver;
+use crate::engine::{Attempt, Backend, LeaseCheck, LeaseKind, LeaseRef, Subscription};
 use crate::error::LockError;
 use crate::guard::{Handoff, Holding, LockGuard};
 use crate::lease::{LeaseShared, LeaseSpec};
@@ -15,8 +15,8 @@ use crate::options::LockOptions;
 use crate::token::Token;
 
 /// What one attempt found.
-pub(crate) enum Try<B: Backend> {
-    Got(LockGuard<B>),
+pub(crate) enum Attempted<B: Backend> {
+    Taken(LockGuard<B>),
     Busy(Option<Duration>),
 }
 
@@ -66,10 +66,35 @@ impl<B: Backend> Drop for PendingCleanup<'_, B> {
             let key = self.want.key.to_owned();
             let kind = self.want.kind;
             let token = self.token.clone();
+            let ttl = self.want.options.ttl();
             rt.spawn(async move {
                 let lease = crate::engine::LeaseRef::new(&key, &token, kind);
-                let _ = holding.driver().release(&lease, None).await;
+                clean_up(holding.driver(), &lease, ttl).await;
             });
+        }
+    }
+}
+
+/// Releases what a given-up request may have taken. The engine may be failing right then (the
+/// reason the request was given up): the release is tried again, backing off, until it is
+/// answered or the lease would have run out by itself.
+async fn clean_up<B: Backend>(driver: &Driver<B>, lease: &LeaseRef<'_>, ttl: Duration) {
+    let give_up = driver.now() + ttl;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match driver.release(lease, None).await {
+            Ok(_) => return,
+            Err(e) if driver.now() + pause < give_up => {
+                tracing::debug!(target: "distlock", key = lease.name, error = %e,
+                    "cleaning up after a given-up acquire failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Err(e) => {
+                tracing::debug!(target: "distlock", key = lease.name, error = %e,
+                    "cleaning up after a given-up acquire failed; the TTL will free the lock");
+                return;
+            }
         }
     }
 }
@@ -81,11 +106,13 @@ pub(crate) async fn attempt<B: Backend>(
     want: Want<'_>,
     queue: bool,
     token: Token,
-) -> Result<Try<B>, LockError> {
+) -> Result<Attempted<B>, LockError> {
     let driver = holding.driver();
     let Want { key, kind, options } = want;
     let ttl = options.ttl();
-    let mut req = driver.request(key, kind, &token, ttl).queue(queue);
+    let mut req = driver
+        .request(key, kind, &token, ttl, options.auto_renew())
+        .queue(queue);
     let mut cleanup = PendingCleanup {
         holding,
         want,
@@ -122,14 +149,14 @@ pub(crate) async fn attempt<B: Backend>(
                         if let Some(local) = holding.local() {
                             local.retire_token(key, &token);
                         }
-                        return Ok(Try::Busy(None));
+                        return Ok(Attempted::Busy(None));
                     }
                     Err(e) => return Err(e),
                 }
             }
             Ok(Attempt::Busy { holder_ttl }) => {
                 cleanup.armed = false;
-                return Ok(Try::Busy(holder_ttl));
+                return Ok(Attempted::Busy(holder_ttl));
             }
             Err(e) if e.is_ambiguous() && resent < options.acquire_retries() => {
                 resent += 1;
@@ -138,8 +165,10 @@ pub(crate) async fn attempt<B: Backend>(
                     "acquire reply lost; resending with the same token");
             }
             Err(e) => {
-                // Leave cleanup armed only if the request may have taken the lock.
-                cleanup.armed = e.is_ambiguous();
+                // Leave cleanup armed only if a request may have taken the lock: this one, or
+                // an earlier send whose reply was lost (a resend refused outright, say for no
+                // leader, says nothing about what the first one did).
+                cleanup.armed = e.is_ambiguous() || resent > 0;
                 return Err(e);
             }
         }
@@ -166,7 +195,7 @@ pub(crate) async fn attempt<B: Backend>(
     let lease = Arc::new(LeaseShared::new(spec, sent));
     tracing::debug!(target: "distlock", key, fence = ?fence,
         valid_for_ms = validity.as_millis() as u64, "lock acquired");
-    Ok(Try::Got(holding.guard(lease)))
+    Ok(Attempted::Taken(holding.guard(lease)))
 }
 
 /// Waits for the lease; the caller bounds the wait with the wait timeout.
@@ -232,8 +261,8 @@ pub(crate) async fn wait_for<B: Backend>(
             None => own_token.get_or_insert_with(Token::generate).clone(),
         };
         let holder_ttl = match attempt(holding, want, queue, token).await? {
-            Try::Got(g) => return Ok(g),
-            Try::Busy(ttl) => ttl,
+            Attempted::Taken(g) => return Ok(g),
+            Attempted::Busy(ttl) => ttl,
         };
         if options.events() && !subscribed {
             // Subscribe first, then try again, then wait: a release between our attempt and

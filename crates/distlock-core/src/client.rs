@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use futures_util::FutureExt;
 
-use crate::acquire::{Try, Want, attempt, wait_for};
+use crate::acquire::{Attempted, Want, attempt, wait_for};
 use crate::clock::{Clock, SystemClock};
 use crate::driver::Driver;
 use crate::engine::{Backend, LeaseKind, LockStatus};
@@ -349,8 +349,8 @@ impl<B: Backend> LockClient<B> {
         }
         let want = Want { key, kind, options };
         match attempt(&self.holding, want, false, Token::generate()).await? {
-            Try::Got(g) => Ok(Some(g)),
-            Try::Busy(_) => Ok(None),
+            Attempted::Taken(g) => Ok(Some(g)),
+            Attempted::Busy(_) => Ok(None),
         }
     }
 
@@ -369,8 +369,8 @@ impl<B: Backend> LockClient<B> {
                     return Err(LockError::busy(key));
                 }
                 match attempt(&self.holding, want, false, Token::generate()).await? {
-                    Try::Got(g) => Ok(g),
-                    Try::Busy(_) => Err(LockError::busy(key)),
+                    Attempted::Taken(g) => Ok(g),
+                    Attempted::Busy(_) => Err(LockError::busy(key)),
                 }
             }
             Wait::Forever => wait_for(&self.holding, want).await,

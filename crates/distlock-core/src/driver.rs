@@ -49,15 +49,19 @@ impl<B: Backend> Driver<B> {
         &self.owner
     }
 
-    /// An acquire request for `token` on `key`, with this client's label and clock.
+    /// An acquire request for `token` on `key`, with this client's label and clock; `renewed`
+    /// when the watchdog will renew the lease.
     pub(crate) fn request<'a>(
         &'a self,
         key: &'a str,
         kind: LeaseKind,
         token: &'a Token,
         ttl: Duration,
+        renewed: bool,
     ) -> AcquireRequest<'a> {
-        AcquireRequest::new(key, token, ttl, &self.owner, &self.clock).kind(kind)
+        AcquireRequest::new(key, token, ttl, &self.owner, &self.clock)
+            .kind(kind)
+            .renewed(renewed)
     }
 
     pub(crate) async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
@@ -129,6 +133,17 @@ impl<B: Backend> Driver<B> {
         lease: &LeaseRef<'_>,
     ) -> Option<BoxFuture<'static, LostReason>> {
         self.backend.sessions().map(|s| s.session_end(lease))
+    }
+
+    /// Takes a lease that is no longer renewed off its session, where the engine shares
+    /// sessions between leases (see [`Sessions::detach`](crate::engine::Sessions::detach)).
+    pub(crate) async fn detach(&self, lease: &LeaseRef<'_>, ttl: Duration) {
+        if let Some(sessions) = self.backend.sessions()
+            && let Err(e) = sessions.detach(lease, ttl).await
+        {
+            tracing::debug!(target: "distlock", key = lease.name, error = %e,
+                "could not take a lease that is no longer renewed off its session");
+        }
     }
 
     pub(crate) async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {

@@ -393,13 +393,23 @@ impl<B: Backend> LockGuard<B> {
     }
 
     /// Gives the guard up without releasing: the watchdog stops and the lock stays taken until
-    /// its TTL runs out. Returns what is needed to release it later by hand.
+    /// its TTL runs out (on engines whose leases do not expire, `capabilities().expiring` false,
+    /// until the client's session ends). Returns what is needed to release it later by hand.
     pub fn leak(mut self) -> LeakedLease {
         self.done = true;
         let valid_until = self.valid_until();
         self.lease.mark_released();
         if let Some(local) = self.holding.local() {
             local.clear_holder(self.lease.key(), &self.lease);
+        }
+        // Nobody renews it from now: where it shares a session with renewed leases, it must
+        // not live on with them.
+        if self.lease.options().auto_renew()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let (driver, lease) = (self.holding.driver().clone(), self.lease.clone());
+            let left = valid_until.saturating_duration_since(lease.now());
+            rt.spawn(async move { driver.detach(&lease.engine_ref(), left).await });
         }
         LeakedLease {
             key: self.lease.key().to_owned(),

@@ -13,7 +13,7 @@ use tokio::time::Instant as TokioInstant;
 
 use crate::driver::Driver;
 use crate::engine::{Backend, LeaseCheck, RenewItem};
-use crate::lease::{LeaseShared, LostReason, Renewal};
+use crate::lease::{LeaseEnd, LeaseShared, LostReason, Renewal};
 use crate::sync::MutexExt;
 
 /// The client's handle on its watchdog task (started at the first lease that needs it).
@@ -166,7 +166,15 @@ async fn run<B: Backend>(driver: Weak<Driver<B>>, inbox: Arc<Inbox>) {
                     retired: false,
                 });
             }
-            entries.retain(|e| e.in_flight || !retire(e));
+            let mut left_off = Vec::new();
+            entries.retain(|e| {
+                let keep = e.in_flight || !retire(e);
+                if !keep {
+                    left_off.push(e.lease.clone());
+                }
+                keep
+            });
+            detach_unrenewed(&driver, left_off);
             let next_due = entries.iter().filter(|e| !e.in_flight).map(|e| e.due).min();
             state.armed = next_due;
             next_due
@@ -210,6 +218,32 @@ async fn run<B: Backend>(driver: Weak<Driver<B>>, inbox: Arc<Inbox>) {
                 }
             }
         }
+    }
+}
+
+/// Leases the watchdog stops renewing while their holder still has them (a hold limit reached,
+/// or renewals that failed until the deadline) must not live on with a session that the engine
+/// keeps alive for other leases: the engine takes them off it, to end within what is left of
+/// them (at once, for a lease already given up).
+fn detach_unrenewed<B: Backend>(driver: &Weak<Driver<B>>, leases: Vec<Arc<LeaseShared>>) {
+    if leases.is_empty() {
+        return;
+    }
+    let Some(driver) = driver.upgrade() else {
+        return;
+    };
+    if driver.backend().sessions().is_none() {
+        return;
+    }
+    for lease in leases {
+        let st = lease.snapshot();
+        let ttl = match st.end {
+            None => st.valid_until.saturating_duration_since(lease.now()),
+            Some(LeaseEnd::Lost(LostReason::Unreachable)) => Duration::ZERO,
+            Some(_) => continue,
+        };
+        let driver = driver.clone();
+        tokio::spawn(async move { driver.detach(&lease.engine_ref(), ttl).await });
     }
 }
 

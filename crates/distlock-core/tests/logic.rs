@@ -38,6 +38,9 @@ struct Fake {
     lose_replies: AtomicU32,
     /// Acquires that fail with a timeout before being applied.
     fail_acquires: AtomicU32,
+    /// From this attempt on (counting from 1; 0: never), acquires are refused outright (a
+    /// clear error, nothing applied).
+    refuse_from_attempt: AtomicU32,
     renew: Mutex<Renew>,
     extends: AtomicU32,
     /// Calls of `extend_many` (one per watchdog batch).
@@ -56,6 +59,7 @@ impl Fake {
             state: Mutex::default(),
             lose_replies: AtomicU32::new(0),
             fail_acquires: AtomicU32::new(0),
+            refuse_from_attempt: AtomicU32::new(0),
             renew: Mutex::new(Renew::Ok),
             extends: AtomicU32::new(0),
             batches: AtomicU32::new(0),
@@ -82,7 +86,11 @@ impl Backend for FakeEngine {
     }
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         let f = &self.0;
-        f.attempts.fetch_add(1, Ordering::SeqCst);
+        let attempt = f.attempts.fetch_add(1, Ordering::SeqCst) + 1;
+        let refuse_from = f.refuse_from_attempt.load(Ordering::SeqCst);
+        if refuse_from > 0 && attempt >= refuse_from {
+            return Err(LockError::new(ErrorKind::Protocol, "refused"));
+        }
         if let Some(c) = &f.clock {
             c.advance(f.latency);
         }
@@ -253,6 +261,30 @@ async fn giving_up_after_ambiguous_errors_releases_what_may_have_been_taken() {
     );
     assert_eq!(st.released.len(), 1);
     assert_eq!(st.released[0], st.tokens_seen[0]);
+}
+
+#[tokio::test]
+async fn a_resend_refused_outright_still_cleans_up_what_the_lost_reply_took() {
+    // The first request took the lock and its reply was lost; the resend was refused (say, no
+    // leader): a clear error, but about the resend only.
+    let fake = Arc::new(Fake::new());
+    fake.lose_replies.store(1, Ordering::SeqCst);
+    fake.refuse_from_attempt.store(2, Ordering::SeqCst);
+    let client = LockClient::new(FakeEngine(fake.clone()));
+    let e = client.try_acquire("k").await.expect_err("refused");
+    assert_eq!(e.kind(), ErrorKind::Protocol);
+    for _ in 0..100 {
+        if fake.state.lock().unwrap().locks.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let st = fake.state.lock().unwrap();
+    assert!(
+        st.locks.is_empty(),
+        "the lock the lost reply took was left behind"
+    );
+    assert_eq!(st.released, vec![st.tokens_seen[0].clone()]);
 }
 
 #[tokio::test]

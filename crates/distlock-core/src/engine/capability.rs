@@ -45,6 +45,20 @@ pub trait Sessions: Send + Sync {
     /// Resolves, with the reason, when the session that holds `lease` (just acquired) ends.
     /// Called once per lease; the future is dropped when the lease ends.
     fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason>;
+
+    /// Takes a held lease off the session it shares with other leases: its holder stopped
+    /// renewing it (a leaked guard, a hold limit reached, a lease the core gave up as lost)
+    /// while the session lives on for the others. The lease must now end by itself within
+    /// `ttl` (at once when `ttl` is zero). Engines whose sessions hold one lease each, or whose
+    /// leases cannot outlive their session, need nothing here: the default does nothing.
+    fn detach<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        let _ = (lease, ttl);
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 /// The next waiter of this client for a name, as a release passes it to an engine with a

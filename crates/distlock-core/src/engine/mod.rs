@@ -19,6 +19,7 @@
 
 mod capability;
 mod dynamic;
+pub mod queue;
 mod wake;
 
 use std::fmt;
@@ -111,6 +112,11 @@ pub struct AcquireRequest<'a> {
     /// lease. Without it (a first attempt), the engine takes its cheapest path and leaves
     /// nothing behind when the lock is busy.
     pub queue: bool,
+    /// The holder renews this lease while it holds it (the watchdog is on). An engine with
+    /// sessions may put such a lease on a session it keeps alive for many leases at once; a
+    /// lease that is not renewed must end by itself `ttl` after it was taken, whatever else
+    /// the client holds.
+    pub renewed: bool,
     /// The clock the core measures lease deadlines on: an engine that keeps time of its own
     /// (a lease's age, a keep-alive's) reads it here, so an injected clock governs it too.
     pub clock: &'a Arc<dyn Clock>,
@@ -133,6 +139,7 @@ impl<'a> AcquireRequest<'a> {
             owner,
             retry: false,
             queue: false,
+            renewed: false,
             clock,
         }
     }
@@ -155,6 +162,13 @@ impl<'a> AcquireRequest<'a> {
     #[must_use]
     pub fn queue(mut self, queue: bool) -> Self {
         self.queue = queue;
+        self
+    }
+
+    /// Says whether the holder renews the lease (see [`AcquireRequest::renewed`]).
+    #[must_use]
+    pub fn renewed(mut self, renewed: bool) -> Self {
+        self.renewed = renewed;
         self
     }
 
@@ -214,10 +228,11 @@ pub enum Attempt {
         /// The fencing token, if the engine gives a correct one.
         fence: Option<u64>,
     },
-    /// The lease is ours, but it began before this request: it was written for this token by
-    /// another client's release (a server-side hand-over, [`Handover`]), or it is a lease the
-    /// engine kept alive while this token was queued. The core counts the lease from `age` ago,
-    /// or renews it before use when `age` is unknown, too old, or `ttl` is not the one asked.
+    /// The lease is ours, but it is counted from `age` ago rather than from when this request
+    /// was sent: it was written for this token by another client's release (a server-side
+    /// hand-over, [`Handover`]), or it lives on a session lease the engine granted or last
+    /// refreshed at that time. The core counts the lease from `age` ago, or renews it before
+    /// use when `age` is unknown, too old, or `ttl` is not the one asked.
     AcquiredEarlier {
         /// The fencing token, if the engine gives a correct one.
         fence: Option<u64>,

@@ -1,0 +1,416 @@
+//! The queue recipe of strongly consistent stores (etcd, ZooKeeper), written once.
+//!
+//! Each acquisition is an entry in its lock's queue; the store orders entries by a sequence it
+//! assigns (etcd's create revision, ZooKeeper's sequential node number). Whether an entry holds
+//! its lease follows from what is ahead of it:
+//!
+//! | kind | holds when | a waiter watches |
+//! |---|---|---|
+//! | exclusive | nothing is ahead | the entry just ahead |
+//! | shared | no exclusive entry is ahead | the nearest exclusive entry ahead |
+//! | one of N permits | fewer than N entries are ahead | the entry just ahead |
+//!
+//! A waiter watches one entry, for its deletion (no herd), and looks again when it goes. A first
+//! attempt that finds the lock busy leaves the queue at once; a waiting attempt keeps its entry
+//! and its place. Every attempt after the first checks that its entry is still in the queue: a
+//! waiter whose session ended while it was queued must never report the lock taken (the check
+//! Jepsen found etcd's own recipe needed, etcd issue 11456).
+//!
+//! An engine implements [`QueueStore`] (join, read what is ahead, watch an entry, remove one)
+//! and keeps a [`QueueRecipe`] over it, which does the rest: the entries by token, the
+//! decisions, the watches and the wake-ups.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use super::{
+    AcquireRequest, Attempt, BoxFuture, LeaseKind, LockError, PredecessorWatches, Subscription,
+    WakeHub,
+};
+use crate::error::ErrorKind;
+use crate::sync::MutexExt;
+
+/// One entry of a lock's queue, as the store lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedEntry<Id> {
+    /// The store's name for it (an etcd key, a ZooKeeper path).
+    pub id: Id,
+    /// Its place: entries are served in increasing order of it.
+    pub seq: i64,
+    /// Whether it asks for a shared lease (everything else excludes).
+    pub shared: bool,
+    /// The store's revision when it was read (where a watch on it starts), if the store has
+    /// revisions.
+    pub seen_at: i64,
+}
+
+/// Our entry, as [`QueueStore::join`] made or found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Joined<Id> {
+    /// The entry.
+    pub entry: QueuedEntry<Id>,
+    /// Its fencing token, if the store gives one (etcd's create revision, ZooKeeper's czxid).
+    pub fence: Option<u64>,
+    /// The entries ahead of it, oldest first, when the store read them in the same round trip.
+    pub ahead: Option<Vec<QueuedEntry<Id>>>,
+    /// The lease the entry lives on was granted or last refreshed at most this long ago (a
+    /// session lease); `None` when it is counted from the request.
+    pub age: Option<Duration>,
+}
+
+/// What [`QueueStore::join`] did.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum JoinOutcome<Id> {
+    /// Our entry is in the queue.
+    Joined(Joined<Id>),
+    /// A first attempt found the lock busy and wrote nothing (a store may take such a
+    /// conditional path for first attempts).
+    Busy,
+}
+
+/// What [`QueueStore::ahead`] read: the entries ahead of ours, oldest first; `None` when ours
+/// is no longer in the queue.
+pub type Ahead<Id> = Option<Vec<QueuedEntry<Id>>>;
+
+/// The operations a store supplies to the recipe.
+pub trait QueueStore: Send + Sync + 'static {
+    /// The store's name for an entry.
+    type Id: Clone + Eq + Debug + Send + Sync + 'static;
+
+    /// Adds `req.token`'s entry to `req.name`'s queue, or finds the one a request whose reply
+    /// was lost created (`req.retry`).
+    fn join<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<JoinOutcome<Self::Id>, LockError>>;
+
+    /// The entries of `name`'s queue ahead of `mine`, oldest first; `None` when `mine` is no
+    /// longer in the queue (its session ended, or it was deleted). A store may leave out the
+    /// entries further ahead than the decision for `kind` needs: for an exclusive entry all but
+    /// the nearest, for a permit of N all but the N nearest.
+    fn ahead<'a>(
+        &'a self,
+        name: &'a str,
+        mine: &'a QueuedEntry<Self::Id>,
+        kind: LeaseKind,
+    ) -> BoxFuture<'a, Result<Ahead<Self::Id>, LockError>>;
+
+    /// Resolves when `entry` is gone, or when the watch fails (the waiter then looks again).
+    fn watch_gone(&self, entry: &QueuedEntry<Self::Id>) -> BoxFuture<'static, ()>;
+
+    /// Deletes an entry of ours, in the background (its lease or session frees it anyway).
+    fn remove_later(&self, id: &Self::Id);
+}
+
+/// Whether an entry holds its lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision<Id> {
+    /// It holds its lease.
+    Holds,
+    /// It waits, and watches this entry ahead of it.
+    WaitsFor(QueuedEntry<Id>),
+}
+
+/// Whether our entry holds its lease, given what is ahead of it (oldest first); if not, which
+/// of those entries to watch.
+pub fn decide<Id: Clone>(kind: LeaseKind, ahead: &[QueuedEntry<Id>]) -> Decision<Id> {
+    let watch = match kind {
+        LeaseKind::Shared => ahead.iter().rev().find(|e| !e.shared),
+        LeaseKind::Permit { permits } if ahead.len() < permits as usize => None,
+        _ => ahead.last(),
+    };
+    match watch {
+        None => Decision::Holds,
+        Some(e) => Decision::WaitsFor(e.clone()),
+    }
+}
+
+/// An entry of ours, by token.
+#[derive(Debug, Clone)]
+pub struct Entry<Id> {
+    /// The lock's name.
+    pub name: String,
+    /// The entry.
+    pub entry: QueuedEntry<Id>,
+    /// Its fencing token.
+    pub fence: Option<u64>,
+    /// Whether it holds its lease (otherwise it waits in the queue).
+    pub held: bool,
+}
+
+struct RecipeState<Id> {
+    entries: HashMap<String, Entry<Id>>,
+}
+
+/// The recipe over a store: our entries by token, the decisions, the predecessor watches and
+/// the wake-ups of this client's waiters.
+pub struct QueueRecipe<S: QueueStore> {
+    store: Arc<S>,
+    state: Arc<Mutex<RecipeState<S::Id>>>,
+    watches: Arc<PredecessorWatches>,
+    hub: WakeHub,
+}
+
+impl<S: QueueStore> Debug for QueueRecipe<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueRecipe")
+            .field("entries", &self.state.locked().entries.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: QueueStore> QueueRecipe<S> {
+    /// A recipe over `store`.
+    pub fn new(store: Arc<S>) -> Self {
+        let state = Arc::new(Mutex::new(RecipeState {
+            entries: HashMap::new(),
+        }));
+        let watches = Arc::new(PredecessorWatches::default());
+        // When the last waiter of this client for a lock goes, its queued entries go too.
+        let (weak_state, weak_watches, weak_store): (Weak<_>, Weak<_>, Weak<S>) = (
+            Arc::downgrade(&state),
+            Arc::downgrade(&watches),
+            Arc::downgrade(&store),
+        );
+        let hub = WakeHub::new(
+            |_| {},
+            move |name| {
+                if let (Some(state), Some(watches), Some(store)) = (
+                    weak_state.upgrade(),
+                    weak_watches.upgrade(),
+                    weak_store.upgrade(),
+                ) {
+                    leave(&state, &watches, &*store, name);
+                }
+            },
+        );
+        QueueRecipe {
+            store,
+            state,
+            watches,
+            hub,
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<S> {
+        &self.store
+    }
+
+    /// One attempt: join the queue (or find our entry), read what is ahead, and hold the lease
+    /// or wait. A first attempt (`!req.queue`) that finds the lock busy leaves no entry behind.
+    ///
+    /// # Errors
+    /// The store's; `Lost` when a waiting entry left the queue (its session ended).
+    pub async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        let token = req.token.as_str();
+        let known = self.state.locked().entries.get(token).cloned();
+        let (entry, fence, listed, age) = match known {
+            Some(e) => (e.entry, e.fence, None, None),
+            None => match self.store.join(req).await? {
+                JoinOutcome::Busy => return Ok(Attempt::Busy { holder_ttl: None }),
+                JoinOutcome::Joined(j) => {
+                    self.state.locked().entries.insert(
+                        token.to_owned(),
+                        Entry {
+                            name: req.name.to_owned(),
+                            entry: j.entry.clone(),
+                            fence: j.fence,
+                            held: false,
+                        },
+                    );
+                    (j.entry, j.fence, j.ahead, j.age)
+                }
+            },
+        };
+        let ahead = match listed {
+            Some(a) => a,
+            None => match self.store.ahead(req.name, &entry, req.kind).await? {
+                Some(a) => a,
+                None => {
+                    self.state.locked().entries.remove(token);
+                    return Err(LockError::new(
+                        ErrorKind::Lost,
+                        format!(
+                            "our place in the queue of {:?} is gone (its session ended or the \
+                             entry was deleted)",
+                            req.name
+                        ),
+                    ));
+                }
+            },
+        };
+        let Decision::WaitsFor(predecessor) = decide(req.kind, &ahead) else {
+            if let Some(e) = self.state.locked().entries.get_mut(token) {
+                e.held = true;
+            }
+            return Ok(match age {
+                Some(age) => Attempt::AcquiredEarlier {
+                    fence,
+                    age: Some(age),
+                    ttl: req.ttl,
+                },
+                None => Attempt::Acquired { fence },
+            });
+        };
+        if !req.queue {
+            // A first attempt: leave no entry behind.
+            self.discard(token);
+            return Ok(Attempt::Busy { holder_ttl: None });
+        }
+        self.watch(req.name, predecessor);
+        Ok(Attempt::Busy { holder_ttl: None })
+    }
+
+    /// Watches `entry` for `name`'s waiters (one watch per lock: a later target replaces it).
+    fn watch(&self, name: &str, entry: QueuedEntry<S::Id>) {
+        let target = format!("{:?}", entry.id);
+        let gone = self.store.watch_gone(&entry);
+        let hub = self.hub.clone();
+        let name_owned = name.to_owned();
+        self.watches.point(name, &target, move || {
+            tokio::spawn(async move {
+                gone.await;
+                hub.notify(&name_owned);
+            })
+            .abort_handle()
+        });
+    }
+
+    /// A subscription to `name`'s wake-ups (the watch itself is set by each waiting attempt,
+    /// so nothing is missed between this call and the next attempt).
+    pub fn subscribe(&self, name: &str) -> Subscription {
+        self.hub.subscribe(name)
+    }
+
+    /// Our entry for `token`, if we have one.
+    pub fn entry(&self, token: &str) -> Option<Entry<S::Id>> {
+        self.state.locked().entries.get(token).cloned()
+    }
+
+    /// Our held entry for `token` on `name`, if we have one.
+    pub fn held(&self, name: &str, token: &str) -> Option<Entry<S::Id>> {
+        self.entry(token).filter(|e| e.held && e.name == name)
+    }
+
+    /// Our entries that hold their lease.
+    pub fn held_entries(&self) -> Vec<(String, Entry<S::Id>)> {
+        self.state
+            .locked()
+            .entries
+            .iter()
+            .filter(|(_, e)| e.held)
+            .map(|(t, e)| (t.clone(), e.clone()))
+            .collect()
+    }
+
+    /// Forgets `token`'s entry (released, or moved) and returns it; the caller deletes it.
+    pub fn forget(&self, token: &str) -> Option<Entry<S::Id>> {
+        self.state.locked().entries.remove(token)
+    }
+
+    /// Forgets `token`'s entry and deletes it in the background.
+    pub fn discard(&self, token: &str) {
+        if let Some(e) = self.forget(token) {
+            self.store.remove_later(&e.entry.id);
+        }
+    }
+
+    /// Changes our record of `token`'s entry (its id after a move, say).
+    pub fn update(&self, token: &str, f: impl FnOnce(&mut Entry<S::Id>)) {
+        if let Some(e) = self.state.locked().entries.get_mut(token) {
+            f(e);
+        }
+    }
+}
+
+/// Nobody here waits for `name` any more: stop watching, and leave its queue (queued entries
+/// only: a held one belongs to its guard).
+fn leave<S: QueueStore>(
+    state: &Mutex<RecipeState<S::Id>>,
+    watches: &PredecessorWatches,
+    store: &S,
+    name: &str,
+) {
+    watches.stop(name);
+    let gone: Vec<S::Id> = {
+        let mut st = state.locked();
+        let tokens: Vec<String> = st
+            .entries
+            .iter()
+            .filter(|(_, e)| e.name == name && !e.held)
+            .map(|(t, _)| t.clone())
+            .collect();
+        tokens
+            .into_iter()
+            .filter_map(|t| st.entries.remove(&t).map(|e| e.entry.id))
+            .collect()
+    };
+    for id in gone {
+        store.remove_later(&id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(entries: &[(i64, bool)]) -> Vec<QueuedEntry<i64>> {
+        entries
+            .iter()
+            .map(|&(seq, shared)| QueuedEntry {
+                id: seq,
+                seq,
+                shared,
+                seen_at: 0,
+            })
+            .collect()
+    }
+
+    fn waiting_on(seq: i64, shared: bool) -> Decision<i64> {
+        Decision::WaitsFor(q(&[(seq, shared)]).remove(0))
+    }
+
+    #[test]
+    fn exclusive_holds_first_and_watches_the_entry_just_ahead() {
+        assert_eq!(decide(LeaseKind::Exclusive, &q(&[])), Decision::Holds);
+        assert_eq!(
+            decide(
+                LeaseKind::Exclusive,
+                &q(&[(1, true), (2, false), (3, true)])
+            ),
+            waiting_on(3, true)
+        );
+    }
+
+    #[test]
+    fn shared_holds_unless_an_exclusive_is_ahead_and_then_watches_the_nearest() {
+        assert_eq!(
+            decide(LeaseKind::Shared, &q(&[(1, true), (2, true)])),
+            Decision::Holds
+        );
+        assert_eq!(
+            decide(
+                LeaseKind::Shared,
+                &q(&[(1, false), (2, true), (3, false), (4, true)])
+            ),
+            waiting_on(3, false)
+        );
+    }
+
+    #[test]
+    fn permits_hold_while_fewer_are_ahead() {
+        let three = LeaseKind::Permit { permits: 3 };
+        assert_eq!(
+            decide(three, &q(&[(1, false), (2, false)])),
+            Decision::Holds
+        );
+        assert_eq!(
+            decide(three, &q(&[(1, false), (2, false), (3, false)])),
+            waiting_on(3, false)
+        );
+    }
+}
