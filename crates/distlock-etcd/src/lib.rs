@@ -5,6 +5,8 @@ mod backend;
 mod config;
 mod error;
 mod members;
+mod session;
+mod store;
 #[doc(hidden)]
 pub mod wire;
 

@@ -16,10 +16,10 @@ use super::messages::*;
 #[derive(Clone)]
 pub struct Conn {
     channel: Channel,
-    shared: Arc<Shared>,
+    settings: Arc<CallSettings>,
 }
 
-struct Shared {
+struct CallSettings {
     /// Ask the member to refuse at once when it has no leader (an election, the minority side
     /// of a partition) rather than hold the request.
     require_leader: bool,
@@ -31,10 +31,10 @@ struct Shared {
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conn")
-            .field("require_leader", &self.shared.require_leader)
+            .field("require_leader", &self.settings.require_leader)
             .field(
                 "user",
-                &self.shared.credentials.as_ref().map(|(user, _)| user),
+                &self.settings.credentials.as_ref().map(|(user, _)| user),
             )
             .finish_non_exhaustive()
     }
@@ -115,7 +115,7 @@ impl Conn {
             .connect_lazy();
         Conn {
             channel,
-            shared: Arc::new(Shared {
+            settings: Arc::new(CallSettings {
                 require_leader,
                 credentials,
                 token: RwLock::new(None),
@@ -129,7 +129,7 @@ impl Conn {
     /// # Errors
     /// The member's answer: `InvalidArgument` "authentication failed" for a wrong password.
     pub async fn authenticate(&self) -> Result<(), Status> {
-        let Some((name, password)) = &self.shared.credentials else {
+        let Some((name, password)) = &self.settings.credentials else {
             return Ok(());
         };
         let reply: AuthenticateResponse = self
@@ -145,7 +145,7 @@ impl Conn {
         let token = AsciiMetadataValue::try_from(reply.token.as_str())
             .map_err(|_| Status::internal("etcd sent an auth token that is not ASCII"))?;
         *self
-            .shared
+            .settings
             .token
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Some(token);
@@ -155,12 +155,12 @@ impl Conn {
     fn request<T>(&self, message: T, with_token: bool) -> Request<T> {
         let mut req = Request::new(message);
         let meta = req.metadata_mut();
-        if self.shared.require_leader {
+        if self.settings.require_leader {
             meta.insert("hasleader", AsciiMetadataValue::from_static("true"));
         }
         if with_token
             && let Some(token) = self
-                .shared
+                .settings
                 .token
                 .read()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -209,7 +209,7 @@ impl Conn {
         A: prost::Message + Default + Send + Sync + 'static,
     {
         match self.call(path, message.clone(), true).await {
-            Err(s) if token_expired(&s) && self.shared.credentials.is_some() => {
+            Err(s) if token_expired(&s) && self.settings.credentials.is_some() => {
                 self.authenticate().await?;
                 self.call(path, message, true).await
             }
@@ -244,7 +244,7 @@ impl Conn {
                 .await;
             match opened {
                 Ok(r) => return Ok((tx, r.into_inner())),
-                Err(s) if token_expired(&s) && self.shared.credentials.is_some() && !renewed => {
+                Err(s) if token_expired(&s) && self.settings.credentials.is_some() && !renewed => {
                     renewed = true;
                     self.authenticate().await?;
                 }
@@ -309,14 +309,18 @@ impl Conn {
             .await
     }
 
-    /// `Lease.LeaseTimeToLive`.
+    /// `Lease.LeaseTimeToLive`; with `keys`, the keys attached to the lease too.
     ///
     /// # Errors
     /// The member's status.
-    pub async fn lease_time_to_live(&self, id: i64) -> Result<LeaseTimeToLiveResponse, Status> {
+    pub async fn lease_time_to_live(
+        &self,
+        id: i64,
+        keys: bool,
+    ) -> Result<LeaseTimeToLiveResponse, Status> {
         self.unary(
             "/etcdserverpb.Lease/LeaseTimeToLive",
-            LeaseTimeToLiveRequest { id, keys: false },
+            LeaseTimeToLiveRequest { id, keys },
         )
         .await
     }

@@ -125,6 +125,17 @@ impl Compare {
         }
     }
 
+    /// The lease `key` is attached to compared with `lease`.
+    pub fn lease(key: impl Into<Vec<u8>>, result: CompareResult, lease: i64) -> Self {
+        Compare {
+            result: result as i32,
+            target: CompareTarget::Lease as i32,
+            key: key.into(),
+            target_union: Some(TargetUnion::Lease(lease)),
+            range_end: Vec::new(),
+        }
+    }
+
     /// The same comparison over every key under the key taken as a prefix.
     pub fn over_prefix(mut self) -> Self {
         self.range_end = prefix_end(&self.key);

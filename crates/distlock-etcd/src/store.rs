@@ -1,0 +1,503 @@
+//! The queue on etcd: what the core's queue recipe asks of a store, in etcd's terms.
+//!
+//! Each acquisition is the key `<prefix><name>/<token>`, attached to the lease of this client's
+//! session for its TTL; keys queue by create revision, which is also the fencing token.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use distlock_core::engine::queue::{Ahead, JoinOutcome, Joined, QueueStore, QueuedEntry};
+use distlock_core::engine::{
+    AcquireRequest, BoxFuture, ErrorKind, HolderValue, LeaseKind, LockError, LostReason, MutexExt,
+    Token,
+};
+use tokio::sync::watch;
+use tonic::Status;
+
+use crate::error::{lease_missing, map_err};
+use crate::members::Members;
+use crate::session::{Session, Sessions};
+use crate::wire::{
+    Compare, CompareResult, DeleteRangeRequest, EventType, FilterType, RangeRequest, RequestOp,
+    SortOrder, SortTarget, TxnRequest, TxnResponse, WatchCreateRequest, revision,
+};
+
+/// etcd as a store of lock queues.
+pub(crate) struct EtcdStore {
+    pub(crate) members: Arc<Members>,
+    pub(crate) sessions: Sessions,
+    prefix: String,
+    /// The session each of our keys lives on. A key is entered before the request that writes
+    /// it is sent, and leaves when it is deleted: a key attached to one of our sessions that is
+    /// not here was written by a request given up before its reply (see
+    /// [`EtcdStore::orphans`]).
+    on: Mutex<HashMap<String, Arc<Session>>>,
+    /// Bumped whenever a key moves to another session or leaves, so that a watch on the session
+    /// a key lives on follows it.
+    moves: watch::Sender<u64>,
+    /// Keys of ours released while etcd could not be reached (an acquire given up during an
+    /// election, say): until their delete is answered, a first attempt that finds one of them
+    /// holding its lock deletes it rather than report the lock busy.
+    abandoned: Mutex<HashSet<String>>,
+}
+
+impl EtcdStore {
+    pub(crate) fn new(members: Arc<Members>, sessions: Sessions, prefix: String) -> Self {
+        EtcdStore {
+            members,
+            sessions,
+            prefix,
+            on: Mutex::new(HashMap::new()),
+            moves: watch::channel(0).0,
+            abandoned: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The key prefix under which the lock `name` queues its holders.
+    pub(crate) fn lock_prefix(&self, name: &str) -> String {
+        format!("{}{name}/", self.prefix)
+    }
+
+    /// The key of `token`'s acquisition of `name`.
+    pub(crate) fn key(&self, name: &str, token: &Token) -> String {
+        format!("{}{name}/{}", self.prefix, token.as_str())
+    }
+
+    /// The session `key` lives on.
+    pub(crate) fn session_of(&self, key: &str) -> Option<Arc<Session>> {
+        self.on.locked().get(key).cloned()
+    }
+
+    /// Records that `key` now lives on `session` (or is about to be written on it).
+    pub(crate) fn set_session(&self, key: &str, session: Arc<Session>) {
+        // Ours again (a later attempt with the same token): not to be cleared out of the way.
+        self.abandoned.locked().remove(key);
+        let before = self.on.locked().insert(key.to_owned(), session.clone());
+        match before {
+            Some(b) if Arc::ptr_eq(&b, &session) => {}
+            Some(b) => {
+                b.remove_key();
+                session.add_key();
+                self.moves.send_modify(|n| *n += 1);
+            }
+            None => session.add_key(),
+        }
+    }
+
+    /// Forgets `key` (it was deleted, or its request given up).
+    pub(crate) fn forget(&self, key: &str) {
+        let before = self.on.locked().remove(key);
+        if let Some(b) = before {
+            b.remove_key();
+            self.moves.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Notes whether releasing `key` was answered (a key not deleted may be in the way of a
+    /// later first attempt: see [`EtcdStore::clear_abandoned`]).
+    pub(crate) fn released(&self, key: &str, answered: bool) {
+        let mut abandoned = self.abandoned.locked();
+        if answered {
+            abandoned.remove(key);
+        } else {
+            abandoned.insert(key.to_owned());
+        }
+    }
+
+    /// After a busy first attempt: if the holder's key it read is one of ours, released while
+    /// etcd could not be reached, deletes it (if it is still that key). Whether it did.
+    async fn clear_abandoned(&self, busy: &TxnResponse) -> bool {
+        let Some(kv) = busy
+            .responses
+            .first()
+            .and_then(|r| r.range())
+            .and_then(|r| r.kvs.first())
+        else {
+            return false;
+        };
+        let key = String::from_utf8_lossy(&kv.key).into_owned();
+        if !self.abandoned.locked().contains(&key) {
+            return false;
+        }
+        let txn = TxnRequest::new(
+            vec![Compare::create_revision(
+                key.as_str(),
+                CompareResult::Equal,
+                kv.create_revision,
+            )],
+            vec![RequestOp::delete(key.as_str())],
+            vec![],
+        );
+        match self.txn(txn).await {
+            Ok(_) => {
+                self.abandoned.locked().remove(&key);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Resolves with the reason when the session `key` lives on ends while the key is on it;
+    /// never when the key leaves our sessions (deleted) first.
+    pub(crate) fn session_end(
+        self: &Arc<Self>,
+        key: String,
+    ) -> impl std::future::Future<Output = LostReason> + Send + 'static {
+        let store = Arc::downgrade(self);
+        let mut moves = self.moves.subscribe();
+        async move {
+            loop {
+                moves.borrow_and_update();
+                let Some(session) = store.upgrade().and_then(|s| s.session_of(&key)) else {
+                    return std::future::pending().await;
+                };
+                tokio::select! {
+                    why = session.ended() => {
+                        let still = store
+                            .upgrade()
+                            .and_then(|s| s.session_of(&key))
+                            .is_some_and(|now| Arc::ptr_eq(&now, &session));
+                        if still {
+                            return why;
+                        }
+                    }
+                    changed = moves.changed() => {
+                        if changed.is_err() {
+                            return std::future::pending().await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Of the keys attached to one of our sessions' leases, those we do not know: written by a
+    /// request given up before its reply came (its future dropped, or a lost reply not resent),
+    /// after the clean-up's delete. Nobody waits on them and nobody holds them; they would live as
+    /// long as the session.
+    pub(crate) fn orphans(&self, attached: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        let on = self.on.locked();
+        attached
+            .iter()
+            .filter(|k| {
+                let k = String::from_utf8_lossy(k);
+                k.starts_with(&self.prefix) && !on.contains_key(k.as_ref())
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Deletes `key` if it is still attached to `lease`, in the background.
+    pub(crate) fn delete_if_on(&self, key: Vec<u8>, lease: i64) {
+        let members = self.members.clone();
+        tokio::spawn(async move {
+            let txn = TxnRequest::new(
+                vec![Compare::lease(key.as_slice(), CompareResult::Equal, lease)],
+                vec![RequestOp::delete(key.as_slice())],
+                vec![],
+            );
+            let _ = members
+                .write(|c| {
+                    let txn = txn.clone();
+                    async move { c.txn(txn).await }
+                })
+                .await;
+        });
+    }
+
+    /// Sends a transaction (again on another member while it never reached one).
+    pub(crate) async fn txn(&self, txn: TxnRequest) -> Result<TxnResponse, Status> {
+        self.members
+            .write(|c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+    }
+
+    /// An acquire's transaction. `Ok(None)`: the session's lease was found gone (it ran out
+    /// before the key could be written).
+    async fn acquire_txn(&self, txn: TxnRequest) -> Result<Option<TxnResponse>, LockError> {
+        match self.txn(txn).await {
+            Ok(r) => Ok(Some(r)),
+            Err(e) if lease_missing(&e) => Ok(None),
+            Err(e) => Err(map_err(e, "acquiring an etcd lock")),
+        }
+    }
+
+    async fn join_inner(&self, req: &AcquireRequest<'_>) -> Result<JoinOutcome<String>, LockError> {
+        if req.kind != LeaseKind::Exclusive {
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                "the etcd engine holds exclusive leases only in this release",
+            ));
+        }
+        let key = self.key(req.name, req.token);
+        // A session can run out just as it is used (idle, near its deadline): one more try, on a
+        // session granted for it.
+        for _ in 0..2 {
+            let session = self.sessions.get(req.ttl, req.clock).await?;
+            // Entered before the write is sent: a write that lands after its request was given
+            // up is then cleaned up by the release, or found an orphan at a renewal.
+            self.set_session(&key, session.clone());
+            let joined = self.join_on(req, &key, &session).await;
+            match &joined {
+                Ok(Some(JoinOutcome::Joined(_))) => {}
+                Ok(Some(_)) => self.forget(&key),
+                Ok(None) => {
+                    self.forget(&key);
+                    session.lapsed();
+                    continue;
+                }
+                Err(e) if !e.is_ambiguous() => self.forget(&key),
+                Err(_) => {}
+            }
+            return joined.map(|j| j.unwrap_or(JoinOutcome::Busy));
+        }
+        Err(LockError::new(
+            ErrorKind::Lost,
+            "the etcd session's lease expired before the lock was written, twice",
+        ))
+    }
+
+    /// [`join`](QueueStore::join) on `session`; `Ok(None)` when its lease is gone.
+    async fn join_on(
+        &self,
+        req: &AcquireRequest<'_>,
+        key: &str,
+        session: &Arc<Session>,
+    ) -> Result<Option<JoinOutcome<String>>, LockError> {
+        // The lock lasts from the session's last refresh (its grant, for a new one, which may
+        // have waited for an election): say how long ago that was.
+        let age = Some(
+            req.clock
+                .now()
+                .saturating_duration_since(session.refreshed()),
+        );
+        let value = HolderValue::now(req.token.as_str(), req.owner).encode();
+        if !req.queue && !req.retry {
+            // A first attempt: one transaction that writes our key only if the lock has no key
+            // at all (a compare over the whole prefix), and writes nothing when it is busy but
+            // read the holder's key. A holder that is a key of ours whose acquire was given up
+            // (its clean-up could not delete it yet) is deleted, and the attempt made again.
+            let mut reply = None;
+            for _ in 0..2 {
+                let txn = TxnRequest::new(
+                    vec![
+                        Compare::create_revision(
+                            self.lock_prefix(req.name),
+                            CompareResult::Equal,
+                            0,
+                        )
+                        .over_prefix(),
+                    ],
+                    vec![RequestOp::put(key, value.as_str(), session.lease)],
+                    vec![RequestOp::range(
+                        RangeRequest::prefix(self.lock_prefix(req.name))
+                            .sorted(SortTarget::Create, SortOrder::Ascend)
+                            .limit(1)
+                            .keys_only(),
+                    )],
+                );
+                let Some(r) = self.acquire_txn(txn).await? else {
+                    return Ok(None);
+                };
+                if r.succeeded || !self.clear_abandoned(&r).await {
+                    reply = Some(r);
+                    break;
+                }
+            }
+            let Some(reply) = reply.filter(|r| r.succeeded) else {
+                return Ok(Some(JoinOutcome::Busy));
+            };
+            // The put was the transaction's only write: its revision is the key's create
+            // revision.
+            let rev = revision(reply.header.as_ref());
+            return Ok(Some(JoinOutcome::Joined(Joined {
+                entry: QueuedEntry {
+                    id: key.to_owned(),
+                    seq: rev,
+                    shared: false,
+                    seen_at: rev,
+                },
+                fence: u64::try_from(rev).ok(),
+                ahead: Some(Vec::new()),
+                age,
+            })));
+        }
+        // Waiting, or resent: create the key unless it exists, and read it back.
+        let mine = RequestOp::range(RangeRequest::key(key).keys_only());
+        let txn = TxnRequest::new(
+            vec![Compare::create_revision(key, CompareResult::Equal, 0)],
+            vec![RequestOp::put(key, value, session.lease), mine.clone()],
+            vec![mine],
+        );
+        let Some(reply) = self.acquire_txn(txn).await? else {
+            return Ok(None);
+        };
+        let at = revision(reply.header.as_ref());
+        let Some(kv) = reply
+            .responses
+            .last()
+            .and_then(|r| r.range())
+            .and_then(|r| r.kvs.first())
+        else {
+            return Err(LockError::new(
+                ErrorKind::Protocol,
+                "acquiring an etcd lock: the transaction's read came back empty",
+            ));
+        };
+        let seq = kv.create_revision;
+        if kv.lease != session.lease {
+            // A resent request whose key lives on an older session: move it to the current
+            // one, keeping its place.
+            let moved = TxnRequest::new(
+                vec![Compare::create_revision(key, CompareResult::Equal, seq)],
+                vec![RequestOp::move_to_lease(key, session.lease)],
+                vec![],
+            );
+            if !self.acquire_txn(moved).await?.is_some_and(|r| r.succeeded) {
+                return Err(LockError::new(
+                    ErrorKind::Lost,
+                    "our etcd lock key vanished while it was moved to the current session",
+                ));
+            }
+        }
+        Ok(Some(JoinOutcome::Joined(Joined {
+            entry: QueuedEntry {
+                id: key.to_owned(),
+                seq,
+                shared: false,
+                seen_at: at,
+            },
+            fence: u64::try_from(seq).ok(),
+            ahead: None,
+            age,
+        })))
+    }
+
+    async fn ahead_inner(
+        &self,
+        name: &str,
+        mine: &QueuedEntry<String>,
+        kind: LeaseKind,
+    ) -> Result<Ahead<String>, LockError> {
+        let mut read = RangeRequest::prefix(self.lock_prefix(name))
+            .sorted(SortTarget::Create, SortOrder::Descend)
+            .max_create_revision(mine.seq - 1)
+            .keys_only();
+        match kind {
+            // The nearest one decides for an exclusive entry, the n nearest for a permit.
+            LeaseKind::Exclusive => read = read.limit(1),
+            LeaseKind::Permit { permits } => read = read.limit(i64::from(permits.max(1))),
+            _ => {}
+        }
+        // Our key must still be there, with its place.
+        let txn = TxnRequest::new(
+            vec![Compare::create_revision(
+                mine.id.as_str(),
+                CompareResult::Equal,
+                mine.seq,
+            )],
+            vec![RequestOp::range(read)],
+            vec![],
+        );
+        let reply = self
+            .txn(txn)
+            .await
+            .map_err(|e| map_err(e, "reading an etcd lock's queue"))?;
+        if !reply.succeeded {
+            return Ok(None);
+        }
+        let at = revision(reply.header.as_ref());
+        let Some(range) = reply.responses.first().and_then(|r| r.range()) else {
+            return Err(LockError::new(
+                ErrorKind::Protocol,
+                "reading an etcd lock's queue: no read in the reply",
+            ));
+        };
+        let mut ahead: Vec<QueuedEntry<String>> = range
+            .kvs
+            .iter()
+            .map(|kv| QueuedEntry {
+                id: String::from_utf8_lossy(&kv.key).into_owned(),
+                seq: kv.create_revision,
+                shared: false,
+                seen_at: at,
+            })
+            .collect();
+        ahead.reverse();
+        Ok(Some(ahead))
+    }
+}
+
+impl QueueStore for EtcdStore {
+    type Id = String;
+
+    fn join<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<JoinOutcome<String>, LockError>> {
+        Box::pin(self.join_inner(req))
+    }
+
+    fn ahead<'a>(
+        &'a self,
+        name: &'a str,
+        mine: &'a QueuedEntry<String>,
+        kind: LeaseKind,
+    ) -> BoxFuture<'a, Result<Ahead<String>, LockError>> {
+        Box::pin(self.ahead_inner(name, mine, kind))
+    }
+
+    /// A watch on the key for its deletion, from the revision after the one it was seen at
+    /// (an event between the read and the watch is not missed).
+    fn watch_gone(&self, entry: &QueuedEntry<String>) -> BoxFuture<'static, ()> {
+        let members = self.members.clone();
+        let create = WatchCreateRequest {
+            key: entry.id.clone().into_bytes(),
+            start_revision: entry.seen_at + 1,
+            filters: vec![FilterType::NoPut as i32],
+            ..Default::default()
+        };
+        Box::pin(async move {
+            let opened = members
+                .retry(|c| {
+                    let create = create.clone();
+                    async move { c.watch(create).await }
+                })
+                .await;
+            let Ok(mut stream) = opened else { return };
+            loop {
+                match stream.message().await {
+                    Ok(Some(r)) if r.canceled => return,
+                    Ok(Some(r)) => {
+                        if r.events
+                            .iter()
+                            .any(|e| e.r#type == EventType::Delete as i32)
+                        {
+                            return;
+                        }
+                    }
+                    _ => return,
+                }
+            }
+        })
+    }
+
+    fn remove_later(&self, id: &String) {
+        self.forget(id);
+        let (members, key) = (self.members.clone(), id.clone().into_bytes());
+        tokio::spawn(async move {
+            let _ = members
+                .write(|c| {
+                    let delete = DeleteRangeRequest {
+                        key: key.clone(),
+                        ..Default::default()
+                    };
+                    async move { c.delete_range(delete).await }
+                })
+                .await;
+        });
+    }
+}

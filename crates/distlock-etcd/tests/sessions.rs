@@ -1,0 +1,249 @@
+//! etcd sessions on a real member: one lease for all of a client's renewed locks, locks that
+//! are not renewed (or no longer) ending after their TTL whatever else the client holds, every
+//! lock of a revoked session lost at once with the reason, keys left by given-up requests
+//! cleaned up, and an idle client's session running out by itself.
+
+use std::time::{Duration, Instant};
+
+use distlock_core::{LockClient, LockOptions, LostReason};
+use distlock_etcd::EtcdBackend;
+use distlock_testkit::Etcd;
+
+async fn client(url: &str, ttl: Duration) -> LockClient<EtcdBackend> {
+    let backend = EtcdBackend::connect(url).await.expect("connect");
+    LockClient::builder(backend)
+        .options(
+            LockOptions::builder()
+                .ttl(ttl)
+                .wait_timeout(Duration::from_secs(20))
+                .build()
+                .unwrap(),
+        )
+        .build()
+}
+
+/// The ids (hex) of the leases the cluster has now.
+fn leases(etcd: &Etcd) -> Vec<String> {
+    etcd.ctl(&["lease", "list"])
+        .lines()
+        .skip(1) // "found N leases"
+        .map(|l| l.trim().to_owned())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// The keys attached to lease `id` (hex), from `etcdctl lease timetolive --keys`.
+fn attached(etcd: &Etcd, id: &str) -> Vec<String> {
+    let out = etcd.ctl(&["lease", "timetolive", id, "--keys"]);
+    // "lease 694d… granted with TTL(5s), remaining(4s), attached keys([a b c])"
+    let Some(list) = out
+        .split("attached keys([")
+        .nth(1)
+        .and_then(|rest| rest.split("])").next())
+    else {
+        return Vec::new();
+    };
+    list.split_whitespace().map(str::to_owned).collect()
+}
+
+/// The lease (hex) the only key under `prefix` is attached to.
+fn lease_of(etcd: &Etcd, prefix: &str) -> String {
+    let out = etcd.ctl(&["get", prefix, "--prefix", "-w", "fields"]);
+    let lease = out
+        .lines()
+        .find_map(|l| l.strip_prefix("\"Lease\" : "))
+        .unwrap_or_else(|| panic!("no key under {prefix}: {out}"));
+    format!("{:x}", lease.trim().parse::<i64>().expect("a lease id"))
+}
+
+fn eventually(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_locks_of_a_client_share_one_session_lease() {
+    let Some(etcd) = Etcd::start() else { return };
+    let c = client(&etcd.url(""), Duration::from_secs(5)).await;
+    let mut guards = Vec::new();
+    for i in 0..50 {
+        guards.push(c.acquire(&format!("shared-{i}")).await.unwrap());
+    }
+    let ids = leases(&etcd);
+    assert_eq!(ids.len(), 1, "one session lease for 50 locks: {ids:?}");
+    assert_eq!(attached(&etcd, &ids[0]).len(), 50);
+    // Renewals keep all of them on it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(guards.iter().all(|g| g.is_held()));
+    assert_eq!(leases(&etcd).len(), 1);
+    for g in guards {
+        assert!(g.release().await.unwrap().was_held());
+    }
+    assert!(attached(&etcd, &ids[0]).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_nobody_renews_ends_after_its_ttl_beside_renewed_ones() {
+    let Some(etcd) = Etcd::start() else { return };
+    let url = etcd.url("");
+    let a = client(&url, Duration::from_secs(2)).await;
+    let b = client(&url, Duration::from_secs(2)).await;
+    let renewed = a.acquire("kept").await.unwrap();
+    let t0 = Instant::now();
+    let unrenewed = a.lock("unkept").auto_renew(false).acquire().await.unwrap();
+    // On a lease of its own, not the session's.
+    assert_ne!(
+        lease_of(&etcd, &a.backend().lock_prefix("unkept")),
+        lease_of(&etcd, &a.backend().lock_prefix("kept"))
+    );
+    let g = b
+        .acquire("unkept")
+        .await
+        .expect("the unrenewed lock runs out");
+    assert!(t0.elapsed() >= Duration::from_millis(1900), "freed early");
+    assert!(t0.elapsed() < Duration::from_secs(8), "freed late");
+    assert!(!unrenewed.is_held());
+    assert!(renewed.is_held(), "the renewed lock is still held");
+    assert!(b.try_acquire("kept").await.unwrap().is_none());
+    drop(g);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaked_lock_ends_after_its_ttl_while_the_client_holds_others() {
+    let Some(etcd) = Etcd::start() else { return };
+    let url = etcd.url("");
+    let a = client(&url, Duration::from_secs(2)).await;
+    let b = client(&url, Duration::from_secs(2)).await;
+    let kept = a.acquire("kept").await.unwrap();
+    let t0 = Instant::now();
+    let leaked = a.acquire("leaked").await.unwrap().leak();
+    let g = b.acquire("leaked").await.expect("the leaked lock runs out");
+    assert!(
+        Instant::now() >= leaked.valid_until,
+        "taken before the leaked lease ended"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(8), "freed late");
+    assert!(kept.is_held());
+    drop(g);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_limit_frees_the_lock_while_the_session_lives_on() {
+    let Some(etcd) = Etcd::start() else { return };
+    let url = etcd.url("");
+    let a = client(&url, Duration::from_secs(2)).await;
+    let b = client(&url, Duration::from_secs(2)).await;
+    let kept = a.acquire("kept").await.unwrap();
+    let t0 = Instant::now();
+    let limited = a
+        .lock("limited")
+        .max_hold(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    let g = b.acquire("limited").await.expect("freed at the hold limit");
+    assert!(t0.elapsed() >= Duration::from_millis(2900), "freed early");
+    assert!(t0.elapsed() < Duration::from_secs(9), "freed late");
+    assert!(!limited.is_held());
+    assert!(kept.is_held());
+    drop(g);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_session_loses_every_lock_on_it_with_the_reason() {
+    let Some(etcd) = Etcd::start() else { return };
+    let url = etcd.url("");
+    let a = client(&url, Duration::from_secs(3)).await;
+    let b = client(&url, Duration::from_secs(3)).await;
+    let guards = [
+        a.acquire("s1").await.unwrap(),
+        a.acquire("s2").await.unwrap(),
+        a.acquire("s3").await.unwrap(),
+    ];
+    let lease = lease_of(&etcd, &a.backend().lock_prefix("s1"));
+    etcd.ctl(&["lease", "revoke", &lease]);
+    for g in &guards {
+        let why = tokio::time::timeout(Duration::from_secs(3), g.lost())
+            .await
+            .expect("lost within a renewal interval");
+        assert_eq!(why, LostReason::Expired);
+    }
+    // The others can take them at once, and the client's next lock gets a new session.
+    for name in ["s1", "s2", "s3"] {
+        assert!(b.try_acquire(name).await.unwrap().is_some());
+    }
+    let next = a.acquire("s4").await.unwrap();
+    assert_ne!(lease_of(&etcd, &a.backend().lock_prefix("s4")), lease);
+    assert!(next.release().await.unwrap().was_held());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_on_our_session_that_we_do_not_know_is_deleted_at_a_renewal() {
+    let Some(etcd) = Etcd::start() else { return };
+    let a = client(&etcd.url(""), Duration::from_secs(2)).await;
+    let g = a.acquire("real").await.unwrap();
+    let lease = lease_of(&etcd, &a.backend().lock_prefix("real"));
+    // What a request given up after it was sent leaves when it lands after its clean-up.
+    let stray = format!(
+        "{}0123456789abcdef0123456789abcdef",
+        a.backend().lock_prefix("stray")
+    );
+    etcd.ctl(&["put", &stray, "v", &format!("--lease={lease}")]);
+    eventually("the stray key is deleted", Duration::from_secs(4), || {
+        etcd.ctl(&["get", &stray, "--keys-only"]).trim().is_empty()
+    });
+    assert!(g.is_held());
+    assert!(a.try_acquire("stray").await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_client_lets_its_session_run_out() {
+    let Some(etcd) = Etcd::start() else { return };
+    let a = client(&etcd.url(""), Duration::from_secs(1)).await;
+    let g = a.acquire("brief").await.unwrap();
+    assert_eq!(leases(&etcd).len(), 1);
+    assert!(g.release().await.unwrap().was_held());
+    // Nothing held or awaited: no keep-alive, and the lease runs out (its TTL is at least
+    // etcd's minimum, a few seconds).
+    eventually(
+        "the idle session's lease runs out",
+        Duration::from_secs(10),
+        || leases(&etcd).is_empty(),
+    );
+    // The next lock gets a new session.
+    let g = a.acquire("brief").await.unwrap();
+    assert_eq!(leases(&etcd).len(), 1);
+    assert!(g.release().await.unwrap().was_held());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_release_went_unanswered_is_not_in_our_way() {
+    let Some(mut etcd) = Etcd::start() else {
+        return;
+    };
+    let a = client(
+        &etcd.url("?response_timeout=300ms"),
+        Duration::from_secs(10),
+    )
+    .await;
+    let g = a.acquire("unanswered").await.unwrap();
+    // The server is down while the release is sent, and back (with its data) after.
+    etcd.members_mut()[0].kill();
+    let released = g.release().await;
+    etcd.members_mut()[0].restart();
+    assert!(released.is_err(), "the release was answered: {released:?}");
+    // The key is still there (its lease lives 10 s), but it is ours, released: the next first
+    // attempt deletes it instead of reporting the lock busy.
+    let prefix = a.backend().lock_prefix("unanswered");
+    let left = etcd.ctl(&["get", &prefix, "--prefix", "--keys-only"]);
+    assert_eq!(left.lines().filter(|l| !l.trim().is_empty()).count(), 1);
+    let g = a
+        .try_acquire("unanswered")
+        .await
+        .unwrap()
+        .expect("not kept out by our own released key");
+    assert!(g.release().await.unwrap().was_held());
+}
