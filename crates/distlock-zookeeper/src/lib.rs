@@ -3,6 +3,8 @@
 
 mod backend;
 mod config;
+mod session;
+mod store;
 
 pub use backend::ZkBackend;
 pub use config::ZkConfig;

@@ -1,0 +1,175 @@
+//! The ZooKeeper session: the client, followed through suspensions and expiries. A session
+//! suspended (the client lost its server) or expired ends every lock taken before it, at once:
+//! Curator's standard policy, since the server may expire the session meanwhile. After an
+//! expiry a new session is opened.
+
+use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::time::Duration;
+
+use distlock_core::engine::{ErrorKind, LockError, LostReason};
+use tokio::sync::watch;
+use zookeeper_client::{Client, Error, SessionState};
+
+use crate::config::ZkConfig;
+
+/// One session of the client.
+pub(crate) struct Session {
+    pub(crate) client: Client,
+    pub(crate) id: i64,
+}
+
+/// The current session, and the count of losses (suspensions and expiries) so far: a lock
+/// taken before the latest loss can no longer be trusted.
+pub(crate) struct ZkSessions {
+    pub(crate) config: ZkConfig,
+    current: RwLock<Arc<Session>>,
+    /// How many times the session was suspended or expired, and why the last time.
+    losses: watch::Sender<(u64, LostReason)>,
+}
+
+pub(crate) fn map_err(e: Error, doing: &str) -> LockError {
+    let kind = match &e {
+        Error::ConnectionLoss | Error::SessionExpired | Error::ClientClosed | Error::NoHosts => {
+            ErrorKind::Connection
+        }
+        Error::Timeout => ErrorKind::Timeout,
+        Error::NoAuth | Error::AuthFailed => ErrorKind::Auth,
+        Error::BadArguments(_) => ErrorKind::InvalidKey,
+        _ => ErrorKind::Protocol,
+    };
+    LockError::new(kind, format!("{doing}: {e}")).with_source(e)
+}
+
+async fn connect(config: &ZkConfig) -> Result<Client, LockError> {
+    let doing = format!("connecting to ZooKeeper at {}", config.cluster);
+    let connect = Client::connector()
+        .with_session_timeout(config.session_timeout)
+        .with_connection_timeout(config.connect_timeout)
+        .connect(&config.cluster);
+    let limit = config.connect_timeout + config.session_timeout;
+    // No server that answers within the limit is an unreachable engine, not a busy lock: the
+    // client tries each server again until then, so a refused connection also ends here.
+    let unreachable = || {
+        LockError::new(
+            ErrorKind::Connection,
+            format!("{doing}: no server answered within {limit:?}"),
+        )
+    };
+    match tokio::time::timeout(limit, connect).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(Error::Timeout)) | Err(_) => Err(unreachable()),
+        Ok(Err(e)) => Err(map_err(e, &doing)),
+    }
+}
+
+impl ZkSessions {
+    /// Opens the first session and follows it.
+    pub(crate) async fn open(config: ZkConfig) -> Result<Arc<ZkSessions>, LockError> {
+        let client = connect(&config).await?;
+        let session = Arc::new(Session {
+            id: client.session_id().0,
+            client,
+        });
+        let (losses, _) = watch::channel((0, LostReason::Unreachable));
+        let sessions = Arc::new(ZkSessions {
+            config,
+            current: RwLock::new(session.clone()),
+            losses,
+        });
+        monitor(Arc::downgrade(&sessions), &session);
+        Ok(sessions)
+    }
+
+    /// The session in use.
+    pub(crate) fn current(&self) -> Arc<Session> {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// How many losses so far.
+    pub(crate) fn losses(&self) -> u64 {
+        self.losses.borrow().0
+    }
+
+    /// Resolves, with the reason, at the first loss after `since` losses.
+    pub(crate) fn lost_after(
+        &self,
+        since: u64,
+    ) -> impl std::future::Future<Output = LostReason> + Send + 'static {
+        let mut losses = self.losses.subscribe();
+        async move {
+            loop {
+                let (n, why) = *losses.borrow_and_update();
+                if n != since {
+                    return why;
+                }
+                if losses.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        }
+    }
+
+    fn count_loss(&self, why: LostReason) {
+        self.losses
+            .send_modify(|(n, reason)| (*n, *reason) = (*n + 1, why));
+    }
+}
+
+/// Follows `session`'s state: a suspension or an expiry counts as a loss; after an expiry a new
+/// session is opened.
+fn monitor(sessions: Weak<ZkSessions>, session: &Arc<Session>) {
+    let mut states = session.client.state_watcher();
+    tokio::spawn(async move {
+        loop {
+            let state = states.changed().await;
+            let Some(s) = sessions.upgrade() else { return };
+            match state {
+                SessionState::Disconnected => {
+                    tracing::warn!(target: "distlock",
+                        "ZooKeeper connection lost: locks held are no longer trusted");
+                    s.count_loss(LostReason::Unreachable);
+                }
+                SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
+                    tracing::warn!(target: "distlock", ?state,
+                        "ZooKeeper session ended: its locks are gone");
+                    s.count_loss(LostReason::Expired);
+                    if state == SessionState::Closed {
+                        return;
+                    }
+                    reconnect(&s).await;
+                    return;
+                }
+                _ => {}
+            }
+        }
+    });
+}
+
+/// Opens a new session (retrying until it works or the engine is dropped) and follows it.
+async fn reconnect(sessions: &Arc<ZkSessions>) {
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match connect(&sessions.config).await {
+            Ok(client) => {
+                let session = Arc::new(Session {
+                    id: client.session_id().0,
+                    client,
+                });
+                *sessions
+                    .current
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner) = session.clone();
+                monitor(Arc::downgrade(sessions), &session);
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(target: "distlock", error = %e, "ZooKeeper reconnect failed");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}

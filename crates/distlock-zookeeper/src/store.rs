@@ -1,0 +1,324 @@
+//! The queue on ZooKeeper: what the core's queue recipe asks of a store, in ZooKeeper's terms.
+//!
+//! Each acquisition is an ephemeral sequential node `<prefix>/<name>/_c_<token>-lock-<seq>` of
+//! the client's session. The token in the name is Curator's "protection mode": a create whose
+//! reply was lost (connection loss) is found again by its token, so no orphan node is left to
+//! block the lock for the rest of the session.
+
+use std::sync::Arc;
+
+use distlock_core::engine::queue::{Ahead, JoinOutcome, Joined, QueueStore, QueuedEntry};
+use distlock_core::engine::{
+    AcquireRequest, BoxFuture, ErrorKind, HolderValue, LeaseKind, LockError,
+};
+use zookeeper_client::{Acls, Client, CreateMode, Error};
+
+use crate::session::{ZkSessions, map_err};
+
+/// One node of ours: its path, its creation zxid (the fencing token), and the session loss
+/// count when it was created (a loss since means it can no longer be trusted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Node {
+    pub(crate) path: String,
+    pub(crate) czxid: i64,
+    pub(crate) since: u64,
+}
+
+/// ZooKeeper as a store of lock queues.
+pub(crate) struct ZkStore {
+    pub(crate) sessions: Arc<ZkSessions>,
+}
+
+/// The sequence number at the end of a lock node's name.
+pub(crate) fn seq_of(child: &str) -> Option<i64> {
+    child.rsplit_once("-lock-")?.1.parse().ok()
+}
+
+impl ZkStore {
+    /// The parent node under which the lock `name` queues its holders.
+    pub(crate) fn lock_path(&self, name: &str) -> String {
+        format!("{}/{name}", self.sessions.config.prefix)
+    }
+
+    pub(crate) async fn call<T>(
+        &self,
+        doing: &str,
+        fut: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<Result<T, Error>, LockError> {
+        match tokio::time::timeout(self.sessions.config.response_timeout, fut).await {
+            Ok(r) => Ok(r),
+            Err(_) => Err(LockError::new(
+                ErrorKind::Timeout,
+                format!("{doing}: no answer from ZooKeeper"),
+            )),
+        }
+    }
+
+    /// Our node for `token` if a create whose reply was lost made one (protection mode).
+    pub(crate) async fn find_own(
+        &self,
+        client: &Client,
+        parent: &str,
+        token: &str,
+    ) -> Result<Option<(String, i64, i64)>, LockError> {
+        const DOING: &str = "looking for a ZooKeeper lock node";
+        let children = match self.call(DOING, client.list_children(parent)).await? {
+            Ok(c) => c,
+            Err(Error::NoNode) => return Ok(None),
+            Err(e) => return Err(map_err(e, DOING)),
+        };
+        let mark = format!("_c_{token}-");
+        let Some(child) = children.into_iter().find(|c| c.starts_with(&mark)) else {
+            return Ok(None);
+        };
+        let path = format!("{parent}/{child}");
+        match self.call(DOING, client.check_stat(&path)).await? {
+            Ok(Some(stat)) => Ok(seq_of(&child).map(|seq| (path, seq, stat.czxid))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(map_err(e, DOING)),
+        }
+    }
+
+    /// Creates our node (and the lock's parent when missing), or finds the one a lost reply
+    /// created.
+    async fn create(
+        &self,
+        client: &Client,
+        parent: &str,
+        token: &str,
+        owner: &str,
+    ) -> Result<(String, i64, i64), LockError> {
+        const DOING: &str = "creating a ZooKeeper lock node";
+        let prefix = format!("{parent}/_c_{token}-lock-");
+        let data = HolderValue::now(token, owner).encode();
+        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        for _ in 0..2 {
+            match self
+                .call(DOING, client.create(&prefix, data.as_bytes(), &options))
+                .await
+            {
+                Ok(Ok((stat, seq))) => {
+                    return Ok((format!("{prefix}{seq}"), seq.into_i64(), stat.czxid));
+                }
+                Ok(Err(Error::NoNode)) => {
+                    let parents = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                    match self.call(DOING, client.mkdir(parent, &parents)).await? {
+                        Ok(()) | Err(Error::NodeExists) => {}
+                        Err(e) => return Err(map_err(e, DOING)),
+                    }
+                }
+                Ok(Err(e @ Error::ConnectionLoss)) => {
+                    // The create may have happened: look for it by our token.
+                    if let Some(found) = self.find_own(client, parent, token).await? {
+                        return Ok(found);
+                    }
+                    return Err(map_err(e, DOING));
+                }
+                Ok(Err(e)) => return Err(map_err(e, DOING)),
+                Err(timeout) => {
+                    if let Ok(Some(found)) = self.find_own(client, parent, token).await {
+                        return Ok(found);
+                    }
+                    return Err(timeout);
+                }
+            }
+        }
+        Err(LockError::new(
+            ErrorKind::Protocol,
+            format!("{DOING}: {parent} vanished right after it was created"),
+        ))
+    }
+
+    /// The first attempt's single round trip: the create and, right behind it on the same
+    /// session (ZooKeeper answers a session's requests in order), the listing of the lock's
+    /// children, which so includes our new node. `(None, None)` when the lock's parent does not
+    /// exist yet (nothing was created: the caller takes the slow path).
+    async fn create_and_list(
+        &self,
+        client: &Client,
+        parent: &str,
+        token: &str,
+        owner: &str,
+    ) -> Result<(Option<(String, i64, i64)>, Option<Vec<String>>), LockError> {
+        const DOING: &str = "creating a ZooKeeper lock node";
+        let prefix = format!("{parent}/_c_{token}-lock-");
+        let data = HolderValue::now(token, owner).encode();
+        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let create = client.create(&prefix, data.as_bytes(), &options);
+        let list = client.list_children(parent);
+        let both = tokio::time::timeout(self.sessions.config.response_timeout, async {
+            tokio::join!(create, list)
+        })
+        .await;
+        match both {
+            Ok((Ok((stat, seq)), listed)) => Ok((
+                Some((format!("{prefix}{seq}"), seq.into_i64(), stat.czxid)),
+                listed.ok(),
+            )),
+            Ok((Err(Error::NoNode), _)) => Ok((None, None)),
+            Ok((Err(e @ Error::ConnectionLoss), _)) => {
+                // The create may have happened: look for it by our token.
+                match self.find_own(client, parent, token).await? {
+                    Some(found) => Ok((Some(found), None)),
+                    None => Err(map_err(e, DOING)),
+                }
+            }
+            Ok((Err(e), _)) => Err(map_err(e, DOING)),
+            Err(_) => match self.find_own(client, parent, token).await {
+                Ok(Some(found)) => Ok((Some(found), None)),
+                _ => Err(LockError::new(
+                    ErrorKind::Timeout,
+                    format!("{DOING}: no answer from ZooKeeper"),
+                )),
+            },
+        }
+    }
+
+    /// Our entry for a node just found or made.
+    fn entry(&self, found: (String, i64, i64), since: u64) -> QueuedEntry<Node> {
+        let (path, seq, czxid) = found;
+        QueuedEntry {
+            id: Node { path, czxid, since },
+            seq,
+            shared: false,
+            seen_at: 0,
+        }
+    }
+
+    async fn join_inner(&self, req: &AcquireRequest<'_>) -> Result<JoinOutcome<Node>, LockError> {
+        if req.kind != LeaseKind::Exclusive {
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                "the ZooKeeper engine holds exclusive leases only in this release",
+            ));
+        }
+        let token = req.token.as_str();
+        let parent = self.lock_path(req.name);
+        let client = self.sessions.current().client.clone();
+        let since = self.sessions.losses();
+        let (found, listed) = if req.retry {
+            (self.find_own(&client, &parent, token).await?, None)
+        } else {
+            self.create_and_list(&client, &parent, token, req.owner)
+                .await?
+        };
+        let found = match found {
+            Some(f) => f,
+            None => self.create(&client, &parent, token, req.owner).await?,
+        };
+        let entry = self.entry(found, since);
+        // The listing sent right behind the create includes our node, unless the create was
+        // answered otherwise (found again after a lost reply): then it is read again.
+        let ahead = listed
+            .and_then(|children| ahead_of(&children, entry.seq))
+            .map(|names| queued(&parent, names));
+        Ok(JoinOutcome::Joined(Joined {
+            fence: u64::try_from(entry.id.czxid).ok(),
+            entry,
+            ahead,
+            age: None,
+        }))
+    }
+
+    async fn ahead_inner(
+        &self,
+        name: &str,
+        mine: &QueuedEntry<Node>,
+    ) -> Result<Ahead<Node>, LockError> {
+        const DOING: &str = "reading a ZooKeeper lock's queue";
+        let client = self.sessions.current().client.clone();
+        let parent = self.lock_path(name);
+        let children = match self.call(DOING, client.list_children(&parent)).await? {
+            Ok(c) => c,
+            Err(Error::NoNode) => Vec::new(),
+            Err(e) => return Err(map_err(e, DOING)),
+        };
+        Ok(ahead_of(&children, mine.seq).map(|names| queued(&parent, names)))
+    }
+}
+
+/// Children of `parent` as queue entries (only their paths and places are known).
+fn queued(parent: &str, names: Vec<(i64, String)>) -> Vec<QueuedEntry<Node>> {
+    names
+        .into_iter()
+        .map(|(seq, child)| QueuedEntry {
+            id: Node {
+                path: format!("{parent}/{child}"),
+                czxid: 0,
+                since: 0,
+            },
+            seq,
+            shared: false,
+            seen_at: 0,
+        })
+        .collect()
+}
+
+/// The children ahead of sequence `mine`, oldest first; `None` if `mine` is not among them.
+fn ahead_of(children: &[String], mine: i64) -> Option<Vec<(i64, String)>> {
+    let mut queue: Vec<(i64, String)> = children
+        .iter()
+        .filter_map(|c| seq_of(c).map(|s| (s, c.clone())))
+        .collect();
+    queue.sort();
+    let place = queue.iter().position(|(s, _)| *s == mine)?;
+    queue.truncate(place);
+    Some(queue)
+}
+
+impl QueueStore for ZkStore {
+    type Id = Node;
+
+    fn join<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<JoinOutcome<Node>, LockError>> {
+        Box::pin(self.join_inner(req))
+    }
+
+    fn ahead<'a>(
+        &'a self,
+        name: &'a str,
+        mine: &'a QueuedEntry<Node>,
+        _kind: LeaseKind,
+    ) -> BoxFuture<'a, Result<Ahead<Node>, LockError>> {
+        Box::pin(self.ahead_inner(name, mine))
+    }
+
+    /// An existence watch on the node: it fires when the node goes.
+    fn watch_gone(&self, entry: &QueuedEntry<Node>) -> BoxFuture<'static, ()> {
+        let client = self.sessions.current().client.clone();
+        let path = entry.id.path.clone();
+        Box::pin(async move {
+            if let Ok((Some(_), watcher)) = client.check_and_watch_stat(&path).await {
+                watcher.changed().await;
+            }
+        })
+    }
+
+    fn remove_later(&self, id: &Node) {
+        let client = self.sessions.current().client.clone();
+        let path = id.path.clone();
+        tokio::spawn(async move {
+            let _ = client.delete(&path, None).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_ahead_is_read_from_sequence_numbers() {
+        let children: Vec<String> = ["_c_b-lock-0000000003", "_c_a-lock-0000000001", "x"]
+            .map(String::from)
+            .into();
+        assert_eq!(
+            ahead_of(&children, 3),
+            Some(vec![(1, "_c_a-lock-0000000001".to_owned())])
+        );
+        assert_eq!(ahead_of(&children, 1), Some(vec![]));
+        assert_eq!(ahead_of(&children, 2), None);
+    }
+}
