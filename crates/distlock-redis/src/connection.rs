@@ -1,26 +1,28 @@
-//! One Redis server as the engines talk to it: redis-rs's multiplexed connection (reconnecting)
-//! and the direct lane beside it, with the command counter. The single-instance engine has one;
-//! Redlock has one per master.
+//! The connection to one Redis server, or to a Cluster, as the engines talk to it: redis-rs's
+//! multiplexed connection (reconnecting) and, to one server, the direct connection beside it
+//! (see `direct`), with the command counter; and the typed runs of the scripts. The
+//! single-instance engine has one; Redlock has one per master.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use distlock_core::engine::{ErrorKind, LockError, RenewItem};
+use distlock_core::engine::{ErrorKind, LeaseCheck, LockError, RenewItem};
 use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 
 use crate::config::{RedisConfig, WaitReplicas};
+use crate::direct::DirectConnection;
 use crate::error::map_err;
-use crate::lane::Lane;
-use crate::scripts::ttl_ms;
+use crate::replies::ScriptReply;
+use crate::scripts::{LuaScript, ttl_ms};
 
 /// A connection to one server, or to a Cluster; cheap to clone (the clones share the
 /// connections).
 #[derive(Clone)]
-pub(crate) struct Node {
-    link: Link,
+pub(crate) struct ServerConnection {
+    transport: Transport,
     /// Commands sent (a pipeline counts each of its commands).
     sent: Arc<AtomicU64>,
     pub(crate) response_timeout: Duration,
@@ -33,23 +35,26 @@ pub(crate) struct Node {
 
 /// How requests reach the server(s).
 #[derive(Clone)]
-enum Link {
+enum Transport {
     /// One server: redis-rs's multiplexed connection, and a plain connection for whichever
-    /// request finds it free (see `lane`).
-    Single { conn: ConnectionManager, lane: Lane },
+    /// request finds it free (see `direct`).
+    Single {
+        multiplexed: ConnectionManager,
+        direct: DirectConnection,
+    },
     /// A Cluster: redis-rs routes each request (one slot per pipeline) to the slot's master,
     /// following `MOVED` and `ASK`.
     Cluster(ClusterConnection),
 }
 
-impl Node {
+impl ServerConnection {
     /// Connects and checks the credentials with a `PING` (redis-rs reports a refused `AUTH`
-    /// only at the first command); the lane is opened too, but a failure there only means the
-    /// multiplexed connection carries everything.
-    pub(crate) async fn connect(config: &RedisConfig) -> Result<(Node, redis::Client), LockError> {
-        let (node, client) = Node::lazy(config)?;
+    /// only at the first command); the direct connection is opened too, but a failure there
+    /// only means the multiplexed connection carries everything.
+    pub(crate) async fn connect(config: &RedisConfig) -> Result<(Self, redis::Client), LockError> {
+        let (node, client) = Self::lazy(config)?;
         node.ping().await?;
-        node.open_lane().await;
+        node.open_direct().await;
         Ok((node, client))
     }
 
@@ -58,7 +63,7 @@ impl Node {
     pub(crate) async fn connect_cluster(
         seeds: &[RedisConfig],
         settings: &RedisConfig,
-    ) -> Result<Node, LockError> {
+    ) -> Result<Self, LockError> {
         check_wait(settings)?;
         let target = format!(
             "the Cluster at {}",
@@ -86,8 +91,8 @@ impl Node {
                 ));
             }
         };
-        let node = Node {
-            link: Link::Cluster(conn),
+        let node = ServerConnection {
+            transport: Transport::Cluster(conn),
             sent: Arc::new(AtomicU64::new(0)),
             response_timeout: settings.response_timeout,
             connect_timeout: settings.connect_timeout,
@@ -98,20 +103,20 @@ impl Node {
         Ok(node)
     }
 
-    async fn open_lane(&self) {
-        if let Link::Single { lane, .. } = &self.link {
-            lane.open().await;
+    async fn open_direct(&self) {
+        if let Transport::Single { direct, .. } = &self.transport {
+            direct.open().await;
         }
     }
 
     /// [`connect`](Self::connect), except that a server that cannot be reached now is not an
     /// error: the node is returned with `false`, and its connections keep trying at each use.
     /// Refused credentials are still an error.
-    pub(crate) async fn connect_lazily(config: &RedisConfig) -> Result<(Node, bool), LockError> {
-        let (node, _) = Node::lazy(config)?;
+    pub(crate) async fn connect_lazily(config: &RedisConfig) -> Result<(Self, bool), LockError> {
+        let (node, _) = Self::lazy(config)?;
         match node.ping().await {
             Ok(()) => {
-                node.open_lane().await;
+                node.open_direct().await;
                 Ok((node, true))
             }
             Err(e) if e.kind() == ErrorKind::Auth => Err(e),
@@ -123,7 +128,7 @@ impl Node {
         }
     }
 
-    fn lazy(config: &RedisConfig) -> Result<(Node, redis::Client), LockError> {
+    fn lazy(config: &RedisConfig) -> Result<(Self, redis::Client), LockError> {
         check_wait(config)?;
         let target = config.redacted_url();
         let client = redis::Client::open(config.url.as_str())
@@ -136,9 +141,12 @@ impl Node {
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), cm)
             .map_err(|e| map_err(e, &format!("connecting to {target}")))?;
-        let lane = Lane::new(client.get_connection_info(), config.connect_timeout);
-        let node = Node {
-            link: Link::Single { conn, lane },
+        let direct = DirectConnection::new(client.get_connection_info(), config.connect_timeout);
+        let node = ServerConnection {
+            transport: Transport::Single {
+                multiplexed: conn,
+                direct,
+            },
             sent: Arc::new(AtomicU64::new(0)),
             response_timeout: config.response_timeout,
             connect_timeout: config.connect_timeout,
@@ -151,9 +159,11 @@ impl Node {
     async fn ping(&self) -> Result<(), LockError> {
         let ping = redis::cmd("PING");
         let sent = async {
-            match &self.link {
-                Link::Single { conn, .. } => ping.query_async::<Value>(&mut conn.clone()).await,
-                Link::Cluster(conn) => ping.query_async::<Value>(&mut conn.clone()).await,
+            match &self.transport {
+                Transport::Single {
+                    multiplexed: conn, ..
+                } => ping.query_async::<Value>(&mut conn.clone()).await,
+                Transport::Cluster(conn) => ping.query_async::<Value>(&mut conn.clone()).await,
             }
         };
         match tokio::time::timeout(self.connect_timeout + self.response_timeout, sent).await {
@@ -174,32 +184,35 @@ impl Node {
         self.sent.fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    /// One round trip: on the lane when it is free, else on the multiplexed connection.
+    /// One round trip: on the direct connection when it is free, else on the multiplexed one.
     /// One reply per command, server errors in their place.
     pub(crate) async fn send(
         &self,
         pipe: &redis::Pipeline,
     ) -> Result<Vec<Value>, redis::RedisError> {
         self.count(pipe.len());
-        if let Link::Single { lane, .. } = &self.link
-            && let Some(mut lane) = lane.checkout()
+        if let Transport::Single { direct, .. } = &self.transport
+            && let Some(mut checkout) = direct.checkout()
         {
-            return lane
+            return checkout
                 .round_trip(pipe.cmd_iter(), self.response_timeout)
                 .await;
         }
-        self.send_shared(pipe).await
+        self.send_multiplexed(pipe).await
     }
 
     /// A round trip on the multiplexed connection only (the watchdog's batches: they must not
-    /// wait behind, or hold up, a caller's request on the lane). Counted by the caller.
-    pub(crate) async fn send_shared(
+    /// wait behind, or hold up, a caller's request on the direct connection). Counted by the
+    /// caller.
+    pub(crate) async fn send_multiplexed(
         &self,
         pipe: &redis::Pipeline,
     ) -> Result<Vec<Value>, redis::RedisError> {
-        match &self.link {
-            Link::Single { conn, .. } => pipe.query_async(&mut conn.clone()).await,
-            Link::Cluster(conn) => pipe.query_async(&mut conn.clone()).await,
+        match &self.transport {
+            Transport::Single {
+                multiplexed: conn, ..
+            } => pipe.query_async(&mut conn.clone()).await,
+            Transport::Cluster(conn) => pipe.query_async(&mut conn.clone()).await,
         }
     }
 
@@ -207,25 +220,27 @@ impl Node {
     /// (On a Cluster, redis-rs sends `SCRIPT LOAD` to every node.)
     pub(crate) async fn load(&self, script: &redis::Script) -> Result<(), redis::RedisError> {
         self.count(1);
-        match &self.link {
-            Link::Single { conn, .. } => script.load_async(&mut conn.clone()).await.map(|_| ()),
-            Link::Cluster(conn) => script.load_async(&mut conn.clone()).await.map(|_| ()),
+        match &self.transport {
+            Transport::Single {
+                multiplexed: conn, ..
+            } => script.load_async(&mut conn.clone()).await.map(|_| ()),
+            Transport::Cluster(conn) => script.load_async(&mut conn.clone()).await.map(|_| ()),
         }
     }
 
     /// Runs a script by hash (one command, built without intermediate copies), loading it
-    /// and sending again if the server has lost its script cache.
-    pub(crate) async fn run(
+    /// and sending again if the server has lost its script cache; its reply, typed.
+    pub(crate) async fn run<R: ScriptReply>(
         &self,
-        script: &redis::Script,
+        script: &LuaScript<R>,
         keys: &[&str],
         args: &[&str],
         doing: &str,
-    ) -> Result<Value, LockError> {
-        self.run_led(script, keys, args, doing, false).await
+    ) -> Result<R, LockError> {
+        self.run_after_ping(script, keys, args, doing, false).await
     }
 
-    /// [`run`](Self::run), after a `PING` in the same write when `lead` is set.
+    /// [`run`](Self::run), after a `PING` in the same write when `ping_first` is set.
     ///
     /// Why a release that may hand the lock over leads with a `PING`: Redis writes the replies
     /// of one event-loop turn to the most recently queued client first. Without the `PING`,
@@ -234,51 +249,52 @@ impl Node {
     /// `PING` queues the releasing client before the script runs: the waiter is written to
     /// first. (Measured on one CPU, Redis 7.0: a hand-off p50 of ~50 µs instead of ~75 µs.
     /// Harmless where the order differs: one more tiny command in the same write.)
-    pub(crate) async fn run_led(
+    pub(crate) async fn run_after_ping<R: ScriptReply>(
         &self,
-        script: &redis::Script,
+        script: &LuaScript<R>,
         keys: &[&str],
         args: &[&str],
         doing: &str,
-        lead: bool,
-    ) -> Result<Value, LockError> {
+        ping_first: bool,
+    ) -> Result<R, LockError> {
         let mut pipe = redis::Pipeline::with_capacity(2);
         pipe.ignore_errors();
-        if lead {
+        if ping_first {
             pipe.cmd("PING");
         }
-        pipe.add_command(evalsha(script, keys, args));
+        pipe.add_command(evalsha(script.hash(), keys, args));
         let at = pipe.len() - 1;
-        let reply = self.run_in(&pipe, script, at).await;
-        reply
+        let reply = self.run_in(&pipe, script.script(), at).await;
+        let value = reply
             .and_then(|mut r| taken(&mut r, at))
-            .map_err(|e| map_err(e, doing))
+            .map_err(|e| map_err(e, doing))?;
+        R::decode(&value, doing)
     }
 
     /// [`run`](Self::run), then `WAIT` for replicas on the same connection when the node is
     /// configured to (see [`WaitReplicas`]): the script's reply, and how many replicas
     /// acknowledged (`None` without `WAIT`).
-    pub(crate) async fn run_waited(
+    pub(crate) async fn run_waited<R: ScriptReply>(
         &self,
-        script: &redis::Script,
+        script: &LuaScript<R>,
         keys: &[&str],
         args: &[&str],
         doing: &str,
-    ) -> Result<(Value, Option<Acks>), LockError> {
+    ) -> Result<(R, Option<Acks>), LockError> {
         let Some(wait) = self.wait else {
             return Ok((self.run(script, keys, args, doing).await?, None));
         };
         let mut pipe = redis::Pipeline::with_capacity(2);
         pipe.ignore_errors();
-        pipe.add_command(evalsha(script, keys, args));
+        pipe.add_command(evalsha(script.hash(), keys, args));
         push_wait(&mut pipe, wait);
         let mut replies = self
-            .run_in(&pipe, script, 0)
+            .run_in(&pipe, script.script(), 0)
             .await
             .map_err(|e| map_err(e, doing))?;
         let acks = wait.acks(replies.get(1), doing);
-        let reply = taken(&mut replies, 0).map_err(|e| map_err(e, doing))?;
-        Ok((reply, Some(acks)))
+        let value = taken(&mut replies, 0).map_err(|e| map_err(e, doing))?;
+        Ok((R::decode(&value, doing)?, Some(acks)))
     }
 
     /// Sends `pipe`, whose command `at` runs `script` by hash; if the server lost its script
@@ -349,11 +365,11 @@ pub(crate) fn push_wait(pipe: &mut redis::Pipeline, wait: WaitReplicas) {
 }
 
 /// `EVALSHA hash nkeys keys… args…`, built without intermediate copies.
-fn evalsha(script: &redis::Script, keys: &[&str], args: &[&str]) -> redis::Cmd {
+fn evalsha(hash: &str, keys: &[&str], args: &[&str]) -> redis::Cmd {
     let len = keys.iter().chain(args).map(|a| a.len()).sum::<usize>() + 48;
     let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), len);
     cmd.arg("EVALSHA")
-        .arg(script.get_hash())
+        .arg(hash)
         .arg(keys.len())
         .arg(keys)
         .arg(args);
@@ -372,7 +388,7 @@ fn taken(replies: &mut [Value], at: usize) -> Result<Value, redis::RedisError> {
     }
 }
 
-impl Node {
+impl ServerConnection {
     /// The watchdog's batch: `script` (compare-and-pexpire) for every item, in one pipeline on
     /// the multiplexed connection (on a Cluster, one per slot, sent together), then `WAIT` when
     /// the node waits for replicas. One result per item: the script's reply, or the error that
@@ -381,12 +397,12 @@ impl Node {
     /// pipeline once more (compare-and-pexpire is idempotent).
     pub(crate) async fn extend_batch(
         &self,
-        script: &redis::Script,
+        script: &LuaScript<LeaseCheck>,
         lock_keys: &[String],
         items: &[RenewItem<'_>],
         doing: &str,
-    ) -> Vec<Result<Value, LockError>> {
-        if !matches!(self.link, Link::Cluster(_)) {
+    ) -> Vec<Result<LeaseCheck, LockError>> {
+        if !matches!(self.transport, Transport::Cluster(_)) {
             let all: Vec<usize> = (0..items.len()).collect();
             return self
                 .extend_group(script, lock_keys, items, &all, doing)
@@ -405,7 +421,7 @@ impl Node {
                 .map(|group| self.extend_group(script, lock_keys, items, group, doing)),
         )
         .await;
-        let mut out: Vec<Option<Result<Value, LockError>>> =
+        let mut out: Vec<Option<Result<LeaseCheck, LockError>>> =
             (0..items.len()).map(|_| None).collect();
         for (group, replies) in groups.iter().zip(replies) {
             for (&i, r) in group.iter().zip(replies) {
@@ -420,17 +436,17 @@ impl Node {
     /// One pipeline of [`extend_batch`](Self::extend_batch): the items at `which`.
     async fn extend_group(
         &self,
-        script: &redis::Script,
+        script: &LuaScript<LeaseCheck>,
         lock_keys: &[String],
         items: &[RenewItem<'_>],
         which: &[usize],
         doing: &str,
-    ) -> Vec<Result<Value, LockError>> {
+    ) -> Vec<Result<LeaseCheck, LockError>> {
         let mut pipe = redis::Pipeline::with_capacity(which.len() + 1);
         pipe.ignore_errors();
         for &i in which {
             pipe.cmd("EVALSHA")
-                .arg(script.get_hash())
+                .arg(script.hash())
                 .arg(1)
                 .arg(&lock_keys[i])
                 .arg(items[i].lease.token.as_str())
@@ -441,23 +457,23 @@ impl Node {
         }
         let sent = async {
             self.count(pipe.len());
-            let replies = self.send_shared(&pipe).await?;
+            let replies = self.send_multiplexed(&pipe).await?;
             if !replies.iter().any(is_noscript) {
                 return Ok(replies);
             }
-            self.load(script).await?;
+            self.load(script.script()).await?;
             self.count(pipe.len());
-            self.send_shared(&pipe).await
+            self.send_multiplexed(&pipe).await
         };
         let mut replies = match sent.await {
             Ok(r) if r.len() == pipe.len() => r,
             Ok(r) => {
                 let e = crate::error::protocol(doing, &Value::Array(r));
-                return which.iter().map(|_| Err(copy_err(&e))).collect();
+                return which.iter().map(|_| Err(again(&e))).collect();
             }
             Err(e) => {
                 let e = map_err(e, doing);
-                return which.iter().map(|_| Err(copy_err(&e))).collect();
+                return which.iter().map(|_| Err(again(&e))).collect();
             }
         };
         let unreplicated = self.wait.and_then(|w| {
@@ -467,22 +483,24 @@ impl Node {
         replies.truncate(which.len());
         replies
             .into_iter()
-            .map(|v| match (v, &unreplicated) {
-                (Value::ServerError(e), _) => Err(map_err(e.into(), doing)),
-                // Renewed here, not known to be on the replicas: not a renewal to count on.
-                (Value::Int(1), Some(e)) => Err(copy_err(e)),
-                (v, _) => Ok(v),
+            .map(|v| match v {
+                Value::ServerError(e) => Err(map_err(e.into(), doing)),
+                v => match (LeaseCheck::decode(&v, doing)?, &unreplicated) {
+                    // Renewed here, not known to be on the replicas: not a renewal to count on.
+                    (LeaseCheck::Ours, Some(e)) => Err(again(e)),
+                    (check, _) => Ok(check),
+                },
             })
             .collect()
     }
 }
 
-/// The same error again (for every item of a failed batch).
-pub(crate) fn copy_err(e: &LockError) -> LockError {
+/// The same error again, for another item of a failed batch.
+fn again(e: &LockError) -> LockError {
     LockError::new(e.kind(), e.message().to_owned())
 }
 
 /// Whether a reply is the server's `NOSCRIPT` error (in a pipeline, in its place).
-pub(crate) fn is_noscript(v: &Value) -> bool {
+fn is_noscript(v: &Value) -> bool {
     matches!(v, Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::NoScript))
 }

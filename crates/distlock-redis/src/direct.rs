@@ -1,26 +1,27 @@
-//! The direct lane: one plain connection that a request uses when no other request is on it.
+//! The direct connection: one plain connection to a server that a request uses when no other
+//! request is on it, driven by the caller's own future.
 //!
-//! redis-rs's multiplexed connection sends every request through a channel to a driver task
-//! and its reply back through another: two task hand-offs per round trip, which cost about a
-//! fifth of a lock cycle on one CPU. A lock client mostly has one request in flight, so the
-//! backend keeps one more connection, driven by the caller's own future: write the request,
-//! read the reply, nothing in between. A request that finds the lane in use (another task is
-//! mid round trip) goes to the multiplexed connection, as before; so does everything when the
-//! lane cannot be opened (TLS, which it does not speak) or is reconnecting.
+//! redis-rs's multiplexed connection sends every request through a channel to a driver task and its
+//! reply back through another: two task hand-offs per round trip, which cost about a fifth of a
+//! lock cycle on one CPU. A lock client mostly has one request in flight, so the backend keeps one
+//! more connection, driven by the caller's own future: write the request, read the reply, nothing
+//! in between. A request that finds the direct connection in use (another task is mid round trip)
+//! goes to the multiplexed connection, as before; so does everything when the direct connection
+//! cannot be opened (TLS, which it does not speak) or is reconnecting.
 //!
-//! A request owns the connection for its round trip. If its future is dropped half way (a
-//! timeout, a cancelled acquire), the connection goes with it: a reply still on its way can
-//! never be read as the answer to the next request. The next request that finds the lane gone
+//! A request owns the connection for its round trip. If its future is dropped half way (a timeout,
+//! a cancelled acquire), the connection goes with it: a reply still on its way can never be read as
+//! the answer to the next request. The next request that finds the direct connection gone
 //! reconnects it in the background and meanwhile uses the multiplexed connection.
 //!
-//! The response timeout costs no timer per request (registering and cancelling one in tokio's
-//! wheel costs about as much as a tenth of the round trip): the request notes its deadline, and
-//! a reaper task that ticks while the lane is busy fails a request that is past it, within an
+//! The response timeout costs no timer per request (registering and cancelling one in tokio's wheel
+//! costs about as much as a tenth of the round trip): the request notes its deadline, and a reaper
+//! task that ticks while the direct connection is busy fails a request that is past it, within an
 //! eighth of the timeout after it.
 //!
-//! The replies are RESP2 (the lane never sends `HELLO`); they are framed here and built as
-//! redis-rs [`Value`]s, server errors through redis-rs's own parser, so the callers decode them
-//! as they decode the multiplexed connection's.
+//! The replies are RESP2 (the direct connection never sends `HELLO`); they are framed here and
+//! built as redis-rs [`Value`]s, server errors through redis-rs's own parser, so the callers decode
+//! them as they decode the multiplexed connection's.
 
 use std::future::Future;
 use std::io;
@@ -40,12 +41,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const MAX_DEPTH: usize = 8;
 /// Our replies are small; a larger bulk or array is a protocol error, not an allocation.
 const MAX_LEN: usize = 16 << 20;
-/// How long after a failed connection attempt the lane is tried again.
+/// How long after a failed connection attempt the direct connection is tried again.
 const RETRY: Duration = Duration::from_secs(1);
 
-/// Where and how a direct connection connects (the lane's, and the subscriber's).
+/// Where and how a direct connection connects (the direct connection's, and the subscriber's).
 #[derive(Clone)]
-pub(crate) struct Target {
+pub(crate) struct Endpoint {
     addr: Addr,
     username: Option<String>,
     password: Option<String>,
@@ -66,7 +67,7 @@ enum Stream {
 }
 
 /// One open direct connection and its buffers.
-pub(crate) struct Direct {
+pub(crate) struct RespConnection {
     stream: Stream,
     out: Vec<u8>,
     input: Vec<u8>,
@@ -74,7 +75,7 @@ pub(crate) struct Direct {
 
 #[derive(Default)]
 struct State {
-    idle: Option<Direct>,
+    idle: Option<RespConnection>,
     /// A request has the connection.
     out: bool,
     /// A reconnect task runs.
@@ -84,7 +85,7 @@ struct State {
 }
 
 struct Inner {
-    target: Option<Target>,
+    target: Option<Endpoint>,
     state: Mutex<State>,
     connect_timeout: Duration,
     timer: Timer,
@@ -96,9 +97,9 @@ impl Inner {
     }
 }
 
-/// The response timeout of the request on the lane (there is at most one).
+/// The response timeout of the request on the direct connection (there is at most one).
 struct Timer {
-    /// The request on the lane and its deadline, if one is on it.
+    /// The request on the direct connection and its deadline, if one is on it.
     current: Mutex<Option<(u64, Instant)>>,
     /// Numbers requests.
     next_id: AtomicU64,
@@ -119,8 +120,8 @@ impl Timer {
     }
 }
 
-/// Fails the lane's request once it is past its deadline; ends after `IDLE_TICKS` ticks with
-/// no request on the lane.
+/// Fails the direct connection's request once it is past its deadline; ends after `IDLE_TICKS`
+/// ticks with no request on the direct connection.
 async fn reap(inner: Weak<Inner>, tick: Duration) {
     /// Clears `reaping` however the task ends (its runtime may shut down).
     struct Reaping(Weak<Inner>);
@@ -156,9 +157,9 @@ async fn reap(inner: Weak<Inner>, tick: Duration) {
     }
 }
 
-impl Target {
+impl Endpoint {
     /// Where `info` points, unless it is TLS (which direct connections do not speak).
-    pub(crate) fn of(info: &ConnectionInfo) -> Option<Target> {
+    pub(crate) fn of(info: &ConnectionInfo) -> Option<Endpoint> {
         let settings = info.redis_settings();
         let addr = match info.addr() {
             ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
@@ -166,7 +167,7 @@ impl Target {
             ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
             _ => return None,
         };
-        Some(Target {
+        Some(Endpoint {
             addr,
             username: settings.username().map(str::to_owned),
             password: settings.password().map(str::to_owned),
@@ -175,19 +176,19 @@ impl Target {
     }
 }
 
-/// The lane; clones share it.
+/// The direct connection; clones share it.
 #[derive(Clone)]
-pub(crate) struct Lane {
+pub(crate) struct DirectConnection {
     inner: Arc<Inner>,
 }
 
-impl Lane {
-    /// A lane to the server `info` names; disabled (every request takes the multiplexed
-    /// connection) for TLS.
-    pub(crate) fn new(info: &ConnectionInfo, connect_timeout: Duration) -> Lane {
-        Lane {
+impl DirectConnection {
+    /// A direct connection to the server `info` names; disabled (every request takes the
+    /// multiplexed connection) for TLS.
+    pub(crate) fn new(info: &ConnectionInfo, connect_timeout: Duration) -> DirectConnection {
+        DirectConnection {
             inner: Arc::new(Inner {
-                target: Target::of(info),
+                target: Endpoint::of(info),
                 state: Mutex::new(State::default()),
                 connect_timeout,
                 timer: Timer {
@@ -240,7 +241,7 @@ impl Lane {
     }
 }
 
-fn settle(inner: &Inner, result: Result<Direct, RedisError>) {
+fn settle(inner: &Inner, result: Result<RespConnection, RedisError>) {
     let mut st = inner.state();
     st.connecting = false;
     match result {
@@ -258,7 +259,10 @@ fn settle(inner: &Inner, result: Result<Direct, RedisError>) {
 
 /// Opens a direct connection: connect, then `AUTH` and `SELECT` as the target says, all within
 /// `timeout`.
-pub(crate) async fn connect(target: &Target, timeout: Duration) -> Result<Direct, RedisError> {
+pub(crate) async fn connect(
+    target: &Endpoint,
+    timeout: Duration,
+) -> Result<RespConnection, RedisError> {
     let opening = async {
         let stream = match &target.addr {
             Addr::Tcp(host, port) => {
@@ -269,7 +273,7 @@ pub(crate) async fn connect(target: &Target, timeout: Duration) -> Result<Direct
             #[cfg(unix)]
             Addr::Unix(path) => Stream::Unix(tokio::net::UnixStream::connect(path).await?),
         };
-        let mut direct = Direct {
+        let mut direct = RespConnection {
             stream,
             out: Vec::with_capacity(512),
             input: Vec::with_capacity(512),
@@ -304,10 +308,10 @@ pub(crate) async fn connect(target: &Target, timeout: Duration) -> Result<Direct
     }
 }
 
-/// The lane's connection, lent to one request.
+/// The direct connection's connection, lent to one request.
 pub(crate) struct Checkout {
     /// `None` while a round trip is under way: dropped then, the connection goes with it.
-    direct: Option<Direct>,
+    direct: Option<RespConnection>,
     inner: Arc<Inner>,
 }
 
@@ -320,7 +324,11 @@ impl Checkout {
         timeout: Duration,
     ) -> Result<Vec<Value>, RedisError> {
         let Some(mut direct) = self.direct.take() else {
-            return Err(io::Error::new(io::ErrorKind::NotConnected, "the lane is closed").into());
+            return Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the direct connection is closed",
+            )
+            .into());
         };
         let timer = &self.inner.timer;
         let id = timer.next_id.fetch_add(1, Ordering::Relaxed);
@@ -367,7 +375,7 @@ impl Drop for Checkout {
     }
 }
 
-impl Direct {
+impl RespConnection {
     /// Writes `cmds` as one write, without waiting for replies (pub/sub).
     pub(crate) async fn send<'a>(
         &mut self,

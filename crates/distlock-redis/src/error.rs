@@ -35,6 +35,11 @@ pub(crate) fn map_err(e: RedisError, doing: &str) -> LockError {
 }
 
 pub(crate) fn protocol(doing: &str, got: &redis::Value) -> LockError {
+    unexpected(doing, got)
+}
+
+/// A reply that is well formed but not one the request allows.
+pub(crate) fn unexpected(doing: &str, got: impl std::fmt::Debug) -> LockError {
     LockError::new(
         ErrorKind::Protocol,
         format!("{doing}: unexpected reply {got:?}"),

@@ -4,8 +4,7 @@ use distlock_core::{ErrorKind, LockError};
 use redis::aio::ConnectionLike;
 
 use crate::error::map_err;
-
-const FENCED_SET: &str = include_str!("scripts/fenced_set.lua");
+use crate::replies::{FencedWrite, ScriptReply};
 
 /// Writes `value` to the resource `key` (a hash with the fields `value` and `fence`) only when
 /// `fence` is at least the highest fence that wrote it before, atomically (one Lua script).
@@ -42,14 +41,16 @@ pub async fn fenced_set(
     fence: u64,
     value: impl AsRef<[u8]>,
 ) -> Result<bool, LockError> {
-    let written: i64 = redis::Script::new(FENCED_SET)
+    const DOING: &str = "writing a fenced value";
+    let reply: redis::Value = crate::scripts::fenced_set()
+        .script()
         .key(key)
         .arg(fence.to_string())
         .arg(value.as_ref())
         .invoke_async(conn)
         .await
-        .map_err(|e| map_err(e, "writing a fenced value"))?;
-    Ok(written == 1)
+        .map_err(|e| map_err(e, DOING))?;
+    Ok(FencedWrite::decode(&reply, DOING)? == FencedWrite::Written)
 }
 
 /// Reads a resource written by [`fenced_set`]: its value and the fence that wrote it.

@@ -3,12 +3,14 @@
 
 mod backend;
 mod config;
+mod connection;
+mod direct;
 mod error;
 mod fenced;
+mod handover;
 mod keys;
-mod lane;
-mod node;
 mod redlock;
+mod replies;
 mod scripts;
 mod sentinel;
 mod subscriber;
@@ -18,7 +20,7 @@ pub use backend::RedisBackend;
 /// The release script's source, for the benchmark's raw-client floor (not a stable API: its
 /// arguments are described at its top).
 #[doc(hidden)]
-pub const RELEASE_SCRIPT: &str = scripts::RELEASE_SCRIPT;
+pub const RELEASE_SCRIPT: &str = scripts::RELEASE_SOURCE;
 pub use config::{ClusterConfig, RedisConfig};
 pub use fenced::{fenced_get, fenced_set};
 /// The client library (redis-rs), whose connections [`fenced_set`] and [`fenced_get`] take: the

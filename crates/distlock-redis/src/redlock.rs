@@ -24,27 +24,11 @@ use futures_util::future::join_all;
 use redis::Value;
 
 use crate::config::{MultiHostUrl, RedisConfig, positive, strip_scheme};
+use crate::connection::ServerConnection;
 use crate::error::protocol;
 use crate::keys::KeyLayout;
-use crate::node::Node;
-use crate::scripts::ttl_ms;
-
-/// Scripts run on each master (loaded on `NOSCRIPT`).
-struct Scripts {
-    acquire: redis::Script,
-    extend: redis::Script,
-    release: redis::Script,
-}
-
-impl Scripts {
-    fn new() -> Self {
-        Scripts {
-            acquire: redis::Script::new(include_str!("scripts/redlock_acquire.lua")),
-            extend: redis::Script::new(crate::scripts::extend_script()),
-            release: redis::Script::new(include_str!("scripts/redlock_release.lua")),
-        }
-    }
-}
+use crate::replies::{MasterAcquireReply, ScriptReply};
+use crate::scripts::{LuaScript, MasterScripts, ttl_ms};
 
 /// The masters of a Redlock deployment and its settings.
 ///
@@ -168,7 +152,7 @@ pub(crate) enum Vote {
 
 /// How an acquire's votes end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum Verdict {
     /// A majority granted it with time left.
     Acquired,
     /// Not acquired; the holder's lease as a majority reports it (when known).
@@ -178,15 +162,15 @@ pub(crate) enum Outcome {
 }
 
 /// Decides an acquire from the masters' votes, `elapsed` after it was sent.
-pub(crate) fn decide(votes: &[Vote], ttl: Duration, elapsed: Duration) -> Outcome {
+pub(crate) fn decide(votes: &[Vote], ttl: Duration, elapsed: Duration) -> Verdict {
     let needed = quorum(votes.len());
     let yes = votes.iter().filter(|v| **v == Vote::Yes).count();
     if yes >= needed && !validity(ttl, elapsed).is_zero() {
-        return Outcome::Acquired;
+        return Verdict::Acquired;
     }
     let answered = votes.iter().filter(|v| **v != Vote::Failed).count();
     if answered < needed {
-        return Outcome::NoQuorum { got: yes, needed };
+        return Verdict::NoQuorum { got: yes, needed };
     }
     // The lock is free again once enough masters' copies have expired that a majority could
     // grant it: the (needed − yes)-th shortest of the others' leases.
@@ -201,7 +185,7 @@ pub(crate) fn decide(votes: &[Vote], ttl: Duration, elapsed: Duration) -> Outcom
     let wait = needed
         .checked_sub(yes + 1)
         .and_then(|i| held.get(i).copied());
-    Outcome::Busy(wait)
+    Verdict::Busy(wait)
 }
 
 /// What a release, renewal or status check found across the masters.
@@ -237,9 +221,9 @@ pub(crate) fn lease_of(votes: &[Vote]) -> Result<LeaseCheck, (usize, usize)> {
 /// - fencing: none (see the module documentation).
 #[derive(Clone)]
 pub struct RedlockBackend {
-    nodes: Arc<[Node]>,
+    nodes: Arc<[ServerConnection]>,
     layout: KeyLayout,
-    scripts: Arc<Scripts>,
+    scripts: Arc<MasterScripts>,
     node_timeout: Option<Duration>,
 }
 
@@ -280,7 +264,7 @@ impl RedlockBackend {
         }
         let layout = config.nodes[0].layout.clone();
         layout.check()?;
-        let results = join_all(config.nodes.iter().map(Node::connect_lazily)).await;
+        let results = join_all(config.nodes.iter().map(ServerConnection::connect_lazily)).await;
         let needed = quorum(results.len());
         let mut nodes = Vec::with_capacity(results.len());
         let mut reachable = 0;
@@ -308,7 +292,7 @@ impl RedlockBackend {
         Ok(RedlockBackend {
             nodes: nodes.into(),
             layout,
-            scripts: Arc::new(Scripts::new()),
+            scripts: Arc::new(MasterScripts::new()),
             node_timeout: config.node_timeout,
         })
     }
@@ -325,7 +309,7 @@ impl RedlockBackend {
 
     /// Commands sent to all masters so far (each command of a pipeline counts).
     pub fn commands_sent(&self) -> u64 {
-        self.nodes.iter().map(Node::commands_sent).sum()
+        self.nodes.iter().map(ServerConnection::commands_sent).sum()
     }
 
     fn timeout_for(&self, ttl: Duration) -> Duration {
@@ -336,9 +320,9 @@ impl RedlockBackend {
     }
 
     /// Runs `script` on every master at once, each within `limit`; one vote each.
-    async fn on_all(
+    async fn on_all<R: ScriptReply + Into<Vote>>(
         &self,
-        script: &redis::Script,
+        script: &LuaScript<R>,
         key: &str,
         args: &[&str],
         limit: Duration,
@@ -346,7 +330,7 @@ impl RedlockBackend {
     ) -> Vec<Vote> {
         join_all(self.nodes.iter().map(|node| async move {
             match tokio::time::timeout(limit, node.run(script, &[key], args, doing)).await {
-                Ok(Ok(v)) => vote(&v),
+                Ok(Ok(reply)) => reply.into(),
                 Ok(Err(e)) => {
                     tracing::debug!(target: "distlock", master = &*node.target, error = %e, "{doing}");
                     Vote::Failed
@@ -370,7 +354,7 @@ impl RedlockBackend {
     }
 
     /// One plain `SET NX PX` on one master: yes or no.
-    async fn set_nx(node: &Node, lock_key: &str, value: &str, ttl: &str) -> Vote {
+    async fn set_nx(node: &ServerConnection, lock_key: &str, value: &str, ttl: &str) -> Vote {
         let mut pipe = redis::Pipeline::with_capacity(1);
         pipe.cmd("SET")
             .arg(lock_key)
@@ -395,19 +379,22 @@ impl RedlockBackend {
     }
 }
 
-/// A master's reply to our scripts: 1 ours, 0 no lock, -1 another owner's, `{0, pttl}` held.
-fn vote(v: &Value) -> Vote {
-    match v {
-        Value::Int(1) => Vote::Yes,
-        Value::Int(0) => Vote::Missing,
-        Value::Int(-1) => Vote::Held(None),
-        Value::Array(items) => match items.as_slice() {
-            [Value::Int(0), Value::Int(ms)] => {
-                Vote::Held(u64::try_from(*ms).ok().map(Duration::from_millis))
-            }
-            _ => Vote::Failed,
-        },
-        _ => Vote::Failed,
+impl From<LeaseCheck> for Vote {
+    fn from(check: LeaseCheck) -> Self {
+        match check {
+            LeaseCheck::Ours => Vote::Yes,
+            LeaseCheck::Missing => Vote::Missing,
+            _ => Vote::Held(None),
+        }
+    }
+}
+
+impl From<MasterAcquireReply> for Vote {
+    fn from(reply: MasterAcquireReply) -> Self {
+        match reply {
+            MasterAcquireReply::Ours => Vote::Yes,
+            MasterAcquireReply::Held { ttl } => Vote::Held(ttl),
+        }
     }
 }
 
@@ -461,7 +448,7 @@ impl Backend for RedlockBackend {
             .await
         };
         let outcome = decide(&votes, req.ttl, started.elapsed());
-        if outcome == Outcome::Acquired {
+        if outcome == Verdict::Acquired {
             return Ok(Attempt::Acquired { fence: None });
         }
         // Not ours: take back every copy we may have, on every master (one that did not
@@ -472,9 +459,9 @@ impl Backend for RedlockBackend {
             self.release_all(&lock_key, req.token, limit).await;
         }
         match outcome {
-            Outcome::NoQuorum { got, needed } => Err(no_quorum(DOING, got, needed)),
-            Outcome::Busy(holder_ttl) => Ok(Attempt::Busy { holder_ttl }),
-            Outcome::Acquired => unreachable!("handled above"),
+            Verdict::NoQuorum { got, needed } => Err(no_quorum(DOING, got, needed)),
+            Verdict::Busy(holder_ttl) => Ok(Attempt::Busy { holder_ttl }),
+            Verdict::Acquired => unreachable!("handled above"),
         }
     }
 
@@ -577,7 +564,7 @@ impl RedlockBackend {
                 match tokio::time::timeout(limit, batch).await {
                     Ok(replies) => replies
                         .iter()
-                        .map(|r| r.as_ref().map_or(Vote::Failed, vote))
+                        .map(|r| r.as_ref().map_or(Vote::Failed, |c| Vote::from(*c)))
                         .collect(),
                     Err(_) => vec![Vote::Failed; items.len()],
                 }
@@ -676,16 +663,16 @@ mod tests {
         let short = Duration::from_millis(1);
         assert_eq!(
             decide(&[Yes, Yes, Yes, Failed, Failed], TTL, short),
-            Outcome::Acquired
+            Verdict::Acquired
         );
         assert_eq!(
             decide(&[Yes, Yes, Failed, Failed, Failed], TTL, short),
-            Outcome::NoQuorum { got: 2, needed: 3 }
+            Verdict::NoQuorum { got: 2, needed: 3 }
         );
         // A majority, but too late to use it.
         assert_eq!(
             decide(&[Yes, Yes, Yes, Yes, Yes], TTL, TTL),
-            Outcome::Busy(None)
+            Verdict::Busy(None)
         );
         let ms = Duration::from_millis;
         // Two of ours, three held: one more master must free up, the shortest lease first.
@@ -701,7 +688,7 @@ mod tests {
                 TTL,
                 short
             ),
-            Outcome::Busy(Some(ms(300)))
+            Verdict::Busy(Some(ms(300)))
         );
         // None of ours: the third-shortest lease.
         assert_eq!(
@@ -716,7 +703,7 @@ mod tests {
                 TTL,
                 short
             ),
-            Outcome::Busy(Some(ms(9)))
+            Verdict::Busy(Some(ms(9)))
         );
     }
 

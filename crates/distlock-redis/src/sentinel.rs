@@ -15,7 +15,7 @@ use redis::Value;
 use crate::backend::RedisBackend;
 use crate::config::{MultiHostUrl, RedisConfig, strip_scheme};
 use crate::error::map_err;
-use crate::scripts::text;
+use crate::replies::text;
 
 /// Where the sentinels are, which master they watch, and how to talk to it.
 ///

@@ -23,12 +23,12 @@
 //! When it breaks, it is reopened with back-off, every channel is subscribed again, and every
 //! waiter is woken (an event may have been missed in between).
 //!
-//! It is a direct connection (see [`crate::lane`]) read by this task itself: a wake-up reaches
+//! It is a direct connection (see [`crate::direct`]) read by this task itself: a wake-up reaches
 //! the waiter with one task hand-off, where redis-rs's pub/sub connection adds a driver task
 //! and a channel (about a tenth of a hand-off between processes on one CPU). Over TLS, which
 //! direct connections do not speak, it is redis-rs's.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -38,10 +38,11 @@ use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::RedisConfig;
+use crate::connection::ServerConnection;
+use crate::direct::{self, Endpoint, RespConnection};
+use crate::handover::{Handovers, parse_grant};
 use crate::keys::{KeyLayout, LockKeys, WakeChannel};
-use crate::lane::{self, Direct, Target};
-use crate::node::Node;
-use crate::scripts::with_lib;
+use crate::scripts::{Scripts, unix_ms};
 
 /// How long a lock's channels stay subscribed after its last waiter here has gone. A client that
 /// takes turns on a hot lock stops waiting at every acquisition and waits again soon after:
@@ -58,104 +59,32 @@ enum Cmd {
     Unsubscribe(String),
 }
 
-/// What the backend and the subscriber share about waits, under one mutex.
-#[derive(Default)]
-pub(crate) struct WaitState {
-    /// Locks a release of ours just handed to another client while tasks of ours still wait,
-    /// and until when to believe it: their next attempt would only find the lock busy, so it is
-    /// answered here (they are queued, and handed the lock in their turn).
-    pub(crate) elsewhere: HashMap<String, Instant>,
-    /// How many wake-ups this client has had: a release records `elsewhere` only if none came
-    /// while it was in flight (that wake-up may have been our turn already).
-    pub(crate) wakes: u64,
-    /// Locks handed to this client, by lock name, not yet taken by one of its attempts.
-    pub(crate) grants: HashMap<String, Grant>,
-    /// Our registration in each lock's queue, by lock name, while we believe it is there
-    /// (scripts keep it instead of queueing again, or remove it).
-    pub(crate) queued: HashMap<String, String>,
-    /// Registrations this client sent, by lock name, oldest first (at most `MAX_REGS`): when a
-    /// grant names one, the lease was written after it was sent.
-    pub(crate) regs: HashMap<String, VecDeque<Reg>>,
-    /// The registration of ours, by number, that each lock's last grant served: an attempt
-    /// whose reply says it queued us does not believe it if the grant for that very
-    /// registration came first.
-    pub(crate) served: HashMap<String, u64>,
-    /// Tokens whose lock was taken after a wait (so others may be waiting too): their release
-    /// may hand the lock over, and leads with a `PING` (see `RedisBackend::run_led`).
-    pub(crate) contended: HashSet<String>,
-}
-
-/// How many contended tokens are remembered (each is forgotten at its release; a bound for
-/// guards that are never released, say leaked with `mem::forget`).
-const MAX_CONTENDED: usize = 4096;
-
-impl WaitState {
-    /// A script queued our registration `reg`, number `seq`, for `key`: believe it is there,
-    /// unless the grant for that very registration came before the reply. Believing a served
-    /// one still queued would keep the next release from queueing us again, and the other
-    /// clients' tasks would pass the lock among themselves.
-    pub(crate) fn believe_queued(&mut self, key: &str, seq: u64, reg: String) {
-        if self.served.get(key) != Some(&seq) {
-            self.queued.insert(key.to_owned(), reg);
-        }
-    }
-
-    pub(crate) fn mark_contended(&mut self, token: &str) {
-        if self.contended.len() >= MAX_CONTENDED {
-            self.contended.clear();
-        }
-        self.contended.insert(token.to_owned());
-    }
-}
-
-/// A lock handed to this client by a release.
-pub(crate) enum Grant {
-    /// Handed to `token`, with `fence`, on the registration numbered `seq`.
-    Handed { token: String, fence: u64, seq: u64 },
-    /// An attempt with `token` took the lock with `fence`, possibly one a release had already
-    /// handed to it (its message still on the way): ignore that message when it comes. A
-    /// grant to `token` with another fence is a later hand-over, to a registration of
-    /// `token` that was still queued: nobody uses it, and the next attempt takes it over.
-    Taken { token: String, fence: u64 },
-}
-
-/// One registration sent: its number, when it was sent, and the TTL it asked for.
-#[derive(Clone, Copy)]
-pub(crate) struct Reg {
-    pub(crate) seq: u64,
-    pub(crate) at: Instant,
-    pub(crate) ttl: Duration,
-}
-
-/// How many registrations per lock are remembered.
-pub(crate) const MAX_REGS: usize = 16;
-
-pub(crate) type Shared = Arc<Mutex<WaitState>>;
-
 /// The shared subscriber of one backend.
 pub(crate) struct Subscriber {
     hub: WakeHub,
     /// Taken by the task when it starts (at the first subscription), with the receiving end
     /// of `_stop`.
-    start: Mutex<Option<(Start, oneshot::Receiver<()>)>>,
+    start: Mutex<Option<(SubscriberTask, oneshot::Receiver<()>)>>,
     /// Dropped with the subscriber (the last clone of its engine): the task then ends, and
     /// its connection closes. Without it, the task of an engine left behind (a Sentinel
     /// master that failed over) would keep reconnecting to a dead server for ever.
     _stop: oneshot::Sender<()>,
 }
 
-struct Start {
+/// What the subscriber's task owns: its commands, where to connect, and what it tells.
+struct SubscriberTask {
     rx: mpsc::UnboundedReceiver<Cmd>,
     client: redis::Client,
     /// Where a direct connection goes; `None` over TLS.
-    target: Option<Target>,
+    target: Option<Endpoint>,
     /// Requests (leaving a queue) go through the engine's connections.
-    node: Node,
+    conn: ServerConnection,
+    scripts: Arc<Scripts>,
     wake: WakeChannel,
     /// A Cluster's seed URLs: wake-ups come on sharded channels, through redis-rs's Cluster
     /// connection (it subscribes on each slot's node, and again after slots move).
     cluster: Option<Vec<String>>,
-    shared: Shared,
+    handovers: Handovers,
     layout: KeyLayout,
     db: i64,
     connect_timeout: Duration,
@@ -165,11 +94,12 @@ struct Start {
 impl Subscriber {
     pub(crate) fn new(
         client: redis::Client,
-        node: Node,
+        conn: ServerConnection,
+        scripts: Arc<Scripts>,
         config: &RedisConfig,
         wake: WakeChannel,
         cluster: Option<Vec<String>>,
-        shared: Shared,
+        handovers: Handovers,
     ) -> Self {
         let layout = config.layout.clone();
         let (connect_timeout, response_timeout) = (config.connect_timeout, config.response_timeout);
@@ -184,20 +114,21 @@ impl Subscriber {
             },
         );
         let db = client.get_connection_info().redis_settings().db();
-        let target = Target::of(client.get_connection_info());
+        let target = Endpoint::of(client.get_connection_info());
         let (stop, stopped) = oneshot::channel();
         Subscriber {
             _stop: stop,
             hub,
             start: Mutex::new(Some((
-                Start {
+                SubscriberTask {
                     rx,
                     target,
                     client,
-                    node,
+                    conn,
+                    scripts,
                     wake,
                     cluster,
-                    shared,
+                    handovers,
                     layout,
                     db,
                     connect_timeout,
@@ -244,7 +175,7 @@ impl Subscriber {
 
 /// The channel subscribed to for one lock: its keyspace channel, or on a Cluster its sharded
 /// wake channel.
-fn key_channel(start: &Start, key: &str) -> String {
+fn key_channel(start: &SubscriberTask, key: &str) -> String {
     let lock_key = start.layout.lock_key(key);
     if start.wake.is_sharded() {
         start.wake.sharded_channel(&lock_key)
@@ -263,7 +194,7 @@ struct Routes {
 }
 
 impl Routes {
-    fn apply(&mut self, start: &Start, cmd: &Cmd) {
+    fn apply(&mut self, start: &SubscriberTask, cmd: &Cmd) {
         match cmd {
             Cmd::Subscribe(k) => {
                 self.keyspace.insert(key_channel(start, k), k.clone());
@@ -299,7 +230,10 @@ struct Msg {
 enum Conn {
     /// Read by the subscriber task itself. `early`: messages that came while a subscription
     /// request waited for its confirmation, served first.
-    Direct { io: Direct, early: VecDeque<Msg> },
+    Direct {
+        io: RespConnection,
+        early: VecDeque<Msg>,
+    },
     /// redis-rs's (TLS).
     Shared {
         sink: redis::aio::PubSubSink,
@@ -313,7 +247,7 @@ enum Conn {
 }
 
 impl Conn {
-    async fn open(start: &Start) -> Result<Conn, String> {
+    async fn open(start: &SubscriberTask) -> Result<Conn, String> {
         if let Some(seeds) = &start.cluster {
             let (tx, pushes) = mpsc::unbounded_channel();
             let client = redis::cluster::ClusterClientBuilder::new(seeds.clone())
@@ -332,7 +266,7 @@ impl Conn {
             };
         }
         if let Some(target) = &start.target {
-            return match lane::connect(target, start.connect_timeout).await {
+            return match direct::connect(target, start.connect_timeout).await {
                 Ok(io) => Ok(Conn::Direct {
                     io,
                     early: VecDeque::new(),
@@ -431,7 +365,7 @@ impl Conn {
                             return Some(Msg { channel, payload });
                         }
                     }
-                    // A node's connection broke: messages may have been lost meanwhile. Start
+                    // A node's connection broke: messages may have been lost meanwhile. SubscriberTask
                     // afresh (every waiter is woken, every channel subscribed again).
                     redis::PushKind::Disconnection => return None,
                     // Confirmations (also of redis-rs's own re-subscriptions).
@@ -445,7 +379,7 @@ impl Conn {
 /// Sends `SUBSCRIBE` or `UNSUBSCRIBE` and reads up to its confirmation, keeping the messages
 /// that come first. A server error (`NOPERM`) is returned as such.
 async fn direct_request(
-    io: &mut Direct,
+    io: &mut RespConnection,
     early: &mut VecDeque<Msg>,
     chan: &str,
     subscribe: bool,
@@ -497,58 +431,7 @@ fn message(v: Value) -> Option<Msg> {
     }
 }
 
-/// A lock's waiters are woken: forget that a release of ours handed it to somebody else, and
-/// apply `update` (what the message says) under the same lock.
-fn wake(hub: &WakeHub, shared: &Shared, name: &str, update: impl FnOnce(&mut WaitState)) {
-    {
-        let mut st = shared.lock().unwrap_or_else(PoisonError::into_inner);
-        st.wakes += 1;
-        st.elsewhere.remove(name);
-        update(&mut st);
-    }
-    hub.notify(name);
-}
-
-/// A grant message, `\t<fence> <seq> <token> <lock key>`.
-fn parse_grant(payload: &[u8]) -> Option<(u64, u64, &str, &str)> {
-    let text = std::str::from_utf8(payload.strip_prefix(b"\t")?).ok()?;
-    let mut parts = text.splitn(4, ' ');
-    let fence = parts.next()?.parse().ok()?;
-    let seq = parts.next()?.parse().ok()?;
-    let token = parts.next()?;
-    let lock_key = parts.next()?;
-    Some((fence, seq, token, lock_key))
-}
-
-/// Records a lock handed to `token` of this client, unless an attempt already took this very
-/// grant (same token and fence). Our registration left the queue with it.
-pub(crate) fn record_grant(st: &mut WaitState, name: &str, fence: u64, seq: u64, token: &str) {
-    st.queued.remove(name);
-    // No allocation on a hot lock's every hand-over: its entry stays.
-    match st.served.get_mut(name) {
-        Some(s) => *s = seq,
-        None => {
-            st.served.insert(name.to_owned(), seq);
-        }
-    }
-    if let Some(Grant::Taken { token: t, fence: f }) = st.grants.get(name)
-        && t == token
-        && *f == fence
-    {
-        st.grants.remove(name);
-        return;
-    }
-    st.grants.insert(
-        name.to_owned(),
-        Grant::Handed {
-            token: token.to_owned(),
-            fence,
-            seq,
-        },
-    );
-}
-
-async fn run(hub: WakeHub, mut start: Start) {
+async fn run(hub: WakeHub, mut start: SubscriberTask) {
     let mut routes = Routes::default();
     let mut attempt = 0u32;
     loop {
@@ -605,7 +488,7 @@ async fn run(hub: WakeHub, mut start: Start) {
             }
         }
         // Events may have been missed while disconnected.
-        forget_hints(&start.shared);
+        start.handovers.forget_hints();
         hub.notify_all();
         // Locks nobody here waits for any more, still subscribed, and until when.
         let mut lingering: HashMap<String, Instant> = HashMap::new();
@@ -640,7 +523,7 @@ async fn run(hub: WakeHub, mut start: Start) {
                             // A registration of ours still queued, or a grant nobody took:
                             // leave now (a release would hand the lock to nobody). Otherwise
                             // the next wait will likely come soon: stay subscribed a while.
-                            if must_leave(&start.shared, &key) {
+                            if start.handovers.must_leave(&key) {
                                 leave_queue(&start, &key).await;
                             }
                             let until = Instant::now() + LINGER;
@@ -688,14 +571,13 @@ async fn run(hub: WakeHub, mut start: Start) {
                         if let Some((fence, seq, token, lock_key)) = parse_grant(payload) {
                             match routes.locks.get(lock_key) {
                                 Some(name) if !lingering.contains_key(name) => {
-                                    wake(&hub, &start.shared, name, |st| {
-                                        record_grant(st, name, fence, seq, token);
-                                    });
+                                    start.handovers.granted(name, fence, seq, token);
+                                    hub.notify(name);
                                 }
                                 // Handed to us, but nobody here waits any more: pass it on,
                                 // unless an attempt took this very grant (a task holds it).
                                 _ => {
-                                    if !took_already(&start.shared, token, fence) {
+                                    if !start.handovers.took_already(token, fence) {
                                         leave_lock_key(&start, lock_key, token).await;
                                     }
                                 }
@@ -705,16 +587,16 @@ async fn run(hub: WakeHub, mut start: Start) {
                             && !lingering.contains_key(name)
                         {
                             // Taken out of the queue and told to try.
-                            wake(&hub, &start.shared, name, |st| {
-                                st.queued.remove(name);
-                            });
+                            start.handovers.told_to_try(name);
+                            hub.notify(name);
                         }
                     } else if let Ok(channel) = std::str::from_utf8(&channel)
                         && let Some(name) = routes.keyspace.get(channel)
                         && !lingering.contains_key(name)
                         && GONE_EVENTS.contains(&payload)
                     {
-                        wake(&hub, &start.shared, name, |_| {});
+                        start.handovers.key_gone(name);
+                        hub.notify(name);
                     }
                     // Let the woken waiter run before this task reads the socket again (a read
                     // that finds nothing is a wasted system call on the new holder's way).
@@ -728,76 +610,37 @@ async fn run(hub: WakeHub, mut start: Start) {
         }
         tracing::debug!(target: "distlock", "pub/sub connection lost; reconnecting");
         hub.unconfirm_all();
-        forget_hints(&start.shared);
+        start.handovers.forget_hints();
         hub.notify_all();
     }
 }
 
-/// Whether an attempt of ours took the lock this grant (of `token`, with `fence`) hands over:
-/// then a task holds it, and the message, late, must not pass it on. Forgets the record.
-fn took_already(shared: &Shared, token: &str, fence: u64) -> bool {
-    let mut st = shared.lock().unwrap_or_else(PoisonError::into_inner);
-    let found = st.grants.iter().find_map(|(name, g)| match g {
-        Grant::Taken { token: t, fence: f } if t == token && *f == fence => Some(name.clone()),
-        _ => None,
-    });
-    found.is_some_and(|name| st.grants.remove(&name).is_some())
-}
-
-/// Whether this client must leave `key`'s queue now that nobody here waits: a registration of
-/// ours is still queued, or a lock was handed to us that nobody took.
-fn must_leave(shared: &Shared, key: &str) -> bool {
-    let st = shared.lock().unwrap_or_else(PoisonError::into_inner);
-    st.queued.contains_key(key) || matches!(st.grants.get(key), Some(Grant::Handed { .. }))
-}
-
-fn forget_hints(shared: &Shared) {
-    let mut st = shared.lock().unwrap_or_else(PoisonError::into_inner);
-    st.wakes += 1;
-    st.elsewhere.clear();
-    // Releases that found us deaf (PUBLISH reached nobody) dropped our registrations.
-    st.queued.clear();
-}
-
 /// Nobody of this client waits for `key` any more: leave its queue, and pass on a lock handed
 /// to us meanwhile (best effort; the registration expires, and an unused grant with its TTL).
-async fn leave_queue(start: &Start, key: &str) {
-    let handed = {
-        let mut st = start.shared.lock().unwrap_or_else(PoisonError::into_inner);
-        st.regs.remove(key);
-        st.queued.remove(key);
-        st.served.remove(key);
-        // A `Taken` record stays: its grant message may still come, and must not pass on a
-        // lock a task of ours holds.
-        if matches!(st.grants.get(key), Some(Grant::Handed { .. }))
-            && let Some(Grant::Handed { token, .. }) = st.grants.remove(key)
-        {
-            token
-        } else {
-            String::new()
-        }
-    };
+async fn leave_queue(start: &SubscriberTask, key: &str) {
+    let handed = start.handovers.leave(key);
     leave_lock_key(start, &start.layout.lock_key(key), &handed).await;
 }
 
-async fn leave_lock_key(start: &Start, lock_key: &str, handed: &str) {
-    static LEAVE: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
-    let script = LEAVE.get_or_init(|| redis::Script::new(with_lib!("scripts/leave.lua")));
+async fn leave_lock_key(start: &SubscriberTask, lock_key: &str, handed: &str) {
     let keys = LockKeys::derive(lock_key.to_owned());
     let mut now = itoa::Buffer::new();
     let lock_keys = [keys.lock(), keys.meta(), keys.waiters()];
     let wake = start.wake.for_lock(lock_key);
-    let args = [&*wake, handed, now.format(crate::scripts::unix_ms())];
-    let call = start
-        .node
-        .run(script, &lock_keys, &args, "leaving the waiters' queue");
+    let args = [&*wake, handed, now.format(unix_ms())];
+    let call = start.conn.run(
+        &start.scripts.leave,
+        &lock_keys,
+        &args,
+        "leaving the waiters' queue",
+    );
     if let Ok(Err(e)) = tokio::time::timeout(start.response_timeout, call).await {
         tracing::debug!(target: "distlock", lock_key, error = %e, "leaving the waiters' queue failed");
     }
 }
 
 /// Waits before reconnecting (10 ms doubling to 1 s), still taking commands meanwhile.
-async fn backoff(attempt: &mut u32, start: &mut Start, routes: &mut Routes) {
+async fn backoff(attempt: &mut u32, start: &mut SubscriberTask, routes: &mut Routes) {
     let delay = Duration::from_millis(10 * (1u64 << (*attempt).min(7))).min(Duration::from_secs(1));
     *attempt = attempt.saturating_add(1);
     let sleep = tokio::time::sleep(delay);
@@ -818,10 +661,10 @@ mod tests {
     use super::*;
     use distlock_testkit::RedisServer;
 
-    async fn direct(server: &RedisServer) -> Direct {
+    async fn direct(server: &RedisServer) -> RespConnection {
         let info = redis::Client::open(server.url()).unwrap();
-        let target = Target::of(info.get_connection_info()).expect("a TCP target");
-        lane::connect(&target, Duration::from_secs(5))
+        let target = Endpoint::of(info.get_connection_info()).expect("a TCP target");
+        direct::connect(&target, Duration::from_secs(5))
             .await
             .unwrap()
     }
@@ -875,9 +718,9 @@ mod tests {
         ]);
         let url = format!("redis://deaf:pw@127.0.0.1:{}", server.port());
         let info = redis::Client::open(url).unwrap();
-        let target = Target::of(info.get_connection_info()).unwrap();
+        let target = Endpoint::of(info.get_connection_info()).unwrap();
         let mut conn = Conn::Direct {
-            io: lane::connect(&target, Duration::from_secs(5))
+            io: direct::connect(&target, Duration::from_secs(5))
                 .await
                 .unwrap(),
             early: VecDeque::new(),
@@ -905,47 +748,5 @@ mod tests {
         ] {
             assert!(message(v).is_none());
         }
-    }
-
-    fn handed(st: &WaitState, name: &str) -> Option<(String, u64, u64)> {
-        match st.grants.get(name)? {
-            Grant::Handed { token, fence, seq } => Some((token.clone(), *fence, *seq)),
-            Grant::Taken { .. } => None,
-        }
-    }
-
-    /// A state where the task with token `t` took lock `k` with fence 5.
-    fn took_t_with_fence_5() -> WaitState {
-        let mut st = WaitState::default();
-        st.grants.insert(
-            "k".into(),
-            Grant::Taken {
-                token: "t".into(),
-                fence: 5,
-            },
-        );
-        st
-    }
-
-    #[test]
-    fn the_message_of_a_grant_an_attempt_already_took_is_ignored() {
-        let mut st = took_t_with_fence_5();
-        record_grant(&mut st, "k", 5, 1, "t");
-        assert!(st.grants.is_empty());
-    }
-
-    #[test]
-    fn a_later_grant_to_a_token_that_took_the_lock_before_is_kept_for_take_over() {
-        // The token's task took the lock (fence 5) and released it; another registration of
-        // the same token was still queued, and a release handed the lock to it (fence 7).
-        // Dropping that message left the lock with nobody until its TTL ran out.
-        let mut st = took_t_with_fence_5();
-        st.queued.insert("k".into(), "reg".into());
-        record_grant(&mut st, "k", 7, 3, "t");
-        assert_eq!(handed(&st, "k"), Some(("t".into(), 7, 3)));
-        assert!(st.queued.is_empty());
-        // Another token's Taken mark does not hide a grant either.
-        record_grant(&mut st, "j", 9, 4, "u");
-        assert_eq!(handed(&st, "j"), Some(("u".into(), 9, 4)));
     }
 }

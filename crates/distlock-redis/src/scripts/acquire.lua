@@ -4,7 +4,7 @@
 --         other clients' SET NX locks
 -- KEYS[2] meta hash: the fence counter (never expires), and the token and fence of the last
 --         holder that came through a script (for status)
--- KEYS[3] the queue of waiting clients (see lib)
+-- KEYS[3] the queue of waiting clients (see queue.lua)
 -- ARGV[1] token, ARGV[2] value, ARGV[3] ttl ms,
 -- ARGV[4] our registration, to queue when busy ('' when we do not hear wake-ups: then we do
 -- not queue),
@@ -15,6 +15,7 @@
 -- 1 when this call added our registration to the queue, 0 when it kept the one we had.
 -- Every write that can fail (WRONGTYPE) runs before the lock is written, and the queue
 -- book-keeping after it uses pcall, so an error never leaves a lock half taken.
+-- Uses `is_ours` (token.lua), prepended to it (see scripts.rs).
 local cur = redis.call('GET', KEYS[1])
 local tok = ARGV[1]
 local take, fence = nil, nil

@@ -1,9 +1,10 @@
 -- distlock leave: this client has nobody waiting for the lock any more. Leave the queue, and
 -- pass on a lock a release handed to us meanwhile that none of our tasks will use.
--- KEYS[1] lock key, KEYS[2] meta hash, KEYS[3] the queue of waiting clients (see lib)
+-- KEYS[1] lock key, KEYS[2] meta hash, KEYS[3] the queue of waiting clients (see queue.lua)
 -- ARGV[1] our wake channel, ARGV[2] the token the lock was handed to ('' if none), ARGV[3] the
 -- client's clock in ms since the epoch (shown as the start of the next holder, if any)
 -- Returns 0 (nothing to pass on), 1 (the lock freed), 2 (handed to the next client).
+-- Uses `is_ours` (token.lua) and `pass_on` (queue.lua), prepended to it (see scripts.rs).
 local list = redis.pcall('LRANGE', KEYS[3], 0, -1)
 if type(list) == 'table' and not list.err then
   local mine = ARGV[1] .. ' '

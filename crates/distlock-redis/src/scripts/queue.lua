@@ -1,3 +1,6 @@
+-- Helpers of the waiting clients' queue, prepended to the scripts that use them (see
+-- scripts.rs): `tell` and `pass_on`.
+--
 -- The queue of waiting clients is a list (KEYS[3] of the scripts that use it), in order of
 -- arrival. Each element is one client's registration:
 -- '<wake channel> <ttl ms> <seq> <token> <owner>', what a release writes when it hands the lock
@@ -58,10 +61,4 @@ local function pass_on(lock, meta, queue, self_chan, now, first)
     end
   end
   return false, met_self
-end
-
--- Whether `cur`, a lock key's value, was written by the holder of `tok`: either the bare token
--- (older values, other tools) or '<token> <since> <owner>'. Tokens never contain spaces.
-local function is_ours(cur, tok)
-  return cur == tok or string.sub(cur, 1, #tok + 1) == tok .. ' '
 end
