@@ -48,6 +48,7 @@ use p2::{contention, peer_contention, worker};
 use p3::{HandoffFigures, P3_ROUNDS, P3Round, peer_handoff, raw_handoff, raw_holder, raw_waiter};
 use p4::p4;
 use p5::p5;
+use p6::P6Server;
 
 #[derive(Parser, Debug)]
 #[command(about = "distlock benchmarks against the raw redis-rs floor (prints a table)")]
@@ -319,9 +320,54 @@ fn main() {
     } else {
         (10_000, Duration::from_secs(3), Duration::from_secs(9))
     };
-    let mut p6_rows = vec![p6::ours(&rt, &server, p6_locks, p6_ttl, p6_window)];
+    let redis = rt
+        .block_on(distlock_redis::RedisBackend::connect(&server.url()))
+        .expect("connect");
+    let mut p6_rows = vec![p6::ours(
+        &rt,
+        P6Server::Redis(&server),
+        redis,
+        p6_locks,
+        p6_ttl,
+        p6_window,
+    )];
     for peer in &peer_list {
         p6_rows.push(p6::peer(&server, peer, p6_locks, p6_ttl, p6_window));
+    }
+    // The same on etcd and ZooKeeper (one session each), pinned like P5.
+    if let Some(etcd) = distlock_testkit::Etcd::start() {
+        if !cli.no_pin {
+            etcd.members()[0].pin_to_cpu(0);
+        }
+        let backend = rt
+            .block_on(distlock_etcd::EtcdBackend::connect(&etcd.url("")))
+            .expect("connect");
+        let row = p6::ours(
+            &rt,
+            P6Server::Etcd(&etcd),
+            backend,
+            p6_locks,
+            p6_ttl,
+            p6_window,
+        );
+        p6_rows.push(row);
+    }
+    if let Some(zk) = distlock_testkit::ZooKeeper::start() {
+        if !cli.no_pin {
+            zk.servers()[0].pin_to_cpu(0);
+        }
+        let backend = rt
+            .block_on(distlock_zookeeper::ZkBackend::connect(&zk.url("")))
+            .expect("connect");
+        let row = p6::ours(
+            &rt,
+            P6Server::ZooKeeper(&zk),
+            backend,
+            p6_locks,
+            p6_ttl,
+            p6_window,
+        );
+        p6_rows.push(row);
     }
     // P3 unloaded: two processes, one task each; a holder keeps the lock 3 ms and, after its
     // release, pauses 0.3 ms before it asks again (tokio's timers tick in whole ms, so the pause

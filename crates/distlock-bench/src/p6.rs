@@ -9,7 +9,6 @@ use distlock_core::engine::{
     LeaseCheck, LeaseRef, RenewItem, Sessions, WakeSource,
 };
 use distlock_core::{LockClient, LockError, LockOptions, LockStatus};
-use distlock_redis::RedisBackend;
 use distlock_testkit::RedisServer;
 
 use crate::peers;
@@ -78,6 +77,7 @@ impl<B: Backend> BatchRenew for Counting<B> {
 
 /// One P6 row.
 pub(crate) struct Row {
+    pub(crate) engine: &'static str,
     pub(crate) client: String,
     pub(crate) result: Result<Figures, peers::Figure>,
 }
@@ -86,12 +86,15 @@ pub(crate) struct Figures {
     pub(crate) held_after: usize,
     /// Renewal round trips (calls to the server that renew) per tick of TTL/3.
     pub(crate) trips_per_tick: Option<f64>,
-    /// Server commands per renewal of one lock.
-    pub(crate) cmds_per_renewal: f64,
+    /// Server requests per renewal of one lock (Redis: commands; etcd: gRPC messages;
+    /// ZooKeeper: packets).
+    pub(crate) requests_per_renewal: f64,
     /// Client CPU, in % of one core, while the locks are held.
     pub(crate) client_cpu_pct: f64,
-    /// Redis's CPU, in % of one core.
+    /// The server's CPU, in % of one core.
     pub(crate) server_cpu_pct: f64,
+    /// What else the server counted, for the note under the table.
+    pub(crate) note: Option<String>,
 }
 
 fn process_cpu() -> f64 {
@@ -110,25 +113,105 @@ fn server_cpu(server: &RedisServer) -> f64 {
         .sum()
 }
 
-/// distlock: `n` locks on one client, held for `window`, renewed by the watchdog every TTL/3.
-pub(crate) fn ours(
+/// What the server says about itself: its CPU seconds, the requests it has served, and for
+/// etcd the keep-alive streams opened and the keep-alive messages received.
+struct ServerReading {
+    cpu_s: f64,
+    requests: f64,
+    streams: Option<(f64, f64)>,
+}
+
+/// The server of a P6 run.
+pub(crate) enum P6Server<'a> {
+    Redis(&'a RedisServer),
+    Etcd(&'a distlock_testkit::Etcd),
+    ZooKeeper(&'a distlock_testkit::ZooKeeper),
+}
+
+impl P6Server<'_> {
+    fn read(&self) -> ServerReading {
+        match self {
+            P6Server::Redis(server) => ServerReading {
+                cpu_s: server_cpu(server),
+                requests: crate::p2::total_calls(server) as f64,
+                streams: None,
+            },
+            P6Server::Etcd(etcd) => {
+                let member = &etcd.members()[0];
+                let metrics = http_get(member.port(), "/metrics");
+                let sum = |name: &str, filter: &str| -> f64 {
+                    metrics
+                        .lines()
+                        .filter(|l| l.starts_with(name) && l.contains(filter))
+                        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                        .sum()
+                };
+                ServerReading {
+                    cpu_s: member.cpu_seconds(),
+                    // Unary calls handled, plus messages received on streams.
+                    requests: sum("grpc_server_handled_total", "grpc_type=\"unary\"")
+                        + sum("grpc_server_msg_received_total", "_stream\""),
+                    streams: Some((
+                        sum("grpc_server_started_total", "LeaseKeepAlive"),
+                        sum("grpc_server_msg_received_total", "LeaseKeepAlive"),
+                    )),
+                }
+            }
+            P6Server::ZooKeeper(zk) => {
+                let server = &zk.servers()[0];
+                let mntr = server.four_letter("mntr");
+                let received = mntr
+                    .lines()
+                    .find_map(|l| l.strip_prefix("zk_packets_received"))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .unwrap_or(0.0);
+                ServerReading {
+                    cpu_s: server.cpu_seconds(),
+                    requests: received,
+                    streams: None,
+                }
+            }
+        }
+    }
+}
+
+/// A plain HTTP/1.0 GET on loopback (etcd's metrics): the body.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, body)| body.to_owned())
+}
+
+/// distlock: `n` locks on one client of `backend`, held for `window`, renewed by the watchdog
+/// every TTL/3.
+pub(crate) fn ours<B: Backend + Clone>(
     rt: &tokio::runtime::Runtime,
-    server: &RedisServer,
+    server: P6Server<'_>,
+    backend: B,
     n: usize,
     ttl: Duration,
     window: Duration,
 ) -> Row {
     let calls = Arc::new(AtomicU64::new(0));
     let renewals = Arc::new(AtomicU64::new(0));
+    let engine = backend.name();
+    let batched = backend.batch_renew().is_some();
     let result = rt.block_on(async {
         let backend = Counting {
-            inner: RedisBackend::connect(&server.url()).await.expect("connect"),
+            inner: backend,
             calls: calls.clone(),
             renewals: renewals.clone(),
         };
         let options = LockOptions::builder().ttl(ttl).build().expect("options");
         let client = LockClient::builder(backend).options(options).build();
-        let keys: Vec<String> = (0..n).map(|i| format!("p6:{i}")).collect();
+        let keys: Vec<String> = (0..n).map(|i| format!("p6-{i}")).collect();
         let mut guards = Vec::with_capacity(n);
         for chunk in keys.chunks(500) {
             let got =
@@ -143,17 +226,11 @@ pub(crate) fn ours(
             calls.load(Ordering::Relaxed),
             renewals.load(Ordering::Relaxed),
         );
-        let (cmd0, scpu0, cpu0, t0) = (
-            crate::p2::total_calls(server),
-            server_cpu(server),
-            process_cpu(),
-            Instant::now(),
-        );
+        let (before, cpu0, t0) = (server.read(), process_cpu(), Instant::now());
         tokio::time::sleep(window).await;
         let secs = t0.elapsed().as_secs_f64();
         let cpu = process_cpu() - cpu0;
-        let scpu = server_cpu(server) - scpu0;
-        let cmds = crate::p2::total_calls(server).saturating_sub(cmd0 + 3);
+        let after = server.read();
         let (c, r) = (
             calls.load(Ordering::Relaxed) - c0,
             renewals.load(Ordering::Relaxed) - r0,
@@ -161,16 +238,38 @@ pub(crate) fn ours(
         let held_after = guards.iter().filter(|g| g.is_held()).count();
         futures_util::future::join_all(guards.into_iter().map(|g| g.release())).await;
         let ticks = secs / (ttl.as_secs_f64() / 3.0);
+        // The readings themselves (Redis: INFO twice and the counter read) are not renewals.
+        let probes = match server {
+            P6Server::Redis(_) => 3.0,
+            _ => 0.0,
+        };
+        let note = match (before.streams, after.streams) {
+            (Some((s0, m0)), Some((s1, m1))) => Some(format!(
+                "{engine}: {} keep-alive streams opened and {} keep-alive messages received in \
+                 the window, {:.1} per tick, for {n} locks",
+                s1 - s0,
+                m1 - m0,
+                (m1 - m0) / ticks
+            )),
+            _ => None,
+        };
         Figures {
             held_after,
             trips_per_tick: Some(c as f64 / ticks),
-            cmds_per_renewal: cmds as f64 / r.max(1) as f64,
+            requests_per_renewal: (after.requests - before.requests - probes).max(0.0)
+                / r.max(1) as f64,
             client_cpu_pct: cpu / secs * 100.0,
-            server_cpu_pct: scpu / secs * 100.0,
+            server_cpu_pct: (after.cpu_s - before.cpu_s) / secs * 100.0,
+            note,
         }
     });
     Row {
-        client: "distlock (watchdog, pipelined renewals)".into(),
+        engine,
+        client: if batched {
+            "distlock (watchdog, batched renewals)".into()
+        } else {
+            "distlock (watchdog)".into()
+        },
         result: Ok(result),
     }
 }
@@ -198,12 +297,14 @@ pub(crate) fn peer(
             Figures {
                 held_after: held,
                 trips_per_tick: None,
-                cmds_per_renewal: cmds as f64 / (n as f64 * ticks).max(1.0),
+                requests_per_renewal: cmds as f64 / (n as f64 * ticks).max(1.0),
                 client_cpu_pct: cpu_s / secs * 100.0,
                 server_cpu_pct: scpu / secs * 100.0,
+                note: None,
             }
         });
     Row {
+        engine: "redis",
         client: peer.name.clone(),
         result,
     }

@@ -363,23 +363,33 @@ pub(crate) fn write(results: Results<'_>) {
         show(p6_window)
     );
     outln!(
-        "| client | still held | renewal round trips per tick | server commands per renewal | client CPU % of a core | Redis CPU % |"
+        "| engine | client | still held | renewal round trips per tick | server requests per renewal | client CPU % of a core | server CPU % |"
     );
-    outln!("|---|---:|---:|---:|---:|---:|");
+    outln!("|---|---|---:|---:|---:|---:|---:|");
     for r in &p6_rows {
         match &r.result {
             Ok(f) => outln!(
-                "| {} | {} | {} | {:.2} | {:.1} | {:.1} |",
+                "| {} | {} | {} | {} | {:.2} | {:.1} | {:.1} |",
+                r.engine,
                 r.client,
                 f.held_after,
                 f.trips_per_tick
                     .map_or("-".to_owned(), |t| format!("{t:.1}")),
-                f.cmds_per_renewal,
+                f.requests_per_renewal,
                 f.client_cpu_pct,
                 f.server_cpu_pct
             ),
-            Err(fig) => outln!("| {} | {} | | | | |", r.client, fig.cell(0)),
+            Err(fig) => outln!("| {} | {} | {} | | | | |", r.engine, r.client, fig.cell(0)),
         }
+    }
+    outln!(
+        "server requests: Redis commands (INFO commandstats), etcd gRPC unary calls and stream messages (/metrics), ZooKeeper packets received (mntr)"
+    );
+    for note in p6_rows
+        .iter()
+        .filter_map(|r| r.result.as_ref().ok()?.note.as_deref())
+    {
+        outln!("{note}");
     }
     // The bars of the brief (§4), each with its figure.
     outln!();
@@ -494,12 +504,15 @@ pub(crate) fn write(results: Results<'_>) {
                 "window_ms": p6_window.as_millis() as u64,
                 "rows": p6_rows.iter().map(|r| match &r.result {
                     Ok(f) => serde_json::json!({
-                        "client": r.client, "held_after": f.held_after,
+                        "engine": r.engine, "client": r.client, "held_after": f.held_after,
                         "round_trips_per_tick": f.trips_per_tick,
-                        "cmds_per_renewal": f.cmds_per_renewal,
+                        "requests_per_renewal": f.requests_per_renewal,
                         "client_cpu_pct": f.client_cpu_pct, "server_cpu_pct": f.server_cpu_pct,
+                        "note": f.note,
                     }),
-                    Err(fig) => serde_json::json!({ "client": r.client, "result": fig.json() }),
+                    Err(fig) => serde_json::json!({
+                        "engine": r.engine, "client": r.client, "result": fig.json()
+                    }),
                 }).collect::<Vec<_>>(),
             },
             "rtt_us": rtt,

@@ -213,6 +213,11 @@ impl EtcdMember {
         self.client_port
     }
 
+    /// The CPU time the server process has used so far, in seconds.
+    pub fn cpu_seconds(&self) -> f64 {
+        self.child.cpu_seconds()
+    }
+
     /// Pins the process (every thread) to one CPU, for latency figures on a small machine.
     pub fn pin_to_cpu(&self, cpu: usize) {
         self.child.pin_to_cpu(cpu);

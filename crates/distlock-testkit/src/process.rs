@@ -110,6 +110,22 @@ impl Daemon {
         nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
     }
 
+    /// The CPU time the process has used so far (user and system), in seconds.
+    pub(crate) fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
+            .expect("read /proc/<pid>/stat");
+        // The fields after the command (which is in parentheses and may hold spaces): state is
+        // field 3, utime and stime are fields 14 and 15.
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks: f64 = [11, 12]
+            .iter()
+            .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
+            .sum();
+        // In USER_HZ, which Linux fixes at 100 for what it shows user space.
+        ticks / 100.0
+    }
+
     /// Pins every thread of the process to one CPU (`taskset -acp`).
     pub(crate) fn pin_to_cpu(&self, cpu: usize) {
         let out = std::process::Command::new("taskset")

@@ -32,7 +32,7 @@ pub enum LinkMode {
 }
 
 #[derive(Debug)]
-struct Shared {
+struct ProxyState {
     mode: Mutex<LinkMode>,
     /// Bumped to reset every open connection.
     resets: watch::Sender<u64>,
@@ -40,7 +40,7 @@ struct Shared {
     open: std::sync::atomic::AtomicUsize,
 }
 
-impl Shared {
+impl ProxyState {
     fn mode(&self) -> LinkMode {
         *self.mode.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -50,7 +50,7 @@ impl Shared {
 #[derive(Debug)]
 pub struct FaultProxy {
     addr: SocketAddr,
-    shared: Arc<Shared>,
+    shared: Arc<ProxyState>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -65,7 +65,7 @@ impl FaultProxy {
     pub async fn start_on(ip: std::net::IpAddr, upstream: SocketAddr) -> io::Result<Self> {
         let listener = TcpListener::bind(SocketAddr::new(ip, 0)).await?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(ProxyState {
             mode: Mutex::new(LinkMode::Pass),
             resets: watch::channel(0).0,
             open: std::sync::atomic::AtomicUsize::new(0),
@@ -117,7 +117,7 @@ impl Drop for FaultProxy {
     }
 }
 
-async fn accept(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>) {
+async fn accept(listener: TcpListener, upstream: SocketAddr, shared: Arc<ProxyState>) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
             // Out of descriptors or the like: wait a little rather than spin.
@@ -140,7 +140,7 @@ async fn accept(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>
 }
 
 /// Counts a relayed connection until it ends.
-struct OpenGuard(Arc<Shared>);
+struct OpenGuard(Arc<ProxyState>);
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
@@ -151,7 +151,7 @@ impl Drop for OpenGuard {
 }
 
 /// Carries one connection until either side closes it, a reset, or a lost reply.
-async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
+async fn relay(client: TcpStream, server: TcpStream, shared: Arc<ProxyState>) {
     shared
         .open
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
