@@ -4,7 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use distlock_core::engine::{AcquireRequest, Attempt, Clock};
+use distlock_core::engine::{
+    AcquireRequest, Attempt, Clock, LeaseCheck, LeaseKind, LeaseRef, RenewItem,
+};
 use distlock_core::{
     Backend, ErrorKind, LockClient, LockOptions, LostReason, Released, SystemClock, Token,
 };
@@ -232,4 +234,85 @@ async fn fences_strictly_increase_across_500_holders() {
         last = fence;
         assert_eq!(g.release().await.unwrap(), Released::Held);
     }
+}
+
+/// The packets a server has received so far (`mntr`'s `zk_packets_received`).
+fn packets_received(zk: &ZooKeeper) -> u64 {
+    zk.servers()[0]
+        .four_letter("mntr")
+        .lines()
+        .find_map(|l| l.strip_prefix("zk_packets_received"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("mntr answers with zk_packets_received")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_renewal_checks_2100_locks_in_three_requests() {
+    let Some(zk) = ZooKeeper::start() else { return };
+    let url = zk.url("?response_timeout=10s");
+    let backend = Arc::new(ZkBackend::connect(&url).await.unwrap());
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let tokens: Vec<Token> = (0..2100).map(|_| Token::generate()).collect();
+    let names: Vec<String> = (0..2100).map(|i| format!("batch{i}")).collect();
+    let pairs: Vec<(&String, &Token)> = names.iter().zip(&tokens).collect();
+    for group in pairs.chunks(10) {
+        let attempts = group.iter().map(|(name, token)| {
+            let (backend, clock) = (&backend, &clock);
+            async move {
+                let req = AcquireRequest::new(name, token, Duration::from_secs(10), "test", clock);
+                backend.acquire(&req).await.unwrap()
+            }
+        });
+        for attempt in futures_util::future::join_all(attempts).await {
+            assert!(matches!(attempt, Attempt::Acquired { .. }), "{attempt:?}");
+        }
+    }
+    // Someone deletes lock 1500's node; lock 1700's node is deleted and created again by
+    // another session (same path, another owner).
+    let raw = zookeeper_client::Client::connect(&zk.url("")["zk://".len()..])
+        .await
+        .unwrap();
+    let node_of = |i: usize| {
+        let (raw, parent) = (&raw, backend.lock_path(&names[i]));
+        async move {
+            let child = children(raw, &parent).await.pop().expect("one node");
+            format!("{parent}/{child}")
+        }
+    };
+    let gone = node_of(1500).await;
+    raw.delete(&gone, None).await.unwrap();
+    let replaced = node_of(1700).await;
+    raw.delete(&replaced, None).await.unwrap();
+    let ephemeral =
+        zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+    raw.create(&replaced, b"another session", &ephemeral)
+        .await
+        .unwrap();
+    let unknown = Token::generate();
+    let mut items: Vec<RenewItem<'_>> = names
+        .iter()
+        .zip(&tokens)
+        .map(|(n, t)| RenewItem::new(LeaseRef::new(n, t, LeaseKind::Exclusive), Duration::ZERO))
+        .collect();
+    items.push(RenewItem::new(
+        LeaseRef::new("batch0", &unknown, LeaseKind::Exclusive),
+        Duration::ZERO,
+    ));
+    let batch = backend.batch_renew().expect("ZooKeeper renews in batches");
+    let before = packets_received(&zk);
+    let checks = batch.renew_many(&items).await;
+    let requests = packets_received(&zk) - before - 1; // the second mntr is a packet too
+    assert_eq!(checks.len(), items.len());
+    for (i, check) in checks.iter().enumerate() {
+        let want = match i {
+            1500 | 2100 => LeaseCheck::Missing,
+            1700 => LeaseCheck::Foreign,
+            _ => LeaseCheck::Ours,
+        };
+        assert_eq!(check.as_ref().unwrap(), &want, "lock {i}");
+    }
+    assert!(
+        (1..=3).contains(&requests),
+        "{requests} requests for 2,100 checks"
+    );
 }
