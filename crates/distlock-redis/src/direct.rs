@@ -157,6 +157,22 @@ async fn reap(inner: Weak<Inner>, tick: Duration) {
     }
 }
 
+/// Whether a measuring build switched a direct path off: built with `--cfg distlock_measure` and
+/// run with `DISTLOCK_NO_DIRECT` set to `commands`, `events` or `both`. Always false in any other
+/// build, so no setting of a user's can change which path a request takes.
+pub(crate) fn switched_off(path: &str) -> bool {
+    #[cfg(distlock_measure)]
+    {
+        let off = std::env::var("DISTLOCK_NO_DIRECT").unwrap_or_default();
+        off == "both" || off == path
+    }
+    #[cfg(not(distlock_measure))]
+    {
+        let _ = path;
+        false
+    }
+}
+
 impl Endpoint {
     /// Where `info` points, unless it is TLS (which direct connections do not speak).
     pub(crate) fn of(info: &ConnectionInfo) -> Option<Endpoint> {
@@ -188,7 +204,7 @@ impl DirectConnection {
     pub(crate) fn new(info: &ConnectionInfo, connect_timeout: Duration) -> DirectConnection {
         DirectConnection {
             inner: Arc::new(Inner {
-                target: Endpoint::of(info),
+                target: Endpoint::of(info).filter(|_| !switched_off("commands")),
                 state: Mutex::new(State::default()),
                 connect_timeout,
                 timer: Timer {

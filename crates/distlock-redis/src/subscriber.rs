@@ -114,7 +114,8 @@ impl Subscriber {
             },
         );
         let db = client.get_connection_info().redis_settings().db();
-        let target = Endpoint::of(client.get_connection_info());
+        let target =
+            Endpoint::of(client.get_connection_info()).filter(|_| !direct::switched_off("events"));
         let (stop, stopped) = oneshot::channel();
         Subscriber {
             _stop: stop,
