@@ -1,26 +1,15 @@
 //! The conformance suite on a real etcd member.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-
-use distlock_core::{LockClient, LockOptions};
 use distlock_etcd::EtcdBackend;
 use distlock_testkit::Etcd;
+use distlock_testkit::conformance::{MakeClient, clients_on};
 
-type ClientFuture = Pin<Box<dyn Future<Output = LockClient<EtcdBackend>> + Send>>;
-
-fn setup() -> Option<impl Fn(LockOptions) -> ClientFuture> {
-    let etcd = Arc::new(Etcd::start()?);
+fn setup() -> Option<impl MakeClient<EtcdBackend>> {
+    let etcd = Etcd::start()?;
     let url = etcd.url("");
-    Some(move |options: LockOptions| {
-        let (etcd, url) = (etcd.clone(), url.clone());
-        Box::pin(async move {
-            let backend = EtcdBackend::connect(&url).await.expect("connect to etcd");
-            drop(etcd);
-            LockClient::builder(backend).options(options).build()
-        }) as ClientFuture
-    })
+    Some(clients_on(etcd, url, |url| async move {
+        EtcdBackend::connect(&url).await
+    }))
 }
 
 distlock_testkit::conformance_tests!(setup());

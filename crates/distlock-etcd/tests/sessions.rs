@@ -22,6 +22,16 @@ async fn client(url: &str, ttl: Duration) -> LockClient<EtcdBackend> {
         .build()
 }
 
+/// A member and two clients of it with locks of `ttl`.
+async fn two_clients(
+    ttl: Duration,
+) -> Option<(Etcd, LockClient<EtcdBackend>, LockClient<EtcdBackend>)> {
+    let etcd = Etcd::start()?;
+    let url = etcd.url("");
+    let (a, b) = (client(&url, ttl).await, client(&url, ttl).await);
+    Some((etcd, a, b))
+}
+
 /// The ids (hex) of the leases the cluster has now.
 fn leases(etcd: &Etcd) -> Vec<String> {
     etcd.ctl(&["lease", "list"])
@@ -87,10 +97,9 @@ async fn fifty_locks_of_a_client_share_one_session_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_nobody_renews_ends_after_its_ttl_beside_renewed_ones() {
-    let Some(etcd) = Etcd::start() else { return };
-    let url = etcd.url("");
-    let a = client(&url, Duration::from_secs(2)).await;
-    let b = client(&url, Duration::from_secs(2)).await;
+    let Some((etcd, a, b)) = two_clients(Duration::from_secs(2)).await else {
+        return;
+    };
     let renewed = a.acquire("kept").await.unwrap();
     let t0 = Instant::now();
     let unrenewed = a.lock("unkept").auto_renew(false).acquire().await.unwrap();
@@ -113,10 +122,9 @@ async fn a_lock_nobody_renews_ends_after_its_ttl_beside_renewed_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaked_lock_ends_after_its_ttl_while_the_client_holds_others() {
-    let Some(etcd) = Etcd::start() else { return };
-    let url = etcd.url("");
-    let a = client(&url, Duration::from_secs(2)).await;
-    let b = client(&url, Duration::from_secs(2)).await;
+    let Some((_etcd, a, b)) = two_clients(Duration::from_secs(2)).await else {
+        return;
+    };
     let kept = a.acquire("kept").await.unwrap();
     let t0 = Instant::now();
     let leaked = a.acquire("leaked").await.unwrap().leak();
@@ -132,10 +140,9 @@ async fn a_leaked_lock_ends_after_its_ttl_while_the_client_holds_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hold_limit_frees_the_lock_while_the_session_lives_on() {
-    let Some(etcd) = Etcd::start() else { return };
-    let url = etcd.url("");
-    let a = client(&url, Duration::from_secs(2)).await;
-    let b = client(&url, Duration::from_secs(2)).await;
+    let Some((_etcd, a, b)) = two_clients(Duration::from_secs(2)).await else {
+        return;
+    };
     let kept = a.acquire("kept").await.unwrap();
     let t0 = Instant::now();
     let limited = a
@@ -154,10 +161,9 @@ async fn a_hold_limit_frees_the_lock_while_the_session_lives_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_session_loses_every_lock_on_it_with_the_reason() {
-    let Some(etcd) = Etcd::start() else { return };
-    let url = etcd.url("");
-    let a = client(&url, Duration::from_secs(3)).await;
-    let b = client(&url, Duration::from_secs(3)).await;
+    let Some((etcd, a, b)) = two_clients(Duration::from_secs(3)).await else {
+        return;
+    };
     let guards = [
         a.acquire("s1").await.unwrap(),
         a.acquire("s2").await.unwrap(),

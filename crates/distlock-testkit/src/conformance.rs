@@ -1,9 +1,16 @@
 //! The conformance suite: engine-independent behaviour that every engine must show.
 //!
 //! Each engine's test file instantiates it with a setup expression that yields a client factory
-//! (`Fn(LockOptions) -> Future<Output = LockClient<B>>`), or `None` to skip outside CI:
+//! (`Fn(LockOptions) -> Future<Output = LockClient<B>>`), or `None` to skip outside CI. For an
+//! engine on a server the test kit starts, [`clients_on`] makes the factory:
 //!
 //! ```text
+//! fn setup() -> Option<impl MakeClient<EtcdBackend>> {
+//!     let etcd = Etcd::start()?;
+//!     let url = etcd.url("");
+//!     Some(clients_on(etcd, url, |url| async move { EtcdBackend::connect(&url).await }))
+//! }
+//!
 //! distlock_testkit::conformance_tests!(setup());
 //! ```
 //!
@@ -69,6 +76,33 @@ where
 {
     fn client(&self, options: LockOptions) -> impl Future<Output = LockClient<B>> {
         self(options)
+    }
+}
+
+/// The client factory of an engine on `server` (which lives as long as the factory or a client
+/// being made): each client gets its own backend, `connect(url)`, as a separate process would.
+///
+/// # Panics
+/// A client that cannot connect panics, naming the URL and the error.
+pub fn clients_on<S, B, C, Fut, E>(server: S, url: String, connect: C) -> impl MakeClient<B>
+where
+    S: 'static,
+    B: Backend,
+    C: Fn(String) -> Fut,
+    Fut: Future<Output = Result<B, E>>,
+    E: std::fmt::Display,
+{
+    let server = Arc::new(server);
+    move |options: LockOptions| {
+        let (server, connecting) = (server.clone(), connect(url.clone()));
+        let url = url.clone();
+        async move {
+            let backend = connecting
+                .await
+                .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+            drop(server);
+            LockClient::builder(backend).options(options).build()
+        }
     }
 }
 

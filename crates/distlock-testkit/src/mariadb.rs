@@ -150,24 +150,10 @@ impl MariaDb {
     pub fn port(&self) -> u16 {
         self.port
     }
-
-    /// Pins the server to one CPU.
-    pub fn pin_to_cpu(&self, cpu: usize) {
-        self.child.pin_to_cpu(cpu);
-    }
-
-    /// Freezes it (SIGSTOP).
-    pub fn pause(&self) {
-        self.child.pause();
-    }
-
-    /// Thaws it (SIGCONT).
-    pub fn resume(&self) {
-        self.child.resume();
-    }
-
-    /// Kills it with SIGKILL (every session ends with it).
-    pub fn kill(&mut self) {
-        self.child.kill();
-    }
 }
+
+crate::process::process_controls!(
+    MariaDb,
+    child,
+    kill = "Kills it with SIGKILL (every session ends with it)."
+);

@@ -137,26 +137,6 @@ impl Memcached {
         let _ = s.read(&mut buf);
     }
 
-    /// Pins the server (every thread) to one CPU.
-    pub fn pin_to_cpu(&self, cpu: usize) {
-        self.child.pin_to_cpu(cpu);
-    }
-
-    /// Freezes it (SIGSTOP).
-    pub fn pause(&self) {
-        self.child.pause();
-    }
-
-    /// Thaws it (SIGCONT).
-    pub fn resume(&self) {
-        self.child.resume();
-    }
-
-    /// Kills it (SIGKILL): every lock is gone, as memcached keeps nothing.
-    pub fn kill(&mut self) {
-        self.child.kill();
-    }
-
     /// Starts it again on the same port, empty.
     pub fn restart(&mut self) {
         self.child.kill();
@@ -168,3 +148,9 @@ impl Memcached {
         }
     }
 }
+
+crate::process::process_controls!(
+    Memcached,
+    child,
+    kill = "Kills it (SIGKILL): every lock is gone, as memcached keeps nothing."
+);

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use crate::process::{Daemon, free_port, require_binary, scratch_dir, tail};
 
 /// One PostgreSQL server with trust authentication for `postgres` on 127.0.0.1 and a
-/// password-checked role `locker` (password `locker-pw`). Killed when dropped.
+/// password-checked role `locker` (password `locker-pw`). Killed when dropped. Its process is
+/// the postmaster: `pause` freezes it alone (sessions already open keep running in their own
+/// backends), and backends forked after `pin_to_cpu` inherit the CPU.
 #[derive(Debug)]
 pub struct Postgres {
     child: Daemon,
@@ -193,22 +195,6 @@ impl Postgres {
         self.port
     }
 
-    /// Pins the server (the postmaster; backends forked later inherit it) to one CPU.
-    pub fn pin_to_cpu(&self, cpu: usize) {
-        self.child.pin_to_cpu(cpu);
-    }
-
-    /// Freezes the postmaster (SIGSTOP); sessions already open keep running in their own
-    /// backends.
-    pub fn pause(&self) {
-        self.child.pause();
-    }
-
-    /// Thaws it (SIGCONT).
-    pub fn resume(&self) {
-        self.child.resume();
-    }
-
     /// Stops it at once: an immediate shutdown (SIGQUIT), which ends every session, as a crash
     /// would. (A SIGKILL of the postmaster alone would leave its sessions running.)
     pub fn kill(&mut self) {
@@ -222,3 +208,5 @@ impl Drop for Postgres {
         self.kill();
     }
 }
+
+crate::process::process_controls!(Postgres, child);

@@ -75,6 +75,47 @@ pub(crate) fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// The process controls of a server type, passed on to its [`Daemon`] field: `pause`, `resume`,
+/// `pin_to_cpu`, `cpu_seconds`, and `kill` when the type's `kill` is a plain SIGKILL (the text
+/// given is its doc: what a kill leaves behind differs between servers).
+macro_rules! process_controls {
+    ($ty:ty, $field:ident) => {
+        impl $ty {
+            /// Pins the process (every thread, and children forked later) to one CPU, for
+            /// latency figures on a small machine.
+            pub fn pin_to_cpu(&self, cpu: usize) {
+                self.$field.pin_to_cpu(cpu);
+            }
+
+            /// Freezes it (SIGSTOP): connections stay open and nothing answers.
+            pub fn pause(&self) {
+                self.$field.pause();
+            }
+
+            /// Thaws it (SIGCONT).
+            pub fn resume(&self) {
+                self.$field.resume();
+            }
+
+            /// The CPU time the server process has used so far, in seconds.
+            pub fn cpu_seconds(&self) -> f64 {
+                self.$field.cpu_seconds()
+            }
+        }
+    };
+    ($ty:ty, $field:ident, kill = $doc:literal) => {
+        $crate::process::process_controls!($ty, $field);
+
+        impl $ty {
+            #[doc = $doc]
+            pub fn kill(&mut self) {
+                self.$field.kill();
+            }
+        }
+    };
+}
+pub(crate) use process_controls;
+
 /// A server process the test kit started: freeze, thaw, pin or kill it. Killed when dropped.
 #[derive(Debug, Default)]
 pub(crate) struct Daemon(Option<std::process::Child>);

@@ -158,29 +158,10 @@ impl ZkServer {
         self.four_letter("cons")
             .contains(&format!("sid=0x{:x}", id as u64))
     }
-
-    /// The CPU time the server process has used so far, in seconds.
-    pub fn cpu_seconds(&self) -> f64 {
-        self.child.cpu_seconds()
-    }
-
-    /// Pins the process (every thread) to one CPU, for latency figures on a small machine.
-    pub fn pin_to_cpu(&self, cpu: usize) {
-        self.child.pin_to_cpu(cpu);
-    }
-
-    /// Freezes it (SIGSTOP).
-    pub fn pause(&self) {
-        self.child.pause();
-    }
-
-    /// Thaws it (SIGCONT).
-    pub fn resume(&self) {
-        self.child.resume();
-    }
-
-    /// Kills it with SIGKILL and reaps it (its data stays).
-    pub fn kill(&mut self) {
-        self.child.kill();
-    }
 }
+
+crate::process::process_controls!(
+    ZkServer,
+    child,
+    kill = "Kills it with SIGKILL and reaps it (its data stays)."
+);

@@ -1,27 +1,15 @@
 //! The conformance suite on MariaDB through the run-time (`AnyBackend`) path (`open_backend`).
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-
-use distlock::{AnyBackend, LockClient, LockOptions};
+use distlock::AnyBackend;
 use distlock_testkit::MariaDb;
+use distlock_testkit::conformance::{MakeClient, clients_on};
 
-type ClientFuture = Pin<Box<dyn Future<Output = LockClient<AnyBackend>> + Send>>;
-
-fn setup() -> Option<impl Fn(LockOptions) -> ClientFuture> {
-    let db = Arc::new(MariaDb::start()?);
+fn setup() -> Option<impl MakeClient<AnyBackend>> {
+    let db = MariaDb::start()?;
     let url = db.url("");
-    Some(move |options: LockOptions| {
-        let (db, url) = (db.clone(), url.clone());
-        Box::pin(async move {
-            let backend = distlock::open_backend(&url)
-                .await
-                .expect("connect to MariaDB");
-            drop(db);
-            LockClient::builder(backend).options(options).build()
-        }) as ClientFuture
-    })
+    Some(clients_on(db, url, |url| async move {
+        distlock::open_backend(&url).await
+    }))
 }
 
 distlock_testkit::conformance_tests!(setup());

@@ -1,16 +1,11 @@
 //! The conformance suite on Redlock over three real redis-server masters, through the run-time
 //! (`AnyBackend`) path.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-
-use distlock::{AnyBackend, LockClient, LockOptions};
+use distlock::AnyBackend;
 use distlock_testkit::RedisServer;
+use distlock_testkit::conformance::{MakeClient, clients_on};
 
-type ClientFuture = Pin<Box<dyn Future<Output = LockClient<AnyBackend>> + Send>>;
-
-fn setup() -> Option<impl Fn(LockOptions) -> ClientFuture> {
+fn setup() -> Option<impl MakeClient<AnyBackend>> {
     let masters: Vec<RedisServer> = (0..3)
         .map(|_| RedisServer::start())
         .collect::<Option<_>>()?;
@@ -22,17 +17,9 @@ fn setup() -> Option<impl Fn(LockOptions) -> ClientFuture> {
             .collect::<Vec<_>>()
             .join(",")
     );
-    let masters = Arc::new(masters);
-    Some(move |options: LockOptions| {
-        let (masters, url) = (masters.clone(), url.clone());
-        Box::pin(async move {
-            let backend = distlock::open_backend(&url)
-                .await
-                .expect("connect to the masters");
-            drop(masters);
-            LockClient::builder(backend).options(options).build()
-        }) as ClientFuture
-    })
+    Some(clients_on(masters, url, |url| async move {
+        distlock::open_backend(&url).await
+    }))
 }
 
 distlock_testkit::conformance_tests!(setup());

@@ -1,28 +1,16 @@
 //! The conformance suite on ZooKeeper through the run-time (`AnyBackend`) path: the engine's
 //! loss events must reach guards through the boxed backend too.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-
-use distlock::{AnyBackend, LockClient, LockOptions};
+use distlock::AnyBackend;
 use distlock_testkit::ZooKeeper;
+use distlock_testkit::conformance::{MakeClient, clients_on};
 
-type ClientFuture = Pin<Box<dyn Future<Output = LockClient<AnyBackend>> + Send>>;
-
-fn setup() -> Option<impl Fn(LockOptions) -> ClientFuture> {
-    let zk = Arc::new(ZooKeeper::start()?);
+fn setup() -> Option<impl MakeClient<AnyBackend>> {
+    let zk = ZooKeeper::start()?;
     let url = zk.url("");
-    Some(move |options: LockOptions| {
-        let (zk, url) = (zk.clone(), url.clone());
-        Box::pin(async move {
-            let backend = distlock::open_backend(&url)
-                .await
-                .expect("connect to ZooKeeper");
-            drop(zk);
-            LockClient::builder(backend).options(options).build()
-        }) as ClientFuture
-    })
+    Some(clients_on(zk, url, |url| async move {
+        distlock::open_backend(&url).await
+    }))
 }
 
 distlock_testkit::conformance_tests!(setup());
