@@ -86,8 +86,10 @@ pub(crate) struct Figures {
     pub(crate) held_after: usize,
     /// Renewal round trips (calls to the server that renew) per tick of TTL/3.
     pub(crate) trips_per_tick: Option<f64>,
-    /// Server requests per renewal of one lock (Redis: commands; etcd: gRPC messages;
-    /// ZooKeeper: packets).
+    /// Server requests per tick of TTL/3, for all the locks (Redis: commands; etcd: gRPC
+    /// messages; ZooKeeper: packets).
+    pub(crate) requests_per_tick: f64,
+    /// The same per renewal of one lock.
     pub(crate) requests_per_renewal: f64,
     /// Client CPU, in % of one core, while the locks are held.
     pub(crate) client_cpu_pct: f64,
@@ -212,6 +214,7 @@ pub(crate) fn ours<B: Backend + Clone>(
         let options = LockOptions::builder().ttl(ttl).build().expect("options");
         let client = LockClient::builder(backend).options(options).build();
         let keys: Vec<String> = (0..n).map(|i| format!("p6-{i}")).collect();
+        let at_start = server.read();
         let mut guards = Vec::with_capacity(n);
         for chunk in keys.chunks(500) {
             let got =
@@ -243,21 +246,23 @@ pub(crate) fn ours<B: Backend + Clone>(
             P6Server::Redis(_) => 3.0,
             _ => 0.0,
         };
-        let note = match (before.streams, after.streams) {
-            (Some((s0, m0)), Some((s1, m1))) => Some(format!(
-                "{engine}: {} keep-alive streams opened and {} keep-alive messages received in \
-                 the window, {:.1} per tick, for {n} locks",
+        let note = match (at_start.streams, before.streams, after.streams) {
+            (Some((s0, _)), Some((_, m0)), Some((s1, m1))) => Some(format!(
+                "{engine}: {} keep-alive stream(s) opened from the first acquire to the end of \
+                 the window, and {} keep-alive messages received in the window ({:.1} per \
+                 tick), for {n} locks",
                 s1 - s0,
                 m1 - m0,
                 (m1 - m0) / ticks
             )),
             _ => None,
         };
+        let requests = (after.requests - before.requests - probes).max(0.0);
         Figures {
             held_after,
             trips_per_tick: Some(c as f64 / ticks),
-            requests_per_renewal: (after.requests - before.requests - probes).max(0.0)
-                / r.max(1) as f64,
+            requests_per_tick: requests / ticks,
+            requests_per_renewal: requests / r.max(1) as f64,
             client_cpu_pct: cpu / secs * 100.0,
             server_cpu_pct: (after.cpu_s - before.cpu_s) / secs * 100.0,
             note,
@@ -297,6 +302,7 @@ pub(crate) fn peer(
             Figures {
                 held_after: held,
                 trips_per_tick: None,
+                requests_per_tick: cmds as f64 / ticks.max(f64::MIN_POSITIVE),
                 requests_per_renewal: cmds as f64 / (n as f64 * ticks).max(1.0),
                 client_cpu_pct: cpu_s / secs * 100.0,
                 server_cpu_pct: scpu / secs * 100.0,

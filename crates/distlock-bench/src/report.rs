@@ -363,23 +363,29 @@ pub(crate) fn write(results: Results<'_>) {
         show(p6_window)
     );
     outln!(
-        "| engine | client | still held | renewal round trips per tick | server requests per renewal | client CPU % of a core | server CPU % |"
+        "| engine | client | still held | renewal round trips per tick | server requests per tick | per lock renewed | client CPU % of a core | server CPU % |"
     );
-    outln!("|---|---|---:|---:|---:|---:|---:|");
+    outln!("|---|---|---:|---:|---:|---:|---:|---:|");
     for r in &p6_rows {
         match &r.result {
             Ok(f) => outln!(
-                "| {} | {} | {} | {} | {:.2} | {:.1} | {:.1} |",
+                "| {} | {} | {} | {} | {:.0} | {} | {:.1} | {:.1} |",
                 r.engine,
                 r.client,
                 f.held_after,
                 f.trips_per_tick
                     .map_or("-".to_owned(), |t| format!("{t:.1}")),
-                f.requests_per_renewal,
+                f.requests_per_tick,
+                significant(f.requests_per_renewal),
                 f.client_cpu_pct,
                 f.server_cpu_pct
             ),
-            Err(fig) => outln!("| {} | {} | {} | | | | |", r.engine, r.client, fig.cell(0)),
+            Err(fig) => outln!(
+                "| {} | {} | {} | | | | | |",
+                r.engine,
+                r.client,
+                fig.cell(0)
+            ),
         }
     }
     outln!(
@@ -506,6 +512,7 @@ pub(crate) fn write(results: Results<'_>) {
                     Ok(f) => serde_json::json!({
                         "engine": r.engine, "client": r.client, "held_after": f.held_after,
                         "round_trips_per_tick": f.trips_per_tick,
+                        "requests_per_tick": f.requests_per_tick,
                         "requests_per_renewal": f.requests_per_renewal,
                         "client_cpu_pct": f.client_cpu_pct, "server_cpu_pct": f.server_cpu_pct,
                         "note": f.note,
@@ -603,4 +610,13 @@ fn markdown_report(report: &str, pinning: &str, cli: &Cli) -> String {
         page.push_str(&notes.replacen("# Notes", "## Notes", 1));
     }
     page
+}
+
+/// Three significant digits, for ratios that may be far below one.
+fn significant(x: f64) -> String {
+    if x == 0.0 || x >= 100.0 {
+        return format!("{x:.0}");
+    }
+    let decimals = (2 - x.abs().log10().floor() as i32).max(0) as usize;
+    format!("{x:.decimals$}")
 }

@@ -32,8 +32,9 @@ pub(crate) struct EtcdStore {
     /// not here was written by a request given up before its reply (see
     /// [`EtcdStore::orphans`]).
     on: Mutex<HashMap<String, Arc<Session>>>,
-    /// Bumped whenever a key moves to another session or leaves, so that a watch on the session
-    /// a key lives on follows it.
+    /// Bumped whenever a key moves to another session, so that a watch on the session a key
+    /// lives on follows it. (Not when a key leaves: that would wake the watch of every lock
+    /// held at each release.)
     moves: watch::Sender<u64>,
     /// Keys of ours released while etcd could not be reached (an acquire given up during an
     /// election, say): until their delete is answered, a first attempt that finds one of them
@@ -84,12 +85,12 @@ impl EtcdStore {
         }
     }
 
-    /// Forgets `key` (it was deleted, or its request given up).
+    /// Forgets `key` (it was deleted, or its request given up). Nobody watching for the end
+    /// of its session is woken: a lease released has its watch stopped, and a watch that
+    /// sees its session end checks that the key is still on it.
     pub(crate) fn forget(&self, key: &str) {
-        let before = self.on.locked().remove(key);
-        if let Some(b) = before {
-            b.remove_key();
-            self.moves.send_modify(|n| *n += 1);
+        if let Some(before) = self.on.locked().remove(key) {
+            before.remove_key();
         }
     }
 
