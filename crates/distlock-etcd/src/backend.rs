@@ -46,9 +46,10 @@ impl Drop for Inner {
 ///   session ends (its lease expired, or could not be kept alive until its deadline), every
 ///   lock on it is lost at once. A lock nobody renews (`auto_renew(false)`, a leaked guard, a
 ///   hold limit reached) lives on a lease of its own, which ends after its TTL;
-/// - **acquire** writes `<prefix><name>/<token>` on the session's lease. A first attempt is one
-///   transaction that writes it only if the lock has no key at all (a compare over the whole
-///   prefix) and writes nothing when the lock is busy;
+/// - **acquire** writes `<prefix><name>/<client>-<n>` on the session's lease (the same key
+///   each time a client takes the lock again, as in etcd's `concurrency.Mutex`). A first
+///   attempt is one transaction that writes it only if the lock has no key at all (a compare
+///   over the whole prefix) and writes nothing when the lock is busy;
 /// - **waiting** keeps the key: keys queue by create revision (FIFO) and each waiter watches
 ///   only the key just before its own, for its deletion (no herd), from the revision it was
 ///   read at (no event missed). Every attempt of a wait checks, in the same transaction, that
@@ -425,10 +426,13 @@ impl Backend for EtcdBackend {
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "releasing an etcd lock";
         let entry = self.inner.recipe.forget(lease.token.as_str());
-        // The key's name is ours alone (it carries our token), so deleting it can never take
-        // another holder's lock; and it can be deleted even when an acquire's reply was lost
-        // and we never learned its place.
-        let key = self.store().key(lease.name, lease.token);
+        // The key's name is ours alone (no other acquisition takes it while it may exist), so
+        // deleting it can never take another holder's lock; and it can be deleted even when an
+        // acquire's reply was lost and we never learned its place.
+        let Some(key) = self.store().key_of(lease.token) else {
+            // Nothing was written for this acquisition, or its key is known to be gone.
+            return Ok(LeaseCheck::Missing);
+        };
         self.store().forget(&key);
         let delete = DeleteRangeRequest {
             key: key.into_bytes(),
@@ -445,6 +449,9 @@ impl Backend for EtcdBackend {
             .await;
         self.store()
             .released(&String::from_utf8_lossy(&delete.key), reply.is_ok());
+        if reply.is_ok() {
+            self.store().free_name(lease.token);
+        }
         let reply = reply.map_err(|e| map_err(e, DOING))?;
         let ours = match (&entry, reply.prev_kvs.first()) {
             (Some(e), Some(kv)) => e.held && kv.create_revision == e.entry.seq,
@@ -508,7 +515,9 @@ impl Sessions for EtcdBackend {
     /// The session the lock's key lives on ending while the key is on it (its lease expired,
     /// or no member kept it alive until its deadline); the key may move between sessions.
     fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason> {
-        let key = self.store().key(lease.name, lease.token);
+        let Some(key) = self.store().key_of(lease.token) else {
+            return Box::pin(std::future::pending());
+        };
         Box::pin(self.inner.recipe.store().session_end(key))
     }
 

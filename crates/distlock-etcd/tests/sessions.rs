@@ -1,11 +1,13 @@
 //! etcd sessions on a real member: one lease for all of a client's renewed locks, locks that
 //! are not renewed (or no longer) ending after their TTL whatever else the client holds, every
 //! lock of a revoked session lost at once with the reason, keys left by given-up requests
-//! cleaned up, and an idle client's session running out by itself.
+//! cleaned up, an idle client's session running out by itself, and a client's key names reused.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_core::{LockClient, LockOptions, LostReason};
+use distlock_core::engine::{AcquireRequest, Attempt, Clock, LeaseKind, LeaseRef};
+use distlock_core::{Backend, LockClient, LockOptions, LostReason, Released, SystemClock, Token};
 use distlock_etcd::EtcdBackend;
 use distlock_testkit::Etcd;
 
@@ -252,4 +254,62 @@ async fn a_key_whose_release_went_unanswered_is_not_in_our_way() {
         .unwrap()
         .expect("not kept out by our own released key");
     assert!(g.release().await.unwrap().was_held());
+}
+
+/// The keys under `prefix` now.
+fn keys_under(etcd: &Etcd, prefix: &str) -> Vec<String> {
+    etcd.ctl(&["get", prefix, "--prefix", "--keys-only"])
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_taking_a_lock_again_writes_the_same_key_and_concurrent_ones_differ() {
+    let Some((etcd, a, b)) = two_clients(Duration::from_secs(5)).await else {
+        return;
+    };
+    let prefix = a.backend().lock_prefix("again");
+    let g = a.acquire("again").await.unwrap();
+    let first = keys_under(&etcd, &prefix);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    for _ in 0..3 {
+        let g = a.acquire("again").await.unwrap();
+        assert_eq!(keys_under(&etcd, &prefix), first, "a new key name");
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+    }
+    // Another client's key has another name; and two acquisitions of this client at once
+    // (the second queued behind the other client) have two.
+    let held_by_b = b.acquire("again").await.unwrap();
+    let queued = a.backend().clone();
+    let token = Token::generate();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let req =
+        AcquireRequest::new("again", &token, Duration::from_secs(5), "test", &clock).queue(true);
+    let attempt = queued.acquire(&req).await.unwrap();
+    assert!(!matches!(attempt, Attempt::Acquired { .. }), "{attempt:?}");
+    let g = a.try_acquire("again").await.unwrap();
+    assert!(g.is_none(), "b holds it");
+    let waiting = tokio::spawn(async move { a.acquire("again").await.map(|g| g.fence()) });
+    eventually("three keys queued", Duration::from_secs(5), || {
+        keys_under(&etcd, &prefix).len() == 3
+    });
+    let names = keys_under(&etcd, &prefix);
+    let mut unique = names.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 3, "{names:?}");
+    assert_eq!(held_by_b.release().await.unwrap(), Released::Held);
+    queued
+        .release(&LeaseRef::new("again", &token, LeaseKind::Exclusive))
+        .await
+        .unwrap();
+    let fence = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter gets the lock")
+        .unwrap()
+        .unwrap();
+    assert!(fence.is_some());
 }
