@@ -235,8 +235,8 @@ enum Conn {
         io: RespConnection,
         early: VecDeque<Msg>,
     },
-    /// redis-rs's (TLS).
-    Shared {
+    /// redis-rs's pub/sub connection (TLS, which the direct connection does not speak).
+    RedisRs {
         sink: redis::aio::PubSubSink,
         stream: redis::aio::PubSubStream,
     },
@@ -278,7 +278,7 @@ impl Conn {
         match tokio::time::timeout(start.connect_timeout, start.client.get_async_pubsub()).await {
             Ok(Ok(c)) => {
                 let (sink, stream) = c.split();
-                Ok(Conn::Shared { sink, stream })
+                Ok(Conn::RedisRs { sink, stream })
             }
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("timed out".to_owned()),
@@ -291,10 +291,10 @@ impl Conn {
             Conn::Direct { io, early } => {
                 tokio::time::timeout(timeout, direct_request(io, early, chan, subscribe)).await
             }
-            Conn::Shared { sink, .. } if subscribe => {
+            Conn::RedisRs { sink, .. } if subscribe => {
                 tokio::time::timeout(timeout, sink.subscribe(chan)).await
             }
-            Conn::Shared { sink, .. } => {
+            Conn::RedisRs { sink, .. } => {
                 tokio::time::timeout(timeout, sink.unsubscribe(chan)).await
             }
             Conn::Cluster { conn, .. } if subscribe => {
@@ -349,7 +349,7 @@ impl Conn {
                     }
                 }
             }
-            Conn::Shared { stream, .. } => stream.next().await.map(|m| Msg {
+            Conn::RedisRs { stream, .. } => stream.next().await.map(|m| Msg {
                 channel: m.get_channel_name().as_bytes().to_vec(),
                 payload: m.get_payload_bytes().to_vec(),
             }),
