@@ -434,6 +434,10 @@ impl Backend for EtcdBackend {
             return Ok(LeaseCheck::Missing);
         };
         self.store().forget(&key);
+        if !entry.as_ref().is_some_and(|e| e.held) {
+            // A given-up acquire's clean-up: the key is nobody's lock.
+            self.store().abandon(&key);
+        }
         let delete = DeleteRangeRequest {
             key: key.into_bytes(),
             prev_kv: true,

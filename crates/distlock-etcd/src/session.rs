@@ -94,9 +94,17 @@ impl Session {
         self.shared && self.keys() > 0
     }
 
-    /// The server said the lease is gone: the session is over.
-    pub(crate) fn lapsed(&self) {
-        self.end(LostReason::Expired);
+    /// The server said, in a request sent at `sent`, that the lease is gone: the session is
+    /// over. Well before the session's deadline (a tenth of the TTL, for clocks that run at
+    /// slightly different rates) the lease cannot have run out, so somebody revoked it
+    /// (`Stolen`, as for any lock removed under its holder); nearer, it expired.
+    pub(crate) fn lapsed(&self, sent: Instant) {
+        let margin = Duration::from_secs(self.ttl_s.unsigned_abs()) / 10;
+        self.end(if sent + margin < self.deadline() {
+            LostReason::Stolen
+        } else {
+            LostReason::Expired
+        });
     }
 
     /// Marks the session ended (once).
@@ -340,7 +348,7 @@ async fn keep(
             }
             Ok(_) => {
                 // The lease is gone: every lock on the session with it.
-                s.end(LostReason::Expired);
+                s.lapsed(sent);
                 if s.keys() > 0 {
                     tracing::warn!(target: "distlock", lease = format!("{lease:016x}"),
                         "etcd session lease expired: its locks are lost");

@@ -160,38 +160,73 @@ impl EtcdStore {
         }
     }
 
-    /// After a busy first attempt: if the holder's key it read is one of ours, released while
-    /// etcd could not be reached, deletes it (if it is still that key). Whether it did.
-    async fn clear_abandoned(&self, busy: &TxnResponse) -> bool {
+    /// Notes that `key` is being released by an acquisition that never held it (a given-up
+    /// acquire's clean-up): from now, a first attempt that finds it holding its lock deletes it
+    /// rather than report the lock busy, even while this release is still in flight.
+    pub(crate) fn abandon(&self, key: &str) {
+        self.abandoned.locked().insert(key.to_owned());
+    }
+
+    /// Whether `key` is one of this client's key names.
+    fn is_ours(&self, key: &str) -> bool {
+        key.strip_prefix(&self.prefix)
+            .and_then(|rest| rest.rsplit_once('/'))
+            .and_then(|(_, last)| last.strip_prefix(self.client.as_str()))
+            .is_some_and(|n| n.starts_with('-'))
+    }
+
+    /// After a busy first attempt for our key `mine`: if the holder's key it read is stale (see
+    /// [`EtcdStore::clear_stale`]), or is `mine` itself (an earlier write of that name, given up
+    /// and landed late: this attempt wrote nothing), deletes it. Whether it did.
+    async fn clear_abandoned(&self, busy: &TxnResponse, mine: &str) -> Result<bool, LockError> {
         let Some(kv) = busy
             .responses
             .first()
             .and_then(|r| r.range())
             .and_then(|r| r.kvs.first())
         else {
-            return false;
+            return Ok(false);
         };
-        let key = String::from_utf8_lossy(&kv.key).into_owned();
-        if !self.abandoned.locked().contains(&key) {
-            return false;
+        let key = String::from_utf8_lossy(&kv.key);
+        if key == mine {
+            self.delete_at(mine, kv.create_revision).await?;
+            return Ok(true);
         }
+        self.clear_stale(&key, kv.create_revision).await
+    }
+
+    /// If `key` (read with `create_revision`) is one of ours that no live acquisition of ours
+    /// has (released while etcd could not be reached, a given-up acquire's being cleaned up, or
+    /// deleted since it was read), deletes it if it is still that key, so that it keeps no
+    /// acquisition of ours out. Whether it did. Its name stays reserved until the release that
+    /// is cleaning it up is answered: that delete may still land.
+    ///
+    /// # Errors
+    /// The delete's: the lock is then not known to be busy.
+    async fn clear_stale(&self, key: &str, create_revision: i64) -> Result<bool, LockError> {
+        let stale = self.is_ours(key)
+            && (self.abandoned.locked().contains(key) || !self.names.locked().used.contains(key));
+        if stale {
+            self.delete_at(key, create_revision).await?;
+        }
+        Ok(stale)
+    }
+
+    /// Deletes `key` if its create revision is still `create_revision`.
+    async fn delete_at(&self, key: &str, create_revision: i64) -> Result<(), LockError> {
         let txn = TxnRequest::new(
             vec![Compare::create_revision(
-                key.as_str(),
+                key,
                 CompareResult::Equal,
-                kv.create_revision,
+                create_revision,
             )],
-            vec![RequestOp::delete(key.as_str())],
+            vec![RequestOp::delete(key)],
             vec![],
         );
-        match self.txn(txn).await {
-            Ok(_) => {
-                self.abandoned.locked().remove(&key);
-                self.names.locked().free_key(&key);
-                true
-            }
-            Err(_) => false,
-        }
+        self.txn(txn)
+            .await
+            .map(drop)
+            .map_err(|e| map_err(e, "deleting a stale etcd lock key of ours"))
     }
 
     /// Resolves with the reason when the session `key` lives on ends while the key is on it;
@@ -294,6 +329,7 @@ impl EtcdStore {
         // session granted for it.
         for _ in 0..2 {
             let session = self.sessions.get(req.ttl, req.clock).await?;
+            let sent = req.clock.now();
             // Entered before the write is sent: a write that lands after its request was given
             // up is then cleaned up by the release, or found an orphan at a renewal.
             self.set_session(&key, session.clone());
@@ -307,10 +343,12 @@ impl EtcdStore {
                 }
                 Ok(None) => {
                     self.forget(&key);
-                    session.lapsed();
+                    session.lapsed(sent);
                     continue;
                 }
-                Err(e) if !e.is_ambiguous() => {
+                // A refusal of a first send: nothing was written. A refused resend says
+                // nothing of what the lost send did, so its key is kept for the clean-up.
+                Err(e) if !e.is_ambiguous() && !req.retry => {
                     self.forget(&key);
                     self.free_name(req.token);
                 }
@@ -342,8 +380,9 @@ impl EtcdStore {
         if !req.queue && !req.retry {
             // A first attempt: one transaction that writes our key only if the lock has no key
             // at all (a compare over the whole prefix), and writes nothing when it is busy but
-            // read the holder's key. A holder that is a key of ours whose acquire was given up
-            // (its clean-up could not delete it yet) is deleted, and the attempt made again.
+            // read the holder's key. A holder that is a stale key of ours (a given-up acquire's,
+            // its clean-up not done yet) is deleted, and the attempt made again; a failed delete
+            // is an error, not a busy lock.
             let mut reply = None;
             for _ in 0..2 {
                 let txn = TxnRequest::new(
@@ -366,7 +405,7 @@ impl EtcdStore {
                 let Some(r) = self.acquire_txn(txn).await? else {
                     return Ok(None);
                 };
-                if r.succeeded || !self.clear_abandoned(&r).await {
+                if r.succeeded || !self.clear_abandoned(&r, key).await? {
                     reply = Some(r);
                     break;
                 }
@@ -466,32 +505,46 @@ impl EtcdStore {
             vec![RequestOp::range(read)],
             vec![],
         );
-        let reply = self
-            .txn(txn)
-            .await
-            .map_err(|e| map_err(e, "reading an etcd lock's queue"))?;
-        if !reply.succeeded {
-            return Ok(None);
+        // A stale key of ours ahead (a given-up acquire's) is deleted and the queue read again,
+        // a bounded number of times: our own leftovers keep none of our acquisitions waiting.
+        let mut cleared = 0;
+        loop {
+            let reply = self
+                .txn(txn.clone())
+                .await
+                .map_err(|e| map_err(e, "reading an etcd lock's queue"))?;
+            if !reply.succeeded {
+                return Ok(None);
+            }
+            let at = revision(reply.header.as_ref());
+            let Some(range) = reply.responses.first().and_then(|r| r.range()) else {
+                return Err(LockError::new(
+                    ErrorKind::Protocol,
+                    "reading an etcd lock's queue: no read in the reply",
+                ));
+            };
+            let mut ahead: Vec<QueuedEntry<String>> = range
+                .kvs
+                .iter()
+                .map(|kv| QueuedEntry {
+                    id: String::from_utf8_lossy(&kv.key).into_owned(),
+                    seq: kv.create_revision,
+                    shared: false,
+                    seen_at: at,
+                })
+                .collect();
+            let mut stale = false;
+            if cleared < 2 {
+                for e in &ahead {
+                    stale |= self.clear_stale(&e.id, e.seq).await?;
+                }
+            }
+            if !stale {
+                ahead.reverse();
+                return Ok(Some(ahead));
+            }
+            cleared += 1;
         }
-        let at = revision(reply.header.as_ref());
-        let Some(range) = reply.responses.first().and_then(|r| r.range()) else {
-            return Err(LockError::new(
-                ErrorKind::Protocol,
-                "reading an etcd lock's queue: no read in the reply",
-            ));
-        };
-        let mut ahead: Vec<QueuedEntry<String>> = range
-            .kvs
-            .iter()
-            .map(|kv| QueuedEntry {
-                id: String::from_utf8_lossy(&kv.key).into_owned(),
-                seq: kv.create_revision,
-                shared: false,
-                seen_at: at,
-            })
-            .collect();
-        ahead.reverse();
-        Ok(Some(ahead))
     }
 }
 

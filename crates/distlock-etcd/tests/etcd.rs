@@ -107,7 +107,11 @@ async fn a_killed_member_of_three_leaves_the_lock_usable() {
                 assert_eq!(g2.release().await.unwrap(), Released::Held);
                 break;
             }
-            Ok(None) => panic!("after-kill is free"),
+            Ok(None) => {
+                let prefix = b.backend().lock_prefix("after-kill");
+                let left = tokio::task::block_in_place(|| keys(&etcd, &prefix));
+                panic!("after-kill is free, yet found busy; keys under it: {left:?}")
+            }
             Err(e) => assert!(
                 t0.elapsed() < ttl + Duration::from_secs(2),
                 "no lock within TTL + election: {e}"
