@@ -142,7 +142,7 @@ pub(crate) fn raw_holder(url: &str, count: usize, start_ns: u64) {
     let mut con = client.get_connection().expect("connection");
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(distlock_redis::RELEASE_SCRIPT)
+        .arg(distlock_redis::release_script())
         .query(&mut con)
         .expect("load the release script");
     let now = mono_ns();

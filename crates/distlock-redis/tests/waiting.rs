@@ -917,7 +917,7 @@ fn a_release_queues_our_tasks_again_when_the_registration_we_believe_in_has_left
             .arg(queue)
             .query(&mut con)
             .unwrap();
-        let n: i64 = redis::Script::new(distlock_redis::RELEASE_SCRIPT)
+        let n: i64 = redis::Script::new(distlock_redis::release_script())
             .key(&keys[..])
             .arg("our-tok")
             .arg(0)
