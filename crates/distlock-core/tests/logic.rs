@@ -240,6 +240,17 @@ async fn a_lost_reply_is_resent_with_the_same_token_and_counted_once() {
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
 
+/// Waits (half a second at most) until the fake holds no lock: a given-up acquire's clean-up
+/// runs in the background.
+async fn until_no_lock_left(fake: &Fake) {
+    for _ in 0..100 {
+        if fake.state.lock().unwrap().locks.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test]
 async fn giving_up_after_ambiguous_errors_releases_what_may_have_been_taken() {
     let fake = Arc::new(Fake::new());
@@ -247,13 +258,7 @@ async fn giving_up_after_ambiguous_errors_releases_what_may_have_been_taken() {
     let client = LockClient::new(FakeEngine(fake.clone()));
     let e = client.try_acquire("k").await.expect_err("every reply lost");
     assert_eq!(e.kind(), ErrorKind::Timeout);
-    // The cleanup runs in the background.
-    for _ in 0..100 {
-        if fake.state.lock().unwrap().locks.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_no_lock_left(&fake).await;
     let st = fake.state.lock().unwrap();
     assert!(
         st.locks.is_empty(),
@@ -273,12 +278,7 @@ async fn a_resend_refused_outright_still_cleans_up_what_the_lost_reply_took() {
     let client = LockClient::new(FakeEngine(fake.clone()));
     let e = client.try_acquire("k").await.expect_err("refused");
     assert_eq!(e.kind(), ErrorKind::Protocol);
-    for _ in 0..100 {
-        if fake.state.lock().unwrap().locks.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_no_lock_left(&fake).await;
     let st = fake.state.lock().unwrap();
     assert!(
         st.locks.is_empty(),

@@ -4,34 +4,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use distlock_core::{ErrorKind, LockClient, LockOptions, Released};
+use distlock_core::{ErrorKind, Released};
 use distlock_etcd::EtcdBackend;
 use distlock_testkit::Etcd;
 
-async fn client(url: &str, ttl: Duration) -> LockClient<EtcdBackend> {
-    let backend = EtcdBackend::connect(url).await.expect("connect");
-    LockClient::builder(backend)
-        .options(
-            LockOptions::builder()
-                .ttl(ttl)
-                .wait_timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
-        )
-        .build()
-}
-
-/// Keys queued under a lock's prefix now.
-fn keys(etcd: &Etcd, prefix: &str) -> Vec<String> {
-    etcd.ctl(&["get", prefix, "--prefix", "--keys-only"])
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(str::to_owned)
-        .collect()
-}
+mod common;
+use common::{client, keys_under};
 
 fn queued(etcd: &Etcd, prefix: &str) -> usize {
-    keys(etcd, prefix).len()
+    keys_under(etcd, prefix).len()
 }
 
 /// Waits until `n` keys are queued and stay so for 150 ms (a waiter's first attempt writes a
@@ -39,9 +20,9 @@ fn queued(etcd: &Etcd, prefix: &str) -> usize {
 fn wait_queued(etcd: &Etcd, prefix: &str, n: usize) {
     let t0 = Instant::now();
     loop {
-        let before = keys(etcd, prefix);
+        let before = keys_under(etcd, prefix);
         std::thread::sleep(Duration::from_millis(150));
-        if before.len() == n && keys(etcd, prefix) == before {
+        if before.len() == n && keys_under(etcd, prefix) == before {
             return;
         }
         assert!(
@@ -109,7 +90,7 @@ async fn a_killed_member_of_three_leaves_the_lock_usable() {
             }
             Ok(None) => {
                 let prefix = b.backend().lock_prefix("after-kill");
-                let left = tokio::task::block_in_place(|| keys(&etcd, &prefix));
+                let left = tokio::task::block_in_place(|| keys_under(&etcd, &prefix));
                 panic!("after-kill is free, yet found busy; keys under it: {left:?}")
             }
             Err(e) => assert!(
@@ -247,12 +228,16 @@ async fn credentials_are_checked() {
     etcd.ctl(&["user", "add", "root:s3cret", "--interactive=false"]);
     etcd.ctl(&["auth", "enable"]);
     let port = etcd.members()[0].port();
-    for url in [
-        format!("etcd://root:wrong@127.0.0.1:{port}"),
-        format!("etcd://127.0.0.1:{port}"),
+    for (url, says) in [
+        (
+            format!("etcd://root:wrong@127.0.0.1:{port}"),
+            "authentication failed",
+        ),
+        (format!("etcd://127.0.0.1:{port}"), "user name is empty"),
     ] {
         let e = EtcdBackend::connect(&url).await.expect_err("refused");
         assert_eq!(e.kind(), ErrorKind::Auth, "{url}: {e}");
+        assert!(e.to_string().contains(says), "the server's words: {e}");
     }
     let c = client(
         &format!("etcd://root:s3cret@127.0.0.1:{port}"),

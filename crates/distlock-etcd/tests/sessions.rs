@@ -7,22 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock_core::engine::{AcquireRequest, Attempt, Clock, LeaseKind, LeaseRef};
-use distlock_core::{Backend, LockClient, LockOptions, LostReason, Released, SystemClock, Token};
+use distlock_core::{Backend, LockClient, LostReason, Released, SystemClock, Token};
 use distlock_etcd::EtcdBackend;
 use distlock_testkit::{Etcd, FaultProxy, LinkMode};
 
-async fn client(url: &str, ttl: Duration) -> LockClient<EtcdBackend> {
-    let backend = EtcdBackend::connect(url).await.expect("connect");
-    LockClient::builder(backend)
-        .options(
-            LockOptions::builder()
-                .ttl(ttl)
-                .wait_timeout(Duration::from_secs(20))
-                .build()
-                .unwrap(),
-        )
-        .build()
-}
+mod common;
+use common::{client, keys_under};
 
 /// A member and two clients of it with locks of `ttl`.
 async fn two_clients(
@@ -292,15 +282,6 @@ async fn a_given_up_acquire_does_not_keep_the_next_try_of_its_client_out() {
             keys_under(&etcd, &prefix).is_empty()
         });
     }
-}
-
-/// The keys under `prefix` now.
-fn keys_under(etcd: &Etcd, prefix: &str) -> Vec<String> {
-    etcd.ctl(&["get", prefix, "--prefix", "--keys-only"])
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(str::to_owned)
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
