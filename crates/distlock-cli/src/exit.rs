@@ -25,17 +25,7 @@ pub(crate) const CANNOT_EXEC: u8 = 127;
 /// `err` and its causes on one line: each cause once (a message that already quotes its
 /// cause does not repeat it).
 pub(crate) fn one_line(err: &LockError) -> String {
-    let mut text = err.to_string();
-    let mut cause = std::error::Error::source(err);
-    while let Some(c) = cause {
-        let more = c.to_string();
-        if !more.is_empty() && !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        cause = c.source();
-    }
-    text.replace('\n', " ")
+    distlock::error_chain(err)
 }
 
 /// Prints `distlock: <doing>: <err>` on one line and returns the matching exit status.

@@ -83,6 +83,17 @@ impl LockError {
         }
     }
 
+    /// An error of `kind` whose message is `doing`, then what `cause` and each error under it
+    /// say (see [`error_chain`]), with `cause` kept as the `source()`. An engine builds its
+    /// errors this way, so that the message carries the server's own words (a driver's
+    /// `Display` often stops at "db error" and leaves them to its source).
+    pub fn caused_by<E>(kind: ErrorKind, doing: impl fmt::Display, cause: E) -> Self
+    where
+        E: StdError + Send + Sync + 'static,
+    {
+        LockError::new(kind, format!("{doing}: {}", error_chain(&cause))).with_source(cause)
+    }
+
     /// Attaches the lower-level cause, returned by `source()`.
     pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
         self.source = Some(source.into());
@@ -138,6 +149,35 @@ impl fmt::Debug for LockError {
     }
 }
 
+/// `err`'s text, then that of each error under it (its `source()` chain) that the text so far
+/// does not already contain, on one line: everything a person needs to read, once.
+///
+/// ```
+/// use distlock_core::{ErrorKind, LockError, error_chain};
+///
+/// let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "permission denied");
+/// let e = LockError::new(ErrorKind::Io, "opening /locks/a").with_source(io);
+/// assert_eq!(error_chain(&e), "I/O error: opening /locks/a: permission denied");
+/// ```
+pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !more.is_empty() && !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    // A server's message can have lines (PostgreSQL's DETAIL and HINT).
+    text.split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 impl fmt::Display for LockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.message.is_empty() {
@@ -175,5 +215,36 @@ mod tests {
         assert_eq!(q.to_string(), "quorum not reached (2 of 3 needed)");
         assert!(!LockError::new(ErrorKind::Auth, "x").is_retryable());
         assert!(!LockError::new(ErrorKind::Lost, "x").is_retryable());
+    }
+
+    /// A driver error whose `Display` leaves the server's words to its source.
+    #[derive(Debug)]
+    struct Driver(std::io::Error);
+
+    impl fmt::Display for Driver {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("db error")
+        }
+    }
+
+    impl StdError for Driver {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn the_message_carries_the_words_under_a_terse_driver_error() {
+        let server = std::io::Error::other("FATAL: sorry, too many clients already\nHINT: wait");
+        let e = LockError::caused_by(ErrorKind::Connection, "connecting", Driver(server));
+        assert_eq!(
+            e.to_string(),
+            "connection error: connecting: db error: FATAL: sorry, too many clients already HINT: wait"
+        );
+        assert!(e.source().is_some(), "the driver error is kept");
+        // Nothing is said twice when a message already quotes its cause.
+        let io = std::io::Error::other("refused");
+        let quoted = LockError::new(ErrorKind::Connection, "dialing: refused").with_source(io);
+        assert_eq!(error_chain(&quoted), "connection error: dialing: refused");
     }
 }

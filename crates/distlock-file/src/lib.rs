@@ -69,11 +69,11 @@ impl FileBackend {
     pub fn new(dir: impl Into<PathBuf>) -> Result<Self, LockError> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir).map_err(|e| {
-            LockError::new(
+            LockError::caused_by(
                 ErrorKind::Io,
-                format!("cannot create lock directory {}", dir.display()),
+                format_args!("cannot create lock directory {}", dir.display()),
+                e,
             )
-            .with_source(e)
         })?;
         if !dir.is_dir() {
             return Err(LockError::new(
@@ -146,7 +146,7 @@ impl FileBackend {
         let me = self.clone();
         tokio::task::spawn_blocking(move || f(&me))
             .await
-            .map_err(|e| LockError::new(ErrorKind::Io, "file lock task failed").with_source(e))?
+            .map_err(|e| LockError::caused_by(ErrorKind::Io, "file lock task failed", e))?
     }
 }
 
@@ -173,7 +173,7 @@ fn fnv1a_128(bytes: &[u8]) -> u128 {
 }
 
 fn io_err(doing: &str, path: &Path, e: std::io::Error) -> LockError {
-    LockError::new(ErrorKind::Io, format!("{doing} {}", path.display())).with_source(e)
+    LockError::caused_by(ErrorKind::Io, format_args!("{doing} {}", path.display()), e)
 }
 
 /// The contents of a lock file.

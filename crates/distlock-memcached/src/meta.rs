@@ -93,7 +93,7 @@ pub(crate) struct Pool {
 }
 
 fn io_err(doing: &str, e: std::io::Error) -> LockError {
-    LockError::new(ErrorKind::Connection, format!("{doing}: {e}")).with_source(e)
+    LockError::caused_by(ErrorKind::Connection, doing, e)
 }
 
 /// The largest value the engine ever reads back (a holder label); a bigger one is not ours.

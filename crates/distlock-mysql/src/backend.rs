@@ -170,7 +170,7 @@ fn map_err(e: mysql_async::Error, doing: &str) -> LockError {
         let cause = std::io::Error::new(io.kind(), io.to_string());
         return LockError::new(kind, format!("{doing}: {io}")).with_source(cause);
     }
-    LockError::new(kind, format!("{doing}: {e}")).with_source(e)
+    LockError::caused_by(kind, doing, e)
 }
 
 /// The last `std::io::Error` in an error's chain of causes.

@@ -59,6 +59,7 @@ async fn credentials_are_checked_and_bad_input_is_clear() {
         .await
         .expect_err("wrong password");
     assert_eq!(e.kind(), ErrorKind::Auth, "{e}");
+    assert!(e.to_string().contains("Access denied for user"), "{e}");
     assert!(!e.to_string().contains("wrong@"), "{e}");
     let e = MysqlBackend::connect(&format!("mysql://{user}:{pw}@127.0.0.1:{port}/mysql"))
         .await
@@ -92,4 +93,5 @@ async fn credentials_are_checked_and_bad_input_is_clear() {
         .await
         .expect_err("unknown database");
     assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    assert!(e.to_string().contains("Unknown database 'nosuchdb'"), "{e}");
 }

@@ -26,5 +26,5 @@ pub(crate) fn map_err(e: tokio_postgres::Error, doing: &str) -> LockError {
             }
         }
     };
-    LockError::new(kind, format!("{doing}: {e}")).with_source(e)
+    LockError::caused_by(kind, doing, e)
 }

@@ -65,6 +65,13 @@ async fn credentials_and_privileges_are_checked() {
         .await
         .expect_err("wrong password");
     assert_eq!(e.kind(), ErrorKind::Auth, "{e}");
+    // The server's own words, not tokio-postgres's "db error".
+    assert!(
+        e.to_string().contains(&format!(
+            "password authentication failed for user \"{user}\""
+        )),
+        "{e}"
+    );
     assert!(!e.to_string().contains("wrong@"), "{e}");
     let right = format!("postgres://{user}:{pw}@127.0.0.1:{port}/postgres");
     // The role may not create the engine's objects in public (PostgreSQL 15's default).
@@ -72,6 +79,20 @@ async fn credentials_and_privileges_are_checked() {
         .await
         .expect_err("no CREATE on public");
     assert_eq!(e.kind(), ErrorKind::Auth, "{e}");
+    assert!(
+        e.to_string()
+            .contains("permission denied for schema public"),
+        "{e}"
+    );
+    let e = PgBackend::connect(&format!("postgres://postgres@127.0.0.1:{port}/nosuchdb"))
+        .await
+        .expect_err("no such database");
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    assert!(
+        e.to_string()
+            .contains("database \"nosuchdb\" does not exist"),
+        "{e}"
+    );
     // Once an administrator made them and granted their use, it takes locks.
     drop(PgBackend::connect(&pg.url("")).await.unwrap());
     pg.psql(&format!("GRANT USAGE ON SEQUENCE distlock_fence TO {user}"));

@@ -29,7 +29,7 @@ pub(crate) fn map_err(e: RedisError, doing: &str) -> LockError {
         (ErrorKind::Protocol, "WRONGTYPE") => {
             format!("{doing}: the key holds a value of another type than a distlock lock")
         }
-        _ => format!("{doing}: {e}"),
+        _ => format!("{doing}: {}", distlock_core::error_chain(&e)),
     };
     LockError::new(kind, message).with_source(e)
 }

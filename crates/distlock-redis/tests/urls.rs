@@ -118,6 +118,10 @@ async fn database_number_and_acl_user() {
         .await
         .expect_err("no permission on the key");
     assert_eq!(e.kind(), ErrorKind::Auth, "{e}");
+    assert!(
+        e.to_string().contains("no permissions to access"),
+        "the server's words: {e}"
+    );
     assert_eq!(server.cli(&["EXISTS", &c.backend().lock_key("acl2")]), "0");
 }
 

@@ -37,7 +37,7 @@ pub(crate) fn map_err(e: Error, doing: &str) -> LockError {
         Error::BadArguments(_) => ErrorKind::InvalidKey,
         _ => ErrorKind::Protocol,
     };
-    LockError::new(kind, format!("{doing}: {e}")).with_source(e)
+    LockError::caused_by(kind, doing, e)
 }
 
 async fn connect(config: &ZkConfig) -> Result<Client, LockError> {

@@ -8,7 +8,8 @@ pub use distlock_core::{
     AnyBackend, Backend, Backoff, BoxError, Clock, DEFAULT_HANDOFF_STREAK, DEFAULT_WAKE_FALLBACK,
     ErrorKind, LeakedLease, LeaseHandle, LockClient, LockClientBuilder, LockError, LockGuard,
     LockOptions, LockOptionsBuilder, LockStatus, LostReason, MAX_KEY_LEN, MAX_TTL, ManualClock,
-    Released, SystemClock, Token, Wait, default_drift, default_owner, parse_duration, validate_key,
+    Released, SystemClock, Token, Wait, default_drift, default_owner, error_chain, parse_duration,
+    validate_key,
 };
 pub use schemes::{connect, engines, open_backend, supported_schemes};
 

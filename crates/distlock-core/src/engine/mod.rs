@@ -34,7 +34,7 @@ pub use dynamic::{AnyBackend, BoxFuture, DynBackend};
 pub use wake::{PredecessorWatches, Subscription, WakeHub};
 
 pub use crate::clock::Clock;
-pub use crate::error::{ErrorKind, LockError};
+pub use crate::error::{ErrorKind, LockError, error_chain};
 pub use crate::sync::MutexExt;
 pub use crate::token::{HolderValue, Token, unix_ms};
 pub use crate::url;
