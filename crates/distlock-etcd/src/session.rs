@@ -288,11 +288,11 @@ impl Sessions {
 
 /// The keeper of one session. A shared session with keys on it gets a keep-alive a third of
 /// its TTL, and a quarter of that, after the last one the server answered; any session gets one
-/// at once when asked (a renewal, an extension). The quarter lets the watchdog's renewals
-/// (each asks for a keep-alive, a third of the TTL apart by default) keep the session alive by
-/// themselves, one keep-alive a tick: the schedule fills in only for keys nobody renews
-/// (waiters' places in a queue) or renewals further apart. One stream, opened again on another member when its member
-/// fails. A session left unrefreshed until its deadline (idle, or private and not extended)
+/// at once when asked (a renewal batch, an extension). The quarter lets the watchdog's
+/// renewals (each batch asks for a keep-alive, a third of the TTL apart by default) keep the
+/// session alive by themselves: the schedule fills in only for keys nobody renews (waiters'
+/// places in a queue) or renewals further apart. One stream, opened again on another member
+/// when its member fails. A session left unrefreshed until its deadline (idle, or private and not extended)
 /// ends there; the keeper ends with its session, or when the session is dropped.
 async fn keep(
     session: Weak<Session>,
