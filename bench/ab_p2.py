@@ -9,20 +9,12 @@ CPU 0 (`taskset -c 0`). Prints each run's acquisitions per second, the medians, 
 """
 
 import json
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+import pinned_redis
 
 
 def run(binary, url, mode):
@@ -48,14 +40,7 @@ def main():
     builds = {"before": sys.argv[1], "after": sys.argv[2]}
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 10
     mode = sys.argv[4] if len(sys.argv) > 4 else "events"
-    port = free_port()
-    server = subprocess.Popen(
-        ["taskset", "-c", "0", "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-         "--save", "", "--appendonly", "no", "--dir", tempfile.mkdtemp(),
-         "--daemonize", "no", "--protected-mode", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}"
+    server, url = pinned_redis.start()
     figures = {name: [] for name in builds}
     try:
         time.sleep(0.5)

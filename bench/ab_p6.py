@@ -14,22 +14,14 @@ medians, and after/before.
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
+
+import pinned_redis
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORK = "/tmp/ab_p6"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def build(commit):
@@ -78,14 +70,7 @@ def main():
     window = sys.argv[4] if len(sys.argv) > 4 else "60"
     os.makedirs(WORK, exist_ok=True)
     builds = {"before": build(sys.argv[1]), "after": build(sys.argv[2])}
-    port = free_port()
-    server = subprocess.Popen(
-        ["taskset", "-c", "0", "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-         "--save", "", "--appendonly", "no", "--dir", tempfile.mkdtemp(),
-         "--daemonize", "no", "--protected-mode", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}"
+    server, url = pinned_redis.start()
     runs = {name: [] for name in builds}
     try:
         subprocess.run(["sleep", "0.5"], check=True)
