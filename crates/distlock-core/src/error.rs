@@ -41,6 +41,9 @@ pub enum ErrorKind {
     Unsupported,
     /// A local I/O error (the file engine).
     Io,
+    /// A limit was reached: every session of the engine's pool is in use for this request
+    /// (raise `sessions=` in the URL), or the server's lock table is full.
+    Exhausted,
 }
 
 impl fmt::Display for ErrorKind {
@@ -59,6 +62,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Protocol => f.write_str("unexpected reply from the lock engine"),
             ErrorKind::Unsupported => f.write_str("not supported by this engine"),
             ErrorKind::Io => f.write_str("I/O error"),
+            ErrorKind::Exhausted => f.write_str("a limit was reached"),
         }
     }
 }
@@ -117,6 +121,7 @@ impl LockError {
         matches!(
             self.kind,
             ErrorKind::Busy
+                | ErrorKind::Exhausted
                 | ErrorKind::Timeout
                 | ErrorKind::Connection
                 | ErrorKind::QuorumNotReached { .. }

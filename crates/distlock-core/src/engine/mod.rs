@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | renew many leases in one round trip | [`BatchRenew`] | Redis (a pipeline), etcd and the databases (one session keep-alive) |
 //! | wake waiters when a lock is released | [`WakeSource`] | Redis (pub/sub), etcd and ZooKeeper (watches) |
-//! | a session whose end ends its leases | [`Sessions`] | etcd (a lease per session), ZooKeeper, PostgreSQL |
+//! | a session whose end ends its leases | [`Sessions`] | etcd (a lease per session), ZooKeeper, PostgreSQL and MySQL (a connection, many locks on each: [`pool`]) |
 //! | hand a released lock to the next waiting client on the server | [`Handover`] | Redis |
 //! | break a lock whoever holds it (an operator's break-glass) | [`Breaker`] | all but memcached's weakest cases |
 //!
@@ -19,6 +19,7 @@
 
 mod capability;
 mod dynamic;
+pub mod pool;
 pub mod queue;
 mod wake;
 
@@ -271,9 +272,11 @@ pub struct LockStatus {
     pub owner: Option<String>,
     /// The holder's fencing token, when the engine recorded it.
     pub fence: Option<u64>,
-    /// The highest fence the engine has issued for this name so far, when it keeps a counter
-    /// (the holder's fence is at most this; the next holder's will be higher). Engines that
-    /// skip recording the holder's fence on their fast path report only this.
+    /// No fence above this has been issued for this name so far, when the engine keeps a
+    /// counter: the holder's fence is at most this. It is the last fence issued where the
+    /// engine counts one by one (Redis, PostgreSQL), and the end of the block handed out so far
+    /// where a sequence hands fences out from a cache (MariaDB). Engines that do not record the
+    /// holder's own fence report only this.
     pub last_fence: Option<u64>,
     /// The holder's remaining lease, if the lease expires.
     pub ttl: Option<Duration>,

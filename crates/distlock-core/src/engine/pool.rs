@@ -1,0 +1,879 @@
+//! Sessions shared by many leases: the half of a database engine (PostgreSQL, MySQL/MariaDB)
+//! that is not SQL.
+//!
+//! A database lock (an advisory lock, a `GET_LOCK` named lock) belongs to the server session
+//! that took it and ends with it, and a session ends by itself when it stays silent longer than
+//! its idle timeout (`idle_session_timeout`, `wait_timeout`). So a session can carry many
+//! leases at once, as DistributedLock (.NET) multiplexes them: one statement keeps all of them
+//! alive, and when the session ends, every lease on it is lost with it.
+//!
+//! The pool owns the bookkeeping that is the same for every such engine, so that it is written
+//! once:
+//!
+//! - **placement**: a lease goes on a session that neither holds nor is taking the same server
+//!   name (a session's advisory locks stack, and its shared and exclusive holds would not
+//!   exclude each other), preferring sessions of the same TTL, opening a new one only while
+//!   every such session is busy placing another lease, and never more than `sessions` in all;
+//!   at that cap a request waits (up to `pool_wait`) for room and then fails with
+//!   [`ErrorKind::Exhausted`];
+//! - **the server's timeout**: every statement sets the session's idle timeout to at least what
+//!   the leases on it still need ([`SessionPool::keep_for`]), so no lease can end on the server
+//!   before its holder stops trusting it;
+//! - **renewals**: one keep-alive statement per session, however many of its leases are due;
+//! - **leases nobody renews** (the watchdog off, a leaked guard, a hold limit reached) are
+//!   released by the client at their deadline, since a shared session outlives them; if the
+//!   client hangs or dies, the session's idle timeout or its end frees them;
+//! - **endings**: a session's end is every lease's lost signal, with the reason the engine read;
+//!   a session that failed a statement in a way that leaves a lock's state unknown is closed,
+//!   which frees everything on it, rather than kept with a lock nobody tracks.
+//!
+//! The engine supplies the SQL ([`SessionOps`]) and its acquire statement.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use super::{BoxFuture, LeaseCheck, LostReason, RenewItem};
+use crate::error::{ErrorKind, LockError};
+use crate::sync::MutexExt;
+
+/// How often the pool looks for sessions that have stayed empty, to close them before the
+/// server's idle timeout does (a clean close, not a server-side error in its log).
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a session with no timeout set may stay empty before the pool closes it.
+const EMPTY_UNTIMED: Duration = Duration::from_secs(60);
+
+impl std::fmt::Debug for SessionEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SessionEnd")
+            .field(&*self.0.borrow())
+            .finish()
+    }
+}
+
+impl<C> std::fmt::Debug for Session<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("number", &self.id)
+            .field("end", &self.end)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> std::fmt::Debug for PoolLease<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolLease")
+            .field("name", &self.name)
+            .field("key", &self.key)
+            .field("session", &self.session.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> std::fmt::Debug for Placement<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Placement::On(l) => f.debug_tuple("On").field(l).finish(),
+            Placement::HeldHere => f.write_str("HeldHere"),
+        }
+    }
+}
+
+impl<O: SessionOps> std::fmt::Debug for SessionPool<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.state.locked();
+        f.debug_struct("SessionPool")
+            .field("limits", &self.limits)
+            .field("sessions", &st.sessions.len())
+            .field("leases", &st.leases.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The SQL half of a session engine: opening and closing a session, and the two statements the
+/// pool runs on its own.
+pub trait SessionOps: Send + Sync + 'static {
+    /// One open session.
+    type Conn: Send + Sync + 'static;
+
+    /// Opens a session. The engine tells `end` when the session ends by itself (the server
+    /// closed it, timed it out, or terminated it), with the reason, as soon as it learns it.
+    fn open(&self, end: SessionEnd) -> BoxFuture<'_, Result<Self::Conn, LockError>>;
+
+    /// Ends the session now: the server frees every lock on it.
+    fn close(&self, conn: &Self::Conn);
+
+    /// Releases the server lock `key` that this session holds: whether it held it.
+    fn unlock<'a>(
+        &'a self,
+        conn: &'a Self::Conn,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>>;
+
+    /// A statement that sets the session's idle timeout to `keep()` and so keeps it (and every
+    /// lock on it) alive at least that long from when it is sent. The engine calls `keep` at
+    /// the last moment, in the order its statements reach the session (see
+    /// [`SessionPool::keep_for`]).
+    fn ping<'a>(
+        &'a self,
+        conn: &'a Self::Conn,
+        keep: &'a (dyn Fn() -> Duration + Send + Sync),
+    ) -> BoxFuture<'a, Result<(), LockError>>;
+}
+
+/// The pool's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolLimits {
+    /// The most sessions open at once.
+    pub sessions: usize,
+    /// How long a request waits for room when every session is in use for it.
+    pub wait: Duration,
+}
+
+impl Default for PoolLimits {
+    fn default() -> Self {
+        PoolLimits {
+            sessions: 8,
+            wait: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Where a session's end is reported: the engine's reader of the connection tells it, and every
+/// lease on the session hears it.
+#[derive(Clone)]
+pub struct SessionEnd(Arc<watch::Sender<Option<LostReason>>>);
+
+impl Default for SessionEnd {
+    fn default() -> Self {
+        SessionEnd::new()
+    }
+}
+
+impl SessionEnd {
+    /// A session that has not ended.
+    pub fn new() -> Self {
+        SessionEnd(Arc::new(watch::channel(None).0))
+    }
+
+    /// The session ended, for `why` (the first reason given stays).
+    pub fn end(&self, why: LostReason) {
+        self.0.send_if_modified(|e| {
+            if e.is_some() {
+                return false;
+            }
+            *e = Some(why);
+            true
+        });
+    }
+
+    /// Whether the session has ended.
+    pub fn is_over(&self) -> bool {
+        self.0.borrow().is_some()
+    }
+
+    /// Resolves with the reason when the session ends.
+    pub fn wait(&self) -> BoxFuture<'static, LostReason> {
+        let mut rx = self.0.subscribe();
+        Box::pin(async move {
+            loop {
+                if let Some(why) = *rx.borrow_and_update() {
+                    return why;
+                }
+                if rx.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        })
+    }
+}
+
+/// One session of the pool.
+pub struct Session<C> {
+    id: u64,
+    conn: C,
+    end: SessionEnd,
+}
+
+impl<C> Session<C> {
+    /// The engine's connection.
+    pub fn conn(&self) -> &C {
+        &self.conn
+    }
+
+    /// The session's end signal.
+    pub fn end(&self) -> &SessionEnd {
+        &self.end
+    }
+
+    /// Whether the session has ended.
+    pub fn is_over(&self) -> bool {
+        self.end.is_over()
+    }
+
+    /// A number for logs and labels, unique within the pool.
+    pub fn number(&self) -> u64 {
+        self.id
+    }
+}
+
+/// A lease on a pooled session: being taken (between [`SessionPool::place`] and
+/// [`SessionPool::confirm`]) or held.
+pub struct PoolLease<C> {
+    name: String,
+    key: String,
+    token: String,
+    session: Arc<Session<C>>,
+}
+
+impl<C> PoolLease<C> {
+    /// The session it is on.
+    pub fn session(&self) -> &Arc<Session<C>> {
+        &self.session
+    }
+
+    /// The server-side name of its lock.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// Where a new lease goes.
+pub enum Placement<C> {
+    /// On this session, reserved for the request until it is confirmed or withdrawn.
+    On(Arc<PoolLease<C>>),
+    /// One of our own sessions holds this server name already: the lock is busy.
+    HeldHere,
+}
+
+/// What the pool knows of one session.
+struct SessionState<C> {
+    session: Arc<Session<C>>,
+    /// The TTL of the leases it was opened for: later leases of that TTL prefer it.
+    ttl: Duration,
+    /// The server names on it, held (`true`) or being taken (`false`).
+    keys: HashMap<String, bool>,
+    /// Requests placing a lease on it right now.
+    placing: usize,
+    /// The server must keep the session at least until then (the latest deadline any lease on
+    /// it was given).
+    keep_until: Option<Instant>,
+    /// The idle timeout last set.
+    timeout: Option<Duration>,
+    /// When it last had no key.
+    empty_since: Option<Instant>,
+}
+
+/// A lease the pool tracks, by token.
+struct Tracked<C> {
+    lease: Arc<PoolLease<C>>,
+    held: bool,
+    /// The client releases it then (its holder does not renew it).
+    release_at: Option<Instant>,
+}
+
+struct State<C> {
+    sessions: HashMap<u64, SessionState<C>>,
+    /// Sessions being opened (they count towards the cap).
+    opening: usize,
+    leases: HashMap<String, Tracked<C>>,
+}
+
+/// The items of one renewal batch on one session, and the longest TTL they ask.
+type Group<C> = (Arc<Session<C>>, Vec<usize>, Duration);
+
+/// The sessions of one client, and the leases on them.
+pub struct SessionPool<O: SessionOps> {
+    ops: O,
+    limits: PoolLimits,
+    state: Mutex<State<O::Conn>>,
+    /// Told when a session or a name on one frees up.
+    room: Notify,
+    next_id: AtomicU64,
+    /// Keep-alive statements sent.
+    keepalives: AtomicU64,
+    me: Weak<SessionPool<O>>,
+}
+
+/// Decrements the count of sessions being opened if the open is dropped half-way.
+struct Opening<'a, O: SessionOps> {
+    pool: &'a SessionPool<O>,
+    done: bool,
+}
+
+impl<O: SessionOps> Drop for Opening<'_, O> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.pool.state.locked().opening -= 1;
+            self.pool.room.notify_waiters();
+        }
+    }
+}
+
+impl<O: SessionOps> SessionPool<O> {
+    /// A pool over `ops`, within `limits`. Call it inside a Tokio runtime: a task closes
+    /// sessions that have stayed empty.
+    pub fn new(ops: O, limits: PoolLimits) -> Arc<Self> {
+        let pool = Arc::new_cyclic(|me| SessionPool {
+            ops,
+            limits: PoolLimits {
+                sessions: limits.sessions.max(1),
+                wait: limits.wait,
+            },
+            state: Mutex::new(State {
+                sessions: HashMap::new(),
+                opening: 0,
+                leases: HashMap::new(),
+            }),
+            room: Notify::new(),
+            next_id: AtomicU64::new(1),
+            keepalives: AtomicU64::new(0),
+            me: me.clone(),
+        });
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(sweep(Arc::downgrade(&pool)));
+        }
+        pool
+    }
+
+    /// The engine's half.
+    pub fn ops(&self) -> &O {
+        &self.ops
+    }
+
+    /// The pool's limits.
+    pub fn limits(&self) -> PoolLimits {
+        self.limits
+    }
+
+    /// How many keep-alive statements the pool has sent (one per session per renewal batch).
+    pub fn keepalives(&self) -> u64 {
+        self.keepalives.load(Ordering::Relaxed)
+    }
+
+    /// How many sessions are open.
+    pub fn open_sessions(&self) -> usize {
+        let st = self.state.locked();
+        st.sessions
+            .values()
+            .filter(|s| !s.session.is_over())
+            .count()
+    }
+
+    /// Finds a session for a lease of `ttl` on server name `key` (lock `name`, our `token`),
+    /// opening one if needed, and reserves the name on it.
+    ///
+    /// # Errors
+    /// The engine's when a session cannot be opened; [`ErrorKind::Exhausted`] when the pool is
+    /// at its cap and no session can take the name within the pool's wait.
+    pub async fn place(
+        &self,
+        name: &str,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<Placement<O::Conn>, LockError> {
+        let give_up = Instant::now() + self.limits.wait;
+        loop {
+            let room = self.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            let open = {
+                let mut st = self.state.locked();
+                match choose(&mut st, key, ttl, self.limits.sessions) {
+                    Choice::HeldHere => return Ok(Placement::HeldHere),
+                    Choice::Use(id) => {
+                        return Ok(Placement::On(reserve(&mut st, id, name, key, token)));
+                    }
+                    Choice::Open => {
+                        st.opening += 1;
+                        true
+                    }
+                    Choice::Wait => false,
+                }
+            };
+            if open {
+                let mut guard = Opening {
+                    pool: self,
+                    done: false,
+                };
+                let end = SessionEnd::new();
+                let opened = self.ops.open(end.clone()).await;
+                guard.done = true;
+                let mut st = self.state.locked();
+                st.opening -= 1;
+                let conn = match opened {
+                    Ok(c) => c,
+                    Err(e) => {
+                        drop(st);
+                        self.room.notify_waiters();
+                        return Err(e);
+                    }
+                };
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                let session = Arc::new(Session { id, conn, end });
+                st.sessions.insert(
+                    id,
+                    SessionState {
+                        session,
+                        ttl,
+                        keys: HashMap::new(),
+                        placing: 0,
+                        keep_until: None,
+                        timeout: None,
+                        empty_since: None,
+                    },
+                );
+                let lease = reserve(&mut st, id, name, key, token);
+                drop(st);
+                // Requests waiting for room may fit on it.
+                self.room.notify_waiters();
+                return Ok(Placement::On(lease));
+            }
+            if tokio::time::timeout_at(give_up, room).await.is_err() {
+                return Err(LockError::new(
+                    ErrorKind::Exhausted,
+                    format!(
+                        "no session of the pool could take {name:?} within {:?}: all {} are in \
+                         use for it (raise sessions= in the URL)",
+                        self.limits.wait, self.limits.sessions
+                    ),
+                ));
+            }
+        }
+    }
+
+    /// The idle timeout a statement sent now on `session` must set so that it keeps every lease
+    /// on it, and a lease of `ttl` from now: at least `ttl`, and more while an earlier lease
+    /// was given a later deadline.
+    ///
+    /// The engine must call it in the order its statements run on the session (under the lock
+    /// that orders them): a statement whose timeout was computed earlier must not run after
+    /// one computed later, or it could cut the later one's deadline short.
+    pub fn keep_for(&self, session: &Session<O::Conn>, ttl: Duration) -> Duration {
+        let now = Instant::now();
+        let mut st = self.state.locked();
+        let Some(s) = st.sessions.get_mut(&session.id) else {
+            return ttl;
+        };
+        let until = s.keep_until.map_or(now + ttl, |k| k.max(now + ttl));
+        s.keep_until = Some(until);
+        let keep = until.saturating_duration_since(now);
+        s.timeout = Some(keep);
+        keep
+    }
+
+    /// The lease was taken: its holder renews it (`renewed`), or the client releases it
+    /// `ttl` after `sent`.
+    ///
+    /// Returns `false` when the request was given up meanwhile and its clean-up released the
+    /// name already (the acquire's caller is gone then).
+    pub fn confirm(
+        &self,
+        lease: &Arc<PoolLease<O::Conn>>,
+        sent: Instant,
+        ttl: Duration,
+        renewed: bool,
+    ) -> bool {
+        let mut st = self.state.locked();
+        let release_at = (!renewed).then_some(sent + ttl);
+        let tracked = match st.leases.get_mut(&lease.token) {
+            Some(t) if Arc::ptr_eq(&t.lease, lease) => {
+                t.held = true;
+                t.release_at = release_at;
+                true
+            }
+            _ => false,
+        };
+        if let Some(s) = st.sessions.get_mut(&lease.session.id) {
+            s.placing = s.placing.saturating_sub(1);
+            if tracked {
+                s.keys.insert(lease.key.clone(), true);
+            }
+        }
+        drop(st);
+        if tracked && let Some(at) = release_at {
+            self.release_at(lease.clone(), at);
+        }
+        tracked
+    }
+
+    /// The request did not take the lock (busy, or the session ended under it): its name is
+    /// free on the session again.
+    pub fn withdraw(&self, lease: &Arc<PoolLease<O::Conn>>) {
+        {
+            let mut st = self.state.locked();
+            if let Some(s) = st.sessions.get_mut(&lease.session.id) {
+                s.placing = s.placing.saturating_sub(1);
+            }
+            forget(&mut st, lease);
+        }
+        self.room.notify_waiters();
+    }
+
+    /// The request's statement failed, and may have taken the lock: unlock it on the session,
+    /// or, if that fails too, close the session (which frees it, with everything else on it).
+    pub async fn withdraw_unknown(&self, lease: &Arc<PoolLease<O::Conn>>) {
+        self.unlock_or_close(lease).await;
+        self.withdraw(lease);
+    }
+
+    /// The lease of `token` on `name`, if the pool holds it.
+    pub fn held(&self, name: &str, token: &str) -> Option<Arc<PoolLease<O::Conn>>> {
+        let st = self.state.locked();
+        st.leases
+            .get(token)
+            .filter(|t| t.held && t.lease.name == name)
+            .map(|t| t.lease.clone())
+    }
+
+    /// Releases the lease of `token` on `name` (held, or left behind by an acquire whose outcome
+    /// was never learned).
+    ///
+    /// # Errors
+    /// None so far: a session that cannot unlock is closed, which frees the lock.
+    pub async fn release(&self, name: &str, token: &str) -> Result<LeaseCheck, LockError> {
+        let tracked = {
+            let mut st = self.state.locked();
+            match st.leases.get(token) {
+                Some(t) if t.lease.name == name => st.leases.remove(token),
+                _ => None,
+            }
+        };
+        let Some(Tracked { lease, held, .. }) = tracked else {
+            return Ok(LeaseCheck::Missing);
+        };
+        let was = self.unlock_or_close(&lease).await;
+        self.unreserve(&lease);
+        Ok(match was {
+            Some(true) => LeaseCheck::Ours,
+            // Closed because the unlock failed: the lock went with the session, which held it
+            // while it lived.
+            None if held => LeaseCheck::Ours,
+            _ => LeaseCheck::Missing,
+        })
+    }
+
+    /// Unlocks the lease's name on its session: whether it was held there, `None` when the
+    /// session had to be closed instead (or had ended).
+    async fn unlock_or_close(&self, lease: &PoolLease<O::Conn>) -> Option<bool> {
+        let session = &lease.session;
+        if session.is_over() {
+            return Some(false);
+        }
+        match self.ops.unlock(&session.conn, &lease.key).await {
+            Ok(was) => Some(was),
+            Err(_) if session.is_over() => Some(false),
+            Err(e) => {
+                tracing::warn!(target: "distlock", key = lease.name, error = %e,
+                    "could not unlock on a shared session: closing it, and every lock on it");
+                self.close(session, LostReason::Unreachable);
+                None
+            }
+        }
+    }
+
+    /// Ends a session now, for `why`: every lease on it is lost.
+    pub fn close(&self, session: &Session<O::Conn>, why: LostReason) {
+        session.end.end(why);
+        self.ops.close(&session.conn);
+        self.state.locked().sessions.remove(&session.id);
+        self.room.notify_waiters();
+    }
+
+    fn unreserve(&self, lease: &PoolLease<O::Conn>) {
+        {
+            let mut st = self.state.locked();
+            if let Some(s) = st.sessions.get_mut(&lease.session.id) {
+                s.keys.remove(&lease.key);
+                if s.keys.is_empty() {
+                    s.empty_since = Some(Instant::now());
+                }
+            }
+        }
+        self.room.notify_waiters();
+    }
+
+    /// Renews every item: one keep-alive statement per session, all at once.
+    pub async fn renew_many(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
+        let mut out: Vec<Option<Result<LeaseCheck, LockError>>> =
+            (0..items.len()).map(|_| None).collect();
+        // Per session: the items on it and the longest TTL asked.
+        let mut groups: HashMap<u64, Group<O::Conn>> = HashMap::new();
+        {
+            let st = self.state.locked();
+            for (i, item) in items.iter().enumerate() {
+                let lease = &item.lease;
+                match st.leases.get(lease.token.as_str()) {
+                    Some(t)
+                        if t.held && t.lease.name == lease.name && !t.lease.session.is_over() =>
+                    {
+                        let g = groups.entry(t.lease.session.id).or_insert_with(|| {
+                            (t.lease.session.clone(), Vec::new(), Duration::ZERO)
+                        });
+                        g.1.push(i);
+                        g.2 = g.2.max(item.ttl);
+                    }
+                    _ => out[i] = Some(Ok(LeaseCheck::Missing)),
+                }
+            }
+        }
+        let pings = groups.into_values().map(|(session, idx, ttl)| async move {
+            let sent = Instant::now();
+            self.keepalives.fetch_add(1, Ordering::Relaxed);
+            let keep = || self.keep_for(&session, ttl);
+            let r = self.ops.ping(&session.conn, &keep).await;
+            (session, idx, sent, r)
+        });
+        for (session, idx, sent, r) in futures_util::future::join_all(pings).await {
+            for i in idx {
+                out[i] = Some(match &r {
+                    Ok(()) => {
+                        self.renewed(&items[i], sent);
+                        Ok(LeaseCheck::Ours)
+                    }
+                    // The session is gone, and its locks with it.
+                    Err(_) if session.is_over() => Ok(LeaseCheck::Missing),
+                    Err(e) => Err(LockError::new(e.kind(), e.message().to_owned())),
+                });
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or(Ok(LeaseCheck::Missing)))
+            .collect()
+    }
+
+    /// A lease the client releases by itself was renewed (extended): its release moves.
+    fn renewed(&self, item: &RenewItem<'_>, sent: Instant) {
+        let moved = {
+            let mut st = self.state.locked();
+            match st.leases.get_mut(item.lease.token.as_str()) {
+                Some(t) if t.release_at.is_some() => {
+                    t.release_at = Some(sent + item.ttl);
+                    Some(t.lease.clone())
+                }
+                _ => None,
+            }
+        };
+        if let Some(lease) = moved {
+            self.release_at(lease, sent + item.ttl);
+        }
+    }
+
+    /// Resolves when the session holding the lease of `token` ends; never if there is none.
+    pub fn session_end(&self, token: &str) -> BoxFuture<'static, LostReason> {
+        let end = self
+            .state
+            .locked()
+            .leases
+            .get(token)
+            .map(|t| t.lease.session.end.clone());
+        match end {
+            Some(end) => end.wait(),
+            None => Box::pin(std::future::pending()),
+        }
+    }
+
+    /// Its holder no longer renews the lease of `token` on `name`: the client releases it
+    /// `ttl` from now (at once for zero).
+    pub fn detach(&self, name: &str, token: &str, ttl: Duration) {
+        let at = Instant::now() + ttl;
+        let lease = {
+            let mut st = self.state.locked();
+            match st.leases.get_mut(token) {
+                Some(t) if t.held && t.lease.name == name => {
+                    let at = t.release_at.map_or(at, |r| r.min(at));
+                    t.release_at = Some(at);
+                    Some((t.lease.clone(), at))
+                }
+                _ => None,
+            }
+        };
+        if let Some((lease, at)) = lease {
+            self.release_at(lease, at);
+        }
+    }
+
+    /// Releases `lease` at `at`, unless it is released or its release moves before.
+    fn release_at(&self, lease: Arc<PoolLease<O::Conn>>, at: Instant) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = self.me.clone();
+        rt.spawn(async move {
+            tokio::time::sleep_until(at).await;
+            let Some(pool) = pool.upgrade() else { return };
+            let due = {
+                let st = pool.state.locked();
+                st.leases.get(&lease.token).is_some_and(|t| {
+                    Arc::ptr_eq(&t.lease, &lease) && t.release_at.is_some_and(|r| r <= at)
+                })
+            };
+            if due {
+                let _ = pool.release(&lease.name, &lease.token).await;
+            }
+        });
+    }
+
+    /// Any open session, for a read (a status): the least busy one, or a new one.
+    ///
+    /// # Errors
+    /// The engine's when a session cannot be opened; `Exhausted` at the cap with none open.
+    pub async fn any_session(&self) -> Result<Arc<Session<O::Conn>>, LockError> {
+        {
+            let st = self.state.locked();
+            if let Some(s) = st
+                .sessions
+                .values()
+                .filter(|s| !s.session.is_over())
+                .min_by_key(|s| s.placing)
+            {
+                return Ok(s.session.clone());
+            }
+        }
+        // Opened as a session of its own; it joins the pool.
+        match self.place("", "", "", Duration::ZERO).await? {
+            Placement::On(lease) => {
+                let session = lease.session.clone();
+                self.withdraw(&lease);
+                Ok(session)
+            }
+            Placement::HeldHere => unreachable!("no lease is placed under the empty key"),
+        }
+    }
+
+    /// Closes sessions that have stayed empty for half their idle timeout.
+    fn sweep_once(&self) {
+        let now = Instant::now();
+        let stale: Vec<Arc<Session<O::Conn>>> = {
+            let st = self.state.locked();
+            st.sessions
+                .values()
+                .filter(|s| s.keys.is_empty() && s.placing == 0)
+                .filter(|s| {
+                    let limit = s.timeout.map_or(EMPTY_UNTIMED, |t| t / 2);
+                    s.empty_since.is_some_and(|e| now >= e + limit) || s.session.is_over()
+                })
+                .map(|s| s.session.clone())
+                .collect()
+        };
+        for s in stale {
+            self.close(&s, LostReason::Expired);
+        }
+    }
+}
+
+impl<O: SessionOps> Drop for SessionPool<O> {
+    fn drop(&mut self) {
+        let st = self
+            .state
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for s in st.sessions.values() {
+            self.ops.close(&s.session.conn);
+        }
+    }
+}
+
+async fn sweep<O: SessionOps>(pool: Weak<SessionPool<O>>) {
+    loop {
+        tokio::time::sleep(SWEEP_EVERY).await;
+        let Some(pool) = pool.upgrade() else { return };
+        pool.sweep_once();
+    }
+}
+
+enum Choice {
+    HeldHere,
+    Use(u64),
+    Open,
+    Wait,
+}
+
+/// Where a lease of `ttl` on `key` goes (see the module's doc).
+fn choose<C>(st: &mut State<C>, key: &str, ttl: Duration, cap: usize) -> Choice {
+    st.sessions.retain(|_, s| !s.session.is_over());
+    if !key.is_empty() && st.sessions.values().any(|s| s.keys.get(key) == Some(&true)) {
+        return Choice::HeldHere;
+    }
+    let free = || {
+        st.sessions
+            .iter()
+            .filter(|(_, s)| key.is_empty() || !s.keys.contains_key(key))
+    };
+    let best = |same_ttl: bool| {
+        free()
+            .filter(|(_, s)| !same_ttl || s.ttl == ttl)
+            .min_by_key(|(_, s)| (s.placing, s.keys.len()))
+            .map(|(id, s)| (*id, s.placing))
+    };
+    let room = st.sessions.len() + st.opening < cap;
+    match best(true) {
+        Some((id, 0)) => return Choice::Use(id),
+        Some((id, _)) if !room => return Choice::Use(id),
+        _ => {}
+    }
+    if room {
+        return Choice::Open;
+    }
+    match best(false) {
+        Some((id, _)) => Choice::Use(id),
+        None => Choice::Wait,
+    }
+}
+
+fn reserve<C>(st: &mut State<C>, id: u64, name: &str, key: &str, token: &str) -> Arc<PoolLease<C>> {
+    let s = st
+        .sessions
+        .get_mut(&id)
+        .expect("chosen under the same lock");
+    s.placing += 1;
+    s.empty_since = None;
+    if !key.is_empty() {
+        s.keys.insert(key.to_owned(), false);
+    }
+    let lease = Arc::new(PoolLease {
+        name: name.to_owned(),
+        key: key.to_owned(),
+        token: token.to_owned(),
+        session: s.session.clone(),
+    });
+    if !token.is_empty() {
+        st.leases.insert(
+            token.to_owned(),
+            Tracked {
+                lease: lease.clone(),
+                held: false,
+                release_at: None,
+            },
+        );
+    }
+    lease
+}
+
+/// Drops the lease's tracking and its name's reservation (if they are still this lease's).
+fn forget<C>(st: &mut State<C>, lease: &Arc<PoolLease<C>>) {
+    if st
+        .leases
+        .get(&lease.token)
+        .is_some_and(|t| Arc::ptr_eq(&t.lease, lease))
+    {
+        st.leases.remove(&lease.token);
+    }
+    if let Some(s) = st.sessions.get_mut(&lease.session.id) {
+        if s.keys.get(&lease.key) == Some(&false) {
+            s.keys.remove(&lease.key);
+        }
+        if s.keys.is_empty() {
+            s.empty_since = Some(Instant::now());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,202 @@
+//! The pool's logic, on sessions that are numbers.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+
+use super::*;
+use crate::engine::{LeaseKind, LeaseRef};
+use crate::token::Token;
+
+/// Sessions that are numbers, and a record of the statements the pool ran.
+#[derive(Default)]
+struct Fake {
+    opened: AtomicUsize,
+    closed: Mutex<Vec<usize>>,
+    unlocked: Mutex<Vec<String>>,
+    pings: AtomicUsize,
+    fail_unlock: AtomicBool,
+}
+
+impl SessionOps for Arc<Fake> {
+    type Conn = usize;
+
+    fn open(&self, _end: SessionEnd) -> BoxFuture<'_, Result<usize, LockError>> {
+        let n = self.opened.fetch_add(1, Ordering::SeqCst);
+        Box::pin(std::future::ready(Ok(n)))
+    }
+
+    fn close(&self, conn: &usize) {
+        self.closed.locked().push(*conn);
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        _conn: &'a usize,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        if self.fail_unlock.load(Ordering::SeqCst) {
+            return Box::pin(std::future::ready(Err(LockError::new(
+                ErrorKind::Timeout,
+                "no answer",
+            ))));
+        }
+        self.unlocked.locked().push(key.to_owned());
+        Box::pin(std::future::ready(Ok(true)))
+    }
+
+    fn ping<'a>(
+        &'a self,
+        _: &'a usize,
+        keep: &'a (dyn Fn() -> Duration + Send + Sync),
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        assert!(keep() >= Duration::from_secs(1));
+        self.pings.fetch_add(1, Ordering::SeqCst);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+fn pool(sessions: usize) -> (Arc<Fake>, Arc<SessionPool<Arc<Fake>>>) {
+    let fake = Arc::new(Fake::default());
+    let limits = PoolLimits {
+        sessions,
+        wait: Duration::from_millis(300),
+    };
+    (fake.clone(), SessionPool::new(fake, limits))
+}
+
+const TTL: Duration = Duration::from_secs(10);
+
+async fn take(p: &SessionPool<Arc<Fake>>, name: &str, token: &str) -> Arc<PoolLease<usize>> {
+    match p.place(name, name, token, TTL).await.unwrap() {
+        Placement::On(l) => {
+            assert!(p.confirm(&l, Instant::now(), TTL, true));
+            l
+        }
+        Placement::HeldHere => panic!("{name} is held here"),
+    }
+}
+
+#[tokio::test]
+async fn one_after_another_share_one_session() {
+    let (fake, p) = pool(4);
+    for i in 0..20 {
+        take(&p, &format!("k{i}"), &format!("t{i}")).await;
+    }
+    assert_eq!(fake.opened.load(Ordering::SeqCst), 1);
+    assert_eq!(p.open_sessions(), 1);
+}
+
+#[tokio::test]
+async fn a_held_name_is_busy_here_and_never_placed_twice() {
+    let (_, p) = pool(4);
+    take(&p, "a", "t1").await;
+    assert!(matches!(
+        p.place("a", "a", "t2", TTL).await.unwrap(),
+        Placement::HeldHere
+    ));
+    // Being taken (not yet confirmed): a second request goes to another session.
+    let Placement::On(b1) = p.place("b", "b", "t3", TTL).await.unwrap() else {
+        panic!()
+    };
+    let Placement::On(b2) = p.place("b", "b", "t4", TTL).await.unwrap() else {
+        panic!()
+    };
+    assert_ne!(b1.session().number(), b2.session().number());
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_the_cap_a_request_waits_for_room_then_fails_clearly() {
+    let (_, p) = pool(1);
+    let Placement::On(pending) = p.place("x", "x", "t1", TTL).await.unwrap() else {
+        panic!()
+    };
+    // Room comes: the first request gives up the name.
+    let p2 = p.clone();
+    let waiter = tokio::spawn(async move { p2.place("x", "x", "t2", TTL).await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    p.withdraw(&pending);
+    waiter.await.unwrap().expect("placed once there was room");
+    // No room comes: a clear error after the pool's wait.
+    let t0 = Instant::now();
+    let e = p.place("x", "x", "t3", TTL).await.expect_err("at the cap");
+    assert_eq!(e.kind(), ErrorKind::Exhausted);
+    assert_eq!(t0.elapsed(), Duration::from_millis(300));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_timeout_covers_the_latest_deadline_on_the_session() {
+    let (_, p) = pool(1);
+    let l = take(&p, "a", "t1").await;
+    let s = l.session().clone();
+    assert_eq!(
+        p.keep_for(&s, Duration::from_secs(30)),
+        Duration::from_secs(30)
+    );
+    tokio::time::advance(Duration::from_secs(5)).await;
+    // A shorter lease now must not cut the longer one short.
+    assert_eq!(
+        p.keep_for(&s, Duration::from_secs(10)),
+        Duration::from_secs(25)
+    );
+    tokio::time::advance(Duration::from_secs(20)).await;
+    assert_eq!(
+        p.keep_for(&s, Duration::from_secs(10)),
+        Duration::from_secs(10)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_nobody_renews_is_released_at_its_deadline() {
+    let (fake, p) = pool(1);
+    let Placement::On(l) = p.place("a", "a", "t1", TTL).await.unwrap() else {
+        panic!()
+    };
+    assert!(p.confirm(&l, Instant::now(), Duration::from_secs(2), false));
+    tokio::time::sleep(Duration::from_millis(1900)).await;
+    assert!(fake.unlocked.locked().is_empty());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(*fake.unlocked.locked(), ["a"]);
+    assert!(p.held("a", "t1").is_none());
+    // Detached: released after what is left.
+    take(&p, "b", "t2").await;
+    p.detach("b", "t2", Duration::from_secs(1));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(*fake.unlocked.locked(), ["a", "b"]);
+}
+
+#[tokio::test]
+async fn a_session_that_cannot_unlock_is_closed_and_its_leases_hear_it() {
+    let (fake, p) = pool(1);
+    take(&p, "a", "t1").await;
+    take(&p, "b", "t2").await;
+    let end = p.session_end("t2");
+    fake.fail_unlock.store(true, Ordering::SeqCst);
+    // Closing the session freed the lock, which it held.
+    assert_eq!(p.release("a", "t1").await.unwrap(), LeaseCheck::Ours);
+    assert_eq!(*fake.closed.locked(), [0]);
+    assert_eq!(end.await, LostReason::Unreachable);
+    assert_eq!(p.open_sessions(), 0);
+    let token = Token::parse("t2").unwrap();
+    let lease = LeaseRef::new("b", &token, LeaseKind::Exclusive);
+    let r = p.renew_many(&[RenewItem::new(lease, TTL)]).await;
+    assert_eq!(r[0].as_ref().ok(), Some(&LeaseCheck::Missing));
+}
+
+#[tokio::test]
+async fn renewals_send_one_statement_per_session() {
+    let (fake, p) = pool(2);
+    let tokens: Vec<Token> = (0..10)
+        .map(|i| Token::parse(&format!("t{i}")).unwrap())
+        .collect();
+    for (i, t) in tokens.iter().enumerate() {
+        take(&p, &format!("k{i}"), t.as_str()).await;
+    }
+    let names: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    let items: Vec<RenewItem<'_>> = tokens
+        .iter()
+        .zip(&names)
+        .map(|(t, n)| RenewItem::new(LeaseRef::new(n, t, LeaseKind::Exclusive), TTL))
+        .collect();
+    let r = p.renew_many(&items).await;
+    assert!(r.iter().all(|r| r.as_ref().ok() == Some(&LeaseCheck::Ours)));
+    assert_eq!(fake.pings.load(Ordering::SeqCst), p.open_sessions());
+}
