@@ -505,9 +505,15 @@ pub async fn expired_lease_is_taken_over<B: Backend>(make: &impl MakeClient<B>) 
         Released::Lost(LostReason::Expired)
     );
     let st = b.status(&k).await.unwrap();
+    // Engines that do not record each holder's fence (a lock on a shared database session)
+    // report the highest one issued.
+    let same_holder = match st.fence {
+        Some(f) => Some(f) == g2.fence(),
+        None => st.last_fence >= g2.fence(),
+    };
     assert!(
-        st.held && st.fence == g2.fence(),
-        "the stale release touched the new lock"
+        st.held && same_holder,
+        "the stale release touched the new lock: {st:?}"
     );
     assert_eq!(g2.release().await.unwrap(), Released::Held);
 }

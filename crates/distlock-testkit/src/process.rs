@@ -97,7 +97,7 @@ macro_rules! process_controls {
                 self.$field.resume();
             }
 
-            /// The CPU time the server process has used so far, in seconds.
+            /// The CPU time the server process (and its children) has used so far, in seconds.
             pub fn cpu_seconds(&self) -> f64 {
                 self.$field.cpu_seconds()
             }
@@ -151,17 +151,45 @@ impl Daemon {
         nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
     }
 
-    /// The CPU time the process has used so far (user and system), in seconds.
+    /// The CPU time the process and its live children have used so far (user and system), in
+    /// seconds: PostgreSQL serves each session in a process of its own.
     pub(crate) fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
-            .expect("read /proc/<pid>/stat");
-        // The fields after the command (which is in parentheses and may hold spaces): state is
-        // field 3, utime and stime are fields 14 and 15.
-        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks: f64 = [11, 12]
+        let root = self.pid().as_raw();
+        // Every process's parent and CPU ticks, from /proc/<pid>/stat: the fields after the
+        // command (in parentheses, and it may hold spaces) start with the state (field 3);
+        // ppid is field 4, utime and stime fields 14 and 15.
+        let mut procs: Vec<(i32, i32, f64)> = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            let fields: Vec<&str> = after.split_whitespace().collect();
+            let ppid = fields.get(1).and_then(|f| f.parse().ok()).unwrap_or(0);
+            let ticks: f64 = [11, 12]
+                .iter()
+                .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
+                .sum();
+            procs.push((pid, ppid, ticks));
+        }
+        let mut tree = vec![root];
+        let mut i = 0;
+        while i < tree.len() {
+            let parent = tree[i];
+            tree.extend(procs.iter().filter(|p| p.1 == parent).map(|p| p.0));
+            i += 1;
+        }
+        let ticks: f64 = procs
             .iter()
-            .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
+            .filter(|p| tree.contains(&p.0))
+            .map(|p| p.2)
             .sum();
         // In USER_HZ, which Linux fixes at 100 for what it shows user space.
         ticks / 100.0
