@@ -1,13 +1,16 @@
-//! The PostgreSQL engine: session advisory locks, each on a connection its guard owns.
+//! The PostgreSQL engine: session advisory locks, many on each session of a small pool.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use distlock_core::engine::pool::{
+    Placement, PoolLimits, Session, SessionEnd, SessionOps, SessionPool,
+};
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
-    Fencing, LeaseCheck, LeaseRef, LockError, LockStatus, LostReason, MutexExt, Sessions, Token,
+    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
+    ErrorKind, Fencing, LeaseCheck, LeaseRef, LockError, LockStatus, LostReason, MutexExt,
+    RenewItem, Sessions,
 };
 use distlock_core::seeded::{self, SeededBug};
 use sha2::{Digest, Sha256};
@@ -38,84 +41,29 @@ const IN_PG_LOCKS: &str = "l.locktype = 'advisory' AND l.objsubid = 1 AND l.gran
 /// The first word of the holder label a session carries in `application_name`.
 const APP_TAG: &str = "distlock";
 
-/// Reads a holder label: its fence, TTL in milliseconds and owner.
-fn parse_label(app: &str) -> Option<(u64, i64, String)> {
+/// How many dedicated sessions (transaction-scoped locks, breaking) are kept open between uses.
+const DEDICATED_IDLE: usize = 2;
+
+/// Reads a holder label: its fence (`-` on a shared session, whose locks have one each), TTL in
+/// milliseconds and owner.
+fn parse_label(app: &str) -> Option<(Option<u64>, i64, String)> {
     let mut words = app.splitn(4, ' ');
     if words.next()? != APP_TAG {
         return None;
     }
-    let fence = words.next()?.parse().ok()?;
+    let fence = match words.next()? {
+        "-" => None,
+        f => Some(f.parse().ok()?),
+    };
     let ttl = words.next()?.parse().ok()?;
     Some((fence, ttl, words.next().unwrap_or_default().to_owned()))
 }
 
-/// The server's `idle_session_timeout` for a lock TTL, in whole milliseconds (at least 1: 0
-/// would turn the timeout off).
+/// The server's `idle_session_timeout` for a time the session must last, in whole
+/// milliseconds, rounded up (at least 1: 0 would turn the timeout off).
 fn ttl_ms(ttl: Duration) -> i64 {
-    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX).max(1)
-}
-
-/// One session and the statements prepared on it.
-pub(crate) struct Conn {
-    pub(crate) client: Client,
-    acquire: Statement,
-    release: Statement,
-    check: Statement,
-    status: Statement,
-    /// Set when the session ends, with why (as far as the server said).
-    ended: watch::Receiver<Option<LostReason>>,
-}
-
-impl Conn {
-    fn is_closed(&self) -> bool {
-        self.client.is_closed() || self.ended.borrow().is_some()
-    }
-}
-
-/// A lock we hold: its session, kept out of the pool until released.
-struct Held {
-    key: String,
-    id: i64,
-    conn: Arc<Conn>,
-}
-
-struct Inner {
-    config: PgConfig,
-    /// Open sessions holding no lock, for the next acquire.
-    idle: Mutex<Vec<Arc<Conn>>>,
-    /// The locks we hold, by token.
-    held: Mutex<HashMap<String, Held>>,
-}
-
-/// A lock engine on PostgreSQL's session-level advisory locks.
-///
-/// - **acquire** takes a session of its own (from a small pool of idle ones) and, in one
-///   statement, tries `pg_try_advisory_lock(id)` (`id` = [`lock_id`] of the name), takes the
-///   fence from the sequence `distlock_fence` when it got the lock, writes the holder's label
-///   (`distlock <fence> <ttl ms> <owner>`) in the session's `application_name` (for `status`,
-///   through `pg_stat_activity`: no table write), and sets the session's
-///   `idle_session_timeout` to the TTL;
-/// - **the lease** is the session: the server ends a session that stays silent for
-///   `idle_session_timeout` (PostgreSQL 14 or later), and with it the lock. The watchdog's
-///   renewal is a statement on the session, which restarts that clock, and checks in
-///   `pg_locks` that the session still holds the lock;
-/// - **loss** is seen at once when the session ends (terminated, timed out, server gone): the
-///   guard's lost signal fires without waiting for a renewal;
-/// - **release** unlocks, turns the timeout off and returns the session to the pool.
-///
-/// Any error on a session drops it (closing it ends the session, so no lock can stay behind
-/// on it: PostgreSQL keeps a session-level advisory lock even when its transaction fails).
-#[derive(Clone)]
-pub struct PgBackend {
-    inner: Arc<Inner>,
-}
-
-impl fmt::Debug for PgBackend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PgBackend")
-            .field("config", &self.inner.config)
-            .finish_non_exhaustive()
-    }
+    let ms = ttl.as_nanos().div_ceil(1_000_000);
+    i64::try_from(ms).unwrap_or(i64::MAX).max(1)
 }
 
 /// Why the server ended a session, from the error the connection ended with.
@@ -125,6 +73,272 @@ fn why_ended(e: &tokio_postgres::Error) -> LostReason {
         // pg_terminate_backend, or an operator's shutdown: somebody took the lock away.
         Some(c) if *c == SqlState::ADMIN_SHUTDOWN => LostReason::Stolen,
         _ => LostReason::Unreachable,
+    }
+}
+
+/// Opens a session, whose connection runs in its own task; `end` hears when it ends.
+async fn connect(
+    config: &PgConfig,
+    end: impl FnOnce(LostReason) + Send + 'static,
+) -> Result<(Client, tokio::task::AbortHandle), LockError> {
+    let (client, connection) = tokio::time::timeout(
+        config.response_timeout.max(Duration::from_secs(1)) * 2,
+        config.pg.connect(NoTls),
+    )
+    .await
+    .map_err(|_| {
+        LockError::new(
+            ErrorKind::Timeout,
+            "connecting to PostgreSQL: no answer".to_owned(),
+        )
+    })?
+    .map_err(|e| map_err(e, "connecting to PostgreSQL"))?;
+    let task = tokio::spawn(async move {
+        let why = match connection.await {
+            Ok(()) => LostReason::Unreachable,
+            Err(e) => why_ended(&e),
+        };
+        end(why);
+    });
+    Ok((client, task.abort_handle()))
+}
+
+/// A session of the pool, with its statements prepared.
+pub(crate) struct PgConn {
+    client: Client,
+    acquire: Statement,
+    unlock: Statement,
+    ping: Statement,
+    status: Statement,
+    task: tokio::task::AbortHandle,
+    /// Held while a statement that sets the idle timeout computes it and is sent.
+    order: tokio::sync::Mutex<()>,
+}
+
+/// The SQL half of the pool.
+pub(crate) struct PgOps {
+    config: PgConfig,
+}
+
+impl PgOps {
+    /// Runs a statement on a shared session within the response timeout.
+    async fn query_one(
+        &self,
+        conn: &PgConn,
+        statement: &Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        doing: &str,
+    ) -> Result<tokio_postgres::Row, LockError> {
+        let limit = self.config.response_timeout;
+        tokio::time::timeout(limit, conn.client.query_one(statement, params))
+            .await
+            .map_err(|_| {
+                LockError::new(
+                    ErrorKind::Timeout,
+                    format!("{doing}: no answer within {limit:?}"),
+                )
+            })?
+            .map_err(|e| map_err(e, doing))
+    }
+
+    /// Runs a statement that sets the session's idle timeout: `$1` is the timeout (`keep()`,
+    /// in ms), or with `lock`, `$1` the lock id, `$2` the timeout and `$3` the owner. `keep` is
+    /// called and the statement sent under the session's order lock, so statements run in the
+    /// order their timeouts were computed (see `SessionPool::keep_for`).
+    async fn query_keeping(
+        &self,
+        conn: &PgConn,
+        statement: &Statement,
+        keep: &(dyn Fn() -> Duration + Send + Sync),
+        lock: Option<(i64, &str)>,
+        doing: &str,
+    ) -> Result<tokio_postgres::Row, LockError> {
+        use std::future::Future;
+        use std::task::Poll;
+        let limit = self.config.response_timeout;
+        // The timeout is computed, and the statement sent, under the order lock.
+        let order = conn.order.lock().await;
+        let keep_text = ttl_ms(keep()).to_string();
+        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match &lock {
+            Some((id, owner)) => vec![id, &keep_text, owner],
+            None => vec![&keep_text],
+        };
+        let mut query = std::pin::pin!(tokio::time::timeout(
+            limit,
+            conn.client.query_one(statement, &params)
+        ));
+        // The first poll sends the statement (tokio-postgres queues it on the connection).
+        let first = std::future::poll_fn(|cx| Poll::Ready(query.as_mut().poll(cx))).await;
+        drop(order);
+        let answer = match first {
+            Poll::Ready(answer) => answer,
+            Poll::Pending => query.await,
+        };
+        answer
+            .map_err(|_| {
+                LockError::new(
+                    ErrorKind::Timeout,
+                    format!("{doing}: no answer within {limit:?}"),
+                )
+            })?
+            .map_err(|e| map_err(e, doing))
+    }
+
+    async fn open_session(&self, end: SessionEnd) -> Result<PgConn, LockError> {
+        const DOING: &str = "preparing the lock statements";
+        let ended = end.clone();
+        let (client, task) = connect(&self.config, move |why| ended.end(why)).await?;
+        let s = &self.config.schema;
+        // Granted: the fence, the session's timeout (which covers every lock on it) and a
+        // label in application_name, which other sessions read in pg_stat_activity (no write).
+        let acquire = format!(
+            "SELECT g.fence, CASE WHEN g.fence IS NOT NULL \
+                    THEN set_config('idle_session_timeout', $2::text, false) \
+                      || set_config('application_name', \
+                           left('{APP_TAG} - ' || $2::text || ' ' || $3::text, 63), false) END \
+             FROM (SELECT CASE WHEN pg_try_advisory_lock($1::bigint) \
+                               THEN nextval('{s}.distlock_fence') END AS fence) g"
+        );
+        let unlock = "SELECT pg_advisory_unlock($1::bigint)";
+        let ping = "SELECT set_config('idle_session_timeout', $1::text, false)";
+        let status = format!(
+            "SELECT a.application_name, \
+                    CASE WHEN a.state = 'idle' \
+                         THEN (extract(epoch FROM now() - a.state_change) * 1000)::bigint END, \
+                    (SELECT last_value FROM {s}.distlock_fence) \
+             FROM pg_locks l \
+             LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE {IN_PG_LOCKS}"
+        );
+        let prepared = async {
+            Ok::<_, tokio_postgres::Error>((
+                client.prepare(&acquire).await?,
+                client.prepare(unlock).await?,
+                client.prepare(ping).await?,
+                client.prepare(&status).await?,
+            ))
+        };
+        match prepared.await {
+            Ok((acquire, unlock, ping, status)) => Ok(PgConn {
+                client,
+                acquire,
+                unlock,
+                ping,
+                status,
+                task,
+                order: tokio::sync::Mutex::new(()),
+            }),
+            Err(e) => {
+                task.abort();
+                Err(map_err(e, DOING))
+            }
+        }
+    }
+}
+
+impl SessionOps for PgOps {
+    type Conn = PgConn;
+
+    fn open(&self, end: SessionEnd) -> BoxFuture<'_, Result<PgConn, LockError>> {
+        Box::pin(self.open_session(end))
+    }
+
+    fn close(&self, conn: &PgConn) {
+        // Dropping the connection ends the session: the server frees its locks.
+        conn.task.abort();
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        conn: &'a PgConn,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(async move {
+            let id: i64 = key.parse().map_err(|_| {
+                LockError::new(ErrorKind::Protocol, format!("not a lock id: {key:?}"))
+            })?;
+            let row = self
+                .query_one(
+                    conn,
+                    &conn.unlock,
+                    &[&id],
+                    "releasing a PostgreSQL advisory lock",
+                )
+                .await?;
+            Ok(row.get(0))
+        })
+    }
+
+    fn ping<'a>(
+        &'a self,
+        conn: &'a PgConn,
+        keep: &'a (dyn Fn() -> Duration + Send + Sync),
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(async move {
+            self.query_keeping(
+                conn,
+                &conn.ping,
+                keep,
+                None,
+                "renewing PostgreSQL advisory locks",
+            )
+            .await
+            .map(drop)
+        })
+    }
+}
+
+/// A session of its own (a transaction-scoped lock, breaking a lock, the first checks).
+pub(crate) struct Conn {
+    pub(crate) client: Client,
+    /// Set when the session ends.
+    ended: watch::Receiver<Option<LostReason>>,
+}
+
+impl Conn {
+    fn is_closed(&self) -> bool {
+        self.client.is_closed() || self.ended.borrow().is_some()
+    }
+}
+
+struct Inner {
+    pool: Arc<SessionPool<PgOps>>,
+    /// Sessions of their own, idle between uses.
+    dedicated: Mutex<Vec<Conn>>,
+}
+
+/// A lock engine on PostgreSQL's session-level advisory locks, many on each session of a small
+/// pool (`sessions=` in the URL, 8 by default).
+///
+/// - **acquire** places the lock on a pooled session that neither holds nor is taking the same
+///   lock id (see [`distlock_core::engine::pool`]) and, in one statement, tries
+///   `pg_try_advisory_lock(id)` (`id` = [`lock_id`] of the name), takes the fence from the
+///   sequence `distlock_fence` when it got the lock, sets the session's `idle_session_timeout`
+///   to cover every lock on it, and labels the session (`application_name` =
+///   `distlock - <timeout ms> <owner>`, for `status`, through `pg_stat_activity`: no table
+///   write). A lock id that one of this client's sessions holds already is busy at once;
+///   the engine never waits in the server (waiting is the core's, between try-locks), so one
+///   long wait never blocks the other locks of a session;
+/// - **the lease** is the session's: the server ends a session that stays silent for
+///   `idle_session_timeout` (PostgreSQL 14 or later), and every lock on it. The watchdog's
+///   renewal is one statement per session, however many of its locks are due, which restarts
+///   that clock; a session's advisory locks end only with the session or its own unlock, so a
+///   session that answers still holds them all;
+/// - **loss** is seen at once when a session ends (terminated, timed out, server gone): the
+///   lost signal of every lock on it fires without waiting for a renewal, with the reason;
+/// - **release** is `pg_advisory_unlock`. A session that cannot unlock (no answer in time) is
+///   closed, which frees everything on it, rather than kept with a lock nobody tracks.
+#[derive(Clone)]
+pub struct PgBackend {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for PgBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgBackend")
+            .field("config", &self.inner.pool.ops().config)
+            .field("pool", &self.inner.pool)
+            .finish_non_exhaustive()
     }
 }
 
@@ -145,11 +359,14 @@ impl PgBackend {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn with_config(config: PgConfig) -> Result<Self, LockError> {
+        let limits = PoolLimits {
+            sessions: config.sessions,
+            wait: config.pool_wait,
+        };
         let backend = PgBackend {
             inner: Arc::new(Inner {
-                config,
-                idle: Mutex::new(Vec::new()),
-                held: Mutex::new(HashMap::new()),
+                pool: SessionPool::new(PgOps { config }, limits),
+                dedicated: Mutex::new(Vec::new()),
             }),
         };
         let conn = backend.setup().await?;
@@ -157,10 +374,15 @@ impl PgBackend {
         Ok(backend)
     }
 
-    /// The first session: checks the version and creates the engine's two objects.
-    async fn setup(&self) -> Result<Arc<Conn>, LockError> {
+    fn config(&self) -> &PgConfig {
+        &self.inner.pool.ops().config
+    }
+
+    /// The first session: checks the version and creates the fence sequence.
+    async fn setup(&self) -> Result<Conn, LockError> {
         const DOING: &str = "preparing PostgreSQL for locks";
-        let (client, ended) = self.open().await?;
+        let conn = self.open().await?;
+        let client = &conn.client;
         let version: String = client
             .query_one("SHOW server_version_num", &[])
             .await
@@ -172,7 +394,7 @@ impl PgBackend {
                 format!("PostgreSQL {version} has no idle_session_timeout: 14 or later is needed"),
             ));
         }
-        let s = &self.inner.config.schema;
+        let s = &self.config().schema;
         let ddl = format!("CREATE SEQUENCE IF NOT EXISTS {s}.distlock_fence");
         // Only when missing: a role without CREATE on the schema can use a sequence an
         // administrator made (CREATE … IF NOT EXISTS checks the privilege first).
@@ -185,9 +407,9 @@ impl PgBackend {
             .map_err(|e| map_err(e, DOING))?
             .get(0);
         if !missing {
-            return self.prepare(client, ended).await;
+            return Ok(conn);
         }
-        // Two clients creating them at once can collide in the catalog: once more then.
+        // Two clients creating it at once can collide in the catalog: once more then.
         if let Err(e) = client.batch_execute(&ddl).await {
             let raced = e.code().is_some_and(|c| {
                 *c == SqlState::UNIQUE_VIOLATION
@@ -202,127 +424,56 @@ impl PgBackend {
                 .await
                 .map_err(|e| map_err(e, DOING))?;
         }
-        self.prepare(client, ended).await
+        Ok(conn)
     }
 
-    /// Opens a session, whose connection runs in its own task.
-    async fn open(&self) -> Result<(Client, watch::Receiver<Option<LostReason>>), LockError> {
-        let (client, connection) = self
-            .inner
-            .config
-            .pg
-            .connect(NoTls)
-            .await
-            .map_err(|e| map_err(e, "connecting to PostgreSQL"))?;
+    /// Opens a session of its own.
+    async fn open(&self) -> Result<Conn, LockError> {
         let (tx, rx) = watch::channel(None);
-        tokio::spawn(async move {
-            let why = match connection.await {
-                Ok(()) => LostReason::Unreachable,
-                Err(e) => why_ended(&e),
-            };
+        let (client, _task) = connect(self.config(), move |why| {
             let _ = tx.send(Some(why));
-        });
-        Ok((client, rx))
+        })
+        .await?;
+        Ok(Conn { client, ended: rx })
     }
 
-    async fn prepare(
-        &self,
-        client: Client,
-        ended: watch::Receiver<Option<LostReason>>,
-    ) -> Result<Arc<Conn>, LockError> {
-        const DOING: &str = "preparing the lock statements";
-        let s = &self.inner.config.schema;
-        let in_pg_locks = IN_PG_LOCKS;
-        // Granted: the fence, the lease (idle_session_timeout) and the holder's label in
-        // application_name, which other sessions can read in pg_stat_activity (no write).
-        let acquire = format!(
-            "SELECT g.fence, CASE WHEN g.fence IS NOT NULL \
-                    THEN set_config('idle_session_timeout', $2::text, false) \
-                      || set_config('application_name', \
-                           left('{APP_TAG} ' || g.fence || ' ' || $2::text || ' ' || $3::text, 63), \
-                           false) END \
-             FROM (SELECT CASE WHEN pg_try_advisory_lock($1::bigint) \
-                               THEN nextval('{s}.distlock_fence') END AS fence) g"
-        );
-        let release = "SELECT pg_advisory_unlock($1::bigint), \
-                       set_config('idle_session_timeout', '0', false)";
-        let check = format!(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = pg_backend_pid() \
-                            AND {in_pg_locks}), \
-                    set_config('idle_session_timeout', $2::text, false)"
-        );
-        let status = format!(
-            "SELECT a.application_name, \
-                    CASE WHEN a.state = 'idle' \
-                         THEN (extract(epoch FROM now() - a.state_change) * 1000)::bigint END, \
-                    (SELECT last_value FROM {s}.distlock_fence) \
-             FROM pg_locks l \
-             LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-             WHERE {in_pg_locks}"
-        );
-        let acquire = client
-            .prepare(&acquire)
-            .await
-            .map_err(|e| map_err(e, DOING))?;
-        let release = client
-            .prepare(release)
-            .await
-            .map_err(|e| map_err(e, DOING))?;
-        let check = client
-            .prepare(&check)
-            .await
-            .map_err(|e| map_err(e, DOING))?;
-        let status = client
-            .prepare(&status)
-            .await
-            .map_err(|e| map_err(e, DOING))?;
-        Ok(Arc::new(Conn {
-            client,
-            acquire,
-            release,
-            check,
-            status,
-            ended,
-        }))
-    }
-
-    /// An idle session, or a new one.
-    pub(crate) async fn take(&self) -> Result<Arc<Conn>, LockError> {
+    /// An idle session of its own, or a new one.
+    pub(crate) async fn take(&self) -> Result<Conn, LockError> {
         loop {
-            let next = self.inner.idle.locked().pop();
+            let next = self.inner.dedicated.locked().pop();
             match next {
                 Some(c) if c.is_closed() => continue,
                 Some(c) => return Ok(c),
-                None => {
-                    let (client, ended) = self.open().await?;
-                    return self.prepare(client, ended).await;
-                }
+                None => return self.open().await,
             }
         }
     }
 
-    /// Returns a session holding no lock to the pool (or closes it when the pool is full).
-    pub(crate) fn put_back(&self, conn: Arc<Conn>) {
+    /// Returns a session of its own, holding no lock, for the next use (or closes it).
+    pub(crate) fn put_back(&self, conn: Conn) {
         if conn.is_closed() {
             return;
         }
-        let mut idle = self.inner.idle.locked();
-        if idle.len() < self.inner.config.idle_connections {
+        let mut idle = self.inner.dedicated.locked();
+        if idle.len() < DEDICATED_IDLE {
             idle.push(conn);
         }
     }
 
     /// The schema of the engine's objects.
     pub(crate) fn schema(&self) -> &str {
-        &self.inner.config.schema
+        &self.config().schema
     }
 
-    fn held(&self, token: &Token) -> Option<(String, i64, Arc<Conn>)> {
-        self.inner
-            .held
-            .locked()
-            .get(token.as_str())
-            .map(|h| (h.key.clone(), h.id, h.conn.clone()))
+    /// How many sessions of the pool are open (the server connections that hold locks).
+    pub fn open_sessions(&self) -> usize {
+        self.inner.pool.open_sessions()
+    }
+
+    /// How many keep-alive statements the pool has sent: one per session per renewal batch,
+    /// however many locks each session holds.
+    pub fn keepalives(&self) -> u64 {
+        self.inner.pool.keepalives()
     }
 }
 
@@ -337,129 +488,109 @@ impl Backend for PgBackend {
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a PostgreSQL advisory lock";
+        let pool = &self.inner.pool;
+        let token = req.token.as_str();
         if req.retry
-            && let Some((key, _, conn)) = self.held(req.token)
-            && key == req.name
-            && !conn.is_closed()
+            && let Some(lease) = pool.held(req.name, token)
+            && !lease.session().is_over()
         {
             // The reply came after all: the lock is ours already (never locked twice: a
             // session-level advisory lock counts its acquisitions).
             return Ok(Attempt::Acquired { fence: None });
         }
         let id = lock_id(req.name);
-        let ttl = ttl_ms(req.ttl).to_string();
-        let conn = self.take().await?;
-        // Dropped on any error (and so is the session, with whatever it may hold).
-        let row = conn
-            .client
-            .query_one(&conn.acquire, &[&id, &ttl, &req.owner])
-            .await
-            .map_err(|e| map_err(e, DOING))?;
-        let fence: Option<i64> = row.get(0);
-        let Some(fence) = fence else {
-            self.put_back(conn);
-            return Ok(Attempt::Busy { holder_ttl: None });
-        };
-        self.inner.held.locked().insert(
-            req.token.as_str().to_owned(),
-            Held {
-                key: req.name.to_owned(),
-                id,
-                conn,
-            },
-        );
-        Ok(Attempt::Acquired {
-            fence: u64::try_from(fence).ok(),
-        })
+        let key = id.to_string();
+        // A session that ends before the statement ran held nothing: once more, elsewhere.
+        for _ in 0..3 {
+            let lease = match pool.place(req.name, &key, token, req.ttl).await? {
+                Placement::HeldHere => return Ok(Attempt::Busy { holder_ttl: None }),
+                Placement::On(lease) => lease,
+            };
+            let session: &Session<PgConn> = lease.session();
+            let conn = session.conn();
+            let sent = tokio::time::Instant::now();
+            let keep = || pool.keep_for(session, req.ttl);
+            let row = pool
+                .ops()
+                .query_keeping(conn, &conn.acquire, &keep, Some((id, req.owner)), DOING)
+                .await;
+            let fence: Option<i64> = match row {
+                Ok(row) => row.get(0),
+                Err(_) if session.is_over() => {
+                    pool.withdraw(&lease);
+                    continue;
+                }
+                Err(e) => {
+                    // PostgreSQL keeps a session-level advisory lock even when the statement
+                    // that took it failed: unlock it (or close the session).
+                    pool.withdraw_unknown(&lease).await;
+                    return Err(e);
+                }
+            };
+            let Some(fence) = fence else {
+                pool.withdraw(&lease);
+                return Ok(Attempt::Busy { holder_ttl: None });
+            };
+            if !pool.confirm(&lease, sent, req.ttl, req.renewed) {
+                return Ok(Attempt::Busy { holder_ttl: None });
+            }
+            return Ok(Attempt::Acquired {
+                fence: u64::try_from(fence).ok(),
+            });
+        }
+        Err(LockError::new(
+            ErrorKind::Connection,
+            format!("{DOING}: three sessions in a row ended under the request"),
+        ))
     }
 
     async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
-        let key = lease.name;
-        let Some((held_key, id, conn)) = self.held(lease.token) else {
-            return Ok(LeaseCheck::Missing);
-        };
-        if conn.is_closed() && seeded::on(SeededBug::PgSessionHeld) {
-            return Ok(LeaseCheck::Ours);
-        }
-        if held_key != key || conn.is_closed() {
-            return Ok(LeaseCheck::Missing);
-        }
-        match conn
-            .client
-            .query_one(&conn.check, &[&id, &ttl_ms(ttl).to_string()])
+        let item = [RenewItem::new(*lease, ttl)];
+        self.renew_batch(&item)
             .await
-        {
-            Ok(row) if row.get::<_, bool>(0) => Ok(LeaseCheck::Ours),
-            Ok(_) => Ok(LeaseCheck::Missing),
-            // The session is gone, and its lock with it.
-            Err(_) if conn.is_closed() => Ok(LeaseCheck::Missing),
-            Err(e) => Err(map_err(e, "renewing a PostgreSQL advisory lock")),
-        }
+            .pop()
+            .unwrap_or(Ok(LeaseCheck::Missing))
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
-        let (key, token) = (lease.name, lease.token);
-        let held = {
-            let mut map = self.inner.held.locked();
-            match map.get(token.as_str()) {
-                Some(h) if h.key == key => map.remove(token.as_str()),
-                _ => None,
-            }
-        };
-        let Some(held) = held else {
-            return Ok(LeaseCheck::Missing);
-        };
-        if held.conn.is_closed() {
-            return Ok(LeaseCheck::Missing);
-        }
-        match held
-            .conn
-            .client
-            .query_one(&held.conn.release, &[&held.id])
+        self.inner
+            .pool
+            .release(lease.name, lease.token.as_str())
             .await
-        {
-            Ok(row) => {
-                let was_ours: bool = row.get(0);
-                self.put_back(held.conn);
-                Ok(if was_ours {
-                    LeaseCheck::Ours
-                } else {
-                    LeaseCheck::Missing
-                })
-            }
-            // Closed under us: the session's end released the lock.
-            Err(_) if held.conn.is_closed() => Ok(LeaseCheck::Missing),
-            // Dropping the session (here) releases whatever it held.
-            Err(e) => Err(map_err(e, "releasing a PostgreSQL advisory lock")),
-        }
     }
 
     async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         const DOING: &str = "reading a PostgreSQL lock's status";
         let id = lock_id(key);
-        let conn = self.take().await?;
-        let rows = conn
-            .client
-            .query(&conn.status, &[&id])
-            .await
-            .map_err(|e| map_err(e, DOING))?;
-        self.put_back(conn);
-        let Some(row) = rows.first() else {
+        let session = self.inner.pool.any_session().await?;
+        let conn = session.conn();
+        let row = tokio::time::timeout(
+            self.config().response_timeout,
+            conn.client.query_opt(&conn.status, &[&id]),
+        )
+        .await
+        .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
+        .map_err(|e| map_err(e, DOING))?;
+        let Some(row) = row else {
             return Ok(LockStatus::free());
         };
         let app: Option<String> = row.get(0);
         let idle: Option<i64> = row.get(1);
         let last: Option<i64> = row.get(2);
         let last_fence = last.and_then(|l| u64::try_from(l).ok());
-        // "<tag> <fence> <ttl ms> <owner>", as the acquire wrote it (another role's session may
-        // show nothing; a session that changed its application_name shows that).
+        // "<tag> <fence or -> <ttl ms> <owner>", as the acquire wrote it (another role's
+        // session may show nothing; a session that changed its application_name shows that).
         let Some((fence, ttl, owner)) = app.as_deref().and_then(parse_label) else {
             return Ok(LockStatus::held(app, None, None).with_last_fence(last_fence));
         };
         let remaining = Duration::from_millis(
             u64::try_from(ttl.saturating_sub(idle.unwrap_or(0))).unwrap_or(0),
         );
-        Ok(LockStatus::held(Some(owner), Some(fence), Some(remaining)).with_last_fence(last_fence))
+        Ok(LockStatus::held(Some(owner), fence, Some(remaining)).with_last_fence(last_fence))
+    }
+
+    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
+        Some(self)
     }
 
     fn sessions(&self) -> Option<&dyn Sessions> {
@@ -471,10 +602,42 @@ impl Backend for PgBackend {
     }
 }
 
+impl PgBackend {
+    async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
+        let pool = &self.inner.pool;
+        let mut out = pool.renew_many(items).await;
+        if seeded::on(SeededBug::PgSessionHeld) {
+            // The seeded bug: a session that ended is taken as still holding its locks.
+            for (r, item) in out.iter_mut().zip(items) {
+                if matches!(r, Ok(LeaseCheck::Missing))
+                    && pool
+                        .held(item.lease.name, item.lease.token.as_str())
+                        .is_some()
+                {
+                    *r = Ok(LeaseCheck::Ours);
+                }
+            }
+        }
+        out
+    }
+}
+
+impl BatchRenew for PgBackend {
+    /// One statement per session (setting its idle timeout), however many of its locks are
+    /// due: a session that answers still holds every lock it took and did not unlock.
+    fn renew_many<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
+        Box::pin(self.renew_batch(items))
+    }
+}
+
 impl Breaker for PgBackend {
     /// Ends the holding session (`pg_terminate_backend`, waiting up to 5 s for it to go),
-    /// which frees the lock: the holder sees its session end at once (lost: `Stolen`). Needs
-    /// the right to signal that session (the same role, `pg_signal_backend`, or superuser).
+    /// which frees the lock, and every other lock on that session: their holders see the
+    /// session end at once (lost: `Stolen`). Needs the right to signal that session (the same
+    /// role, `pg_signal_backend`, or superuser).
     fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
         Box::pin(self.terminate_holder(key))
     }
@@ -488,6 +651,7 @@ impl PgBackend {
             return Ok(BreakOutcome::Free);
         }
         let id = lock_id(key);
+        // A session of its own: the holder may be a session of this very pool.
         let conn = self.take().await?;
         let rows = conn
             .client
@@ -513,25 +677,26 @@ impl PgBackend {
 }
 
 impl Sessions for PgBackend {
-    /// The guard's session ending (the server closed it, an idle timeout, a termination).
+    /// The end of the session the lock is on (the server closed it, an idle timeout, a
+    /// termination): every lock on that session hears it.
     fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason> {
-        let ended = self
-            .held(lease.token)
-            .map(|(_, _, c)| c.ended.clone())
-            .filter(|_| !seeded::on(SeededBug::PgSessionHeld));
-        Box::pin(async move {
-            let Some(mut ended) = ended else {
-                return std::future::pending().await;
-            };
-            loop {
-                if let Some(why) = *ended.borrow_and_update() {
-                    return why;
-                }
-                if ended.changed().await.is_err() {
-                    return std::future::pending().await;
-                }
-            }
-        })
+        if seeded::on(SeededBug::PgSessionHeld) {
+            return Box::pin(std::future::pending());
+        }
+        self.inner.pool.session_end(lease.token.as_str())
+    }
+
+    /// The client unlocks it when `ttl` has passed: an advisory lock cannot move to a session
+    /// of its own, and the session lives on for its other locks.
+    fn detach<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        self.inner
+            .pool
+            .detach(lease.name, lease.token.as_str(), ttl);
+        Box::pin(std::future::ready(Ok(())))
     }
 }
 
@@ -552,11 +717,15 @@ mod tests {
     fn holder_labels_read_back() {
         assert_eq!(
             parse_label("distlock 42 30000 vm/123"),
-            Some((42, 30_000, "vm/123".to_owned()))
+            Some((Some(42), 30_000, "vm/123".to_owned()))
+        );
+        assert_eq!(
+            parse_label("distlock - 30000 vm/123"),
+            Some((None, 30_000, "vm/123".to_owned()))
         );
         assert_eq!(
             parse_label("distlock 42 30000"),
-            Some((42, 30_000, String::new()))
+            Some((Some(42), 30_000, String::new()))
         );
         assert_eq!(parse_label("psql"), None);
         assert_eq!(parse_label("distlock x 1 a"), None);
@@ -566,5 +735,7 @@ mod tests {
     fn ttls_become_whole_milliseconds() {
         assert_eq!(ttl_ms(Duration::from_secs(30)), 30_000);
         assert_eq!(ttl_ms(Duration::from_micros(10)), 1);
+        // Rounded up: the server must not end the session before the lease does.
+        assert_eq!(ttl_ms(Duration::from_micros(1_500_100)), 1501);
     }
 }

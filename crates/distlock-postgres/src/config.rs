@@ -14,7 +14,9 @@ use distlock_core::{ErrorKind, LockError};
 /// | parameter | default | meaning |
 /// |---|---|---|
 /// | `schema` | `public` | where the fence sequence is created |
-/// | `idle_connections` | `16` | connections kept open between locks |
+/// | `sessions` | `8` | the most server sessions that hold locks, many on each |
+/// | `pool_wait` | `5s` | how long an acquire waits for room when every session is in use for it |
+/// | `response_timeout` | `5s` | per statement on a session that holds locks |
 ///
 /// TLS is not built in this release: `sslmode=require` (or stronger) is refused as a
 /// configuration error rather than silently connecting in clear text.
@@ -22,7 +24,9 @@ use distlock_core::{ErrorKind, LockError};
 pub struct PgConfig {
     pub(crate) pg: tokio_postgres::Config,
     pub(crate) schema: String,
-    pub(crate) idle_connections: usize,
+    pub(crate) sessions: usize,
+    pub(crate) pool_wait: Duration,
+    pub(crate) response_timeout: Duration,
 }
 
 impl std::fmt::Debug for PgConfig {
@@ -31,7 +35,9 @@ impl std::fmt::Debug for PgConfig {
         f.debug_struct("PgConfig")
             .field("pg", &self.pg)
             .field("schema", &self.schema)
-            .field("idle_connections", &self.idle_connections)
+            .field("sessions", &self.sessions)
+            .field("pool_wait", &self.pool_wait)
+            .field("response_timeout", &self.response_timeout)
             .finish()
     }
 }
@@ -56,7 +62,9 @@ impl PgConfig {
             None => (rest, None),
         };
         let mut schema = "public".to_owned();
-        let mut idle_connections = 16;
+        let mut sessions = 8;
+        let mut pool_wait = Duration::from_secs(5);
+        let mut response_timeout = Duration::from_secs(5);
         let mut kept = Vec::new();
         for pair in query.into_iter().flat_map(|q| q.split('&')) {
             if pair.is_empty() {
@@ -76,10 +84,29 @@ impl PgConfig {
                     }
                     schema = v.to_ascii_lowercase();
                 }
-                "idle_connections" => {
-                    idle_connections = v.parse().map_err(|_| {
-                        config_err(format!("idle_connections={v:?} is not a number"))
+                "sessions" => {
+                    sessions = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        config_err(format!("sessions={v:?}: a number of sessions, at least 1"))
                     })?;
+                }
+                "idle_connections" => {
+                    return Err(config_err(
+                        "idle_connections= is gone: locks share sessions now; sessions= sets \
+                         how many (default 8)",
+                    ));
+                }
+                "pool_wait" | "response_timeout" => {
+                    let d = distlock_core::parse_duration(v)
+                        .ok()
+                        .filter(|d| !d.is_zero() || k == "pool_wait")
+                        .ok_or_else(|| {
+                            config_err(format!("{k}={v:?}: a duration such as 2s or 500ms"))
+                        })?;
+                    if k == "pool_wait" {
+                        pool_wait = d;
+                    } else {
+                        response_timeout = d;
+                    }
                 }
                 "sslmode" if !matches!(v, "disable" | "prefer" | "allow") => {
                     return Err(LockError::new(
@@ -121,7 +148,9 @@ impl PgConfig {
         Ok(PgConfig {
             pg,
             schema,
-            idle_connections,
+            sessions,
+            pool_wait,
+            response_timeout,
         })
     }
 }
@@ -133,11 +162,13 @@ mod tests {
     #[test]
     fn parses_ours_and_libpq_params() {
         let c = PgConfig::from_url(
-            "postgres://app:s3cret@db.example:5433/locks?schema=Locking&idle_connections=4&connect_timeout=2",
+            "postgres://app:s3cret@db.example:5433/locks?schema=Locking&sessions=4&pool_wait=0s&connect_timeout=2",
         )
         .unwrap();
         assert_eq!(c.schema, "locking");
-        assert_eq!(c.idle_connections, 4);
+        assert_eq!(c.sessions, 4);
+        assert_eq!(c.pool_wait, Duration::ZERO);
+        assert_eq!(c.response_timeout, Duration::from_secs(5));
         assert_eq!(c.pg.get_user(), Some("app"));
         assert_eq!(c.pg.get_dbname(), Some("locks"));
         assert_eq!(c.pg.get_ports(), &[5433]);
@@ -153,7 +184,10 @@ mod tests {
             "redis://h",
             "postgres://h?schema=drop%20table",
             "postgres://h?schema=1x",
-            "postgres://h?idle_connections=many",
+            "postgres://h?sessions=many",
+            "postgres://h?sessions=0",
+            "postgres://h?idle_connections=4",
+            "postgres://h?response_timeout=0s",
             "postgres://h?nonsense=1",
             "postgres://h:notaport",
         ] {

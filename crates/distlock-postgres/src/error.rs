@@ -4,6 +4,19 @@ use distlock_core::{ErrorKind, LockError};
 use tokio_postgres::error::SqlState;
 
 pub(crate) fn map_err(e: tokio_postgres::Error, doing: &str) -> LockError {
+    if e.code() == Some(&SqlState::OUT_OF_MEMORY) {
+        // "out of shared memory": the shared lock table, which every session's advisory locks
+        // fill together, is full. Say which setting bounds it.
+        return LockError::caused_by(
+            ErrorKind::Exhausted,
+            format_args!(
+                "{doing} (the server's lock table is full: it holds about \
+                 max_locks_per_transaction × (max_connections + max_prepared_transactions) \
+                 locks for all sessions together; raise max_locks_per_transaction)"
+            ),
+            e,
+        );
+    }
     let kind = match e.code() {
         Some(c) if *c == SqlState::INVALID_PASSWORD => ErrorKind::Auth,
         Some(c) if *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION => ErrorKind::Auth,

@@ -1,6 +1,5 @@
 //! The transaction-scoped variant: `pg_advisory_xact_lock`, held until the transaction ends.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::{ErrorKind, LockError, validate_key};
@@ -18,7 +17,7 @@ use crate::error::map_err;
 /// Dropping it without [`commit`](Self::commit) closes its session, which rolls the
 /// transaction back and releases the lock.
 pub struct XactLock {
-    conn: Option<Arc<Conn>>,
+    conn: Option<Conn>,
     backend: PgBackend,
     fence: u64,
 }

@@ -1,6 +1,7 @@
 //! PostgreSQL-specific behaviour on a real server: a terminated session, credentials and
 //! privileges, bad input.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use distlock_core::{ErrorKind, LockClient, LockOptions, LostReason, Released};
@@ -125,7 +126,9 @@ async fn status_names_the_holder_and_its_remaining_lease() {
     let g = a.acquire("shown").await.unwrap();
     let st = a.status("shown").await.unwrap();
     assert!(st.held);
-    assert_eq!(st.fence, g.fence());
+    // A lock on a shared session records no fence of its own: the highest one issued shows.
+    assert_eq!(st.fence, None);
+    assert!(st.last_fence >= g.fence(), "{st:?}");
     assert!(st.owner.unwrap().contains(a.owner()));
     let ttl = st.ttl.expect("remaining lease");
     assert!(
@@ -298,4 +301,205 @@ async fn optimistic_version_column_loses_no_update() {
     }
     assert_eq!(pg.psql("SELECT n, version FROM counters"), "100|100");
     eprintln!("optimistic writers retried {retries} times");
+}
+
+/// The pids of the sessions holding the advisory locks of `names`, by name.
+fn holders(pg: &Postgres, names: &[String]) -> Vec<(String, i32)> {
+    let ids: Vec<String> = names.iter().map(|n| lock_id(n).to_string()).collect();
+    let out = pg.psql(&format!(
+        "SELECT k.id, l.pid FROM unnest(ARRAY[{}]::bigint[]) AS k(id) \
+         JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
+          AND l.classid = ((k.id >> 32) & 4294967295)::oid \
+          AND l.objid = (k.id & 4294967295)::oid",
+        ids.join(",")
+    ));
+    out.lines()
+        .filter_map(|line| {
+            let (id, pid) = line.split_once('|')?;
+            let i = ids.iter().position(|x| x == id)?;
+            Some((names[i].clone(), pid.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The server connections open from clients other than `psql` itself.
+fn client_connections(pg: &Postgres) -> usize {
+    pg.psql(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+    )
+    .parse()
+    .unwrap()
+}
+
+/// 1,000 locks on one client share a few sessions; terminating one of them loses exactly the
+/// locks on it (at once, `Stolen`), and every other lock stays held and renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_locks_share_a_few_sessions_and_a_killed_one_loses_exactly_its_own() {
+    let Some(pg) = Postgres::start() else { return };
+    let ttl = Duration::from_secs(3);
+    let a = client(&pg.url("?sessions=4"), ttl).await;
+    let names: Vec<String> = (0..1000).map(|i| format!("many-{i}")).collect();
+    // Taken 50 at a time, so that they spread over the sessions.
+    let mut guards = Vec::new();
+    for chunk in names.chunks(50) {
+        let taken = futures_util::future::join_all(chunk.iter().map(|n| a.acquire(n))).await;
+        guards.extend(taken.into_iter().map(|g| g.expect("free")));
+    }
+    let connections = client_connections(&pg);
+    assert!(
+        (2..=5).contains(&connections),
+        "4 sessions (and the engine's own first one), not one per lock: {connections}"
+    );
+    assert!(a.backend().open_sessions() <= 4);
+    let held = holders(&pg, &names);
+    assert_eq!(held.len(), 1000);
+    let pids: HashSet<i32> = held.iter().map(|(_, p)| *p).collect();
+    assert!(pids.len() >= 2, "spread over sessions: {pids:?}");
+    let victim = held[0].1;
+    let on_victim: HashSet<&str> = held
+        .iter()
+        .filter(|(_, p)| *p == victim)
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(
+        pg.psql(&format!("SELECT pg_terminate_backend({victim})")),
+        "t"
+    );
+    // The locks on it hear it at once, with the reason.
+    let t0 = Instant::now();
+    for g in guards.iter().filter(|g| on_victim.contains(g.key())) {
+        let why = tokio::time::timeout(Duration::from_secs(2), g.lost())
+            .await
+            .expect("lost at once");
+        assert_eq!(why, LostReason::Stolen);
+    }
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    // The others outlive three TTLs, renewed.
+    tokio::time::sleep(ttl * 3).await;
+    for g in &guards {
+        assert_eq!(
+            g.is_held(),
+            !on_victim.contains(g.key()),
+            "{}: only the victim's locks are lost",
+            g.key()
+        );
+    }
+    let still = holders(&pg, &names);
+    assert_eq!(still.len(), 1000 - on_victim.len());
+    assert!(still.iter().all(|(n, _)| !on_victim.contains(n.as_str())));
+    // The lost ones are free for others.
+    let b = client(&pg.url(""), ttl).await;
+    let lost_name = on_victim.iter().next().unwrap();
+    let g = b.try_acquire(lost_name).await.unwrap().expect("free");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    for g in guards {
+        let lost = on_victim.contains(g.key());
+        let released = g.release().await.unwrap();
+        assert_eq!(matches!(released, Released::Lost(_)), lost);
+    }
+    assert!(holders(&pg, &names).is_empty());
+}
+
+/// A name the pool is taking on its only session cannot go on another: the request waits for
+/// room, and fails with a clear error when none comes in time (never a hang). Once the first
+/// request holds the name, the next is busy at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_at_its_limit_waits_then_fails_clearly() {
+    let Some(pg) = Postgres::start() else { return };
+    let backend = PgBackend::connect(&pg.url("?sessions=1&pool_wait=300ms"))
+        .await
+        .unwrap();
+    let a = LockClient::new(backend.clone());
+    let b = LockClient::new(backend.clone());
+    // Hold the fence sequence for 1.5 s from elsewhere: the next acquire stays in flight.
+    let (admin, conn) = tokio_postgres::connect(&pg.url(""), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    admin
+        .batch_execute("BEGIN; ALTER SEQUENCE distlock_fence CACHE 1")
+        .await
+        .unwrap();
+    let first = tokio::spawn(async move { a.try_acquire("limited").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t0 = Instant::now();
+    let e = b
+        .try_acquire("limited")
+        .await
+        .expect_err("no session for it");
+    assert_eq!(e.kind(), ErrorKind::Exhausted, "{e}");
+    assert!(e.to_string().contains("sessions="), "{e}");
+    assert!(t0.elapsed() >= Duration::from_millis(250) && t0.elapsed() < Duration::from_secs(2));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    admin.batch_execute("ROLLBACK").await.unwrap();
+    let g = first.await.unwrap().unwrap().expect("free");
+    // Held on our own session: busy at once, without a second hold on that session.
+    let t0 = Instant::now();
+    assert!(b.try_acquire("limited").await.unwrap().is_none());
+    assert!(t0.elapsed() < Duration::from_millis(100));
+    assert_eq!(holders(&pg, &["limited".to_owned()]).len(), 1);
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let g = b.try_acquire("limited").await.unwrap().expect("free");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
+/// A lock nobody renews ends at its TTL although its session lives on for renewed locks; so
+/// does a leaked guard, at the end of what was left of its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrenewed_locks_end_at_their_ttl_on_a_shared_session() {
+    let Some(pg) = Postgres::start() else { return };
+    let url = pg.url("?sessions=1");
+    let backend = PgBackend::connect(&url).await.unwrap();
+    let renewed = LockClient::builder(backend.clone())
+        .options(
+            LockOptions::builder()
+                .ttl(Duration::from_secs(2))
+                .build()
+                .unwrap(),
+        )
+        .build();
+    let unrenewed = LockClient::builder(backend.clone())
+        .options(
+            LockOptions::builder()
+                .ttl(Duration::from_millis(500))
+                .auto_renew(false)
+                .build()
+                .unwrap(),
+        )
+        .build();
+    let other = client(&pg.url(""), Duration::from_secs(5)).await;
+    let kept = renewed.acquire("kept").await.unwrap();
+    let leaked = renewed.acquire("leaked").await.unwrap().leak();
+    let short = unrenewed.acquire("short").await.unwrap();
+    let pids: HashSet<i32> = holders(&pg, &["kept".into(), "leaked".into(), "short".into()])
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    assert_eq!(pids.len(), 1, "one session holds all three");
+    assert!(other.try_acquire("short").await.unwrap().is_none());
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!short.is_held());
+    let g = other
+        .try_acquire("short")
+        .await
+        .unwrap()
+        .expect("ended at its TTL");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    // The leaked one ends when what was left of its 2 s ran out.
+    assert!(other.try_acquire("leaked").await.unwrap().is_none());
+    tokio::time::sleep(
+        leaked.valid_until.saturating_duration_since(Instant::now()) + Duration::from_millis(500),
+    )
+    .await;
+    let g = other
+        .try_acquire("leaked")
+        .await
+        .unwrap()
+        .expect("ended at its deadline");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    // The renewed one lives on.
+    assert!(kept.is_held());
+    assert!(other.try_acquire("kept").await.unwrap().is_none());
+    assert_eq!(kept.release().await.unwrap(), Released::Held);
 }
