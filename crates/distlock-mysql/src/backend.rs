@@ -1,17 +1,19 @@
-//! The MySQL/MariaDB engine: `GET_LOCK` on a connection its guard owns.
+//! The MySQL/MariaDB engine: `GET_LOCK` named locks, many on each session of a small pool.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use distlock_core::engine::pool::{Placement, PoolLimits, SessionEnd, SessionOps, SessionPool};
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
-    Fencing, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, MutexExt,
+    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
+    ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, LostReason,
+    MutexExt, RenewItem, Sessions,
 };
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, Row, Value};
 use sha2::{Digest, Sha256};
+use tokio::time::Instant;
 
 /// How to reach MySQL or MariaDB.
 ///
@@ -20,13 +22,17 @@ use sha2::{Digest, Sha256};
 ///
 /// | parameter | default | meaning |
 /// |---|---|---|
-/// | `idle_connections` | `16` | connections kept open between locks |
+/// | `sessions` | `8` | the most server connections that hold locks, many on each |
+/// | `pool_wait` | `5s` | how long an acquire waits for room when every session is in use for it |
+/// | `fence` | `auto` | `sequence` (MariaDB 10.3+: a cached `SEQUENCE`, read in the acquiring statement), `counter` (a per-name counter row, written by each acquire), or `auto`: `sequence` where the server has sequences |
 /// | `connect_timeout` | `3s` | per connection attempt |
 /// | `response_timeout` | `2s` | per statement |
 #[derive(Clone)]
 pub struct MysqlConfig {
     opts: Opts,
-    idle_connections: usize,
+    sessions: usize,
+    pool_wait: Duration,
+    fence: Option<FenceSource>,
     connect_timeout: Duration,
     response_timeout: Duration,
 }
@@ -38,7 +44,8 @@ impl fmt::Debug for MysqlConfig {
             .field("port", &self.opts.tcp_port())
             .field("user", &self.opts.user())
             .field("database", &self.opts.db_name())
-            .field("idle_connections", &self.idle_connections)
+            .field("sessions", &self.sessions)
+            .field("pool_wait", &self.pool_wait)
             .finish_non_exhaustive()
     }
 }
@@ -66,7 +73,9 @@ impl MysqlConfig {
             Some((b, q)) => (b, Some(q)),
             None => (rest, None),
         };
-        let mut cfg_idle = 16;
+        let mut sessions = 8;
+        let mut pool_wait = Duration::from_secs(5);
+        let mut fence = None;
         let mut connect_timeout = Duration::from_secs(3);
         let mut response_timeout = Duration::from_secs(2);
         for pair in query.into_iter().flat_map(|q| q.split('&')) {
@@ -75,28 +84,46 @@ impl MysqlConfig {
             }
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
-                "idle_connections" => {
-                    cfg_idle = v.parse().map_err(|_| {
-                        config_err(format!("idle_connections={v:?} is not a number"))
+                "sessions" => {
+                    sessions = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        config_err(format!("sessions={v:?}: a number of sessions, at least 1"))
                     })?;
                 }
-                "connect_timeout" | "response_timeout" => {
+                "fence" => {
+                    fence = match v {
+                        "auto" => None,
+                        "counter" => Some(FenceSource::Counter),
+                        "sequence" => Some(FenceSource::Sequence),
+                        _ => {
+                            return Err(config_err(format!(
+                                "fence={v:?}: auto, counter or sequence"
+                            )));
+                        }
+                    };
+                }
+                "idle_connections" => {
+                    return Err(config_err(
+                        "idle_connections= is gone: locks share sessions now; sessions= sets \
+                         how many (default 8)",
+                    ));
+                }
+                "connect_timeout" | "response_timeout" | "pool_wait" => {
                     let d = distlock_core::parse_duration(v)
                         .ok()
-                        .filter(|d| !d.is_zero())
+                        .filter(|d| !d.is_zero() || k == "pool_wait")
                         .ok_or_else(|| {
                             config_err(format!("{k}={v:?}: a duration such as 2s or 500ms"))
                         })?;
-                    if k == "connect_timeout" {
-                        connect_timeout = d;
-                    } else {
-                        response_timeout = d;
+                    match k {
+                        "connect_timeout" => connect_timeout = d,
+                        "response_timeout" => response_timeout = d,
+                        _ => pool_wait = d,
                     }
                 }
                 other => {
                     return Err(config_err(format!(
-                        "unknown mysql URL parameter {other:?} (known: idle_connections, \
-                         connect_timeout, response_timeout)"
+                        "unknown mysql URL parameter {other:?} (known: sessions, pool_wait, \
+                         fence, connect_timeout, response_timeout)"
                     )));
                 }
             }
@@ -116,7 +143,9 @@ impl MysqlConfig {
         let opts = OptsBuilder::from_opts(opts).stmt_cache_size(0).into();
         Ok(MysqlConfig {
             opts,
-            idle_connections: cfg_idle,
+            sessions,
+            pool_wait,
+            fence,
             connect_timeout,
             response_timeout,
         })
@@ -186,30 +215,252 @@ fn innermost_io<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a std:
     found
 }
 
-/// A lock we hold, and the connection that holds it (taken out by the release; renewals of
-/// different locks run at once, each on its own connection).
-struct Held {
-    key: String,
+/// Why a session ended, from the error its statement failed with; `until` is when its
+/// `wait_timeout` would have run out.
+fn why_ended(e: &mysql_async::Error, until: Option<Instant>) -> LostReason {
+    match e {
+        // ER_CONNECTION_KILLED, ER_SERVER_SHUTDOWN: somebody took the locks away.
+        mysql_async::Error::Server(s) if s.code == 1927 || s.code == 1053 => LostReason::Stolen,
+        // ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8.0.24+): the wait_timeout ran out.
+        mysql_async::Error::Server(s) if s.code == 4031 => LostReason::Expired,
+        _ if until.is_some_and(|u| Instant::now() >= u) => LostReason::Expired,
+        _ => LostReason::Unreachable,
+    }
+}
+
+/// Whether the error leaves the connection unusable (as opposed to a statement the server
+/// refused on a live session).
+fn breaks_connection(e: &mysql_async::Error) -> bool {
+    match e {
+        mysql_async::Error::Server(s) => matches!(s.code, 1927 | 1053 | 4031),
+        _ => true,
+    }
+}
+
+/// A session of the pool: one connection, used by one statement at a time.
+pub(crate) struct MySession {
     conn: Arc<tokio::sync::Mutex<Option<Conn>>>,
+    end: SessionEnd,
+    /// When the server may end it for silence (after the last `wait_timeout` set).
+    until: Mutex<Option<Instant>>,
+    /// The `wait_timeout` in effect once the statements built so far have run (0: the
+    /// server's default).
+    secs: Mutex<u64>,
+    /// The owner written in `distlock_sessions` for this connection (MariaDB's sequence
+    /// fences).
+    label: Mutex<Option<String>>,
+    limit: Duration,
+}
+
+impl MySession {
+    fn new(conn: Conn, end: SessionEnd, limit: Duration) -> Self {
+        MySession {
+            conn: Arc::new(tokio::sync::Mutex::new(Some(conn))),
+            end,
+            until: Mutex::new(None),
+            secs: Mutex::new(0),
+            label: Mutex::new(None),
+            limit,
+        }
+    }
+
+    /// The statement setting `wait_timeout` to cover `keep` from now: always, or only when the
+    /// value changes. Built under the connection's lock, in the order statements run.
+    fn keep_sql(&self, keep: Duration, always: bool) -> Option<String> {
+        let secs = wait_secs(keep);
+        let until = Instant::now() + Duration::from_secs(secs);
+        {
+            let mut u = self.until.locked();
+            *u = Some(u.map_or(until, |x| x.max(until)));
+        }
+        let mut current = self.secs.locked();
+        if !always && *current == secs {
+            return None;
+        }
+        *current = secs;
+        Some(format!("SET SESSION wait_timeout = {secs}"))
+    }
+
+    /// Runs `sql` (one or more statements) on the connection in `slot` and returns the last
+    /// row any of them returned. A statement that fails the connection, or does not answer in
+    /// time, ends the session.
+    async fn run_in(
+        &self,
+        slot: &mut Option<Conn>,
+        sql: &str,
+        doing: &str,
+    ) -> Result<Option<Row>, LockError> {
+        let Some(conn) = slot.as_mut() else {
+            return Err(LockError::new(
+                ErrorKind::Connection,
+                format!("{doing}: the session has ended"),
+            ));
+        };
+        let work = async {
+            let mut result = conn.query_iter(sql).await?;
+            let mut last = None;
+            while !result.is_empty() {
+                let rows: Vec<Row> = result.collect().await?;
+                if let Some(r) = rows.into_iter().last() {
+                    last = Some(r);
+                }
+            }
+            Ok::<_, mysql_async::Error>(last)
+        };
+        match tokio::time::timeout(self.limit, work).await {
+            Ok(Ok(row)) => Ok(row),
+            Ok(Err(e)) => {
+                if breaks_connection(&e) {
+                    slot.take();
+                    self.end.end(why_ended(&e, *self.until.locked()));
+                }
+                Err(map_err(e, doing))
+            }
+            Err(_) => {
+                // Cut off half-way: the connection's state is unknown, so it goes.
+                slot.take();
+                self.end.end(LostReason::Unreachable);
+                Err(LockError::new(
+                    ErrorKind::Timeout,
+                    format!("{doing}: no answer within {:?}", self.limit),
+                ))
+            }
+        }
+    }
+
+    /// Runs `sql` once the connection is free.
+    async fn run(&self, sql: &str, doing: &str) -> Result<Option<Row>, LockError> {
+        let mut slot = self.conn.lock().await;
+        self.run_in(&mut slot, sql, doing).await
+    }
+}
+
+/// A statement on a session: `build` writes it once the connection is free (so statements run
+/// in the order they were built, which the idle timeouts they set rely on), and it runs in a
+/// task of its own, so that dropping the caller does not cut it off half-way (which would
+/// leave the connection's state unknown).
+async fn on_session(
+    session: &Arc<MySession>,
+    build: impl FnOnce() -> String,
+    doing: &'static str,
+) -> Result<Option<Row>, LockError> {
+    let mut slot = session.conn.clone().lock_owned().await;
+    let sql = build();
+    let session = session.clone();
+    tokio::spawn(async move { session.run_in(&mut slot, &sql, doing).await })
+        .await
+        .unwrap_or_else(|e| {
+            Err(LockError::new(
+                ErrorKind::Connection,
+                format!("{doing}: the statement's task failed: {e}"),
+            ))
+        })
+}
+
+/// Where fencing tokens come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FenceSource {
+    /// A counter per name in `distlock_locks`, bumped by the acquire (a write).
+    Counter,
+    /// MariaDB's cached `SEQUENCE` `distlock_fence`, read in the acquiring statement.
+    Sequence,
+}
+
+/// The SQL half of the pool.
+pub(crate) struct MyOps {
+    config: MysqlConfig,
+    fences: FenceSource,
+}
+
+impl MyOps {
+    async fn connect(&self) -> Result<Conn, LockError> {
+        connect(&self.config).await
+    }
+}
+
+async fn connect(c: &MysqlConfig) -> Result<Conn, LockError> {
+    const DOING: &str = "connecting to MySQL";
+    tokio::time::timeout(c.connect_timeout, Conn::new(c.opts.clone()))
+        .await
+        .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
+        .map_err(|e| map_err(e, DOING))
+}
+
+impl SessionOps for MyOps {
+    type Conn = Arc<MySession>;
+
+    fn open(&self, end: SessionEnd) -> BoxFuture<'_, Result<Arc<MySession>, LockError>> {
+        Box::pin(async move {
+            let conn = self.connect().await?;
+            Ok(Arc::new(MySession::new(
+                conn,
+                end,
+                self.config.response_timeout,
+            )))
+        })
+    }
+
+    fn close(&self, session: &Arc<MySession>) {
+        // Dropping the connection closes it: the server frees its locks.
+        let session = session.clone();
+        if let Ok(mut slot) = session.conn.try_lock() {
+            slot.take();
+        } else if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                session.conn.lock().await.take();
+            });
+        }
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        session: &'a Arc<MySession>,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(async move {
+            let sql = format!("SELECT RELEASE_LOCK({})", lit(key));
+            let row = on_session(session, || sql, "releasing a MySQL named lock").await?;
+            Ok(row.and_then(|r| int(&r, 0)) == Some(1))
+        })
+    }
+
+    fn ping<'a>(
+        &'a self,
+        session: &'a Arc<MySession>,
+        keep: &'a (dyn Fn() -> Duration + Send + Sync),
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(async move {
+            let build = || session.keep_sql(keep(), true).unwrap_or_default();
+            on_session(session, build, "renewing MySQL named locks")
+                .await
+                .map(drop)
+        })
+    }
 }
 
 struct Inner {
-    config: MysqlConfig,
-    idle: Mutex<Vec<Conn>>,
-    held: Mutex<HashMap<String, Held>>,
+    pool: Arc<SessionPool<MyOps>>,
 }
 
-/// A lock engine on MySQL's and MariaDB's named locks (`GET_LOCK`).
+/// A lock engine on MySQL's and MariaDB's named locks (`GET_LOCK`), many on each session of a
+/// small pool (`sessions=` in the URL, 8 by default).
 ///
-/// - **acquire** takes a connection of its own and, in one round trip, sets its `wait_timeout`
-///   to the TTL, tries `GET_LOCK(name, 0)`, and only if it got the lock bumps the lock's counter
-///   in the table `distlock_locks` (the fence) and records the holder there (for `status`);
-/// - **the lease** is the connection's silence: the server closes a connection idle for
-///   `wait_timeout` seconds, and its locks with it. The watchdog's renewal is a statement on
-///   the connection (restarting that clock) that checks `IS_USED_LOCK(name) = CONNECTION_ID()`;
-/// - **release** is `RELEASE_LOCK(name)`, and the connection goes back to the pool.
-///
-/// Any error on a connection drops it: closing it is the only sure release.
+/// - **acquire** places the lock on a pooled session that neither holds nor is taking the same
+///   name (see [`distlock_core::engine::pool`]) and, in one round trip, sets the session's
+///   `wait_timeout` to cover every lock on it, tries `GET_LOCK(name, 0)`, and only if it got
+///   the lock bumps the lock's counter in the table `distlock_locks` (the fence) and records
+///   the holder there (for `status`). A name that one of this client's sessions holds already
+///   is busy at once; the engine never waits in the server (waiting is the core's), so one long
+///   wait never blocks the other locks of a session;
+/// - **the lease** is the session's silence: the server closes a connection idle for
+///   `wait_timeout` seconds, and every lock on it. The watchdog's renewal is one statement per
+///   session, however many of its locks are due; a session's named locks end only with the
+///   session or its own `RELEASE_LOCK`, so a session that answers still holds them all;
+/// - **loss**: a session found ended (killed, timed out, server gone) at its next statement
+///   loses every lock on it at once, with the reason;
+/// - **release** is `RELEASE_LOCK(name)`. A statement that fails the connection, or does not
+///   answer within `response_timeout`, ends its session (its state is unknown), and every lock
+///   on it is reported lost.
 #[derive(Clone)]
 pub struct MysqlBackend {
     inner: Arc<Inner>,
@@ -218,7 +469,8 @@ pub struct MysqlBackend {
 impl fmt::Debug for MysqlBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MysqlBackend")
-            .field("config", &self.inner.config)
+            .field("config", &self.inner.pool.ops().config)
+            .field("pool", &self.inner.pool)
             .finish_non_exhaustive()
     }
 }
@@ -239,89 +491,122 @@ impl MysqlBackend {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn with_config(config: MysqlConfig) -> Result<Self, LockError> {
-        let backend = MysqlBackend {
+        let fences = setup(&config).await?;
+        let limits = PoolLimits {
+            sessions: config.sessions,
+            wait: config.pool_wait,
+        };
+        Ok(MysqlBackend {
             inner: Arc::new(Inner {
-                config,
-                idle: Mutex::new(Vec::new()),
-                held: Mutex::new(HashMap::new()),
+                pool: SessionPool::new(MyOps { config, fences }, limits),
             }),
-        };
-        let mut conn = backend.open().await?;
-        backend
-            .run(
-                &mut conn,
-                "CREATE TABLE IF NOT EXISTS distlock_locks (\
-                   name VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin PRIMARY KEY, \
-                   fence BIGINT UNSIGNED NOT NULL, holder VARCHAR(2048) NOT NULL, \
-                   ttl_ms BIGINT NOT NULL) ENGINE=InnoDB",
-                "creating the table distlock_locks",
+        })
+    }
+
+    /// How many sessions of the pool are open (the server connections that hold locks).
+    pub fn open_sessions(&self) -> usize {
+        self.inner.pool.open_sessions()
+    }
+
+    /// How many keep-alive statements the pool has sent: one per session per renewal batch,
+    /// however many locks each session holds.
+    pub fn keepalives(&self) -> u64 {
+        self.inner.pool.keepalives()
+    }
+}
+
+/// A connection of its own (the first checks, breaking a lock), closed when dropped.
+async fn dedicated(config: &MysqlConfig) -> Result<MySession, LockError> {
+    Ok(MySession::new(
+        connect(config).await?,
+        SessionEnd::default(),
+        config.response_timeout,
+    ))
+}
+
+/// Whether `version` (`SELECT VERSION()`) is MariaDB 10.3 or later, which has sequences.
+fn has_sequences(version: &str) -> bool {
+    if !version.contains("MariaDB") {
+        return false;
+    }
+    // The handshake's form for old clients, in case a proxy passes it on.
+    let version = version.strip_prefix("5.5.5-").unwrap_or(version);
+    let mut parts = version.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (major, minor) >= (10, 3)
+}
+
+/// Checks the server and creates the engine's objects where they are missing: the fence
+/// source (MariaDB's sequence `distlock_fence` and the session table `distlock_sessions`, or
+/// the counter table `distlock_locks`). Returns the fence source.
+async fn setup(config: &MysqlConfig) -> Result<FenceSource, LockError> {
+    const DOING: &str = "preparing MySQL for locks";
+    let conn = dedicated(config).await?;
+    let version: String = conn
+        .run("SELECT VERSION()", DOING)
+        .await?
+        .and_then(|r| r.get::<Option<String>, _>(0).flatten())
+        .unwrap_or_default();
+    let fences = match (config.fence, has_sequences(&version)) {
+        (Some(FenceSource::Sequence), false) => {
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                format!("fence=sequence: {version} has no sequences (MariaDB 10.3 or later)"),
+            ));
+        }
+        (Some(f), _) => f,
+        (None, true) => FenceSource::Sequence,
+        (None, false) => FenceSource::Counter,
+    };
+    if fences == FenceSource::Counter {
+        conn.run(
+            "CREATE TABLE IF NOT EXISTS distlock_locks (\
+               name VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin PRIMARY KEY, \
+               fence BIGINT UNSIGNED NOT NULL, holder VARCHAR(2048) NOT NULL, \
+               ttl_ms BIGINT NOT NULL) ENGINE=InnoDB",
+            "creating the table distlock_locks",
+        )
+        .await?;
+        return Ok(fences);
+    }
+    conn.run(
+        "CREATE TABLE IF NOT EXISTS distlock_sessions (\
+           id BIGINT UNSIGNED PRIMARY KEY, holder VARCHAR(2048) NOT NULL, \
+           ttl_ms BIGINT NOT NULL) ENGINE=InnoDB",
+        "creating the table distlock_sessions",
+    )
+    .await?;
+    let exists = |table: &str| {
+        format!(
+            "SELECT COUNT(*) FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}'"
+        )
+    };
+    let have = |row: Option<Row>| row.and_then(|r| int(&r, 0)).unwrap_or(0) > 0;
+    if !have(conn.run(&exists("distlock_fence"), DOING).await?) {
+        // Above every fence the counter table handed out (an earlier release, or clients
+        // with fence=counter): a lock's fences never go back when its clients move over.
+        let start = if have(conn.run(&exists("distlock_locks"), DOING).await?) {
+            conn.run(
+                "SELECT COALESCE(MAX(fence), 0) + 1 FROM distlock_locks",
+                DOING,
             )
-            .await?;
-        backend.put_back(conn);
-        Ok(backend)
-    }
-
-    async fn open(&self) -> Result<Conn, LockError> {
-        const DOING: &str = "connecting to MySQL";
-        let c = &self.inner.config;
-        tokio::time::timeout(c.connect_timeout, Conn::new(c.opts.clone()))
-            .await
-            .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
-            .map_err(|e| map_err(e, DOING))
-    }
-
-    /// Runs `sql` (one or more statements) and returns the last row any of them returned.
-    async fn run(&self, conn: &mut Conn, sql: &str, doing: &str) -> Result<Option<Row>, LockError> {
-        let limit = self.inner.config.response_timeout;
-        let work = async {
-            let mut result = conn.query_iter(sql).await?;
-            let mut last = None;
-            while !result.is_empty() {
-                let rows: Vec<Row> = result.collect().await?;
-                if let Some(r) = rows.into_iter().last() {
-                    last = Some(r);
-                }
-            }
-            Ok::<_, mysql_async::Error>(last)
+            .await?
+            .and_then(|r| int(&r, 0))
+            .unwrap_or(1)
+        } else {
+            1
         };
-        tokio::time::timeout(limit, work)
-            .await
-            .map_err(|_| {
-                LockError::new(
-                    ErrorKind::Timeout,
-                    format!("{doing}: no answer within {limit:?}"),
-                )
-            })?
-            .map_err(|e| map_err(e, doing))
+        conn.run(
+            &format!(
+                "CREATE SEQUENCE IF NOT EXISTS distlock_fence START WITH {start} ENGINE=InnoDB"
+            ),
+            "creating the sequence distlock_fence",
+        )
+        .await?;
     }
-
-    /// An idle connection, or a new one.
-    fn pooled(&self) -> Option<Conn> {
-        self.inner.idle.locked().pop()
-    }
-
-    fn put_back(&self, conn: Conn) {
-        let mut idle = self.inner.idle.locked();
-        if idle.len() < self.inner.config.idle_connections {
-            idle.push(conn);
-        }
-    }
-
-    /// Runs `sql` on a pooled connection, or on a new one when the pooled one turns out closed
-    /// (the server ends idle connections after their `wait_timeout`; a closed one ran nothing,
-    /// and any lock it had went with it).
-    async fn on_some_conn(&self, sql: &str, doing: &str) -> Result<(Conn, Option<Row>), LockError> {
-        if let Some(mut conn) = self.pooled() {
-            match self.run(&mut conn, sql, doing).await {
-                Ok(row) => return Ok((conn, row)),
-                Err(e) if e.kind() == ErrorKind::Connection => {}
-                Err(e) => return Err(e),
-            }
-        }
-        let mut conn = self.open().await?;
-        let row = self.run(&mut conn, sql, doing).await?;
-        Ok((conn, row))
-    }
+    Ok(fences)
 }
 
 fn int(row: &Row, i: usize) -> Option<i64> {
@@ -339,127 +624,156 @@ impl Backend for MysqlBackend {
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a MySQL named lock";
-        // A resent attempt needs no check: the attempt whose reply was lost dropped its
-        // connection, and the lock, if it got it, went with it.
-        let name = lit(&lock_name(req.name));
-        let holder = lit(&HolderValue::now(req.token.as_str(), req.owner).encode());
-        let ttl_ms = req.ttl.as_millis();
-        let sql = format!(
-            "SET SESSION wait_timeout = {secs}; \
-             SELECT GET_LOCK({name}, 0) INTO @distlock_got; \
-             INSERT INTO distlock_locks (name, fence, holder, ttl_ms) \
-               SELECT {name}, LAST_INSERT_ID(1), {holder}, {ttl_ms} FROM DUAL \
-               WHERE @distlock_got = 1 \
-               ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), \
-                 holder = VALUES(holder), ttl_ms = VALUES(ttl_ms); \
-             SELECT @distlock_got, IF(@distlock_got = 1, LAST_INSERT_ID(), NULL)",
-            secs = wait_secs(req.ttl),
-        );
-        let (conn, row) = self.on_some_conn(&sql, DOING).await?;
-        let row = row.ok_or_else(|| {
-            LockError::new(ErrorKind::Protocol, format!("{DOING}: no row came back"))
-        })?;
-        if int(&row, 0) != Some(1) {
-            self.put_back(conn);
-            return Ok(Attempt::Busy { holder_ttl: None });
+        let pool = &self.inner.pool;
+        let token = req.token.as_str();
+        if req.retry
+            && let Some(lease) = pool.held(req.name, token)
+            && !lease.session().is_over()
+        {
+            // The reply came after all: the lock is ours already.
+            return Ok(Attempt::Acquired { fence: None });
         }
-        let fence = int(&row, 1).and_then(|f| u64::try_from(f).ok());
-        self.inner.held.locked().insert(
-            req.token.as_str().to_owned(),
-            Held {
-                key: req.name.to_owned(),
-                conn: Arc::new(tokio::sync::Mutex::new(Some(conn))),
-            },
-        );
-        Ok(Attempt::Acquired { fence })
+        let key = lock_name(req.name);
+        let name = lit(&key);
+        let fences = pool.ops().fences;
+        // A session that ends before the statement ran held nothing: once more, elsewhere.
+        for _ in 0..3 {
+            let lease = match pool.place(req.name, &key, token, req.ttl).await? {
+                Placement::HeldHere => return Ok(Attempt::Busy { holder_ttl: None }),
+                Placement::On(lease) => lease,
+            };
+            let session = lease.session();
+            let my = session.conn();
+            let sent = Instant::now();
+            let build = || {
+                let keep = pool.keep_for(session, req.ttl);
+                let mut sql = String::new();
+                if let Some(set) = my.keep_sql(keep, false) {
+                    sql.push_str(&set);
+                    sql.push_str("; ");
+                }
+                match fences {
+                    FenceSource::Sequence => {
+                        // The holder's label, once per connection (and owner): `status` finds it
+                        // through IS_USED_LOCK's connection id.
+                        let mut label = my.label.locked();
+                        if label.as_deref() != Some(req.owner) {
+                            let holder = lit(&HolderValue::now("-", req.owner).encode());
+                            let ttl_ms = req.ttl.as_millis();
+                            sql.push_str(&format!(
+                                "REPLACE INTO distlock_sessions (id, holder, ttl_ms) \
+                                 VALUES (CONNECTION_ID(), {holder}, {ttl_ms}); "
+                            ));
+                            *label = Some(req.owner.to_owned());
+                        }
+                        // NEXTVAL only once the lock is ours (IF evaluates its condition
+                        // first): the fence, or NULL when busy.
+                        sql.push_str(&format!(
+                            "SELECT IF(GET_LOCK({name}, 0) = 1, NEXTVAL(distlock_fence), NULL)"
+                        ));
+                    }
+                    FenceSource::Counter => {
+                        let holder = lit(&HolderValue::now(token, req.owner).encode());
+                        let ttl_ms = req.ttl.as_millis();
+                        sql.push_str(&format!(
+                            "SELECT GET_LOCK({name}, 0) INTO @distlock_got; \
+                             INSERT INTO distlock_locks (name, fence, holder, ttl_ms) \
+                               SELECT {name}, LAST_INSERT_ID(1), {holder}, {ttl_ms} FROM DUAL \
+                               WHERE @distlock_got = 1 \
+                               ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), \
+                                 holder = VALUES(holder), ttl_ms = VALUES(ttl_ms); \
+                             SELECT @distlock_got, IF(@distlock_got = 1, LAST_INSERT_ID(), NULL)"
+                        ));
+                    }
+                }
+                sql
+            };
+            let row = match on_session(my, build, DOING).await {
+                Ok(row) => row,
+                Err(_) if session.is_over() => {
+                    pool.withdraw(&lease);
+                    continue;
+                }
+                Err(e) => {
+                    // GET_LOCK may have succeeded before a later statement failed.
+                    pool.withdraw_unknown(&lease).await;
+                    return Err(e);
+                }
+            };
+            let Some(row) = row else {
+                pool.withdraw_unknown(&lease).await;
+                return Err(LockError::new(
+                    ErrorKind::Protocol,
+                    format!("{DOING}: no row came back"),
+                ));
+            };
+            let (got, fence) = match fences {
+                FenceSource::Sequence => (int(&row, 0).is_some(), int(&row, 0)),
+                FenceSource::Counter => (int(&row, 0) == Some(1), int(&row, 1)),
+            };
+            if !got {
+                pool.withdraw(&lease);
+                return Ok(Attempt::Busy { holder_ttl: None });
+            }
+            if !pool.confirm(&lease, sent, req.ttl, req.renewed) {
+                return Ok(Attempt::Busy { holder_ttl: None });
+            }
+            let fence = fence.and_then(|f| u64::try_from(f).ok());
+            return Ok(Attempt::Acquired { fence });
+        }
+        Err(LockError::new(
+            ErrorKind::Connection,
+            format!("{DOING}: three sessions in a row ended under the request"),
+        ))
     }
 
     async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
-        let (key, token) = (lease.name, lease.token);
-        let Some(slot) = self
-            .inner
-            .held
-            .locked()
-            .get(token.as_str())
-            .filter(|h| h.key == key)
-            .map(|h| h.conn.clone())
-        else {
-            return Ok(LeaseCheck::Missing);
-        };
-        let mut slot = slot.lock().await;
-        let Some(conn) = slot.as_mut() else {
-            return Ok(LeaseCheck::Missing);
-        };
-        let sql = format!(
-            "SET SESSION wait_timeout = {}; SELECT IS_USED_LOCK({name}) = CONNECTION_ID(), \
-             IS_USED_LOCK({name}) IS NULL",
-            wait_secs(ttl),
-            name = lit(&lock_name(key)),
-        );
-        match self.run(conn, &sql, "renewing a MySQL named lock").await {
-            Ok(Some(row)) if int(&row, 0) == Some(1) => Ok(LeaseCheck::Ours),
-            Ok(Some(row)) if int(&row, 1) == Some(1) => Ok(LeaseCheck::Missing),
-            Ok(_) => Ok(LeaseCheck::Foreign),
-            // The connection is gone, and its lock with it.
-            Err(e) if e.kind() == ErrorKind::Connection => {
-                *slot = None;
-                Ok(LeaseCheck::Missing)
-            }
-            Err(e) => Err(e),
-        }
+        let item = [RenewItem::new(*lease, ttl)];
+        self.inner
+            .pool
+            .renew_many(&item)
+            .await
+            .pop()
+            .unwrap_or(Ok(LeaseCheck::Missing))
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
-        let (key, token) = (lease.name, lease.token);
-        let held = {
-            let mut map = self.inner.held.locked();
-            match map.get(token.as_str()) {
-                Some(h) if h.key == key => map.remove(token.as_str()),
-                _ => None,
-            }
-        };
-        let Some(held) = held else {
-            return Ok(LeaseCheck::Missing);
-        };
-        let Some(mut conn) = held.conn.lock().await.take() else {
-            return Ok(LeaseCheck::Missing);
-        };
-        let sql = format!("SELECT RELEASE_LOCK({})", lit(&lock_name(key)));
-        match self
-            .run(&mut conn, &sql, "releasing a MySQL named lock")
+        self.inner
+            .pool
+            .release(lease.name, lease.token.as_str())
             .await
-        {
-            Ok(row) => {
-                self.put_back(conn);
-                Ok(match row.and_then(|r| int(&r, 0)) {
-                    Some(1) => LeaseCheck::Ours,
-                    Some(0) => LeaseCheck::Foreign,
-                    _ => LeaseCheck::Missing,
-                })
-            }
-            // Closed: the lock went with the connection. (Dropped here either way.)
-            Err(e) if e.kind() == ErrorKind::Connection => Ok(LeaseCheck::Missing),
-            Err(e) => Err(e),
-        }
     }
 
     async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         const DOING: &str = "reading a MySQL lock's status";
         let name = lit(&lock_name(key));
-        let sql = format!(
-            "SELECT IS_USED_LOCK({name}), l.holder, l.fence, l.ttl_ms, \
-                    (SELECT p.TIME FROM information_schema.PROCESSLIST p \
-                      WHERE p.ID = IS_USED_LOCK({name})) \
-             FROM (SELECT 1) AS one LEFT JOIN distlock_locks l ON l.name = {name}"
+        let idle = format!(
+            "(SELECT p.TIME FROM information_schema.PROCESSLIST p \
+              WHERE p.ID = IS_USED_LOCK({name}))"
         );
-        let (conn, row) = self.on_some_conn(&sql, DOING).await?;
-        self.put_back(conn);
-        let Some(row) = row else {
+        // The holder's label, its fence where it was recorded, its TTL, how long its session
+        // has been idle, and the highest fence issued (for a cached sequence, the end of the
+        // cache handed out so far: an upper bound).
+        let sql = match self.inner.pool.ops().fences {
+            FenceSource::Counter => format!(
+                "SELECT IS_USED_LOCK({name}), l.holder, l.fence, l.ttl_ms, {idle}, l.fence \
+                 FROM (SELECT 1) AS one LEFT JOIN distlock_locks l ON l.name = {name}"
+            ),
+            FenceSource::Sequence => format!(
+                "SELECT IS_USED_LOCK({name}), s.holder, NULL, s.ttl_ms, {idle}, \
+                        (SELECT next_not_cached_value - 1 FROM distlock_fence) \
+                 FROM (SELECT 1) AS one \
+                 LEFT JOIN distlock_sessions s ON s.id = IS_USED_LOCK({name})"
+            ),
+        };
+        let session = self.inner.pool.any_session().await?;
+        let Some(row) = on_session(session.conn(), || sql, DOING).await? else {
             return Ok(LockStatus::free());
         };
         let fence = int(&row, 2).and_then(|f| u64::try_from(f).ok());
+        let last_fence = int(&row, 5).and_then(|f| u64::try_from(f).ok());
         if int(&row, 0).is_none() {
-            return Ok(LockStatus::free().with_last_fence(fence));
+            return Ok(LockStatus::free().with_last_fence(last_fence));
         }
         let holder: Option<String> = row.get::<Option<String>, _>(1).flatten();
         let owner = holder.map(|h| HolderValue::parse(&h).label());
@@ -467,7 +781,15 @@ impl Backend for MysqlBackend {
             let idle_ms = int(&row, 4).unwrap_or(0).saturating_mul(1000);
             Duration::from_millis(u64::try_from(t - idle_ms).unwrap_or(0))
         });
-        Ok(LockStatus::held(owner, fence, ttl).with_last_fence(fence))
+        Ok(LockStatus::held(owner, fence, ttl).with_last_fence(last_fence))
+    }
+
+    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
+        Some(self)
+    }
+
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        Some(self)
     }
 
     fn breaker(&self) -> Option<&dyn Breaker> {
@@ -475,10 +797,41 @@ impl Backend for MysqlBackend {
     }
 }
 
+impl BatchRenew for MysqlBackend {
+    /// One statement per session (setting its `wait_timeout`), however many of its locks are
+    /// due: a session that answers still holds every lock it took and did not release.
+    fn renew_many<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
+        Box::pin(self.inner.pool.renew_many(items))
+    }
+}
+
+impl Sessions for MysqlBackend {
+    /// The end of the session the lock is on, as its next statement finds it.
+    fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason> {
+        self.inner.pool.session_end(lease.token.as_str())
+    }
+
+    /// The client releases it when `ttl` has passed: a named lock cannot move to a session of
+    /// its own, and the session lives on for its other locks.
+    fn detach<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        self.inner
+            .pool
+            .detach(lease.name, lease.token.as_str(), ttl);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
 impl Breaker for MysqlBackend {
-    /// Kills the holding connection (`KILL CONNECTION`), which frees the lock, and waits (up
-    /// to 5 s) until the server has let it go. Needs the right to kill that connection (the
-    /// same user, or `CONNECTION ADMIN`/`SUPER`).
+    /// Kills the holding connection (`KILL CONNECTION`), which frees the lock and every other
+    /// lock on that connection, and waits (up to 5 s) until the server has let it go. Needs the
+    /// right to kill that connection (the same user, or `CONNECTION ADMIN`/`SUPER`).
     fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
         Box::pin(self.kill_holder(key))
     }
@@ -492,14 +845,13 @@ impl MysqlBackend {
             return Ok(BreakOutcome::Free);
         }
         let who = format!("SELECT IS_USED_LOCK({})", lit(&lock_name(key)));
-        let (mut conn, row) = self.on_some_conn(&who, DOING).await?;
+        // A connection of its own: the holder may be a session of this very pool.
+        let session = dedicated(&self.inner.pool.ops().config).await?;
+        let row = session.run(&who, DOING).await?;
         let Some(id) = row.as_ref().and_then(|r| int(r, 0)) else {
-            self.put_back(conn);
             return Ok(BreakOutcome::Free);
         };
-        if let Err(e) = self
-            .run(&mut conn, &format!("KILL CONNECTION {id}"), DOING)
-            .await
+        if let Err(e) = session.run(&format!("KILL CONNECTION {id}"), DOING).await
             && e.kind() != ErrorKind::Protocol
         {
             // Refused (`Auth`), or our connection failed. (`Protocol`: most likely the
@@ -507,9 +859,8 @@ impl MysqlBackend {
             return Err(e);
         }
         for _ in 0..50 {
-            let now = self.run(&mut conn, &who, DOING).await?;
+            let now = session.run(&who, DOING).await?;
             if now.as_ref().and_then(|r| int(r, 0)) != Some(id) {
-                self.put_back(conn);
                 return Ok(BreakOutcome::Broken(st));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -538,10 +889,12 @@ mod tests {
     #[test]
     fn urls() {
         let c = MysqlConfig::from_url(
-            "mariadb://app:pw@db:3307/locks?idle_connections=2&response_timeout=500ms",
+            "mariadb://app:pw@db:3307/locks?sessions=2&response_timeout=500ms&pool_wait=0s&fence=counter",
         )
         .unwrap();
-        assert_eq!(c.idle_connections, 2);
+        assert_eq!(c.fence, Some(FenceSource::Counter));
+        assert_eq!(c.sessions, 2);
+        assert_eq!(c.pool_wait, Duration::ZERO);
         assert_eq!(c.response_timeout, Duration::from_millis(500));
         assert_eq!(c.opts.tcp_port(), 3307);
         for bad in [
@@ -549,6 +902,9 @@ mod tests {
             "mysql://h/",
             "mysql://h/db?nonsense=1",
             "mysql://h/db?response_timeout=0",
+            "mysql://h/db?sessions=0",
+            "mysql://h/db?idle_connections=2",
+            "mysql://h/db?fence=dice",
             "postgres://h/db",
         ] {
             let e = MysqlConfig::from_url(bad).expect_err(bad);
@@ -556,6 +912,16 @@ mod tests {
         }
         let e = MysqlConfig::from_url("mysql://u:topsecret@h/db?x=1").unwrap_err();
         assert!(!e.to_string().contains("topsecret"), "{e}");
+    }
+
+    #[test]
+    fn sequences_come_with_mariadb_10_3() {
+        assert!(has_sequences("10.11.6-MariaDB-0+deb12u1"));
+        assert!(has_sequences("10.3.39-MariaDB"));
+        assert!(has_sequences("11.4.2-MariaDB-log"));
+        assert!(!has_sequences("10.2.44-MariaDB"));
+        assert!(!has_sequences("8.0.36"));
+        assert!(has_sequences("5.5.5-10.11.6-MariaDB"));
     }
 
     #[test]

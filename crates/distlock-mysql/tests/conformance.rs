@@ -1,4 +1,4 @@
-//! The conformance suite on a real MariaDB server.
+//! The conformance suite on a real MariaDB server (fences from its sequence).
 
 use distlock_mysql::MysqlBackend;
 use distlock_testkit::MariaDb;
