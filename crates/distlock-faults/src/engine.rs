@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use distlock_testkit::{Etcd, Postgres, RedisServer, ZooKeeper};
+use distlock_testkit::{Etcd, MariaDb, Postgres, RedisServer, ZooKeeper};
 
 /// Which engine, and how its servers keep data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,9 +19,17 @@ pub(crate) enum EngineKind {
     ZooKeeper,
     /// One PostgreSQL server.
     Postgres,
+    /// One MariaDB server.
+    Mysql,
 }
 
 impl EngineKind {
+    /// Whether a lock lives in a connection (a database session): a reset connection frees it
+    /// on the server at once.
+    pub(crate) fn connection_bound(&self) -> bool {
+        matches!(self, EngineKind::Postgres | EngineKind::Mysql)
+    }
+
     /// The URL of the servers at `ports` (the proxies' ports for a worker, the servers' own for
     /// the orchestrator), with short timeouts so faults show within a lease.
     pub(crate) fn url(&self, ip: &str, ports: &[u16], ttl: Duration) -> String {
@@ -40,10 +48,11 @@ impl EngineKind {
             // libpq's connect_timeout is in whole seconds.
             EngineKind::Postgres => {
                 format!(
-                    "postgres://postgres@{}/postgres?connect_timeout=1",
+                    "postgres://postgres@{}/postgres?connect_timeout=1&response_timeout={t}ms",
                     hosts[0]
                 )
             }
+            EngineKind::Mysql => format!("mysql://root@{}/distlock?{timeouts}", hosts[0]),
         }
     }
 }
@@ -54,6 +63,7 @@ enum Servers {
     Etcd(Etcd),
     Zk(ZooKeeper),
     Pg(Postgres),
+    My(MariaDb),
 }
 
 /// Running servers.
@@ -95,6 +105,7 @@ impl Engine {
             EngineKind::Postgres => {
                 Servers::Pg(Postgres::start().ok_or_else(|| missing("postgresql"))?)
             }
+            EngineKind::Mysql => Servers::My(MariaDb::start().ok_or_else(|| missing("mariadb"))?),
         };
         Ok(Engine { kind, servers })
     }
@@ -105,6 +116,7 @@ impl Engine {
             Servers::Etcd(e) => e.members().iter().map(|m| m.port()).collect(),
             Servers::Zk(z) => z.servers().iter().map(|s| s.port()).collect(),
             Servers::Pg(p) => vec![p.port()],
+            Servers::My(m) => vec![m.port()],
         }
     }
 
@@ -144,13 +156,15 @@ impl Engine {
         self.ports().len()
     }
 
-    /// Freezes server `i` (SIGSTOP; PostgreSQL: the postmaster, sessions go on).
+    /// Freezes server `i` (SIGSTOP; PostgreSQL: the postmaster, sessions go on; MariaDB: the
+    /// whole server, one process).
     pub(crate) fn pause(&self, i: usize) {
         match &self.servers {
             Servers::Redis(v) => v[i].pause(),
             Servers::Etcd(e) => e.members()[i].pause(),
             Servers::Zk(z) => z.servers()[i].pause(),
             Servers::Pg(p) => p.pause(),
+            Servers::My(m) => m.pause(),
         }
     }
 
@@ -161,6 +175,7 @@ impl Engine {
             Servers::Etcd(e) => e.members()[i].resume(),
             Servers::Zk(z) => z.servers()[i].resume(),
             Servers::Pg(p) => p.resume(),
+            Servers::My(m) => m.resume(),
         }
     }
 
@@ -174,7 +189,7 @@ impl Engine {
         match &mut self.servers {
             Servers::Redis(v) => v[i].kill(),
             Servers::Etcd(e) => e.members_mut()[i].kill(),
-            Servers::Zk(_) | Servers::Pg(_) => {}
+            Servers::Zk(_) | Servers::Pg(_) | Servers::My(_) => {}
         }
     }
 
@@ -183,7 +198,7 @@ impl Engine {
         match &mut self.servers {
             Servers::Redis(v) => v[i].restart(),
             Servers::Etcd(e) => e.members_mut()[i].restart(),
-            Servers::Zk(_) | Servers::Pg(_) => {}
+            Servers::Zk(_) | Servers::Pg(_) | Servers::My(_) => {}
         }
     }
 

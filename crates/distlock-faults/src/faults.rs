@@ -320,11 +320,17 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
                     set_links(&shared, w, &which, LinkMode::Pass);
                     format!("{mode:?}")
                 };
+                // A reset link ends a database session, and the server frees its locks at
+                // once: a loss on the server's side, which the holder hears at once (its lost
+                // signal) but may act across; only fencing covers that.
+                let reset = fault == Fault::LoseReplies || reject;
+                let server_side = reset && scenario.engine.connection_bound();
                 record(
                     &shared,
                     fault.name(),
                     start,
-                    json!({"w": w, "servers": which, "mode": mode_name}),
+                    json!({"w": w, "servers": which, "mode": mode_name,
+                        "server_side": server_side}),
                 );
             }
             Fault::ServerClockJump => {

@@ -331,6 +331,16 @@ pub(crate) fn all() -> Vec<Scenario> {
         },
         Scenario {
             ttl: Duration::from_secs(2),
+            long_share: 0.1,
+            ..Scenario::new(
+                "mysql",
+                "MariaDB; holders paused and killed, links cut and replies lost, the server paused, connections killed",
+                EngineKind::Mysql,
+            )
+            .faults(&session_faults(false))
+        },
+        Scenario {
+            ttl: Duration::from_secs(2),
             long_share: 0.6,
             ..Scenario::new(
                 "postgres-loss",
@@ -342,7 +352,7 @@ pub(crate) fn all() -> Vec<Scenario> {
     ]
 }
 
-/// The faults of the etcd, ZooKeeper and PostgreSQL scenarios.
+/// The faults of the etcd, ZooKeeper, PostgreSQL and MySQL scenarios.
 fn session_faults(restart: bool) -> Vec<Fault> {
     use Fault::*;
     let mut v = vec![
