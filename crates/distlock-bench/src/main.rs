@@ -369,6 +369,40 @@ fn main() {
         );
         p6_rows.push(row);
     }
+    // The database engines: many locks on a few sessions, each renewed by one statement a
+    // tick (a server with default settings: PostgreSQL's lock table holds about 12,000).
+    if let Some(pg) = distlock_testkit::Postgres::start() {
+        if !cli.no_pin {
+            pg.pin_to_cpu(0);
+        }
+        let backend = rt
+            .block_on(distlock_postgres::PgBackend::connect(&pg.url("")))
+            .expect("connect");
+        p6_rows.push(p6::ours(
+            &rt,
+            P6Server::Postgres(&pg, backend.clone()),
+            backend,
+            p6_locks,
+            p6_ttl,
+            p6_window,
+        ));
+    }
+    if let Some(db) = distlock_testkit::MariaDb::start() {
+        if !cli.no_pin {
+            db.pin_to_cpu(0);
+        }
+        let backend = rt
+            .block_on(distlock_mysql::MysqlBackend::connect(&db.url("")))
+            .expect("connect");
+        p6_rows.push(p6::ours(
+            &rt,
+            P6Server::Mysql(&db),
+            backend,
+            p6_locks,
+            p6_ttl,
+            p6_window,
+        ));
+    }
     // P3 unloaded: two processes, one task each; a holder keeps the lock 3 ms and, after its
     // release, pauses 0.3 ms before it asks again (tokio's timers tick in whole ms, so the pause
     // lasts 1 or 2 ms: over before the other holder's 3 ms are). So every release finds the

@@ -128,6 +128,8 @@ pub(crate) enum P6Server<'a> {
     Redis(&'a RedisServer),
     Etcd(&'a distlock_testkit::Etcd),
     ZooKeeper(&'a distlock_testkit::ZooKeeper),
+    Postgres(&'a distlock_testkit::Postgres, distlock_postgres::PgBackend),
+    Mysql(&'a distlock_testkit::MariaDb),
 }
 
 impl P6Server<'_> {
@@ -159,6 +161,24 @@ impl P6Server<'_> {
                     )),
                 }
             }
+            // The keep-alive statements the client sent: PostgreSQL's own statistics lag by up
+            // to PGSTAT_IDLE_INTERVAL (10 s) for sessions that are mostly idle.
+            P6Server::Postgres(pg, backend) => ServerReading {
+                cpu_s: pg.cpu_seconds(),
+                requests: backend.keepalives() as f64,
+                streams: None,
+            },
+            // Statements the clients sent.
+            P6Server::Mysql(db) => ServerReading {
+                cpu_s: db.cpu_seconds(),
+                requests: db
+                    .sql("SHOW GLOBAL STATUS LIKE 'Questions'")
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0.0),
+                streams: None,
+            },
             P6Server::ZooKeeper(zk) => {
                 let server = &zk.servers()[0];
                 let mntr = server.four_letter("mntr");
@@ -173,6 +193,37 @@ impl P6Server<'_> {
                     streams: None,
                 }
             }
+        }
+    }
+}
+
+impl P6Server<'_> {
+    /// For the database engines: how many of the `n` locks the server holds, and on how many
+    /// client connections (not counting the one asking).
+    fn held_and_connections(&self, n: usize) -> Option<(u64, u64)> {
+        let num = |s: String| s.trim().parse::<u64>().unwrap_or(0);
+        match self {
+            P6Server::Postgres(pg, _) => Some((
+                num(pg
+                    .psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")),
+                num(pg.psql(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+                )),
+            )),
+            P6Server::Mysql(db) => Some((
+                num(db.sql(&format!(
+                    "SELECT COUNT(IS_USED_LOCK(CONCAT('dl:p6-', seq))) \
+                     FROM distlock.seq_0_to_{}",
+                    n.saturating_sub(1)
+                ))),
+                num(db.sql(
+                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                     WHERE ID <> CONNECTION_ID() AND COMMAND <> 'Daemon' \
+                     AND USER <> 'system user'",
+                )),
+            )),
+            _ => None,
         }
     }
 }
@@ -234,6 +285,7 @@ pub(crate) fn ours<B: Backend + Clone>(
         let secs = t0.elapsed().as_secs_f64();
         let cpu = process_cpu() - cpu0;
         let after = server.read();
+        let on_server = server.held_and_connections(n);
         let (c, r) = (
             calls.load(Ordering::Relaxed) - c0,
             renewals.load(Ordering::Relaxed) - r0,
@@ -244,9 +296,17 @@ pub(crate) fn ours<B: Backend + Clone>(
         // The readings themselves (Redis: INFO twice and the counter read) are not renewals.
         let probes = match server {
             P6Server::Redis(_) => 3.0,
+            // The `Questions` read counts itself.
+            P6Server::Mysql(_) => 1.0,
             _ => 0.0,
         };
         let note = match (at_start.streams, before.streams, after.streams) {
+            _ if on_server.is_some() => on_server.map(|(held, connections)| {
+                format!(
+                    "{engine}: at the end of the window the server held {held} of the {n} \
+                     locks, on {connections} client connection(s)"
+                )
+            }),
             (Some((s0, _)), Some((_, m0)), Some((s1, m1))) => Some(format!(
                 "{engine}: {} keep-alive stream(s) opened from the first acquire to the end of \
                  the window, and {} keep-alive messages received in the window ({:.1} per \

@@ -389,7 +389,7 @@ pub(crate) fn write(results: Results<'_>) {
         }
     }
     outln!(
-        "server requests: Redis commands (INFO commandstats), etcd gRPC unary calls and stream messages (/metrics), ZooKeeper packets received (mntr)"
+        "server requests: Redis commands (INFO commandstats), etcd gRPC unary calls and stream messages (/metrics), ZooKeeper packets received (mntr), PostgreSQL keep-alive statements the client sent (its own statistics lag), MariaDB statements received (Questions)"
     );
     for note in p6_rows
         .iter()
