@@ -1,6 +1,7 @@
 //! The MySQL/MariaDB engine: `GET_LOCK` named locks, many on each session of a small pool.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -140,7 +141,8 @@ impl MysqlConfig {
                 distlock_core::url::redact(url)
             )));
         }
-        let opts = OptsBuilder::from_opts(opts).stmt_cache_size(0).into();
+        // Room for the engine's two prepared statements (acquire, release) per connection.
+        let opts = OptsBuilder::from_opts(opts).stmt_cache_size(4).into();
         Ok(MysqlConfig {
             opts,
             sessions,
@@ -169,6 +171,20 @@ pub fn lock_name(name: &str) -> String {
 }
 
 /// A SQL string literal (escaped by the driver's rules).
+/// A server-side lock name ([`lock_name`]: letters, digits and `_ . : / -` only) as a SQL
+/// string literal: nothing in it needs escaping.
+fn name_lit(key: &str) -> String {
+    debug_assert!(
+        key.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:/-".contains(&b))
+    );
+    let mut q = String::with_capacity(key.len() + 2);
+    q.push('\'');
+    q.push_str(key);
+    q.push('\'');
+    q
+}
+
 fn lit(s: &str) -> String {
     Value::from(s).as_sql(false)
 }
@@ -281,13 +297,13 @@ impl MySession {
         Some(format!("SET SESSION wait_timeout = {secs}"))
     }
 
-    /// Runs `sql` (one or more statements) on the connection in `slot` and returns the last
-    /// row any of them returned. A statement that fails the connection, or does not answer in
-    /// time, ends the session.
+    /// Runs `sql` on the connection in `slot` and returns the last row any of its statements
+    /// returned. A statement that fails the connection, or does not answer in time, ends the
+    /// session.
     async fn run_in(
         &self,
         slot: &mut Option<Conn>,
-        sql: &str,
+        sql: &Sql,
         doing: &str,
     ) -> Result<Option<Row>, LockError> {
         let Some(conn) = slot.as_mut() else {
@@ -297,15 +313,12 @@ impl MySession {
             ));
         };
         let work = async {
-            let mut result = conn.query_iter(sql).await?;
-            let mut last = None;
-            while !result.is_empty() {
-                let rows: Vec<Row> = result.collect().await?;
-                if let Some(r) = rows.into_iter().last() {
-                    last = Some(r);
+            match sql {
+                Sql::Text(text) => last_row(conn.query_iter(text.as_str()).await?).await,
+                Sql::Prepared(text, params) => {
+                    last_row(conn.exec_iter(*text, params.clone()).await?).await
                 }
             }
-            Ok::<_, mysql_async::Error>(last)
         };
         match tokio::time::timeout(self.limit, work).await {
             Ok(Ok(row)) => Ok(row),
@@ -328,33 +341,74 @@ impl MySession {
         }
     }
 
-    /// Runs `sql` once the connection is free.
+    /// Runs `sql` (one or more statements) once the connection is free.
     async fn run(&self, sql: &str, doing: &str) -> Result<Option<Row>, LockError> {
         let mut slot = self.conn.lock().await;
-        self.run_in(&mut slot, sql, doing).await
+        self.run_in(&mut slot, &Sql::Text(sql.to_owned()), doing)
+            .await
     }
 }
 
+/// What a session runs: SQL text (one or more statements), or one statement prepared once per
+/// connection (mysql_async's statement cache) with its parameters: no parsing on the server.
+pub(crate) enum Sql {
+    Text(String),
+    Prepared(&'static str, Vec<Value>),
+}
+
+/// The last row of every result set of `result`.
+async fn last_row<P: mysql_async::prelude::Protocol>(
+    mut result: mysql_async::QueryResult<'_, 'static, P>,
+) -> Result<Option<Row>, mysql_async::Error> {
+    let mut last = None;
+    while !result.is_empty() {
+        let rows: Vec<Row> = result.collect().await?;
+        if let Some(r) = rows.into_iter().last() {
+            last = Some(r);
+        }
+    }
+    Ok(last)
+}
+
 /// A statement on a session: `build` writes it once the connection is free (so statements run
-/// in the order they were built, which the idle timeouts they set rely on), and it runs in a
-/// task of its own, so that dropping the caller does not cut it off half-way (which would
-/// leave the connection's state unknown).
+/// in the order they were built, which the idle timeouts they set rely on).
+///
+/// It runs in the caller's task; if the caller is dropped half-way, the rest of it goes on in a
+/// task of its own, since a statement cut off half-way would leave the connection's state
+/// unknown (and end the session, with every lock on it).
 async fn on_session(
     session: &Arc<MySession>,
-    build: impl FnOnce() -> String,
+    build: impl FnOnce() -> Sql,
     doing: &'static str,
 ) -> Result<Option<Row>, LockError> {
     let mut slot = session.conn.clone().lock_owned().await;
     let sql = build();
     let session = session.clone();
-    tokio::spawn(async move { session.run_in(&mut slot, &sql, doing).await })
-        .await
-        .unwrap_or_else(|e| {
-            Err(LockError::new(
-                ErrorKind::Connection,
-                format!("{doing}: the statement's task failed: {e}"),
-            ))
-        })
+    let mut statement = Detached(Some(Box::pin(async move {
+        session.run_in(&mut slot, &sql, doing).await
+    })));
+    let out = std::future::poll_fn(|cx| match statement.0.as_mut() {
+        Some(f) => f.as_mut().poll(cx),
+        None => std::task::Poll::Pending,
+    })
+    .await;
+    statement.0 = None;
+    out
+}
+
+type Statement = std::pin::Pin<Box<dyn Future<Output = Result<Option<Row>, LockError>> + Send>>;
+
+/// A statement in flight: finished in a task of its own if dropped before it completes.
+struct Detached(Option<Statement>);
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        if let Some(rest) = self.0.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(rest);
+        }
+    }
 }
 
 /// Where fencing tokens come from.
@@ -418,8 +472,8 @@ impl SessionOps for MyOps {
         key: &'a str,
     ) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(async move {
-            let sql = format!("SELECT RELEASE_LOCK({})", lit(key));
-            let row = on_session(session, || sql, "releasing a MySQL named lock").await?;
+            let sql = || Sql::Prepared("SELECT RELEASE_LOCK(?)", vec![Value::from(key)]);
+            let row = on_session(session, sql, "releasing a MySQL named lock").await?;
             Ok(row.and_then(|r| int(&r, 0)) == Some(1))
         })
     }
@@ -430,7 +484,7 @@ impl SessionOps for MyOps {
         keep: &'a (dyn Fn() -> Duration + Send + Sync),
     ) -> BoxFuture<'a, Result<(), LockError>> {
         Box::pin(async move {
-            let build = || session.keep_sql(keep(), true).unwrap_or_default();
+            let build = || Sql::Text(session.keep_sql(keep(), true).unwrap_or_default());
             on_session(session, build, "renewing MySQL named locks")
                 .await
                 .map(drop)
@@ -634,7 +688,7 @@ impl Backend for MysqlBackend {
             return Ok(Attempt::Acquired { fence: None });
         }
         let key = lock_name(req.name);
-        let name = lit(&key);
+        let name = name_lit(&key);
         let fences = pool.ops().fences;
         // A session that ends before the statement ran held nothing: once more, elsewhere.
         for _ in 0..3 {
@@ -647,7 +701,7 @@ impl Backend for MysqlBackend {
             let sent = Instant::now();
             let build = || {
                 let keep = pool.keep_for(session, req.ttl);
-                let mut sql = String::new();
+                let mut sql = String::with_capacity(96);
                 if let Some(set) = my.keep_sql(keep, false) {
                     sql.push_str(&set);
                     sql.push_str("; ");
@@ -668,9 +722,16 @@ impl Backend for MysqlBackend {
                         }
                         // NEXTVAL only once the lock is ours (IF evaluates its condition
                         // first): the fence, or NULL when busy.
-                        sql.push_str(&format!(
-                            "SELECT IF(GET_LOCK({name}, 0) = 1, NEXTVAL(distlock_fence), NULL)"
-                        ));
+                        if sql.is_empty() {
+                            // The common case: one statement, prepared once per connection.
+                            return Sql::Prepared(
+                                "SELECT IF(GET_LOCK(?, 0) = 1, NEXTVAL(distlock_fence), NULL)",
+                                vec![Value::from(key.as_str())],
+                            );
+                        }
+                        sql.push_str("SELECT IF(GET_LOCK(");
+                        sql.push_str(&name);
+                        sql.push_str(", 0) = 1, NEXTVAL(distlock_fence), NULL)");
                     }
                     FenceSource::Counter => {
                         let holder = lit(&HolderValue::now(token, req.owner).encode());
@@ -686,7 +747,7 @@ impl Backend for MysqlBackend {
                         ));
                     }
                 }
-                sql
+                Sql::Text(sql)
             };
             let row = match on_session(my, build, DOING).await {
                 Ok(row) => row,
@@ -746,7 +807,7 @@ impl Backend for MysqlBackend {
 
     async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         const DOING: &str = "reading a MySQL lock's status";
-        let name = lit(&lock_name(key));
+        let name = name_lit(&lock_name(key));
         let idle = format!(
             "(SELECT p.TIME FROM information_schema.PROCESSLIST p \
               WHERE p.ID = IS_USED_LOCK({name}))"
@@ -767,7 +828,7 @@ impl Backend for MysqlBackend {
             ),
         };
         let session = self.inner.pool.any_session().await?;
-        let Some(row) = on_session(session.conn(), || sql, DOING).await? else {
+        let Some(row) = on_session(session.conn(), || Sql::Text(sql), DOING).await? else {
             return Ok(LockStatus::free());
         };
         let fence = int(&row, 2).and_then(|f| u64::try_from(f).ok());
@@ -844,7 +905,7 @@ impl MysqlBackend {
         if !st.held {
             return Ok(BreakOutcome::Free);
         }
-        let who = format!("SELECT IS_USED_LOCK({})", lit(&lock_name(key)));
+        let who = format!("SELECT IS_USED_LOCK({})", name_lit(&lock_name(key)));
         // A connection of its own: the holder may be a session of this very pool.
         let session = dedicated(&self.inner.pool.ops().config).await?;
         let row = session.run(&who, DOING).await?;

@@ -257,7 +257,7 @@ struct SessionState<C> {
     /// The TTL of the leases it was opened for: later leases of that TTL prefer it.
     ttl: Duration,
     /// The server names on it, held (`true`) or being taken (`false`).
-    keys: HashMap<String, bool>,
+    keys: HashMap<String, bool, Hasher>,
     /// Requests placing a lease on it right now.
     placing: usize,
     /// The server must keep the session at least until then (the latest deadline any lease on
@@ -277,11 +277,14 @@ struct Tracked<C> {
     release_at: Option<Instant>,
 }
 
+/// foldhash rather than SipHash: these maps are touched on every acquire and release.
+type Hasher = foldhash::fast::RandomState;
+
 struct State<C> {
-    sessions: HashMap<u64, SessionState<C>>,
+    sessions: HashMap<u64, SessionState<C>, Hasher>,
     /// Sessions being opened (they count towards the cap).
     opening: usize,
-    leases: HashMap<String, Tracked<C>>,
+    leases: HashMap<String, Tracked<C>, Hasher>,
 }
 
 /// The items of one renewal batch on one session, and the longest TTL they ask.
@@ -326,9 +329,9 @@ impl<O: SessionOps> SessionPool<O> {
                 wait: limits.wait,
             },
             state: Mutex::new(State {
-                sessions: HashMap::new(),
+                sessions: HashMap::default(),
                 opening: 0,
-                leases: HashMap::new(),
+                leases: HashMap::default(),
             }),
             room: Notify::new(),
             next_id: AtomicU64::new(1),
@@ -379,10 +382,15 @@ impl<O: SessionOps> SessionPool<O> {
         ttl: Duration,
     ) -> Result<Placement<O::Conn>, LockError> {
         let give_up = Instant::now() + self.limits.wait;
+        // Registered for room before looking (so a change after the look is not missed), but
+        // only once a look found none: the common path allocates nothing for it.
+        let mut waited = false;
         loop {
             let room = self.room.notified();
             tokio::pin!(room);
-            room.as_mut().enable();
+            if waited {
+                room.as_mut().enable();
+            }
             let open = {
                 let mut st = self.state.locked();
                 match choose(&mut st, key, ttl, self.limits.sessions) {
@@ -393,6 +401,10 @@ impl<O: SessionOps> SessionPool<O> {
                     Choice::Open => {
                         st.opening += 1;
                         true
+                    }
+                    Choice::Wait if !waited => {
+                        waited = true;
+                        continue;
                     }
                     Choice::Wait => false,
                 }
@@ -422,7 +434,7 @@ impl<O: SessionOps> SessionPool<O> {
                     SessionState {
                         session,
                         ttl,
-                        keys: HashMap::new(),
+                        keys: HashMap::default(),
                         placing: 0,
                         keep_until: None,
                         timeout: None,
@@ -492,8 +504,8 @@ impl<O: SessionOps> SessionPool<O> {
         };
         if let Some(s) = st.sessions.get_mut(&lease.session.id) {
             s.placing = s.placing.saturating_sub(1);
-            if tracked {
-                s.keys.insert(lease.key.clone(), true);
+            if tracked && let Some(held) = s.keys.get_mut(&lease.key) {
+                *held = true;
             }
         }
         drop(st);
