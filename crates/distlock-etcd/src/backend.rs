@@ -434,7 +434,8 @@ impl Backend for EtcdBackend {
             return Ok(LeaseCheck::Missing);
         };
         self.store().forget(&key);
-        if !entry.as_ref().is_some_and(|e| e.held) {
+        let given_up = !entry.as_ref().is_some_and(|e| e.held);
+        if given_up {
             // A given-up acquire's clean-up: the key is nobody's lock.
             self.store().abandon(&key);
         }
@@ -454,7 +455,12 @@ impl Backend for EtcdBackend {
         self.store()
             .released(&String::from_utf8_lossy(&delete.key), reply.is_ok());
         if reply.is_ok() {
-            self.store().free_name(lease.token);
+            if given_up {
+                // One of its writes may still land: a name for nobody from now.
+                self.store().burn_name(lease.token);
+            } else {
+                self.store().free_name(lease.token);
+            }
         }
         let reply = reply.map_err(|e| map_err(e, DOING))?;
         let ours = match (&entry, reply.prev_kvs.first()) {

@@ -55,11 +55,23 @@ pub(crate) struct EtcdStore {
 /// Key names in use: an acquisition keeps its name from its first write until its key is known
 /// to be gone (its delete answered, or nothing written), so that no other acquisition of this
 /// client takes that name while a write of it may still land.
+///
+/// A given-up acquisition's name is not given out again even once its delete was answered: a
+/// write whose reply was lost can still land after that (a request queued at a follower during
+/// an election is forwarded to the new leader later), and the key it creates must then be
+/// nobody's, a stale key that the next first attempt deletes, not a later acquisition's.
 #[derive(Default)]
 struct KeyNames {
     by_token: HashMap<String, String>,
     used: HashSet<String>,
+    /// Given-up acquisitions' names, oldest first: never given out again (the oldest are let
+    /// go past [`BURNED_KEPT`]).
+    burned: std::collections::VecDeque<String>,
 }
+
+/// How many given-up key names a client keeps out of use (each one an acquisition whose reply
+/// was lost and that was then given up: rare).
+const BURNED_KEPT: usize = 4096;
 
 impl KeyNames {
     fn free_key(&mut self, key: &str) {
@@ -96,7 +108,7 @@ impl EtcdStore {
         }
         let key = (0u32..)
             .map(|n| format!("{}{name}/{}-{n}", self.prefix, self.client))
-            .find(|k| !names.used.contains(k))
+            .find(|k| !names.used.contains(k) && !names.burned.contains(k))
             .unwrap_or_default();
         names.used.insert(key.clone());
         names
@@ -116,6 +128,19 @@ impl EtcdStore {
         let mut names = self.names.locked();
         if let Some(key) = names.by_token.remove(token.as_str()) {
             names.used.remove(&key);
+        }
+    }
+
+    /// `token`'s acquisition was given up and its key deleted: its name is nobody's from now,
+    /// and never given out again (see [`KeyNames`]).
+    pub(crate) fn burn_name(&self, token: &Token) {
+        let mut names = self.names.locked();
+        if let Some(key) = names.by_token.remove(token.as_str()) {
+            names.used.remove(&key);
+            names.burned.push_back(key);
+            if names.burned.len() > BURNED_KEPT {
+                names.burned.pop_front();
+            }
         }
     }
 
@@ -383,8 +408,9 @@ impl EtcdStore {
             // read the holder's key. A holder that is a stale key of ours (a given-up acquire's,
             // its clean-up not done yet) is deleted, and the attempt made again; a failed delete
             // is an error, not a busy lock.
+            // (A few times: each send of a given-up acquisition may land late, once.)
             let mut reply = None;
-            for _ in 0..2 {
+            for _ in 0..4 {
                 let txn = TxnRequest::new(
                     vec![
                         Compare::create_revision(

@@ -332,3 +332,52 @@ async fn a_client_taking_a_lock_again_writes_the_same_key_and_concurrent_ones_di
         .unwrap();
     assert!(fence.is_some());
 }
+
+/// A write of a given-up acquisition can land after the clean-up that deleted its key was
+/// answered (a request queued at a follower during an election reaches the new leader later).
+/// Its key name is never given out again, so the key it recreates is nobody's: the next first
+/// attempt deletes it and takes the lock, under a name of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_write_of_a_given_up_acquire_is_nobody_s_key() {
+    let Some(etcd) = Etcd::start() else { return };
+    let proxy = FaultProxy::start(([127, 0, 0, 1], etcd.members()[0].port()).into())
+        .await
+        .unwrap();
+    let a = client(
+        &format!("etcd://127.0.0.1:{}?response_timeout=300ms", proxy.port()),
+        Duration::from_secs(10),
+    )
+    .await;
+    let prefix = a.backend().lock_prefix("late");
+    let warm = a.try_acquire("warm").await.unwrap().expect("free");
+    // Our key names: <prefix><client>-<n>, n the lowest free; the first for "late" is -0.
+    let warm_key = keys_under(&etcd, &a.backend().lock_prefix("warm"));
+    let client_part = warm_key[0]
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .trim_end_matches("-0");
+    let given_up = format!("{prefix}{client_part}-0");
+    assert!(warm.release().await.unwrap().was_held());
+    proxy.set(LinkMode::LoseReplies);
+    let lost = a.try_acquire("late").await;
+    proxy.set(LinkMode::Pass);
+    assert!(lost.is_err(), "answered: {lost:?}");
+    // The clean-up deletes what the lost write made.
+    eventually("the given-up key deleted", Duration::from_secs(5), || {
+        keys_under(&etcd, &prefix).is_empty()
+    });
+    // The same write lands again, late (here, by hand).
+    etcd.ctl(&["put", &given_up, "late"]);
+    for _ in 0..3 {
+        let g = a
+            .try_acquire("late")
+            .await
+            .unwrap()
+            .expect("not kept out by the late write");
+        let keys = keys_under(&etcd, &prefix);
+        assert_eq!(keys.len(), 1, "{keys:?}");
+        assert_ne!(keys[0], given_up, "the given-up name was given out again");
+        assert!(g.release().await.unwrap().was_held());
+    }
+}
