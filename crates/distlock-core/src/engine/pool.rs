@@ -45,6 +45,10 @@ use crate::sync::MutexExt;
 /// server's idle timeout does (a clean close, not a server-side error in its log).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a failed unlock waits for the session's reader to report that the session ended,
+/// before the pool closes it itself.
+const ENDING_GRACE: Duration = Duration::from_millis(100);
+
 /// How long a session with no timeout set may stay empty before the pool closes it.
 const EMPTY_UNTIMED: Duration = Duration::from_secs(60);
 
@@ -581,6 +585,15 @@ impl<O: SessionOps> SessionPool<O> {
         match self.ops.unlock(&session.conn, &lease.key).await {
             Ok(was) => Some(was),
             Err(_) if session.is_over() => Some(false),
+            // The session may be ending right now (the server timed it out, or terminated it),
+            // its reader about to say why: that reason, not ours, for the locks on it.
+            Err(_)
+                if tokio::time::timeout(ENDING_GRACE, session.end.wait())
+                    .await
+                    .is_ok() =>
+            {
+                Some(false)
+            }
             Err(e) => {
                 tracing::warn!(target: "distlock", key = lease.name, error = %e,
                     "could not unlock on a shared session: closing it, and every lock on it");
@@ -678,17 +691,35 @@ impl<O: SessionOps> SessionPool<O> {
     }
 
     /// Resolves when the session holding the lease of `token` ends; never if there is none.
+    ///
+    /// Only while the pool still tracks the lease: one the client released by itself at its
+    /// deadline (nobody renewed it) ended then, as expired, whatever its session does after.
     pub fn session_end(&self, token: &str) -> BoxFuture<'static, LostReason> {
-        let end = self
+        let lease = self
             .state
             .locked()
             .leases
             .get(token)
-            .map(|t| t.lease.session.end.clone());
-        match end {
-            Some(end) => end.wait(),
-            None => Box::pin(std::future::pending()),
-        }
+            .map(|t| t.lease.clone());
+        let Some(lease) = lease else {
+            return Box::pin(std::future::pending());
+        };
+        let ended = lease.session.end.wait();
+        let pool = self.me.clone();
+        Box::pin(async move {
+            let why = ended.await;
+            let tracked = pool.upgrade().is_some_and(|p| {
+                p.state
+                    .locked()
+                    .leases
+                    .get(&lease.token)
+                    .is_some_and(|t| Arc::ptr_eq(&t.lease, &lease))
+            });
+            if !tracked {
+                return std::future::pending().await;
+            }
+            why
+        })
     }
 
     /// Its holder no longer renews the lease of `token` on `name`: the client releases it

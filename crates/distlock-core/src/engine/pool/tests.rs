@@ -200,3 +200,20 @@ async fn renewals_send_one_statement_per_session() {
     assert!(r.iter().all(|r| r.as_ref().ok() == Some(&LeaseCheck::Ours)));
     assert_eq!(fake.pings.load(Ordering::SeqCst), p.open_sessions());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_released_at_its_deadline_does_not_hear_its_session_end() {
+    let (_, p) = pool(1);
+    let Placement::On(l) = p.place("a", "a", "t1", TTL).await.unwrap() else {
+        panic!()
+    };
+    assert!(p.confirm(&l, Instant::now(), Duration::from_secs(1), false));
+    let end = p.session_end("t1");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(p.held("a", "t1").is_none(), "released at its deadline");
+    // Its session ends afterwards (the server's idle timeout, say): the lease had ended
+    // already, as expired, and hears nothing.
+    l.session().end().end(LostReason::Unreachable);
+    let heard = tokio::time::timeout(Duration::from_secs(5), end).await;
+    assert!(heard.is_err(), "{heard:?}");
+}
