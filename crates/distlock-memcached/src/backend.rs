@@ -133,6 +133,21 @@ impl MemcachedBackend {
         format!("{prefix}sha256:{hex}")
     }
 
+    /// Reads the replies of this token's given-up requests (an add or a renewal whose reply
+    /// was lost or never awaited): the server has carried them out once this returns. A stored
+    /// one gave the item a CAS that our record must now carry.
+    async fn settle(&self, token: &str) -> Result<(), LockError> {
+        for r in self.inner.pool.settle(token).await? {
+            if r.code == "HD"
+                && let Some(cas) = r.cas
+                && let Some(h) = self.inner.held.locked().get_mut(token)
+            {
+                h.cas = cas;
+            }
+        }
+        Ok(())
+    }
+
     /// Reads the item: our token's value and CAS, if it is there.
     async fn read(&self, item: &str) -> Result<Option<(String, u64, Option<i64>)>, LockError> {
         let r = self
@@ -174,7 +189,10 @@ impl Backend for MemcachedBackend {
         const DOING: &str = "acquiring a memcached lock";
         let item = self.item(req.name);
         // A resend: the add may have been stored before its reply was lost, and is ours if it
-        // carries our token.
+        // carries our token. The given-up add is settled first: the read must see its effect.
+        if req.retry {
+            self.inner.pool.settle(req.token.as_str()).await?;
+        }
         if req.retry
             && let Some((value, cas, _)) = self.read(&item).await?
             && HolderValue::parse(&value).token == req.token.as_str()
@@ -199,7 +217,11 @@ impl Backend for MemcachedBackend {
             Arg::Word("ME"),
             Arg::Word("c"),
         ];
-        let r = self.inner.pool.call(&line, Some(value.as_bytes())).await?;
+        let r = self
+            .inner
+            .pool
+            .call_tagged(&line, Some(value.as_bytes()), Some(req.token.as_str()))
+            .await?;
         match r.code {
             "HD" => {
                 let cas = r.cas.ok_or_else(|| unexpected(DOING, &r))?;
@@ -231,6 +253,7 @@ impl Backend for MemcachedBackend {
 
     async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
         let (key, token) = (lease.name, lease.token);
+        self.settle(token.as_str()).await?;
         let Some((item, value, cas)) = self
             .inner
             .held
@@ -249,7 +272,11 @@ impl Backend for MemcachedBackend {
             Arg::Flag('C', cas),
             Arg::Word("c"),
         ];
-        let r = self.inner.pool.call(&line, Some(value.as_bytes())).await?;
+        let r = self
+            .inner
+            .pool
+            .call_tagged(&line, Some(value.as_bytes()), Some(token.as_str()))
+            .await?;
         match r.code {
             "HD" => {
                 if let Some(new) = r.cas
@@ -269,6 +296,7 @@ impl Backend for MemcachedBackend {
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
         let (key, token) = (lease.name, lease.token);
+        self.settle(token.as_str()).await?;
         let held = {
             let mut map = self.inner.held.locked();
             match map.get(token.as_str()) {

@@ -5,6 +5,7 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use distlock_core::engine::MutexExt;
 use distlock_core::{ErrorKind, LockError};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -65,11 +66,10 @@ fn write_line(out: &mut Vec<u8>, args: &[Arg<'_>]) {
     }
 }
 
-/// The command line as text, for error messages.
-fn line_text(args: &[Arg<'_>]) -> String {
-    let mut out = Vec::new();
-    write_line(&mut out, args);
-    String::from_utf8_lossy(&out).into_owned()
+/// The first line of a request (no data), as text, for error messages.
+fn request_text(out: &[u8]) -> String {
+    let line = out.split(|&b| b == b'\r').next().unwrap_or_default();
+    String::from_utf8_lossy(line).into_owned()
 }
 
 /// One connection, with what it reuses from request to request.
@@ -79,10 +79,15 @@ struct Conn {
     /// an atomic store while the timer is registered, where a `timeout` per request would
     /// register and remove a timer in the runtime's wheel each time.
     deadline: Pin<Box<Sleep>>,
-    /// The request being sent, and the reply's first line.
+    /// The request being sent (`sent` bytes of it written so far), and the reply's first line
+    /// (as much of it as has been read).
     out: Vec<u8>,
+    sent: usize,
     head: Vec<u8>,
 }
+
+/// The most connections kept with a request whose reply was never read.
+const MAX_ORPHANS: usize = 64;
 
 /// Connections to one server.
 pub(crate) struct Pool {
@@ -90,6 +95,11 @@ pub(crate) struct Pool {
     connect_timeout: Duration,
     response_timeout: Duration,
     idle: Mutex<Vec<Conn>>,
+    /// Connections whose request was given up before its reply came (cancelled, or no answer
+    /// in time), by the tag of the request. The server may still carry such a request out
+    /// after any request sent later on another connection: [`Pool::settle`] reads its reply
+    /// first, so that what comes next sees its effect.
+    orphans: Mutex<Vec<(String, Conn)>>,
 }
 
 fn io_err(doing: &str, e: std::io::Error) -> LockError {
@@ -99,6 +109,27 @@ fn io_err(doing: &str, e: std::io::Error) -> LockError {
 /// The largest value the engine ever reads back (a holder label); a bigger one is not ours.
 const MAX_VALUE: usize = 64 * 1024;
 
+/// A connection with a request on it. Dropped before its reply was read, it becomes an orphan
+/// under its tag (if it has one), else it is closed: a late reply must never be read as the
+/// answer to the next request.
+struct InFlight<'a> {
+    pool: &'a Pool,
+    conn: Option<Conn>,
+    tag: Option<&'a str>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let (Some(conn), Some(tag)) = (self.conn.take(), self.tag) {
+            let mut orphans = self.pool.orphans.locked();
+            if orphans.len() >= MAX_ORPHANS {
+                orphans.remove(0);
+            }
+            orphans.push((tag.to_owned(), conn));
+        }
+    }
+}
+
 impl Pool {
     pub(crate) fn new(host: String, connect_timeout: Duration, response_timeout: Duration) -> Self {
         Pool {
@@ -106,6 +137,7 @@ impl Pool {
             connect_timeout,
             response_timeout,
             idle: Mutex::new(Vec::new()),
+            orphans: Mutex::new(Vec::new()),
         }
     }
 
@@ -120,6 +152,7 @@ impl Pool {
             io: BufReader::new(stream),
             deadline: Box::pin(tokio::time::sleep(self.response_timeout)),
             out: Vec::with_capacity(256),
+            sent: 0,
             head: Vec::with_capacity(64),
         })
     }
@@ -132,40 +165,94 @@ impl Pool {
         args: &[Arg<'_>],
         data: Option<&[u8]>,
     ) -> Result<Reply, LockError> {
-        let pooled = self
-            .idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .pop();
-        let mut conn = match pooled {
+        self.call_tagged(args, data, None).await
+    }
+
+    /// As [`call`](Self::call); a request given up before its reply (its future dropped, or
+    /// no answer in time) leaves its connection to [`settle`](Self::settle) under `tag`.
+    pub(crate) async fn call_tagged(
+        &self,
+        args: &[Arg<'_>],
+        data: Option<&[u8]>,
+        tag: Option<&str>,
+    ) -> Result<Reply, LockError> {
+        let pooled = self.idle.locked().pop();
+        let conn = match pooled {
             Some(c) => c,
             None => self.connect().await?,
         };
+        let mut flight = InFlight {
+            pool: self,
+            conn: Some(conn),
+            tag,
+        };
+        let conn = flight.conn.as_mut().expect("set above");
+        conn.out.clear();
+        write_line(&mut conn.out, args);
+        conn.out.extend_from_slice(b"\r\n");
+        if let Some(d) = data {
+            conn.out.extend_from_slice(d);
+            conn.out.extend_from_slice(b"\r\n");
+        }
+        conn.sent = 0;
+        conn.head.clear();
+        self.finish(flight).await
+    }
+
+    /// Reads the replies of the requests tagged `tag` that were given up, oldest first: once
+    /// it returns, the server has carried them out, and what is sent next sees their effect.
+    /// Their replies, in that order.
+    ///
+    /// # Errors
+    /// As [`call`](Self::call) (the request stays to settle on a timeout).
+    pub(crate) async fn settle(&self, tag: &str) -> Result<Vec<Reply>, LockError> {
+        let mut replies = Vec::new();
+        loop {
+            let conn = {
+                let mut orphans = self.orphans.locked();
+                match orphans.iter().position(|(t, _)| t == tag) {
+                    Some(i) => orphans.remove(i).1,
+                    None => return Ok(replies),
+                }
+            };
+            let flight = InFlight {
+                pool: self,
+                conn: Some(conn),
+                tag: Some(tag),
+            };
+            replies.push(self.finish(flight).await?);
+        }
+    }
+
+    /// Sends what is left of the request on `flight` and reads its reply.
+    async fn finish(&self, mut flight: InFlight<'_>) -> Result<Reply, LockError> {
+        let conn = flight.conn.as_mut().expect("a connection in flight");
         conn.deadline
             .as_mut()
             .reset(Instant::now() + self.response_timeout);
-        let reply = {
+        let result = {
             let Conn {
                 io,
                 deadline,
                 out,
+                sent,
                 head,
-            } = &mut conn;
+            } = conn;
             tokio::select! {
                 biased;
-                r = exchange(io, out, head, args, data) => r?,
+                r = exchange(io, out, sent, head) => r,
                 () = deadline.as_mut() => {
+                    // Dropping `flight` keeps the connection for `settle` if it is tagged.
                     return Err(LockError::new(
                         ErrorKind::Timeout,
-                        format!("memcached at {}: no answer to {:?}", self.host, line_text(args)),
+                        format!("memcached at {}: no answer to {:?}", self.host, request_text(out)),
                     ));
                 }
             }
         };
-        let mut idle = self
-            .idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let conn = flight.conn.take().expect("a connection in flight");
+        let reply = result?; // On an error the connection is closed here.
+        let mut idle = self.idle.locked();
         if idle.len() < 8 {
             idle.push(conn);
         }
@@ -173,31 +260,33 @@ impl Pool {
     }
 }
 
+/// Writes what is left of `out` and reads the reply, into `head` after what it already holds.
 async fn exchange(
     conn: &mut BufReader<TcpStream>,
-    out: &mut Vec<u8>,
+    out: &[u8],
+    sent: &mut usize,
     head: &mut Vec<u8>,
-    args: &[Arg<'_>],
-    data: Option<&[u8]>,
 ) -> Result<Reply, LockError> {
     const DOING: &str = "talking to memcached";
-    out.clear();
-    write_line(out, args);
-    out.extend_from_slice(b"\r\n");
-    if let Some(d) = data {
-        out.extend_from_slice(d);
-        out.extend_from_slice(b"\r\n");
+    while *sent < out.len() {
+        let n = conn
+            .get_mut()
+            .write(&out[*sent..])
+            .await
+            .map_err(|e| io_err(DOING, e))?;
+        if n == 0 {
+            return Err(LockError::new(
+                ErrorKind::Connection,
+                format!("{DOING}: the server closed the connection"),
+            ));
+        }
+        *sent += n;
     }
-    conn.get_mut()
-        .write_all(out)
-        .await
-        .map_err(|e| io_err(DOING, e))?;
-    head.clear();
     let n = conn
         .read_until(b'\n', head)
         .await
         .map_err(|e| io_err(DOING, e))?;
-    if n == 0 {
+    if n == 0 || head.last() != Some(&b'\n') {
         return Err(LockError::new(
             ErrorKind::Connection,
             format!("{DOING}: the server closed the connection"),
@@ -217,7 +306,7 @@ async fn exchange(
                 ErrorKind::Protocol,
                 format!(
                     "memcached refused {:?}: {}",
-                    line_text(args),
+                    request_text(out),
                     String::from_utf8_lossy(text)
                 ),
             ));
@@ -228,7 +317,7 @@ async fn exchange(
                 format!(
                     "memcached answered {:?} to {:?} (not a meta-protocol server?)",
                     String::from_utf8_lossy(text),
-                    line_text(args)
+                    request_text(out)
                 ),
             ));
         }

@@ -468,8 +468,19 @@ pub async fn watchdog_keeps_lease<B: Backend>(make: &impl MakeClient<B>) {
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(g.is_held(), "the watchdog let the lease lapse");
     assert!(g.valid_until() > first, "the deadline never moved");
-    assert!(b.try_acquire(&k).await.unwrap().is_none());
-    assert_eq!(g.release().await.unwrap(), Released::Held);
+    match b.try_acquire(&k).await.unwrap() {
+        None => assert_eq!(g.release().await.unwrap(), Released::Held),
+        // Only if this process stalled longer than the lease between the check above and
+        // b's request (a loaded machine; the VM paused): the lease must have ended by then.
+        Some(other) => {
+            assert!(
+                !g.is_held(),
+                "b took the lock while a's lease was still held"
+            );
+            eprintln!("watchdog_keeps_lease: the lease ran out during a stall");
+            assert!(other.release().await.unwrap().was_held());
+        }
+    }
 }
 
 /// On expiring engines, an abandoned lease frees after its TTL and the late holder learns it
