@@ -148,28 +148,117 @@ impl<'a> MultiHostUrl<'a> {
     pub fn credentials(&self) -> (String, String) {
         let info = self.userinfo.trim_end_matches('@');
         let (user, password) = info.split_once(':').unwrap_or((info, ""));
-        let decode = |s: &str| {
-            url::form_urlencoded::parse(format!("x={s}").as_bytes())
-                .next()
-                .map(|(_, v)| v.into_owned())
-                .unwrap_or_default()
-        };
         (decode(user), decode(password))
     }
 }
 
-/// A URL with the password of its `user:password@` (if any) replaced by `***`, for messages.
+/// A URL with its secrets replaced by `***`, for messages and logs: the password of its
+/// `user:password@`, and the value of any query parameter whose name says it is one
+/// (`password`, `sentinel_password`, `pass`, `secret`, `token`…).
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    match rest.split_once('@') {
+    let (before_query, query) = match rest.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (rest, None),
+    };
+    let mut out = match before_query.rsplit_once('@') {
         Some((cred, host)) if cred.contains(':') => {
             let user = cred.split(':').next().unwrap_or("");
             format!("{scheme}://{user}:***@{host}")
         }
-        _ => url.to_owned(),
+        _ => format!("{scheme}://{before_query}"),
+    };
+    if let Some(query) = query {
+        out.push('?');
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _)) if is_secret_param(k) => format!("{k}=***"),
+                _ => pair.to_owned(),
+            })
+            .collect();
+        out.push_str(&pairs.join("&"));
     }
+    out
+}
+
+/// The duration of the URL parameter `name=value` (`500ms`, `2s`); zero only if `zero_ok`.
+///
+/// # Errors
+/// `Config` naming the parameter.
+pub fn duration_param(
+    name: &str,
+    value: &str,
+    zero_ok: bool,
+) -> Result<std::time::Duration, LockError> {
+    crate::parse_duration(value)
+        .ok()
+        .filter(|d| zero_ok || !d.is_zero())
+        .ok_or_else(|| {
+            LockError::new(
+                ErrorKind::Config,
+                format!("{name}={value:?}: a duration such as 2s or 500ms"),
+            )
+        })
+}
+
+/// A URL component percent-decoded (`%40` → `@`, `+` → space, as form values are).
+pub fn decode(text: &str) -> String {
+    url::form_urlencoded::parse(format!("v={text}").as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+/// Every byte but the unreserved ones (`A-Z a-z 0-9 - . _ ~`) as `%XX`: a password that any
+/// URL parser reads back as it was.
+pub fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `url` with `password` in it, where the URL itself need not show it: in its
+/// `user:password@` (replacing any password there; no user gives `:password@`), or for a Unix
+/// socket URL (`redis+unix://`, `unix://`) in its `pass` parameter. `None` leaves it as it is.
+pub fn with_password(url: &str, password: Option<&str>) -> String {
+    let Some(password) = password else {
+        return url.to_owned();
+    };
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let encoded = percent_encode(password);
+    if matches!(scheme, "redis+unix" | "unix") {
+        let sep = if rest.contains('?') { '&' } else { '?' };
+        return format!("{url}{sep}pass={encoded}");
+    }
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (user, hosts) = match authority.rfind('@') {
+        Some(i) => {
+            let info = &authority[..i];
+            (info.split(':').next().unwrap_or(""), &authority[i + 1..])
+        }
+        None => ("", authority),
+    };
+    format!("{scheme}://{user}:{encoded}@{hosts}{tail}")
+}
+
+/// Whether a URL parameter carries a secret (its value is never shown).
+pub fn is_secret_param(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["password", "pass", "pwd", "secret", "token"]
+        .iter()
+        .any(|s| name == *s || name.ends_with(&format!("_{s}")) || name.ends_with(&format!("-{s}")))
 }
 
 #[cfg(test)]
@@ -179,6 +268,47 @@ mod tests {
         assert_eq!(super::redact("mysql://u:pw@h/db"), "mysql://u:***@h/db");
         assert_eq!(super::redact("mysql://u@h/db"), "mysql://u@h/db");
         assert_eq!(super::redact("no url"), "no url");
+        assert_eq!(
+            super::redact("redis+sentinel://u:p@h:1,g:2/m?sentinel_password=s3&prefix=a"),
+            "redis+sentinel://u:***@h:1,g:2/m?sentinel_password=***&prefix=a"
+        );
+        assert_eq!(
+            super::redact("redis+unix:///tmp/s?db=1&pass=pw"),
+            "redis+unix:///tmp/s?db=1&pass=***"
+        );
+        assert_eq!(super::redact("etcd://h:1?p@x=1"), "etcd://h:1?p@x=1");
+    }
+
+    #[test]
+    fn a_password_goes_where_each_url_takes_it() {
+        use super::with_password;
+        assert_eq!(
+            with_password(
+                "postgres://app@db:5432/x?sslmode=require",
+                Some("p@ss w/rd")
+            ),
+            "postgres://app:p%40ss%20w%2Frd@db:5432/x?sslmode=require"
+        );
+        assert_eq!(
+            with_password("redis://:old@h:6379/0", Some("new")),
+            "redis://:new@h:6379/0"
+        );
+        assert_eq!(with_password("redis://h", Some("pw")), "redis://:pw@h");
+        assert_eq!(
+            with_password("etcds://root@a:1,b:2?tls_ca=/ca.pem", Some("s")),
+            "etcds://root:s@a:1,b:2?tls_ca=/ca.pem"
+        );
+        assert_eq!(
+            with_password("redis+unix:///run/r.sock?db=1", Some("pw")),
+            "redis+unix:///run/r.sock?db=1&pass=pw"
+        );
+        assert_eq!(with_password("redis://h", None), "redis://h");
+        // What our own parser reads back.
+        let url = with_password("etcd://root@h:1", Some("a+b%c:d@e"));
+        let (tls, rest) = split_scheme(&url, "etcd", "etcds").unwrap();
+        assert!(!tls);
+        let parsed = MultiHostUrl::parse(rest).unwrap();
+        assert_eq!(parsed.credentials(), ("root".into(), "a+b%c:d@e".into()));
     }
 
     use super::*;

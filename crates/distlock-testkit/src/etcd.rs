@@ -16,6 +16,26 @@ pub struct EtcdMember {
     dir: tempfile::TempDir,
     /// `--initial-cluster`, for restarts.
     cluster: String,
+    /// The TLS files of a member from `start_tls`.
+    tls: Option<EtcdTls>,
+}
+
+/// The files a TLS member serves with, and that `etcdctl` shows it.
+#[derive(Debug, Clone)]
+struct EtcdTls {
+    server: crate::CertFiles,
+    client: crate::CertFiles,
+    ca: std::path::PathBuf,
+}
+
+impl EtcdTls {
+    fn ctl_args(&self) -> Vec<String> {
+        vec![
+            format!("--cacert={}", self.ca.display()),
+            format!("--cert={}", self.client.cert.display()),
+            format!("--key={}", self.client.key.display()),
+        ]
+    }
 }
 
 /// A group of etcd members (one, or three in a cluster).
@@ -32,6 +52,24 @@ impl Etcd {
 
     /// Starts `n` members that form one cluster, and waits until it answers through each.
     pub fn start_cluster(n: usize) -> Option<Self> {
+        Self::start_with(n, None)
+    }
+
+    /// Starts one member that serves clients over TLS only, with `pki`'s server certificate,
+    /// and demands a client certificate from `pki`'s CA (`--client-cert-auth`). Its URL is
+    /// `etcds://`.
+    pub fn start_tls(pki: &crate::Pki) -> Option<Self> {
+        Self::start_with(
+            1,
+            Some(EtcdTls {
+                server: pki.server.clone(),
+                client: pki.client.clone(),
+                ca: pki.ca.clone(),
+            }),
+        )
+    }
+
+    fn start_with(n: usize, tls: Option<EtcdTls>) -> Option<Self> {
         if !require_binary("etcd", "the etcd engine") {
             return None;
         }
@@ -54,6 +92,7 @@ impl Etcd {
                     peer_port: *peer_port,
                     dir: base,
                     cluster: cluster.clone(),
+                    tls: tls.clone(),
                 };
                 m.spawn();
                 members.push(m);
@@ -67,9 +106,14 @@ impl Etcd {
         panic!("etcd did not start after 5 tries:\n{last}");
     }
 
-    /// `etcd://127.0.0.1:p1,…` followed by `params`.
+    /// `etcd://127.0.0.1:p1,…` (`etcds://` for a TLS member) followed by `params`.
     pub fn url(&self, params: &str) -> String {
-        loopback_url("etcd", self.members.iter().map(|m| m.client_port), params)
+        let scheme = if self.members.iter().any(|m| m.tls.is_some()) {
+            "etcds"
+        } else {
+            "etcd"
+        };
+        loopback_url(scheme, self.members.iter().map(|m| m.client_port), params)
     }
 
     /// The members.
@@ -90,9 +134,16 @@ impl Etcd {
             .filter(|m| m.child.is_running())
             .map(|m| format!("127.0.0.1:{}", m.client_port))
             .collect();
+        let tls = self
+            .members
+            .first()
+            .and_then(|m| m.tls.as_ref())
+            .map(EtcdTls::ctl_args)
+            .unwrap_or_default();
         let out = Command::new("etcdctl")
             .env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", endpoints.join(",")))
+            .args(tls)
             .args(args)
             .output();
         crate::process::checked_stdout(&format!("etcdctl {args:?}"), out)
@@ -161,16 +212,29 @@ impl Etcd {
 impl EtcdMember {
     fn spawn(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("etcd.log")).expect("log file");
+        let (scheme, tls) = match &self.tls {
+            Some(t) => (
+                "https",
+                vec![
+                    format!("--cert-file={}", t.server.cert.display()),
+                    format!("--key-file={}", t.server.key.display()),
+                    format!("--trusted-ca-file={}", t.ca.display()),
+                    "--client-cert-auth".to_owned(),
+                ],
+            ),
+            None => ("http", Vec::new()),
+        };
         let child = Command::new("etcd")
             .args(["--name", &self.name])
+            .args(&tls)
             .arg("--data-dir")
             .arg(self.dir.path().join("data"))
             .arg(format!(
-                "--listen-client-urls=http://127.0.0.1:{}",
+                "--listen-client-urls={scheme}://127.0.0.1:{}",
                 self.client_port
             ))
             .arg(format!(
-                "--advertise-client-urls=http://127.0.0.1:{}",
+                "--advertise-client-urls={scheme}://127.0.0.1:{}",
                 self.client_port
             ))
             .arg(format!(
@@ -194,9 +258,11 @@ impl EtcdMember {
     }
 
     fn healthy(&self) -> bool {
+        let tls = self.tls.as_ref().map(EtcdTls::ctl_args).unwrap_or_default();
         Command::new("etcdctl")
             .env("ETCDCTL_API", "3")
             .arg(format!("--endpoints=127.0.0.1:{}", self.client_port))
+            .args(tls)
             .args(["--command-timeout=1s", "endpoint", "health"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -13,7 +13,13 @@ pub struct MariaDb {
     child: Daemon,
     port: u16,
     dir: tempfile::TempDir,
+    /// The TLS options of a server from `start_tls`.
+    tls: Vec<String>,
 }
+
+/// The user that needs a client certificate (from the test CA) as well as its password, on a
+/// server from [`MariaDb::start_tls`].
+pub const MARIADB_CERT_USER: (&str, &str) = ("distlock", "distlock-pw");
 
 /// The user that logs in with a password, for credential tests.
 pub const MARIADB_PASSWORD_USER: (&str, &str) = ("locker", "locker-pw");
@@ -22,6 +28,17 @@ impl MariaDb {
     /// Starts a server and waits until it answers. `None` (after printing `SKIP`) when MariaDB
     /// is missing outside CI.
     pub fn start() -> Option<Self> {
+        Self::start_with(None)
+    }
+
+    /// Starts a server that takes TLS connections only over TCP (`require_secure_transport`),
+    /// with `pki`'s server certificate; [`MARIADB_CERT_USER`] must show a client certificate
+    /// from `pki`'s CA (`REQUIRE X509`).
+    pub fn start_tls(pki: &crate::Pki) -> Option<Self> {
+        Self::start_with(Some(pki))
+    }
+
+    fn start_with(pki: Option<&crate::Pki>) -> Option<Self> {
         if !require_binary(
             "mariadbd",
             "the MySQL/MariaDB engine (package mariadb-server)",
@@ -52,10 +69,23 @@ impl MariaDb {
                 );
                 continue;
             }
+            let tls = match pki {
+                Some(pki) => {
+                    let files = pki.install(&pki.server, dir.path());
+                    vec![
+                        format!("--ssl-cert={}", files.cert.display()),
+                        format!("--ssl-key={}", files.key.display()),
+                        format!("--ssl-ca={}", pki.ca.display()),
+                        "--require-secure-transport=ON".to_owned(),
+                    ]
+                }
+                None => Vec::new(),
+            };
             let mut m = MariaDb {
                 child: Daemon::default(),
                 port: free_port(),
                 dir,
+                tls,
             };
             m.spawn();
             match m.wait_ready(Duration::from_secs(30)) {
@@ -66,6 +96,13 @@ impl MariaDb {
                          CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{pw}'; \
                          GRANT ALL ON distlock.* TO '{user}'@'127.0.0.1'"
                     ));
+                    if pki.is_some() {
+                        let (user, pw) = MARIADB_CERT_USER;
+                        m.sql(&format!(
+                            "CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{pw}' REQUIRE X509; \
+                             GRANT ALL ON distlock.* TO '{user}'@'127.0.0.1'"
+                        ));
+                    }
                     return Some(m);
                 }
                 Err(e) => last = e,
@@ -98,6 +135,7 @@ impl MariaDb {
             // max_connections stays at its default (151): the engine holds many locks per
             // session, and the scale figures are for a server as it comes.
             .args(["--innodb-buffer-pool-size=32M", "--innodb-log-file-size=8M"])
+            .args(&self.tls)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

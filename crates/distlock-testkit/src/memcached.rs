@@ -14,6 +14,9 @@ pub struct Memcached {
     child: Daemon,
     port: u16,
     memory_mb: u32,
+    /// A server from `start_tls`: its files, and the clear-text port the kit's own commands
+    /// use.
+    tls: Option<(crate::CertFiles, std::path::PathBuf, u16)>,
 }
 
 impl Memcached {
@@ -25,6 +28,20 @@ impl Memcached {
 
     /// Starts a server with `memory_mb` of item memory (small, to force evictions).
     pub fn start_with_memory(memory_mb: u32) -> Option<Self> {
+        Self::start_with(memory_mb, None)
+    }
+
+    /// Starts a server that speaks TLS only on its port (`-Z`), with `pki`'s server
+    /// certificate, and demands a client certificate from `pki`'s CA (`ssl_verify_mode=2`).
+    /// The kit's own commands go to a second, clear-text listener.
+    pub fn start_tls(pki: &crate::Pki) -> Option<Self> {
+        Self::start_with(64, Some((pki.server.clone(), pki.ca.clone())))
+    }
+
+    fn start_with(
+        memory_mb: u32,
+        tls: Option<(crate::CertFiles, std::path::PathBuf)>,
+    ) -> Option<Self> {
         if !require_binary("memcached", "the memcached engine (package memcached)") {
             return None;
         }
@@ -33,6 +50,7 @@ impl Memcached {
                 child: Daemon::default(),
                 port: free_port(),
                 memory_mb,
+                tls: tls.clone().map(|(files, ca)| (files, ca, free_port())),
             };
             m.spawn();
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -48,8 +66,25 @@ impl Memcached {
 
     fn spawn(&mut self) {
         let mut cmd = Command::new("memcached");
-        cmd.args(["-l", "127.0.0.1", "-p", &self.port.to_string(), "-U", "0"])
+        cmd.args(["-p", &self.port.to_string(), "-U", "0"])
             .args(["-m", &self.memory_mb.to_string()]);
+        match &self.tls {
+            None => {
+                cmd.args(["-l", "127.0.0.1"]);
+            }
+            Some((files, ca, plain)) => {
+                cmd.arg("-l")
+                    .arg(format!("127.0.0.1:{},notls:127.0.0.1:{plain}", self.port))
+                    .arg("-Z")
+                    .arg("-o")
+                    .arg(format!(
+                        "ssl_chain_cert={},ssl_key={},ssl_ca_cert={},ssl_verify_mode=2",
+                        files.cert.display(),
+                        files.key.display(),
+                        ca.display()
+                    ));
+            }
+        }
         if nix::unistd::geteuid().is_root() {
             cmd.args(["-u", "root"]);
         }
@@ -62,9 +97,15 @@ impl Memcached {
         self.child = Daemon::new(child);
     }
 
-    /// `memcached://127.0.0.1:<port>` followed by `rest` (parameters).
+    /// `memcached://127.0.0.1:<port>` (`memcacheds://` for a TLS server) followed by `rest`
+    /// (parameters).
     pub fn url(&self, rest: &str) -> String {
-        format!("memcached://127.0.0.1:{}{rest}", self.port)
+        let scheme = if self.tls.is_some() {
+            "memcacheds"
+        } else {
+            "memcached"
+        };
+        format!("{scheme}://127.0.0.1:{}{rest}", self.port)
     }
 
     /// The port.
@@ -72,10 +113,15 @@ impl Memcached {
         self.port
     }
 
+    /// Where the kit's own commands go: the clear-text listener of a TLS server.
+    fn control_port(&self) -> u16 {
+        self.tls.as_ref().map_or(self.port, |(_, _, plain)| *plain)
+    }
+
     /// Sends one text-protocol command line and returns the first line of the answer (empty
     /// when the server does not answer).
     pub fn command(&self, line: &str) -> String {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.control_port())) else {
             return String::new();
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
@@ -93,7 +139,7 @@ impl Memcached {
 
     /// One statistic of `stats` (`evictions`, `curr_items`…).
     pub fn stat(&self, name: &str) -> Option<u64> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        let mut s = TcpStream::connect(("127.0.0.1", self.control_port())).ok()?;
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
         s.write_all(b"stats\r\n").ok()?;
         let mut text = String::new();
@@ -117,7 +163,8 @@ impl Memcached {
     /// Fills the cache with `count` junk items of `size` bytes each (pipelined, no replies),
     /// to push older items out.
     pub fn fill(&self, count: usize, size: usize) {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to memcached");
+        let mut s =
+            TcpStream::connect(("127.0.0.1", self.control_port())).expect("connect to memcached");
         let value = "x".repeat(size);
         let mut batch = String::new();
         for i in 0..count {

@@ -23,6 +23,10 @@ pub struct Postgres {
 /// The role that logs in with a password (scram-sha-256), for credential tests.
 pub const PG_PASSWORD_USER: (&str, &str) = ("locker", "locker-pw");
 
+/// The role that needs a client certificate (CN `distlock`, from the test CA) as well as its
+/// password, on a server from [`Postgres::start_tls`].
+pub const PG_CERT_USER: (&str, &str) = ("distlock", "distlock-pw");
+
 /// The directory of PostgreSQL's server programs: `pg_config --bindir`, else the newest
 /// `/usr/lib/postgresql/<version>/bin`.
 fn bin_dir() -> Option<PathBuf> {
@@ -67,6 +71,18 @@ impl Postgres {
     /// Starts a server and waits until it accepts queries. `None` (after printing `SKIP`) when
     /// PostgreSQL is missing outside CI.
     pub fn start() -> Option<Self> {
+        Self::start_with(None)
+    }
+
+    /// Starts a server that takes TLS connections only (`ssl=on`, `hostssl` lines alone in
+    /// `pg_hba.conf`), with `pki`'s server certificate. `locker` logs in with its password
+    /// (scram-sha-256); [`PG_CERT_USER`] needs its password and a client certificate from
+    /// `pki`'s CA whose CN is its name (`clientcert=verify-full`).
+    pub fn start_tls(pki: &crate::Pki) -> Option<Self> {
+        Self::start_with(Some(pki))
+    }
+
+    fn start_with(pki: Option<&crate::Pki>) -> Option<Self> {
         let found = bin_dir();
         if found.is_none() {
             // Reports (and under CI fails) as any missing server does.
@@ -100,9 +116,32 @@ impl Postgres {
                 String::from_utf8_lossy(&out.stderr)
             );
             // Passwords for `locker`, trust for the superuser (the tests' own queries).
-            let hba = "local all all trust\n\
-                       host all postgres 127.0.0.1/32 trust\n\
-                       host all all 127.0.0.1/32 scram-sha-256\n";
+            let hba = if let Some(pki) = pki {
+                let files = pki.install(&pki.server, &data);
+                std::fs::copy(&pki.ca, data.join("tls-ca.pem")).expect("copy the CA");
+                if let Some((uid, gid)) = server_account() {
+                    for f in [&files.cert, &files.key, &data.join("tls-ca.pem")] {
+                        nix::unistd::chown(
+                            f,
+                            Some(nix::unistd::Uid::from_raw(uid)),
+                            Some(nix::unistd::Gid::from_raw(gid)),
+                        )
+                        .expect("chown the TLS files to postgres");
+                    }
+                }
+                format!(
+                    "local all all trust\n\
+                     hostssl all postgres 127.0.0.1/32 trust\n\
+                     hostssl all {} 127.0.0.1/32 scram-sha-256 clientcert=verify-full\n\
+                     hostssl all all 127.0.0.1/32 scram-sha-256\n",
+                    PG_CERT_USER.0
+                )
+            } else {
+                "local all all trust\n\
+                 host all postgres 127.0.0.1/32 trust\n\
+                 host all all 127.0.0.1/32 scram-sha-256\n"
+                    .to_owned()
+            };
             std::fs::write(data.join("pg_hba.conf"), hba).expect("pg_hba.conf");
             let mut pg = Postgres {
                 child: Daemon::default(),
@@ -115,6 +154,23 @@ impl Postgres {
                 Ok(()) => {
                     let (user, pw) = PG_PASSWORD_USER;
                     pg.psql(&format!("CREATE ROLE {user} LOGIN PASSWORD '{pw}'"));
+                    let (user, pw) = PG_CERT_USER;
+                    pg.psql(&format!("CREATE ROLE {user} LOGIN PASSWORD '{pw}'"));
+                    if pki.is_some() {
+                        // The TLS tests lock as these roles from a fresh server: they create
+                        // the engine's sequence.
+                        let other = PG_PASSWORD_USER.0;
+                        pg.psql(&format!("GRANT CREATE ON SCHEMA public TO {user}, {other}"));
+                        // Whichever of the two creates the sequence, the other may use it.
+                        pg.psql(&format!(
+                            "ALTER DEFAULT PRIVILEGES FOR ROLE {user} IN SCHEMA public \
+                             GRANT ALL ON SEQUENCES TO {other}"
+                        ));
+                        pg.psql(&format!(
+                            "ALTER DEFAULT PRIVILEGES FOR ROLE {other} IN SCHEMA public \
+                             GRANT ALL ON SEQUENCES TO {user}"
+                        ));
+                    }
                     return Some(pg);
                 }
                 Err(e) => last = e,
@@ -132,9 +188,23 @@ impl Postgres {
                 Some(nix::unistd::Gid::from_raw(gid)),
             );
         }
+        let data = self.dir.path().join("data");
+        let mut tls = Vec::new();
+        if data.join("tls-cert.pem").is_file() {
+            for (name, file) in [
+                ("ssl_cert_file", "tls-cert.pem"),
+                ("ssl_key_file", "tls-key.pem"),
+                ("ssl_ca_file", "tls-ca.pem"),
+            ] {
+                tls.push("-c".to_owned());
+                tls.push(format!("{name}={}", data.join(file).display()));
+            }
+            tls.extend(["-c".to_owned(), "ssl=on".to_owned()]);
+        }
         // Durability off: the tests check locking, not the disk, and fsyncs would be most of
         // every write's time.
         let child = as_server(&mut Command::new(self.bin.join("postgres")))
+            .args(&tls)
             .arg("-D")
             .arg(self.dir.path().join("data"))
             .args(["-p", &self.port.to_string()])

@@ -36,6 +36,15 @@ pub fn free_port() -> u16 {
     l.local_addr().expect("local addr").port()
 }
 
+/// Lets every user read `path` (and enter it, for a directory): the servers the kit starts as
+/// other users read the test certificates.
+pub(crate) fn open_to_all(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = if path.is_dir() { 0o755 } else { 0o644 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .expect("open the file to all users");
+}
+
 /// A temporary directory for a server's data, on tmpfs (`/dev/shm`) when there is one: a
 /// disk's fsync per write would be most of every request's time.
 pub(crate) fn scratch_dir(prefix: &str) -> tempfile::TempDir {

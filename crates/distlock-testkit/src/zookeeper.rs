@@ -35,6 +35,19 @@ impl ZooKeeper {
     /// Starts `n` servers forming one ensemble (`n` = 1: standalone), and waits until each
     /// serves requests. Ticks of 100 ms: sessions may be as short as 400 ms.
     pub fn start_ensemble(n: usize) -> Option<Self> {
+        Self::start_with(n, "")
+    }
+
+    /// Starts one server that refuses sessions without `digest` authentication
+    /// (`enforce.auth.enabled`, ZooKeeper 3.7 and later).
+    pub fn start_requiring_digest() -> Option<Self> {
+        Self::start_with(
+            1,
+            "enforce.auth.enabled=true\nenforce.auth.schemes=digest\n",
+        )
+    }
+
+    fn start_with(n: usize, extra: &str) -> Option<Self> {
         if !require_binary("java", "the ZooKeeper engine")
             || !require_binary(JAR, "the ZooKeeper engine (package zookeeper)")
         {
@@ -56,6 +69,7 @@ impl ZooKeeper {
                      4lw.commands.whitelist=*\nminSessionTimeout=400\nmaxSessionTimeout=60000\n",
                     data.display()
                 );
+                cfg.push_str(extra);
                 if n > 1 {
                     std::fs::write(data.join("myid"), format!("{}\n", i + 1)).expect("myid");
                     for (j, (_, peer, election)) in ports.iter().enumerate() {

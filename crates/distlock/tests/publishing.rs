@@ -8,7 +8,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-const PUBLISHED: [&str; 10] = [
+const PUBLISHED: [&str; 11] = [
     "distlock",
     "distlock-cli",
     "distlock-core",
@@ -18,6 +18,7 @@ const PUBLISHED: [&str; 10] = [
     "distlock-mysql",
     "distlock-postgres",
     "distlock-redis",
+    "distlock-tls",
     "distlock-zookeeper",
 ];
 
