@@ -77,22 +77,50 @@ fn why_ended(e: &tokio_postgres::Error) -> LostReason {
 }
 
 /// Opens a session, whose connection runs in its own task; `end` hears when it ends.
+#[cfg(feature = "tls")]
+type Tls<'a> = Option<&'a crate::tls::MakeRustls>;
+#[cfg(not(feature = "tls"))]
+type Tls<'a> = Option<&'a ()>;
+
 async fn connect(
     config: &PgConfig,
+    tls: Tls<'_>,
     end: impl FnOnce(LostReason) + Send + 'static,
 ) -> Result<(Client, tokio::task::AbortHandle), LockError> {
-    let (client, connection) = tokio::time::timeout(
-        config.response_timeout.max(Duration::from_secs(1)) * 2,
-        config.pg.connect(NoTls),
-    )
-    .await
-    .map_err(|_| {
+    let limit = config.response_timeout.max(Duration::from_secs(1)) * 2;
+    let no_answer = |_| {
         LockError::new(
             ErrorKind::Timeout,
             "connecting to PostgreSQL: no answer".to_owned(),
         )
-    })?
-    .map_err(|e| map_err(e, "connecting to PostgreSQL"))?;
+    };
+    let doing = "connecting to PostgreSQL";
+    #[cfg(feature = "tls")]
+    if let Some(tls) = tls {
+        let (client, connection) = tokio::time::timeout(limit, config.pg.connect(tls.clone()))
+            .await
+            .map_err(no_answer)?
+            .map_err(|e| map_err(e, doing))?;
+        return Ok((client, watch(connection, end)));
+    }
+    #[cfg(not(feature = "tls"))]
+    let _ = tls;
+    let (client, connection) = tokio::time::timeout(limit, config.pg.connect(NoTls))
+        .await
+        .map_err(no_answer)?
+        .map_err(|e| map_err(e, doing))?;
+    Ok((client, watch(connection, end)))
+}
+
+/// Runs a session's connection in its own task, and tells `end` why it ended.
+fn watch<S, T>(
+    connection: tokio_postgres::Connection<S, T>,
+    end: impl FnOnce(LostReason) + Send + 'static,
+) -> tokio::task::AbortHandle
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let task = tokio::spawn(async move {
         let why = match connection.await {
             Ok(()) => LostReason::Unreachable,
@@ -100,7 +128,7 @@ async fn connect(
         };
         end(why);
     });
-    Ok((client, task.abort_handle()))
+    task.abort_handle()
 }
 
 /// A session of the pool, with its statements prepared.
@@ -118,6 +146,9 @@ pub(crate) struct PgConn {
 /// The SQL half of the pool.
 pub(crate) struct PgOps {
     config: PgConfig,
+    /// The TLS connector (its files read once), when TLS may be used.
+    #[cfg(feature = "tls")]
+    tls: Option<crate::tls::MakeRustls>,
 }
 
 impl PgOps {
@@ -187,7 +218,11 @@ impl PgOps {
     async fn open_session(&self, end: SessionEnd) -> Result<PgConn, LockError> {
         const DOING: &str = "preparing the lock statements";
         let ended = end.clone();
-        let (client, task) = connect(&self.config, move |why| ended.end(why)).await?;
+        #[cfg(feature = "tls")]
+        let tls = self.tls.as_ref();
+        #[cfg(not(feature = "tls"))]
+        let tls = None::<&()>;
+        let (client, task) = connect(&self.config, tls, move |why| ended.end(why)).await?;
         let s = &self.config.schema;
         // Granted: the fence, the session's timeout (which covers every lock on it) and a
         // label in application_name, which other sessions read in pg_stat_activity (no write).
@@ -365,7 +400,18 @@ impl PgBackend {
         };
         let backend = PgBackend {
             inner: Arc::new(Inner {
-                pool: SessionPool::new(PgOps { config }, limits),
+                pool: SessionPool::new(
+                    PgOps {
+                        #[cfg(feature = "tls")]
+                        tls: config
+                            .tls
+                            .clone()
+                            .map(crate::tls::MakeRustls::new)
+                            .transpose()?,
+                        config,
+                    },
+                    limits,
+                ),
                 dedicated: Mutex::new(Vec::new()),
             }),
         };
@@ -430,7 +476,11 @@ impl PgBackend {
     /// Opens a session of its own.
     async fn open(&self) -> Result<Conn, LockError> {
         let (tx, rx) = watch::channel(None);
-        let (client, _task) = connect(self.config(), move |why| {
+        #[cfg(feature = "tls")]
+        let tls = self.inner.pool.ops().tls.as_ref();
+        #[cfg(not(feature = "tls"))]
+        let tls = None::<&()>;
+        let (client, _task) = connect(self.config(), tls, move |why| {
             let _ = tx.send(Some(why));
         })
         .await?;

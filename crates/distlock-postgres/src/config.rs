@@ -18,8 +18,22 @@ use distlock_core::{ErrorKind, LockError};
 /// | `pool_wait` | `5s` | how long an acquire waits for room when every session is in use for it |
 /// | `response_timeout` | `5s` | per statement on a session that holds locks |
 ///
-/// TLS is not built in this release: `sslmode=require` (or stronger) is refused as a
-/// configuration error rather than silently connecting in clear text.
+/// TLS takes libpq's parameters, with libpq's meanings (and its environment variables
+/// `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY` when the URL does not say):
+///
+/// | `sslmode` | TLS | the server's certificate |
+/// |---|---|---|
+/// | `disable` | never | — |
+/// | `allow`, `prefer` (default) | if the server has it | not checked, unless a CA is given |
+/// | `require` | always | not checked, unless a CA is given (then as `verify-ca`) |
+/// | `verify-ca` | always | chains to the CA |
+/// | `verify-full` | always | chains to the CA and names the host |
+///
+/// `sslrootcert` is the CA file (default `~/.postgresql/root.crt` if it exists), or `system`
+/// for the system's roots (with `verify-full` only, as libpq 16 demands); `sslcert` and
+/// `sslkey` are the client certificate and key (default `~/.postgresql/postgresql.crt` and
+/// `.key` if both exist). `allow` behaves as `prefer` (TLS first). Without the `tls` feature,
+/// modes that need TLS are refused rather than connecting in clear text.
 #[derive(Clone)]
 pub struct PgConfig {
     pub(crate) pg: tokio_postgres::Config,
@@ -27,6 +41,9 @@ pub struct PgConfig {
     pub(crate) sessions: usize,
     pub(crate) pool_wait: Duration,
     pub(crate) response_timeout: Duration,
+    /// How TLS is made (`None`: never).
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<distlock_tls::TlsSettings>,
 }
 
 impl std::fmt::Debug for PgConfig {
@@ -38,7 +55,7 @@ impl std::fmt::Debug for PgConfig {
             .field("sessions", &self.sessions)
             .field("pool_wait", &self.pool_wait)
             .field("response_timeout", &self.response_timeout)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -66,6 +83,7 @@ impl PgConfig {
         let mut pool_wait = Duration::from_secs(5);
         let mut response_timeout = Duration::from_secs(5);
         let mut kept = Vec::new();
+        let mut ssl = SslParams::default();
         for pair in query.into_iter().flat_map(|q| q.split('&')) {
             if pair.is_empty() {
                 continue;
@@ -96,23 +114,15 @@ impl PgConfig {
                     ));
                 }
                 "pool_wait" | "response_timeout" => {
-                    let d = distlock_core::parse_duration(v)
-                        .ok()
-                        .filter(|d| !d.is_zero() || k == "pool_wait")
-                        .ok_or_else(|| {
-                            config_err(format!("{k}={v:?}: a duration such as 2s or 500ms"))
-                        })?;
+                    let d = distlock_core::url::duration_param(k, v, k == "pool_wait")?;
                     if k == "pool_wait" {
                         pool_wait = d;
                     } else {
                         response_timeout = d;
                     }
                 }
-                "sslmode" if !matches!(v, "disable" | "prefer" | "allow") => {
-                    return Err(LockError::new(
-                        ErrorKind::Unsupported,
-                        format!("sslmode={v}: TLS to PostgreSQL is not built in this release"),
-                    ));
+                "sslmode" | "sslrootcert" | "sslcert" | "sslkey" => {
+                    ssl.set(k, distlock_core::url::decode(v));
                 }
                 _ => kept.push(pair),
             }
@@ -143,15 +153,137 @@ impl PgConfig {
         if pg.get_application_name().is_none() {
             pg.application_name("distlock");
         }
-        // Never TLS here, whatever `prefer` would try.
-        pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+        let (mode, tls) = ssl.resolve()?;
+        pg.ssl_mode(mode);
+        #[cfg(not(feature = "tls"))]
+        let _ = tls;
         Ok(PgConfig {
             pg,
             schema,
             sessions,
             pool_wait,
             response_timeout,
+            #[cfg(feature = "tls")]
+            tls,
         })
+    }
+}
+
+/// libpq's TLS parameters as given (URL first, then the environment).
+#[derive(Default)]
+struct SslParams {
+    mode: Option<String>,
+    root: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+}
+
+/// What the TLS settings are without the `tls` feature: there are none.
+#[cfg(not(feature = "tls"))]
+type Tls = ();
+#[cfg(feature = "tls")]
+type Tls = Option<distlock_tls::TlsSettings>;
+
+impl SslParams {
+    fn set(&mut self, k: &str, v: String) {
+        let slot = match k {
+            "sslmode" => &mut self.mode,
+            "sslrootcert" => &mut self.root,
+            "sslcert" => &mut self.cert,
+            _ => &mut self.key,
+        };
+        *slot = Some(v);
+    }
+
+    /// tokio-postgres's mode and our TLS settings.
+    fn resolve(self) -> Result<(tokio_postgres::config::SslMode, Tls), LockError> {
+        use tokio_postgres::config::SslMode;
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let mode = self
+            .mode
+            .or_else(|| env("PGSSLMODE"))
+            .unwrap_or_else(|| "prefer".to_owned());
+        let pg_mode = match mode.as_str() {
+            "disable" => return Ok((SslMode::Disable, Tls::default())),
+            "allow" | "prefer" => SslMode::Prefer,
+            "require" | "verify-ca" | "verify-full" => SslMode::Require,
+            other => {
+                return Err(config_err(format!(
+                    "sslmode={other:?}: one of disable, allow, prefer, require, verify-ca, \
+                     verify-full"
+                )));
+            }
+        };
+        #[cfg(not(feature = "tls"))]
+        {
+            if pg_mode == SslMode::Require {
+                return Err(LockError::new(
+                    ErrorKind::Unsupported,
+                    format!("sslmode={mode}: this build has no TLS (the `tls` feature is off)"),
+                ));
+            }
+            let _ = (self.root, self.cert, self.key);
+            Ok((SslMode::Disable, ()))
+        }
+        #[cfg(feature = "tls")]
+        {
+            use distlock_tls::{TlsSettings, Verify};
+            use std::path::PathBuf;
+            let home = env("HOME").map(|h| PathBuf::from(h).join(".postgresql"));
+            let root = self.root.or_else(|| env("PGSSLROOTCERT"));
+            let mut settings = TlsSettings::default();
+            let system = root.as_deref() == Some("system");
+            settings.ca = match root {
+                Some(r) if r == "system" => None,
+                Some(r) => Some(PathBuf::from(r)),
+                None => home
+                    .as_ref()
+                    .map(|h| h.join("root.crt"))
+                    .filter(|p| p.is_file()),
+            };
+            let have_ca = system || settings.ca.is_some();
+            settings.verify = match mode.as_str() {
+                "verify-full" => Verify::Full,
+                "verify-ca" => Verify::Chain,
+                // libpq: with a CA at hand, `require` (and `prefer`) check the chain.
+                _ if have_ca => Verify::Chain,
+                _ => Verify::EncryptOnly,
+            };
+            if system && mode != "verify-full" {
+                return Err(config_err(format!(
+                    "sslrootcert=system needs sslmode=verify-full (not {mode}), as in libpq"
+                )));
+            }
+            if mode.starts_with("verify") && !have_ca {
+                return Err(config_err(format!(
+                    "sslmode={mode} needs a CA to check the server against: sslrootcert=<file> \
+                     (or system), PGSSLROOTCERT, or ~/.postgresql/root.crt"
+                )));
+            }
+            let cert = self.cert.or_else(|| env("PGSSLCERT"));
+            let key = self.key.or_else(|| env("PGSSLKEY"));
+            match (cert, key) {
+                (Some(c), Some(k)) => {
+                    settings.cert = Some(c.into());
+                    settings.key = Some(k.into());
+                }
+                (None, None) => {
+                    if let Some(h) = &home {
+                        let (c, k) = (h.join("postgresql.crt"), h.join("postgresql.key"));
+                        if c.is_file() && k.is_file() {
+                            settings.cert = Some(c);
+                            settings.key = Some(k);
+                        }
+                    }
+                }
+                _ => {
+                    return Err(config_err(
+                        "a client certificate needs both sslcert and sslkey",
+                    ));
+                }
+            }
+            Ok((pg_mode, Some(settings)))
+        }
     }
 }
 
@@ -194,8 +326,14 @@ mod tests {
             let e = PgConfig::from_url(bad).expect_err(bad);
             assert_eq!(e.kind(), ErrorKind::Config, "{bad}: {e}");
         }
-        let e = PgConfig::from_url("postgres://h?sslmode=require").unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Unsupported);
+        for bad in [
+            "postgres://h?sslmode=sometimes",
+            "postgres://h?sslmode=verify-ca&sslrootcert=system",
+            "postgres://h?sslmode=require&sslcert=/c.pem",
+        ] {
+            let e = PgConfig::from_url(bad).expect_err(bad);
+            assert_eq!(e.kind(), ErrorKind::Config, "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -29,7 +29,25 @@ pub(crate) fn map_err(e: tokio_postgres::Error, doing: &str) -> LockError {
         Some(c) if *c == SqlState::IDLE_SESSION_TIMEOUT => ErrorKind::Lost,
         Some(c) if *c == SqlState::TOO_MANY_CONNECTIONS => ErrorKind::Connection,
         Some(_) => ErrorKind::Protocol,
-        // No server code: the connection failed or closed.
+        // No server code. TLS asked for (require, verify-*) and the server has none: a
+        // deployment that does not match its configuration, never a silent downgrade.
+        None if distlock_core::error_chain(&e).contains("server does not support TLS") => {
+            return LockError::new(
+                ErrorKind::Config,
+                format!(
+                    "{doing}: the server does not offer TLS, and sslmode asks for it (use \
+                     sslmode=prefer to allow clear text)"
+                ),
+            );
+        }
+        // A certificate refused (ours or the server's) is an authentication
+        // failure; else the connection failed or closed.
+        #[cfg(feature = "tls")]
+        None if distlock_tls::classify(&e).is_some() => {
+            let (kind, words) =
+                distlock_tls::classify(&e).unwrap_or((ErrorKind::Connection, String::new()));
+            return LockError::new(kind, format!("{doing}: {words}")).with_source(e);
+        }
         None if e.is_closed() => ErrorKind::Connection,
         None => {
             if e.to_string().contains("timed out") {

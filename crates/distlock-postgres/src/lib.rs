@@ -4,6 +4,8 @@ mod backend;
 mod config;
 mod error;
 mod fenced;
+#[cfg(feature = "tls")]
+mod tls;
 mod xact;
 
 pub use backend::{PgBackend, lock_id};
