@@ -12,147 +12,11 @@ use distlock_core::engine::{
     MutexExt, RenewItem, Sessions,
 };
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Opts, OptsBuilder, Row, Value};
+use mysql_async::{Conn, Opts, Row, Value};
+
+use crate::config::{FenceSource, MysqlConfig, SslMode, config_err};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
-
-/// How to reach MySQL or MariaDB.
-///
-/// From a URL: `mysql://[user[:password]@]host[:port]/database[?params]` (also `mariadb://`).
-/// The database is required: the engine keeps its table `distlock_locks` there. Parameters:
-///
-/// | parameter | default | meaning |
-/// |---|---|---|
-/// | `sessions` | `8` | the most server connections that hold locks, many on each |
-/// | `pool_wait` | `5s` | how long an acquire waits for room when every session is in use for it |
-/// | `fence` | `auto` | `sequence` (MariaDB 10.3+: a cached `SEQUENCE`, read in the acquiring statement), `counter` (a per-name counter row, written by each acquire), or `auto`: `sequence` where the server has sequences |
-/// | `connect_timeout` | `3s` | per connection attempt |
-/// | `response_timeout` | `2s` | per statement |
-#[derive(Clone)]
-pub struct MysqlConfig {
-    opts: Opts,
-    sessions: usize,
-    pool_wait: Duration,
-    fence: Option<FenceSource>,
-    connect_timeout: Duration,
-    response_timeout: Duration,
-}
-
-impl fmt::Debug for MysqlConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MysqlConfig")
-            .field("host", &self.opts.ip_or_hostname())
-            .field("port", &self.opts.tcp_port())
-            .field("user", &self.opts.user())
-            .field("database", &self.opts.db_name())
-            .field("sessions", &self.sessions)
-            .field("pool_wait", &self.pool_wait)
-            .finish_non_exhaustive()
-    }
-}
-
-fn config_err(msg: impl Into<String>) -> LockError {
-    LockError::new(ErrorKind::Config, msg.into())
-}
-
-impl MysqlConfig {
-    /// Parses a `mysql://` or `mariadb://` URL.
-    ///
-    /// # Errors
-    /// `Config` for another scheme, a malformed URL, no database, or a bad parameter.
-    pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let rest = url
-            .strip_prefix("mysql://")
-            .or_else(|| url.strip_prefix("mariadb://"))
-            .ok_or_else(|| {
-                config_err(format!(
-                    "not a mysql:// URL: {:?}",
-                    distlock_core::url::redact(url)
-                ))
-            })?;
-        let (base, query) = match rest.split_once('?') {
-            Some((b, q)) => (b, Some(q)),
-            None => (rest, None),
-        };
-        let mut sessions = 8;
-        let mut pool_wait = Duration::from_secs(5);
-        let mut fence = None;
-        let mut connect_timeout = Duration::from_secs(3);
-        let mut response_timeout = Duration::from_secs(2);
-        for pair in query.into_iter().flat_map(|q| q.split('&')) {
-            if pair.is_empty() {
-                continue;
-            }
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            match k {
-                "sessions" => {
-                    sessions = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        config_err(format!("sessions={v:?}: a number of sessions, at least 1"))
-                    })?;
-                }
-                "fence" => {
-                    fence = match v {
-                        "auto" => None,
-                        "counter" => Some(FenceSource::Counter),
-                        "sequence" => Some(FenceSource::Sequence),
-                        _ => {
-                            return Err(config_err(format!(
-                                "fence={v:?}: auto, counter or sequence"
-                            )));
-                        }
-                    };
-                }
-                "idle_connections" => {
-                    return Err(config_err(
-                        "idle_connections= is gone: locks share sessions now; sessions= sets \
-                         how many (default 8)",
-                    ));
-                }
-                "connect_timeout" | "response_timeout" | "pool_wait" => {
-                    let d = distlock_core::parse_duration(v)
-                        .ok()
-                        .filter(|d| !d.is_zero() || k == "pool_wait")
-                        .ok_or_else(|| {
-                            config_err(format!("{k}={v:?}: a duration such as 2s or 500ms"))
-                        })?;
-                    match k {
-                        "connect_timeout" => connect_timeout = d,
-                        "response_timeout" => response_timeout = d,
-                        _ => pool_wait = d,
-                    }
-                }
-                other => {
-                    return Err(config_err(format!(
-                        "unknown mysql URL parameter {other:?} (known: sessions, pool_wait, \
-                         fence, connect_timeout, response_timeout)"
-                    )));
-                }
-            }
-        }
-        let opts = Opts::from_url(&format!("mysql://{base}")).map_err(|e| {
-            config_err(format!(
-                "bad mysql URL {:?}: {e}",
-                distlock_core::url::redact(url)
-            ))
-        })?;
-        if opts.db_name().is_none_or(str::is_empty) {
-            return Err(config_err(format!(
-                "{:?} names no database (mysql://host/db): the engine keeps its table there",
-                distlock_core::url::redact(url)
-            )));
-        }
-        // Room for the engine's two prepared statements (acquire, release) per connection.
-        let opts = OptsBuilder::from_opts(opts).stmt_cache_size(4).into();
-        Ok(MysqlConfig {
-            opts,
-            sessions,
-            pool_wait,
-            fence,
-            connect_timeout,
-            response_timeout,
-        })
-    }
-}
 
 /// The server-side lock name of a lock: `dl:<name>` when that is at most 64 characters of
 /// letters, digits and `_ . : / -`; otherwise `dl:sha256:` and the first 48 hex digits of
@@ -196,10 +60,16 @@ fn wait_secs(ttl: Duration) -> u64 {
 }
 
 fn map_err(e: mysql_async::Error, doing: &str) -> LockError {
+    // A certificate refused, ours or the server's.
+    #[cfg(feature = "tls")]
+    if let Some((kind, words)) = distlock_tls::classify(&e) {
+        return LockError::new(kind, format!("{doing}: {words}"));
+    }
     let kind = match &e {
         mysql_async::Error::Server(s) => match s.code {
-            // Access denied (user, database, command, table).
-            1044 | 1045 | 1095 | 1142 | 1227 | 1698 => ErrorKind::Auth,
+            // Access denied (user, database, command, table); 3159: clear text where the
+            // server requires secure transport.
+            1044 | 1045 | 1095 | 1142 | 1227 | 1698 | 3159 => ErrorKind::Auth,
             1049 => ErrorKind::Config,
             _ => ErrorKind::Protocol,
         },
@@ -411,15 +281,6 @@ impl Drop for Detached {
     }
 }
 
-/// Where fencing tokens come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FenceSource {
-    /// A counter per name in `distlock_locks`, bumped by the acquire (a write).
-    Counter,
-    /// MariaDB's cached `SEQUENCE` `distlock_fence`, read in the acquiring statement.
-    Sequence,
-}
-
 /// The SQL half of the pool.
 pub(crate) struct MyOps {
     config: MysqlConfig,
@@ -434,10 +295,33 @@ impl MyOps {
 
 async fn connect(c: &MysqlConfig) -> Result<Conn, LockError> {
     const DOING: &str = "connecting to MySQL";
-    tokio::time::timeout(c.connect_timeout, Conn::new(c.opts.clone()))
-        .await
-        .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
-        .map_err(|e| map_err(e, DOING))
+    let attempt = |opts: &Opts| {
+        let opts = opts.clone();
+        async move {
+            tokio::time::timeout(c.connect_timeout, Conn::new(opts))
+                .await
+                .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))
+        }
+    };
+    let Some(tls) = &c.tls_opts else {
+        return attempt(&c.opts).await?.map_err(|e| map_err(e, DOING));
+    };
+    match attempt(tls).await? {
+        Ok(conn) => Ok(conn),
+        Err(mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer)) => {
+            if c.ssl_mode == SslMode::Preferred {
+                // PREFERRED, as MySQL's clients: clear text when the server has no TLS.
+                attempt(&c.opts).await?.map_err(|e| map_err(e, DOING))
+            } else {
+                Err(config_err(format!(
+                    "{DOING}: the server does not offer TLS, and ssl-mode={:?} asks for it \
+                     (PREFERRED allows clear text)",
+                    c.ssl_mode
+                )))
+            }
+        }
+        Err(e) => Err(map_err(e, DOING)),
+    }
 }
 
 impl SessionOps for MyOps {
@@ -945,34 +829,6 @@ mod tests {
             assert!(n.starts_with("dl:sha256:") && n.len() == 58, "{n}");
         }
         assert_eq!(lock_name("quote'd"), lock_name("quote'd"));
-    }
-
-    #[test]
-    fn urls() {
-        let c = MysqlConfig::from_url(
-            "mariadb://app:pw@db:3307/locks?sessions=2&response_timeout=500ms&pool_wait=0s&fence=counter",
-        )
-        .unwrap();
-        assert_eq!(c.fence, Some(FenceSource::Counter));
-        assert_eq!(c.sessions, 2);
-        assert_eq!(c.pool_wait, Duration::ZERO);
-        assert_eq!(c.response_timeout, Duration::from_millis(500));
-        assert_eq!(c.opts.tcp_port(), 3307);
-        for bad in [
-            "mysql://h",
-            "mysql://h/",
-            "mysql://h/db?nonsense=1",
-            "mysql://h/db?response_timeout=0",
-            "mysql://h/db?sessions=0",
-            "mysql://h/db?idle_connections=2",
-            "mysql://h/db?fence=dice",
-            "postgres://h/db",
-        ] {
-            let e = MysqlConfig::from_url(bad).expect_err(bad);
-            assert_eq!(e.kind(), ErrorKind::Config, "{bad}: {e}");
-        }
-        let e = MysqlConfig::from_url("mysql://u:topsecret@h/db?x=1").unwrap_err();
-        assert!(!e.to_string().contains("topsecret"), "{e}");
     }
 
     #[test]

@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod backend;
+mod config;
 
-pub use backend::{MysqlBackend, MysqlConfig, lock_name};
+pub use backend::{MysqlBackend, lock_name};
+pub use config::MysqlConfig;
