@@ -94,6 +94,7 @@ pub(crate) fn p5(
                 Duration::from_secs(3),
                 false,
                 None,
+                None,
             );
             let ours = LockClient::new(
                 distlock_etcd::EtcdBackend::connect(&url)

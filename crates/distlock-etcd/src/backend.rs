@@ -90,7 +90,15 @@ impl EtcdBackend {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn with_config(config: EtcdConfig) -> Result<Self, LockError> {
-        let doing = format!("connecting to etcd at {}", config.endpoints.join(","));
+        #[cfg(feature = "tls")]
+        let shown = if config.tls.is_some() {
+            config.endpoints.join(",").replace("http://", "https://")
+        } else {
+            config.endpoints.join(",")
+        };
+        #[cfg(not(feature = "tls"))]
+        let shown = config.endpoints.join(",");
+        let doing = format!("connecting to etcd at {shown}");
         let members = Arc::new(Members::new(&config)?);
         let sessions = session::Sessions::new(members.clone(), config.response_timeout);
         let store = EtcdStore::new(members, sessions, config.prefix.clone());

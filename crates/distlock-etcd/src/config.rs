@@ -17,7 +17,16 @@ use distlock_core::{ErrorKind, LockError};
 /// | `connect_timeout` | `3s` | per connection attempt |
 /// | `response_timeout` | `2s` | per request: a member silent this long is left for the next |
 ///
-/// `etcds://` (TLS) is not built in this release: it is refused as a configuration error.
+/// `etcds://` connects with TLS (with the `tls` feature, on by default), and takes:
+///
+/// | parameter | default | meaning |
+/// |---|---|---|
+/// | `tls_ca` | the system's roots | the CA file (PEM) the members' certificates chain to |
+/// | `tls_cert`, `tls_key` | none | our certificate and key (PEM), for members run with `--client-cert-auth` |
+/// | `tls_verify` | `full` | `full` (the chain and the host name), `ca` (the chain), `none` |
+/// | `tls_server_name` | the host | the name to expect in the certificates |
+///
+/// The files default to `DISTLOCK_TLS_CA`, `DISTLOCK_TLS_CERT` and `DISTLOCK_TLS_KEY`.
 #[derive(Clone)]
 pub struct EtcdConfig {
     pub(crate) endpoints: Vec<String>,
@@ -25,6 +34,9 @@ pub struct EtcdConfig {
     pub(crate) prefix: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
+    /// TLS, for `etcds://`.
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<distlock_tls::TlsSettings>,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -35,7 +47,7 @@ impl std::fmt::Debug for EtcdConfig {
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -47,9 +59,11 @@ impl EtcdConfig {
     pub fn from_url(text: &str) -> Result<Self, LockError> {
         let cfg_err = |m: String| LockError::new(ErrorKind::Config, m);
         let (tls, rest) = split_scheme(text, "etcd", "etcds")?;
+        #[cfg(not(feature = "tls"))]
         if tls {
-            return Err(cfg_err(
-                "etcds:// (TLS) is not built in this release of distlock; use etcd://".into(),
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                "etcds://: this build has no TLS (the `tls` feature is off)",
             ));
         }
         let mut parts = MultiHostUrl::parse(rest)?;
@@ -65,7 +79,16 @@ impl EtcdConfig {
             prefix: "distlock/".into(),
             connect_timeout: Duration::from_secs(3),
             response_timeout: Duration::from_secs(2),
+            #[cfg(feature = "tls")]
+            tls: None,
         };
+        #[cfg(feature = "tls")]
+        if tls {
+            let mut settings = distlock_tls::TlsSettings::from_params(|n| parts.take(n))?;
+            // gRPC: HTTP/2, agreed in the handshake.
+            settings.alpn = vec![b"h2".to_vec()];
+            cfg.tls = Some(settings);
+        }
         if let Some(p) = parts.take("prefix") {
             cfg.prefix = p;
         }
@@ -75,7 +98,11 @@ impl EtcdConfig {
         if let Some(d) = parts.take_duration("response_timeout")? {
             cfg.response_timeout = d;
         }
-        parts.no_more_params("etcd", "prefix, connect_timeout, response_timeout")?;
+        parts.no_more_params(
+            "etcd",
+            "prefix, connect_timeout, response_timeout; with etcds://: tls_ca, tls_cert, \
+             tls_key, tls_verify, tls_server_name",
+        )?;
         parts.require_ports(2379)?;
         if !parts.userinfo.is_empty() {
             let (user, password) = parts.credentials();
@@ -125,6 +152,14 @@ mod tests {
         assert_eq!(c.prefix, "app/locks/");
         assert_eq!(c.response_timeout, Duration::from_millis(500));
         assert!(EtcdConfig::from_url("etcd://127.0.0.1:2379/").is_ok());
+        let t = EtcdConfig::from_url(
+            "etcds://a:2379,b:2379?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem&tls_verify=ca",
+        )
+        .expect("valid");
+        let tls = t.tls.expect("TLS");
+        assert_eq!(tls.ca.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(tls.verify, distlock_tls::Verify::Chain);
+        assert_eq!(tls.alpn, [b"h2".to_vec()]);
     }
 
     #[test]
@@ -132,7 +167,8 @@ mod tests {
         for bad in [
             "",
             "redis://h:1",
-            "etcds://h:2379",
+            "etcds://h:2379?tls_verify=maybe",
+            "etcds://h:2379?tls_cert=/c.pem",
             "etcd://",
             "etcd://h",
             "etcd://h:0",

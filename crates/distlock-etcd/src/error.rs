@@ -43,6 +43,11 @@ fn describe(s: &Status) -> String {
 }
 
 pub(crate) fn map_err(s: Status, doing: &str) -> LockError {
+    // A certificate refused, ours or the member's.
+    #[cfg(feature = "tls")]
+    if let Some((kind, words)) = distlock_tls::classify(&s) {
+        return LockError::new(kind, format!("{doing}: {words}"));
+    }
     let kind = match s.code() {
         Code::DeadlineExceeded => ErrorKind::Timeout,
         Code::Unauthenticated | Code::PermissionDenied => ErrorKind::Auth,

@@ -40,6 +40,7 @@ pub(crate) struct Members {
     connect_timeout: Duration,
     response_timeout: Duration,
     user: Option<(String, String)>,
+    tls: Option<crate::wire::Tls>,
 }
 
 impl Members {
@@ -64,6 +65,16 @@ impl Members {
             connect_timeout: config.connect_timeout,
             response_timeout: config.response_timeout,
             user: config.user.clone(),
+            #[cfg(feature = "tls")]
+            tls: match &config.tls {
+                Some(settings) => Some(crate::wire::Tls {
+                    connector: settings.connector()?,
+                    settings: std::sync::Arc::new(settings.clone()),
+                }),
+                None => None,
+            },
+            #[cfg(not(feature = "tls"))]
+            tls: None,
         })
     }
 
@@ -105,6 +116,7 @@ impl Members {
                         self.connect_timeout,
                         true,
                         self.user.clone(),
+                        self.tls.as_ref(),
                     );
                     conn.authenticate().await?;
                     Ok(conn)

@@ -100,6 +100,99 @@ fn token_expired(s: &Status) -> bool {
     s.code() == Code::Unauthenticated && s.message().contains("invalid auth token")
 }
 
+/// What a TLS connection to a member needs: the connector (its files read once) and the
+/// settings (the name to check).
+#[cfg(feature = "tls")]
+#[derive(Clone)]
+#[allow(missing_debug_implementations)]
+pub struct Tls {
+    pub connector: distlock_tls::TlsConnector,
+    pub settings: Arc<distlock_tls::TlsSettings>,
+}
+
+/// A TLS stream whose first bytes from the server were read at connection time. In TLS 1.3 a
+/// server refuses our certificate only after the handshake, in an alert that the first read
+/// meets: read there, it fails the connection with the rustls error in it (an `Auth` error),
+/// where inside hyper's HTTP/2 task it would come out as a bare "operation was canceled". An
+/// HTTP/2 server speaks first (its SETTINGS frame), so this read does not wait.
+#[cfg(feature = "tls")]
+struct Primed<S> {
+    inner: S,
+    first: Vec<u8>,
+    at: usize,
+}
+
+#[cfg(feature = "tls")]
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> Primed<S> {
+    async fn read_first(mut inner: S, limit: Duration) -> std::io::Result<Self> {
+        use tokio::io::AsyncReadExt;
+        let mut first = vec![0u8; 1024];
+        let n = match tokio::time::timeout(limit, inner.read(&mut first)).await {
+            Ok(read) => read?,
+            // A server that does not speak first: nothing to hand on.
+            Err(_) => 0,
+        };
+        first.truncate(n);
+        Ok(Primed {
+            inner,
+            first,
+            at: 0,
+        })
+    }
+}
+
+#[cfg(feature = "tls")]
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Primed<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if this.at < this.first.len() {
+            let n = buf.remaining().min(this.first.len() - this.at);
+            buf.put_slice(&this.first[this.at..this.at + n]);
+            this.at += n;
+            if this.at == this.first.len() {
+                this.first = Vec::new();
+                this.at = 0;
+            }
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+#[cfg(feature = "tls")]
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Primed<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// No TLS in this build.
+#[cfg(not(feature = "tls"))]
+#[derive(Clone)]
+pub enum Tls {}
+
 impl Conn {
     /// A connection to `endpoint`, opened at the first request (a member that is down fails
     /// that request, not this call).
@@ -108,11 +201,36 @@ impl Conn {
         connect_timeout: Duration,
         require_leader: bool,
         credentials: Option<(String, String)>,
+        tls: Option<&Tls>,
     ) -> Conn {
-        let channel = endpoint
-            .connect_timeout(connect_timeout)
-            .tcp_nodelay(true)
-            .connect_lazy();
+        let endpoint = endpoint.connect_timeout(connect_timeout).tcp_nodelay(true);
+        let channel = match tls {
+            None => endpoint.connect_lazy(),
+            #[cfg(feature = "tls")]
+            Some(tls) => {
+                let tls = tls.clone();
+                endpoint.connect_with_connector_lazy(tower::service_fn(move |uri: http::Uri| {
+                    let tls = tls.clone();
+                    async move {
+                        let host = uri.host().unwrap_or_default().to_owned();
+                        let port = uri.port_u16().unwrap_or(2379);
+                        let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+                        let _ = tcp.set_nodelay(true);
+                        let name = tls
+                            .settings
+                            .server_name_for(&host)
+                            .map_err(std::io::Error::other)?;
+                        // A refused certificate stays an io::Error around the rustls error,
+                        // which `distlock_tls::classify` finds in the status.
+                        let stream = tls.connector.connect(name, tcp).await?;
+                        let stream = Primed::read_first(stream, connect_timeout).await?;
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                    }
+                }))
+            }
+            #[cfg(not(feature = "tls"))]
+            Some(never) => match *never {},
+        };
         Conn {
             channel,
             settings: Arc::new(CallSettings {

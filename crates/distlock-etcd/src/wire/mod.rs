@@ -8,7 +8,7 @@
 mod conn;
 pub mod messages;
 
-pub use conn::{Conn, KeepAlive, WatchStream};
+pub use conn::{Conn, KeepAlive, Tls, WatchStream};
 pub use messages::*;
 
 /// The end of the range that holds every key starting with `prefix` (etcd's convention: the
