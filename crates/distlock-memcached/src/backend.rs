@@ -94,10 +94,20 @@ impl MemcachedBackend {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn with_config(config: MemcachedConfig) -> Result<Self, LockError> {
+        #[cfg(feature = "tls")]
+        let tls = match &config.tls {
+            Some(settings) => Some(crate::meta::Tls {
+                connector: settings.connector()?,
+                settings: settings.clone(),
+            }),
+            None => None,
+        };
         let pool = Pool::new(
             config.host.clone(),
             config.connect_timeout,
             config.response_timeout,
+            #[cfg(feature = "tls")]
+            tls,
         );
         let backend = MemcachedBackend {
             inner: Arc::new(Inner {

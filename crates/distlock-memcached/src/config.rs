@@ -16,9 +16,23 @@ use distlock_core::{ErrorKind, LockError};
 /// | `prefix` | `distlock:` | the lock `orders` is the item `<prefix>orders` |
 /// | `connect_timeout` | `3s` | per connection attempt |
 /// | `response_timeout` | `2s` | per request |
+///
+/// `memcacheds://` connects with TLS (memcached 1.6 built with TLS, run with `-Z`), with the
+/// `tls` feature (on by default):
+///
+/// | parameter | default | meaning |
+/// |---|---|---|
+/// | `tls_ca` | the system's roots | the CA file (PEM) the server's certificate chains to |
+/// | `tls_cert`, `tls_key` | none | our certificate and key (PEM), for `ssl_verify_mode=2` or `3` |
+/// | `tls_verify` | `full` | `full` (the chain and the host name), `ca` (the chain), `none` |
+/// | `tls_server_name` | the host | the name to expect in the certificate |
+///
+/// The files default to `DISTLOCK_TLS_CA`, `DISTLOCK_TLS_CERT` and `DISTLOCK_TLS_KEY`.
 #[derive(Clone, Debug)]
 pub struct MemcachedConfig {
     pub(crate) host: String,
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<distlock_tls::TlsSettings>,
     pub(crate) prefix: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
@@ -32,9 +46,11 @@ impl MemcachedConfig {
     pub fn from_url(text: &str) -> Result<Self, LockError> {
         let cfg_err = |m: String| LockError::new(ErrorKind::Config, m);
         let (tls, rest) = split_scheme(text, "memcached", "memcacheds")?;
+        #[cfg(not(feature = "tls"))]
         if tls {
-            return Err(cfg_err(
-                "memcacheds:// (TLS) is not built in this release of distlock".into(),
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                "memcacheds://: this build has no TLS (the `tls` feature is off)",
             ));
         }
         let mut parts = MultiHostUrl::parse(rest)?;
@@ -59,10 +75,16 @@ impl MemcachedConfig {
         }
         let mut cfg = MemcachedConfig {
             host: parts.hosts[0].to_owned(),
+            #[cfg(feature = "tls")]
+            tls: None,
             prefix: "distlock:".into(),
             connect_timeout: Duration::from_secs(3),
             response_timeout: Duration::from_secs(2),
         };
+        #[cfg(feature = "tls")]
+        if tls {
+            cfg.tls = Some(distlock_tls::TlsSettings::from_params(|n| parts.take(n))?);
+        }
         if let Some(p) = parts.take("prefix") {
             if p.bytes().any(|b| b <= b' ' || b == 0x7f) || p.len() > 64 {
                 return Err(cfg_err(format!(
@@ -77,7 +99,11 @@ impl MemcachedConfig {
         if let Some(d) = parts.take_duration("response_timeout")? {
             cfg.response_timeout = d;
         }
-        parts.no_more_params("memcached", "prefix, connect_timeout, response_timeout")?;
+        parts.no_more_params(
+            "memcached",
+            "prefix, connect_timeout, response_timeout; with memcacheds://: tls_ca, tls_cert, \
+             tls_key, tls_verify, tls_server_name",
+        )?;
         Ok(cfg)
     }
 }
@@ -101,7 +127,7 @@ mod tests {
             "memcached://u:p@h:11211",
             "memcached://h:11211?prefix=a%20b&x=1",
             "memcached://h:11211?nonsense=1",
-            "memcacheds://h:11211",
+            "memcacheds://h:11211?tls_verify=maybe",
             "redis://h:1",
         ] {
             let e = MemcachedConfig::from_url(bad).expect_err(bad);

@@ -72,9 +72,73 @@ fn request_text(out: &[u8]) -> String {
     String::from_utf8_lossy(line).into_owned()
 }
 
+/// A connection's byte stream: TCP, or TLS over it.
+enum Stream {
+    Plain(TcpStream),
+    #[cfg(feature = "tls")]
+    Tls(Box<distlock_tls::TlsStream<TcpStream>>),
+}
+
+impl tokio::io::AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// TLS to the server: the connector (files read once) and the settings (the name to check).
+#[cfg(feature = "tls")]
+pub(crate) struct Tls {
+    pub(crate) connector: distlock_tls::TlsConnector,
+    pub(crate) settings: distlock_tls::TlsSettings,
+}
+
 /// One connection, with what it reuses from request to request.
 struct Conn {
-    io: BufReader<TcpStream>,
+    io: BufReader<Stream>,
     /// The reply deadline. One timer per connection, moved later before each request: that is
     /// an atomic store while the timer is registered, where a `timeout` per request would
     /// register and remove a timer in the runtime's wheel each time.
@@ -95,6 +159,8 @@ pub(crate) struct Pool {
     connect_timeout: Duration,
     response_timeout: Duration,
     idle: Mutex<Vec<Conn>>,
+    #[cfg(feature = "tls")]
+    tls: Option<Tls>,
     /// Connections whose request was given up before its reply came (cancelled, or no answer
     /// in time), by the tag of the request. The server may still carry such a request out
     /// after any request sent later on another connection: [`Pool::settle`] reads its reply
@@ -103,6 +169,11 @@ pub(crate) struct Pool {
 }
 
 fn io_err(doing: &str, e: std::io::Error) -> LockError {
+    // A certificate refused, ours or the server's (TLS 1.3 says ours at the first read).
+    #[cfg(feature = "tls")]
+    if let Some((kind, words)) = distlock_tls::classify(&e) {
+        return LockError::new(kind, format!("{doing}: {words}"));
+    }
     LockError::caused_by(ErrorKind::Connection, doing, e)
 }
 
@@ -131,23 +202,44 @@ impl Drop for InFlight<'_> {
 }
 
 impl Pool {
-    pub(crate) fn new(host: String, connect_timeout: Duration, response_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        host: String,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        #[cfg(feature = "tls")] tls: Option<Tls>,
+    ) -> Self {
         Pool {
             host,
             connect_timeout,
             response_timeout,
             idle: Mutex::new(Vec::new()),
+            #[cfg(feature = "tls")]
+            tls,
             orphans: Mutex::new(Vec::new()),
         }
     }
 
     async fn connect(&self) -> Result<Conn, LockError> {
         let doing = format!("connecting to memcached at {}", self.host);
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.host))
+        let open = async {
+            let tcp = TcpStream::connect(&self.host)
+                .await
+                .map_err(|e| io_err(&doing, e))?;
+            let _ = tcp.set_nodelay(true);
+            #[cfg(feature = "tls")]
+            if let Some(tls) = &self.tls {
+                let host = self
+                    .host
+                    .rsplit_once(':')
+                    .map_or(self.host.as_str(), |(h, _)| h);
+                let stream = tls.settings.connect(&tls.connector, host, tcp).await?;
+                return Ok(Stream::Tls(Box::new(stream)));
+            }
+            Ok::<_, LockError>(Stream::Plain(tcp))
+        };
+        let stream = tokio::time::timeout(self.connect_timeout, open)
             .await
-            .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{doing}: no answer")))?
-            .map_err(|e| io_err(&doing, e))?;
-        let _ = stream.set_nodelay(true);
+            .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{doing}: no answer")))??;
         Ok(Conn {
             io: BufReader::new(stream),
             deadline: Box::pin(tokio::time::sleep(self.response_timeout)),
@@ -262,7 +354,7 @@ impl Pool {
 
 /// Writes what is left of `out` and reads the reply, into `head` after what it already holds.
 async fn exchange(
-    conn: &mut BufReader<TcpStream>,
+    conn: &mut BufReader<Stream>,
     out: &[u8],
     sent: &mut usize,
     head: &mut Vec<u8>,
