@@ -93,7 +93,8 @@ impl RedisBackend {
         let settings = config.settings().clone();
         settings.layout.check()?;
         let conn = ServerConnection::connect_cluster(config.seeds(), &settings).await?;
-        let client = redis::Client::open(settings.url.as_str())
+        let client = settings
+            .open_client(&settings.url)
             .map_err(|e| map_err(e, "opening the Redis client"))?;
         let seeds = config.seeds().iter().map(|s| s.url.clone()).collect();
         Ok(Self::assemble(conn, client, settings, Some(seeds)))

@@ -20,9 +20,18 @@ pub(crate) use distlock_core::url::MultiHostUrl;
 /// | `response_timeout` | `2s` | per command; an unanswered acquire is resent with the same token |
 /// | `wait_replicas` | none | after each acquire and renewal, `WAIT` for this many replicas to acknowledge it; fewer in time: the acquire fails (and is undone), the renewal counts as failed |
 /// | `wait_timeout` | `100ms` | how long that `WAIT` blocks; below `response_timeout` |
+/// | `tls_ca` | the system's roots | `rediss://`: the CA file (PEM) the server's certificate chains to |
+/// | `tls_cert`, `tls_key` | none | `rediss://`: our certificate and key (PEM), for `tls-auth-clients yes` |
+///
+/// The TLS files default to `DISTLOCK_TLS_CA`, `DISTLOCK_TLS_CERT` and `DISTLOCK_TLS_KEY`.
+/// `rediss://` checks the chain and the host name; `#insecure` at the end of the URL checks
+/// nothing (redis-rs has no chain-only mode).
 #[derive(Clone)]
 pub struct RedisConfig {
     pub(crate) url: String,
+    /// The CA and client certificate of `rediss://`, read when the URL was parsed.
+    #[cfg(feature = "tls")]
+    pub(crate) certs: Option<redis::TlsCertificates>,
     pub(crate) layout: KeyLayout,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
@@ -72,7 +81,10 @@ impl RedisConfig {
             connect_timeout: Duration::from_secs(3),
             response_timeout: Duration::from_secs(2),
             wait: None,
+            #[cfg(feature = "tls")]
+            certs: None,
         };
+        let mut files: Vec<(String, String)> = Vec::new();
         let mut replicas = None;
         let mut wait_timeout = None;
         let mut rest: Vec<(String, String)> = Vec::new();
@@ -96,11 +108,15 @@ impl RedisConfig {
                     })?);
                 }
                 "wait_timeout" => wait_timeout = Some(positive(&k, &v)?),
+                "tls_ca" | "tls_cert" | "tls_key" => {
+                    files.push((k.into_owned(), v.into_owned()));
+                }
                 // redis-rs's own: the database and protocol; a socket's credentials.
                 "db" | "protocol" | "user" | "pass" => rest.push((k.into_owned(), v.into_owned())),
                 other => {
                     return Err(cfg_err(format!(
-                        "unknown Redis URL parameter {other:?} (known: {}, db, protocol)",
+                        "unknown Redis URL parameter {other:?} (known: {}, db, protocol, \
+                         tls_ca, tls_cert, tls_key)",
                         OURS.join(", ")
                     )));
                 }
@@ -114,6 +130,8 @@ impl RedisConfig {
             }
             (None, None) => {}
         }
+        let tls = matches!(url.scheme(), "rediss" | "valkeys");
+        cfg.take_tls_files(tls, files)?;
         if rest.is_empty() {
             url.set_query(None);
         } else {
@@ -124,6 +142,101 @@ impl RedisConfig {
             .map_err(|e| cfg_err(format!("invalid Redis URL: {e}")).with_source(e))?;
         cfg.url = url.into();
         Ok(cfg)
+    }
+
+    /// Reads the TLS files a `rediss://` URL (or the environment) names.
+    #[cfg(feature = "tls")]
+    fn take_tls_files(
+        &mut self,
+        tls: bool,
+        mut files: Vec<(String, String)>,
+    ) -> Result<(), LockError> {
+        let mut settings = distlock_tls::TlsSettings::default();
+        let given = !files.is_empty();
+        settings.take_files(distlock_tls::DISTLOCK_PARAMS, |name| {
+            let i = files.iter().position(|(k, _)| k == name)?;
+            Some(files.remove(i).1)
+        })?;
+        if !tls {
+            if given {
+                return Err(LockError::new(
+                    ErrorKind::Config,
+                    "tls_ca, tls_cert and tls_key are for rediss:// URLs",
+                ));
+            }
+            return Ok(());
+        }
+        if settings.ca.is_none() && settings.cert.is_none() {
+            return Ok(());
+        }
+        // Checked here (a clear Config error naming the file), then handed to redis-rs.
+        let pem = |path: &std::path::Path| -> Result<Vec<u8>, LockError> {
+            std::fs::read(path).map_err(|e| {
+                LockError::caused_by(ErrorKind::Config, format!("reading {}", path.display()), e)
+            })
+        };
+        let root_cert = match &settings.ca {
+            Some(ca) => {
+                distlock_tls::read_certs(ca)?;
+                Some(pem(ca)?)
+            }
+            None => None,
+        };
+        let client_tls = match (&settings.cert, &settings.key) {
+            (Some(cert), Some(key)) => {
+                distlock_tls::read_certs(cert)?;
+                distlock_tls::read_key(key)?;
+                Some(redis::ClientTlsConfig {
+                    client_cert: pem(cert)?,
+                    client_key: pem(key)?,
+                })
+            }
+            _ => None,
+        };
+        self.certs = Some(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        });
+        Ok(())
+    }
+
+    #[cfg(not(feature = "tls"))]
+    fn take_tls_files(
+        &mut self,
+        _tls: bool,
+        files: Vec<(String, String)>,
+    ) -> Result<(), LockError> {
+        match files.first() {
+            Some((name, _)) => Err(LockError::new(
+                ErrorKind::Unsupported,
+                format!("{name}: this build has no TLS (the `tls` feature is off)"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// A redis-rs client for `url` (this server's, or another node's of the same deployment)
+    /// with this configuration's CA and client certificate.
+    pub(crate) fn open_client(&self, url: &str) -> redis::RedisResult<redis::Client> {
+        #[cfg(feature = "tls")]
+        if let Some(certs) = &self.certs {
+            return redis::Client::build_with_tls(url, certs.clone());
+        }
+        redis::Client::open(url)
+    }
+
+    /// A Cluster client builder for `seeds`, with this configuration's CA and client
+    /// certificate.
+    pub(crate) fn cluster_builder<'a>(
+        &self,
+        seeds: impl IntoIterator<Item = &'a str>,
+    ) -> redis::cluster::ClusterClientBuilder {
+        let builder = redis::cluster::ClusterClientBuilder::new(seeds);
+        #[cfg(feature = "tls")]
+        if let Some(certs) = &self.certs {
+            return builder.certs(certs.clone());
+        }
+        builder
     }
 
     /// Prepends `prefix` to every lock key (default `distlock:`).

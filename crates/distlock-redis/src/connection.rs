@@ -74,7 +74,8 @@ impl ServerConnection {
                 .join(",")
         );
         let urls: Vec<&str> = seeds.iter().map(|s| s.url.as_str()).collect();
-        let client = redis::cluster::ClusterClientBuilder::new(urls)
+        let client = settings
+            .cluster_builder(urls)
             .connection_timeout(settings.connect_timeout)
             .response_timeout(settings.response_timeout)
             .retries(2)
@@ -131,7 +132,8 @@ impl ServerConnection {
     fn lazy(config: &RedisConfig) -> Result<(Self, redis::Client), LockError> {
         check_wait(config)?;
         let target = config.redacted_url();
-        let client = redis::Client::open(config.url.as_str())
+        let client = config
+            .open_client(&config.url)
             .map_err(|e| map_err(e, "opening the Redis client"))?;
         let cm = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))

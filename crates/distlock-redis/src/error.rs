@@ -4,6 +4,13 @@ use distlock_core::{ErrorKind, LockError};
 use redis::RedisError;
 
 pub(crate) fn map_err(e: RedisError, doing: &str) -> LockError {
+    // A certificate refused, ours or the server's.
+    #[cfg(feature = "tls")]
+    if let Some((kind, words)) = distlock_tls::classify(&e)
+        .or_else(|| distlock_tls::classify_text(&distlock_core::error_chain(&e)))
+    {
+        return LockError::new(kind, format!("{doing}: {words}")).with_source(e);
+    }
     let code = e.code().unwrap_or("");
     let kind = if e.is_timeout() {
         ErrorKind::Timeout

@@ -132,6 +132,10 @@ impl SentinelConfig {
         cfg.connect_timeout = self.master.connect_timeout;
         cfg.response_timeout = self.master.response_timeout;
         cfg.wait = self.master.wait;
+        #[cfg(feature = "tls")]
+        {
+            cfg.certs.clone_from(&self.master.certs);
+        }
         Ok(cfg)
     }
 }
@@ -304,10 +308,13 @@ async fn ask(config: &SentinelConfig, sentinel: &str) -> Result<(String, u16), L
     let timeouts = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(master.connect_timeout))
         .set_response_timeout(Some(master.response_timeout));
-    let client = redis::Client::open(
-        format!("{}://{}{sentinel}/", config.scheme, config.sentinel_auth).as_str(),
-    )
-    .map_err(|e| map_err(e, DOING))?;
+    // The sentinels take the same CA and client certificate as the masters.
+    let client = master
+        .open_client(&format!(
+            "{}://{}{sentinel}/",
+            config.scheme, config.sentinel_auth
+        ))
+        .map_err(|e| map_err(e, DOING))?;
     let mut conn = client
         .get_multiplexed_async_connection_with_config(&timeouts)
         .await
@@ -334,7 +341,7 @@ async fn ask(config: &SentinelConfig, sentinel: &str) -> Result<(String, u16), L
     let (host, port) = addr.ok_or_else(|| crate::error::protocol(DOING, &reply))?;
     // The server named must itself say it is the master.
     let cfg = config.at(&host, port)?;
-    let client = redis::Client::open(cfg.url.as_str()).map_err(|e| map_err(e, DOING))?;
+    let client = cfg.open_client(&cfg.url).map_err(|e| map_err(e, DOING))?;
     let mut conn = client
         .get_multiplexed_async_connection_with_config(&timeouts)
         .await

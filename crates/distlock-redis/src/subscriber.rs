@@ -84,6 +84,9 @@ struct SubscriberTask {
     /// A Cluster's seed URLs: wake-ups come on sharded channels, through redis-rs's Cluster
     /// connection (it subscribes on each slot's node, and again after slots move).
     cluster: Option<Vec<String>>,
+    /// The deployment's configuration (its CA and client certificate for the Cluster
+    /// connection).
+    config: RedisConfig,
     handovers: Handovers,
     layout: KeyLayout,
     db: i64,
@@ -129,6 +132,7 @@ impl Subscriber {
                     scripts,
                     wake,
                     cluster,
+                    config: config.clone(),
                     handovers,
                     layout,
                     db,
@@ -251,7 +255,9 @@ impl Conn {
     async fn open(start: &SubscriberTask) -> Result<Conn, String> {
         if let Some(seeds) = &start.cluster {
             let (tx, pushes) = mpsc::unbounded_channel();
-            let client = redis::cluster::ClusterClientBuilder::new(seeds.clone())
+            let client = start
+                .config
+                .cluster_builder(seeds.iter().map(String::as_str))
                 .use_protocol(redis::ProtocolVersion::RESP3)
                 .push_sender(tx)
                 .connection_timeout(start.connect_timeout)

@@ -1,11 +1,10 @@
 //! Every URL form the Redis engine accepts, against real servers.
 
-use std::process::Command;
 use std::time::Duration;
 
 use distlock_core::{ErrorKind, LockClient, Released};
 use distlock_redis::RedisBackend;
-use distlock_testkit::{RedisServer, free_port, require_binary};
+use distlock_testkit::{Pki, RedisServer, free_port};
 
 async fn lock_once(url: &str, name: &str) -> Option<u64> {
     let c = LockClient::new(
@@ -126,50 +125,100 @@ async fn database_number_and_acl_user() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_with_rediss() {
-    if !require_binary("openssl", "rediss:// (certificate generation)") {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    let out = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-        ])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "openssl: {out:?}");
+async fn rediss_with_a_ca_client_certificates_and_an_acl_user() {
+    let pki = Pki::generate();
     let tls_port = free_port().to_string();
-    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
-    let Some(_server) = RedisServer::start_with(&[
+    let (cert, key, ca) = (
+        pki.server.cert.to_str().unwrap(),
+        pki.server.key.to_str().unwrap(),
+        pki.ca.to_str().unwrap(),
+    );
+    let Some(server) = RedisServer::start_with(&[
         "--tls-port",
         &tls_port,
         "--tls-cert-file",
-        c,
+        cert,
         "--tls-key-file",
-        k,
+        key,
         "--tls-ca-cert-file",
-        c,
+        ca,
         "--tls-auth-clients",
-        "no",
+        "yes",
     ]) else {
         return;
     };
-    // `#insecure`: the test's certificate is self-signed.
-    let url = format!("rediss://127.0.0.1:{tls_port}/#insecure");
-    assert_eq!(lock_once(&url, "tls").await, Some(1));
+    let (ccert, ckey) = (pki.client.cert.display(), pki.client.key.display());
+    let base = format!("rediss://127.0.0.1:{tls_port}/");
+    let good = format!("{base}?tls_ca={ca}&tls_cert={ccert}&tls_key={ckey}");
+    assert_eq!(lock_once(&good, "tls").await, Some(1));
+    // `#insecure` checks no certificate, and still shows ours.
+    assert_eq!(
+        lock_once(
+            &format!("{base}?tls_cert={ccert}&tls_key={ckey}#insecure"),
+            "tls"
+        )
+        .await,
+        Some(2)
+    );
+    let refused = |url: String, kind: ErrorKind, words: &'static str| async move {
+        let e = RedisBackend::connect(&url)
+            .await
+            .map(|_| ())
+            .expect_err(words);
+        assert_eq!(e.kind(), kind, "{url}: {e}");
+        assert!(e.to_string().contains(words), "{url}: {e}");
+    };
+    refused(
+        format!("{base}?tls_cert={ccert}&tls_key={ckey}"),
+        ErrorKind::Auth,
+        "the server's certificate was refused",
+    )
+    .await;
+    refused(
+        format!("{base}?tls_ca={ca}"),
+        ErrorKind::Auth,
+        "refused our client certificate",
+    )
+    .await;
+    let (scert, skey) = (pki.stranger.cert.display(), pki.stranger.key.display());
+    refused(
+        format!("{base}?tls_ca={ca}&tls_cert={scert}&tls_key={skey}"),
+        ErrorKind::Auth,
+        "refused our client certificate",
+    )
+    .await;
+    refused(
+        format!("{base}?tls_ca=/nonexistent/ca.pem"),
+        ErrorKind::Config,
+        "/nonexistent/ca.pem",
+    )
+    .await;
+    refused(
+        format!("redis://127.0.0.1:{}?tls_ca={ca}", server.port()),
+        ErrorKind::Config,
+        "rediss://",
+    )
+    .await;
+    // An ACL user with a password, over TLS; a wrong password is refused.
+    assert_eq!(
+        server.cli(&["ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all"]),
+        "OK"
+    );
+    let files = format!("tls_ca={ca}&tls_cert={ccert}&tls_key={ckey}");
+    assert_eq!(
+        lock_once(
+            &format!("rediss://locker:pw@127.0.0.1:{tls_port}/?{files}"),
+            "tls"
+        )
+        .await,
+        Some(3)
+    );
+    refused(
+        format!("rediss://locker:nope@127.0.0.1:{tls_port}/?{files}"),
+        ErrorKind::Auth,
+        "",
+    )
+    .await;
     // Plain TCP to the TLS port fails with a typed error, quickly.
     let plain =
         format!("redis://127.0.0.1:{tls_port}?connect_timeout=500ms&response_timeout=500ms");
