@@ -7,7 +7,11 @@ use distlock_core::{ErrorKind, LockError};
 
 /// How to reach a ZooKeeper ensemble, and where lock nodes live in it.
 ///
-/// From a URL: `zk://host1:port1,host2:port2,…[/chroot][?params]`. Parameters:
+/// From a URL: `zk://[user:password@]host1:port1,host2:port2,…[/chroot][?params]`. With a
+/// user and password, each session authenticates with ZooKeeper's `digest` scheme and creates
+/// its nodes with the `CREATOR_ALL` ACL: only sessions with the same credentials can read,
+/// take over or delete them. Without, nodes are open to all (`OPEN_ACL_UNSAFE`), as ZooKeeper
+/// clients make them by default. Parameters:
 ///
 /// | parameter | default | meaning |
 /// |---|---|---|
@@ -15,7 +19,11 @@ use distlock_core::{ErrorKind, LockError};
 /// | `session_timeout` | `10s` | the session's timeout (the server may clamp it) |
 /// | `connect_timeout` | `3s` | per connection attempt |
 /// | `response_timeout` | `2s` | per request |
-#[derive(Clone, Debug)]
+///
+/// `zks://` (TLS to the secure client port) is not built: the Rust ZooKeeper client's TLS
+/// brings a second crypto library (aws-lc-rs, a C build) where every other engine shares
+/// rustls with ring. See `docs/security.md` for the ways around it.
+#[derive(Clone)]
 pub struct ZkConfig {
     /// `host:port,…[/chroot]`, as the client takes it.
     pub(crate) cluster: String,
@@ -23,6 +31,24 @@ pub struct ZkConfig {
     pub(crate) session_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
+    /// `digest` credentials, `user:password`.
+    pub(crate) digest: Option<String>,
+}
+
+impl std::fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("cluster", &self.cluster)
+            .field("prefix", &self.prefix)
+            .field("session_timeout", &self.session_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field(
+                "digest_user",
+                &self.digest.as_deref().and_then(|d| d.split(':').next()),
+            )
+            .finish()
+    }
 }
 
 impl ZkConfig {
@@ -34,23 +60,31 @@ impl ZkConfig {
         let cfg_err = |m: String| LockError::new(ErrorKind::Config, m);
         let (tls, rest) = split_scheme(text, "zk", "zks")?;
         if tls {
-            return Err(cfg_err(
-                "zks:// (TLS) is not built in this release of distlock; use zk://".into(),
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                "zks:// (TLS) is not built: the Rust ZooKeeper client's TLS needs a second \
+                 crypto library; use zk:// through a TLS tunnel (see docs/security.md)",
             ));
         }
         let mut parts = MultiHostUrl::parse(rest)?;
-        if !parts.userinfo.is_empty() {
-            return Err(cfg_err(
-                "ZooKeeper URLs take no user:password (digest auth is not built in this release)"
-                    .into(),
-            ));
-        }
+        let digest = if parts.userinfo.is_empty() {
+            None
+        } else {
+            let (user, password) = parts.credentials();
+            if user.is_empty() || user.contains(':') {
+                return Err(cfg_err(
+                    "a ZooKeeper digest user is a non-empty name without ':'".into(),
+                ));
+            }
+            Some(format!("{user}:{password}"))
+        };
         let mut cfg = ZkConfig {
             cluster: String::new(),
             prefix: "/distlock".into(),
             session_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(3),
             response_timeout: Duration::from_secs(2),
+            digest,
         };
         if let Some(p) = parts.take("prefix") {
             cfg.prefix = p;
@@ -113,11 +147,10 @@ mod tests {
     fn bad_urls_are_config_errors() {
         for bad in [
             "",
-            "zks://h:2181",
             "zk://",
             "zk://h",
             "zk://h:0",
-            "zk://u:p@h:2181",
+            "zk://:p@h:2181",
             "zk://h:2181,,g:2181",
             "zk://h:2181/a//b",
             "zk://h:2181/a/../b",
@@ -129,5 +162,10 @@ mod tests {
             let e = ZkConfig::from_url(bad).expect_err(bad);
             assert_eq!(e.kind(), ErrorKind::Config, "{bad}: {e}");
         }
+        let e = ZkConfig::from_url("zks://h:2181").expect_err("no TLS");
+        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+        let c = ZkConfig::from_url("zk://alice:p%40ss@h:2181").expect("digest");
+        assert_eq!(c.digest.as_deref(), Some("alice:p@ss"));
+        assert!(!format!("{c:?}").contains("p@ss"), "{c:?}");
     }
 }

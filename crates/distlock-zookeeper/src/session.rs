@@ -42,10 +42,13 @@ pub(crate) fn map_err(e: Error, doing: &str) -> LockError {
 
 async fn connect(config: &ZkConfig) -> Result<Client, LockError> {
     let doing = format!("connecting to ZooKeeper at {}", config.cluster);
-    let connect = Client::connector()
+    let mut connector = Client::connector()
         .with_session_timeout(config.session_timeout)
-        .with_connection_timeout(config.connect_timeout)
-        .connect(&config.cluster);
+        .with_connection_timeout(config.connect_timeout);
+    if let Some(digest) = &config.digest {
+        connector = connector.with_auth("digest", digest.as_bytes());
+    }
+    let connect = connector.connect(&config.cluster);
     let limit = config.connect_timeout + config.session_timeout;
     // No server that answers within the limit is an unreachable engine, not a busy lock: the
     // client tries each server again until then, so a refused connection also ends here.

@@ -35,6 +35,16 @@ pub(crate) fn seq_of(child: &str) -> Option<i64> {
 }
 
 impl ZkStore {
+    /// The ACL of the nodes we create: the creator's only when the sessions authenticate (a
+    /// digest user), else open to all.
+    fn acls(&self) -> Acls<'static> {
+        if self.sessions.config.digest.is_some() {
+            Acls::creator_all()
+        } else {
+            Acls::anyone_all()
+        }
+    }
+
     /// The parent node under which the lock `name` queues its holders.
     pub(crate) fn lock_path(&self, name: &str) -> String {
         format!("{}/{name}", self.sessions.config.prefix)
@@ -91,7 +101,7 @@ impl ZkStore {
         const DOING: &str = "creating a ZooKeeper lock node";
         let prefix = format!("{parent}/_c_{token}-lock-");
         let data = HolderValue::now(token, owner).encode();
-        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let options = CreateMode::EphemeralSequential.with_acls(self.acls());
         for _ in 0..2 {
             match self
                 .call(DOING, client.create(&prefix, data.as_bytes(), &options))
@@ -101,7 +111,7 @@ impl ZkStore {
                     return Ok((format!("{prefix}{seq}"), seq.into_i64(), stat.czxid));
                 }
                 Ok(Err(Error::NoNode)) => {
-                    let parents = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                    let parents = CreateMode::Persistent.with_acls(self.acls());
                     match self.call(DOING, client.mkdir(parent, &parents)).await? {
                         Ok(()) | Err(Error::NodeExists) => {}
                         Err(e) => return Err(map_err(e, DOING)),
@@ -143,7 +153,7 @@ impl ZkStore {
         const DOING: &str = "creating a ZooKeeper lock node";
         let prefix = format!("{parent}/_c_{token}-lock-");
         let data = HolderValue::now(token, owner).encode();
-        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let options = CreateMode::EphemeralSequential.with_acls(self.acls());
         let create = client.create(&prefix, data.as_bytes(), &options);
         let list = client.list_children(parent);
         let both = tokio::time::timeout(self.sessions.config.response_timeout, async {
