@@ -70,7 +70,10 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
         eprintln!("distlock: --duration must be more than 0");
         return exit::USAGE;
     }
-    let url = args.engine.url().to_owned();
+    let url = match args.engine.url() {
+        Ok(u) => u,
+        Err(e) => return exit::report_open(&e),
+    };
     // Every task's client first (connections are not part of the measurement).
     let clients =
         match crowd::clients(&url, args.tasks, args.ttl, args.label.as_deref(), "bench").await {

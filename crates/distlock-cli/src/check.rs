@@ -71,7 +71,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 pub(crate) async fn check(args: CheckArgs) -> u8 {
-    let url = args.engine.url().to_owned();
+    let url = match args.engine.url() {
+        Ok(u) => u,
+        Err(e) => return exit::report_open(&e),
+    };
     let key = format!(
         "{}{}",
         args.prefix,

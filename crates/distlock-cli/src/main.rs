@@ -29,8 +29,10 @@ Examples:
   distlock completions bash > /etc/bash_completion.d/distlock
 
 Engines (--url or DISTLOCK_URL): file:///dir (the default: a local directory), redis://,
-rediss://, redis+sentinel://, redis+cluster://, redlock://, etcd://, zk://, postgres://,
-mysql:// (or mariadb://), memcached://.
+rediss://, redis+sentinel://, redis+cluster://, redlock://, etcd://, etcds://, zk://,
+postgres://, mysql:// (or mariadb://), memcached://, memcacheds://. Passwords: DISTLOCK_PASSWORD
+or --password-file, never the command line; certificates: the URL or DISTLOCK_TLS_CA,
+DISTLOCK_TLS_CERT, DISTLOCK_TLS_KEY.
 
 Exit status: the command's own; 75 when the lock could not be had (busy, or the wait timed
 out; --conflict-exit-code); 70 when the lock was lost while the command ran (it is sent SIGTERM,
@@ -75,15 +77,48 @@ struct Engine {
     /// postgres://, mysql://, memcached://.
     #[arg(long, env = "DISTLOCK_URL", value_name = "URL")]
     url: Option<String>,
+    /// Read the engine's password from this file (its first line), not from the URL, where
+    /// `ps` would show it. DISTLOCK_PASSWORD gives it too; DISTLOCK_SENTINEL_PASSWORD gives
+    /// Redis Sentinel's own. Certificates: the URL's parameters (tls_ca, sslrootcert, ssl-ca…)
+    /// or DISTLOCK_TLS_CA, DISTLOCK_TLS_CERT, DISTLOCK_TLS_KEY (PGSSLROOTCERT… for PostgreSQL).
+    #[arg(long, env = "DISTLOCK_PASSWORD_FILE", value_name = "PATH")]
+    password_file: Option<std::path::PathBuf>,
 }
 
 impl Engine {
-    fn url(&self) -> &str {
-        self.url
+    /// The engine's URL, with the password from the file or the environment put in.
+    fn url(&self) -> Result<String, distlock::LockError> {
+        let url = self
+            .url
             .as_deref()
             .filter(|u| !u.is_empty())
-            .unwrap_or("file://")
+            .unwrap_or("file://");
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let password = match &self.password_file {
+            Some(path) => Some(read_secret(path)?),
+            None => env("DISTLOCK_PASSWORD"),
+        };
+        let mut url = distlock::url::with_password(url, password.as_deref());
+        if let Some(p) = env("DISTLOCK_SENTINEL_PASSWORD") {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            url = format!(
+                "{url}{sep}sentinel_password={}",
+                distlock::url::percent_encode(&p)
+            );
+        }
+        Ok(url)
     }
+}
+
+/// The first line of a secret's file (without its line ending).
+fn read_secret(path: &std::path::Path) -> Result<String, distlock::LockError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        distlock::LockError::new(
+            distlock::ErrorKind::Config,
+            format!("reading the password file {}: {e}", path.display()),
+        )
+    })?;
+    Ok(text.lines().next().unwrap_or_default().to_owned())
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {

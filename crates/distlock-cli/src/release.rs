@@ -27,7 +27,11 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
         );
         return exit::USAGE;
     }
-    let client = match distlock::connect(args.engine.url()).await {
+    let url = match args.engine.url() {
+        Ok(u) => u,
+        Err(e) => return exit::report_open(&e),
+    };
+    let client = match distlock::connect(&url).await {
         Ok(c) => c,
         Err(e) => return exit::report_open(&e),
     };

@@ -75,7 +75,11 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         Ok(o) => o,
         Err(e) => return exit::report("invalid options", &e),
     };
-    let backend = match distlock::open_backend(args.engine.url()).await {
+    let url = match args.engine.url() {
+        Ok(u) => u,
+        Err(e) => return exit::report_open(&e),
+    };
+    let backend = match distlock::open_backend(&url).await {
         Ok(b) => b,
         Err(e) => return exit::report_open(&e),
     };

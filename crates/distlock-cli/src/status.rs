@@ -17,7 +17,11 @@ pub(crate) struct StatusArgs {
 }
 
 pub(crate) async fn status(args: StatusArgs) -> u8 {
-    let client = match distlock::connect(args.engine.url()).await {
+    let url = match args.engine.url() {
+        Ok(u) => u,
+        Err(e) => return exit::report_open(&e),
+    };
+    let client = match distlock::connect(&url).await {
         Ok(c) => c,
         Err(e) => return exit::report_open(&e),
     };

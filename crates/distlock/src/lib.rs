@@ -13,6 +13,12 @@ pub use distlock_core::{
 };
 pub use schemes::{connect, engines, open_backend, supported_schemes};
 
+/// URL helpers: where a password goes in each engine's URL (so it can come from a file or the
+/// environment rather than the command line), and the form of a URL fit for logs.
+pub mod url {
+    pub use distlock_core::url::{is_secret_param, percent_encode, redact, with_password};
+}
+
 /// For those who write an engine, or code that drives one directly: the [`Backend`] trait and
 /// its types, the object-safe [`DynBackend`](engine::DynBackend), and the helpers the bundled
 /// engines share (URL parsing, holder values, wake-ups).

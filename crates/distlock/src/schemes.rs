@@ -68,6 +68,8 @@ const SCHEMES: &[(&str, Open)] = &[
     ("redlocks", redlock),
     #[cfg(feature = "etcd")]
     ("etcd", etcd),
+    #[cfg(feature = "etcd")]
+    ("etcds", etcd),
     #[cfg(feature = "zookeeper")]
     ("zk", zookeeper),
     #[cfg(feature = "postgres")]
@@ -80,6 +82,8 @@ const SCHEMES: &[(&str, Open)] = &[
     ("mariadb", mysql),
     #[cfg(feature = "memcached")]
     ("memcached", memcached),
+    #[cfg(feature = "memcached")]
+    ("memcacheds", memcached),
 ];
 
 /// Schemes this build does not open, and why: an engine left out by its feature, or a
@@ -143,15 +147,16 @@ const NOT_OPENED: &[(&str, &str)] = &[
     ),
     (
         "etcds",
-        "etcd over TLS is not built in this release; use etcd://",
+        "the etcd engine is not compiled in (feature `etcd`)",
     ),
     (
         "zks",
-        "ZooKeeper over TLS is not built in this release; use zk://",
+        "ZooKeeper over TLS is not built: the Rust ZooKeeper client's TLS needs a second \
+         crypto library; use zk:// through a TLS tunnel (see docs/security.md)",
     ),
     (
         "memcacheds",
-        "memcached over TLS is not built in this release; use memcached://",
+        "the memcached engine is not compiled in (feature `memcached`)",
     ),
 ];
 

@@ -16,6 +16,9 @@ pub(crate) fn distlock(tmp: &Path) -> Command {
     let mut c = Command::new(BIN);
     c.env("TMPDIR", tmp)
         .env_remove("DISTLOCK_URL")
+        .env_remove("DISTLOCK_PASSWORD")
+        .env_remove("DISTLOCK_PASSWORD_FILE")
+        .env_remove("DISTLOCK_SENTINEL_PASSWORD")
         .env("DISTLOCK_LOG", "off");
     c
 }
