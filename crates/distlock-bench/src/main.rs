@@ -260,6 +260,7 @@ fn main() {
         cycles,
         &peer_list,
     ));
+    let p1_tls = rt.block_on(p1::measure_tls(rounds, cycles, !cli.no_pin));
     let p5 = p5(
         &rt,
         rounds,
@@ -459,6 +460,7 @@ fn main() {
         rtt,
         p1_peers,
         p1_lat,
+        p1_tls,
         p4,
         p5,
         runs,

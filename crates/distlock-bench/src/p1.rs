@@ -123,3 +123,77 @@ pub(crate) async fn measure(
         latency: [lat_floor, lat_ours],
     }
 }
+
+/// P1 over TLS, beside P1 over TCP on the same server process: the async floor and distlock,
+/// medians over interleaved rounds, in cycles per second.
+pub(crate) struct TlsFigures {
+    pub(crate) tcp_floor: f64,
+    pub(crate) tcp_ours: f64,
+    pub(crate) tls_floor: f64,
+    pub(crate) tls_ours: f64,
+}
+
+/// Starts a redis-server that listens both in clear text and with TLS (a certificate from a
+/// CA made now; clients checked against it, as `rediss://` does by default), and measures P1
+/// over each, alternating.
+pub(crate) async fn measure_tls(rounds: usize, cycles: usize, pin: bool) -> Option<TlsFigures> {
+    let pki = distlock_testkit::Pki::generate();
+    let tls_port = distlock_testkit::free_port();
+    let server = distlock_testkit::RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        pki.server.cert.to_str()?,
+        "--tls-key-file",
+        pki.server.key.to_str()?,
+        "--tls-ca-cert-file",
+        pki.ca.to_str()?,
+        "--tls-auth-clients",
+        "no",
+    ])?;
+    if pin {
+        server.pin_to_cpu(0);
+    }
+    let tcp_url = server.url();
+    let tls_base = format!("rediss://127.0.0.1:{tls_port}/");
+    let tls_url = format!("{tls_base}?tls_ca={}", pki.ca.display());
+    let script = redis::Script::new(RELEASE_LUA);
+    let ca = std::fs::read(&pki.ca).expect("the CA");
+    let tls_raw = redis::Client::build_with_tls(
+        tls_base.as_str(),
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca),
+        },
+    )
+    .expect("TLS client");
+    let mut tcp_conn = redis::Client::open(tcp_url.as_str())
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("TCP connection");
+    let mut tls_conn = tls_raw
+        .get_multiplexed_async_connection()
+        .await
+        .expect("TLS connection");
+    let tcp_ours = LockClient::new(RedisBackend::connect(&tcp_url).await.expect("connect"));
+    let tls_ours = LockClient::new(RedisBackend::connect(&tls_url).await.expect("connect TLS"));
+    floor_async(&mut tcp_conn, &script, 50).await;
+    floor_async(&mut tls_conn, &script, 50).await;
+    distlock_cycles(&tcp_ours, "p1tcp", 50).await;
+    distlock_cycles(&tls_ours, "p1tls", 50).await;
+    let mut v: [Vec<f64>; 4] = Default::default();
+    for _ in 0..rounds {
+        v[0].push(floor_async(&mut tcp_conn, &script, cycles).await);
+        v[1].push(distlock_cycles(&tcp_ours, "p1tcp", cycles).await);
+        v[2].push(floor_async(&mut tls_conn, &script, cycles).await);
+        v[3].push(distlock_cycles(&tls_ours, "p1tls", cycles).await);
+    }
+    let [a, b, c, d] = v;
+    Some(TlsFigures {
+        tcp_floor: median(a),
+        tcp_ours: median(b),
+        tls_floor: median(c),
+        tls_ours: median(d),
+    })
+}

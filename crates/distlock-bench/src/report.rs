@@ -28,6 +28,8 @@ pub(crate) struct Results<'a> {
     pub(crate) rtt: f64,
     pub(crate) p1_peers: Vec<peers::Figure>,
     pub(crate) p1_lat: [hdrhistogram::Histogram<u64>; 2],
+    /// P1 over TLS beside TCP (`None` when the TLS server could not start).
+    pub(crate) p1_tls: Option<crate::p1::TlsFigures>,
     pub(crate) p4: P4,
     pub(crate) p5: Vec<P5Row>,
     pub(crate) runs: Vec<Contention>,
@@ -61,6 +63,7 @@ pub(crate) fn write(results: Results<'_>) {
         rtt,
         p1_peers,
         p1_lat,
+        p1_tls,
         p4,
         p5,
         runs,
@@ -132,6 +135,32 @@ pub(crate) fn write(results: Results<'_>) {
     }
     outln!();
     outln!();
+    if let Some(t) = &p1_tls {
+        outln!(
+            "P1 over TLS: another redis-server listening both ways, rediss:// checking its \
+             certificate (CA and name), {rounds} round(s) × {cycles} cycles, alternating, medians"
+        );
+        outln!("| transport | async floor cycles/s | distlock cycles/s | distlock vs floor |");
+        outln!("|---|---:|---:|---:|");
+        outln!(
+            "| TCP | {:.0} | {:.0} | {:.2} |",
+            t.tcp_floor,
+            t.tcp_ours,
+            t.tcp_ours / t.tcp_floor
+        );
+        outln!(
+            "| TLS | {:.0} | {:.0} | {:.2} |",
+            t.tls_floor,
+            t.tls_ours,
+            t.tls_ours / t.tls_floor
+        );
+        outln!(
+            "| TLS / TCP | {:.2} | {:.2} | |",
+            t.tls_floor / t.tcp_floor,
+            t.tls_ours / t.tcp_ours
+        );
+        outln!();
+    }
     outln!("P1 one cycle's time (µs), {cycles} cycles of each, alternating");
     outln!("| client | p50 | p90 | p99 | p99.9 | max |");
     outln!("|---|---:|---:|---:|---:|---:|");
@@ -487,6 +516,10 @@ pub(crate) fn write(results: Results<'_>) {
                     "peers": peer_list.iter().zip(&p1_peers)
                         .map(|(p, f)| (p.name.clone(), f.json()))
                         .collect::<serde_json::Map<_, _>>() },
+            "p1_tls": p1_tls.as_ref().map(|t| serde_json::json!({
+                "tcp_floor": t.tcp_floor, "tcp_distlock": t.tcp_ours,
+                "tls_floor": t.tls_floor, "tls_distlock": t.tls_ours,
+            })),
             "p5": p5.iter().map(|r| serde_json::json!({
                 "engine": r.engine, "floor": r.floor_name, "floor_per_sec": r.floor,
                 "distlock_per_sec": r.ours,

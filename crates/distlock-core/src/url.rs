@@ -20,7 +20,7 @@ pub fn split_scheme<'a>(
     } else {
         Err(LockError::new(
             ErrorKind::Config,
-            format!("{text:?} is not a {plain}:// (or {tls}://) URL"),
+            format!("{:?} is not a {plain}:// (or {tls}://) URL", redact(text)),
         ))
     }
 }

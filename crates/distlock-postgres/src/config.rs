@@ -73,7 +73,12 @@ impl PgConfig {
         let rest = url
             .strip_prefix("postgres://")
             .or_else(|| url.strip_prefix("postgresql://"))
-            .ok_or_else(|| config_err(format!("not a postgres:// URL: {url:?}")))?;
+            .ok_or_else(|| {
+                config_err(format!(
+                    "not a postgres:// URL: {:?}",
+                    distlock_core::url::redact(url)
+                ))
+            })?;
         let (base, query) = match rest.split_once('?') {
             Some((b, q)) => (b, Some(q)),
             None => (rest, None),

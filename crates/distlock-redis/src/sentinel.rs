@@ -286,14 +286,24 @@ impl SentinelBackend {
 /// there is a master (a sentinel may not have seen a failover yet).
 async fn discover(config: &SentinelConfig) -> Result<(String, u16), LockError> {
     let mut errors = Vec::new();
+    // Every sentinel refusing our credentials (a password, a certificate) is an Auth error,
+    // not an unreachable deployment.
+    let mut all_auth = true;
     for s in &config.sentinels {
         match ask(config, s).await {
             Ok(addr) => return Ok(addr),
-            Err(e) => errors.push(format!("{s}: {e}")),
+            Err(e) => {
+                all_auth &= e.kind() == ErrorKind::Auth;
+                errors.push(format!("{s}: {e}"));
+            }
         }
     }
     Err(LockError::new(
-        ErrorKind::Connection,
+        if all_auth && !errors.is_empty() {
+            ErrorKind::Auth
+        } else {
+            ErrorKind::Connection
+        },
         format!(
             "no sentinel gave a master for {:?}: {}",
             config.master_name,

@@ -153,3 +153,39 @@ async fn an_unreachable_or_refusing_cluster_is_a_clear_error() {
     assert_eq!(e.kind(), ErrorKind::Protocol, "{e}");
     assert!(e.to_string().contains("cluster support disabled"), "{e}");
 }
+
+/// `rediss+cluster://`: nodes that speak TLS to clients and on their bus, demanding client
+/// certificates; locks in several slots (so on several nodes, found through `CLUSTER SLOTS`
+/// over TLS), and a waiter woken across nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls() {
+    let pki = distlock_testkit::Pki::generate();
+    let Some(cluster) = RedisCluster::start_tls(3, &pki) else {
+        return;
+    };
+    let url = cluster.url(&format!(
+        "?tls_ca={}&tls_cert={}&tls_key={}",
+        pki.ca.display(),
+        pki.client.cert.display(),
+        pki.client.key.display()
+    ));
+    assert!(url.starts_with("rediss+cluster://"), "{url}");
+    let (a, _) = client(&url, Duration::from_secs(10)).await;
+    let (b, _) = client(&url, Duration::from_secs(10)).await;
+    for name in ["tls-a", "tls-b", "tls-c", "tls-d", "tls-e"] {
+        let g = a.try_acquire(name).await.unwrap().expect("free");
+        assert!(g.fence().is_some());
+        assert!(b.try_acquire(name).await.unwrap().is_none());
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+    }
+    let held = a.acquire("tls-wake").await.unwrap();
+    let waiter = tokio::spawn(async move { b.acquire("tls-wake").await.map(|g| g.fence()) });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(held.release().await.unwrap(), Released::Held);
+    let fence = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("woken")
+        .unwrap()
+        .unwrap();
+    assert!(fence.is_some());
+}

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use distlock_core::{ErrorKind, LockClient, Released};
-use distlock_redis::RedisBackend;
-use distlock_testkit::{Pki, RedisServer, free_port};
+use distlock_redis::{RedisBackend, RedlockBackend, SentinelBackend};
+use distlock_testkit::{Pki, RedisServer, Sentinels, free_port};
 
 async fn lock_once(url: &str, name: &str) -> Option<u64> {
     let c = LockClient::new(
@@ -244,4 +244,98 @@ async fn a_key_prefix_with_a_space_is_refused_before_connecting() {
         let err = RedisBackend::connect(url).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config, "{url}: {err}");
     }
+}
+
+/// `redlocks://` over three masters that demand client certificates: every master gets the
+/// CA and the certificate of the URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_over_tls_masters() {
+    let pki = Pki::generate();
+    let mut servers = Vec::new();
+    let mut ports = Vec::new();
+    for _ in 0..3 {
+        let tls_port = free_port();
+        let Some(server) = RedisServer::start_with(&[
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            pki.server.cert.to_str().unwrap(),
+            "--tls-key-file",
+            pki.server.key.to_str().unwrap(),
+            "--tls-ca-cert-file",
+            pki.ca.to_str().unwrap(),
+            "--tls-auth-clients",
+            "yes",
+        ]) else {
+            return;
+        };
+        servers.push(server);
+        ports.push(format!("127.0.0.1:{tls_port}"));
+    }
+    let files = format!(
+        "tls_ca={}&tls_cert={}&tls_key={}",
+        pki.ca.display(),
+        pki.client.cert.display(),
+        pki.client.key.display()
+    );
+    let url = format!("redlocks://{}/?{files}", ports.join(","));
+    let c = LockClient::new(RedlockBackend::connect(&url).await.expect("redlocks://"));
+    let g = c.try_acquire("tls-redlock").await.unwrap().expect("free");
+    assert!(g.is_held());
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    // Without the client certificate, every master refuses.
+    let e = RedlockBackend::connect(&format!(
+        "redlocks://{}/?tls_ca={}",
+        ports.join(","),
+        pki.ca.display()
+    ))
+    .await
+    .map(|_| ())
+    .expect_err("no client certificate");
+    assert_eq!(e.kind(), ErrorKind::Auth, "{e}");
+}
+
+/// `rediss+sentinel://`: the sentinel and the master it names both speak TLS only to holders
+/// of a client certificate; the URL's CA and certificate serve both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_over_tls() {
+    let pki = Pki::generate();
+    let tls_port = free_port();
+    let Some(_master) = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        pki.server.cert.to_str().unwrap(),
+        "--tls-key-file",
+        pki.server.key.to_str().unwrap(),
+        "--tls-ca-cert-file",
+        pki.ca.to_str().unwrap(),
+        "--tls-auth-clients",
+        "yes",
+    ]) else {
+        return;
+    };
+    let Some(sentinels) = Sentinels::start_tls(1, tls_port, &pki) else {
+        return;
+    };
+    let url = sentinels.url(&format!(
+        "?tls_ca={}&tls_cert={}&tls_key={}",
+        pki.ca.display(),
+        pki.client.cert.display(),
+        pki.client.key.display()
+    ));
+    assert!(url.starts_with("rediss+sentinel://"), "{url}");
+    let c = LockClient::new(
+        SentinelBackend::connect(&url)
+            .await
+            .expect("sentinel over TLS"),
+    );
+    let g = c.try_acquire("tls-sentinel").await.unwrap().expect("free");
+    assert!(g.fence().is_some());
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let e = SentinelBackend::connect(&sentinels.url(&format!("?tls_ca={}", pki.ca.display())))
+        .await
+        .map(|_| ())
+        .expect_err("no client certificate");
+    assert_eq!(e.kind(), ErrorKind::Auth, "{e}");
 }

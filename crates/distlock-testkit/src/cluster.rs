@@ -10,23 +10,65 @@ use crate::redis_server::RedisServer;
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// The nodes' TLS ports, for a Cluster from `start_tls`.
+    tls_ports: Vec<u16>,
 }
 
 impl RedisCluster {
     /// Starts and joins the masters, and waits until every node reports `cluster_state:ok`.
     /// `None` (after printing `SKIP`) when redis-server is missing outside CI.
     pub fn start(n: usize) -> Option<Self> {
+        Self::start_with(n, None)
+    }
+
+    /// The same, each node also taking TLS clients (with `pki`'s server certificate, client
+    /// certificates from `pki`'s CA demanded) and its cluster bus over TLS
+    /// (`tls-cluster yes`), so that a TLS client is told the TLS ports. [`url`](Self::url)
+    /// names those, as `rediss+cluster://`.
+    pub fn start_tls(n: usize, pki: &crate::Pki) -> Option<Self> {
+        Self::start_with(n, Some(pki))
+    }
+
+    fn start_with(n: usize, pki: Option<&crate::Pki>) -> Option<Self> {
         assert!(n >= 3, "redis-cli --cluster create needs 3 masters");
+        let mut tls_ports = Vec::new();
         let nodes: Vec<RedisServer> = (0..n)
             .map(|_| {
-                RedisServer::start_with(&[
+                let mut args: Vec<String> = [
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
                     "2000",
-                ])
+                ]
+                .map(str::to_owned)
+                .to_vec();
+                if let Some(pki) = pki {
+                    let port = crate::free_port();
+                    tls_ports.push(port);
+                    for (flag, value) in [
+                        ("--tls-port", port.to_string()),
+                        ("--tls-cert-file", pki.server.cert.display().to_string()),
+                        ("--tls-key-file", pki.server.key.display().to_string()),
+                        (
+                            "--tls-client-cert-file",
+                            pki.client.cert.display().to_string(),
+                        ),
+                        (
+                            "--tls-client-key-file",
+                            pki.client.key.display().to_string(),
+                        ),
+                        ("--tls-ca-cert-file", pki.ca.display().to_string()),
+                        ("--tls-auth-clients", "yes".to_owned()),
+                        ("--tls-cluster", "yes".to_owned()),
+                    ] {
+                        args.push(flag.to_owned());
+                        args.push(value);
+                    }
+                }
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                RedisServer::start_with(&args)
             })
             .collect::<Option<_>>()?;
         let addrs: Vec<String> = nodes
@@ -52,11 +94,19 @@ impl RedisCluster {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        Some(RedisCluster { nodes })
+        Some(RedisCluster { nodes, tls_ports })
     }
 
     /// `redis+cluster://127.0.0.1:p1,…` followed by `params`.
     pub fn url(&self, params: &str) -> String {
+        if !self.tls_ports.is_empty() {
+            let hosts: Vec<String> = self
+                .tls_ports
+                .iter()
+                .map(|p| format!("127.0.0.1:{p}"))
+                .collect();
+            return format!("rediss+cluster://{}{params}", hosts.join(","));
+        }
         let hosts: Vec<String> = self
             .nodes
             .iter()

@@ -21,6 +21,8 @@ pub struct Sentinels {
 struct SentinelNode {
     child: Child,
     port: u16,
+    /// The TLS port of a sentinel from `start_tls`.
+    tls_port: Option<u16>,
     dir: tempfile::TempDir,
 }
 
@@ -31,10 +33,25 @@ impl Sentinels {
         if !require_binary("redis-server", "Redis Sentinel") {
             return None;
         }
+        Self::start_with(n, master.port(), None)
+    }
+
+    /// Starts `n` sentinels that take clients over TLS (`pki`'s server certificate, client
+    /// certificates from `pki`'s CA demanded) and watch the master at its TLS port
+    /// `master_tls_port` (`tls-replication yes`, with `pki`'s client certificate). The kit's
+    /// own commands use their clear-text ports; [`url`](Self::url) names the TLS ones.
+    pub fn start_tls(n: usize, master_tls_port: u16, pki: &crate::Pki) -> Option<Self> {
+        if !require_binary("redis-server", "Redis Sentinel") {
+            return None;
+        }
+        Self::start_with(n, master_tls_port, Some(pki))
+    }
+
+    fn start_with(n: usize, master_port: u16, pki: Option<&crate::Pki>) -> Option<Self> {
         let quorum = n / 2 + 1;
         let mut nodes = Vec::with_capacity(n);
         for _ in 0..n {
-            nodes.push(SentinelNode::spawn(master.port(), quorum));
+            nodes.push(SentinelNode::spawn(master_port, quorum, pki));
         }
         let group = Sentinels { nodes };
         // Every sentinel has found the replicas and the other sentinels before a test kills
@@ -58,9 +75,14 @@ impl Sentinels {
         let hosts: Vec<String> = self
             .nodes
             .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port))
+            .map(|s| format!("127.0.0.1:{}", s.tls_port.unwrap_or(s.port)))
             .collect();
-        format!("redis+sentinel://{}/{MASTER_NAME}{params}", hosts.join(","))
+        let scheme = if self.nodes.iter().any(|s| s.tls_port.is_some()) {
+            "rediss+sentinel"
+        } else {
+            "redis+sentinel"
+        };
+        format!("{scheme}://{}/{MASTER_NAME}{params}", hosts.join(","))
     }
 
     /// The master's port as the first sentinel reports it.
@@ -112,7 +134,7 @@ impl Sentinels {
 }
 
 impl SentinelNode {
-    fn spawn(master_port: u16, quorum: usize) -> Self {
+    fn spawn(master_port: u16, quorum: usize, pki: Option<&crate::Pki>) -> Self {
         let mut last = String::new();
         for _ in 0..5 {
             let dir = tempfile::Builder::new()
@@ -122,16 +144,31 @@ impl SentinelNode {
             let port = free_port();
             let conf = dir.path().join("sentinel.conf");
             let log = dir.path().join("sentinel.log");
-            let text = format!(
-                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\n\
+            let tls_port = pki.map(|_| free_port());
+            let tls = match (pki, tls_port) {
+                (Some(pki), Some(tls_port)) => format!(
+                    "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\n\
+                     tls-client-cert-file {}\ntls-client-key-file {}\ntls-ca-cert-file {}\n\
+                     tls-auth-clients yes\ntls-replication yes\n",
+                    pki.server.cert.display(),
+                    pki.server.key.display(),
+                    pki.client.cert.display(),
+                    pki.client.key.display(),
+                    pki.ca.display()
+                ),
+                _ => String::new(),
+            };
+            let text = tls
+                + &format!(
+                    "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\n\
                  dir {dir}\nlogfile {log}\n\
                  sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} {quorum}\n\
                  sentinel down-after-milliseconds {MASTER_NAME} 500\n\
                  sentinel failover-timeout {MASTER_NAME} 3000\n\
                  sentinel parallel-syncs {MASTER_NAME} 1\n",
-                dir = dir.path().display(),
-                log = log.display(),
-            );
+                    dir = dir.path().display(),
+                    log = log.display(),
+                );
             std::fs::write(&conf, text).expect("write sentinel.conf");
             let child = Command::new("redis-server")
                 .arg(&conf)
@@ -141,7 +178,12 @@ impl SentinelNode {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("run redis-server --sentinel");
-            let mut node = SentinelNode { child, port, dir };
+            let mut node = SentinelNode {
+                child,
+                port,
+                tls_port,
+                dir,
+            };
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
                 if let Ok(Some(status)) = node.child.try_wait() {

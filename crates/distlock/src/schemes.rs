@@ -220,7 +220,10 @@ pub async fn open_backend(url: &str) -> Result<AnyBackend, LockError> {
     if scheme.is_empty() {
         return Err(LockError::new(
             ErrorKind::Config,
-            format!("{url:?} is not a lock URL (try file:// or redis://host:6379)"),
+            format!(
+                "{:?} is not a lock URL (try file:// or redis://host:6379)",
+                distlock_core::url::redact(url)
+            ),
         ));
     }
     let why = NOT_OPENED
@@ -303,6 +306,34 @@ mod tests {
         for bad in ["gopher://h", "nothing", ""] {
             let e = open_backend(bad).await.err().expect("refused");
             assert_eq!(e.kind(), ErrorKind::Config, "{bad}: {e}");
+        }
+    }
+
+    /// No engine repeats a password of its URL in an error: one with a bad parameter, one
+    /// with a bad host, and one with an unknown scheme, each refused before any connection.
+    #[tokio::test]
+    async fn no_error_shows_the_url_s_password() {
+        const SECRET: &str = "hunter2-secret";
+        let mut urls = vec![format!("gopher://u:{SECRET}@h:1")];
+        for scheme in supported_schemes() {
+            if matches!(scheme, "file" | "unix" | "redis+unix") {
+                continue;
+            }
+            let path = if scheme.contains("sentinel") {
+                "/m"
+            } else {
+                "/db"
+            };
+            urls.push(format!(
+                "{scheme}://u:{SECRET}@127.0.0.1:1{path}?no_such_param=1&sentinel_password={SECRET}"
+            ));
+            urls.push(format!("{scheme}://u:{SECRET}@127.0.0.1:notaport{path}"));
+        }
+        for url in urls {
+            if let Err(e) = open_backend(&url).await {
+                let shown = format!("{e} {e:?}");
+                assert!(!shown.contains(SECRET), "{url}: {shown}");
+            }
         }
     }
 }

@@ -190,7 +190,7 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Primed<S> {
 
 /// No TLS in this build.
 #[cfg(not(feature = "tls"))]
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub enum Tls {}
 
 impl Conn {
