@@ -20,9 +20,9 @@ use distlock_core::{ErrorKind, LockError};
 /// | `connect_timeout` | `3s` | per connection attempt |
 /// | `response_timeout` | `2s` | per request |
 ///
-/// `zks://` (TLS to the secure client port) is not built: the Rust ZooKeeper client's TLS
-/// brings a second crypto library (aws-lc-rs, a C build) where every other engine shares
-/// rustls with ring. See `docs/security.md` for the ways around it.
+/// `zks://` (TLS to the secure client port) is not built yet: the Rust ZooKeeper client's TLS
+/// brings a second crypto provider (aws-lc-rs, a C library build) where every other engine
+/// shares rustls with ring. See `docs/security.md` for the probe and the ways around it.
 #[derive(Clone)]
 pub struct ZkConfig {
     /// `host:port,…[/chroot]`, as the client takes it.
