@@ -115,11 +115,20 @@ impl<'a> MultiHostUrl<'a> {
         if self.query.is_empty() {
             return Ok(());
         }
+        // Named, with their values unless they are secrets.
+        let shown: Vec<String> = self
+            .query
+            .iter()
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _)) if is_secret_param(k) => format!("{k}=***"),
+                _ => (*pair).to_owned(),
+            })
+            .collect();
         Err(LockError::new(
             ErrorKind::Config,
             format!(
-                "unknown {engine} URL parameter(s) {:?} (known: {known})",
-                self.rest_query()
+                "unknown {engine} URL parameter(s) \"?{}\" (known: {known})",
+                shown.join("&")
             ),
         ))
     }
