@@ -138,19 +138,8 @@ pub(crate) struct TlsFigures {
 /// over each, alternating.
 pub(crate) async fn measure_tls(rounds: usize, cycles: usize, pin: bool) -> Option<TlsFigures> {
     let pki = distlock_testkit::Pki::generate();
-    let tls_port = distlock_testkit::free_port();
-    let server = distlock_testkit::RedisServer::start_with(&[
-        "--tls-port",
-        &tls_port.to_string(),
-        "--tls-cert-file",
-        pki.server.cert.to_str()?,
-        "--tls-key-file",
-        pki.server.key.to_str()?,
-        "--tls-ca-cert-file",
-        pki.ca.to_str()?,
-        "--tls-auth-clients",
-        "no",
-    ])?;
+    let server = distlock_testkit::RedisServer::start_tls(&pki, false, &[])?;
+    let tls_port = server.tls_port();
     if pin {
         server.pin_to_cpu(0);
     }
@@ -159,6 +148,8 @@ pub(crate) async fn measure_tls(rounds: usize, cycles: usize, pin: bool) -> Opti
     let tls_url = format!("{tls_base}?tls_ca={}", pki.ca.display());
     let script = redis::Script::new(RELEASE_LUA);
     let ca = std::fs::read(&pki.ca).expect("the CA");
+    // The raw client, like the engine, builds its TLS with the process's default provider.
+    distlock_tls::install_default_provider();
     let tls_raw = redis::Client::build_with_tls(
         tls_base.as_str(),
         redis::TlsCertificates {

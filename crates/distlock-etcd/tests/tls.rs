@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use distlock_core::{ErrorKind, LockError};
 use distlock_etcd::EtcdBackend;
-use distlock_testkit::tls_cases::refused;
+use distlock_testkit::tls_cases::{refused, refused_identities};
 use distlock_testkit::{Etcd, Pki};
 
 async fn lock_once(url: &str) -> Result<(), LockError> {
@@ -39,28 +39,14 @@ async fn a_member_with_client_cert_auth_takes_good_clients_and_refuses_the_rest(
         "the server's certificate was refused",
         "no CA",
     );
-    refused(
-        lock_once(&url(&format!("&tls_ca={ca}"))).await,
-        ErrorKind::Auth,
-        "refused our client certificate",
-        "no client certificate",
-    );
-    let (scert, skey) = (pki.stranger.cert.display(), pki.stranger.key.display());
-    refused(
-        lock_once(&url(&format!(
-            "&tls_ca={ca}&tls_cert={scert}&tls_key={skey}"
-        )))
-        .await,
-        ErrorKind::Auth,
-        "refused our client certificate",
-        "a client certificate from another CA",
-    );
-    refused(
-        lock_once(&url("&tls_ca=/nonexistent/ca.pem")).await,
-        ErrorKind::Config,
-        "/nonexistent/ca.pem",
-        "a missing CA file",
-    );
+    for (params, kind, words, case) in refused_identities(&pki) {
+        refused(
+            lock_once(&url(&format!("&{params}"))).await,
+            kind,
+            words,
+            case,
+        );
+    }
     // Clear text to a TLS port fails, quickly, and takes nothing.
     let t0 = Instant::now();
     let e = lock_once(&format!(

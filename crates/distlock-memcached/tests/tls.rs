@@ -3,7 +3,7 @@
 
 use distlock_core::{ErrorKind, LockError};
 use distlock_memcached::MemcachedBackend;
-use distlock_testkit::tls_cases::refused;
+use distlock_testkit::tls_cases::{refused, refused_identities};
 use distlock_testkit::{Memcached, Pki};
 
 async fn lock_once(url: &str) -> Result<(), LockError> {
@@ -33,25 +33,14 @@ async fn a_tls_server_takes_good_clients_and_refuses_the_rest() {
         "the server's certificate was refused",
         "no CA",
     );
-    refused(
-        lock_once(&mc.url(&format!("?tls_ca={ca}"))).await,
-        ErrorKind::Auth,
-        "refused our client certificate",
-        "no client certificate",
-    );
-    let (scert, skey) = (pki.stranger.cert.display(), pki.stranger.key.display());
-    refused(
-        lock_once(&mc.url(&format!("?tls_ca={ca}&tls_cert={scert}&tls_key={skey}"))).await,
-        ErrorKind::Auth,
-        "refused our client certificate",
-        "a client certificate from another CA",
-    );
-    refused(
-        lock_once(&mc.url("?tls_ca=/nonexistent/ca.pem")).await,
-        ErrorKind::Config,
-        "/nonexistent/ca.pem",
-        "a missing CA file",
-    );
+    for (params, kind, words, case) in refused_identities(&pki) {
+        refused(
+            lock_once(&mc.url(&format!("?{params}"))).await,
+            kind,
+            words,
+            case,
+        );
+    }
     // Clear text to the TLS port: no answer the engine takes, a typed error.
     let plain = format!(
         "memcached://127.0.0.1:{}?connect_timeout=1s&response_timeout=1s",

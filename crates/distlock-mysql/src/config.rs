@@ -96,6 +96,8 @@ fn with_tls(
     if mode == SslMode::Disabled {
         return Ok(None);
     }
+    // mysql_async builds its rustls configuration with the process's default provider.
+    distlock_tls::install_default_provider();
     // Read (and checked) here: a file that cannot be used is a configuration error now, not
     // a connection error at each session.
     let pem = |path: &std::path::Path| {

@@ -57,6 +57,18 @@ const OURS: [&str; 6] = [
     "wait_timeout",
 ];
 
+/// redis-rs builds its rustls configuration with the process's default provider: make sure
+/// there is one before a TLS URL is opened.
+#[cfg(feature = "tls")]
+fn provider_for(urls: &[&str]) {
+    if urls
+        .iter()
+        .any(|u| u.starts_with("rediss:") || u.starts_with("valkeys:"))
+    {
+        distlock_tls::install_default_provider();
+    }
+}
+
 impl RedisConfig {
     /// Parses a Redis URL with distlock's parameters.
     ///
@@ -219,6 +231,8 @@ impl RedisConfig {
     /// with this configuration's CA and client certificate.
     pub(crate) fn open_client(&self, url: &str) -> redis::RedisResult<redis::Client> {
         #[cfg(feature = "tls")]
+        provider_for(&[url]);
+        #[cfg(feature = "tls")]
         if let Some(certs) = &self.certs {
             return redis::Client::build_with_tls(url, certs.clone());
         }
@@ -231,6 +245,9 @@ impl RedisConfig {
         &self,
         seeds: impl IntoIterator<Item = &'a str>,
     ) -> redis::cluster::ClusterClientBuilder {
+        let seeds: Vec<&str> = seeds.into_iter().collect();
+        #[cfg(feature = "tls")]
+        provider_for(&seeds);
         let builder = redis::cluster::ClusterClientBuilder::new(seeds);
         #[cfg(feature = "tls")]
         if let Some(certs) = &self.certs {

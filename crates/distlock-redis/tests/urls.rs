@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use distlock_core::{ErrorKind, LockClient, Released};
 use distlock_redis::{RedisBackend, RedlockBackend, SentinelBackend};
-use distlock_testkit::{Pki, RedisServer, Sentinels, free_port};
+use distlock_testkit::{Pki, RedisServer, Sentinels};
 
 async fn lock_once(url: &str, name: &str) -> Option<u64> {
     let c = LockClient::new(
@@ -127,26 +127,11 @@ async fn database_number_and_acl_user() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_with_a_ca_client_certificates_and_an_acl_user() {
     let pki = Pki::generate();
-    let tls_port = free_port().to_string();
-    let (cert, key, ca) = (
-        pki.server.cert.to_str().unwrap(),
-        pki.server.key.to_str().unwrap(),
-        pki.ca.to_str().unwrap(),
-    );
-    let Some(server) = RedisServer::start_with(&[
-        "--tls-port",
-        &tls_port,
-        "--tls-cert-file",
-        cert,
-        "--tls-key-file",
-        key,
-        "--tls-ca-cert-file",
-        ca,
-        "--tls-auth-clients",
-        "yes",
-    ]) else {
+    let Some(server) = RedisServer::start_tls(&pki, true, &[]) else {
         return;
     };
+    let tls_port = server.tls_port();
+    let ca = pki.ca.display();
     let (ccert, ckey) = (pki.client.cert.display(), pki.client.key.display());
     let base = format!("rediss://127.0.0.1:{tls_port}/");
     let good = format!("{base}?tls_ca={ca}&tls_cert={ccert}&tls_key={ckey}");
@@ -254,23 +239,11 @@ async fn redlock_over_tls_masters() {
     let mut servers = Vec::new();
     let mut ports = Vec::new();
     for _ in 0..3 {
-        let tls_port = free_port();
-        let Some(server) = RedisServer::start_with(&[
-            "--tls-port",
-            &tls_port.to_string(),
-            "--tls-cert-file",
-            pki.server.cert.to_str().unwrap(),
-            "--tls-key-file",
-            pki.server.key.to_str().unwrap(),
-            "--tls-ca-cert-file",
-            pki.ca.to_str().unwrap(),
-            "--tls-auth-clients",
-            "yes",
-        ]) else {
+        let Some(server) = RedisServer::start_tls(&pki, true, &[]) else {
             return;
         };
+        ports.push(format!("127.0.0.1:{}", server.tls_port()));
         servers.push(server);
-        ports.push(format!("127.0.0.1:{tls_port}"));
     }
     let files = format!(
         "tls_ca={}&tls_cert={}&tls_key={}",
@@ -300,22 +273,10 @@ async fn redlock_over_tls_masters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_over_tls() {
     let pki = Pki::generate();
-    let tls_port = free_port();
-    let Some(_master) = RedisServer::start_with(&[
-        "--tls-port",
-        &tls_port.to_string(),
-        "--tls-cert-file",
-        pki.server.cert.to_str().unwrap(),
-        "--tls-key-file",
-        pki.server.key.to_str().unwrap(),
-        "--tls-ca-cert-file",
-        pki.ca.to_str().unwrap(),
-        "--tls-auth-clients",
-        "yes",
-    ]) else {
+    let Some(master) = RedisServer::start_tls(&pki, true, &[]) else {
         return;
     };
-    let Some(sentinels) = Sentinels::start_tls(1, tls_port, &pki) else {
+    let Some(sentinels) = Sentinels::start_tls(1, master.tls_port(), &pki) else {
         return;
     };
     let url = sentinels.url(&format!(

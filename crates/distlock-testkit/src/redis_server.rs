@@ -20,6 +20,7 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     extra: Vec<String>,
     password: Option<String>,
+    tls_port: Option<u16>,
 }
 
 impl RedisServer {
@@ -50,6 +51,7 @@ impl RedisServer {
             dir,
             extra,
             password,
+            tls_port: None,
         };
         let mut last = String::new();
         for _ in 0..5 {
@@ -60,6 +62,41 @@ impl RedisServer {
             }
         }
         panic!("redis-server did not start after 5 tries:\n{last}");
+    }
+
+    /// Starts a server that also serves TLS on a second port ([`tls_port`](Self::tls_port))
+    /// with the kit's server certificate. With `auth_clients`, a TLS client must show a
+    /// certificate from the kit's CA (`--tls-auth-clients yes`). `extra` as for
+    /// [`start_with`](Self::start_with).
+    pub fn start_tls(pki: &crate::Pki, auth_clients: bool, extra: &[&str]) -> Option<Self> {
+        let tls_port = free_port();
+        let port = tls_port.to_string();
+        let path = |p: &Path| p.to_str().expect("a UTF-8 path").to_owned();
+        let (cert, key, ca) = (path(&pki.server.cert), path(&pki.server.key), path(&pki.ca));
+        let mut args = vec![
+            "--tls-port",
+            &port,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            if auth_clients { "yes" } else { "no" },
+        ];
+        args.extend_from_slice(extra);
+        let mut server = Self::start_with(&args)?;
+        server.tls_port = Some(tls_port);
+        Some(server)
+    }
+
+    /// The TLS port of a server started with [`start_tls`](Self::start_tls).
+    ///
+    /// # Panics
+    /// When the server has none.
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port.expect("a server started with start_tls")
     }
 
     fn log_path(&self) -> PathBuf {

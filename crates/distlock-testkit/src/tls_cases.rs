@@ -27,3 +27,34 @@ pub fn refused(result: Result<(), LockError>, kind: ErrorKind, words: &str, case
         "{case}: {e:?} lacks {words:?}"
     );
 }
+
+/// The clients a server that demands certificates from the kit's CA must refuse, as URL
+/// parameters with distlock's names (`tls_ca`, `tls_cert`, `tls_key`, joined by `&`), each
+/// with the kind and words of its error and the name of the case: no client certificate, a
+/// stranger's (another CA's), and a CA file that does not exist.
+pub fn refused_identities(
+    pki: &crate::Pki,
+) -> Vec<(String, ErrorKind, &'static str, &'static str)> {
+    let ca = pki.ca.display();
+    let (scert, skey) = (pki.stranger.cert.display(), pki.stranger.key.display());
+    vec![
+        (
+            format!("tls_ca={ca}"),
+            ErrorKind::Auth,
+            "refused our client certificate",
+            "no client certificate",
+        ),
+        (
+            format!("tls_ca={ca}&tls_cert={scert}&tls_key={skey}"),
+            ErrorKind::Auth,
+            "refused our client certificate",
+            "a client certificate from another CA",
+        ),
+        (
+            "tls_ca=/nonexistent/ca.pem".to_owned(),
+            ErrorKind::Config,
+            "/nonexistent/ca.pem",
+            "a missing CA file",
+        ),
+    ]
+}

@@ -9,13 +9,21 @@ use std::time::{Duration, Instant};
 use crate::process::{Daemon, free_port, loopback_url, require_binary, scratch_dir, tail};
 
 const JAR: &str = "/usr/share/java/zookeeper.jar";
-const CONF: &str = "/etc/zookeeper/conf";
+
+/// The classes of the server, with Netty's codec beside Debian's jar: the jar's manifest names
+/// the Netty jars of the plain server, and TLS (Netty's `SslHandler`) also needs the codec, which
+/// the same Debian package (`libnetty-java`) ships.
+const CLASSPATH: &str =
+    "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/netty-codec.jar";
+const NETTY_CODEC: &str = "/usr/share/java/netty-codec.jar";
 
 /// One ZooKeeper server. Killed when dropped.
 #[derive(Debug)]
 pub struct ZkServer {
     child: Daemon,
     port: u16,
+    /// The TLS client port (`secureClientPort`), when the server has one.
+    secure_port: Option<u16>,
     dir: tempfile::TempDir,
 }
 
@@ -47,7 +55,29 @@ impl ZooKeeper {
         )
     }
 
+    /// Starts one standalone server that also serves TLS on a second client port
+    /// (`secureClientPort`, through Netty), with the kit's server certificate, and that demands
+    /// a client certificate from the kit's CA (`ssl.clientAuth=need`). The plain port stays
+    /// open for the kit's own health checks; [`tls_url`](Self::tls_url) names the TLS one.
+    pub fn start_tls(pki: &crate::Pki) -> Option<Self> {
+        if !require_binary(NETTY_CODEC, "ZooKeeper's TLS (package libnetty-java)") {
+            return None;
+        }
+        let mut tls = TlsFiles {
+            keystore: std::fs::read_to_string(&pki.server.key).expect("server key"),
+            ca: pki.ca.clone(),
+        };
+        // A PEM key store is the private key (PKCS #8) followed by the certificate.
+        tls.keystore
+            .push_str(&std::fs::read_to_string(&pki.server.cert).expect("server cert"));
+        Self::start_configured(1, "", Some(&tls))
+    }
+
     fn start_with(n: usize, extra: &str) -> Option<Self> {
+        Self::start_configured(n, extra, None)
+    }
+
+    fn start_configured(n: usize, extra: &str, tls: Option<&TlsFiles>) -> Option<Self> {
         if !require_binary("java", "the ZooKeeper engine")
             || !require_binary(JAR, "the ZooKeeper engine (package zookeeper)")
         {
@@ -70,6 +100,21 @@ impl ZooKeeper {
                     data.display()
                 );
                 cfg.push_str(extra);
+                let secure_port = tls.map(|tls| {
+                    let port = free_port();
+                    let keystore = dir.path().join("keystore.pem");
+                    std::fs::write(&keystore, &tls.keystore).expect("key store");
+                    cfg.push_str(&format!(
+                        "secureClientPort={port}\nsecureClientPortAddress=127.0.0.1\n\
+                         serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+                         ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+                         ssl.trustStore.location={}\nssl.trustStore.type=PEM\n\
+                         ssl.clientAuth=need\n",
+                        keystore.display(),
+                        tls.ca.display()
+                    ));
+                    port
+                });
                 if n > 1 {
                     std::fs::write(data.join("myid"), format!("{}\n", i + 1)).expect("myid");
                     for (j, (_, peer, election)) in ports.iter().enumerate() {
@@ -80,6 +125,7 @@ impl ZooKeeper {
                 let mut s = ZkServer {
                     child: Daemon::default(),
                     port: *client,
+                    secure_port,
                     dir,
                 };
                 s.spawn();
@@ -97,6 +143,19 @@ impl ZooKeeper {
     /// `zk://127.0.0.1:p1,…` followed by `rest` (a chroot, parameters).
     pub fn url(&self, rest: &str) -> String {
         loopback_url("zk", self.servers.iter().map(|s| s.port), rest)
+    }
+
+    /// `zks://127.0.0.1:secure_port,…` followed by `rest`, for a server started with
+    /// [`start_tls`](Self::start_tls).
+    ///
+    /// # Panics
+    /// When a server has no TLS port.
+    pub fn tls_url(&self, rest: &str) -> String {
+        let ports = self
+            .servers
+            .iter()
+            .map(|s| s.secure_port.expect("a server started with start_tls"));
+        loopback_url("zks", ports, rest)
     }
 
     /// The servers.
@@ -130,13 +189,20 @@ impl ZooKeeper {
     }
 }
 
+/// What a TLS server is started with.
+struct TlsFiles {
+    /// The key store's text: the server's key, then its certificate.
+    keystore: String,
+    ca: std::path::PathBuf,
+}
+
 impl ZkServer {
     fn spawn(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("zk.log")).expect("log file");
         let child = Command::new("java")
             .arg("-Xmx256m")
             .arg("-Dzookeeper.jmx.log4j.disable=true")
-            .args(["-cp", &format!("{CONF}:{JAR}")])
+            .args(["-cp", CLASSPATH])
             .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
             .arg(self.dir.path().join("zoo.cfg"))
             .stdin(Stdio::null())

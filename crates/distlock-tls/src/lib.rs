@@ -324,6 +324,70 @@ pub fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, LockError> {
         .map_err(|e| config_error(&format!("reading the private key in {}", path.display()), e))
 }
 
+/// Makes `ring` the process's default rustls provider, unless a default is installed already.
+///
+/// Engines whose client library builds its own rustls configuration with
+/// `ClientConfig::builder()` (redis-rs, mysql_async, zookeeper-client) call it before their
+/// first TLS connection. With ring alone in the build, rustls would make the same choice by
+/// itself; the ZooKeeper client's TLS also compiles rustls's other provider (aws-lc-rs), and
+/// with two providers and no default, `ClientConfig::builder()` panics. An application that
+/// installs its own default first keeps it.
+pub fn install_default_provider() {
+    if CryptoProvider::get_default().is_none() {
+        // Another thread may install one between the check and here: either way, one is set.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// The system's root certificates as PEM text, for a client library that takes its CA only as
+/// PEM (the ZooKeeper client).
+///
+/// # Errors
+/// `Config` when the system has no root certificates.
+pub fn system_roots_pem() -> Result<String, LockError> {
+    let found = rustls_native_certs::load_native_certs();
+    if found.certs.is_empty() {
+        return Err(LockError::new(
+            ErrorKind::Config,
+            "no CA to check the server's certificate against: the system has no root \
+             certificates; name a CA file (tls_ca)",
+        ));
+    }
+    let mut pem = String::new();
+    for cert in &found.certs {
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        let text = base64(cert.as_ref());
+        for line in text.as_bytes().chunks(64) {
+            pem.push_str(std::str::from_utf8(line).unwrap_or_default());
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    Ok(pem)
+}
+
+/// Standard base64 with padding (RFC 4648 section 4), for PEM.
+fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// The two checks weaker than rustls's own: the chain without the name (libpq `verify-ca`),
 /// or nothing (`require`). Either way the server must sign the handshake with the key of the
 /// certificate it shows.

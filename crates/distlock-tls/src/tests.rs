@@ -244,3 +244,39 @@ fn failures_kept_only_as_words_are_classified_too() {
     assert_eq!(classify_text("received fatal alert: DecodeError"), None);
     assert_eq!(classify_text("Connection refused (os error 111)"), None);
 }
+
+#[test]
+fn base64_is_rfc_4648() {
+    // The test vectors of RFC 4648, section 10.
+    for (plain, encoded) in [
+        ("", ""),
+        ("f", "Zg=="),
+        ("fo", "Zm8="),
+        ("foo", "Zm9v"),
+        ("foob", "Zm9vYg=="),
+        ("fooba", "Zm9vYmE="),
+        ("foobar", "Zm9vYmFy"),
+    ] {
+        assert_eq!(super::base64(plain.as_bytes()), encoded, "{plain:?}");
+    }
+    assert_eq!(super::base64(&[0xfb, 0xff, 0xbf]), "+/+/");
+}
+
+#[test]
+fn system_roots_as_pem_read_back_as_the_same_certificates() {
+    let native = rustls_native_certs::load_native_certs().certs;
+    let pem = match super::system_roots_pem() {
+        Ok(pem) => pem,
+        Err(e) => {
+            // Only a system without roots, with the documented error.
+            assert!(native.is_empty(), "{e}");
+            assert_eq!(e.kind(), ErrorKind::Config);
+            return;
+        }
+    };
+    let back: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .expect("our PEM parses");
+    assert_eq!(back.len(), native.len());
+    assert!(back.iter().zip(&native).all(|(a, b)| a == b));
+}

@@ -20,9 +20,18 @@ use distlock_core::{ErrorKind, LockError};
 /// | `connect_timeout` | `3s` | per connection attempt |
 /// | `response_timeout` | `2s` | per request |
 ///
-/// `zks://` (TLS to the secure client port) is not built yet: the Rust ZooKeeper client's TLS
-/// brings a second crypto provider (aws-lc-rs, a C library build) where every other engine
-/// shares rustls with ring. See `docs/security.md` for the probe and the ways around it.
+/// `zks://…` (the `tls` feature) connects to the servers' secure client port
+/// (`secureClientPort`) with TLS, and takes these too:
+///
+/// | parameter | default | meaning |
+/// |---|---|---|
+/// | `tls_ca` | the system's roots | PEM file of the CA that signed the servers' certificates |
+/// | `tls_cert`, `tls_key` | none | our certificate and key, for `ssl.clientAuth=need` |
+/// | `tls_verify` | `full` | `full`: the chain and each server's name as the URL gives it; `ca`: the chain only |
+///
+/// The files may also come from `DISTLOCK_TLS_CA`, `DISTLOCK_TLS_CERT` and
+/// `DISTLOCK_TLS_KEY`. The ZooKeeper client always checks the chain, so `tls_verify=none` is
+/// refused, and it checks each server against its own host name, so `tls_server_name` is too.
 #[derive(Clone)]
 pub struct ZkConfig {
     /// `host:port,…[/chroot]`, as the client takes it.
@@ -33,6 +42,11 @@ pub struct ZkConfig {
     pub(crate) response_timeout: Duration,
     /// `digest` credentials, `user:password`.
     pub(crate) digest: Option<String>,
+    /// The servers, `host:port`, to find out why a TLS connection failed.
+    pub(crate) hosts: Vec<String>,
+    /// TLS to the secure client port (`zks://`).
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<distlock_tls::TlsSettings>,
 }
 
 impl std::fmt::Debug for ZkConfig {
@@ -47,6 +61,7 @@ impl std::fmt::Debug for ZkConfig {
                 "digest_user",
                 &self.digest.as_deref().and_then(|d| d.split(':').next()),
             )
+            .field("tls", &self.tls_debug())
             .finish()
     }
 }
@@ -59,11 +74,11 @@ impl ZkConfig {
     pub fn from_url(text: &str) -> Result<Self, LockError> {
         let cfg_err = |m: String| LockError::new(ErrorKind::Config, m);
         let (tls, rest) = split_scheme(text, "zk", "zks")?;
+        #[cfg(not(feature = "tls"))]
         if tls {
             return Err(LockError::new(
                 ErrorKind::Unsupported,
-                "zks:// (TLS) is not built: the Rust ZooKeeper client's TLS needs a second \
-                 crypto library; use zk:// through a TLS tunnel (see docs/security.md)",
+                "zks://: this build has no TLS (the `tls` feature of distlock-zookeeper is off)",
             ));
         }
         let mut parts = MultiHostUrl::parse(rest)?;
@@ -85,7 +100,30 @@ impl ZkConfig {
             connect_timeout: Duration::from_secs(3),
             response_timeout: Duration::from_secs(2),
             digest,
+            hosts: Vec::new(),
+            #[cfg(feature = "tls")]
+            tls: None,
         };
+        #[cfg(feature = "tls")]
+        if tls {
+            let settings = distlock_tls::TlsSettings::from_params(|n| parts.take(n))?;
+            if settings.verify == distlock_tls::Verify::EncryptOnly {
+                return Err(LockError::new(
+                    ErrorKind::Unsupported,
+                    "zks:// with tls_verify=none: the ZooKeeper client always checks the \
+                     server's chain against a CA; give tls_ca, with tls_verify=ca to skip the \
+                     name",
+                ));
+            }
+            if settings.server_name.is_some() {
+                return Err(cfg_err(
+                    "zks:// takes no tls_server_name: the ZooKeeper client checks each server \
+                     against its host in the URL (tls_verify=ca skips the name)"
+                        .into(),
+                ));
+            }
+            cfg.tls = Some(settings);
+        }
         if let Some(p) = parts.take("prefix") {
             cfg.prefix = p;
         }
@@ -100,16 +138,32 @@ impl ZkConfig {
         }
         parts.no_more_params(
             "ZooKeeper",
-            "prefix, session_timeout, connect_timeout, response_timeout",
+            if tls {
+                "prefix, session_timeout, connect_timeout, response_timeout, tls_ca, tls_cert, \
+                 tls_key, tls_verify"
+            } else {
+                "prefix, session_timeout, connect_timeout, response_timeout"
+            },
         )?;
-        parts.require_ports(2181)?;
+        parts.require_ports(if tls { 2281 } else { 2181 })?;
         let chroot = parts.path.trim_end_matches('/');
         if chroot.contains("//") || chroot.split('/').any(|s| s == "." || s == "..") {
             return Err(cfg_err(format!("{:?} is not a ZooKeeper path", parts.path)));
         }
         cfg.cluster = format!("{}{chroot}", parts.hosts.join(","));
+        cfg.hosts = parts.hosts.iter().map(|h| (*h).to_owned()).collect();
         cfg.check_prefix()?;
         Ok(cfg)
+    }
+
+    #[cfg(feature = "tls")]
+    fn tls_debug(&self) -> Option<&distlock_tls::TlsSettings> {
+        self.tls.as_ref()
+    }
+
+    #[cfg(not(feature = "tls"))]
+    fn tls_debug(&self) -> Option<()> {
+        None
     }
 
     fn check_prefix(&self) -> Result<(), LockError> {
@@ -127,6 +181,42 @@ impl ZkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn zks_urls_take_the_tls_files_and_refuse_what_the_client_cannot_do() {
+        let c = ZkConfig::from_url(
+            "zks://alice:pw@h1:2281,h2:2999/app?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem\
+             &tls_verify=ca&prefix=/l",
+        )
+        .expect("valid");
+        assert_eq!(c.cluster, "h1:2281,h2:2999/app");
+        assert_eq!(c.hosts, ["h1:2281", "h2:2999"]);
+        let tls = c.tls.as_ref().expect("TLS");
+        assert_eq!(tls.ca.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(tls.verify, distlock_tls::Verify::Chain);
+        assert_eq!(c.prefix, "/l");
+        assert!(!format!("{c:?}").contains("pw"), "{c:?}");
+        assert!(ZkConfig::from_url("zk://h:2181").unwrap().tls.is_none());
+        let e = ZkConfig::from_url("zks://h:2281?tls_verify=none").expect_err("no encrypt-only");
+        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+        for bad in [
+            "zks://h:2281?tls_server_name=zk.example.com",
+            "zks://h:2281?tls_verify=maybe",
+            "zks://h:2281?tls_cert=/c.pem",
+            "zk://h:2181?tls_ca=/ca.pem",
+        ] {
+            let e = ZkConfig::from_url(bad).expect_err(bad);
+            assert_eq!(e.kind(), ErrorKind::Config, "{bad}: {e}");
+        }
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn zks_urls_need_the_tls_feature() {
+        let e = ZkConfig::from_url("zks://h:2281").expect_err("no TLS");
+        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    }
 
     #[test]
     fn urls_name_servers_chroot_and_settings() {
@@ -162,8 +252,6 @@ mod tests {
             let e = ZkConfig::from_url(bad).expect_err(bad);
             assert_eq!(e.kind(), ErrorKind::Config, "{bad}: {e}");
         }
-        let e = ZkConfig::from_url("zks://h:2181").expect_err("no TLS");
-        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
         let c = ZkConfig::from_url("zk://alice:p%40ss@h:2181").expect("digest");
         assert_eq!(c.digest.as_deref(), Some("alice:p@ss"));
         assert!(!format!("{c:?}").contains("p@ss"), "{c:?}");

@@ -48,7 +48,19 @@ async fn connect(config: &ZkConfig) -> Result<Client, LockError> {
     if let Some(digest) = &config.digest {
         connector = connector.with_auth("digest", digest.as_bytes());
     }
-    let connect = connector.connect(&config.cluster);
+    #[cfg(feature = "tls")]
+    let tls = match &config.tls {
+        Some(settings) => Some(tls::options(settings)?),
+        None => None,
+    };
+    let cluster = config.cluster.as_str();
+    let connect = async move {
+        #[cfg(feature = "tls")]
+        if let Some(options) = tls {
+            return connector.with_tls(options).secure_connect(cluster).await;
+        }
+        connector.connect(cluster).await
+    };
     let limit = config.connect_timeout + config.session_timeout;
     // No server that answers within the limit is an unreachable engine, not a busy lock: the
     // client tries each server again until then, so a refused connection also ends here.
@@ -60,8 +72,113 @@ async fn connect(config: &ZkConfig) -> Result<Client, LockError> {
     };
     match tokio::time::timeout(limit, connect).await {
         Ok(Ok(c)) => Ok(c),
-        Ok(Err(Error::Timeout)) | Err(_) => Err(unreachable()),
+        Ok(Err(Error::Timeout)) | Err(_) => {
+            // The client retries a failed handshake as it retries a refused connection, and
+            // keeps no reason: one handshake of our own tells a refused certificate apart.
+            #[cfg(feature = "tls")]
+            if let Some(settings) = &config.tls
+                && let Some(e) = tls::why_refused(settings, config, &doing).await
+            {
+                return Err(e);
+            }
+            Err(unreachable())
+        }
         Ok(Err(e)) => Err(map_err(e, &doing)),
+    }
+}
+
+/// `zks://`: the client's options from the URL's settings, and the reason a handshake fails.
+#[cfg(feature = "tls")]
+mod tls {
+    use distlock_core::engine::{ErrorKind, LockError};
+    use distlock_tls::{TlsSettings, Verify};
+    use zookeeper_client::TlsOptions;
+
+    use crate::config::ZkConfig;
+
+    /// The ZooKeeper client's TLS options: the CA as PEM text (the system's roots without
+    /// `tls_ca`), our certificate and key, and whether names are checked.
+    pub(super) fn options(settings: &TlsSettings) -> Result<TlsOptions, LockError> {
+        // The files are read through distlock-tls first, for its typed errors naming them.
+        settings.client_config()?;
+        // The client builds its rustls configuration with the process's default provider.
+        distlock_tls::install_default_provider();
+        let ca = match &settings.ca {
+            Some(path) => read(path)?,
+            None => distlock_tls::system_roots_pem()?,
+        };
+        let refused = |what: &str, e: zookeeper_client::Error| {
+            LockError::caused_by(
+                ErrorKind::Config,
+                format!("the ZooKeeper client refused {what}"),
+                e,
+            )
+        };
+        let mut options = TlsOptions::new()
+            .with_pem_ca(&ca)
+            .map_err(|e| refused("the CA", e))?;
+        if let (Some(cert), Some(key)) = (&settings.cert, &settings.key) {
+            options = options
+                .with_pem_identity(&read(cert)?, &read(key)?)
+                .map_err(|e| refused("the client certificate and key", e))?;
+        }
+        match settings.verify {
+            Verify::Full => Ok(options),
+            Verify::Chain => Ok(without_names(options)),
+            // Refused when the URL was parsed.
+            Verify::EncryptOnly => Err(LockError::new(
+                ErrorKind::Unsupported,
+                "zks:// always checks the server's chain",
+            )),
+        }
+    }
+
+    /// `tls_verify=ca`. The client marks the call `unsafe` as a warning that names go
+    /// unchecked; it touches no memory: the chain is still checked.
+    #[allow(unsafe_code)]
+    fn without_names(options: TlsOptions) -> TlsOptions {
+        // SAFETY: no memory safety condition; the option only skips the name check, which
+        // `tls_verify=ca` asks for.
+        unsafe { options.with_no_hostname_verification() }
+    }
+
+    fn read(path: &std::path::Path) -> Result<String, LockError> {
+        std::fs::read_to_string(path).map_err(|e| {
+            LockError::caused_by(ErrorKind::Config, format!("reading {}", path.display()), e)
+        })
+    }
+
+    /// A handshake with each server in turn, with the same trust and certificate: the first
+    /// refused certificate (ours or the server's) as a typed error, or `None` when no server
+    /// refused one (none answered, or the handshake went through).
+    pub(super) async fn why_refused(
+        settings: &TlsSettings,
+        config: &ZkConfig,
+        doing: &str,
+    ) -> Option<LockError> {
+        let connector = settings.connector().ok()?;
+        let limit = config.connect_timeout;
+        for host in &config.hosts {
+            let Some((name, port)) = host.rsplit_once(':') else {
+                continue;
+            };
+            let Ok(port) = port.parse::<u16>() else {
+                continue;
+            };
+            let name = name.trim_start_matches('[').trim_end_matches(']');
+            let Ok(Ok(tcp)) =
+                tokio::time::timeout(limit, tokio::net::TcpStream::connect((name, port))).await
+            else {
+                continue;
+            };
+            if let Ok(Err(e)) =
+                tokio::time::timeout(limit, settings.connect(&connector, name, tcp)).await
+                && matches!(e.kind(), ErrorKind::Auth | ErrorKind::Config)
+            {
+                return Some(LockError::new(e.kind(), format!("{doing}: {e}")));
+            }
+        }
+        None
     }
 }
 

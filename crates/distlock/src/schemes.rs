@@ -72,6 +72,8 @@ const SCHEMES: &[(&str, Open)] = &[
     ("etcds", etcd),
     #[cfg(feature = "zookeeper")]
     ("zk", zookeeper),
+    #[cfg(feature = "zookeeper")]
+    ("zks", zookeeper),
     #[cfg(feature = "postgres")]
     ("postgres", postgres),
     #[cfg(feature = "postgres")]
@@ -151,8 +153,7 @@ const NOT_OPENED: &[(&str, &str)] = &[
     ),
     (
         "zks",
-        "ZooKeeper over TLS is not built: the Rust ZooKeeper client's TLS needs a second \
-         crypto library; use zk:// through a TLS tunnel (see docs/security.md)",
+        "the ZooKeeper engine is not compiled in (feature `zookeeper`)",
     ),
     (
         "memcacheds",
@@ -201,7 +202,7 @@ pub fn supported_schemes() -> Vec<&'static str> {
 /// | `redis+cluster://h1:p1,h2:p2,…` (`rediss+cluster://` for TLS) | a Redis Cluster, through any of its nodes (feature `redis`) |
 /// | `redis+sentinel://s1:p1,s2:p2/mymaster[/db]` (`rediss+sentinel://` for TLS) | the master Redis Sentinel names, followed across failovers (feature `redis`) |
 /// | `etcd://h1:2379,h2:2379,…` | etcd: FIFO queue by create revision, revision fencing (feature `etcd`) |
-/// | `zk://h1:2181,h2:2181[/chroot]` | ZooKeeper: ephemeral sequential nodes, czxid fencing (feature `zookeeper`) |
+/// | `zk://h1:2181,h2:2181[/chroot]` (`zks://` for TLS) | ZooKeeper: ephemeral sequential nodes, czxid fencing (feature `zookeeper`) |
 /// | `postgres://user:pw@host:5432/db` (`postgresql://`) | PostgreSQL session advisory locks, sequence fencing (feature `postgres`) |
 /// | `mysql://user:pw@host:3306/db` (`mariadb://`) | MySQL/MariaDB `GET_LOCK`, per-lock counter fencing (feature `mysql`) |
 /// | `memcached://host:11211` | memcached `add` with CAS renewals and release, no fencing (feature `memcached`) |
