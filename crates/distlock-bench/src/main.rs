@@ -86,6 +86,10 @@ struct Cli {
     /// to this file, for example docs/benchmarks.md.
     #[arg(long)]
     report: Option<PathBuf>,
+    /// Only P1 (without its peers' rows unless --peers, and without TLS): for an A/B of the
+    /// fast path. Prints one line.
+    #[arg(long)]
+    p1_only: bool,
     /// Masters of the P4 Redlock runs.
     #[arg(long, default_value_t = 5)]
     masters: usize,
@@ -260,6 +264,14 @@ fn main() {
         cycles,
         &peer_list,
     ));
+    if cli.p1_only {
+        println!(
+            "P1 ({pinning}; {rounds} round(s) × {cycles} cycles, medians): distlock {p1_ours:.0} \
+             cycles/s, redis-rs async floor {p1_async:.0} ({:.3}×), sync floor {p1_sync:.0}",
+            p1_ours / p1_async
+        );
+        return;
+    }
     let p1_tls = rt.block_on(p1::measure_tls(rounds, cycles, !cli.no_pin));
     let p5 = p5(
         &rt,
