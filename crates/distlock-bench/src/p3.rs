@@ -109,10 +109,11 @@ impl P3Row {
 }
 
 /// The raw floor's lock, its keys and its waiter's channel.
-pub(crate) const RAW_KEYS: [&str; 3] = [
+pub(crate) const RAW_KEYS: [&str; 4] = [
     "distlock:{rawbench}",
     "distlock:{rawbench}:meta",
     "distlock:{rawbench}:waiters",
+    "distlock:{rawbench}:fence",
 ];
 pub(crate) const RAW_CHANNEL: &str = "distlock:wake:rawbench";
 
@@ -170,7 +171,7 @@ pub(crate) fn raw_holder(url: &str, count: usize, start_ns: u64) {
             .cmd("PING")
             .cmd("EVALSHA")
             .arg(&sha)
-            .arg(3)
+            .arg(RAW_KEYS.len())
             .arg(&RAW_KEYS[..])
             .arg(format!("raw{i}"))
             .arg(wall_ms())
@@ -216,6 +217,6 @@ pub(crate) async fn raw_handoff(server: &RedisServer, count: usize) -> f64 {
     for (s, g) in sent.iter().zip(&got) {
         let _ = h.record(g.saturating_sub(*s));
     }
-    server.cli(&["DEL", RAW_KEYS[0], RAW_KEYS[1], RAW_KEYS[2]]);
+    server.cli(&["DEL", RAW_KEYS[0], RAW_KEYS[1], RAW_KEYS[2], RAW_KEYS[3]]);
     h.value_at_quantile(0.5) as f64 / 1000.0
 }

@@ -34,11 +34,14 @@ pub enum SeededBug {
     /// PostgreSQL: a dropped session is treated as still holding its lock (no loss event,
     /// renewals on the dead session succeed).
     PgSessionHeld,
+    /// Redis's fence is the bare counter, without the floor of the server's clock or of the
+    /// fences the client saw: a restart without persistence starts it over.
+    CounterFence,
 }
 
 impl SeededBug {
     /// Every seeded bug, in the order the harness reports them.
-    pub const ALL: [SeededBug; 8] = [
+    pub const ALL: [SeededBug; 9] = [
         SeededBug::PlainDel,
         SeededBug::UnconditionalPexpire,
         SeededBug::ReplyTimeValidity,
@@ -47,6 +50,7 @@ impl SeededBug {
         SeededBug::KeepPartial,
         SeededBug::RenewAfterLoss,
         SeededBug::PgSessionHeld,
+        SeededBug::CounterFence,
     ];
 
     /// The name used in `DISTLOCK_SEEDED_BUG` and in reports.
@@ -60,6 +64,7 @@ impl SeededBug {
             SeededBug::KeepPartial => "keep-partial",
             SeededBug::RenewAfterLoss => "renew-after-loss",
             SeededBug::PgSessionHeld => "pg-session-held",
+            SeededBug::CounterFence => "counter-fence",
         }
     }
 

@@ -198,11 +198,10 @@ fn summary(s: &Scenario, f: &Figures) -> String {
         None => String::new(),
     };
     let mut caveats = String::new();
-    if f.ck5_caveat + f.ck3_caveat + f.ck1_caveat > 0 {
+    if f.ck5_caveat + f.ck1_caveat > 0 {
         caveats = format!(
-            "; caveats (server-side faults): {} early acquisitions, {} token regressions, \
-             {} fenced writes out of order",
-            f.ck5_caveat, f.ck3_caveat, f.ck1_caveat
+            "; caveats (server-side faults): {} early acquisitions, {} fenced writes out of order",
+            f.ck5_caveat, f.ck1_caveat
         );
     }
     format!(

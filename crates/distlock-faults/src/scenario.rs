@@ -259,7 +259,7 @@ pub(crate) fn all() -> Vec<Scenario> {
             long_share: 0.3,
             ..Scenario::new(
                 "redis-restart-volatile",
-                "caveat: single Redis without persistence, killed and restarted (locks and fence counter lost)",
+                "caveat: single Redis without persistence, killed and restarted (locks lost; the fence keeps rising)",
                 redis,
             )
             .faults(&[RestartServer])
@@ -394,7 +394,7 @@ pub(crate) struct Control {
 }
 
 /// Every negative control.
-pub(crate) const CONTROLS: [Control; 8] = [
+pub(crate) const CONTROLS: [Control; 9] = [
     Control {
         bug: "plain-del",
         scenario: "redis-release-after-expiry",
@@ -441,6 +441,12 @@ pub(crate) const CONTROLS: [Control; 8] = [
         bug: "pg-session-held",
         scenario: "postgres-loss",
         expect: "CK5/CK6 (renewals on a terminated session)",
+        harness_catches: true,
+    },
+    Control {
+        bug: "counter-fence",
+        scenario: "redis-restart-volatile",
+        expect: "CK3 (fences start over after a restart)",
         harness_catches: true,
     },
 ];

@@ -9,23 +9,27 @@ use distlock_core::engine::{
     Fencing, Handover, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, NextWaiter,
     RenewItem, Subscription, Token, WakeSource,
 };
-use redis::Value;
 
 use crate::config::{ClusterConfig, RedisConfig, WaitReplicas};
+use redis::Value;
+
 use crate::connection::{Acks, ServerConnection, push_wait};
 use crate::error::{map_err, protocol, unexpected};
 use crate::handover::{Grant, Handovers, registration};
 use crate::keys::{KeyLayout, LockKeys, WakeChannel};
 use crate::replies::{AcquireReply, StatusReply};
 use crate::scripts::{Scripts, ttl_ms, unix_ms};
+use crate::seen::SeenFences;
 use crate::subscriber::Subscriber;
+use distlock_core::seeded::{self, SeededBug};
 
 /// A lock engine on one Redis server (or a primary whose failover you accept; see the docs on
 /// replication).
 ///
 /// - acquire, first attempt: one round trip of two plain commands, `SET key value NX PX ttl`
-///   then `HINCRBY meta fence 1`, pipelined (the fence is taken while the lock is ours, so it
-///   orders holders; a busy attempt burns a number, which is harmless);
+///   then `ZADD fence GT CH proposed f`, pipelined, where the proposed fence is this client's
+///   clock in µs (a second round trip, `ZINCRBY`, when it is not above the counter). The fence
+///   is taken while the lock is ours, so it orders holders;
 /// - acquire, waiting or resent: one script that also returns the holder's remaining lease and
 ///   queues the client for a wake-up; a resend with our own token re-arms the TTL and keeps
 ///   (or takes) a fence;
@@ -39,8 +43,12 @@ use crate::subscriber::Subscriber;
 /// - connections: requests take a direct connection when it is free (no task hand-offs; see
 ///   the crate README) and the shared multiplexed one otherwise; the watchdog's renewals always
 ///   take the shared one;
-/// - fencing: a per-key counter that never expires, strictly increasing with every new holder
-///   as long as the server keeps its data (persistence on, no failover to a lagging replica).
+/// - fencing: a per-key counter that never expires, strictly increasing with every new holder,
+///   raised first to a floor: a clock in microseconds (this client's on the first attempt, the
+///   server's `TIME` in scripts) and the highest fence this client saw for the lock. A server
+///   that lost the counter (restarted without persistence, a replica that lagged and was
+///   promoted) starts above every fence given before, unless that clock is behind the one that
+///   set the last fence by more than the outage lasted.
 #[derive(Clone)]
 pub struct RedisBackend {
     conn: ServerConnection,
@@ -51,6 +59,8 @@ pub struct RedisBackend {
     wake: WakeChannel,
     /// Grants, registrations and hints, shared with the subscriber.
     handovers: Handovers,
+    /// The highest fence seen per lock (a floor for the next one).
+    seen: Arc<SeenFences>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -133,6 +143,17 @@ impl RedisBackend {
             scripts,
             subscriber: Arc::new(subscriber),
             handovers,
+            seen: Arc::default(),
+        }
+    }
+
+    /// This engine with `other`'s memory of the fences seen: Sentinel's engine on a new master
+    /// keeps the floors it sends, so a promoted replica that lagged still gives it rising
+    /// fences.
+    pub(crate) fn keeping_fences_of(self, other: &RedisBackend) -> Self {
+        RedisBackend {
+            seen: other.seen.clone(),
+            ..self
         }
     }
 
@@ -143,9 +164,15 @@ impl RedisBackend {
         self.layout.lock_key(name)
     }
 
-    /// The hash that keeps the fence counter (never expires) and the holder's label.
+    /// The hash that keeps the token and fence of the holder that came through a script.
     pub fn meta_key(&self, name: &str) -> String {
         KeyLayout::meta_key(&self.layout.lock_key(name))
+    }
+
+    /// The fence counter (never expires): a sorted set whose one member, `f`, scores the last
+    /// fence given.
+    pub fn fence_key(&self, name: &str) -> String {
+        KeyLayout::fence_key(&self.layout.lock_key(name))
     }
 
     /// How many commands this backend has sent to the server on its main connection (each
@@ -162,8 +189,12 @@ impl RedisBackend {
         self.wake.base().to_owned()
     }
 
-    /// The first attempt: `SET NX PX` then `HINCRBY` of the fence (and `WAIT` for replicas
-    /// when configured), pipelined.
+    /// The first attempt, pipelined in one round trip: `SET NX PX`, then the fence,
+    /// `ZADD fence GT CH floor f` (the floor becomes the fence if it is above every fence given
+    /// so far; see [`fence_floor`]), and `WAIT` for replicas when configured. Plain commands: no
+    /// script runs on the fast path. When the floor is not above the counter (another client's
+    /// clock ahead of ours, or two acquisitions in one microsecond), a second round trip takes
+    /// the next number instead (`ZINCRBY`), still while the lock is ours.
     async fn acquire_fast(
         &self,
         name: &str,
@@ -180,38 +211,78 @@ impl RedisBackend {
             .arg(value)
             .arg("NX")
             .arg("PX")
-            .arg(ttl)
-            .cmd("HINCRBY")
-            .arg(keys.meta())
-            .arg("fence")
-            .arg(1);
+            .arg(ttl);
+        // Seeded bug `counter-fence`: the bare counter, no floor.
+        let floor =
+            (!seeded::on(SeededBug::CounterFence)).then(|| fence_floor(self.seen.floor(name)));
+        match floor {
+            Some(floor) => pipe
+                .cmd("ZADD")
+                .arg(keys.fence())
+                .arg("GT")
+                .arg("CH")
+                .arg(floor)
+                .arg("f"),
+            None => pipe.cmd("ZINCRBY").arg(keys.fence()).arg(1).arg("f"),
+        };
         if let Some(wait) = self.conn.wait {
             push_wait(&mut pipe, wait);
         }
         let replies = self.conn.send(&pipe).await.map_err(|e| map_err(e, DOING))?;
-        match replies.as_slice() {
-            [Value::Okay, Value::Int(f), acks @ ..] if *f > 0 => {
-                if let Some(wait) = self.conn.wait {
-                    let acks = wait.acks(acks.first(), DOING);
-                    self.undo_unreplicated(name, token, wait, acks).await?;
-                }
-                Ok(Attempt::Acquired {
-                    fence: Some(*f as u64),
-                })
-            }
-            [Value::Nil, ..] => Ok(Attempt::Busy { holder_ttl: None }),
-            // Refused (NOPERM, a read-only replica…): nothing was written.
-            [Value::ServerError(e), ..] => Err(map_err(e.clone().into(), DOING)),
+        let fence = match replies.as_slice() {
+            [Value::Okay, Value::Int(1), ..] if floor.is_some() => floor,
+            [Value::Okay, Value::Int(0), ..] if floor.is_some() => None,
+            [Value::Okay, counted, ..] if floor.is_none() => score(counted),
             [Value::Okay, bad, ..] => {
-                // The lock is set but the fence failed (junk under the meta key): undo the
+                // The lock is set but the fence failed (junk under the fence key): undo the
                 // lock before reporting, so nothing stays half taken.
                 self.undo(name, token).await;
-                Err(match bad {
+                return Err(match bad {
                     Value::ServerError(e) => map_err(e.clone().into(), DOING),
                     other => protocol(DOING, other),
-                })
+                });
             }
-            _ => Err(protocol(DOING, &Value::Array(replies))),
+            [Value::Nil, ..] => return Ok(Attempt::Busy { holder_ttl: None }),
+            // Refused (NOPERM, a read-only replica…): nothing was written.
+            [Value::ServerError(e), ..] => return Err(map_err(e.clone().into(), DOING)),
+            _ => return Err(protocol(DOING, &Value::Array(replies))),
+        };
+        if let Some(wait) = self.conn.wait {
+            let acks = wait.acks(replies.get(2), DOING);
+            self.undo_unreplicated(name, token, wait, acks).await?;
+        }
+        let fence = match fence {
+            Some(f) => f,
+            None => match self.next_number(keys).await {
+                Ok(f) => f,
+                Err(e) => {
+                    self.undo(name, token).await;
+                    return Err(e);
+                }
+            },
+        };
+        self.seen.record(name, fence);
+        Ok(Attempt::Acquired { fence: Some(fence) })
+    }
+
+    /// The fence counter's next number (`ZINCRBY`), for a lock of ours whose floor was not
+    /// above the counter; waited for by replicas when configured, as the acquisition was.
+    async fn next_number(&self, keys: &LockKeys) -> Result<u64, LockError> {
+        const DOING: &str = "taking a Redis lock's fence";
+        let mut pipe = redis::Pipeline::with_capacity(2);
+        pipe.ignore_errors();
+        pipe.cmd("ZINCRBY").arg(keys.fence()).arg(1).arg("f");
+        if let Some(wait) = self.conn.wait {
+            push_wait(&mut pipe, wait);
+        }
+        let replies = self.conn.send(&pipe).await.map_err(|e| map_err(e, DOING))?;
+        if let Some(wait) = self.conn.wait {
+            wait.check(wait.acks(replies.get(1), DOING))?;
+        }
+        match replies.first() {
+            Some(Value::ServerError(e)) => Err(map_err(e.clone().into(), DOING)),
+            Some(v) => score(v).ok_or_else(|| protocol(DOING, v)),
+            None => Err(protocol(DOING, &Value::Array(replies))),
         }
     }
 
@@ -277,7 +348,7 @@ impl RedisBackend {
             .conn
             .run_after_ping(
                 &self.scripts.release,
-                &[keys.lock(), keys.meta(), keys.waiters()],
+                &[keys.lock(), keys.meta(), keys.waiters(), keys.fence()],
                 args,
                 DOING,
                 plan.lead,
@@ -338,7 +409,15 @@ impl Backend for RedisBackend {
         const DOING: &str = "acquiring a Redis lock";
         // A lock handed to this wait needs no request at all: look first.
         let other = match self.handovers.take_grant(req.name, req.token.as_str()) {
-            Some(Ok(granted)) => return self.replicate_grant(req, granted).await,
+            Some(Ok(granted)) => {
+                if let Attempt::AcquiredEarlier {
+                    fence: Some(fence), ..
+                } = granted
+                {
+                    self.seen.record(req.name, fence);
+                }
+                return self.replicate_grant(req, granted).await;
+            }
             Some(Err(other)) => Some(other),
             None => None,
         };
@@ -371,12 +450,14 @@ impl Backend for RedisBackend {
         } else {
             (0, String::new(), String::new())
         };
+        let mut floor = itoa::Buffer::new();
+        let floor = floor.format(self.seen.floor(req.name));
         let reply = self
             .conn
             .run_waited(
                 &self.scripts.acquire,
-                &[keys.lock(), keys.meta(), keys.waiters()],
-                &[token, &value, ttl, &elem, convert, &believed],
+                &[keys.lock(), keys.meta(), keys.waiters(), keys.fence()],
+                &[token, &value, ttl, &elem, convert, &believed, floor],
                 DOING,
             )
             .await;
@@ -393,6 +474,7 @@ impl Backend for RedisBackend {
         };
         match reply {
             AcquireReply::Acquired { fence } => {
+                self.seen.record(req.name, fence);
                 // Taken after a wait: others may wait too, and its release may hand over.
                 self.handovers
                     .acquired(req.name, token, fence, req.queue, watching);
@@ -534,7 +616,7 @@ impl RedisBackend {
             .conn
             .run(
                 &self.scripts.status,
-                &[keys.lock(), keys.meta()],
+                &[keys.lock(), keys.meta(), keys.fence()],
                 &[],
                 DOING,
             )
@@ -570,4 +652,34 @@ fn describe_holder(
     let holder = HolderValue::parse(value);
     let fence = meta_fence.filter(|_| !holder.token.is_empty() && holder.token == meta_token);
     (holder.label(), fence)
+}
+
+/// The fence a first attempt proposes: this client's wall clock in microseconds, or one above
+/// the highest fence of the lock it saw, whichever is larger. It becomes the fence when it is
+/// above the counter (`ZADD GT`). A clock past 2^52 µs (the year 2112: a clock set wrong) is
+/// left out: the score, a double, must still count in ones.
+fn fence_floor(seen: u64) -> u64 {
+    const LIMIT: u64 = 1 << 52;
+    let now = wall_us();
+    let now = if now < LIMIT { now } else { 0 };
+    now.max(seen.saturating_add(1))
+}
+
+/// The wall clock in microseconds since the epoch (0 before it).
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// A sorted set's score as a fence: a whole number from 1 up (RESP2 sends it as text, RESP3 as
+/// a double).
+fn score(v: &Value) -> Option<u64> {
+    let f = match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse::<f64>().ok()?,
+        Value::Double(d) => *d,
+        _ => return None,
+    };
+    (f.is_finite() && f >= 1.0 && f.fract() == 0.0 && f < 9_007_199_254_740_992.0)
+        .then_some(f as u64)
 }

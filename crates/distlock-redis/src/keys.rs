@@ -5,8 +5,12 @@
 /// With the defaults, the lock `orders` uses:
 /// - `distlock:{orders}`: the lock itself, a plain string `<token> <since ms> <owner>` with a
 ///   TTL;
-/// - `distlock:{orders}:meta`: a hash with the fence counter (never expires), and the token
-///   and fence of the last holder that took the lock through the waiting path, for `status`;
+/// - `distlock:{orders}:fence`: the fence counter, never expires: a sorted set with one member,
+///   `f`, whose score is the last fence given (a sorted set for `ZADD GT`, which raises it to a
+///   floor in one plain command; see `scripts/fence.lua`);
+/// - `distlock:{orders}:meta`: a hash with the token and fence of the last holder that took the
+///   lock through the waiting path, for `status` (and, from releases before the fence key, a
+///   `fence` field no longer used);
 /// - `distlock:{orders}:waiters`: the queue of waiting clients, a list of their registrations
 ///   (what a release writes when it hands the lock to one of them), gone when empty;
 /// - the channel `distlock:wake:<client id>`: one per client, where a release tells it that it
@@ -74,7 +78,7 @@ impl KeyLayout {
     /// The lock key and the keys derived from it, in one allocation (the hot paths build them
     /// for every request).
     pub(crate) fn keys(&self, name: &str) -> LockKeys {
-        let mut buf = String::with_capacity(3 * (self.prefix.len() + name.len() + 2) + SUFFIX_LEN);
+        let mut buf = String::with_capacity(4 * (self.prefix.len() + name.len() + 2) + SUFFIX_LEN);
         self.push_lock_key(&mut buf, name);
         LockKeys::derive(buf)
     }
@@ -82,23 +86,27 @@ impl KeyLayout {
     pub(crate) fn meta_key(lock_key: &str) -> String {
         format!("{lock_key}:meta")
     }
+
+    pub(crate) fn fence_key(lock_key: &str) -> String {
+        format!("{lock_key}:fence")
+    }
 }
 
-const SUFFIXES: [&str; 2] = [":meta", ":waiters"];
-const SUFFIX_LEN: usize = 5 + 8;
+const SUFFIXES: [&str; 3] = [":meta", ":waiters", ":fence"];
+const SUFFIX_LEN: usize = 5 + 8 + 6;
 
 /// The keys of one lock: see [`KeyLayout`].
 pub(crate) struct LockKeys {
     buf: String,
-    ends: [usize; 3],
+    ends: [usize; 4],
 }
 
 impl LockKeys {
     /// The keys derived from a lock key (`buf` holds exactly the lock key).
     pub(crate) fn derive(mut buf: String) -> Self {
         let lock_len = buf.len();
-        buf.reserve(2 * lock_len + SUFFIX_LEN);
-        let mut ends = [lock_len, 0, 0];
+        buf.reserve(3 * lock_len + SUFFIX_LEN);
+        let mut ends = [lock_len, 0, 0, 0];
         for (i, suffix) in SUFFIXES.iter().enumerate() {
             buf.extend_from_within(..lock_len);
             buf.push_str(suffix);
@@ -119,6 +127,9 @@ impl LockKeys {
     }
     pub(crate) fn waiters(&self) -> &str {
         self.part(2)
+    }
+    pub(crate) fn fence(&self) -> &str {
+        self.part(3)
     }
 }
 
@@ -195,11 +206,12 @@ mod tests {
         );
         let k = l.keys("orders");
         assert_eq!(
-            [k.lock(), k.meta(), k.waiters()],
+            [k.lock(), k.meta(), k.waiters(), k.fence()],
             [
                 "distlock:{orders}",
                 "distlock:{orders}:meta",
                 "distlock:{orders}:waiters",
+                "distlock:{orders}:fence",
             ]
         );
         assert_eq!(l.wake_prefix(), "distlock:wake:");

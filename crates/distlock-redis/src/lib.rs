@@ -12,6 +12,7 @@ mod keys;
 mod redlock;
 mod replies;
 mod scripts;
+mod seen;
 mod sentinel;
 mod subscriber;
 

@@ -260,6 +260,12 @@ mod tests {
             AcquireReply::parse(&arr(&[Int(1), Int(7)])),
             Some(AcquireReply::Acquired { fence: 7 })
         );
+        assert_eq!(
+            AcquireReply::parse(&arr(&[Int(1), Int(1_795_471_436_111_000)])),
+            Some(AcquireReply::Acquired {
+                fence: 1_795_471_436_111_000
+            })
+        );
         assert_eq!(AcquireReply::parse(&arr(&[Int(1), Int(0)])), None);
         assert_eq!(
             AcquireReply::parse(&arr(&[Int(0), Int(250), Int(1)])),

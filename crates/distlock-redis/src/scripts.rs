@@ -2,8 +2,9 @@
 //! run by hash; and the helpers that turn arguments into their text.
 //!
 //! A script's source is its file with the helper files it uses prepended, named here
-//! explicitly: `token.lua` (`is_ours`, the token check, written once) and `queue.lua` (`tell`
-//! and `pass_on`, the hand-over to the next waiting client). Each script file says which it
+//! explicitly: `token.lua` (`is_ours`, the token check, written once), `fence.lua`
+//! (`next_fence`, a new holder's fence) and `queue.lua` (`tell` and `pass_on`, the hand-over to
+//! the next waiting client, which calls `next_fence`). Each script file says which it
 //! uses in its header, and a test checks that the two agree.
 //!
 //! The token check is then written inline at each call ([`inline_token_check`]): Redis runs a
@@ -31,6 +32,12 @@ macro_rules! token_lua {
         include_str!("scripts/token.lua")
     };
 }
+/// The fence of a new holder.
+macro_rules! fence_lua {
+    () => {
+        include_str!("scripts/fence.lua")
+    };
+}
 /// The helpers of the waiting clients' queue.
 macro_rules! queue_lua {
     () => {
@@ -41,14 +48,20 @@ macro_rules! queue_lua {
 /// The release script's source (compare-and-delete, or hand-over to the next queued client).
 const RELEASE_SOURCE: &str = concat!(
     token_lua!(),
+    fence_lua!(),
     queue_lua!(),
     include_str!("scripts/release.lua")
 );
-const ACQUIRE_SOURCE: &str = concat!(token_lua!(), include_str!("scripts/acquire.lua"));
+const ACQUIRE_SOURCE: &str = concat!(
+    token_lua!(),
+    fence_lua!(),
+    include_str!("scripts/acquire.lua")
+);
 const EXTEND_SOURCE: &str = concat!(token_lua!(), include_str!("scripts/extend.lua"));
 const STATUS_SOURCE: &str = include_str!("scripts/status.lua");
 const LEAVE_SOURCE: &str = concat!(
     token_lua!(),
+    fence_lua!(),
     queue_lua!(),
     include_str!("scripts/leave.lua")
 );
@@ -148,6 +161,28 @@ fn substitute(expr: &str, names: &[(&str, &str)]) -> String {
 
 /// Seeded bug `plain-del`: release deletes the key whoever holds it.
 const SEEDED_PLAIN_DEL: &str = "redis.call('DEL', KEYS[1]) return 1";
+/// Seeded bug `counter-fence`: the fence is the bare counter (`ZINCRBY` without the floor of
+/// `ZADD GT`); it replaces `fence.lua` in every script (and the first attempt's pipeline leaves
+/// its `ZADD` out).
+const SEEDED_COUNTER_FENCE: &str = "local function next_fence(fkey, seen)
+  local f = redis.pcall('ZINCRBY', fkey, 1, 'f')
+  if type(f) ~= 'string' then
+    return nil
+  end
+  return tonumber(f)
+end
+";
+
+/// `source`, or under the seeded bug `counter-fence`, `source` with the bare counter in place
+/// of `fence.lua`.
+fn fenced(source: &str) -> String {
+    if seeded::on(SeededBug::CounterFence) {
+        source.replace(fence_lua!(), SEEDED_COUNTER_FENCE)
+    } else {
+        source.to_owned()
+    }
+}
+
 /// Seeded bug `unconditional-pexpire`: renewal extends the key whoever holds it.
 const SEEDED_PEXPIRE: &str = "return redis.call('PEXPIRE', KEYS[1], ARGV[2])";
 
@@ -189,15 +224,15 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub(crate) fn new() -> Self {
         Scripts {
-            acquire: LuaScript::new(&inline_token_check(ACQUIRE_SOURCE)),
+            acquire: LuaScript::new(&inline_token_check(&fenced(ACQUIRE_SOURCE))),
             extend: extend(),
-            release: LuaScript::new(if seeded::on(SeededBug::PlainDel) {
-                SEEDED_PLAIN_DEL
+            release: LuaScript::new(&if seeded::on(SeededBug::PlainDel) {
+                SEEDED_PLAIN_DEL.to_owned()
             } else {
-                &RELEASE
+                fenced(&RELEASE)
             }),
             status: LuaScript::new(STATUS_SOURCE),
-            leave: LuaScript::new(&inline_token_check(LEAVE_SOURCE)),
+            leave: LuaScript::new(&inline_token_check(&fenced(LEAVE_SOURCE))),
         }
     }
 }
@@ -250,18 +285,27 @@ mod tests {
 
     /// The script files and the helpers prepended to each here.
     const SCRIPTS: [(&str, &str, &[&str]); 8] = [
-        ("acquire.lua", ACQUIRE_SOURCE, &["token.lua"]),
+        ("acquire.lua", ACQUIRE_SOURCE, &["token.lua", "fence.lua"]),
         ("extend.lua", EXTEND_SOURCE, &["token.lua"]),
-        ("release.lua", RELEASE_SOURCE, &["token.lua", "queue.lua"]),
+        (
+            "release.lua",
+            RELEASE_SOURCE,
+            &["token.lua", "fence.lua", "queue.lua"],
+        ),
         ("status.lua", STATUS_SOURCE, &[]),
-        ("leave.lua", LEAVE_SOURCE, &["token.lua", "queue.lua"]),
+        (
+            "leave.lua",
+            LEAVE_SOURCE,
+            &["token.lua", "fence.lua", "queue.lua"],
+        ),
         ("redlock_acquire.lua", MASTER_ACQUIRE_SOURCE, &["token.lua"]),
         ("redlock_release.lua", MASTER_RELEASE_SOURCE, &["token.lua"]),
         ("fenced_set.lua", FENCED_SET_SOURCE, &[]),
     ];
 
-    const HELPERS: [(&str, &str, &[&str]); 2] = [
+    const HELPERS: [(&str, &str, &[&str]); 3] = [
         ("token.lua", token_lua!(), &["is_ours"]),
+        ("fence.lua", fence_lua!(), &["next_fence"]),
         ("queue.lua", queue_lua!(), &["tell", "pass_on"]),
     ];
 
@@ -269,8 +313,19 @@ mod tests {
     fn each_script_gets_the_helpers_it_calls_and_says_so() {
         for (file, source, included) in SCRIPTS {
             let own = source.rsplit("-- distlock").next().unwrap_or(source);
+            // What the script runs of its own, and of the other helpers it includes (pass_on
+            // calls next_fence).
+            let runs: String = HELPERS
+                .iter()
+                .filter(|(h, _, _)| included.contains(h))
+                .map(|(_, src, _)| *src)
+                .chain([own])
+                .collect();
             for (helper, helper_source, functions) in HELPERS {
-                let calls = functions.iter().any(|f| own.contains(&format!("{f}(")));
+                let runs_here = runs.replace(helper_source, "");
+                let calls = functions
+                    .iter()
+                    .any(|f| runs_here.contains(&format!("{f}(")));
                 let has = included.contains(&helper);
                 assert_eq!(calls, has, "{file}: calls {helper}'s functions: {calls}");
                 assert_eq!(source.contains(helper_source), has, "{file}: {helper}");

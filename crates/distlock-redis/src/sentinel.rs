@@ -258,7 +258,9 @@ impl SentinelBackend {
             }
         };
         let backend = match self.inner.config.at(&addr.0, addr.1) {
-            Ok(cfg) => RedisBackend::with_config(cfg).await,
+            Ok(cfg) => RedisBackend::with_config(cfg)
+                .await
+                .map(|b| b.keeping_fences_of(&used.backend)),
             Err(e) => Err(e),
         };
         match backend {

@@ -632,7 +632,7 @@ async fn leave_queue(start: &SubscriberTask, key: &str) {
 async fn leave_lock_key(start: &SubscriberTask, lock_key: &str, handed: &str) {
     let keys = LockKeys::derive(lock_key.to_owned());
     let mut now = itoa::Buffer::new();
-    let lock_keys = [keys.lock(), keys.meta(), keys.waiters()];
+    let lock_keys = [keys.lock(), keys.meta(), keys.waiters(), keys.fence()];
     let wake = start.wake.for_lock(lock_key);
     let args = [&*wake, handed, now.format(unix_ms())];
     let call = start.conn.run(

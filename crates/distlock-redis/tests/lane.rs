@@ -40,7 +40,7 @@ async fn the_direct_connection_logs_in_and_selects_the_database() {
         "{lines:#?}"
     );
     assert_eq!(
-        server.cli(&["-n", "3", "EXISTS", &c.backend().meta_key("db3")]),
+        server.cli(&["-n", "3", "EXISTS", &c.backend().fence_key("db3")]),
         "1"
     );
 }
@@ -55,8 +55,15 @@ async fn a_request_dropped_mid_flight_leaves_no_reply_for_the_next() {
     let c = LockClient::builder(RedisBackend::connect(&server.url()).await.unwrap())
         .options(LockOptions::default())
         .build();
-    // The dropped attempt's fence reply would say 101; a fresh key's first fence is 1.
-    server.cli(&["HSET", &c.backend().meta_key("dropped"), "fence", "100"]);
+    // The dropped attempt's fence reply would be above 8e15; a fresh key's first fence is the
+    // server's clock in microseconds (about 1.8e15 in 2027).
+    const HIGH: u64 = 8_000_000_000_000_000;
+    server.cli(&[
+        "ZADD",
+        &c.backend().fence_key("dropped"),
+        &HIGH.to_string(),
+        "f",
+    ]);
     server.pause();
     let cut = tokio::time::timeout(Duration::from_millis(100), c.try_acquire("dropped")).await;
     assert!(cut.is_err(), "the paused server answered");
@@ -64,10 +71,10 @@ async fn a_request_dropped_mid_flight_leaves_no_reply_for_the_next() {
     for round in 0..3 {
         let key = format!("fresh{round}");
         let g = c.try_acquire(&key).await.unwrap().expect("free");
-        assert_eq!(
-            g.fence(),
-            Some(1),
-            "round {round} read another request's reply"
+        assert!(
+            g.fence().is_some_and(|f| f < HIGH),
+            "round {round} read another request's reply: {:?}",
+            g.fence()
         );
         assert_eq!(g.release().await.unwrap(), Released::Held);
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -53,7 +53,7 @@ async fn no_lock_key_ever_exists_without_a_ttl() {
     }
     assert!(g.is_held(), "the watchdog kept the lease");
     // The fence counter never expires.
-    assert_eq!(pttl(&server, &c.backend().meta_key("ttl")), -1);
+    assert_eq!(pttl(&server, &c.backend().fence_key("ttl")), -1);
     assert_eq!(g.release().await.unwrap(), Released::Held);
     assert_eq!(pttl(&server, &key), -2, "release deletes the key");
 }
@@ -202,19 +202,24 @@ async fn a_retried_acquire_succeeds_once_and_counts_the_fence_once() {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let req = AcquireRequest::new("retry", &token, Duration::from_secs(5), "test/1", &clock);
     let first = backend.acquire(&req).await.unwrap();
-    assert_eq!(first, Attempt::Acquired { fence: Some(1) });
+    let Attempt::Acquired { fence: Some(f1) } = first else {
+        panic!("{first:?}")
+    };
     // The reply was "lost": the client sends the same request again, later, with a longer TTL.
     // The first went out on the fast path, which records no holder fence: the resend takes a
     // new one while the lock is ours (it still orders holders), and keeps it from then on.
     let req2 =
         AcquireRequest::new("retry", &token, Duration::from_secs(20), "test/1", &clock).retry(true);
     let again = backend.acquire(&req2).await.unwrap();
-    assert_eq!(again, Attempt::Acquired { fence: Some(2) });
+    let Attempt::Acquired { fence: Some(f2) } = again else {
+        panic!("{again:?}")
+    };
+    assert!(f2 > f1, "{f2} after {f1}");
     let third = backend.acquire(&req2).await.unwrap();
     assert_eq!(third, again, "same acquisition, same fence");
     assert_eq!(
-        server.cli(&["HGET", &backend.meta_key("retry"), "fence"]),
-        "2",
+        server.cli(&["ZSCORE", &backend.fence_key("retry"), "f"]),
+        f2.to_string(),
         "counted once per fence handed out"
     );
     // Without the resend flag, a first attempt never takes a lock it already holds twice.
@@ -249,8 +254,16 @@ async fn a_retried_acquire_succeeds_once_and_counts_the_fence_once() {
         ))
         .await
         .unwrap();
-    // 3 was used up by the busy first attempt above (a pipelined SET NX + HINCRBY).
-    assert_eq!(next, Attempt::Acquired { fence: Some(4) });
+    // The next holder's fence is above the resent one's (the busy first attempt above used up
+    // a number; the counter is this fence now).
+    let Attempt::Acquired { fence: Some(f3) } = next else {
+        panic!("{next:?}")
+    };
+    assert!(f3 > f2, "{f3} after {f2}");
+    assert_eq!(
+        server.cli(&["ZSCORE", &backend.fence_key("retry"), "f"]),
+        f3.to_string()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,7 +288,11 @@ async fn the_fence_strictly_increases_over_1000_holders() {
         last = f;
         assert_eq!(g.release().await.unwrap(), Released::Held);
     }
-    assert_eq!(last, 1000);
+    // Each fence was written back as the counter: the last one is the counter now.
+    assert_eq!(
+        server.cli(&["ZSCORE", &clients[0].backend().fence_key("fence1000"), "f"]),
+        last.to_string()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,17 +427,24 @@ async fn bad_input_gives_typed_errors_and_takes_nothing() {
         Some(ErrorKind::Protocol)
     );
     // Nothing half taken: at most the fence counter moved (a busy first attempt uses up a
-    // number).
+    // number), and no holder was recorded.
     assert_eq!(
-        server.cli(&["HKEYS", &c.backend().meta_key("typed")]),
-        "fence",
+        server.cli(&["TYPE", &c.backend().fence_key("typed")]),
+        "zset"
+    );
+    assert_eq!(
+        server.cli(&["EXISTS", &c.backend().meta_key("typed")]),
+        "0",
         "nothing half taken"
     );
     assert_eq!(server.cli(&["TYPE", &key]), "hash");
-    // A meta key of the wrong type: the lock key must not be left set.
-    let meta = c.backend().meta_key("typed2");
-    server.cli(&["SET", &meta, "not-a-hash"]);
-    let e = c.try_acquire("typed2").await.expect_err("wrong meta type");
+    // A fence key of the wrong type: the lock key must not be left set.
+    let fence_key = c.backend().fence_key("typed2");
+    server.cli(&["SET", &fence_key, "not-a-sorted-set"]);
+    let e = c
+        .try_acquire("typed2")
+        .await
+        .expect_err("wrong fence key type");
     assert_eq!(e.kind(), ErrorKind::Protocol, "{e}");
     assert_eq!(
         server.cli(&["EXISTS", &c.backend().lock_key("typed2")]),
@@ -466,15 +490,25 @@ async fn the_client_reconnects_after_a_server_restart() {
         return;
     };
     let c = client(&server, opts().build().unwrap()).await;
+    // Holders from three clients, then the last one keeps its lock as the server dies.
+    let others = [
+        client(&server, opts().build().unwrap()).await,
+        client(&server, opts().build().unwrap()).await,
+    ];
+    let mut before = 0;
+    for i in 0..30 {
+        let g = others[i % 2].acquire("restart").await.unwrap();
+        before = before.max(g.fence().expect("a fence"));
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+    }
     let g = c.acquire("restart").await.unwrap();
-    assert_eq!(g.fence(), Some(1));
+    before = before.max(g.fence().expect("a fence"));
     let _ = g.leak();
+    // kill -9, without persistence: the lock and its fence counter are lost.
     server.kill();
     let e = c.try_acquire("restart").await.expect_err("server down");
     assert!(e.is_retryable(), "{e}");
     server.restart();
-    // Without persistence the restart lost the lock and its fence counter: the fence starts over.
-    // This is the data-loss case the docs warn about (use persistence, or fence elsewhere).
     let mut got = None;
     for _ in 0..50 {
         match c.try_acquire("restart").await {
@@ -487,12 +521,69 @@ async fn the_client_reconnects_after_a_server_restart() {
         }
     }
     let g = got.expect("reconnected within 5 s");
-    assert_eq!(g.fence(), Some(1));
+    // The fence still rises: the new counter starts from the server's clock, above every fence
+    // the old one gave.
+    let after = g.fence().expect("a fence");
+    assert!(after > before, "fence {after} after {before}: it went back");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    // A client that saw none of them gets a higher one too: the floor is the server's clock,
+    // not this client's memory.
+    let fresh = client(&server, opts().build().unwrap()).await;
+    let g = fresh.acquire("restart").await.unwrap();
+    assert!(g.fence().expect("a fence") > after);
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
+/// A server that lost the counter and whose clock is behind the fences it gave (here: a
+/// counter that ran ahead of the clock, then lost): the client's memory keeps its own fences
+/// rising, and a client without that memory gets a lower one (what the docs warn of).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_s_memory_keeps_its_fences_rising_when_the_server_s_clock_is_behind() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let c = client(&server, opts().build().unwrap()).await;
+    let fence_key = c.backend().fence_key("behind");
+    // An hour ahead of the server's clock, in microseconds.
+    let ahead = (distlock_core::engine::unix_ms() as u64 + 3_600_000) * 1000;
+    server.cli(&["ZADD", &fence_key, &ahead.to_string(), "f"]);
+    let g = c.acquire("behind").await.unwrap();
+    let seen = g.fence().expect("a fence");
+    assert_eq!(seen, ahead + 1);
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    // The counter is lost; the server's clock is an hour behind the last fence.
+    server.cli(&["DEL", &fence_key]);
+    let g = c.acquire("behind").await.unwrap();
+    assert_eq!(
+        g.fence(),
+        Some(seen + 1),
+        "raised above the fence this client saw"
+    );
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    // Another client with no memory of it: the counter now holds the raised fence, so it too
+    // gets a higher one.
+    let other = client(&server, opts().build().unwrap()).await;
+    let g = other.acquire("behind").await.unwrap();
+    assert!(g.fence().expect("a fence") > seen + 1);
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    // Lost again, and asked by a client that never saw it: lower than before. The resource's
+    // fence check refuses that holder's writes; this is the caveat docs/fencing.md states.
+    server.cli(&["DEL", &fence_key]);
+    let g = other.acquire("behind").await.unwrap();
+    assert!(
+        g.fence().expect("a fence") > seen + 1,
+        "this client saw the raised one"
+    );
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    server.cli(&["DEL", &fence_key]);
+    let stranger = client(&server, opts().build().unwrap()).await;
+    let g = stranger.acquire("behind").await.unwrap();
+    assert!(g.fence().expect("a fence") < seen, "the clock floor alone");
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acquire_is_set_nx_and_hincrby_release_one_evalsha_and_both_survive_script_flush() {
+async fn acquire_is_two_plain_commands_release_one_evalsha_and_both_survive_script_flush() {
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -508,11 +599,14 @@ async fn acquire_is_set_nx_and_hincrby_release_one_evalsha_and_both_survive_scri
     let stats = server.commandstats();
     let calls = |name: &str| stats.get(name).copied().unwrap_or(0);
     // Commands the server executed inside scripts are counted too (get, del, exists…). An
-    // uncontended acquire is a pipelined SET NX PX + HINCRBY (one round trip, no script); a
-    // release is one EVALSHA.
+    // uncontended acquire is a pipelined SET NX PX and ZADD GT CH of the proposed fence (one
+    // round trip, no script; a second one, ZINCRBY, only when the wall clock did not move past
+    // the last fence, which a step of the clock could make happen once); a release is one
+    // EVALSHA.
     assert_eq!(calls("evalsha"), 100, "{stats:?}");
     assert_eq!(calls("set"), 100, "{stats:?}");
-    assert_eq!(calls("hincrby"), 100, "{stats:?}");
+    assert_eq!(calls("zadd"), 100, "{stats:?}");
+    assert!(calls("zincrby") <= 1, "{stats:?}");
     assert_eq!(calls("eval"), 0, "scripts are sent by SHA, not by body");
     assert_eq!(calls("script|load"), 0);
 

@@ -261,7 +261,7 @@ async fn a_dropped_acquire_mid_wait_leaves_no_residue() {
         keys,
         vec![
             holder.backend().lock_key("residue"),
-            holder.backend().meta_key("residue")
+            holder.backend().fence_key("residue"),
         ]
     );
     assert!(

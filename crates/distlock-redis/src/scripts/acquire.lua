@@ -1,21 +1,23 @@
--- distlock acquire, the waiting path (a first attempt is a plain pipelined SET NX PX + HINCRBY;
--- this script serves waiters and resent requests). One round trip, atomic.
+-- distlock acquire, the waiting path (a first attempt is a plain pipelined SET NX PX, ZADD GT
+-- and ZINCRBY; this script serves waiters and resent requests). One round trip, atomic.
 -- KEYS[1] lock key: a plain string '<token> <since ms> <owner>' with a TTL, interoperable with
 --         other clients' SET NX locks
--- KEYS[2] meta hash: the fence counter (never expires), and the token and fence of the last
---         holder that came through a script (for status)
+-- KEYS[2] meta hash: the token and fence of the last holder that came through a script (for
+--         status)
 -- KEYS[3] the queue of waiting clients (see queue.lua)
+-- KEYS[4] the fence counter (see fence.lua)
 -- ARGV[1] token, ARGV[2] value, ARGV[3] ttl ms,
 -- ARGV[4] our registration, to queue when busy ('' when we do not hear wake-ups: then we do
 -- not queue),
 -- ARGV[5] a token of ours a release handed the lock to and that none of our tasks will use
 -- ('' if none): take that lock over,
--- ARGV[6] our registration in the queue, if we believe we have one ('' if not)
+-- ARGV[6] our registration in the queue, if we believe we have one ('' if not),
+-- ARGV[7] the highest fence of this lock the client saw ('0' when none; see fence.lua)
 -- Returns {1, fence} when the lock is ours; {0, holder pttl, queued} when busy, where queued is
 -- 1 when this call added our registration to the queue, 0 when it kept the one we had.
 -- Every write that can fail (WRONGTYPE) runs before the lock is written, and the queue
 -- book-keeping after it uses pcall, so an error never leaves a lock half taken.
--- Uses `is_ours` (token.lua), prepended to it (see scripts.rs).
+-- Uses `is_ours` (token.lua) and `next_fence` (fence.lua), prepended to it (see scripts.rs).
 local cur = redis.call('GET', KEYS[1])
 local tok = ARGV[1]
 local take, fence = nil, nil
@@ -40,7 +42,12 @@ elseif cur == false then
   take = 'new'
 end
 if take then
-  fence = fence or redis.call('HINCRBY', KEYS[2], 'fence', 1)
+  if not fence then
+    fence = next_fence(KEYS[4], tonumber(ARGV[7]) or 0)
+    if not fence then
+      return redis.error_reply('WRONGTYPE distlock: the fence counter is not a sorted set')
+    end
+  end
   if take ~= 'resent' then
     redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   end

@@ -1,10 +1,12 @@
 -- distlock leave: this client has nobody waiting for the lock any more. Leave the queue, and
 -- pass on a lock a release handed to us meanwhile that none of our tasks will use.
--- KEYS[1] lock key, KEYS[2] meta hash, KEYS[3] the queue of waiting clients (see queue.lua)
+-- KEYS[1] lock key, KEYS[2] meta hash, KEYS[3] the queue of waiting clients (see queue.lua),
+-- KEYS[4] the fence counter (see fence.lua)
 -- ARGV[1] our wake channel, ARGV[2] the token the lock was handed to ('' if none), ARGV[3] the
 -- client's clock in ms since the epoch (shown as the start of the next holder, if any)
 -- Returns 0 (nothing to pass on), 1 (the lock freed), 2 (handed to the next client).
--- Uses `is_ours` (token.lua) and `pass_on` (queue.lua), prepended to it (see scripts.rs).
+-- Uses `is_ours` (token.lua), and `pass_on` (queue.lua) with the `next_fence` it calls
+-- (fence.lua), prepended to it (see scripts.rs).
 local list = redis.pcall('LRANGE', KEYS[3], 0, -1)
 if type(list) == 'table' and not list.err then
   local mine = ARGV[1] .. ' '
@@ -17,7 +19,7 @@ end
 if ARGV[2] ~= '' then
   local cur = redis.call('GET', KEYS[1])
   if cur and is_ours(cur, ARGV[2]) then
-    if pass_on(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[3]) then
+    if pass_on(KEYS[1], KEYS[2], KEYS[4], KEYS[3], ARGV[1], ARGV[3]) then
       return 2
     end
     redis.call('DEL', KEYS[1])

@@ -1,5 +1,6 @@
 -- Helpers of the waiting clients' queue, prepended to the scripts that use them (see
--- scripts.rs): `tell` and `pass_on`.
+-- scripts.rs): `tell` and `pass_on`. `pass_on` calls `next_fence` (fence.lua), which goes
+-- before this file.
 --
 -- The queue of waiting clients is a list (KEYS[3] of the scripts that use it), in order of
 -- arrival. Each element is one client's registration:
@@ -26,13 +27,13 @@ end
 -- on the way).
 -- The lock is written for the waiter with the token, owner and TTL it registered (`now`, the
 -- releasing client's clock in ms, shown as the start), and a new fence (taken while the lock is being written, so fences
--- still order holders). The waiter is told on its own channel, so no other client wakes up:
+-- still order holders; see fence.lua). The waiter is told on its own channel, so no other client wakes up:
 -- '\t<fence> <seq> <token> <lock key>'. If the fence counter is not a
--- hash, the lock is freed instead and the waiter woken with the bare lock key, to try itself
+-- sorted set, the lock is freed instead and the waiter woken with the bare lock key, to try itself
 -- (and get the error).
 -- Every call after the lock may be written uses pcall: junk under the queue key, or an ACL
 -- without the channel, never undoes a release (waiters then fall back to their capped sleep).
-local function pass_on(lock, meta, queue, self_chan, now, first)
+local function pass_on(lock, meta, fkey, queue, self_chan, now, first)
   local met_self = false
   for _ = 1, 16 do
     local e = first or redis.pcall('LPOP', queue)
@@ -44,8 +45,8 @@ local function pass_on(lock, meta, queue, self_chan, now, first)
     if chan == self_chan then
       met_self = true
     elseif chan then
-      local fence = redis.pcall('HINCRBY', meta, 'fence', 1)
-      if type(fence) ~= 'number' then
+      local fence = next_fence(fkey, 0)
+      if not fence then
         redis.call('DEL', lock)
         tell(chan, lock)
         return true, met_self

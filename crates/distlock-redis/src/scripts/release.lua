@@ -1,5 +1,6 @@
 -- distlock release: compare-and-delete, or hand the lock to the next waiting client.
--- KEYS[1] lock key, KEYS[2] meta hash, KEYS[3] the queue of waiting clients (see queue.lua)
+-- KEYS[1] lock key, KEYS[2] meta hash, KEYS[3] the queue of waiting clients (see queue.lua),
+-- KEYS[4] the fence counter (see fence.lua)
 -- ARGV[1] token, ARGV[2] the client's clock in ms since the epoch (shown as the next holder's
 -- start: the server's TIME would cost more than the rest of a release); then, only when they
 -- are not empty:
@@ -10,7 +11,8 @@
 -- 2 (released and handed to another client; with ARGV[3], our registration is in the queue:
 -- ARGV[4] if it was there, else ARGV[3]), 3 (the same, and ARGV[3] was added),
 -- {4, fence} (handed to our own next task: nobody else waits).
--- Uses `is_ours` (token.lua) and `pass_on` (queue.lua), prepended to it (see scripts.rs).
+-- Uses `is_ours` (token.lua), `next_fence` (fence.lua) and `pass_on` (queue.lua), prepended to
+-- it (see scripts.rs).
 local cur = redis.call('GET', KEYS[1])
 if cur == false then
   return 0
@@ -34,7 +36,7 @@ if mine == '' and believed ~= '' then
   -- A registration of ours left from a wait whose last task took the lock otherwise.
   redis.pcall('LREM', KEYS[3], 1, believed)
 end
-local handed, met_self = pass_on(KEYS[1], KEYS[2], KEYS[3], self_chan, now, first)
+local handed, met_self = pass_on(KEYS[1], KEYS[2], KEYS[4], KEYS[3], self_chan, now, first)
 if mine == '' then
   if handed then
     return 2
@@ -55,8 +57,8 @@ if handed then
 end
 -- Nobody else waits: our own next task takes the lock now.
 local ttl, next_tok, owner = string.match(mine, '^[^ ]+ (%d+) %d+ ([^ ]+) (.*)$')
-local fence = redis.pcall('HINCRBY', KEYS[2], 'fence', 1)
-if next_tok and type(fence) == 'number' then
+local fence = next_fence(KEYS[4], 0)
+if next_tok and fence then
   redis.call('SET', KEYS[1], next_tok .. ' ' .. now .. ' ' .. owner, 'PX', ttl)
   redis.pcall('HSET', KEYS[2], 'token', next_tok, 'holder_fence', fence)
   if believed ~= '' and not met_self then
