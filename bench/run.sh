@@ -12,6 +12,15 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 peers="${DISTLOCK_PEERS_DIR:-${TMPDIR:-/tmp}/distlock-peers}"
 mkdir -p "$peers"
+# --quick is a smoke run whose figures mean nothing: it builds everything in the dev profile,
+# which reuses the test build's dependencies (a release build of the harness and of the peers
+# cost CI about seven minutes).
+profile=release
+for arg in "$@"; do
+  if [ "$arg" = --quick ]; then profile=dev; fi
+done
+bin_dir=release
+if [ "$profile" = dev ]; then bin_dir=debug; fi
 say() { echo "bench/run.sh: $*" >&2; }
 # Under CI a peer that does not install fails the run: the harness must not rot unnoticed.
 left_out() {
@@ -36,8 +45,8 @@ rust_peer() { # folder crate-version-label
   cp "$src/Cargo.toml" "$dst/"
   rm -rf "$dst/src" && cp -r "$src/src" "$dst/src"
   say "building the $1 peer in $dst"
-  if (cd "$dst" && cargo build --release --quiet); then
-    peer "$1" "$2" "$dst/target/release/distlock-peer-$1"
+  if (cd "$dst" && cargo build --profile "$profile" --quiet); then
+    peer "$1" "$2" "$dst/target/$bin_dir/distlock-peer-$1"
   else
     left_out "the $1 peer (it did not build)"
   fi
@@ -74,7 +83,7 @@ cd "$root"
 out="$root/docs"
 if [ $# -gt 0 ]; then out="$peers/out"; fi
 mkdir -p "$out/img"
-cargo run --release --quiet -p distlock-bench -- --peers "$peers" \
+cargo run --profile "$profile" --quiet -p distlock-bench -- --peers "$peers" \
   --json "$out/benchmarks.json" --report "$out/benchmarks.md" "$@"
 if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
   "$venv/bin/python" "$root/bench/plot.py" "$out/benchmarks.json" "$out/img"
