@@ -248,3 +248,53 @@ async fn credentials_are_checked() {
     assert!(g.fence().is_some());
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
+
+/// A wait budget rides through the leader's death: an acquire with a budget, started as it
+/// dies, gets the lock from the new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_budget_rides_through_a_leader_kill() {
+    let Some(mut etcd) = Etcd::start_cluster(3) else {
+        return;
+    };
+    let url = etcd.url("?response_timeout=400ms");
+    let c = client(&url, Duration::from_secs(2)).await;
+    let g = c.acquire("leader").await.unwrap();
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let leader = tokio::task::block_in_place(|| etcd.leader()).expect("a leader");
+    etcd.members_mut()[leader].kill();
+    let t0 = Instant::now();
+    // The client's default options wait 30 s at most.
+    let g = c.acquire("leader").await.expect("rode through");
+    eprintln!("taken {:?} after the kill", t0.elapsed());
+    assert!(g.is_held());
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
+/// The fence is the lock key's create revision: the member's write-ahead log keeps the
+/// revision across a kill -9 and a restart, so the next fence is above every fence before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_keep_rising_across_a_kill_and_restart() {
+    let Some(mut etcd) = Etcd::start() else {
+        return;
+    };
+    let url = etcd.url("?response_timeout=400ms");
+    let c = client(&url, Duration::from_secs(2)).await;
+    let before = distlock_testkit::failover::fences_of(&c, "crash", 5).await;
+    let top = *before.iter().max().unwrap();
+    etcd.members_mut()[0].kill();
+    tokio::task::block_in_place(|| etcd.members_mut()[0].restart());
+    // The restart returns once the process runs; it listens a moment later.
+    let t0 = Instant::now();
+    while EtcdBackend::connect(&url).await.is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "etcd never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let fresh = client(&url, Duration::from_secs(2)).await;
+    let g =
+        distlock_testkit::failover::acquire_within(&fresh, "crash", Duration::from_secs(20)).await;
+    assert!(g.fence().unwrap() > top, "{:?} after {top}", g.fence());
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}

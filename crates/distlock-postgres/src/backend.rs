@@ -12,7 +12,7 @@ use distlock_core::engine::{
     ErrorKind, Fencing, LeaseCheck, LeaseRef, LockError, LockStatus, LostReason, MutexExt,
     RenewItem, Sessions,
 };
-use distlock_core::seeded::{self, SeededBug};
+use distlock_core::seeded::SeededBug;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio_postgres::error::SqlState;
@@ -138,6 +138,8 @@ pub(crate) struct PgConn {
     unlock: Statement,
     ping: Statement,
     status: Statement,
+    /// `SELECT 1`, sent right behind an acquire: its answer comes after the acquire's commit.
+    committed: Statement,
     task: tokio::task::AbortHandle,
     /// Held while a statement that sets the idle timeout computes it and is sent.
     order: tokio::sync::Mutex<()>,
@@ -194,11 +196,45 @@ impl PgOps {
             Some((id, owner)) => vec![id, &keep_text, owner],
             None => vec![&keep_text],
         };
-        let mut query = std::pin::pin!(tokio::time::timeout(
-            limit,
-            conn.client.query_one(statement, &params)
-        ));
-        // The first poll sends the statement (tokio-postgres queues it on the connection).
+        // An acquire's row (and its fence) arrives before its transaction commits. A statement
+        // sent right behind it, in the same round trip, is answered only after that commit,
+        // which (with synchronous_commit on, see open_session) flushed the sequence's WAL: a
+        // fence is reported only once a crash can no longer give it again.
+        let both = async {
+            let mut row = std::pin::pin!(conn.client.query_one(statement, &params));
+            let mut committed = std::pin::pin!(async {
+                if lock.is_some() {
+                    conn.client.query_one(&conn.committed, &[]).await.map(drop)
+                } else {
+                    Ok(())
+                }
+            });
+            // Polled in this order, so sent in this order.
+            let (mut got_row, mut got_committed) = (None, None);
+            std::future::poll_fn(|cx| {
+                if got_row.is_none()
+                    && let Poll::Ready(r) = row.as_mut().poll(cx)
+                {
+                    got_row = Some(r);
+                }
+                if got_committed.is_none()
+                    && let Poll::Ready(r) = committed.as_mut().poll(cx)
+                {
+                    got_committed = Some(r);
+                }
+                if got_row.is_some() && got_committed.is_some() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            let row = got_row.expect("polled to the end")?;
+            got_committed.expect("polled to the end")?;
+            Ok::<_, tokio_postgres::Error>(row)
+        };
+        let mut query = std::pin::pin!(tokio::time::timeout(limit, both));
+        // The first poll sends the statements (tokio-postgres queues them on the connection).
         let first = std::future::poll_fn(|cx| Poll::Ready(query.as_mut().poll(cx))).await;
         drop(order);
         let answer = match first {
@@ -246,20 +282,25 @@ impl PgOps {
              WHERE {IN_PG_LOCKS}"
         );
         let prepared = async {
+            // A fence is durable when its acquire commits, whatever the server's default (a
+            // crash under synchronous_commit=off gave fences again, from 1, in the tests).
+            client.batch_execute("SET synchronous_commit = on").await?;
             Ok::<_, tokio_postgres::Error>((
                 client.prepare(&acquire).await?,
                 client.prepare(unlock).await?,
                 client.prepare(ping).await?,
                 client.prepare(&status).await?,
+                client.prepare("SELECT 1").await?,
             ))
         };
         match prepared.await {
-            Ok((acquire, unlock, ping, status)) => Ok(PgConn {
+            Ok((acquire, unlock, ping, status, committed)) => Ok(PgConn {
                 client,
                 acquire,
                 unlock,
                 ping,
                 status,
+                committed,
                 task,
                 order: tokio::sync::Mutex::new(()),
             }),
@@ -654,21 +695,10 @@ impl Backend for PgBackend {
 
 impl PgBackend {
     async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
-        let pool = &self.inner.pool;
-        let mut out = pool.renew_many(items).await;
-        if seeded::on(SeededBug::PgSessionHeld) {
-            // The seeded bug: a session that ended is taken as still holding its locks.
-            for (r, item) in out.iter_mut().zip(items) {
-                if matches!(r, Ok(LeaseCheck::Missing))
-                    && pool
-                        .held(item.lease.name, item.lease.token.as_str())
-                        .is_some()
-                {
-                    *r = Ok(LeaseCheck::Ours);
-                }
-            }
-        }
-        out
+        self.inner
+            .pool
+            .renew_many_seeded(items, SeededBug::PgSessionHeld)
+            .await
     }
 }
 
@@ -730,10 +760,9 @@ impl Sessions for PgBackend {
     /// The end of the session the lock is on (the server closed it, an idle timeout, a
     /// termination): every lock on that session hears it.
     fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason> {
-        if seeded::on(SeededBug::PgSessionHeld) {
-            return Box::pin(std::future::pending());
-        }
-        self.inner.pool.session_end(lease.token.as_str())
+        self.inner
+            .pool
+            .session_end_seeded(lease.token.as_str(), SeededBug::PgSessionHeld)
     }
 
     /// The client unlocks it when `ttl` has passed: an advisory lock cannot move to a session

@@ -503,3 +503,27 @@ async fn unrenewed_locks_end_at_their_ttl_on_a_shared_session() {
     assert!(other.try_acquire("kept").await.unwrap().is_none());
     assert_eq!(kept.release().await.unwrap(), Released::Held);
 }
+
+/// The fence is `nextval` of a sequence: an immediate shutdown (a crash: every session
+/// ends) and a restart run crash recovery, and the sequence, logged ahead of the values it
+/// gave, never goes back. The next fence is above every fence before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_keep_rising_across_a_crash_and_restart() {
+    let Some(mut pg) = Postgres::start() else {
+        return;
+    };
+    let url = pg.url("");
+    let c = client(&url, Duration::from_secs(5)).await;
+    let before = distlock_testkit::failover::fences_of(&c, "crash", 5).await;
+    let top = *before.iter().max().unwrap();
+    tokio::task::block_in_place(|| pg.restart());
+    let fresh = client(&url, Duration::from_secs(5)).await;
+    let g =
+        distlock_testkit::failover::acquire_within(&fresh, "crash", Duration::from_secs(20)).await;
+    assert!(g.fence().unwrap() > top, "{:?} after {top}", g.fence());
+    // The old client's sessions ended with the server: it opens new ones.
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let g = distlock_testkit::failover::acquire_within(&c, "crash", Duration::from_secs(20)).await;
+    assert!(g.fence().unwrap() > top);
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}

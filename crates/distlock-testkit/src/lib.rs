@@ -4,6 +4,7 @@
 mod cluster;
 pub mod conformance;
 mod etcd;
+pub mod failover;
 mod mariadb;
 mod memcached;
 mod pki;

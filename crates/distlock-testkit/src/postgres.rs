@@ -273,6 +273,19 @@ impl Postgres {
         self.child
             .stop_with(nix::sys::signal::Signal::SIGQUIT, Duration::from_secs(5));
     }
+
+    /// [`kill`](Self::kill), then starts it again on the same port and data (crash recovery
+    /// runs), and waits until it answers.
+    ///
+    /// # Panics
+    /// When it does not answer within 30 s.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+        if let Err(e) = self.wait_ready(Duration::from_secs(30)) {
+            panic!("{e}");
+        }
+    }
 }
 
 impl Drop for Postgres {

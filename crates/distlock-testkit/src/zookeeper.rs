@@ -218,6 +218,27 @@ impl ZkServer {
         self.port
     }
 
+    /// Kills it (SIGKILL), starts it again on the same ports and data, and waits until it
+    /// serves (`ruok`, then `srvr` names a mode).
+    ///
+    /// # Panics
+    /// When it does not serve within 60 s.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !(self.four_letter("ruok").contains("imok")
+            && self.four_letter("srvr").contains("Mode:"))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "ZooKeeper on port {} did not come back",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Sends a four-letter command (`ruok`, `srvr`, `cons`…) and returns the answer (empty when
     /// the server does not answer).
     pub fn four_letter(&self, cmd: &str) -> String {

@@ -316,3 +316,49 @@ async fn a_batch_renewal_checks_2100_locks_in_three_requests() {
         "{requests} requests for 2,100 checks"
     );
 }
+
+/// A wait budget rides through the loss of the server a client talks to: an acquire with a
+/// budget, started as that server dies, gets the lock through another one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_budget_rides_through_a_server_kill() {
+    let Some(mut zk) = ZooKeeper::start_ensemble(3) else {
+        return;
+    };
+    let url = zk.url("?session_timeout=4s");
+    let c = client(&url).await;
+    let g = c.acquire("ride").await.unwrap();
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let mine = zk
+        .servers()
+        .iter()
+        .position(|s| s.serves_session(c.backend().session_id()))
+        .expect("a server holds the connection");
+    zk.servers_mut()[mine].kill();
+    let t0 = Instant::now();
+    // The client's default options wait 30 s at most.
+    let g = c.acquire("ride").await.expect("rode through");
+    eprintln!("taken {:?} after the kill", t0.elapsed());
+    assert!(g.is_held());
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
+/// The fence is the lock node's `czxid`: the transaction log keeps the zxid across a kill -9
+/// and a restart, and a new leader epoch (the high 32 bits) only grows, so the next fence is
+/// above every fence before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_keep_rising_across_a_kill_and_restart() {
+    let Some(mut zk) = ZooKeeper::start() else {
+        return;
+    };
+    let url = zk.url("?session_timeout=4s");
+    let c = client(&url).await;
+    let before = distlock_testkit::failover::fences_of(&c, "crash", 5).await;
+    let top = *before.iter().max().unwrap();
+    drop(c);
+    tokio::task::block_in_place(|| zk.servers_mut()[0].restart());
+    let fresh = client(&url).await;
+    let g =
+        distlock_testkit::failover::acquire_within(&fresh, "crash", Duration::from_secs(20)).await;
+    assert!(g.fence().unwrap() > top, "{:?} after {top}", g.fence());
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
