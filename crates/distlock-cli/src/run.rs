@@ -71,17 +71,34 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         (false, Some(d)) => Wait::Timeout(d),
         (false, None) => Wait::Forever,
     };
-    let options = match LockOptions::builder().ttl(args.ttl).wait(wait).build() {
-        Ok(o) => o,
-        Err(e) => return exit::report("invalid options", &e),
-    };
+    if let Err(e) = LockOptions::builder().ttl(args.ttl).wait(wait).build() {
+        return exit::report("invalid options", &e);
+    }
     let url = match args.engine.url() {
         Ok(u) => u,
         Err(e) => return exit::report_open(&e),
     };
-    let backend = match distlock::open_backend(&url).await {
+    // With a wait budget, an engine that cannot be reached yet (a fail-over under way) is
+    // tried again within it, and the lock is waited for with what is left.
+    let started = tokio::time::Instant::now();
+    let opened = match wait {
+        Wait::Timeout(d) => distlock::open_backend_within(&url, d).await,
+        _ => distlock::open_backend(&url).await,
+    };
+    let backend = match opened {
         Ok(b) => b,
         Err(e) => return exit::report_open(&e),
+    };
+    let wait = match wait {
+        Wait::Timeout(d) => Wait::Timeout(
+            d.saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1)),
+        ),
+        w => w,
+    };
+    let options = match LockOptions::builder().ttl(args.ttl).wait(wait).build() {
+        Ok(o) => o,
+        Err(e) => return exit::report("invalid options", &e),
     };
     let mut builder = LockClient::builder(backend).options(options);
     if let Some(label) = args.label {

@@ -86,6 +86,33 @@ fn bad_input_has_clear_exit_codes() {
 
 /// A refused connection, on every engine: exit 69 ("unreachable", never 75 "busy"), and one
 /// readable line that names the cause, with no driver's debug dump in it.
+/// With `--wait`, an engine that cannot be reached is tried again until the budget is spent;
+/// then distlock exits 69, naming the last cause.
+#[test]
+fn a_wait_budget_retries_an_unreachable_engine_then_names_the_last_cause() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t0 = std::time::Instant::now();
+    let o = run(distlock(tmp.path()).args([
+        "run",
+        "--url",
+        "redis://127.0.0.1:1",
+        "--wait",
+        "1s",
+        "k",
+        "--",
+        "true",
+    ]));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(69), "{err}");
+    assert!(t0.elapsed() >= std::time::Duration::from_secs(1));
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("tried for 1s") && err.contains("the last one failed"),
+        "{err}"
+    );
+    assert!(err.to_lowercase().contains("refused"), "{err}");
+}
+
 #[test]
 fn every_unreachable_engine_exits_69_with_one_readable_line() {
     let tmp = tempfile::tempdir().unwrap();

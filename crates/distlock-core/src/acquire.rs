@@ -12,6 +12,7 @@ use crate::guard::{Handoff, Holding, LockGuard};
 use crate::lease::{LeaseShared, LeaseSpec};
 use crate::local::{LocalQueues, QueuePosition};
 use crate::options::LockOptions;
+use crate::sync::MutexExt;
 use crate::token::Token;
 
 /// What one attempt found.
@@ -204,9 +205,15 @@ pub(crate) async fn attempt<B: Backend>(
 /// the engine. After a busy attempt the head subscribes to release events (where the engine
 /// has them), tries once more, then sleeps until an event, the holder's remaining lease or the
 /// fallback interval; without events it backs off.
+///
+/// With `engine_errors` (a wait with a budget), an attempt that fails for a reason that may
+/// pass (the engine unreachable, a timeout, a missed quorum: a fail-over under way) is tried
+/// again with backoff, and the slot holds the last such error until an attempt gets an
+/// answer; without it, such an error ends the wait.
 pub(crate) async fn wait_for<B: Backend>(
     holding: &Arc<Holding<B>>,
     want: Want<'_>,
+    engine_errors: Option<&std::sync::Mutex<Option<LockError>>>,
 ) -> Result<LockGuard<B>, LockError> {
     let Want { key, options, .. } = want;
     let local = holding.local();
@@ -225,6 +232,8 @@ pub(crate) async fn wait_for<B: Backend>(
     // successive heads): every attempt of a wait uses the same token, so a release that hands
     // the lock to the registered waiter finds it.
     let mut own_token: Option<Token> = None;
+    // Attempts in a row that failed (see `engine_errors`).
+    let mut failures = 0u32;
     loop {
         // Our turn in the local queue, or a hand-off from a local holder.
         if let Some(t) = ticket.as_mut() {
@@ -260,9 +269,29 @@ pub(crate) async fn wait_for<B: Backend>(
             Some(t) => t.wait_token(),
             None => own_token.get_or_insert_with(Token::generate).clone(),
         };
-        let holder_ttl = match attempt(holding, want, queue, token).await? {
-            Attempted::Taken(g) => return Ok(g),
-            Attempted::Busy(ttl) => ttl,
+        let holder_ttl = match attempt(holding, want, queue, token).await {
+            Ok(Attempted::Taken(g)) => return Ok(g),
+            Ok(Attempted::Busy(ttl)) => {
+                failures = 0;
+                if let Some(slot) = engine_errors {
+                    *slot.locked() = None;
+                }
+                ttl
+            }
+            Err(e) => {
+                let Some(slot) = engine_errors.filter(|_| e.is_retryable()) else {
+                    return Err(e);
+                };
+                tracing::warn!(target: "distlock", key, error = %e, failures,
+                    "the lock engine failed; trying again within the wait");
+                *slot.locked() = Some(e);
+                // The failed request may have taken the lock, and its clean-up releases that
+                // token: the next attempt takes a new one (the local queue retires its own).
+                own_token = None;
+                tokio::time::sleep(engine_retry_delay(failures)).await;
+                failures = failures.saturating_add(1);
+                continue;
+            }
         };
         if options.events() && !subscribed {
             // Subscribe first, then try again, then wait: a release between our attempt and
@@ -302,6 +331,33 @@ pub(crate) async fn wait_for<B: Backend>(
             () = tokio::time::sleep(pause) => {}
             () = event => {}
             () = nudged => {}
+        }
+    }
+}
+
+/// The pause after `failures` failed attempts in a row (0-based) of a wait: 50 ms doubling
+/// to 2 s, with jitter (half to all of it), so that clients do not come back together when
+/// the engine does.
+fn engine_retry_delay(failures: u32) -> Duration {
+    let full = Duration::from_millis(50)
+        .saturating_mul(1u32 << failures.min(6))
+        .min(Duration::from_secs(2));
+    let lo = full.as_micros() as u64 / 2;
+    let hi = full.as_micros() as u64;
+    Duration::from_micros(rand::Rng::random_range(&mut rand::rng(), lo..=hi))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_retries_back_off_to_two_seconds() {
+        for _ in 0..50 {
+            let first = engine_retry_delay(0);
+            assert!((Duration::from_millis(25)..=Duration::from_millis(50)).contains(&first));
+            let late = engine_retry_delay(30);
+            assert!((Duration::from_secs(1)..=Duration::from_secs(2)).contains(&late));
         }
     }
 }

@@ -373,15 +373,33 @@ impl<B: Backend> LockClient<B> {
                     Attempted::Busy(_) => Err(LockError::busy(key)),
                 }
             }
-            Wait::Forever => wait_for(&self.holding, want).await,
-            Wait::Timeout(d) => tokio::time::timeout(d, wait_for(&self.holding, want))
-                .await
-                .map_err(|_| {
-                    LockError::new(
+            // Waits for the lock, not for the engine: an engine that fails ends it.
+            Wait::Forever => wait_for(&self.holding, want, None).await,
+            // Within the budget, a failing engine (a fail-over, a restart) is tried again; after
+            // it, the error names the last cause.
+            Wait::Timeout(d) => {
+                let last = std::sync::Mutex::new(None);
+                let waited =
+                    tokio::time::timeout(d, wait_for(&self.holding, want, Some(&last))).await;
+                let last = last
+                    .into_inner()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                match (waited, last) {
+                    (Ok(r), _) => r,
+                    (Err(_), Some(cause)) => Err(LockError::new(
+                        cause.kind(),
+                        format!(
+                            "waited {d:?} for lock {key:?}; the last attempt failed: {}",
+                            crate::error::error_chain(&cause)
+                        ),
+                    )
+                    .with_source(cause)),
+                    (Err(_), None) => Err(LockError::new(
                         ErrorKind::Timeout,
                         format!("waited {d:?} for lock {key:?} without getting it"),
-                    )
-                })?,
+                    )),
+                }
+            }
         }
     }
 

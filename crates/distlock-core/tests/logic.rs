@@ -612,3 +612,84 @@ async fn an_engine_that_tells_of_a_loss_ends_the_lease_at_once() {
     assert!(!g.is_held());
     assert!(matches!(g.release().await.unwrap(), Released::Lost(_)));
 }
+
+/// A wait with a budget rides through an engine that fails for a while (a fail-over): the
+/// failed attempts are tried again, with backoff, and the lock is taken once it answers.
+/// `try_acquire` and a wait without a budget fail at once.
+#[tokio::test]
+async fn a_wait_budget_rides_through_engine_failures_and_names_the_last_cause() {
+    let fake = Arc::new(Fake::new());
+    let client = LockClient::builder(FakeEngine(fake.clone()))
+        .options(ttl_opts(5000).build().unwrap())
+        .build();
+    // Every send fails (resends included) for a while.
+    fake.fail_acquires.store(12, Ordering::SeqCst);
+    let e = client.try_acquire("k").await.expect_err("failing");
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    let e = client
+        .acquire_with("k", &ttl_opts(5000).build().unwrap())
+        .await
+        .expect_err("no budget: an engine error ends the wait");
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    let left = fake.fail_acquires.load(Ordering::SeqCst);
+    assert!(left > 0, "the failures are not used up yet");
+    let g = client
+        .acquire_with(
+            "k",
+            &ttl_opts(5000)
+                .wait_timeout(Duration::from_secs(20))
+                .build()
+                .unwrap(),
+        )
+        .await
+        .expect("the budget rides through");
+    assert_eq!(fake.fail_acquires.load(Ordering::SeqCst), 0);
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+
+    // An engine that never comes back: after the budget, the error is the last cause's.
+    fake.refuse_from_attempt.store(0, Ordering::SeqCst);
+    fake.fail_acquires.store(u32::MAX, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    let e = client
+        .acquire_with(
+            "k",
+            &ttl_opts(5000)
+                .wait_timeout(Duration::from_millis(400))
+                .build()
+                .unwrap(),
+        )
+        .await
+        .expect_err("never answers");
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    assert_eq!(e.kind(), ErrorKind::Timeout);
+    let text = e.to_string();
+    assert!(
+        text.contains("the last attempt failed") && text.contains("no reply"),
+        "{text}"
+    );
+    fake.fail_acquires.store(0, Ordering::SeqCst);
+}
+
+/// An error that trying again cannot mend ends a wait at once, budget or not.
+#[tokio::test]
+async fn a_wait_budget_does_not_retry_what_cannot_pass() {
+    let fake = Arc::new(Fake::new());
+    let client = LockClient::builder(FakeEngine(fake.clone()))
+        .options(ttl_opts(5000).build().unwrap())
+        .build();
+    fake.refuse_from_attempt.store(1, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    let e = client
+        .acquire_with(
+            "k",
+            &ttl_opts(5000)
+                .wait_timeout(Duration::from_secs(20))
+                .build()
+                .unwrap(),
+        )
+        .await
+        .expect_err("refused");
+    assert_eq!(e.kind(), ErrorKind::Protocol);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(fake.attempts.load(Ordering::SeqCst), 1);
+}

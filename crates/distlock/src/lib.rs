@@ -11,7 +11,7 @@ pub use distlock_core::{
     Released, SystemClock, Token, Wait, default_drift, default_owner, error_chain, parse_duration,
     validate_key,
 };
-pub use schemes::{connect, engines, open_backend, supported_schemes};
+pub use schemes::{connect, engines, open_backend, open_backend_within, supported_schemes};
 
 /// URL helpers: where a password goes in each engine's URL (so it can come from a file or the
 /// environment rather than the command line), and the form of a URL fit for logs.

@@ -245,6 +245,50 @@ pub async fn open_backend(url: &str) -> Result<AnyBackend, LockError> {
     ))
 }
 
+/// [`open_backend`], tried again while the engine cannot be reached (no sentinel names a
+/// master yet, the cluster or the ensemble is failing over, the server restarts), with backoff
+/// (100 ms doubling to 2 s), until `budget` has passed. A malformed URL, refused credentials or
+/// anything else that trying again cannot mend fails at once. After the budget, the error names
+/// the last cause.
+///
+/// This is what `distlock run --wait D` does before it waits for the lock with what is left
+/// of `D`; an `acquire` with a wait timeout rides through the same failures (see
+/// `Wait::Timeout`).
+///
+/// # Errors
+/// As [`open_backend`], the last one once the budget is spent.
+pub async fn open_backend_within(
+    url: &str,
+    budget: std::time::Duration,
+) -> Result<AnyBackend, LockError> {
+    let deadline = tokio::time::Instant::now() + budget;
+    let mut pause = std::time::Duration::from_millis(100);
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        let e = match open_backend(url).await {
+            Ok(b) => return Ok(b),
+            Err(e) if e.is_retryable() => e,
+            Err(e) => return Err(e),
+        };
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Err(LockError::new(
+                e.kind(),
+                format!(
+                    "tried for {budget:?} ({tries} attempts); the last one failed: {}",
+                    distlock_core::error_chain(&e)
+                ),
+            )
+            .with_source(e));
+        }
+        tracing::warn!(target: "distlock", error = %e, tries,
+            "cannot open the lock engine; trying again within the wait");
+        tokio::time::sleep(pause.min(deadline - now)).await;
+        pause = (pause * 2).min(std::time::Duration::from_secs(2));
+    }
+}
+
 /// A [`LockClient`] with default options over the engine a URL names (see [`open_backend`]
 /// for the URLs, and for a client with options of your own).
 ///
