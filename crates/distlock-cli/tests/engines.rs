@@ -3,7 +3,7 @@
 //! higher fence where the engine has fences), and the broken holder exits 70.
 
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use distlock_testkit::{
     Etcd, MariaDb, Memcached, Postgres, RedisCluster, RedisServer, Sentinels, ZooKeeper,
@@ -163,4 +163,35 @@ fn cluster() {
         return;
     };
     run_status_and_break(&cluster.url(""), true);
+}
+
+/// `run --wait` started during a Sentinel fail-over (the master just killed, the sentinels
+/// still naming it) rides through it: opening the engine and taking the lock are tried again
+/// within the budget. `--no-wait` at that moment exits 69 at once.
+#[test]
+fn run_with_a_wait_rides_through_a_sentinel_fail_over() {
+    let Some(mut master) = RedisServer::start() else {
+        return;
+    };
+    let _replica = RedisServer::replica_of(&master).expect("replica");
+    let Some(sentinels) = Sentinels::start(3, &master) else {
+        return;
+    };
+    let url = sentinels.url("?connect_timeout=300ms&response_timeout=300ms");
+    let tmp = tempfile::tempdir().unwrap();
+    master.kill();
+    let t0 = Instant::now();
+    let o = distlock(tmp.path())
+        .args(["run", "--url", &url, "--no-wait", "k", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(69), "{o:?}");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    let o = distlock(tmp.path())
+        .args(["run", "--url", &url, "--wait", "30s", "k", "--"])
+        .args(["sh", "-c", "test -n \"$DISTLOCK_FENCE\""])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    eprintln!("ran {:?} after the kill", t0.elapsed());
 }

@@ -34,6 +34,14 @@ pub enum SeededBug {
     /// PostgreSQL: a dropped session is treated as still holding its lock (no loss event,
     /// renewals on the dead session succeed).
     PgSessionHeld,
+    /// MySQL/MariaDB: a connection that ended is treated as still holding its locks (no loss
+    /// event, renewals on the dead connection succeed).
+    MysqlSessionHeld,
+    /// Redis: an acquisition or renewal that no replica acknowledged (`WAIT`) is counted as
+    /// done, as without `wait_replicas`.
+    IgnoreWait,
+    /// memcached: release deletes the item whoever holds it (no CAS).
+    BlindDelete,
     /// Redis's fence is the bare counter, without the floor of the server's clock or of the
     /// fences the client saw: a restart without persistence starts it over.
     CounterFence,
@@ -41,7 +49,7 @@ pub enum SeededBug {
 
 impl SeededBug {
     /// Every seeded bug, in the order the harness reports them.
-    pub const ALL: [SeededBug; 9] = [
+    pub const ALL: [SeededBug; 12] = [
         SeededBug::PlainDel,
         SeededBug::UnconditionalPexpire,
         SeededBug::ReplyTimeValidity,
@@ -51,6 +59,9 @@ impl SeededBug {
         SeededBug::RenewAfterLoss,
         SeededBug::PgSessionHeld,
         SeededBug::CounterFence,
+        SeededBug::MysqlSessionHeld,
+        SeededBug::IgnoreWait,
+        SeededBug::BlindDelete,
     ];
 
     /// The name used in `DISTLOCK_SEEDED_BUG` and in reports.
@@ -65,6 +76,9 @@ impl SeededBug {
             SeededBug::RenewAfterLoss => "renew-after-loss",
             SeededBug::PgSessionHeld => "pg-session-held",
             SeededBug::CounterFence => "counter-fence",
+            SeededBug::MysqlSessionHeld => "mysql-session-held",
+            SeededBug::IgnoreWait => "ignore-wait",
+            SeededBug::BlindDelete => "blind-delete",
         }
     }
 

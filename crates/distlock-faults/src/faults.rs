@@ -198,26 +198,44 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
             Fault::PauseServer => {
                 let which = some_servers(&mut rng, servers);
                 let d = times(&mut rng, ttl, 0.2, 1.5);
-                for &i in &which {
-                    lock(&shared).engine.pause(i);
+                // No live master known (a fail-over under way): no fault this time.
+                if !which.iter().all(|&i| lock(&shared).engine.pause(i)) {
+                    tokio::time::sleep(ttl / 2).await;
+                    continue;
                 }
                 tokio::time::sleep(d).await;
                 for &i in &which {
                     lock(&shared).engine.resume(i);
                 }
-                record(&shared, fault.name(), start, json!({"servers": which}));
+                // A master paused past the deployment's failure detection is failed over to a
+                // replica that may lack its last writes, and it comes back a master for a
+                // while (split brain) before it is made a replica.
+                let failover = scenario.engine.fails_over_async();
+                record(
+                    &shared,
+                    fault.name(),
+                    start,
+                    json!({"servers": which, "server_side": failover}),
+                );
             }
             Fault::RestartServer if !lock(&shared).engine.restartable() => {}
             Fault::RestartServer => {
                 let which = some_servers(&mut rng, servers);
                 let delayed = rng.random_bool(0.5);
-                let delay = if delayed {
+                let replicated = lock(&shared).engine.replicated();
+                let delay = if replicated {
+                    // A killed master stays down until its replica has taken over (one that
+                    // came back empty before would wipe its replica: not a fault of the lock,
+                    // and redis-restart-volatile shows what it does).
+                    lock(&shared).engine.failover_time()
+                } else if delayed {
                     times(&mut rng, ttl, 0.5, 2.0)
                 } else {
                     Duration::ZERO
                 };
-                for &i in &which {
-                    lock(&shared).engine.kill(i);
+                if !which.iter().all(|&i| lock(&shared).engine.kill(i)) {
+                    tokio::time::sleep(ttl / 2).await;
+                    continue;
                 }
                 tokio::time::sleep(delay).await;
                 for &i in &which {
@@ -332,6 +350,55 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
                     json!({"w": w, "servers": which, "mode": mode_name,
                         "server_side": server_side}),
                 );
+            }
+            Fault::LaggingFailover => {
+                // The master's replica paused and its link cut while the master goes on
+                // alone, then the master killed: the deployment promotes the replica without
+                // the last acquisitions. The old master comes back empty, as a replica.
+                // No live master with a replica known (a fail-over under way): not this time.
+                let before = holder(&shared).map(|(_, n)| n);
+                let Some(pair) = lock(&shared).engine.lag_replica() else {
+                    tokio::time::sleep(ttl / 2).await;
+                    continue;
+                };
+                // At least 0.3-0.8 TTL, and until someone took the lock on the master alone (a
+                // holder other than the one at the start) and kept it 200 ms (a long holder,
+                // whose lease outlives the fail-over; 3 TTLs at most): the fault is about the
+                // acquisitions the replica misses.
+                tokio::time::sleep(times(&mut rng, ttl, 0.3, 0.8)).await;
+                let until = tokio::time::Instant::now() + 3 * ttl;
+                let mut since: Option<(u64, tokio::time::Instant)> = None;
+                while tokio::time::Instant::now() < until {
+                    let now = tokio::time::Instant::now();
+                    match (holder(&shared), since) {
+                        (Some((_, n)), Some((m, t))) if n == m => {
+                            if now - t >= Duration::from_millis(200) {
+                                break;
+                            }
+                        }
+                        (Some((_, n)), _) if Some(n) != before => since = Some((n, now)),
+                        _ => since = None,
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let lag = Duration::from_nanos((mono::now_ns() - start).max(0) as u64);
+                lock(&shared).engine.fail_over_lagging(pair);
+                let settle = lock(&shared).engine.failover_time();
+                tokio::time::sleep(settle).await;
+                lock(&shared).engine.restart(0);
+                record(
+                    &shared,
+                    fault.name(),
+                    start,
+                    json!({"lag_ms": lag.as_millis() as u64,
+                        "server_side": scenario.engine.fails_over_async()}),
+                );
+            }
+            Fault::Evict => {
+                if !lock(&shared).engine.evict() {
+                    not_injected(&shared, "an eviction".into(), "not a memcached".into());
+                }
+                record(&shared, fault.name(), start, json!({"server_side": true}));
             }
             Fault::ServerClockJump => {
                 let by = times(&mut rng, ttl, 0.3, 1.0);

@@ -174,9 +174,13 @@ fn summary(s: &Scenario, f: &Figures) -> String {
     let count = |k: &str| f.faults.get(k).copied().unwrap_or(0);
     let pauses = count("pause-holder") + count("pause-server");
     let partitions = count("partition") + count("delay-replies") + count("lose-replies");
-    let restarts = count("restart-volatile") + count("restart-persistent") + count("kill-holder");
+    let restarts = count("restart-volatile")
+        + count("restart-persistent")
+        + count("kill-holder")
+        + count("lagging-failover");
     let jumps = count("server-clock-jump") + count("client-clock-jump");
-    let steals = count("steal");
+    // An eviction takes the lock away on the server, as an operator's forced release does.
+    let steals = count("steal") + count("evict");
     let total: u64 = f.faults.values().sum();
     let fenced = match &f.fenced {
         Some(_) => format!("{} fenced violations", f.ck1),
@@ -198,9 +202,14 @@ fn summary(s: &Scenario, f: &Figures) -> String {
         None => String::new(),
     };
     let mut caveats = String::new();
-    if f.ck5_caveat + f.ck1_caveat > 0 {
+    if f.ck5_caveat + f.ck1_caveat + f.ck6_caveat > 0 {
+        let foreign = if f.ck6_caveat > 0 {
+            format!(", {} foreign renew/release", f.ck6_caveat)
+        } else {
+            String::new()
+        };
         caveats = format!(
-            "; caveats (server-side faults): {} early acquisitions, {} fenced writes out of order",
+            "; caveats (server-side faults): {} early acquisitions{foreign}, {} fenced writes out of order",
             f.ck5_caveat, f.ck1_caveat
         );
     }
@@ -310,7 +319,8 @@ async fn run_controls(
         let (o, hit) = loop {
             let this_seed = seed.wrapping_add(runs);
             runs += 1;
-            let o = run::run(&s, this_seed, duration, &dir, Some(c.bug)).await?;
+            let d = duration.max(Duration::from_secs(c.min_secs));
+            let o = run::run(&s, this_seed, d, &dir, Some(c.bug)).await?;
             let hit = o.figures.violations() > 0;
             if hit || !c.harness_catches || runs >= attempts {
                 break (o, hit);

@@ -247,11 +247,10 @@ pub(crate) async fn run(
     // Heal, look for leftover locks, stop the workers, and check.
     let mut failed = Vec::new();
     {
-        let s = lock(&shared);
+        let mut s = lock(&shared);
         for i in 0..s.engine.len() {
             s.engine.resume(i);
         }
-        let mut s = s;
         for w in &mut s.workers {
             let _ = kill(Pid::from_raw(w.pid), Signal::SIGCONT);
             for p in &w.proxies {
@@ -316,6 +315,7 @@ pub(crate) async fn run(
         detect_within_ns: (renew + s.engine.request_timeout() + Duration::from_millis(100))
             .as_nanos() as i64,
         caveat_window_ns: (2 * ttl).as_nanos() as i64,
+        split_brain: scenario.engine.fails_over_async(),
     };
     let figures = check::check(
         &s.history.events,

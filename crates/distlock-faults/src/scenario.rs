@@ -36,6 +36,13 @@ pub(crate) enum Fault {
     ClientClockJump,
     /// The holder's lock is deleted on the server (an operator, a flush): loss detection.
     Steal,
+    /// Replicated deployments: the master's replica paused and its link cut while the master
+    /// goes on alone (0.3–0.8 × TTL, and until a new holder took the lock there, 3 × TTL at
+    /// most, kept 200 ms), then the master killed, so the replica is promoted without the last
+    /// acquisitions; the old master restarts empty after the fail-over.
+    LaggingFailover,
+    /// memcached: the cache filled with junk until the lock's item is evicted.
+    Evict,
 }
 
 impl Fault {
@@ -52,6 +59,8 @@ impl Fault {
             Fault::ServerClockJump => "server-clock-jump",
             Fault::ClientClockJump => "client-clock-jump",
             Fault::Steal => "steal",
+            Fault::LaggingFailover => "lagging-failover",
+            Fault::Evict => "evict",
         }
     }
 }
@@ -273,6 +282,38 @@ pub(crate) fn all() -> Vec<Scenario> {
             )
             .faults(&[ServerClockJump])
         },
+        Scenario {
+            ttl: Duration::from_secs(2),
+            long_share: 0.3,
+            ..Scenario::new(
+                "sentinel-failover",
+                "caveat: Sentinel (master, replica, 3 sentinels) without wait_replicas; the master paused, killed, failed over to a replica that lagged (locks lost; the fence keeps rising)",
+                EngineKind::Sentinel { wait: false },
+            )
+            .faults(&REPLICATED_FAULTS)
+        },
+        Scenario {
+            // A lease that outlives a fail-over (about 2 s here), so that a lock the promoted
+            // replica never had is still claimed when the next holder comes.
+            ttl: Duration::from_secs(4),
+            long_share: 0.3,
+            ..Scenario::new(
+                "sentinel-wait",
+                "Sentinel with wait_replicas=1; the master paused, killed, failed over to a replica that lagged",
+                EngineKind::Sentinel { wait: true },
+            )
+            .faults(&REPLICATED_FAULTS)
+        },
+        Scenario {
+            ttl: Duration::from_secs(2),
+            long_share: 0.3,
+            ..Scenario::new(
+                "cluster-failover",
+                "caveat: Redis Cluster (3 masters, a replica each); the lock's master paused, killed, failed over to a replica that lagged (locks lost; the fence keeps rising)",
+                EngineKind::Cluster,
+            )
+            .faults(&REPLICATED_FAULTS)
+        },
         Scenario::new(
             "redlock-holder-pause",
             "Redlock over 5 masters; holders paused, killed, replies lost",
@@ -334,10 +375,21 @@ pub(crate) fn all() -> Vec<Scenario> {
             long_share: 0.1,
             ..Scenario::new(
                 "mysql",
-                "MariaDB; holders paused and killed, links cut and replies lost, the server paused, connections killed",
+                "MariaDB; holders paused and killed, links cut and replies lost, the server paused, killed and restarted, connections killed",
                 EngineKind::Mysql,
             )
-            .faults(&session_faults(false))
+            .faults(&session_faults(true))
+        },
+        Scenario {
+            ttl: Duration::from_secs(2),
+            expire_share: 0.2,
+            long_share: 0.3,
+            ..Scenario::new(
+                "memcached",
+                "unsafe by design: memcached (no fence); the lock evicted, the server killed and restarted, holders paused and killed",
+                EngineKind::Memcached,
+            )
+            .faults(&[Evict, RestartServer, PauseHolder, KillHolder])
         },
         Scenario {
             ttl: Duration::from_secs(2),
@@ -352,7 +404,18 @@ pub(crate) fn all() -> Vec<Scenario> {
     ]
 }
 
-/// The faults of the etcd, ZooKeeper, PostgreSQL and MySQL scenarios.
+/// The faults of the replicated Redis deployments: the master paused (failed over when the
+/// pause outlasts failure detection), killed (restarted after its fail-over), and failed over
+/// to a replica that lagged, drawn twice as often (the fault these deployments exist for).
+const REPLICATED_FAULTS: [Fault; 4] = [
+    Fault::PauseServer,
+    Fault::RestartServer,
+    Fault::LaggingFailover,
+    Fault::LaggingFailover,
+];
+
+/// The faults of the etcd, ZooKeeper, PostgreSQL and MySQL scenarios (`restart`: the server
+/// killed and restarted too).
 fn session_faults(restart: bool) -> Vec<Fault> {
     use Fault::*;
     let mut v = vec![
@@ -391,62 +454,109 @@ pub(crate) struct Control {
     pub(crate) expect: &'static str,
     /// False while the harness has no scenario that catches it (it is reported, not counted).
     pub(crate) harness_catches: bool,
+    /// The shortest run that gives its fault room (seconds; the `--duration` asked for when
+    /// longer): a scenario with a long TTL draws few faults in 20 s.
+    pub(crate) min_secs: u64,
 }
 
 /// Every negative control.
-pub(crate) const CONTROLS: [Control; 9] = [
+pub(crate) const CONTROLS: [Control; 14] = [
     Control {
         bug: "plain-del",
         scenario: "redis-release-after-expiry",
         expect: "CK5/CK6",
         harness_catches: true,
+        min_secs: 0,
     },
     Control {
         bug: "unconditional-pexpire",
         scenario: "redis-server-clock",
         expect: "CK6",
         harness_catches: true,
+        min_secs: 0,
     },
     Control {
         bug: "reply-time-validity",
         scenario: "redis-slow-replies-expiry",
         expect: "CK5",
         harness_catches: true,
+        min_secs: 0,
     },
     Control {
         bug: "wall-clock",
         scenario: "redis-client-clock",
         expect: "CK5",
         harness_catches: true,
+        min_secs: 0,
     },
     Control {
         bug: "half-quorum",
         scenario: "redlock-minority",
         expect: "CK5",
         harness_catches: true,
+        min_secs: 0,
     },
     Control {
         bug: "keep-partial",
         scenario: "redlock-restarts",
         expect: "CK7 (leaked copies)",
         harness_catches: true,
+        min_secs: 0,
     },
     Control {
         bug: "renew-after-loss",
         scenario: "redis-kill-holder",
         expect: "CK7",
         harness_catches: true,
+        min_secs: 0,
     },
     Control {
         bug: "pg-session-held",
         scenario: "postgres-loss",
         expect: "CK5/CK6 (renewals on a terminated session)",
         harness_catches: true,
+        min_secs: 0,
     },
     Control {
         bug: "counter-fence",
         scenario: "redis-restart-volatile",
         expect: "CK3 (fences start over after a restart)",
         harness_catches: true,
+        min_secs: 0,
+    },
+    Control {
+        bug: "counter-fence",
+        scenario: "sentinel-failover",
+        expect: "CK3 (the promoted replica's counter is behind)",
+        harness_catches: true,
+        min_secs: 0,
+    },
+    Control {
+        bug: "ignore-wait",
+        scenario: "sentinel-wait",
+        expect: "CK5 (locks the promoted replica never had)",
+        harness_catches: true,
+        min_secs: 40,
+    },
+    Control {
+        bug: "counter-fence",
+        scenario: "cluster-failover",
+        expect: "CK3 (the promoted replica's counter is behind)",
+        harness_catches: true,
+        min_secs: 0,
+    },
+    Control {
+        bug: "mysql-session-held",
+        scenario: "mysql",
+        expect: "CK6 (renewals on a killed connection)",
+        harness_catches: true,
+        min_secs: 0,
+    },
+    Control {
+        bug: "blind-delete",
+        scenario: "memcached",
+        expect: "CK6 (a release deletes the next holder's lock)",
+        harness_catches: true,
+        min_secs: 0,
     },
 ];

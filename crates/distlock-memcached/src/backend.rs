@@ -329,13 +329,13 @@ impl Backend for MemcachedBackend {
                 }
             }
         };
+        let by_cas = [Arg::Word("md"), Arg::Word(&item), Arg::Flag('C', cas)];
+        // The seeded bug (test-only): the delete forgets the CAS.
+        let blind = distlock_core::seeded::on(distlock_core::seeded::SeededBug::BlindDelete);
         let r = self
             .inner
             .pool
-            .call(
-                &[Arg::Word("md"), Arg::Word(&item), Arg::Flag('C', cas)],
-                None,
-            )
+            .call(if blind { &by_cas[..2] } else { &by_cas[..] }, None)
             .await?;
         match r.code {
             "HD" => Ok(LeaseCheck::Ours),

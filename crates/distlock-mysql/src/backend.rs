@@ -11,6 +11,7 @@ use distlock_core::engine::{
     ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, LostReason,
     MutexExt, RenewItem, Sessions,
 };
+use distlock_core::seeded::SeededBug;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Row, Value};
 
@@ -676,7 +677,7 @@ impl Backend for MysqlBackend {
         let item = [RenewItem::new(*lease, ttl)];
         self.inner
             .pool
-            .renew_many(&item)
+            .renew_many_seeded(&item, SeededBug::MysqlSessionHeld)
             .await
             .pop()
             .unwrap_or(Ok(LeaseCheck::Missing))
@@ -749,14 +750,20 @@ impl BatchRenew for MysqlBackend {
         &'a self,
         items: &'a [RenewItem<'a>],
     ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
-        Box::pin(self.inner.pool.renew_many(items))
+        Box::pin(
+            self.inner
+                .pool
+                .renew_many_seeded(items, SeededBug::MysqlSessionHeld),
+        )
     }
 }
 
 impl Sessions for MysqlBackend {
     /// The end of the session the lock is on, as its next statement finds it.
     fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason> {
-        self.inner.pool.session_end(lease.token.as_str())
+        self.inner
+            .pool
+            .session_end_seeded(lease.token.as_str(), SeededBug::MysqlSessionHeld)
     }
 
     /// The client releases it when `ttl` has passed: a named lock cannot move to a session of

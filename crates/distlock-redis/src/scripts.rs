@@ -167,7 +167,7 @@ const SEEDED_PLAIN_DEL: &str = "redis.call('DEL', KEYS[1]) return 1";
 const SEEDED_COUNTER_FENCE: &str = "local function next_fence(fkey, seen)
   local f = redis.pcall('ZINCRBY', fkey, 1, 'f')
   if type(f) ~= 'string' then
-    return nil
+    return nil, (type(f) == 'table' and f.err) or 'WRONGTYPE distlock: not a sorted set'
   end
   return tonumber(f)
 end

@@ -157,8 +157,9 @@ struct Inner {
 /// A lock engine on the master that Redis Sentinel names, which follows failovers.
 ///
 /// It is the single-instance engine ([`RedisBackend`]) on whichever server the sentinels call
-/// master: at start, and again whenever a request fails with a broken connection, a timeout or
-/// `READONLY` (the server was demoted), it asks the sentinels in turn
+/// master: at start, and again whenever a request fails with a broken connection, a timeout,
+/// `READONLY` (the server was demoted) or too few replicas acknowledging (`wait_replicas`: a
+/// paused master that was failed over meanwhile), it asks the sentinels in turn
 /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`), checks with `ROLE` that the server named is a master,
 /// and moves there if it changed. Requests that fail meanwhile report their error (an acquire
 /// whose reply was lost is resent by the client, with the same token, to the new master).
@@ -239,7 +240,12 @@ impl SentinelBackend {
     /// may have moved, asks the sentinels and moves with it.
     async fn follow(&self, used: &Current, error: Option<&LockError>) {
         let Some(e) = error else { return };
-        if !matches!(e.kind(), ErrorKind::Connection | ErrorKind::Timeout) {
+        // A missed `WAIT` too: a master that lost its replicas may be one that was failed
+        // over while it was paused, and is not yet demoted.
+        if !matches!(
+            e.kind(),
+            ErrorKind::Connection | ErrorKind::Timeout | ErrorKind::QuorumNotReached { .. }
+        ) {
             return;
         }
         let mut last = self.inner.resolving.lock().await;

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use distlock_core::{LockClient, LockOptions, Released};
 use distlock_redis::RedisBackend;
 use distlock_testkit::RedisCluster;
+use distlock_testkit::failover::{acquire_within, fences_of};
 
 async fn client(url: &str, ttl: Duration) -> (LockClient<RedisBackend>, RedisBackend) {
     let backend = RedisBackend::connect(url).await.expect("connect");
@@ -188,4 +189,87 @@ async fn a_cluster_over_tls() {
         .unwrap()
         .unwrap();
     assert!(fence.is_some());
+}
+
+/// A master fail-over to a replica that had not received the last acquisitions (paused, its
+/// link cut, while the master went on alone): the promoted replica's counter is behind, yet
+/// every fence after it is above every fence before, for the client that saw them and for a
+/// new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_keep_rising_across_a_fail_over_to_a_replica_that_lagged() {
+    let Some(mut cluster) = RedisCluster::start_with_replicas(3, 1) else {
+        return;
+    };
+    let url = cluster.url("");
+    let (c, backend) = client(&url, Duration::from_secs(5)).await;
+    let key = "orders";
+    let fence_key = backend.fence_key(key);
+    let mut fences = fences_of(&c, key, 3).await;
+    let m = cluster.index_for(&fence_key);
+    let r = *cluster.replicas_of(m).first().expect("a replica");
+    assert_eq!(
+        cluster.nodes()[m].cli(&["WAIT", "1", "2000"]),
+        "1",
+        "replicated so far"
+    );
+
+    cluster.nodes()[r].pause();
+    cluster.nodes()[m].cli(&["CLIENT", "KILL", "TYPE", "replica"]);
+    fences.extend(fences_of(&c, key, 10).await);
+    let top = *fences.iter().max().unwrap();
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    cluster.node_mut(m).kill();
+    cluster.nodes()[r].resume();
+    cluster.wait_for_promotion(r, Duration::from_secs(30));
+    let kept = cluster.nodes()[r].cli(&["ZSCORE", &fence_key, "f"]);
+    let kept = kept
+        .parse::<f64>()
+        .unwrap_or_else(|_| panic!("a score, not {kept:?}")) as u64;
+    assert!(
+        kept < top,
+        "the promoted replica lagged: its counter is {kept}, the last fence was {top}"
+    );
+
+    let g = acquire_within(&c, key, Duration::from_secs(30)).await;
+    let after = g.fence().unwrap();
+    assert!(after > top, "{after} after {top}");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let (fresh, _) = client(&url, Duration::from_secs(5)).await;
+    let g = acquire_within(&fresh, key, Duration::from_secs(30)).await;
+    assert!(
+        g.fence().unwrap() > after,
+        "a new client's fence is above too"
+    );
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
+/// A wait budget rides through a master fail-over: started as the lock's master dies, an
+/// acquire with a budget gets the lock once its replica has taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_budget_rides_through_a_cluster_fail_over() {
+    let Some(mut cluster) = RedisCluster::start_with_replicas(3, 1) else {
+        return;
+    };
+    let url = cluster.url("?response_timeout=300ms&connect_timeout=300ms");
+    let (c, backend) = client(&url, Duration::from_secs(5)).await;
+    let key = "jobs";
+    fences_of(&c, key, 1).await;
+    let m = cluster.index_for(&backend.lock_key(key));
+    let r = *cluster.replicas_of(m).first().expect("a replica");
+    cluster.node_mut(m).kill();
+    let t0 = Instant::now();
+    let budget = LockOptions::builder()
+        .ttl(Duration::from_secs(5))
+        .wait_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let g = c.acquire_with(key, &budget).await.expect("rode through");
+    eprintln!("taken {:?} after the kill", t0.elapsed());
+    assert_eq!(
+        cluster.index_for(&backend.lock_key(key)),
+        r,
+        "on the promoted replica"
+    );
+    assert!(g.is_held());
+    assert_eq!(g.release().await.unwrap(), Released::Held);
 }

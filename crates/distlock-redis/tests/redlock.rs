@@ -164,3 +164,43 @@ async fn seeded_a_failed_attempt_leaves_no_copy_behind() {
         assert!(!holds(m, &key), "a copy of the failed attempt stayed");
     }
 }
+
+/// A wait budget rides through a majority of masters out for a while (a minority never
+/// stops an acquire): `try_acquire` fails at once with the missed quorum, an acquire with a
+/// budget gets the lock once they answer again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_budget_rides_through_a_majority_of_masters_paused() {
+    let Some(ms) = masters(3) else { return };
+    let c = client(&url(&ms, "?node_timeout=100ms"), opts().build().unwrap()).await;
+    ms[0].pause();
+    let g = c
+        .try_acquire("minority")
+        .await
+        .unwrap()
+        .expect("two of three answer");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    ms[1].pause();
+    let e = c.try_acquire("majority").await.expect_err("one of three");
+    assert!(
+        matches!(e.kind(), ErrorKind::QuorumNotReached { .. }),
+        "{e}"
+    );
+    let t0 = Instant::now();
+    let waiting = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let budget = opts()
+                .wait_timeout(Duration::from_secs(20))
+                .build()
+                .unwrap();
+            c.acquire_with("majority", &budget).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!waiting.is_finished(), "no quorum yet");
+    ms[0].resume();
+    ms[1].resume();
+    let g = waiting.await.unwrap().expect("rode through");
+    assert!(t0.elapsed() >= Duration::from_millis(1500));
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}

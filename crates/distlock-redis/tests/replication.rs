@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use distlock_core::{ErrorKind, LockClient, LockOptions, Released};
 use distlock_redis::{RedisBackend, SentinelBackend};
+use distlock_testkit::failover::{acquire_within, fences_of};
 use distlock_testkit::{RedisServer, Sentinels};
 
 fn opts(ttl: Duration) -> LockOptions {
@@ -98,28 +99,6 @@ async fn with_a_replica_the_lock_is_copied_before_it_is_reported_and_renewals_wa
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
 
-/// Tries `key` until it is taken (errors and "busy" while the failover runs), for `limit`.
-async fn acquire_within<B: distlock_core::Backend>(
-    c: &LockClient<B>,
-    key: &str,
-    limit: Duration,
-) -> distlock_core::LockGuard<B> {
-    let deadline = Instant::now() + limit;
-    loop {
-        match c.try_acquire(key).await {
-            Ok(Some(g)) => return g,
-            Ok(None) => panic!("{key} is held by someone else"),
-            Err(e) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "no acquire within {limit:?}: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_follows_a_failover_and_a_lock_taken_with_wait_survives_it() {
     let Some(mut master) = RedisServer::start() else {
@@ -191,6 +170,65 @@ async fn sentinel_follows_a_failover_and_a_lock_taken_with_wait_survives_it() {
     assert!(!other.status("before-failover").await.unwrap().held);
 }
 
+/// A fail-over to a replica that had not received the last acquisitions (paused, its link
+/// cut, while the master went on alone): the new master's counter is behind, yet every fence
+/// after it is above every fence before, for the client that saw them and for a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_keep_rising_across_a_sentinel_fail_over_to_a_replica_that_lagged() {
+    let Some(mut master) = RedisServer::start() else {
+        return;
+    };
+    let replica = RedisServer::replica_of(&master).expect("replica");
+    let sentinels = Sentinels::start(3, &master).expect("sentinels");
+    let url = sentinels.url("");
+    let backend = SentinelBackend::connect(&url).await.expect("connect");
+    let fence_key = RedisBackend::connect(&master.url())
+        .await
+        .unwrap()
+        .fence_key("lagged");
+    let c = LockClient::builder(backend)
+        .options(opts(Duration::from_secs(5)))
+        .build();
+    let mut fences = fences_of(&c, "lagged", 3).await;
+    assert_eq!(master.cli(&["WAIT", "1", "2000"]), "1", "replicated so far");
+
+    replica.pause();
+    master.cli(&["CLIENT", "KILL", "TYPE", "replica"]);
+    fences.extend(fences_of(&c, "lagged", 10).await);
+    let top = *fences.iter().max().unwrap();
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    let old_port = master.port();
+    master.kill();
+    replica.resume();
+    let new_port = sentinels.wait_for_failover(old_port, Duration::from_secs(20));
+    assert_eq!(new_port, replica.port());
+    let kept = score(&replica.cli(&["ZSCORE", &fence_key, "f"]));
+    assert!(
+        kept < top,
+        "the promoted replica lagged: its counter is {kept}, the last fence was {top}"
+    );
+
+    let g = acquire_within(&c, "lagged", Duration::from_secs(20)).await;
+    let after = g.fence().unwrap();
+    assert!(after > top, "{after} after {top}");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let fresh = LockClient::builder(SentinelBackend::connect(&url).await.unwrap())
+        .options(opts(Duration::from_secs(5)))
+        .build();
+    let g = acquire_within(&fresh, "lagged", Duration::from_secs(20)).await;
+    assert!(
+        g.fence().unwrap() > after,
+        "a new client's fence is above too"
+    );
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
+/// A sorted set's score as redis-cli prints it.
+fn score(text: &str) -> u64 {
+    text.parse::<f64>()
+        .unwrap_or_else(|_| panic!("a score, not {text:?}")) as u64
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_errors_are_clear() {
     let Some(master) = RedisServer::start() else {
@@ -210,4 +248,40 @@ async fn sentinel_errors_are_clear() {
         .await
         .expect_err("nobody listens");
     assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+}
+
+/// A wait budget rides through a fail-over: started as the master dies (the sentinels still
+/// name it), an acquire with a budget gets the lock once they name the replica, where
+/// `try_acquire` at that moment fails at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_budget_rides_through_a_sentinel_fail_over() {
+    let Some(mut master) = RedisServer::start() else {
+        return;
+    };
+    let replica = RedisServer::replica_of(&master).expect("replica");
+    let sentinels = Sentinels::start(3, &master).expect("sentinels");
+    let url = sentinels.url("?response_timeout=300ms&connect_timeout=300ms");
+    let c = LockClient::builder(SentinelBackend::connect(&url).await.expect("connect"))
+        .options(opts(Duration::from_secs(5)))
+        .build();
+    fences_of(&c, "ride", 1).await;
+    let old_port = master.port();
+    master.kill();
+    let t0 = Instant::now();
+    let e = c.try_acquire("ride").await.expect_err("the master is gone");
+    assert!(e.is_retryable(), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    let budget = LockOptions::builder()
+        .ttl(Duration::from_secs(5))
+        .wait_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let g = c.acquire_with("ride", &budget).await.expect("rode through");
+    assert_eq!(
+        sentinels.wait_for_failover(old_port, Duration::from_secs(5)),
+        replica.port()
+    );
+    eprintln!("taken {:?} after the kill", t0.elapsed());
+    assert!(g.is_held());
+    assert_eq!(g.release().await.unwrap(), Released::Held);
 }

@@ -216,14 +216,48 @@ impl RedisServer {
         self.dir.path()
     }
 
-    /// Runs `redis-cli` against this server and returns its trimmed output.
-    pub fn cli(&self, args: &[&str]) -> String {
-        let mut cmd = Command::new("redis-cli");
+    fn cli_command(&self, args: &[&str], limit: Option<u64>) -> Command {
+        let mut cmd = match limit {
+            // redis-cli 7.0 has no timeout of its own.
+            Some(secs) => {
+                let mut c = Command::new("timeout");
+                c.args([&secs.to_string(), "redis-cli"]);
+                c
+            }
+            None => Command::new("redis-cli"),
+        };
         cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
         if let Some(p) = &self.password {
             cmd.args(["--no-auth-warning", "-a", p]);
         }
-        crate::process::checked_stdout(&format!("redis-cli {args:?}"), cmd.args(args).output())
+        cmd.args(args);
+        cmd
+    }
+
+    /// Runs `redis-cli` against this server and returns its trimmed output.
+    ///
+    /// # Panics
+    /// When `redis-cli` fails (the server is down, for example).
+    pub fn cli(&self, args: &[&str]) -> String {
+        crate::process::checked_stdout(
+            &format!("redis-cli {args:?}"),
+            self.cli_command(args, None).output(),
+        )
+    }
+
+    /// The same, with an empty string when `redis-cli` fails or gets no answer within 2 s.
+    pub fn try_cli(&self, args: &[&str]) -> String {
+        match self.cli_command(args, Some(2)).output() {
+            Ok(out) if out.status.success() => {
+                String::from_utf8_lossy(&out.stdout).trim().to_owned()
+            }
+            _ => String::new(),
+        }
+    }
+
+    /// Whether the process runs (it was not killed, or was restarted since).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// Calls per command since the server started (or `CONFIG RESETSTAT`), from
@@ -283,6 +317,21 @@ impl RedisServer {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Starts the server again on the same port and directory (after [`kill`](Self::kill)),
+    /// as a replica of the master at `master_port` (what an orchestrator does that asks the
+    /// sentinels for the master before it starts a node).
+    pub fn restart_as_replica_of(&mut self, master_port: u16) {
+        if let Some(i) = self.extra.iter().position(|a| a == "--replicaof") {
+            self.extra.drain(i..(i + 3).min(self.extra.len()));
+        }
+        self.extra.extend([
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            master_port.to_string(),
+        ]);
+        self.restart();
     }
 
     /// Starts the server again on the same port and directory (after [`kill`](Self::kill)).

@@ -85,6 +85,11 @@ impl Sentinels {
         format!("{scheme}://{}/{MASTER_NAME}{params}", hosts.join(","))
     }
 
+    /// The sentinels' clear-text ports.
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
+    }
+
     /// The master's port as the first sentinel reports it.
     pub fn master_port(&self) -> Option<u16> {
         let out = self.nodes[0].cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME]);

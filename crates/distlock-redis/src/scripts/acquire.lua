@@ -43,9 +43,10 @@ elseif cur == false then
 end
 if take then
   if not fence then
-    fence = next_fence(KEYS[4], tonumber(ARGV[7]) or 0)
+    local why
+    fence, why = next_fence(KEYS[4], tonumber(ARGV[7]) or 0)
     if not fence then
-      return redis.error_reply('WRONGTYPE distlock: the fence counter is not a sorted set')
+      return redis.error_reply(why)
     end
   end
   if take ~= 'resent' then
