@@ -201,8 +201,20 @@ impl MySession {
                 Err(map_err(e, doing))
             }
             Err(_) => {
-                // Cut off half-way: the connection's state is unknown, so it goes.
-                slot.take();
+                // Cut off half-way: the connection's state is unknown, so it is not used
+                // again. It stays open, though, until the longest lease on it has run out:
+                // closing it would free its locks on the server at once, before their holders'
+                // deadlines (the fault harness caught it: a paused server, a renewal timed out,
+                // and the next holder took the lock 0.6 s before the first one's deadline).
+                if let Some(conn) = slot.take() {
+                    let until = *self.until.locked();
+                    tokio::spawn(async move {
+                        if let Some(until) = until {
+                            tokio::time::sleep_until(until).await;
+                        }
+                        drop(conn);
+                    });
+                }
                 self.end.end(LostReason::Unreachable);
                 Err(LockError::new(
                     ErrorKind::Timeout,

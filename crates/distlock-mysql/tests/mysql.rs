@@ -263,3 +263,39 @@ async fn sequence_fences_keep_increasing_across_a_crash_and_restart() {
     // A killed server forgets the cached block: the next round skips ahead.
     assert!(fences[1] > fences[0] + 5);
 }
+
+/// A renewal that times out (the server paused) ends the session for the client, but the
+/// connection stays open until the lease would have run out: closing it at once would free the
+/// lock on the server, and the next holder would take it before the first one's deadline
+/// (found by the fault harness's mysql scenario).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_times_out_does_not_free_the_lock_before_its_deadline() {
+    let Some(db) = MariaDb::start() else { return };
+    let ttl = Duration::from_secs(3);
+    let a = client(&db.url("?response_timeout=200ms"), ttl).await;
+    let b = client(&db.url(""), ttl).await;
+    let g = a.try_acquire("paused").await.unwrap().expect("free");
+    let taken = Instant::now();
+    // The watchdog renews at a third of the TTL: pause the server across that renewal.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    db.pause();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    db.resume();
+    let why = tokio::time::timeout(Duration::from_secs(3), g.lost())
+        .await
+        .expect("the timed-out renewal ends the lease for its holder");
+    eprintln!("lost: {why}");
+    let got = loop {
+        if let Some(g2) = b.try_acquire("paused").await.unwrap() {
+            break g2;
+        }
+        assert!(taken.elapsed() < Duration::from_secs(15), "never freed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let after = taken.elapsed();
+    assert!(
+        after >= ttl - Duration::from_millis(100),
+        "the next holder took the lock {after:?} after the first, within its {ttl:?} lease"
+    );
+    assert_eq!(got.release().await.unwrap(), Released::Held);
+}
