@@ -613,6 +613,11 @@ async fn an_engine_that_tells_of_a_loss_ends_the_lease_at_once() {
     assert!(matches!(g.release().await.unwrap(), Released::Lost(_)));
 }
 
+/// Options with a 5 s TTL and a wait budget of `d`.
+fn budget(d: Duration) -> LockOptions {
+    ttl_opts(5000).wait_timeout(d).build().unwrap()
+}
+
 /// A wait with a budget rides through an engine that fails for a while (a fail-over): the
 /// failed attempts are tried again, with backoff, and the lock is taken once it answers.
 /// `try_acquire` and a wait without a budget fail at once.
@@ -634,13 +639,7 @@ async fn a_wait_budget_rides_through_engine_failures_and_names_the_last_cause() 
     let left = fake.fail_acquires.load(Ordering::SeqCst);
     assert!(left > 0, "the failures are not used up yet");
     let g = client
-        .acquire_with(
-            "k",
-            &ttl_opts(5000)
-                .wait_timeout(Duration::from_secs(20))
-                .build()
-                .unwrap(),
-        )
+        .acquire_with("k", &budget(Duration::from_secs(20)))
         .await
         .expect("the budget rides through");
     assert_eq!(fake.fail_acquires.load(Ordering::SeqCst), 0);
@@ -651,13 +650,7 @@ async fn a_wait_budget_rides_through_engine_failures_and_names_the_last_cause() 
     fake.fail_acquires.store(u32::MAX, Ordering::SeqCst);
     let started = std::time::Instant::now();
     let e = client
-        .acquire_with(
-            "k",
-            &ttl_opts(5000)
-                .wait_timeout(Duration::from_millis(400))
-                .build()
-                .unwrap(),
-        )
+        .acquire_with("k", &budget(Duration::from_millis(400)))
         .await
         .expect_err("never answers");
     assert!(started.elapsed() >= Duration::from_millis(400));
@@ -680,13 +673,7 @@ async fn a_wait_budget_does_not_retry_what_cannot_pass() {
     fake.refuse_from_attempt.store(1, Ordering::SeqCst);
     let started = std::time::Instant::now();
     let e = client
-        .acquire_with(
-            "k",
-            &ttl_opts(5000)
-                .wait_timeout(Duration::from_secs(20))
-                .build()
-                .unwrap(),
-        )
+        .acquire_with("k", &budget(Duration::from_secs(20)))
         .await
         .expect_err("refused");
     assert_eq!(e.kind(), ErrorKind::Protocol);
