@@ -47,7 +47,7 @@ pub(crate) fn report_open(err: &LockError) -> u8 {
 pub(crate) fn code(err: &LockError) -> u8 {
     match err.kind() {
         ErrorKind::Busy | ErrorKind::Timeout => CONFLICT,
-        ErrorKind::Config => CONFIG,
+        ErrorKind::Config | ErrorKind::KindConflict => CONFIG,
         ErrorKind::InvalidKey => USAGE,
         ErrorKind::Lost => LOST,
         ErrorKind::Auth => NOPERM,

@@ -44,6 +44,59 @@ impl<B: Backend> Drop for ParkedOnDrop<'_, B> {
     }
 }
 
+/// The token of a wait without a local queue (each task of the client waits on the engine on
+/// its own: readers, permits, or a client without local queues). The waiting attempts may have
+/// queued it on the engine: a reader or a permit that stops waiting (a timeout, a dropped
+/// future, a failed engine) removes that entry in the background, so it holds back nobody
+/// behind it. (An exclusive waiter's entry goes when the client's last waiter for the name
+/// goes: see the engines' wake-ups.)
+struct OwnToken<'a, B: Backend> {
+    holding: &'a Arc<Holding<B>>,
+    want: Want<'a>,
+    token: Option<Token>,
+    /// A waiting attempt used the token.
+    queued: bool,
+}
+
+impl<B: Backend> OwnToken<'_, B> {
+    /// The lease was taken with the token: nothing to remove.
+    fn taken(&mut self) {
+        self.token = None;
+    }
+
+    /// The next attempt takes a new token; the old one's entry is removed.
+    fn renew(&mut self) {
+        self.give_up();
+    }
+
+    fn give_up(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        if !std::mem::take(&mut self.queued) || self.want.kind == LeaseKind::Exclusive {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let holding = self.holding.clone();
+            let (key, kind, ttl) = (
+                self.want.key.to_owned(),
+                self.want.kind,
+                self.want.options.ttl(),
+            );
+            rt.spawn(async move {
+                let lease = crate::engine::LeaseRef::new(&key, &token, kind);
+                clean_up(holding.driver(), &lease, ttl).await;
+            });
+        }
+    }
+}
+
+impl<B: Backend> Drop for OwnToken<'_, B> {
+    fn drop(&mut self) {
+        self.give_up();
+    }
+}
+
 /// Releases a lease taken by a request whose outcome we never learned, if the acquire is given
 /// up or its future is dropped half-way.
 struct PendingCleanup<'a, B: Backend> {
@@ -59,7 +112,7 @@ impl<B: Backend> Drop for PendingCleanup<'_, B> {
             return;
         }
         // The token may hold the lock: never let a later attempt of this wait reuse it.
-        if let Some(local) = self.holding.local() {
+        if let Some(local) = self.holding.local_for(self.want.kind) {
             local.retire_token(self.want.key, self.token);
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -147,7 +200,7 @@ pub(crate) async fn attempt<B: Backend>(
                     Ok(_) => {
                         // It ran out before we could use it.
                         cleanup.armed = false;
-                        if let Some(local) = holding.local() {
+                        if let Some(local) = holding.local_for(kind) {
                             local.retire_token(key, &token);
                         }
                         return Ok(Attempted::Busy(None));
@@ -176,7 +229,7 @@ pub(crate) async fn attempt<B: Backend>(
     };
     cleanup.armed = false;
     drop(cleanup);
-    if let Some(local) = holding.local() {
+    if let Some(local) = holding.local_for(kind) {
         local.retire_token(key, &token);
     }
     let validity = options.validity();
@@ -215,8 +268,8 @@ pub(crate) async fn wait_for<B: Backend>(
     want: Want<'_>,
     engine_errors: Option<&std::sync::Mutex<Option<LockError>>>,
 ) -> Result<LockGuard<B>, LockError> {
-    let Want { key, options, .. } = want;
-    let local = holding.local();
+    let Want { key, options, kind } = want;
+    let local = holding.local_for(kind);
     let mut ticket = local.map(|l| l.join(key, *options));
     // Declared after the ticket, so dropped before it: the subscription is parked for the next
     // head while this waiter is still in the queue.
@@ -231,7 +284,12 @@ pub(crate) async fn wait_for<B: Backend>(
     // Without a local queue, this wait's own token (with one, the queue's, shared by its
     // successive heads): every attempt of a wait uses the same token, so a release that hands
     // the lock to the registered waiter finds it.
-    let mut own_token: Option<Token> = None;
+    let mut own = OwnToken {
+        holding,
+        want,
+        token: None,
+        queued: false,
+    };
     // Attempts in a row that failed (see `engine_errors`).
     let mut failures = 0u32;
     loop {
@@ -267,10 +325,16 @@ pub(crate) async fn wait_for<B: Backend>(
         let queue = subscribed || round > 0;
         let token = match ticket.as_ref() {
             Some(t) => t.wait_token(),
-            None => own_token.get_or_insert_with(Token::generate).clone(),
+            None => {
+                own.queued |= queue;
+                own.token.get_or_insert_with(Token::generate).clone()
+            }
         };
         let holder_ttl = match attempt(holding, want, queue, token).await {
-            Ok(Attempted::Taken(g)) => return Ok(g),
+            Ok(Attempted::Taken(g)) => {
+                own.taken();
+                return Ok(g);
+            }
             Ok(Attempted::Busy(ttl)) => {
                 failures = 0;
                 if let Some(slot) = engine_errors {
@@ -287,7 +351,7 @@ pub(crate) async fn wait_for<B: Backend>(
                 *slot.locked() = Some(e);
                 // The failed request may have taken the lock, and its clean-up releases that
                 // token: the next attempt takes a new one (the local queue retires its own).
-                own_token = None;
+                own.renew();
                 tokio::time::sleep(engine_retry_delay(failures)).await;
                 failures = failures.saturating_add(1);
                 continue;

@@ -65,13 +65,19 @@ impl<B: Backend> Driver<B> {
     }
 
     pub(crate) async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        req.kind.validate()?;
         if !self.backend.capabilities().supports(req.kind) {
+            let what = match req.kind {
+                LeaseKind::Shared => "read-write locks' shared leases",
+                LeaseKind::Permit { .. } => "semaphores' permits",
+                _ => "leases of this kind",
+            };
             return Err(LockError::new(
                 ErrorKind::Unsupported,
                 format!(
-                    "the {} engine cannot hold {} leases",
+                    "the {} engine cannot hold {what}: {}",
                     self.backend.name(),
-                    req.kind.name()
+                    self.backend.why_unsupported(req.kind)
                 ),
             ));
         }

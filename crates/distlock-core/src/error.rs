@@ -44,6 +44,10 @@ pub enum ErrorKind {
     /// A limit was reached: every session of the engine's pool is in use for this request
     /// (raise `sessions=` in the URL), or the server's lock table is full.
     Exhausted,
+    /// The name is in use as another kind of lock: a semaphore asked for as a lock, or a
+    /// semaphore opened with another number of permits than its current holders'. Nothing was
+    /// taken.
+    KindConflict,
 }
 
 impl fmt::Display for ErrorKind {
@@ -63,6 +67,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Unsupported => f.write_str("not supported by this engine"),
             ErrorKind::Io => f.write_str("I/O error"),
             ErrorKind::Exhausted => f.write_str("a limit was reached"),
+            ErrorKind::KindConflict => f.write_str("the name is in use as another kind of lock"),
         }
     }
 }

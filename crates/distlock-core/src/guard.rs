@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::driver::Driver;
-use crate::engine::{Backend, LeaseCheck};
+use crate::engine::{Backend, LeaseCheck, LeaseKind};
 use crate::error::{ErrorKind, LockError};
 use crate::lease::{LeaseEnd, LeaseHandle, LeaseShared, LostReason};
 use crate::local::LocalQueues;
@@ -73,11 +73,18 @@ impl<B: Backend> Holding<B> {
         self.local.as_ref()
     }
 
+    /// The local queues for leases of `kind`: exclusive leases only. A local queue lets one
+    /// task of the client hold a name and one wait on the engine for it, handing the lease from
+    /// task to task; readers and permits share a name, so each task asks the engine itself.
+    pub(crate) fn local_for(&self, kind: LeaseKind) -> Option<&LocalQueues<Handoff<B>>> {
+        self.local.as_ref().filter(|_| kind == LeaseKind::Exclusive)
+    }
+
     /// The guard of a lease just taken: this client's holder of the key from now, renewed by
     /// the watchdog (unless the options say not to), and ended at once when the engine says its
     /// session ended.
     pub(crate) fn guard(self: &Arc<Self>, lease: Arc<LeaseShared>) -> LockGuard<B> {
-        if let Some(local) = &self.local {
+        if let Some(local) = self.local_for(lease.kind()) {
             local.set_holder(lease.key(), &lease);
         }
         if lease.options().auto_renew() {
@@ -145,7 +152,7 @@ fn spawn_finish<B: Backend>(
                     "background release failed; the TTL will free the lock");
             }
         });
-    } else if let Some(local) = holding.local() {
+    } else if let Some(local) = holding.local_for(lease.kind()) {
         local.clear_holder(lease.key(), &lease);
     }
 }
@@ -169,7 +176,9 @@ async fn finish<B: Backend>(
         {
             return done;
         }
-        let next = holding.local().and_then(|l| l.next_waiter(lease.key()));
+        let next = holding
+            .local_for(lease.kind())
+            .and_then(|l| l.next_waiter(lease.key()));
         let reply = holding
             .driver()
             .release(
@@ -186,7 +195,7 @@ async fn finish<B: Backend>(
         }
     }
     .await;
-    if let Some(local) = holding.local() {
+    if let Some(local) = holding.local_for(lease.kind()) {
         local.clear_holder(lease.key(), lease);
     }
     result
@@ -198,7 +207,7 @@ async fn hand_off<B: Backend>(
     holding: &Arc<Holding<B>>,
     lease: &Arc<LeaseShared>,
 ) -> Option<Result<Released, LockError>> {
-    let local = holding.local()?;
+    let local = holding.local_for(lease.kind())?;
     let mut offer = local.offer(lease.key(), lease)?;
     let ttl = offer.options.ttl();
     let sent = lease.now();
@@ -258,6 +267,12 @@ impl<B: Backend> LockGuard<B> {
     /// The lock key.
     pub fn key(&self) -> &str {
         self.lease.key()
+    }
+
+    /// The kind of lease held: exclusive (a mutex or a writer), shared (a reader), or one of a
+    /// semaphore's permits.
+    pub fn kind(&self) -> LeaseKind {
+        self.lease.kind()
     }
 
     /// The fencing token: strictly greater for every new holder of this key. `None` when the
@@ -399,7 +414,7 @@ impl<B: Backend> LockGuard<B> {
         self.done = true;
         let valid_until = self.valid_until();
         self.lease.mark_released();
-        if let Some(local) = self.holding.local() {
+        if let Some(local) = self.holding.local_for(self.lease.kind()) {
             local.clear_holder(self.lease.key(), &self.lease);
         }
         // Nobody renews it from now: where it shares a session with renewed leases, it must

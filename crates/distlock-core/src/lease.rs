@@ -172,6 +172,10 @@ impl LeaseShared {
         &self.key
     }
 
+    pub(crate) fn kind(&self) -> LeaseKind {
+        self.kind
+    }
+
     pub(crate) fn token(&self) -> &Token {
         &self.token
     }

@@ -61,7 +61,96 @@ impl<B: Backend> LockClient<B> {
     }
 }
 
+impl<B: Backend> LockClient<B> {
+    /// A request to read under the read-write lock `key`: readers share it, and a writer
+    /// ([`write_lock`](Self::write_lock)) excludes them all.
+    ///
+    /// Readers and writers queue in one line in arrival order, on the engines that order their
+    /// waiters: a waiting writer holds back the readers that come after it, so a stream of
+    /// readers never starves a writer, and the readers ahead of a writer are all let in before
+    /// it.
+    ///
+    /// Each reader is a lease of its own, with its own token, TTL, watchdog renewal and lost
+    /// signal: a dead reader frees its share when its own TTL runs out, whatever the other
+    /// readers do.
+    ///
+    /// A reader's [`fence`](LockGuard::fence) is not unique: it is a point in the order of
+    /// writers' fences, above every writer that held the lock before this reader and below
+    /// every writer that holds it after. A resource that keeps the highest writer's fence it
+    /// has seen can so refuse a reader whose fence is below it: a writer came in after that
+    /// reader's lease ended, and what the reader read may be stale.
+    ///
+    /// ```no_run
+    /// # async fn demo<B: distlock_core::Backend>(
+    /// #     locks: distlock_core::LockClient<B>,
+    /// # ) -> Result<(), distlock_core::LockError> {
+    /// let reader = locks.read_lock("catalog").acquire().await?;
+    /// // ... read, alongside other readers ...
+    /// reader.release().await?;
+    /// let writer = locks.write_lock("catalog").acquire().await?;
+    /// // ... write, alone; pass writer.fence() to the store ...
+    /// writer.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn read_lock<'a>(&'a self, key: &'a str) -> LockRequest<'a, B> {
+        self.lock(key).shared()
+    }
+
+    /// A request to write under the read-write lock `key`: the writer excludes every reader and
+    /// every other writer (it is the same lease as [`lock`](Self::lock)'s). Each writer gets a
+    /// fence above every earlier writer's.
+    pub fn write_lock<'a>(&'a self, key: &'a str) -> LockRequest<'a, B> {
+        self.lock(key)
+    }
+
+    /// A request for one of the `permits` permits of the semaphore `key`: at most `permits`
+    /// holders at once. Each permit is a lease of its own (token, TTL, watchdog, lost signal),
+    /// so a dead holder's permit comes back after its own TTL, and each gets a fence above
+    /// every earlier permit's of the name.
+    ///
+    /// Every client must open a name with the same number of permits: a request with another
+    /// number, or for a lock on a semaphore's name, fails with
+    /// [`ErrorKind::KindConflict`](crate::ErrorKind::KindConflict) while the name has holders
+    /// or waiters. `permits` is 1 to [`MAX_PERMITS`](crate::engine::MAX_PERMITS) (`Config`
+    /// otherwise, when sent).
+    ///
+    /// ```no_run
+    /// # async fn demo<B: distlock_core::Backend>(
+    /// #     locks: distlock_core::LockClient<B>,
+    /// # ) -> Result<(), distlock_core::LockError> {
+    /// // At most 4 exports at once, across every process.
+    /// let permit = locks.semaphore("exports", 4).acquire().await?;
+    /// // ... export ...
+    /// permit.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore<'a>(&'a self, key: &'a str, permits: u32) -> LockRequest<'a, B> {
+        self.lock(key).permits(permits)
+    }
+}
+
 impl<'a, B: Backend> LockRequest<'a, B> {
+    /// Asks for a lease of `kind` (what [`shared`](Self::shared) and
+    /// [`permits`](Self::permits) set).
+    pub fn kind(mut self, kind: LeaseKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// Asks for a shared lease: a reader of a read-write lock (see
+    /// [`LockClient::read_lock`]).
+    pub fn shared(mut self) -> Self {
+        self.kind = LeaseKind::Shared;
+        self
+    }
+
+    /// Asks for one of `permits` permits: a counting semaphore (see
+    /// [`LockClient::semaphore`]).
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.kind = LeaseKind::Permit { permits };
+        self
+    }
+
     /// The lease length for this call.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.options = self.options.ttl(ttl);

@@ -9,7 +9,7 @@ use distlock_core::engine::queue::QueueRecipe;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, LostReason,
-    RenewItem, Sessions, Subscription, WakeSource,
+    RenewItem, Sessions, Subscription, WakeSource, untag_value,
 };
 
 use crate::config::EtcdConfig;
@@ -205,7 +205,7 @@ impl EtcdBackend {
     /// `status` of a holder's key: its label, its lease's remaining time, its fence.
     async fn holder_status(&self, kv: &KeyValue) -> LockStatus {
         let value = String::from_utf8_lossy(&kv.value).into_owned();
-        let owner = HolderValue::parse(&value).label();
+        let owner = HolderValue::parse(untag_value(&value).1).label();
         let lease = kv.lease;
         let ttl = match self
             .store()
@@ -395,6 +395,9 @@ impl Backend for EtcdBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(Fencing::Monotonic, true)
+            .with_shared()
+            .with_permits()
+            .with_order()
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use distlock_core::engine::queue::{Ahead, JoinOutcome, Joined, QueueStore, QueuedEntry};
 use distlock_core::engine::{
     AcquireRequest, BoxFuture, ErrorKind, HolderValue, LeaseKind, LockError, LostReason, MutexExt,
-    Token,
+    Token, kind_conflict, tag_value, untag_value,
 };
 use tokio::sync::watch;
 use tonic::Status;
@@ -343,12 +343,6 @@ impl EtcdStore {
     }
 
     async fn join_inner(&self, req: &AcquireRequest<'_>) -> Result<JoinOutcome<String>, LockError> {
-        if req.kind != LeaseKind::Exclusive {
-            return Err(LockError::new(
-                ErrorKind::Unsupported,
-                "the etcd engine holds exclusive leases only in this release",
-            ));
-        }
         let key = self.key_for(req.name, req.token);
         // A session can run out just as it is used (idle, near its deadline): one more try, on a
         // session granted for it.
@@ -401,8 +395,11 @@ impl EtcdStore {
                 .now()
                 .saturating_duration_since(session.refreshed()),
         );
-        let value = HolderValue::now(req.token.as_str(), req.owner).encode();
-        if !req.queue && !req.retry {
+        let value = tag_value(
+            req.kind,
+            HolderValue::now(req.token.as_str(), req.owner).encode(),
+        );
+        if !req.queue && !req.retry && req.kind == LeaseKind::Exclusive {
             // A first attempt: one transaction that writes our key only if the lock has no key
             // at all (a compare over the whole prefix), and writes nothing when it is busy but
             // read the holder's key. A holder that is a stale key of ours (a given-up acquire's,
@@ -424,8 +421,7 @@ impl EtcdStore {
                     vec![RequestOp::range(
                         RangeRequest::prefix(self.lock_prefix(req.name))
                             .sorted(SortTarget::Create, SortOrder::Ascend)
-                            .limit(1)
-                            .keys_only(),
+                            .limit(1),
                     )],
                 );
                 let Some(r) = self.acquire_txn(txn).await? else {
@@ -434,6 +430,21 @@ impl EtcdStore {
                 if r.succeeded || !self.clear_abandoned(&r, key).await? {
                     reply = Some(r);
                     break;
+                }
+            }
+            if let Some(busy) = reply.as_ref().filter(|r| !r.succeeded) {
+                // The holder read in the same transaction: a semaphore's permit is a conflict
+                // of kinds, not a busy lock.
+                if let Some(kv) = busy
+                    .responses
+                    .first()
+                    .and_then(|r| r.range())
+                    .and_then(|r| r.kvs.first())
+                {
+                    let theirs = untag_value(&String::from_utf8_lossy(&kv.value)).0;
+                    if theirs != LeaseKind::Exclusive && theirs != LeaseKind::Shared {
+                        return Err(kind_conflict(req.name, req.kind, theirs));
+                    }
                 }
             }
             let Some(reply) = reply.filter(|r| r.succeeded) else {
@@ -446,7 +457,7 @@ impl EtcdStore {
                 entry: QueuedEntry {
                     id: key.to_owned(),
                     seq: rev,
-                    shared: false,
+                    kind: req.kind,
                     seen_at: rev,
                 },
                 fence: u64::try_from(rev).ok(),
@@ -496,7 +507,7 @@ impl EtcdStore {
             entry: QueuedEntry {
                 id: key.to_owned(),
                 seq,
-                shared: false,
+                kind: req.kind,
                 seen_at: at,
             },
             fence: u64::try_from(seq).ok(),
@@ -513,10 +524,10 @@ impl EtcdStore {
     ) -> Result<Ahead<String>, LockError> {
         let mut read = RangeRequest::prefix(self.lock_prefix(name))
             .sorted(SortTarget::Create, SortOrder::Descend)
-            .max_create_revision(mine.seq - 1)
-            .keys_only();
+            .max_create_revision(mine.seq - 1);
         match kind {
-            // The nearest one decides for an exclusive entry, the n nearest for a permit.
+            // The nearest one decides for an exclusive entry, the n nearest for a permit; a
+            // shared entry reads as far as the nearest exclusive one, which may be anywhere.
             LeaseKind::Exclusive => read = read.limit(1),
             LeaseKind::Permit { permits } => read = read.limit(i64::from(permits.max(1))),
             _ => {}
@@ -555,7 +566,7 @@ impl EtcdStore {
                 .map(|kv| QueuedEntry {
                     id: String::from_utf8_lossy(&kv.key).into_owned(),
                     seq: kv.create_revision,
-                    shared: false,
+                    kind: untag_value(&String::from_utf8_lossy(&kv.value)).0,
                     seen_at: at,
                 })
                 .collect();
@@ -630,6 +641,10 @@ impl QueueStore for EtcdStore {
 
     fn remove_later(&self, id: &String) {
         self.forget(id);
+        // The next attempt of the same token (a waiter after a first attempt) writes a key of
+        // another name: this one may still be there when it is sent, and be deleted after.
+        // The name itself is given out again only once the delete is answered.
+        self.names.locked().by_token.retain(|_, k| k != id);
         let (members, names, key) = (self.members.clone(), self.names.clone(), id.clone());
         tokio::spawn(async move {
             let deleted = members

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use distlock_core::Token;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
-    Fencing, LeaseCheck, LeaseRef, LockError, LockStatus, MutexExt,
+    Fencing, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus, MutexExt,
 };
 
 /// The lock engine on local files. See the crate docs.
@@ -31,10 +31,15 @@ struct Inner {
 struct Held {
     key: String,
     fence: u64,
+    /// The locked file: the lock file, or a semaphore's slot file.
+    path: PathBuf,
     /// The locked file's device and inode: a forced release puts another file at the path.
     id: (u64, u64),
     _file: File,
 }
+
+/// A file's device and inode.
+type FileId = (u64, u64);
 
 /// A file's device and inode.
 fn file_id(meta: &std::fs::Metadata) -> (u64, u64) {
@@ -135,6 +140,16 @@ impl FileBackend {
         self.inner.dir.join(file_name(name))
     }
 
+    /// The record of the semaphore `name` (its fence counter and number of permits).
+    fn semaphore_path(&self, name: &str) -> PathBuf {
+        self.lock_path(name).with_extension("sem")
+    }
+
+    /// The file of permit `slot` of the semaphore `name`.
+    fn slot_path(&self, name: &str, slot: u32) -> PathBuf {
+        self.lock_path(name).with_extension(format!("sem.{slot}"))
+    }
+
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
         self.inner.held.locked()
     }
@@ -176,12 +191,14 @@ fn io_err(doing: &str, path: &Path, e: std::io::Error) -> LockError {
     LockError::caused_by(ErrorKind::Io, format_args!("{doing} {}", path.display()), e)
 }
 
-/// The contents of a lock file.
+/// The contents of a lock file, or of a semaphore's record.
 #[derive(Debug, Default)]
 struct Record {
     fence: u64,
     owner: Option<String>,
     since: Option<u64>,
+    /// A semaphore's number of permits, as its holders opened it.
+    permits: Option<u32>,
 }
 
 const HEADER: &str = "distlock-file 1";
@@ -210,6 +227,7 @@ fn parse(text: &str, path: &Path) -> Result<Record, LockError> {
                 })?;
             }
             "owner" => rec.owner = Some(v.to_owned()),
+            "permits" => rec.permits = v.parse().ok(),
             "since" => rec.since = v.parse().ok(),
             _ => {}
         }
@@ -226,11 +244,67 @@ fn read_all(file: &mut File, path: &Path) -> Result<String, LockError> {
     Ok(text)
 }
 
+/// Opens (creating) `path` and takes its flock, shared or exclusive, without waiting; checks
+/// that the path still names the file locked (a forced release swaps files). `None`: busy.
+fn lock_file(path: &Path, shared: bool) -> Result<Option<(File, FileId)>, LockError> {
+    for _ in 0..3 {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| io_err("opening", path, e))?;
+        let locked = if shared {
+            file.try_lock_shared()
+        } else {
+            file.try_lock()
+        };
+        match locked {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Ok(None),
+            Err(TryLockError::Error(e)) => return Err(io_err("locking", path, e)),
+        }
+        // A forced release may have put a new file at the path since we opened it: the lock
+        // is the file the path names now.
+        let id = file_id(&file.metadata().map_err(|e| io_err("reading", path, e))?);
+        if still_at(path, id) {
+            return Ok(Some((file, id)));
+        }
+    }
+    Ok(None)
+}
+
+/// Writes a lock file's or semaphore record's contents over `file`.
+fn write_record(file: &mut File, path: &Path, body: &str) -> Result<(), LockError> {
+    file.set_len(0).map_err(|e| io_err("truncating", path, e))?;
+    file.seek(SeekFrom::Start(0))
+        .map_err(|e| io_err("seeking", path, e))?;
+    file.write_all(body.as_bytes())
+        .map_err(|e| io_err("writing", path, e))
+}
+
+fn next_fence(rec: &Record, path: &Path) -> Result<u64, LockError> {
+    rec.fence.checked_add(1).ok_or_else(|| {
+        LockError::new(
+            ErrorKind::Protocol,
+            format!("{}: fence counter overflow", path.display()),
+        )
+    })
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
 fn acquire_blocking(
     me: &FileBackend,
     key: &str,
     token: &str,
     owner: &str,
+    kind: LeaseKind,
 ) -> Result<Attempt, LockError> {
     if let Some(h) = me.held().get(token).filter(|h| h.key == key) {
         // A retried request with our token: already ours.
@@ -238,64 +312,103 @@ fn acquire_blocking(
             fence: Some(h.fence),
         });
     }
+    if let LeaseKind::Permit { permits } = kind {
+        return acquire_permit(me, key, token, permits);
+    }
     let path = me.lock_path(key);
-    let mut tries = 0;
-    let (mut file, id) = loop {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| io_err("opening", &path, e))?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => return Ok(Attempt::Busy { holder_ttl: None }),
-            Err(TryLockError::Error(e)) => return Err(io_err("locking", &path, e)),
-        }
-        // A forced release may have put a new file at the path since we opened it: the lock
-        // is the file the path names now.
-        let id = file_id(&file.metadata().map_err(|e| io_err("reading", &path, e))?);
-        if still_at(&path, id) {
-            break (file, id);
-        }
-        tries += 1;
-        if tries == 3 {
-            return Ok(Attempt::Busy { holder_ttl: None });
-        }
+    let shared = kind == LeaseKind::Shared;
+    let Some((mut file, id)) = lock_file(&path, shared)? else {
+        return Ok(Attempt::Busy { holder_ttl: None });
     };
     // From here on we hold the flock; any error drops `file`, which releases it.
     let rec = parse(&read_all(&mut file, &path)?, &path)?;
-    let fence = rec.fence.checked_add(1).ok_or_else(|| {
-        LockError::new(
-            ErrorKind::Protocol,
-            format!("{}: fence counter overflow", path.display()),
-        )
-    })?;
-    let since = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    let body = format!(
-        "{HEADER}\nfence={fence}\nowner={}\nsince={since}\nkey={}\n",
-        owner.replace('\n', " "),
-        key.replace('\n', " ")
-    );
-    file.set_len(0)
-        .map_err(|e| io_err("truncating", &path, e))?;
-    file.seek(SeekFrom::Start(0))
-        .map_err(|e| io_err("seeking", &path, e))?;
-    file.write_all(body.as_bytes())
-        .map_err(|e| io_err("writing", &path, e))?;
+    let fence = if shared {
+        // A reader's fence is the last writer's: readers never write the file (others may be
+        // reading it), and no writer can change it while we hold our share.
+        rec.fence
+    } else {
+        let fence = next_fence(&rec, &path)?;
+        let body = format!(
+            "{HEADER}\nfence={fence}\nowner={}\nsince={}\nkey={}\n",
+            owner.replace('\n', " "),
+            now_ms(),
+            key.replace('\n', " ")
+        );
+        write_record(&mut file, &path, &body)?;
+        fence
+    };
     me.held().insert(
         token.to_owned(),
         Held {
             key: key.to_owned(),
             fence,
+            path,
             id,
             _file: file,
         },
     );
     Ok(Attempt::Acquired { fence: Some(fence) })
+}
+
+/// One of `permits` slot files of the semaphore `key`, under its record's flock (held for a
+/// few reads and writes): the record checks the number of permits and counts the fence.
+fn acquire_permit(
+    me: &FileBackend,
+    key: &str,
+    token: &str,
+    permits: u32,
+) -> Result<Attempt, LockError> {
+    let record = me.semaphore_path(key);
+    // The record is locked only for a few local reads and writes: a short retry rides out
+    // another process's turn.
+    let mut tries = 0;
+    let (mut rfile, _) = loop {
+        match lock_file(&record, false)? {
+            Some(r) => break r,
+            None if tries < 20 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_micros(250));
+            }
+            None => return Ok(Attempt::Busy { holder_ttl: None }),
+        }
+    };
+    let rec = parse(&read_all(&mut rfile, &record)?, &record)?;
+    if let Some(theirs) = rec.permits.filter(|&p| p != permits) {
+        // Another size is recorded: a conflict while any of its permits is held.
+        for slot in 0..theirs {
+            if lock_file(&me.slot_path(key, slot), true)?.is_none() {
+                return Err(distlock_core::engine::kind_conflict(
+                    key,
+                    LeaseKind::Permit { permits },
+                    LeaseKind::Permit { permits: theirs },
+                ));
+            }
+        }
+    }
+    for slot in 0..permits {
+        let path = me.slot_path(key, slot);
+        let Some((file, id)) = lock_file(&path, false)? else {
+            continue;
+        };
+        let fence = next_fence(&rec, &record)?;
+        let body = format!(
+            "{HEADER}\nfence={fence}\npermits={permits}\nkey={}\n",
+            key.replace('\n', " ")
+        );
+        write_record(&mut rfile, &record, &body)?;
+        me.held().insert(
+            token.to_owned(),
+            Held {
+                key: key.to_owned(),
+                fence,
+                path,
+                id,
+                _file: file,
+            },
+        );
+        return Ok(Attempt::Acquired { fence: Some(fence) });
+    }
+    Ok(Attempt::Busy { holder_ttl: None })
 }
 
 fn status_blocking(me: &FileBackend, key: &str) -> Result<LockStatus, LockError> {
@@ -310,15 +423,23 @@ fn status_blocking(me: &FileBackend, key: &str) -> Result<LockStatus, LockError>
         .held()
         .values()
         .any(|h| h.key == key && still_at(&path, h.id));
-    let locked = here
-        || match file.try_lock_shared() {
+    // A writer blocks a shared probe; readers, an exclusive one (taken for an instant).
+    let probe = |shared: bool| {
+        let got = if shared {
+            file.try_lock_shared()
+        } else {
+            file.try_lock()
+        };
+        match got {
             Ok(()) => {
                 let _ = file.unlock();
-                false
+                Ok(false)
             }
-            Err(TryLockError::WouldBlock) => true,
-            Err(TryLockError::Error(e)) => return Err(io_err("probing", &path, e)),
-        };
+            Err(TryLockError::WouldBlock) => Ok(true),
+            Err(TryLockError::Error(e)) => Err(io_err("probing", &path, e)),
+        }
+    };
+    let locked = here || probe(true)? || probe(false)?;
     if !locked {
         return Ok(LockStatus::free());
     }
@@ -337,24 +458,26 @@ impl Backend for FileBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(Fencing::Monotonic, false)
+            .with_shared()
+            .with_permits()
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         // Synchronous on purpose: a non-blocking flock plus a few bytes of local I/O, with no
         // await point, so a cancelled acquire can never leave a lock taken behind its back
         // (a spawn_blocking task would run on after its future is dropped).
-        acquire_blocking(self, req.name, req.token.as_str(), req.owner)
+        acquire_blocking(self, req.name, req.token.as_str(), req.owner, req.kind)
     }
 
     async fn renew(&self, lease: &LeaseRef<'_>, _ttl: Duration) -> Result<LeaseCheck, LockError> {
         // The flock lasts as long as our open file: renewing is checking we still have it, and
         // that it is still the lock file (not swapped out by a forced release).
         let key = lease.name;
-        let id = match self.held().get(lease.token.as_str()) {
-            Some(h) if h.key == key => h.id,
+        let (path, id) = match self.held().get(lease.token.as_str()) {
+            Some(h) if h.key == key => (h.path.clone(), h.id),
             _ => return Ok(LeaseCheck::Missing),
         };
-        Ok(if still_at(&self.lock_path(key), id) {
+        Ok(if still_at(&path, id) {
             LeaseCheck::Ours
         } else {
             LeaseCheck::Missing
@@ -368,7 +491,7 @@ impl Backend for FileBackend {
             Some(h) if h.key == key => {
                 // Closing the file releases the flock (of a file a forced release may have
                 // swapped out already: then the lock was not ours any more).
-                let ours = still_at(&self.lock_path(key), h.id);
+                let ours = still_at(&h.path, h.id);
                 held.remove(token.as_str());
                 Ok(if ours {
                     LeaseCheck::Ours
@@ -464,10 +587,11 @@ mod tests {
         let b = FileBackend::new(d.path()).expect("backend");
         std::fs::write(b.lock_path("k"), "garbage\n").expect("write");
         let t = Token::generate();
-        let e = acquire_blocking(&b, "k", t.as_str(), "me").expect_err("corrupt");
+        let x = LeaseKind::Exclusive;
+        let e = acquire_blocking(&b, "k", t.as_str(), "me", x).expect_err("corrupt");
         assert_eq!(e.kind(), ErrorKind::Protocol);
         std::fs::write(b.lock_path("k"), format!("{HEADER}\nfence=41\n")).expect("write");
-        let got = acquire_blocking(&b, "k", t.as_str(), "me").expect("acquire");
+        let got = acquire_blocking(&b, "k", t.as_str(), "me", x).expect("acquire");
         assert_eq!(got, Attempt::Acquired { fence: Some(42) });
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
-    Fencing, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, MutexExt,
+    Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus, MutexExt,
 };
 use sha2::{Digest, Sha256};
 
@@ -193,6 +193,12 @@ impl Backend for MemcachedBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(Fencing::Unavailable(NO_FENCING), true)
+    }
+
+    fn why_unsupported(&self, _kind: LeaseKind) -> &'static str {
+        "memcached can change one key at a time and may evict any of them, so a set of readers \
+         or permits cannot be kept whole; use Redis, etcd, ZooKeeper or PostgreSQL for these \
+         kinds"
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use distlock_core::engine::pool::{Placement, PoolLimits, SessionEnd, SessionOps, SessionPool};
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, LostReason,
-    MutexExt, RenewItem, Sessions,
+    ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
+    LostReason, MutexExt, RenewItem, Sessions,
 };
 use distlock_core::seeded::SeededBug;
 use mysql_async::prelude::Queryable;
@@ -571,6 +571,16 @@ impl Backend for MysqlBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(Fencing::Monotonic, true)
+    }
+
+    fn why_unsupported(&self, kind: LeaseKind) -> &'static str {
+        match kind {
+            LeaseKind::Shared => {
+                "GET_LOCK has no shared mode: a MySQL/MariaDB named lock excludes every other \
+                 session, so readers cannot share one"
+            }
+            _ => "not implemented for this engine in this release",
+        }
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {

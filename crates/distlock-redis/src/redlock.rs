@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use distlock_core::default_drift;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, RenewItem, Token,
+    ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
+    RenewItem, Token,
 };
 use distlock_core::seeded::{self, SeededBug};
 use futures_util::future::join_all;
@@ -418,6 +419,13 @@ impl Backend for RedlockBackend {
             ),
             true,
         )
+    }
+
+    fn why_unsupported(&self, _kind: LeaseKind) -> &'static str {
+        "Redlock's vote decides who holds one key on each master; a count of readers or \
+         permits kept on independent masters has no majority meaning (a master restarted \
+         without its data forgets its count). Use a single Redis, Sentinel or Cluster, etcd or \
+         ZooKeeper for these kinds"
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {

@@ -27,6 +27,9 @@ use distlock_core::{
     Backend, Backoff, ErrorKind, LeaseEnd, LockClient, LockOptions, LostReason, Released, Wait,
 };
 
+mod kinds;
+pub use kinds::*;
+
 /// Declares one `#[tokio::test]` per conformance case, each calling `$setup` for its own fixture.
 #[macro_export]
 macro_rules! conformance_tests {
@@ -47,7 +50,14 @@ macro_rules! conformance_tests {
             expired_lease_is_taken_over,
             mutual_exclusion_counter,
             force_release_breaks_the_lock,
-            bad_keys_are_refused
+            bad_keys_are_refused,
+            readers_share_and_writers_exclude,
+            a_waiting_writer_holds_back_new_readers,
+            a_dead_reader_frees_only_its_share,
+            a_semaphore_admits_n,
+            permits_never_exceed_n,
+            a_dead_holders_permit_comes_back,
+            a_waiter_that_gives_up_leaves_no_trace
         );
     };
     (@cases $setup:expr; $($case:ident),+) => {

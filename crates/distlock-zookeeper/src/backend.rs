@@ -96,6 +96,9 @@ impl Backend for ZkBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(Fencing::Monotonic, false)
+            .with_shared()
+            .with_permits()
+            .with_order()
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
@@ -123,7 +126,7 @@ impl Backend for ZkBackend {
             // An acquire cancelled while its create was in flight: the node may exist without
             // our knowing its name. Its token finds it (the create was sent first, and ZooKeeper
             // answers one session's requests in order).
-            if let Some((path, _, _)) = self
+            if let Some((path, _, _, _)) = self
                 .store()
                 .find_own(&client, &self.lock_path(lease.name), lease.token.as_str())
                 .await?

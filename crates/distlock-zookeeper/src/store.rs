@@ -1,7 +1,9 @@
 //! The queue on ZooKeeper: what the core's queue recipe asks of a store, in ZooKeeper's terms.
 //!
 //! Each acquisition is an ephemeral sequential node `<prefix>/<name>/_c_<token>-lock-<seq>` of
-//! the client's session. The token in the name is Curator's "protection mode": a create whose
+//! the client's session; a shared lease's is `_c_<token>-r-lock-<seq>`, and one of N permits'
+//! `_c_<token>-p<N>-lock-<seq>` (the kind is in the name, so one listing of the children
+//! tells each entry's kind). The token in the name is Curator's "protection mode": a create whose
 //! reply was lost (connection loss) is found again by its token, so no orphan node is left to
 //! block the lock for the rest of the session.
 
@@ -24,6 +26,9 @@ pub(crate) struct Node {
     pub(crate) since: u64,
 }
 
+/// A node found or made: its path, sequence number, creation zxid and kind.
+pub(crate) type Found = (String, i64, i64, LeaseKind);
+
 /// ZooKeeper as a store of lock queues.
 pub(crate) struct ZkStore {
     pub(crate) sessions: Arc<ZkSessions>,
@@ -32,6 +37,24 @@ pub(crate) struct ZkStore {
 /// The sequence number at the end of a lock node's name.
 pub(crate) fn seq_of(child: &str) -> Option<i64> {
     child.rsplit_once("-lock-")?.1.parse().ok()
+}
+
+/// The kind of lease a lock node's name asks for. A name distlock did not write (Curator's
+/// `_c_<uuid>-lock-`) reads as exclusive.
+pub(crate) fn kind_of(child: &str) -> LeaseKind {
+    child
+        .rsplit_once("-lock-")
+        .and_then(|(head, _)| head.rsplit_once('-'))
+        .and_then(|(_, tag)| LeaseKind::from_tag(tag))
+        .unwrap_or(LeaseKind::Exclusive)
+}
+
+/// The name of a lock node before ZooKeeper appends its sequence number.
+fn node_prefix(parent: &str, token: &str, kind: LeaseKind) -> String {
+    match kind {
+        LeaseKind::Exclusive => format!("{parent}/_c_{token}-lock-"),
+        k => format!("{parent}/_c_{token}-{}-lock-", k.tag()),
+    }
 }
 
 impl ZkStore {
@@ -70,7 +93,7 @@ impl ZkStore {
         client: &Client,
         parent: &str,
         token: &str,
-    ) -> Result<Option<(String, i64, i64)>, LockError> {
+    ) -> Result<Option<Found>, LockError> {
         const DOING: &str = "looking for a ZooKeeper lock node";
         let children = match self.call(DOING, client.list_children(parent)).await? {
             Ok(c) => c,
@@ -81,9 +104,10 @@ impl ZkStore {
         let Some(child) = children.into_iter().find(|c| c.starts_with(&mark)) else {
             return Ok(None);
         };
+        let kind = kind_of(&child);
         let path = format!("{parent}/{child}");
         match self.call(DOING, client.check_stat(&path)).await? {
-            Ok(Some(stat)) => Ok(seq_of(&child).map(|seq| (path, seq, stat.czxid))),
+            Ok(Some(stat)) => Ok(seq_of(&child).map(|seq| (path, seq, stat.czxid, kind))),
             Ok(None) => Ok(None),
             Err(e) => Err(map_err(e, DOING)),
         }
@@ -95,11 +119,11 @@ impl ZkStore {
         &self,
         client: &Client,
         parent: &str,
-        token: &str,
-        owner: &str,
-    ) -> Result<(String, i64, i64), LockError> {
+        req: &AcquireRequest<'_>,
+    ) -> Result<Found, LockError> {
         const DOING: &str = "creating a ZooKeeper lock node";
-        let prefix = format!("{parent}/_c_{token}-lock-");
+        let (token, owner) = (req.token.as_str(), req.owner);
+        let prefix = node_prefix(parent, token, req.kind);
         let data = HolderValue::now(token, owner).encode();
         let options = CreateMode::EphemeralSequential.with_acls(self.acls());
         for _ in 0..2 {
@@ -108,7 +132,12 @@ impl ZkStore {
                 .await
             {
                 Ok(Ok((stat, seq))) => {
-                    return Ok((format!("{prefix}{seq}"), seq.into_i64(), stat.czxid));
+                    return Ok((
+                        format!("{prefix}{seq}"),
+                        seq.into_i64(),
+                        stat.czxid,
+                        req.kind,
+                    ));
                 }
                 Ok(Err(Error::NoNode)) => {
                     let parents = CreateMode::Persistent.with_acls(self.acls());
@@ -147,11 +176,11 @@ impl ZkStore {
         &self,
         client: &Client,
         parent: &str,
-        token: &str,
-        owner: &str,
-    ) -> Result<(Option<(String, i64, i64)>, Option<Vec<String>>), LockError> {
+        req: &AcquireRequest<'_>,
+    ) -> Result<(Option<Found>, Option<Vec<String>>), LockError> {
         const DOING: &str = "creating a ZooKeeper lock node";
-        let prefix = format!("{parent}/_c_{token}-lock-");
+        let (token, owner) = (req.token.as_str(), req.owner);
+        let prefix = node_prefix(parent, token, req.kind);
         let data = HolderValue::now(token, owner).encode();
         let options = CreateMode::EphemeralSequential.with_acls(self.acls());
         let create = client.create(&prefix, data.as_bytes(), &options);
@@ -162,7 +191,12 @@ impl ZkStore {
         .await;
         match both {
             Ok((Ok((stat, seq)), listed)) => Ok((
-                Some((format!("{prefix}{seq}"), seq.into_i64(), stat.czxid)),
+                Some((
+                    format!("{prefix}{seq}"),
+                    seq.into_i64(),
+                    stat.czxid,
+                    req.kind,
+                )),
                 listed.ok(),
             )),
             Ok((Err(Error::NoNode), _)) => Ok((None, None)),
@@ -185,23 +219,17 @@ impl ZkStore {
     }
 
     /// Our entry for a node just found or made.
-    fn entry(&self, found: (String, i64, i64), since: u64) -> QueuedEntry<Node> {
-        let (path, seq, czxid) = found;
+    fn entry(&self, found: Found, since: u64) -> QueuedEntry<Node> {
+        let (path, seq, czxid, kind) = found;
         QueuedEntry {
             id: Node { path, czxid, since },
             seq,
-            shared: false,
+            kind,
             seen_at: 0,
         }
     }
 
     async fn join_inner(&self, req: &AcquireRequest<'_>) -> Result<JoinOutcome<Node>, LockError> {
-        if req.kind != LeaseKind::Exclusive {
-            return Err(LockError::new(
-                ErrorKind::Unsupported,
-                "the ZooKeeper engine holds exclusive leases only in this release",
-            ));
-        }
         let token = req.token.as_str();
         let parent = self.lock_path(req.name);
         let client = self.sessions.current().client.clone();
@@ -209,12 +237,11 @@ impl ZkStore {
         let (found, listed) = if req.retry {
             (self.find_own(&client, &parent, token).await?, None)
         } else {
-            self.create_and_list(&client, &parent, token, req.owner)
-                .await?
+            self.create_and_list(&client, &parent, req).await?
         };
         let found = match found {
             Some(f) => f,
-            None => self.create(&client, &parent, token, req.owner).await?,
+            None => self.create(&client, &parent, req).await?,
         };
         let entry = self.entry(found, since);
         // The listing sent right behind the create includes our node, unless the create was
@@ -252,13 +279,13 @@ fn queued(parent: &str, names: Vec<(i64, String)>) -> Vec<QueuedEntry<Node>> {
     names
         .into_iter()
         .map(|(seq, child)| QueuedEntry {
+            kind: kind_of(&child),
             id: Node {
                 path: format!("{parent}/{child}"),
                 czxid: 0,
                 since: 0,
             },
             seq,
-            shared: false,
             seen_at: 0,
         })
         .collect()
@@ -330,5 +357,25 @@ mod tests {
         );
         assert_eq!(ahead_of(&children, 1), Some(vec![]));
         assert_eq!(ahead_of(&children, 2), None);
+    }
+
+    #[test]
+    fn a_node_name_tells_its_kind() {
+        let t = "0123456789abcdef0123456789abcdef";
+        for kind in [
+            LeaseKind::Exclusive,
+            LeaseKind::Shared,
+            LeaseKind::Permit { permits: 7 },
+        ] {
+            let name = format!("{}0000000012", node_prefix("/p/n", t, kind));
+            let child = name.rsplit_once('/').map(|(_, c)| c).unwrap_or_default();
+            assert_eq!(kind_of(child), kind, "{child}");
+            assert_eq!(seq_of(child), Some(12));
+        }
+        // Curator's nodes (a UUID in the name) exclude.
+        assert_eq!(
+            kind_of("_c_9f1e0c3a-1b2c-4d5e-8f90-a1b2c3d4e5f6-lock-0000000001"),
+            LeaseKind::Exclusive
+        );
     }
 }

@@ -6,7 +6,7 @@ mod schemes;
 
 pub use distlock_core::{
     AnyBackend, Backend, Backoff, BoxError, Clock, DEFAULT_HANDOFF_STREAK, DEFAULT_WAKE_FALLBACK,
-    ErrorKind, LeakedLease, LeaseHandle, LockClient, LockClientBuilder, LockError, LockGuard,
+    ErrorKind, LeakedLease, LeaseHandle, LeaseKind, LockClient, LockClientBuilder, LockError, LockGuard,
     LockOptions, LockOptionsBuilder, LockStatus, LostReason, MAX_KEY_LEN, MAX_TTL, ManualClock,
     Released, SystemClock, Token, Wait, default_drift, default_owner, error_chain, parse_duration,
     validate_key,

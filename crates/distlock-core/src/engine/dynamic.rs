@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{
     AcquireRequest, Attempt, Backend, BatchRenew, Breaker, Capabilities, Handover, LeaseCheck,
-    LeaseRef, LockStatus, Sessions, WakeSource,
+    LeaseKind, LeaseRef, LockStatus, Sessions, WakeSource,
 };
 use crate::error::LockError;
 
@@ -21,6 +21,8 @@ pub trait DynBackend: Send + Sync + 'static {
     fn dyn_name(&self) -> &'static str;
     /// See [`Backend::capabilities`].
     fn dyn_capabilities(&self) -> Capabilities;
+    /// See [`Backend::why_unsupported`].
+    fn dyn_why_unsupported(&self, kind: LeaseKind) -> &'static str;
     /// See [`Backend::acquire`].
     fn dyn_acquire<'a>(
         &'a self,
@@ -57,6 +59,9 @@ impl<B: Backend> DynBackend for B {
     }
     fn dyn_capabilities(&self) -> Capabilities {
         self.capabilities()
+    }
+    fn dyn_why_unsupported(&self, kind: LeaseKind) -> &'static str {
+        self.why_unsupported(kind)
     }
     fn dyn_acquire<'a>(
         &'a self,
@@ -106,6 +111,9 @@ impl Backend for AnyBackend {
     }
     fn capabilities(&self) -> Capabilities {
         (**self).dyn_capabilities()
+    }
+    fn why_unsupported(&self, kind: LeaseKind) -> &'static str {
+        (**self).dyn_why_unsupported(kind)
     }
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         (**self).dyn_acquire(req).await

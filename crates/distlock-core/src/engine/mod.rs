@@ -80,6 +80,9 @@ pub enum LeaseKind {
     },
 }
 
+/// The most permits a semaphore may have.
+pub const MAX_PERMITS: u32 = 10_000;
+
 impl LeaseKind {
     /// A short name for logs and errors.
     pub fn name(self) -> &'static str {
@@ -89,6 +92,101 @@ impl LeaseKind {
             LeaseKind::Permit { .. } => "permit",
         }
     }
+
+    /// The kind as stores write it beside a lease (a key's value, a node's name): empty for an
+    /// exclusive lease (so a mutex's stored form is unchanged), `r` for a shared one, `p<N>` for
+    /// one of N permits.
+    pub fn tag(self) -> String {
+        match self {
+            LeaseKind::Exclusive => String::new(),
+            LeaseKind::Shared => "r".to_owned(),
+            LeaseKind::Permit { permits } => format!("p{permits}"),
+        }
+    }
+
+    /// Reads a [`tag`](Self::tag); `None` for a tag no version of distlock writes.
+    pub fn from_tag(tag: &str) -> Option<Self> {
+        match tag {
+            "" => Some(LeaseKind::Exclusive),
+            "r" => Some(LeaseKind::Shared),
+            _ => {
+                let n = tag.strip_prefix('p')?;
+                if !n.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                let permits = n.parse().ok().filter(|p| (1..=MAX_PERMITS).contains(p))?;
+                Some(LeaseKind::Permit { permits })
+            }
+        }
+    }
+
+    /// Checks a kind asked for by a user: a semaphore has 1 to [`MAX_PERMITS`] permits.
+    ///
+    /// # Errors
+    /// `Config` for 0 permits or more than [`MAX_PERMITS`].
+    pub fn validate(self) -> Result<Self, LockError> {
+        match self {
+            LeaseKind::Permit { permits } if !(1..=MAX_PERMITS).contains(&permits) => {
+                Err(LockError::new(
+                    crate::error::ErrorKind::Config,
+                    format!("a semaphore has 1 to {MAX_PERMITS} permits, not {permits}"),
+                ))
+            }
+            k => Ok(k),
+        }
+    }
+
+    /// Whether two leases of these kinds may be held at once on one name (before counting
+    /// permits): shared with shared, permit with permit of the same capacity.
+    pub fn compatible(self, other: LeaseKind) -> bool {
+        match (self, other) {
+            (LeaseKind::Shared, LeaseKind::Shared) => true,
+            (LeaseKind::Permit { permits: a }, LeaseKind::Permit { permits: b }) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// A stored holder value with its lease's kind in front, for stores that keep the kind in the
+/// value: an exclusive lease's value is unchanged (a mutex reads as before), another kind's
+/// is `~<tag> <value>`.
+pub fn tag_value(kind: LeaseKind, value: String) -> String {
+    match kind {
+        LeaseKind::Exclusive => value,
+        k => format!("~{} {value}", k.tag()),
+    }
+}
+
+/// Reads a value written by [`tag_value`]: the kind, and the holder value after it. A tag no
+/// version of distlock writes reads as exclusive, the kind that lets nothing in beside it.
+pub fn untag_value(value: &str) -> (LeaseKind, &str) {
+    if let Some(rest) = value.strip_prefix('~')
+        && let Some((tag, holder)) = rest.split_once(' ')
+    {
+        return (
+            LeaseKind::from_tag(tag).unwrap_or(LeaseKind::Exclusive),
+            holder,
+        );
+    }
+    (LeaseKind::Exclusive, value)
+}
+
+/// The error for a name used with two kinds that cannot meet: as a semaphore and as a lock,
+/// or as semaphores of different sizes. Nothing is taken.
+pub fn kind_conflict(name: &str, ours: LeaseKind, theirs: LeaseKind) -> LockError {
+    let what = |k: LeaseKind| match k {
+        LeaseKind::Permit { permits } => format!("a semaphore of {permits} permits"),
+        LeaseKind::Shared | LeaseKind::Exclusive => "a lock (mutex or read-write)".to_owned(),
+    };
+    LockError::new(
+        crate::error::ErrorKind::KindConflict,
+        format!(
+            "{name:?} is in use as {}, and was asked for as {}: one name is one kind, with one \
+             capacity",
+            what(theirs),
+            what(ours)
+        ),
+    )
 }
 
 /// One acquire request, as handed to an engine.
@@ -330,6 +428,11 @@ pub struct Capabilities {
     pub shared: bool,
     /// Whether [`LeaseKind::Permit`] leases can be acquired.
     pub permits: bool,
+    /// Whether the engine serves waiting clients in arrival order, across kinds: a waiting
+    /// writer holds back the readers that come after it, and permits go first come, first
+    /// served (etcd, ZooKeeper: a queue in the store). Without it, whoever tries first when a
+    /// lease is freed gets it.
+    pub ordered: bool,
 }
 
 impl Capabilities {
@@ -340,7 +443,15 @@ impl Capabilities {
             expiring,
             shared: false,
             permits: false,
+            ordered: false,
         }
+    }
+
+    /// Says the engine serves waiters in arrival order (see [`Capabilities::ordered`]).
+    #[must_use]
+    pub fn with_order(mut self) -> Self {
+        self.ordered = true;
+        self
     }
 
     /// Says the engine acquires shared leases too.
@@ -400,6 +511,13 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Who holds `name`, if anybody.
     fn inspect(&self, name: &str) -> impl Future<Output = Result<LockStatus, LockError>> + Send;
+
+    /// Why this engine cannot hold leases of `kind`, when [`Capabilities::supports`] says it
+    /// cannot: the `Unsupported` error shows it.
+    fn why_unsupported(&self, kind: LeaseKind) -> &'static str {
+        let _ = kind;
+        "not implemented for this engine in this release"
+    }
 
     /// Renewal of many leases in one round trip, if the engine can.
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {

@@ -8,9 +8,16 @@
 //! |---|---|---|
 //! | exclusive | nothing is ahead | the entry just ahead |
 //! | shared | no exclusive entry is ahead | the nearest exclusive entry ahead |
-//! | one of N permits | fewer than N entries are ahead | the entry just ahead |
+//! | one of N permits | fewer than N entries are ahead | the N entries just ahead |
 //!
-//! A waiter watches one entry, for its deletion (no herd), and looks again when it goes. A first
+//! Readers and writers share one queue in arrival order, so a waiting writer holds back the
+//! readers that come after it (no writer starves), and the readers ahead of a writer all go in
+//! before it (no reader starves). A waiter watches the entries whose going can let it in, for
+//! their deletion or change, and looks again when one goes: one entry for a lock (no herd), the
+//! N nearest for a permit of N (a holder's release wakes at most the N waiters behind it, never
+//! every waiter). A name holds one kind: a permit finds entries of another kind or capacity
+//! ahead of it, or a lock finds permits, and the attempt fails with
+//! [`ErrorKind::KindConflict`](crate::ErrorKind::KindConflict), leaving no entry. A first
 //! attempt that finds the lock busy leaves the queue at once; a waiting attempt keeps its entry
 //! and its place. Every attempt after the first checks that its entry is still in the queue: a
 //! waiter whose session ended while it was queued must never report the lock taken (the check
@@ -39,8 +46,8 @@ pub struct QueuedEntry<Id> {
     pub id: Id,
     /// Its place: entries are served in increasing order of it.
     pub seq: i64,
-    /// Whether it asks for a shared lease (everything else excludes).
-    pub shared: bool,
+    /// The kind of lease it asks for.
+    pub kind: LeaseKind,
     /// The store's revision when it was read (where a watch on it starts), if the store has
     /// revisions.
     pub seen_at: i64,
@@ -110,21 +117,48 @@ pub trait QueueStore: Send + Sync + 'static {
 pub enum Decision<Id> {
     /// It holds its lease.
     Holds,
-    /// It waits, and watches this entry ahead of it.
-    WaitsFor(QueuedEntry<Id>),
+    /// It waits, and watches these entries ahead of it (one, or a permit's N nearest): the
+    /// going of any of them may let it in.
+    WaitsFor(Vec<QueuedEntry<Id>>),
+    /// An entry ahead is of a kind ours cannot share the name with (a semaphore of another
+    /// size, a lock beside a semaphore): this kind.
+    Conflicts(LeaseKind),
 }
 
 /// Whether our entry holds its lease, given what is ahead of it (oldest first); if not, which
 /// of those entries to watch.
+///
+/// A store may have left out entries further ahead than the decision needs (see
+/// [`QueueStore::ahead`]); an entry that holds has had every entry ahead of it read, so a
+/// conflict of kinds is always found before a lease is granted.
 pub fn decide<Id: Clone>(kind: LeaseKind, ahead: &[QueuedEntry<Id>]) -> Decision<Id> {
-    let watch = match kind {
-        LeaseKind::Shared => ahead.iter().rev().find(|e| !e.shared),
-        LeaseKind::Permit { permits } if ahead.len() < permits as usize => None,
-        _ => ahead.last(),
+    let permit = |k: LeaseKind| matches!(k, LeaseKind::Permit { .. });
+    let clash = |e: &&QueuedEntry<Id>| (permit(kind) || permit(e.kind)) && !kind.compatible(e.kind);
+    if let Some(e) = ahead.iter().find(clash) {
+        return Decision::Conflicts(e.kind);
+    }
+    let watch: Vec<QueuedEntry<Id>> = match kind {
+        LeaseKind::Shared => ahead
+            .iter()
+            .rev()
+            .find(|e| e.kind != LeaseKind::Shared)
+            .into_iter()
+            .cloned()
+            .collect(),
+        LeaseKind::Permit { permits } => {
+            let n = permits as usize;
+            if ahead.len() < n {
+                Vec::new()
+            } else {
+                ahead[ahead.len() - n..].to_vec()
+            }
+        }
+        _ => ahead.last().into_iter().cloned().collect(),
     };
-    match watch {
-        None => Decision::Holds,
-        Some(e) => Decision::WaitsFor(e.clone()),
+    if watch.is_empty() {
+        Decision::Holds
+    } else {
+        Decision::WaitsFor(watch)
     }
 }
 
@@ -243,37 +277,52 @@ impl<S: QueueStore> QueueRecipe<S> {
                 }
             },
         };
-        let Decision::WaitsFor(predecessor) = decide(req.kind, &ahead) else {
-            if let Some(e) = self.state.locked().entries.get_mut(token) {
-                e.held = true;
+        let predecessors = match decide(req.kind, &ahead) {
+            Decision::WaitsFor(p) => p,
+            Decision::Conflicts(theirs) => {
+                self.discard(token);
+                return Err(super::kind_conflict(req.name, req.kind, theirs));
             }
-            return Ok(match age {
-                Some(age) => Attempt::AcquiredEarlier {
-                    fence,
-                    age: Some(age),
-                    ttl: req.ttl,
-                },
-                None => Attempt::Acquired { fence },
-            });
+            Decision::Holds => {
+                if let Some(e) = self.state.locked().entries.get_mut(token) {
+                    e.held = true;
+                }
+                return Ok(match age {
+                    Some(age) => Attempt::AcquiredEarlier {
+                        fence,
+                        age: Some(age),
+                        ttl: req.ttl,
+                    },
+                    None => Attempt::Acquired { fence },
+                });
+            }
         };
         if !req.queue {
             // A first attempt: leave no entry behind.
             self.discard(token);
             return Ok(Attempt::Busy { holder_ttl: None });
         }
-        self.watch(req.name, predecessor);
+        self.watch(req.name, req.kind, token, &predecessors);
         Ok(Attempt::Busy { holder_ttl: None })
     }
 
-    /// Watches `entry` for `name`'s waiters (one watch per lock: a later target replaces it).
-    fn watch(&self, name: &str, entry: QueuedEntry<S::Id>) {
-        let target = format!("{:?}", entry.id);
-        let gone = self.store.watch_gone(&entry);
+    /// Watches `entries` for `name`'s waiters. An exclusive waiter is the only one of this
+    /// client for its name (the local queue lets one task wait on the engine), so it has one
+    /// watch per name, and a later target replaces it; the waiters of other kinds each have
+    /// their own. Any watched entry going wakes every waiter of the name in this client.
+    fn watch(&self, name: &str, kind: LeaseKind, token: &str, entries: &[QueuedEntry<S::Id>]) {
+        let target = entries
+            .iter()
+            .map(|e| format!("{:?}", e.id))
+            .collect::<Vec<_>>()
+            .join(",");
+        let slot = watch_slot(name, kind, token);
+        let gone: Vec<_> = entries.iter().map(|e| self.store.watch_gone(e)).collect();
         let hub = self.hub.clone();
         let name_owned = name.to_owned();
-        self.watches.point(name, &target, move || {
+        self.watches.point(&slot, &target, move || {
             tokio::spawn(async move {
-                gone.await;
+                futures_util::future::select_all(gone).await;
                 hub.notify(&name_owned);
             })
             .abort_handle()
@@ -309,7 +358,11 @@ impl<S: QueueStore> QueueRecipe<S> {
 
     /// Forgets `token`'s entry (released, or moved) and returns it; the caller deletes it.
     pub fn forget(&self, token: &str) -> Option<Entry<S::Id>> {
-        self.state.locked().entries.remove(token)
+        let e = self.state.locked().entries.remove(token)?;
+        if e.entry.kind != LeaseKind::Exclusive {
+            self.watches.stop(&watch_slot(&e.name, e.entry.kind, token));
+        }
+        Some(e)
     }
 
     /// Forgets `token`'s entry and deletes it in the background.
@@ -327,6 +380,15 @@ impl<S: QueueStore> QueueRecipe<S> {
     }
 }
 
+/// The key of a waiter's watch in [`PredecessorWatches`]: the name for an exclusive waiter (one
+/// per client and name), the name and token for the others.
+fn watch_slot(name: &str, kind: LeaseKind, token: &str) -> String {
+    match kind {
+        LeaseKind::Exclusive => name.to_owned(),
+        _ => format!("{name}\u{0}{token}"),
+    }
+}
+
 /// Nobody here waits for `name` any more: stop watching, and leave its queue (queued entries
 /// only: a held one belongs to its guard).
 fn leave<S: QueueStore>(
@@ -336,7 +398,7 @@ fn leave<S: QueueStore>(
     name: &str,
 ) {
     watches.stop(name);
-    let gone: Vec<S::Id> = {
+    let gone: Vec<(String, Entry<S::Id>)> = {
         let mut st = state.locked();
         let tokens: Vec<String> = st
             .entries
@@ -346,11 +408,12 @@ fn leave<S: QueueStore>(
             .collect();
         tokens
             .into_iter()
-            .filter_map(|t| st.entries.remove(&t).map(|e| e.entry.id))
+            .filter_map(|t| st.entries.remove(&t).map(|e| (t, e)))
             .collect()
     };
-    for id in gone {
-        store.remove_later(&id);
+    for (token, e) in gone {
+        watches.stop(&watch_slot(name, e.entry.kind, &token));
+        store.remove_later(&e.entry.id);
     }
 }
 
@@ -364,14 +427,29 @@ mod tests {
             .map(|&(seq, shared)| QueuedEntry {
                 id: seq,
                 seq,
-                shared,
+                kind: if shared {
+                    LeaseKind::Shared
+                } else {
+                    LeaseKind::Exclusive
+                },
+                seen_at: 0,
+            })
+            .collect()
+    }
+
+    fn permits(n: u32, seqs: &[i64]) -> Vec<QueuedEntry<i64>> {
+        seqs.iter()
+            .map(|&seq| QueuedEntry {
+                id: seq,
+                seq,
+                kind: LeaseKind::Permit { permits: n },
                 seen_at: 0,
             })
             .collect()
     }
 
     fn waiting_on(seq: i64, shared: bool) -> Decision<i64> {
-        Decision::WaitsFor(q(&[(seq, shared)]).remove(0))
+        Decision::WaitsFor(q(&[(seq, shared)]))
     }
 
     #[test]
@@ -402,15 +480,73 @@ mod tests {
     }
 
     #[test]
-    fn permits_hold_while_fewer_are_ahead() {
+    fn permits_hold_while_fewer_are_ahead_and_watch_the_n_nearest() {
+        let three = LeaseKind::Permit { permits: 3 };
+        assert_eq!(decide(three, &permits(3, &[1, 2])), Decision::Holds);
+        // Any of the three holders ahead going lets us in: all three are watched.
+        assert_eq!(
+            decide(three, &permits(3, &[1, 2, 3])),
+            Decision::WaitsFor(permits(3, &[1, 2, 3]))
+        );
+        // Behind another waiter: the three nearest (a holder going first lets the waiter
+        // ahead in, and leaves us where we were).
+        assert_eq!(
+            decide(three, &permits(3, &[1, 2, 3, 4])),
+            Decision::WaitsFor(permits(3, &[2, 3, 4]))
+        );
+    }
+
+    #[test]
+    fn a_name_holds_one_kind_with_one_capacity() {
         let three = LeaseKind::Permit { permits: 3 };
         assert_eq!(
-            decide(three, &q(&[(1, false), (2, false)])),
-            Decision::Holds
+            decide(three, &permits(2, &[1])),
+            Decision::Conflicts(LeaseKind::Permit { permits: 2 })
         );
         assert_eq!(
-            decide(three, &q(&[(1, false), (2, false), (3, false)])),
-            waiting_on(3, false)
+            decide(three, &q(&[(1, true)])),
+            Decision::Conflicts(LeaseKind::Shared)
         );
+        assert_eq!(
+            decide(LeaseKind::Exclusive, &permits(3, &[1])),
+            Decision::Conflicts(three)
+        );
+        assert_eq!(
+            decide(LeaseKind::Shared, &permits(3, &[1])),
+            Decision::Conflicts(three)
+        );
+        // Readers and writers share a name.
+        assert_eq!(
+            decide(LeaseKind::Shared, &q(&[(1, false)])),
+            waiting_on(1, false)
+        );
+    }
+
+    #[test]
+    fn a_waiting_writer_holds_back_the_readers_behind_it() {
+        // Readers 1 and 2 hold; writer 3 waits for reader 2; reader 4 waits for writer 3.
+        let queue = q(&[(1, true), (2, true), (3, false)]);
+        assert_eq!(
+            decide(LeaseKind::Exclusive, &queue[..2]),
+            waiting_on(2, true)
+        );
+        assert_eq!(decide(LeaseKind::Shared, &queue), waiting_on(3, false));
+    }
+
+    #[test]
+    fn kinds_are_stored_as_short_tags() {
+        for kind in [
+            LeaseKind::Exclusive,
+            LeaseKind::Shared,
+            LeaseKind::Permit { permits: 1 },
+            LeaseKind::Permit { permits: 10_000 },
+        ] {
+            assert_eq!(LeaseKind::from_tag(&kind.tag()), Some(kind));
+        }
+        for bad in ["x", "p", "p0", "p+3", "p10001", "r2"] {
+            assert_eq!(LeaseKind::from_tag(bad), None, "{bad}");
+        }
+        assert!(LeaseKind::Permit { permits: 0 }.validate().is_err());
+        assert!(LeaseKind::Permit { permits: 10_001 }.validate().is_err());
     }
 }

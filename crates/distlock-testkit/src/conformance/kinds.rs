@@ -1,0 +1,401 @@
+//! The conformance cases of the read-write lock and the semaphore. An engine that does not hold
+//! a kind must refuse it with `Unsupported` and say why; an engine that does must keep the
+//! kind's exclusion, and the order of waiters when it claims one.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use distlock_core::engine::{Fencing, LeaseKind};
+use distlock_core::{Backend, ErrorKind, LockClient, LockError, LockGuard};
+
+use super::{MakeClient, key, opts};
+
+/// Whether the engine behind `c` holds `kind`; if not, checks that asking for it fails with
+/// `Unsupported` and a reason, before anything is taken.
+async fn holds<B: Backend>(c: &LockClient<B>, kind: LeaseKind) -> bool {
+    if c.backend().capabilities().supports(kind) {
+        return true;
+    }
+    let k = key("unsupported");
+    let e = c
+        .lock(&k)
+        .options(opts().build().unwrap())
+        .kind(kind)
+        .try_acquire()
+        .await
+        .expect_err("an engine that cannot hold the kind took it");
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    let why = e.to_string();
+    assert!(
+        why.split_once(": ").is_some_and(|(_, r)| r.len() > 10),
+        "the refusal does not say why: {why}"
+    );
+    // A mutex of the same name is untouched.
+    let g = c.try_acquire(&k).await.unwrap().expect("the name is free");
+    assert!(g.release().await.unwrap().was_held());
+    false
+}
+
+fn fenced<B: Backend>(c: &LockClient<B>) -> bool {
+    c.backend().capabilities().fencing == Fencing::Monotonic
+}
+
+async fn read<B: Backend>(c: &LockClient<B>, k: &str) -> Option<LockGuard<B>> {
+    c.read_lock(k).try_acquire().await.unwrap()
+}
+
+/// Readers share a name, a writer excludes them and is excluded by them, and a reader's fence
+/// sits between the writers before and after it.
+pub async fn readers_share_and_writers_exclude<B: Backend>(make: &impl MakeClient<B>) {
+    let o = opts().build().unwrap();
+    let (a, b, w) = (
+        make.client(o).await,
+        make.client(o).await,
+        make.client(o).await,
+    );
+    if !holds(&a, LeaseKind::Shared).await {
+        return;
+    }
+    let k = key("rw");
+    let w1 = w.write_lock(&k).try_acquire().await.unwrap().expect("free");
+    assert!(
+        read(&a, &k).await.is_none(),
+        "a reader got in beside a writer"
+    );
+    let f1 = w1.fence();
+    assert!(w1.release().await.unwrap().was_held());
+
+    let r1 = read(&a, &k).await.expect("a reader on a free lock");
+    let r2 = read(&b, &k)
+        .await
+        .expect("a second reader beside the first");
+    let r3 = read(&a, &k)
+        .await
+        .expect("a second reader of the same client");
+    assert_eq!(r1.kind(), LeaseKind::Shared);
+    assert!(r1.is_held() && r2.is_held() && r3.is_held());
+    assert!(
+        w.write_lock(&k).try_acquire().await.unwrap().is_none(),
+        "a writer got in beside readers"
+    );
+    assert!(
+        a.try_acquire(&k).await.unwrap().is_none(),
+        "a reader's own client took the write lock"
+    );
+    let reader_fence = r1.fence();
+    for r in [r1, r2, r3] {
+        assert!(r.release().await.unwrap().was_held());
+    }
+    let w2 = w
+        .write_lock(&k)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the last reader's release frees the lock");
+    if fenced(&w) {
+        let (f1, fr, f2) = (f1.unwrap(), reader_fence.unwrap(), w2.fence().unwrap());
+        assert!(
+            f1 <= fr && fr < f2,
+            "writer {f1}, then reader {fr}, then writer {f2}"
+        );
+    }
+    assert!(w2.release().await.unwrap().was_held());
+}
+
+/// A writer waits for the readers; on engines that order their waiters, a waiting writer holds
+/// back the readers that come after it, and gets the lock when the readers ahead leave.
+pub async fn a_waiting_writer_holds_back_new_readers<B: Backend>(make: &impl MakeClient<B>) {
+    let o = opts().build().unwrap();
+    let (a, b, w) = (
+        make.client(o).await,
+        make.client(o).await,
+        make.client(o).await,
+    );
+    if !holds(&a, LeaseKind::Shared).await {
+        return;
+    }
+    let k = key("rw-order");
+    let r1 = read(&a, &k).await.expect("free");
+    let writer = {
+        let (w, k) = (w.clone(), k.clone());
+        tokio::spawn(async move {
+            w.write_lock(&k)
+                .wait_timeout(Duration::from_secs(20))
+                .acquire()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!writer.is_finished(), "the writer got in beside a reader");
+    let ordered = a.backend().capabilities().ordered;
+    let late = read(&b, &k).await;
+    if ordered {
+        assert!(late.is_none(), "a reader got in ahead of a waiting writer");
+    }
+    drop(late);
+    assert!(r1.release().await.unwrap().was_held());
+    let g = tokio::time::timeout(Duration::from_secs(15), writer)
+        .await
+        .expect("the writer was not let in after the reader left")
+        .unwrap()
+        .expect("writer");
+    assert!(read(&b, &k).await.is_none(), "a reader beside the writer");
+    assert!(g.release().await.unwrap().was_held());
+    let r = b
+        .read_lock(&k)
+        .wait_timeout(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("a reader after the writer");
+    assert!(r.release().await.unwrap().was_held());
+}
+
+/// A reader that stops renewing loses its share after its own TTL, while another reader keeps
+/// its own; the waiting writer gets in only when both are gone. (Engines whose leases expire.)
+pub async fn a_dead_reader_frees_only_its_share<B: Backend>(make: &impl MakeClient<B>) {
+    let short = opts()
+        .ttl(Duration::from_millis(1500))
+        .auto_renew(false)
+        .build()
+        .unwrap();
+    let renewed = opts().ttl(Duration::from_millis(1500)).build().unwrap();
+    let (dead, alive, w) = (
+        make.client(short).await,
+        make.client(renewed).await,
+        make.client(renewed).await,
+    );
+    if !holds(&dead, LeaseKind::Shared).await || !dead.backend().capabilities().expiring {
+        return;
+    }
+    let k = key("rw-dead");
+    let gone = read(&dead, &k).await.expect("free");
+    let kept = read(&alive, &k).await.expect("shared");
+    let leaked = gone.leak();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(kept.is_held(), "a reader lost its share with another's");
+    assert!(
+        w.write_lock(&k).try_acquire().await.unwrap().is_none(),
+        "a writer got in beside a live reader"
+    );
+    drop(leaked);
+    assert!(kept.release().await.unwrap().was_held());
+    let g = w
+        .write_lock(&k)
+        .wait_timeout(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the dead reader's share ran out");
+    assert!(g.release().await.unwrap().was_held());
+}
+
+/// A semaphore of N admits N holders and no more; each permit has a fence above every earlier
+/// one; a release lets the next in; another size of the same name is a `KindConflict`.
+pub async fn a_semaphore_admits_n<B: Backend>(make: &impl MakeClient<B>) {
+    let o = opts().build().unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(make.client(o).await);
+    }
+    if !holds(&clients[0], LeaseKind::Permit { permits: 3 }).await {
+        return;
+    }
+    let k = key("sem");
+    let mut held = Vec::new();
+    for c in &clients[..3] {
+        held.push(
+            c.semaphore(&k, 3)
+                .try_acquire()
+                .await
+                .unwrap()
+                .expect("a free permit"),
+        );
+    }
+    assert!(
+        clients[3]
+            .semaphore(&k, 3)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "a fourth permit of three"
+    );
+    assert_eq!(held[0].kind(), LeaseKind::Permit { permits: 3 });
+    let other = clients[3].semaphore(&k, 2).try_acquire().await;
+    assert_eq!(
+        other.as_ref().map(|_| ()).map_err(LockError::kind),
+        Err(ErrorKind::KindConflict),
+        "another number of permits for a name in use"
+    );
+    if clients[0].backend().capabilities().ordered {
+        let e = clients[3].try_acquire(&k).await.map(|_| ());
+        assert_eq!(
+            e.map_err(|e| e.kind()),
+            Err(ErrorKind::KindConflict),
+            "a lock on a semaphore's name"
+        );
+    }
+    let fences: Vec<Option<u64>> = held.iter().map(LockGuard::fence).collect();
+    let first = held.remove(0);
+    assert!(first.release().await.unwrap().was_held());
+    let fourth = clients[3]
+        .semaphore(&k, 3)
+        .wait_timeout(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("a released permit goes to the next");
+    if fenced(&clients[0]) {
+        let mut all: Vec<u64> = fences.into_iter().map(Option::unwrap).collect();
+        let last = fourth.fence().unwrap();
+        assert!(all.iter().all(|&f| f < last), "fence {last} after {all:?}");
+        all.push(last);
+        let unique: BTreeSet<u64> = all.iter().copied().collect();
+        assert_eq!(
+            unique.len(),
+            all.len(),
+            "two permits shared a fence: {all:?}"
+        );
+    }
+    for g in held {
+        assert!(g.release().await.unwrap().was_held());
+    }
+    assert!(fourth.release().await.unwrap().was_held());
+    assert_eq!(
+        clients[0]
+            .semaphore(&k, 0)
+            .try_acquire()
+            .await
+            .map(|_| ())
+            .map_err(|e| e.kind()),
+        Err(ErrorKind::Config),
+        "a semaphore of no permits"
+    );
+}
+
+/// Tasks of several clients that take permits in a loop are never more than N at once, and
+/// every permit gets its own fence.
+pub async fn permits_never_exceed_n<B: Backend>(make: &impl MakeClient<B>) {
+    const N: u32 = 2;
+    let o = opts()
+        .wait_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(make.client(o).await);
+    }
+    if !holds(&clients[0], LeaseKind::Permit { permits: N }).await {
+        return;
+    }
+    let k = Arc::new(key("sem-count"));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..6 {
+        let c = clients[t % clients.len()].clone();
+        let (k, inside, most) = (k.clone(), inside.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut fences = Vec::new();
+            for _ in 0..4 {
+                let g = c.semaphore(&k, N).acquire().await.expect("permit");
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                fences.push(g.fence());
+                assert!(g.release().await.unwrap().was_held());
+            }
+            fences
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= N as usize, "{most} holders of {N} permits at once");
+    if fenced(&clients[0]) {
+        let unique: BTreeSet<Option<u64>> = all.iter().copied().collect();
+        assert_eq!(unique.len(), all.len(), "two permits shared a fence");
+    }
+}
+
+/// A permit whose holder stops renewing comes back after its TTL. (Engines whose leases
+/// expire.)
+pub async fn a_dead_holders_permit_comes_back<B: Backend>(make: &impl MakeClient<B>) {
+    let short = opts()
+        .ttl(Duration::from_millis(1500))
+        .auto_renew(false)
+        .build()
+        .unwrap();
+    let (dead, next) = (
+        make.client(short).await,
+        make.client(opts().build().unwrap()).await,
+    );
+    let one = LeaseKind::Permit { permits: 1 };
+    if !holds(&dead, one).await || !dead.backend().capabilities().expiring {
+        return;
+    }
+    let k = key("sem-dead");
+    let leaked = dead
+        .semaphore(&k, 1)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free")
+        .leak();
+    assert!(next.semaphore(&k, 1).try_acquire().await.unwrap().is_none());
+    let g = next
+        .semaphore(&k, 1)
+        .wait_timeout(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the dead holder's permit came back");
+    if fenced(&next) {
+        assert!(
+            g.fence() > leaked.fence,
+            "{:?} after {:?}",
+            g.fence(),
+            leaked.fence
+        );
+    }
+    assert!(g.release().await.unwrap().was_held());
+}
+
+/// A reader or permit waiter that gives up (a timeout) leaves no entry that holds back the
+/// waiters behind it.
+pub async fn a_waiter_that_gives_up_leaves_no_trace<B: Backend>(make: &impl MakeClient<B>) {
+    let o = opts().build().unwrap();
+    let (a, b, c) = (
+        make.client(o).await,
+        make.client(o).await,
+        make.client(o).await,
+    );
+    let one = LeaseKind::Permit { permits: 1 };
+    if !holds(&a, one).await {
+        return;
+    }
+    let k = key("sem-give-up");
+    let held = a
+        .semaphore(&k, 1)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
+    let e = b
+        .semaphore(&k, 1)
+        .wait_timeout(Duration::from_millis(600))
+        .acquire()
+        .await
+        .map(|_| ());
+    assert_eq!(e.map_err(|e| e.kind()), Err(ErrorKind::Timeout));
+    assert!(held.release().await.unwrap().was_held());
+    let g = c
+        .semaphore(&k, 1)
+        .wait_timeout(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("a waiter that gave up held the next one back");
+    assert!(g.release().await.unwrap().was_held());
+}
