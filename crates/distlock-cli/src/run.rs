@@ -41,6 +41,14 @@ pub(crate) struct RunArgs {
     /// Give up at once if the lock is busy (exit 75).
     #[arg(long)]
     no_wait: bool,
+    /// Run as a reader of the read-write lock KEY: readers share it, a plain `run` (a writer)
+    /// excludes them. DISTLOCK_FENCE is then the last writer's place (see the library guide).
+    #[arg(long, conflicts_with = "permits")]
+    shared: bool,
+    /// Run under one of N permits of the semaphore KEY: at most N commands at once. Every run
+    /// on KEY must give the same N (exit 78 otherwise, while KEY has holders).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(distlock::engine::MAX_PERMITS)))]
+    permits: Option<u32>,
     /// The holder label that `distlock status` shows (default: host/pid).
     #[arg(long)]
     label: Option<String>,
@@ -106,7 +114,12 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     }
     let client = builder.build();
 
-    let acquire = client.acquire(&args.key);
+    let kind = match (args.shared, args.permits) {
+        (true, _) => distlock::LeaseKind::Shared,
+        (false, Some(permits)) => distlock::LeaseKind::Permit { permits },
+        (false, None) => distlock::LeaseKind::Exclusive,
+    };
+    let acquire = client.lock(&args.key).kind(kind).acquire();
     tokio::pin!(acquire);
     let acquired = tokio::select! {
         r = &mut acquire => r,
@@ -140,6 +153,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     let mut cmd = Command::new(program);
     cmd.args(rest)
         .env("DISTLOCK_KEY", &args.key)
+        .env("DISTLOCK_KIND", kind.name())
         .env_remove("DISTLOCK_FENCE");
     if let Some(fence) = guard.fence() {
         cmd.env("DISTLOCK_FENCE", fence.to_string());
