@@ -381,3 +381,74 @@ async fn a_late_write_of_a_given_up_acquire_is_nobody_s_key() {
         assert!(g.release().await.unwrap().was_held());
     }
 }
+
+/// etcd#16221: in etcd's own read-write recipe, a writer whose lease was revoked while it
+/// waited kept waiting on its predecessor and then took the lock beside the next writer,
+/// because it never looked at its own key again. Here, a waiting writer whose session is
+/// revoked never reports the lock taken: the writer behind it gets the lock when the reader
+/// leaves, and the revoked one's acquire fails (`Lost`) instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_waiting_writer_never_takes_the_lock_beside_the_next_etcd_16221() {
+    let Some(etcd) = Etcd::start() else { return };
+    let url = etcd.url("");
+    let ttl = Duration::from_secs(5);
+    let (a, b, c) = (
+        client(&url, ttl).await,
+        client(&url, ttl).await,
+        client(&url, ttl).await,
+    );
+    let name = "rw-16221";
+    let prefix = a.backend().lock_prefix(name);
+    let before = leases(&etcd);
+    let reader = a.read_lock(name).acquire().await.unwrap();
+    let with_a = leases(&etcd);
+    let queued = |n: usize| keys_under(&etcd, &prefix).len() == n;
+    let first = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.write_lock(name)
+                .wait_timeout(Duration::from_secs(20))
+                .acquire()
+                .await
+        })
+    };
+    eventually("the first writer queued", Duration::from_secs(5), || {
+        queued(2)
+    });
+    let revoked: Vec<String> = leases(&etcd)
+        .into_iter()
+        .filter(|l| !with_a.contains(l) && !before.contains(l))
+        .collect();
+    assert_eq!(revoked.len(), 1, "the first writer's session: {revoked:?}");
+    let second = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.write_lock(name)
+                .wait_timeout(Duration::from_secs(20))
+                .acquire()
+                .await
+        })
+    };
+    eventually("the second writer queued", Duration::from_secs(5), || {
+        queued(3)
+    });
+    etcd.ctl(&["lease", "revoke", &revoked[0]]);
+    eventually("the revoked writer's key gone", Duration::from_secs(5), || {
+        queued(2)
+    });
+    assert!(reader.release().await.unwrap().was_held());
+    let holder = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second writer was let in")
+        .unwrap()
+        .expect("the second writer");
+    // The revoked writer must not hold the lock beside it: its wait ends in an error (or is
+    // still waiting), never in a guard.
+    let outcome = tokio::time::timeout(Duration::from_secs(5), first).await;
+    if let Ok(joined) = outcome {
+        let e = joined.unwrap().map(|_| ()).expect_err("two writers at once");
+        assert_eq!(e.kind(), distlock_core::ErrorKind::Lost, "{e}");
+    }
+    assert!(holder.is_held());
+    assert!(holder.release().await.unwrap().was_held());
+}
