@@ -433,9 +433,11 @@ async fn a_revoked_waiting_writer_never_takes_the_lock_beside_the_next_etcd_1622
         queued(3)
     });
     etcd.ctl(&["lease", "revoke", &revoked[0]]);
-    eventually("the revoked writer's key gone", Duration::from_secs(5), || {
-        queued(2)
-    });
+    eventually(
+        "the revoked writer's key gone",
+        Duration::from_secs(5),
+        || queued(2),
+    );
     assert!(reader.release().await.unwrap().was_held());
     let holder = tokio::time::timeout(Duration::from_secs(10), second)
         .await
@@ -446,7 +448,10 @@ async fn a_revoked_waiting_writer_never_takes_the_lock_beside_the_next_etcd_1622
     // still waiting), never in a guard.
     let outcome = tokio::time::timeout(Duration::from_secs(5), first).await;
     if let Ok(joined) = outcome {
-        let e = joined.unwrap().map(|_| ()).expect_err("two writers at once");
+        let e = joined
+            .unwrap()
+            .map(|_| ())
+            .expect_err("two writers at once");
         assert_eq!(e.kind(), distlock_core::ErrorKind::Lost, "{e}");
     }
     assert!(holder.is_held());

@@ -1,13 +1,15 @@
 //! The single-instance Redis engine.
 
+mod permits;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Fencing, Handover, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, NextWaiter,
-    RenewItem, Subscription, Token, WakeSource,
+    Fencing, Handover, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
+    NextWaiter, RenewItem, Subscription, Token, WakeSource,
 };
 
 use crate::config::{ClusterConfig, RedisConfig, WaitReplicas};
@@ -402,11 +404,14 @@ impl Backend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(Fencing::Monotonic, true)
+        Capabilities::new(Fencing::Monotonic, true).with_permits()
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a Redis lock";
+        if let LeaseKind::Permit { permits } = req.kind {
+            return self.acquire_permit(req, permits).await;
+        }
         // A lock handed to this wait needs no request at all: look first.
         let other = match self.handovers.take_grant(req.name, req.token.as_str()) {
             Some(Ok(granted)) => {
@@ -497,6 +502,9 @@ impl Backend for RedisBackend {
 
     async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "extending a Redis lock";
+        if let LeaseKind::Permit { .. } = lease.kind {
+            return self.renew_permit(lease.name, lease.token, ttl).await;
+        }
         let (key, token) = (lease.name, lease.token);
         let lock_key = self.layout.lock_key(key);
         let ms = ttl_ms(ttl).to_string();
@@ -517,6 +525,9 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        if let LeaseKind::Permit { .. } = lease.kind {
+            return self.release_permit(lease.name, lease.token).await;
+        }
         self.release_inner(lease.name, lease.token, None).await
     }
 
@@ -552,13 +563,42 @@ impl BatchRenew for RedisBackend {
             if items.is_empty() {
                 return Vec::new();
             }
-            let lock_keys: Vec<String> = items
+            let exclusive = |i: &RenewItem<'_>| i.lease.kind == LeaseKind::Exclusive;
+            if items.iter().all(exclusive) {
+                let lock_keys: Vec<String> = items
+                    .iter()
+                    .map(|i| self.layout.lock_key(i.lease.name))
+                    .collect();
+                return self
+                    .conn
+                    .extend_batch(&self.scripts.extend, &lock_keys, items, DOING)
+                    .await;
+            }
+            // Locks in one pipeline, beside the permits' renewals.
+            let (locks, others): (Vec<(usize, &RenewItem<'_>)>, Vec<_>) =
+                items.iter().enumerate().partition(|(_, i)| exclusive(i));
+            let lock_items: Vec<RenewItem<'_>> = locks.iter().map(|(_, i)| **i).collect();
+            let lock_keys: Vec<String> = lock_items
                 .iter()
                 .map(|i| self.layout.lock_key(i.lease.name))
                 .collect();
-            self.conn
-                .extend_batch(&self.scripts.extend, &lock_keys, items, DOING)
-                .await
+            let (lock_replies, other_replies) = futures_util::future::join(
+                self.conn
+                    .extend_batch(&self.scripts.extend, &lock_keys, &lock_items, DOING),
+                self.renew_permits(&others),
+            )
+            .await;
+            let mut out: Vec<Option<Result<LeaseCheck, LockError>>> =
+                items.iter().map(|_| None).collect();
+            for ((i, _), r) in locks.iter().zip(lock_replies) {
+                out[*i] = Some(r);
+            }
+            for (i, r) in other_replies {
+                out[i] = Some(r);
+            }
+            out.into_iter()
+                .map(|r| r.unwrap_or_else(|| Err(protocol(DOING, &Value::Nil))))
+                .collect()
         })
     }
 }

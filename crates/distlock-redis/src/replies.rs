@@ -88,6 +88,41 @@ impl ScriptReply for AcquireReply {
     }
 }
 
+/// `permit_acquire.lua`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PermitReply {
+    /// `{1, fence}`: a permit is ours.
+    Acquired { fence: u64 },
+    /// `{0, ms, queued}`: no permit for us now; the first holder's remaining lease (when there
+    /// is a holder), and whether this call queued us.
+    Busy {
+        holder_ttl: Option<Duration>,
+        queued: bool,
+    },
+    /// `{-1, permits}`: the semaphore is in use with this number of permits.
+    OtherSize { permits: u32 },
+    /// `{-2}`: a lock holds the name.
+    LockHeld,
+}
+
+impl ScriptReply for PermitReply {
+    fn parse(v: &Value) -> Option<Self> {
+        let Value::Array(items) = v else { return None };
+        match (items.first().and_then(int)?, items.get(1)) {
+            (1, Some(f)) => Some(PermitReply::Acquired { fence: fence(f)? }),
+            (0, Some(ms)) => Some(PermitReply::Busy {
+                holder_ttl: pttl(int(ms)?),
+                queued: items.get(2).and_then(int) == Some(1),
+            }),
+            (-1, Some(p)) => Some(PermitReply::OtherSize {
+                permits: u32::try_from(int(p)?).ok()?,
+            }),
+            (-2, None) => Some(PermitReply::LockHeld),
+            _ => None,
+        }
+    }
+}
+
 /// `release.lua`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReleaseReply {

@@ -22,8 +22,8 @@ use distlock_core::engine::LeaseCheck;
 use distlock_core::seeded::{self, SeededBug};
 
 use crate::replies::{
-    AcquireReply, FencedWrite, LeaveReply, MasterAcquireReply, ReleaseReply, ScriptReply,
-    StatusReply,
+    AcquireReply, FencedWrite, LeaveReply, MasterAcquireReply, PermitReply, ReleaseReply,
+    ScriptReply, StatusReply,
 };
 
 /// The token check.
@@ -42,6 +42,13 @@ macro_rules! fence_lua {
 macro_rules! queue_lua {
     () => {
         include_str!("scripts/queue.lua")
+    };
+}
+
+/// The helpers of the semaphore's scripts.
+macro_rules! permits_lua {
+    () => {
+        include_str!("scripts/permits.lua")
     };
 }
 
@@ -70,6 +77,19 @@ const MASTER_ACQUIRE_SOURCE: &str =
 const MASTER_RELEASE_SOURCE: &str =
     concat!(token_lua!(), include_str!("scripts/redlock_release.lua"));
 const FENCED_SET_SOURCE: &str = include_str!("scripts/fenced_set.lua");
+const PERMIT_ACQUIRE_SOURCE: &str = concat!(
+    fence_lua!(),
+    permits_lua!(),
+    include_str!("scripts/permit_acquire.lua")
+);
+const PERMIT_EXTEND_SOURCE: &str =
+    concat!(permits_lua!(), include_str!("scripts/permit_extend.lua"));
+const PERMIT_RELEASE_SOURCE: &str = concat!(
+    fence_lua!(),
+    queue_lua!(),
+    permits_lua!(),
+    include_str!("scripts/permit_release.lua")
+);
 
 /// The release script as it is run (the token check inline).
 pub(crate) static RELEASE: LazyLock<String> = LazyLock::new(|| inline_token_check(RELEASE_SOURCE));
@@ -219,6 +239,10 @@ pub(crate) struct Scripts {
     pub(crate) release: LuaScript<ReleaseReply>,
     pub(crate) status: LuaScript<StatusReply>,
     pub(crate) leave: LuaScript<LeaveReply>,
+    /// The semaphore's: a permit, its renewal, its release.
+    pub(crate) permit_acquire: LuaScript<PermitReply>,
+    pub(crate) permit_extend: LuaScript<LeaseCheck>,
+    pub(crate) permit_release: LuaScript<LeaseCheck>,
 }
 
 impl Scripts {
@@ -233,6 +257,9 @@ impl Scripts {
             }),
             status: LuaScript::new(STATUS_SOURCE),
             leave: LuaScript::new(&inline_token_check(&fenced(LEAVE_SOURCE))),
+            permit_acquire: LuaScript::new(&fenced(PERMIT_ACQUIRE_SOURCE)),
+            permit_extend: LuaScript::new(PERMIT_EXTEND_SOURCE),
+            permit_release: LuaScript::new(PERMIT_RELEASE_SOURCE),
         }
     }
 }
@@ -284,7 +311,7 @@ mod tests {
     use super::*;
 
     /// The script files and the helpers prepended to each here.
-    const SCRIPTS: [(&str, &str, &[&str]); 8] = [
+    const SCRIPTS: [(&str, &str, &[&str]); 11] = [
         ("acquire.lua", ACQUIRE_SOURCE, &["token.lua", "fence.lua"]),
         ("extend.lua", EXTEND_SOURCE, &["token.lua"]),
         (
@@ -301,12 +328,24 @@ mod tests {
         ("redlock_acquire.lua", MASTER_ACQUIRE_SOURCE, &["token.lua"]),
         ("redlock_release.lua", MASTER_RELEASE_SOURCE, &["token.lua"]),
         ("fenced_set.lua", FENCED_SET_SOURCE, &[]),
+        (
+            "permit_acquire.lua",
+            PERMIT_ACQUIRE_SOURCE,
+            &["fence.lua", "permits.lua"],
+        ),
+        ("permit_extend.lua", PERMIT_EXTEND_SOURCE, &["permits.lua"]),
+        (
+            "permit_release.lua",
+            PERMIT_RELEASE_SOURCE,
+            &["fence.lua", "queue.lua", "permits.lua"],
+        ),
     ];
 
-    const HELPERS: [(&str, &str, &[&str]); 3] = [
+    const HELPERS: [(&str, &str, &[&str]); 4] = [
         ("token.lua", token_lua!(), &["is_ours"]),
         ("fence.lua", fence_lua!(), &["next_fence"]),
         ("queue.lua", queue_lua!(), &["tell", "pass_on"]),
+        ("permits.lua", permits_lua!(), &["server_ms", "keep"]),
     ];
 
     #[test]

@@ -1,0 +1,171 @@
+//! The semaphore on Redis: each permit a member of a sorted set whose score is its deadline on
+//! the server's clock, the waiting clients in a queue served in arrival order, a release telling
+//! the next waiters on their wake channels (see `scripts/permits.lua`).
+
+use std::time::Duration;
+
+use distlock_core::engine::{
+    AcquireRequest, Attempt, LeaseCheck, LeaseKind, LockError, RenewItem, Token, kind_conflict,
+};
+
+use super::RedisBackend;
+use crate::replies::PermitReply;
+use crate::scripts::ttl_ms;
+
+/// The keys of the semaphore `name`, in the lock key's slot: holders, meta, queue, liveness,
+/// the fence counter and the lock key.
+pub(super) struct PermitKeys {
+    pub(super) lock: String,
+    holders: String,
+    meta: String,
+    queue: String,
+    live: String,
+    fence: String,
+}
+
+impl PermitKeys {
+    pub(super) fn new(lock: String) -> Self {
+        PermitKeys {
+            holders: format!("{lock}:permits"),
+            meta: format!("{lock}:pmeta"),
+            queue: format!("{lock}:pqueue"),
+            live: format!("{lock}:plive"),
+            fence: format!("{lock}:fence"),
+            lock,
+        }
+    }
+
+    /// The four keys every permit script takes first.
+    fn four(&self) -> [&str; 4] {
+        [&self.holders, &self.meta, &self.queue, &self.live]
+    }
+}
+
+/// How long a waiter's place in the queue lasts without another attempt: waiters that hear
+/// wake-ups try again at least every wake fallback (1 s by default), so a place is kept for
+/// twice the lease, at least 5 s and at most a minute. A waiter that is gone (nobody hears its
+/// channel) leaves at the next release.
+fn place_ms(ttl: Duration) -> u64 {
+    (ttl_ms(ttl) * 2).clamp(5_000, 60_000)
+}
+
+impl RedisBackend {
+    /// One attempt at one of `permits` permits.
+    pub(super) async fn acquire_permit(
+        &self,
+        req: &AcquireRequest<'_>,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        const DOING: &str = "acquiring a Redis semaphore's permit";
+        let keys = PermitKeys::new(self.layout.lock_key(req.name));
+        let token = req.token.as_str();
+        // Queue only while subscribed to wake-ups: a release tells the queue's next waiters.
+        let member = if req.queue && self.subscriber.is_watching(req.name) {
+            format!("{token} {}", self.wake.for_lock(&keys.lock))
+        } else {
+            String::new()
+        };
+        let mut n = itoa::Buffer::new();
+        let mut ttl = itoa::Buffer::new();
+        let mut floor = itoa::Buffer::new();
+        let mut place = itoa::Buffer::new();
+        let [h, m, q, l] = keys.four();
+        let (reply, acks) = self
+            .conn
+            .run_waited(
+                &self.scripts.permit_acquire,
+                &[h, m, q, l, &keys.fence, &keys.lock],
+                &[
+                    token,
+                    n.format(permits),
+                    ttl.format(ttl_ms(req.ttl)),
+                    &member,
+                    floor.format(self.seen.floor(req.name)),
+                    place.format(place_ms(req.ttl)),
+                ],
+                DOING,
+            )
+            .await?;
+        match reply {
+            PermitReply::Acquired { fence } => {
+                self.seen.record(req.name, fence);
+                if let (Some(wait), Some(acks)) = (self.conn.wait, acks)
+                    && let Err(e) = wait.check(acks)
+                {
+                    // Taken here, not known to be on the replicas: give it back.
+                    let _ = self.release_permit(req.name, req.token).await;
+                    return Err(e);
+                }
+                Ok(Attempt::Acquired { fence: Some(fence) })
+            }
+            PermitReply::Busy { holder_ttl, .. } => Ok(Attempt::Busy { holder_ttl }),
+            PermitReply::OtherSize { permits: theirs } => Err(kind_conflict(
+                req.name,
+                req.kind,
+                LeaseKind::Permit { permits: theirs },
+            )),
+            PermitReply::LockHeld => Err(kind_conflict(req.name, req.kind, LeaseKind::Exclusive)),
+        }
+    }
+
+    /// Renews our permit of `name`, if it is still ours.
+    pub(super) async fn renew_permit(
+        &self,
+        name: &str,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "renewing a Redis semaphore's permit";
+        let keys = PermitKeys::new(self.layout.lock_key(name));
+        let mut ms = itoa::Buffer::new();
+        let (check, acks) = self
+            .conn
+            .run_waited(
+                &self.scripts.permit_extend,
+                &keys.four(),
+                &[token.as_str(), ms.format(ttl_ms(ttl))],
+                DOING,
+            )
+            .await?;
+        if let (Some(wait), Some(acks), LeaseCheck::Ours) = (self.conn.wait, acks, check) {
+            wait.check(acks)?;
+        }
+        Ok(check)
+    }
+
+    /// Gives our permit of `name` back, and tells the next waiters.
+    pub(super) async fn release_permit(
+        &self,
+        name: &str,
+        token: &Token,
+    ) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "releasing a Redis semaphore's permit";
+        let keys = PermitKeys::new(self.layout.lock_key(name));
+        let member = format!("{token} {}", self.wake.for_lock(&keys.lock));
+        let [h, m, q, l] = keys.four();
+        self.conn
+            .run(
+                &self.scripts.permit_release,
+                &[h, m, q, l, &keys.lock],
+                &[token.as_str(), &member],
+                DOING,
+            )
+            .await
+    }
+
+    /// The permits among `items`, renewed concurrently (each one round trip; the locks of the
+    /// batch go in their own pipeline).
+    pub(super) async fn renew_permits(
+        &self,
+        items: &[(usize, &RenewItem<'_>)],
+    ) -> Vec<(usize, Result<LeaseCheck, LockError>)> {
+        let renewals = items.iter().map(|(i, item)| async move {
+            (
+                *i,
+                self.renew_permit(item.lease.name, item.lease.token, item.ttl)
+                    .await,
+            )
+        });
+        futures_util::future::join_all(renewals).await
+    }
+}

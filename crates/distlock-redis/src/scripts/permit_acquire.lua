@@ -1,0 +1,69 @@
+-- distlock permit acquire: one of N permits of a semaphore, FIFO among the clients that wait.
+-- One round trip, atomic.
+-- KEYS[1] to KEYS[4]: the semaphore's keys (see permits.lua); KEYS[5] the fence counter of the
+-- name (see fence.lua); KEYS[6] the name's lock key (a lock there is a conflict of kinds).
+-- ARGV[1] token, ARGV[2] permits, ARGV[3] ttl ms, ARGV[4] our queue member ('<token> <wake
+-- channel>'; '' when we do not hear wake-ups: then we do not queue), ARGV[5] the highest fence
+-- of this name the client saw (see fence.lua), ARGV[6] how long our place in the queue is kept
+-- without another attempt (ms).
+-- Returns {1, fence} when a permit is ours; {0, ms until the first holder's deadline (-1: no
+-- holder), queued} when not (queued: this call added us to the queue); {-1, permits} when the
+-- semaphore is in use with another number of permits; {-2} when a lock holds the name.
+-- A permit is ours when fewer than N are held and fewer waiters are ahead of us than permits
+-- are free: waiters are served in arrival order, and a first attempt (not queued) goes behind
+-- every waiter.
+-- Every check runs before anything is written, so an error never leaves a permit half taken.
+-- Uses `next_fence` (fence.lua) and `server_ms`, `keep` (permits.lua), prepended to it.
+local now = server_ms()
+local tok, n = ARGV[1], tonumber(ARGV[2])
+keep(now)
+if redis.call('ZSCORE', KEYS[1], tok) then
+  -- Ours already: a resent request whose first reply was lost.
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), tok)
+  keep(now)
+  return {1, tonumber(redis.call('HGET', KEYS[2], 'f:' .. tok)) or 0}
+end
+local held = redis.call('ZCARD', KEYS[1])
+local waiting = redis.call('ZCARD', KEYS[3])
+local cap = tonumber(redis.call('HGET', KEYS[2], 'permits'))
+if cap and cap ~= n and held + waiting > 0 then
+  return {-1, cap}
+end
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  return {-2}
+end
+local rank = false
+if ARGV[4] ~= '' then
+  rank = redis.call('ZRANK', KEYS[3], ARGV[4])
+end
+local ahead = rank or waiting
+if held < n and ahead < n - held then
+  local fence, why = next_fence(KEYS[5], tonumber(ARGV[5]) or 0)
+  if not fence then
+    return redis.error_reply(why)
+  end
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), tok)
+  redis.call('HSET', KEYS[2], 'permits', n, 'f:' .. tok, fence)
+  if rank then
+    redis.call('ZREM', KEYS[3], ARGV[4])
+    redis.call('ZREM', KEYS[4], ARGV[4])
+  end
+  keep(now)
+  return {1, fence}
+end
+local queued = 0
+if ARGV[4] ~= '' then
+  if not rank then
+    redis.call('ZADD', KEYS[3], redis.call('HINCRBY', KEYS[2], 'seq', 1), ARGV[4])
+    queued = 1
+  end
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[6]), ARGV[4])
+  redis.call('HSET', KEYS[2], 'permits', n)
+  keep(now)
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local left = -1
+if first[2] then
+  left = tonumber(first[2]) - now
+end
+return {0, left, queued}
