@@ -1,6 +1,7 @@
 //! The single-instance Redis engine.
 
 mod permits;
+mod readers;
 
 use std::fmt;
 use std::sync::Arc;
@@ -63,6 +64,9 @@ pub struct RedisBackend {
     handovers: Handovers,
     /// The highest fence seen per lock (a floor for the next one).
     seen: Arc<SeenFences>,
+    /// The queue registrations of this client's waiting readers, by token (their release
+    /// takes them out of the queue).
+    reader_regs: Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -146,6 +150,7 @@ impl RedisBackend {
             subscriber: Arc::new(subscriber),
             handovers,
             seen: Arc::default(),
+            reader_regs: Arc::default(),
         }
     }
 
@@ -404,13 +409,18 @@ impl Backend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(Fencing::Monotonic, true).with_permits()
+        Capabilities::new(Fencing::Monotonic, true)
+            .with_shared()
+            .with_permits()
+            .with_order()
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a Redis lock";
-        if let LeaseKind::Permit { permits } = req.kind {
-            return self.acquire_permit(req, permits).await;
+        match req.kind {
+            LeaseKind::Permit { permits } => return self.acquire_permit(req, permits).await,
+            LeaseKind::Shared => return self.acquire_shared(req).await,
+            _ => {}
         }
         // A lock handed to this wait needs no request at all: look first.
         let other = match self.handovers.take_grant(req.name, req.token.as_str()) {
@@ -502,8 +512,12 @@ impl Backend for RedisBackend {
 
     async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "extending a Redis lock";
-        if let LeaseKind::Permit { .. } = lease.kind {
-            return self.renew_permit(lease.name, lease.token, ttl).await;
+        match lease.kind {
+            LeaseKind::Permit { .. } => {
+                return self.renew_permit(lease.name, lease.token, ttl).await;
+            }
+            LeaseKind::Shared => return self.renew_shared(lease.name, lease.token, ttl).await,
+            _ => {}
         }
         let (key, token) = (lease.name, lease.token);
         let lock_key = self.layout.lock_key(key);
@@ -525,8 +539,10 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
-        if let LeaseKind::Permit { .. } = lease.kind {
-            return self.release_permit(lease.name, lease.token).await;
+        match lease.kind {
+            LeaseKind::Permit { .. } => return self.release_permit(lease.name, lease.token).await,
+            LeaseKind::Shared => return self.release_shared(lease.name, lease.token).await,
+            _ => {}
         }
         self.release_inner(lease.name, lease.token, None).await
     }
@@ -585,7 +601,7 @@ impl BatchRenew for RedisBackend {
             let (lock_replies, other_replies) = futures_util::future::join(
                 self.conn
                     .extend_batch(&self.scripts.extend, &lock_keys, &lock_items, DOING),
-                self.renew_permits(&others),
+                self.renew_others(&others),
             )
             .await;
             let mut out: Vec<Option<Result<LeaseCheck, LockError>>> =

@@ -123,6 +123,34 @@ impl ScriptReply for PermitReply {
     }
 }
 
+/// `read_acquire.lua`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadReply {
+    /// `{1, fence}`: the share is ours; the fence is the counter as the last writer left it
+    /// (0 before any writer).
+    Acquired { fence: u64 },
+    /// `{0, pttl, queued}`: a writer holds the lock or waits for it.
+    Busy { holder_ttl: Option<Duration> },
+    /// `{-2}`: a semaphore holds the name.
+    SemaphoreHeld,
+}
+
+impl ScriptReply for ReadReply {
+    fn parse(v: &Value) -> Option<Self> {
+        let Value::Array(items) = v else { return None };
+        match (items.first().and_then(int)?, items.get(1)) {
+            (1, Some(f)) => Some(ReadReply::Acquired {
+                fence: u64::try_from(int(f)?).ok()?,
+            }),
+            (0, Some(ms)) => Some(ReadReply::Busy {
+                holder_ttl: pttl(int(ms)?),
+            }),
+            (-2, None) => Some(ReadReply::SemaphoreHeld),
+            _ => None,
+        }
+    }
+}
+
 /// `release.lua`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReleaseReply {

@@ -22,8 +22,8 @@ use distlock_core::engine::LeaseCheck;
 use distlock_core::seeded::{self, SeededBug};
 
 use crate::replies::{
-    AcquireReply, FencedWrite, LeaveReply, MasterAcquireReply, PermitReply, ReleaseReply,
-    ScriptReply, StatusReply,
+    AcquireReply, FencedWrite, LeaveReply, MasterAcquireReply, PermitReply, ReadReply,
+    ReleaseReply, ScriptReply, StatusReply,
 };
 
 /// The token check.
@@ -77,6 +77,17 @@ const MASTER_ACQUIRE_SOURCE: &str =
 const MASTER_RELEASE_SOURCE: &str =
     concat!(token_lua!(), include_str!("scripts/redlock_release.lua"));
 const FENCED_SET_SOURCE: &str = include_str!("scripts/fenced_set.lua");
+const READ_ACQUIRE_SOURCE: &str = concat!(
+    fence_lua!(),
+    queue_lua!(),
+    include_str!("scripts/read_acquire.lua")
+);
+const READ_EXTEND_SOURCE: &str = include_str!("scripts/read_extend.lua");
+const READ_RELEASE_SOURCE: &str = concat!(
+    fence_lua!(),
+    queue_lua!(),
+    include_str!("scripts/read_release.lua")
+);
 const PERMIT_ACQUIRE_SOURCE: &str = concat!(
     fence_lua!(),
     permits_lua!(),
@@ -239,6 +250,10 @@ pub(crate) struct Scripts {
     pub(crate) release: LuaScript<ReleaseReply>,
     pub(crate) status: LuaScript<StatusReply>,
     pub(crate) leave: LuaScript<LeaveReply>,
+    /// The readers': a share, its renewal, its release.
+    pub(crate) read_acquire: LuaScript<ReadReply>,
+    pub(crate) read_extend: LuaScript<LeaseCheck>,
+    pub(crate) read_release: LuaScript<LeaseCheck>,
     /// The semaphore's: a permit, its renewal, its release.
     pub(crate) permit_acquire: LuaScript<PermitReply>,
     pub(crate) permit_extend: LuaScript<LeaseCheck>,
@@ -257,9 +272,12 @@ impl Scripts {
             }),
             status: LuaScript::new(STATUS_SOURCE),
             leave: LuaScript::new(&inline_token_check(&fenced(LEAVE_SOURCE))),
+            read_acquire: LuaScript::new(&fenced(READ_ACQUIRE_SOURCE)),
+            read_extend: LuaScript::new(READ_EXTEND_SOURCE),
+            read_release: LuaScript::new(&fenced(READ_RELEASE_SOURCE)),
             permit_acquire: LuaScript::new(&fenced(PERMIT_ACQUIRE_SOURCE)),
             permit_extend: LuaScript::new(PERMIT_EXTEND_SOURCE),
-            permit_release: LuaScript::new(PERMIT_RELEASE_SOURCE),
+            permit_release: LuaScript::new(&fenced(PERMIT_RELEASE_SOURCE)),
         }
     }
 }
@@ -311,7 +329,7 @@ mod tests {
     use super::*;
 
     /// The script files and the helpers prepended to each here.
-    const SCRIPTS: [(&str, &str, &[&str]); 11] = [
+    const SCRIPTS: [(&str, &str, &[&str]); 14] = [
         ("acquire.lua", ACQUIRE_SOURCE, &["token.lua", "fence.lua"]),
         ("extend.lua", EXTEND_SOURCE, &["token.lua"]),
         (
@@ -334,6 +352,17 @@ mod tests {
             &["fence.lua", "permits.lua"],
         ),
         ("permit_extend.lua", PERMIT_EXTEND_SOURCE, &["permits.lua"]),
+        (
+            "read_acquire.lua",
+            READ_ACQUIRE_SOURCE,
+            &["fence.lua", "queue.lua"],
+        ),
+        ("read_extend.lua", READ_EXTEND_SOURCE, &[]),
+        (
+            "read_release.lua",
+            READ_RELEASE_SOURCE,
+            &["fence.lua", "queue.lua"],
+        ),
         (
             "permit_release.lua",
             PERMIT_RELEASE_SOURCE,

@@ -35,6 +35,11 @@ impl PermitKeys {
         }
     }
 
+    /// The holders' sorted set.
+    pub(super) fn holders(&self) -> &str {
+        &self.holders
+    }
+
     /// The four keys every permit script takes first.
     fn four(&self) -> [&str; 4] {
         [&self.holders, &self.meta, &self.queue, &self.live]
@@ -153,18 +158,19 @@ impl RedisBackend {
             .await
     }
 
-    /// The permits among `items`, renewed concurrently (each one round trip; the locks of the
-    /// batch go in their own pipeline).
-    pub(super) async fn renew_permits(
+    /// The readers' and permits' renewals among `items`, concurrently (each one round trip; the
+    /// locks of the batch go in their own pipeline).
+    pub(super) async fn renew_others(
         &self,
         items: &[(usize, &RenewItem<'_>)],
     ) -> Vec<(usize, Result<LeaseCheck, LockError>)> {
         let renewals = items.iter().map(|(i, item)| async move {
-            (
-                *i,
-                self.renew_permit(item.lease.name, item.lease.token, item.ttl)
-                    .await,
-            )
+            let (name, token) = (item.lease.name, item.lease.token);
+            let r = match item.lease.kind {
+                LeaseKind::Shared => self.renew_shared(name, token, item.ttl).await,
+                _ => self.renew_permit(name, token, item.ttl).await,
+            };
+            (*i, r)
         });
         futures_util::future::join_all(renewals).await
     }

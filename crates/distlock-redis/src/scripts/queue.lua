@@ -20,30 +20,72 @@ local function tell(chan, msg)
   return redis.pcall('PUBLISH', chan, msg)
 end
 
+-- A reader's registration: its owner field starts with '~r ' (see readers in keys.rs).
+local function is_reader(e)
+  return string.find(e, '^[^ ]+ %d+ %d+ [^ ]+ ~r ') ~= nil
+end
+
+-- Lets the reader `tok` in for `ttl` ms (a share of the lock, on the server's clock): the lock
+-- key holds the readers' marker, which lives as long as the longest share.
+local function let_in_reader(lock, meta, fkey, tok, ttl)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local readers = lock .. ':readers'
+  redis.call('ZADD', readers, now + ttl, tok)
+  redis.call('HSET', meta, 'r:' .. tok, tonumber(redis.call('ZSCORE', fkey, 'f')) or 0)
+  if redis.call('GET', lock) ~= '~readers' then
+    redis.call('SET', lock, '~readers', 'PX', ttl)
+  elseif redis.call('PTTL', lock) < ttl then
+    redis.call('PEXPIRE', lock, ttl)
+  end
+end
+
 -- Hands the lock (ours, being released, or handed to us and unused) to the first live waiting
 -- client other than the one listening on `self_chan`, which it takes out of the queue (`first`,
 -- if not nil, is the queue's first element, already taken out by the caller) (Lua:
 -- returns two booleans: handed over, and whether an element of `self_chan` was met and dropped
 -- on the way).
--- The lock is written for the waiter with the token, owner and TTL it registered (`now`, the
--- releasing client's clock in ms, shown as the start), and a new fence (taken while the lock is being written, so fences
--- still order holders; see fence.lua). The waiter is told on its own channel, so no other client wakes up:
--- '\t<fence> <seq> <token> <lock key>'. If the fence counter is not a
--- sorted set, the lock is freed instead and the waiter woken with the bare lock key, to try itself
--- (and get the error).
+-- A writer (or a mutex's waiter) gets the lock written with the token, owner and TTL it
+-- registered (`now`, the releasing client's clock in ms, shown as the start), and a new fence
+-- (taken while the lock is being written, so fences still order holders; see fence.lua). It is
+-- told on its own channel, so no other client wakes up: '\t<fence> <seq> <token> <lock key>'.
+-- If the fence counter is not a sorted set, the lock is freed instead and the waiter woken
+-- with the bare lock key, to try itself (and get the error).
+-- A reader at the head is let in with every reader right behind it, up to the next writer,
+-- which stays at the head: readers and writers are served in arrival order. Each is told with
+-- the bare lock key, and its next attempt finds its share.
 -- Every call after the lock may be written uses pcall: junk under the queue key, or an ACL
 -- without the channel, never undoes a release (waiters then fall back to their capped sleep).
 local function pass_on(lock, meta, fkey, queue, self_chan, now, first)
   local met_self = false
+  local readers = 0
   for _ = 1, 16 do
-    local e = first or redis.pcall('LPOP', queue)
+    local e = first
     first = nil
+    if not e and readers > 0 then
+      -- After readers, only readers: a writer stays at the head.
+      local head = redis.pcall('LINDEX', queue, 0)
+      if type(head) ~= 'string' or not is_reader(head) then
+        return true, met_self
+      end
+    end
+    e = e or redis.pcall('LPOP', queue)
     if type(e) ~= 'string' then
-      return false, met_self
+      return readers > 0, met_self
     end
     local chan, ttl, seq, tok, owner = string.match(e, '^([^ ]+) (%d+) (%d+) ([^ ]+) (.*)$')
     if chan == self_chan then
       met_self = true
+    elseif chan and string.sub(owner, 1, 3) == '~r ' then
+      local heard = tell(chan, lock)
+      if type(heard) == 'number' and heard > 0 then
+        let_in_reader(lock, meta, fkey, tok, tonumber(ttl))
+        readers = readers + 1
+      end
+    elseif chan and readers > 0 then
+      -- (Not reached: the head was a reader.) Back to the head.
+      redis.pcall('LPUSH', queue, e)
+      return true, met_self
     elseif chan then
       local fence = next_fence(fkey, 0)
       if not fence then
@@ -61,5 +103,5 @@ local function pass_on(lock, meta, fkey, queue, self_chan, now, first)
       -- Nobody listens on its channel: that client is gone. Its fence number is burnt.
     end
   end
-  return false, met_self
+  return readers > 0, met_self
 end

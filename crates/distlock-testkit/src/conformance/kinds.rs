@@ -228,7 +228,10 @@ pub async fn a_semaphore_admits_n<B: Backend>(make: &impl MakeClient<B>) {
         Err(ErrorKind::KindConflict),
         "another number of permits for a name in use"
     );
-    if clients[0].backend().capabilities().ordered {
+    // Where every kind of a name waits in one queue, a lock sees the permits ahead of it.
+    // (Redis's mutex path is a plain SET NX, which does not look at the semaphore's keys: there
+    // a permit sees a lock, but not the other way round.)
+    if matches!(clients[0].backend().name(), "etcd" | "zookeeper") {
         let e = clients[3].try_acquire(&k).await.map(|_| ());
         assert_eq!(
             e.map_err(|e| e.kind()),
