@@ -45,11 +45,16 @@ pub enum SeededBug {
     /// Redis's fence is the bare counter, without the floor of the server's clock or of the
     /// fences the client saw: a restart without persistence starts it over.
     CounterFence,
+    /// Redis: a reader takes its share while a writer holds the lock (the read script skips
+    /// its check of the holder).
+    ReaderIgnoresWriter,
+    /// Redis: a semaphore admits one holder more than its permits (`held <= n`).
+    PermitOverCount,
 }
 
 impl SeededBug {
     /// Every seeded bug, in the order the harness reports them.
-    pub const ALL: [SeededBug; 12] = [
+    pub const ALL: [SeededBug; 14] = [
         SeededBug::PlainDel,
         SeededBug::UnconditionalPexpire,
         SeededBug::ReplyTimeValidity,
@@ -62,6 +67,8 @@ impl SeededBug {
         SeededBug::MysqlSessionHeld,
         SeededBug::IgnoreWait,
         SeededBug::BlindDelete,
+        SeededBug::ReaderIgnoresWriter,
+        SeededBug::PermitOverCount,
     ];
 
     /// The name used in `DISTLOCK_SEEDED_BUG` and in reports.
@@ -79,6 +86,8 @@ impl SeededBug {
             SeededBug::MysqlSessionHeld => "mysql-session-held",
             SeededBug::IgnoreWait => "ignore-wait",
             SeededBug::BlindDelete => "blind-delete",
+            SeededBug::ReaderIgnoresWriter => "reader-ignores-writer",
+            SeededBug::PermitOverCount => "permit-over-count",
         }
     }
 

@@ -639,6 +639,17 @@ impl QueueStore for EtcdStore {
         })
     }
 
+    /// The age of the session `id` lives on: since the last keep-alive the server answered
+    /// was sent.
+    fn lease_age(
+        &self,
+        id: &String,
+        clock: &Arc<dyn distlock_core::engine::Clock>,
+    ) -> Option<std::time::Duration> {
+        let session = self.session_of(id)?;
+        Some(clock.now().saturating_duration_since(session.refreshed()))
+    }
+
     fn remove_later(&self, id: &String) {
         self.forget(id);
         // The next attempt of the same token (a waiter after a first attempt) writes a key of

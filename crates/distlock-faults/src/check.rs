@@ -26,6 +26,20 @@ struct Hold {
     end_t: Option<i64>,
     /// A release that started at this time removed a lock it believed was its own.
     release_held_at: Option<i64>,
+    /// A reader's share of a read-write lock (it excludes writers only).
+    shared: bool,
+    /// One of this many permits of a semaphore (0: not a permit).
+    permits: u32,
+    /// When its acquire was invoked (the last invoke of its operation before the grant).
+    inv_t: i64,
+}
+
+impl Hold {
+    /// Whether `self` and `other` may not both be held at once (a semaphore's permits are
+    /// counted instead).
+    fn excludes(&self, other: &Hold) -> bool {
+        self.permits == 0 && other.permits == 0 && !(self.shared && other.shared)
+    }
 }
 
 /// A fault window, from the history.
@@ -146,6 +160,7 @@ pub(crate) fn check(
     let mut abandons: Vec<(i64, u64)> = Vec::new();
     let mut lost_at: HashMap<u64, i64> = HashMap::new();
     let mut op_worker: HashMap<u64, u64> = HashMap::new();
+    let mut invoked: HashMap<u64, i64> = HashMap::new();
     for e in events {
         let t = i(e, "t").unwrap_or(0);
         let n = u(e, "n");
@@ -153,6 +168,9 @@ pub(crate) fn check(
             op_worker.insert(n, w);
         }
         match (s(e, "ev"), s(e, "f")) {
+            ("invoke", "acquire") => {
+                invoked.insert(n.unwrap_or(0), t);
+            }
             ("ok", "acquire") => {
                 let n = n.unwrap_or(0);
                 let validity_ns = u(e, "validity_ms").unwrap_or(0) as i64 * 1_000_000;
@@ -164,6 +182,9 @@ pub(crate) fn check(
                         fence: u(e, "fence"),
                         validity_ns,
                         max_vu: i(e, "vu").unwrap_or(t),
+                        shared: s(e, "kind") == "shared",
+                        permits: u(e, "permits").unwrap_or(0) as u32,
+                        inv_t: invoked.get(&n).copied().unwrap_or(t),
                         ..Hold::default()
                     },
                 );
@@ -324,9 +345,32 @@ pub(crate) fn check(
         fig.sql = Some(f);
     }
 
-    // CK3: each new holder's token is above every earlier one.
+    // CK3: each new holder's token is above every earlier one (a writer's or a permit's: a
+    // reader's is its place among the writers, shared with the readers beside it).
+    // Permits are held side by side, and their grants reported in any order: a permit's
+    // fence is held above those granted before its acquire was sent, and to be its own.
+    let mut seen_permit: HashMap<u64, u64> = HashMap::new();
+    for b in holds.iter().filter(|h| h.permits > 0) {
+        let Some(f) = b.fence else { continue };
+        let before = holds
+            .iter()
+            .filter(|a| a.permits > 0 && a.acq_t < b.inv_t)
+            .filter_map(|a| a.fence.map(|af| (a.n, af)))
+            .find(|&(_, af)| af >= f);
+        let twin = seen_permit.insert(f, b.n);
+        if let Some((an, af)) = before {
+            fig.ck3 += 1;
+            example(
+                &mut fig,
+                format!("CK3: op {} got token {f} after op {an}'s {af}", b.n),
+            );
+        } else if let Some(a) = twin {
+            fig.ck3 += 1;
+            example(&mut fig, format!("CK3: ops {a} and {} got token {f}", b.n));
+        }
+    }
     let mut top: Option<u64> = None;
-    for h in &holds {
+    for h in holds.iter().filter(|h| !h.shared && h.permits == 0) {
         let Some(f) = h.fence else { continue };
         if let Some(max) = top
             && f <= max
@@ -342,15 +386,25 @@ pub(crate) fn check(
         }
     }
 
-    // CK5 and CK6: against every earlier holder.
+    // CK5 and CK6: against every earlier holder. A reader beside readers is no overlap; a
+    // permit is one when N earlier permits' claims still run.
     for (bi, b) in holds.iter().enumerate() {
         let mut overlapped = false;
+        let mut permits_running = 0u32;
         for a in &holds[..bi] {
             if a.acq_t >= b.acq_t {
                 continue;
             }
             let claim_end = a.end_t.map_or(a.max_vu, |e| e.min(a.max_vu));
-            if !overlapped && b.acq_t < claim_end {
+            let conflict = if b.permits > 0 && a.permits > 0 {
+                if b.acq_t < claim_end {
+                    permits_running += 1;
+                }
+                permits_running >= b.permits
+            } else {
+                b.excludes(a)
+            };
+            if !overlapped && conflict && b.acq_t < claim_end {
                 overlapped = true;
                 if caveat(a.acq_t, b.acq_t) {
                     fig.ck5_caveat += 1;
@@ -368,8 +422,9 @@ pub(crate) fn check(
                 }
             }
         }
-        // b's own renewals and release, after a later holder took the lock.
-        for c in &holds[bi + 1..] {
+        // b's own renewals and release, after a later holder took the lock (one it excludes:
+        // permits are counted by CK5 alone).
+        for c in holds[bi + 1..].iter().filter(|c| b.excludes(c)) {
             let late_renew = b.renew_sent.iter().filter(|&&s| s > c.acq_t).count() as u64;
             let late_release = b.release_held_at.is_some_and(|r| r > c.acq_t);
             if late_renew > 0 || late_release {
@@ -725,6 +780,65 @@ mod tests {
         let r = Register::default();
         let f = check(&events, Some(&r), &r, bounds(), 2000 * ms);
         assert_eq!((f.ck5, f.ck3, f.ck6), (1, 0, 0));
+    }
+
+    fn with_kind(mut v: Value, kind: &str, permits: u64) -> Value {
+        v["kind"] = json!(kind);
+        v["permits"] = json!(permits);
+        v
+    }
+
+    #[test]
+    fn readers_may_overlap_each_other_but_never_a_writer() {
+        let ms = 1_000_000;
+        let r = Register::default();
+        // Two readers at once, with one fence: no violation.
+        let readers = vec![
+            with_kind(acq(1, 0, 5, 900 * ms), "shared", 0),
+            with_kind(acq(2, 100 * ms, 5, 1000 * ms), "shared", 0),
+        ];
+        let f = check(&readers, Some(&r), &r, bounds(), 2000 * ms);
+        assert_eq!((f.ck5, f.ck3, f.ck6), (0, 0, 0));
+        // A writer inside a reader's claim, and a reader inside a writer's: two CK5.
+        let mixed = vec![
+            with_kind(acq(1, 0, 5, 900 * ms), "shared", 0),
+            with_kind(acq(2, 100 * ms, 6, 1000 * ms), "exclusive", 0),
+            with_kind(acq(3, 200 * ms, 6, 1100 * ms), "shared", 0),
+        ];
+        let f = check(&mixed, Some(&r), &r, bounds(), 2000 * ms);
+        assert_eq!(f.ck5, 2);
+    }
+
+    #[test]
+    fn permits_overlap_up_to_n_and_no_further() {
+        let ms = 1_000_000;
+        let r = Register::default();
+        let two = |n, t, fence| with_kind(acq(n, t * ms, fence, (t + 900) * ms), "permit", 2);
+        let f = check(
+            &[two(1, 0, 1), two(2, 100, 2)],
+            Some(&r),
+            &r,
+            bounds(),
+            2000 * ms,
+        );
+        assert_eq!((f.ck5, f.ck3), (0, 0));
+        let f = check(
+            &[two(1, 0, 1), two(2, 100, 2), two(3, 200, 3)],
+            Some(&r),
+            &r,
+            bounds(),
+            2000 * ms,
+        );
+        assert_eq!(f.ck5, 1, "a third holder of two permits");
+        // Permits' fences are held to CK3 like writers'.
+        let f = check(
+            &[two(1, 0, 2), two(2, 100, 2)],
+            Some(&r),
+            &r,
+            bounds(),
+            2000 * ms,
+        );
+        assert_eq!(f.ck3, 1);
     }
 
     #[test]

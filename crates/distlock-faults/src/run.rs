@@ -135,7 +135,13 @@ pub(crate) async fn run(
         injector_rng,
         stop_at,
     ));
-    let ports = lock(&shared).engine.redis_ports();
+    // The leak audit reads the mutex's key: a read-write lock's readers or a semaphore keep
+    // theirs elsewhere.
+    let ports = if scenario.kinds == crate::scenario::Kinds::Mutex {
+        lock(&shared).engine.redis_ports()
+    } else {
+        Vec::new()
+    };
     let auditor = tokio::spawn(audit(shared.clone(), ports.clone(), ttl / 5));
     let mut incs = vec![0u64; scenario.workers];
     // The loop ends when the time is up and every worker finished its operation, or at the

@@ -65,6 +65,18 @@ impl Fault {
     }
 }
 
+/// The kind of lock a scenario's operations take.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Kinds {
+    /// A mutex: every operation reads and writes the resource.
+    Mutex,
+    /// A read-write lock: writers read and write the resource, readers (this share of the
+    /// operations) read it.
+    ReadWrite { read_share: f64 },
+    /// A semaphore of this many permits: holders read the resource.
+    Semaphore { permits: u32 },
+}
+
 /// One scenario.
 #[derive(Debug, Clone)]
 pub(crate) struct Scenario {
@@ -89,6 +101,8 @@ pub(crate) struct Scenario {
     pub(crate) netns: bool,
     /// The protected resource also runs in its SQL form, on a PostgreSQL of its own.
     pub(crate) sql: bool,
+    /// The kind of lock.
+    pub(crate) kinds: Kinds,
 }
 
 impl Scenario {
@@ -107,6 +121,7 @@ impl Scenario {
             renew: true,
             netns: false,
             sql: false,
+            kinds: Kinds::Mutex,
         }
     }
 
@@ -142,12 +157,19 @@ impl Scenario {
         } else {
             (rng.random_range(5..=40), self.renew, "release")
         };
+        let (kind, permits) = match self.kinds {
+            Kinds::Mutex => ("exclusive", 0),
+            Kinds::ReadWrite { read_share } if rng.random::<f64>() < read_share => ("shared", 0),
+            Kinds::ReadWrite { .. } => ("exclusive", 0),
+            Kinds::Semaphore { permits } => ("permit", permits),
+        };
         json!({
             "op": "acquire", "n": n, "key": "k",
             "hold_ms": hold, "gap_ms": rng.random_range(5..=20),
             "renew": renew, "end": end,
             "cancel_ms": rng.random_range(1..=80),
             "wait_ms": self.wait().as_millis() as u64,
+            "kind": kind, "permits": permits,
         })
     }
 }
@@ -392,6 +414,48 @@ pub(crate) fn all() -> Vec<Scenario> {
             .faults(&[Evict, RestartServer, PauseHolder, KillHolder])
         },
         Scenario {
+            kinds: Kinds::ReadWrite { read_share: 0.7 },
+            long_share: 0.1,
+            expire_share: 0.05,
+            ..Scenario::new(
+                "redis-rw",
+                "single Redis, read-write lock (70% readers): holders paused and killed, replies lost, workers partitioned",
+                redis,
+            )
+            .faults(&[PauseHolder, KillHolder, LoseReplies, Partition])
+        },
+        Scenario {
+            kinds: Kinds::Semaphore { permits: 2 },
+            long_share: 0.1,
+            expire_share: 0.05,
+            ..Scenario::new(
+                "redis-semaphore",
+                "single Redis, semaphore of 2 permits: holders paused and killed, replies lost, workers partitioned",
+                redis,
+            )
+            .faults(&[PauseHolder, KillHolder, LoseReplies, Partition])
+        },
+        Scenario {
+            ttl: Duration::from_secs(2),
+            kinds: Kinds::ReadWrite { read_share: 0.7 },
+            ..Scenario::new(
+                "etcd-rw",
+                "etcd, read-write lock (70% readers): holders paused and killed, replies lost, workers partitioned",
+                EngineKind::Etcd,
+            )
+            .faults(&[PauseHolder, KillHolder, LoseReplies, Partition])
+        },
+        Scenario {
+            ttl: Duration::from_secs(2),
+            kinds: Kinds::Semaphore { permits: 2 },
+            ..Scenario::new(
+                "zookeeper-semaphore",
+                "ZooKeeper, semaphore of 2 permits: holders paused and killed, replies lost, workers partitioned",
+                EngineKind::ZooKeeper,
+            )
+            .faults(&[PauseHolder, KillHolder, LoseReplies, Partition])
+        },
+        Scenario {
             ttl: Duration::from_secs(2),
             long_share: 0.6,
             ..Scenario::new(
@@ -460,7 +524,7 @@ pub(crate) struct Control {
 }
 
 /// Every negative control.
-pub(crate) const CONTROLS: [Control; 14] = [
+pub(crate) const CONTROLS: [Control; 16] = [
     Control {
         bug: "plain-del",
         scenario: "redis-release-after-expiry",
@@ -556,6 +620,20 @@ pub(crate) const CONTROLS: [Control; 14] = [
         bug: "blind-delete",
         scenario: "memcached",
         expect: "CK6 (a release deletes the next holder's lock)",
+        harness_catches: true,
+        min_secs: 0,
+    },
+    Control {
+        bug: "reader-ignores-writer",
+        scenario: "redis-rw",
+        expect: "CK5",
+        harness_catches: true,
+        min_secs: 0,
+    },
+    Control {
+        bug: "permit-over-count",
+        scenario: "redis-semaphore",
+        expect: "CK5",
         harness_catches: true,
         min_secs: 0,
     },

@@ -9,7 +9,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock::{AnyBackend, Clock, LockClient, LockGuard, LockOptions, Released, SystemClock};
+use distlock::{
+    AnyBackend, Clock, LeaseKind, LockClient, LockGuard, LockOptions, Released, SystemClock,
+};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{Mutex, mpsc};
@@ -40,6 +42,9 @@ struct Op {
     wait: Duration,
     /// A pause before the operation starts (after a failed acquire).
     delay: Duration,
+    /// The kind of lease: a writer (or mutex) reads and writes the resource; a reader or a
+    /// permit reads it.
+    kind: LeaseKind,
 }
 
 impl Op {
@@ -59,6 +64,13 @@ impl Op {
             cancel_after: ms("cancel_ms"),
             wait: ms("wait_ms"),
             delay: ms("delay_ms"),
+            kind: match v.get("kind").and_then(Value::as_str) {
+                Some("shared") => LeaseKind::Shared,
+                Some("permit") => LeaseKind::Permit {
+                    permits: u32::try_from(v.get("permits").and_then(Value::as_u64)?).ok()?,
+                },
+                _ => LeaseKind::Exclusive,
+            },
         })
     }
 }
@@ -193,7 +205,13 @@ async fn one_op(
     };
     out.send(json!({"ev": "invoke", "f": "acquire", "n": n}))
         .await;
-    let guard = match client.acquire_with(&op.key, &opts).await {
+    let guard = match client
+        .lock(&op.key)
+        .options(opts)
+        .kind(op.kind)
+        .acquire()
+        .await
+    {
         Ok(g) => g,
         Err(e) => {
             let ev = if e.is_ambiguous() { "info" } else { "fail" };
@@ -203,11 +221,16 @@ async fn one_op(
         }
     };
     let fence = guard.fence();
+    let permits = match op.kind {
+        LeaseKind::Permit { permits } => permits,
+        _ => 0,
+    };
     out.send(json!({
         "ev": "ok", "f": "acquire", "n": n, "fence": fence,
         "vu": vu_ns(guard.valid_until()) as i64,
         "validity_ms": opts.validity().as_millis() as u64,
         "token": guard.token().as_str(),
+        "kind": op.kind.name(), "permits": permits,
     }))
     .await;
     // Renewals and the lost signal, as they happen, until the operation ends.
@@ -271,6 +294,10 @@ async fn critical_section(
     out.send(json!({"ev": "check", "n": n, "vu": vu_ns(guard.valid_until()) as i64}))
         .await;
     tokio::time::sleep(op.gap).await;
+    if op.kind != LeaseKind::Exclusive {
+        // Readers and permits only read.
+        return;
+    }
     let value = read.get("value").and_then(Value::as_i64).unwrap_or(0) + 1;
     let uvalue = read.get("uvalue").and_then(Value::as_i64).unwrap_or(0) + 1;
     let mut req = json!({"req": "write", "n": n, "key": op.key, "fence": fence,

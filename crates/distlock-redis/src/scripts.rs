@@ -214,6 +214,18 @@ fn fenced(source: &str) -> String {
     }
 }
 
+/// Seeded bugs `reader-ignores-writer` (the read script takes a share whoever holds the lock)
+/// and `permit-over-count` (one permit more than asked).
+fn seeded_kinds(source: &str) -> String {
+    if seeded::on(SeededBug::ReaderIgnoresWriter) {
+        source.replace("if cur and cur ~= MARK then", "if false then")
+    } else if seeded::on(SeededBug::PermitOverCount) {
+        source.replace("if held < n and ahead < n - held then", "if held <= n then")
+    } else {
+        source.to_owned()
+    }
+}
+
 /// Seeded bug `unconditional-pexpire`: renewal extends the key whoever holds it.
 const SEEDED_PEXPIRE: &str = "return redis.call('PEXPIRE', KEYS[1], ARGV[2])";
 
@@ -272,10 +284,10 @@ impl Scripts {
             }),
             status: LuaScript::new(STATUS_SOURCE),
             leave: LuaScript::new(&inline_token_check(&fenced(LEAVE_SOURCE))),
-            read_acquire: LuaScript::new(&fenced(READ_ACQUIRE_SOURCE)),
+            read_acquire: LuaScript::new(&seeded_kinds(&fenced(READ_ACQUIRE_SOURCE))),
             read_extend: LuaScript::new(READ_EXTEND_SOURCE),
             read_release: LuaScript::new(&fenced(READ_RELEASE_SOURCE)),
-            permit_acquire: LuaScript::new(&fenced(PERMIT_ACQUIRE_SOURCE)),
+            permit_acquire: LuaScript::new(&seeded_kinds(&fenced(PERMIT_ACQUIRE_SOURCE))),
             permit_extend: LuaScript::new(PERMIT_EXTEND_SOURCE),
             permit_release: LuaScript::new(&fenced(PERMIT_RELEASE_SOURCE)),
         }
@@ -431,6 +443,12 @@ mod tests {
         );
         assert!(simple_lua_arg("ARGV[12]") && simple_lua_arg("cur"));
         assert!(!simple_lua_arg("a .. b") && !simple_lua_arg("ARGV[]"));
+    }
+
+    #[test]
+    fn the_seeded_kinds_bugs_find_the_lines_they_break() {
+        assert!(READ_ACQUIRE_SOURCE.contains("if cur and cur ~= MARK then"));
+        assert!(PERMIT_ACQUIRE_SOURCE.contains("if held < n and ahead < n - held then"));
     }
 
     #[test]

@@ -110,6 +110,16 @@ pub trait QueueStore: Send + Sync + 'static {
 
     /// Deletes an entry of ours, in the background (its lease or session frees it anyway).
     fn remove_later(&self, id: &Self::Id);
+
+    /// How long ago the lease that `id` lives on was granted or last refreshed, on `clock`,
+    /// when it lives on a lease that the store refreshes on a schedule of its own (an etcd
+    /// session): an entry that comes to hold its lock after waiting holds it only until that
+    /// lease runs out, which may be sooner than a TTL after the attempt that found it holding.
+    /// `None` (the default) when the entry lives as long as its holder's session.
+    fn lease_age(&self, id: &Self::Id, clock: &Arc<dyn crate::clock::Clock>) -> Option<Duration> {
+        let _ = (id, clock);
+        None
+    }
 }
 
 /// Whether an entry holds its lease.
@@ -287,6 +297,10 @@ impl<S: QueueStore> QueueRecipe<S> {
                 if let Some(e) = self.state.locked().entries.get_mut(token) {
                     e.held = true;
                 }
+                // Measured now, not when the entry was written (the queue may have been read
+                // since), and for an entry that waited too: its lease is the store's, refreshed
+                // on the store's schedule, not by this attempt.
+                let age = self.store.lease_age(&entry.id, req.clock).or(age);
                 return Ok(match age {
                     Some(age) => Attempt::AcquiredEarlier {
                         fence,
