@@ -1,12 +1,12 @@
 //! `distlock run --shared` and `--permits N`: readers, writers and permits as real processes,
-//! on the file engine and on etcd and ZooKeeper.
+//! on the file engine, Redis, etcd and ZooKeeper.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use distlock_testkit::{Etcd, ZooKeeper};
+use distlock_testkit::{Etcd, RedisServer, ZooKeeper};
 use nix::sys::signal::Signal;
 
 mod common;
@@ -165,6 +165,9 @@ fn permits_are_never_exceeded(url: &str) {
 fn a_hundred_commands_in_four_processes_never_exceed_three_permits() {
     let tmp = tempfile::tempdir().unwrap();
     permits_are_never_exceeded(&format!("file://{}/locks", tmp.path().display()));
+    if let Some(redis) = RedisServer::start() {
+        permits_are_never_exceeded(&redis.url());
+    }
     if let Some(etcd) = Etcd::start() {
         permits_are_never_exceeded(&etcd.url(""));
     }

@@ -17,7 +17,7 @@
 //! N nearest for a permit of N (a holder's release wakes at most the N waiters behind it, never
 //! every waiter). A name holds one kind: a permit finds entries of another kind or capacity
 //! ahead of it, or a lock finds permits, and the attempt fails with
-//! [`ErrorKind::KindConflict`](crate::ErrorKind::KindConflict), leaving no entry. A first
+//! [`ErrorKind::KindConflict`], leaving no entry. A first
 //! attempt that finds the lock busy leaves the queue at once; a waiting attempt keeps its entry
 //! and its place. Every attempt after the first checks that its entry is still in the queue: a
 //! waiter whose session ended while it was queued must never report the lock taken (the check

@@ -20,26 +20,6 @@ local function tell(chan, msg)
   return redis.pcall('PUBLISH', chan, msg)
 end
 
--- A reader's registration: its owner field starts with '~r ' (see readers in keys.rs).
-local function is_reader(e)
-  return string.find(e, '^[^ ]+ %d+ %d+ [^ ]+ ~r ') ~= nil
-end
-
--- Lets the reader `tok` in for `ttl` ms (a share of the lock, on the server's clock): the lock
--- key holds the readers' marker, which lives as long as the longest share.
-local function let_in_reader(lock, meta, fkey, tok, ttl)
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local readers = lock .. ':readers'
-  redis.call('ZADD', readers, now + ttl, tok)
-  redis.call('HSET', meta, 'r:' .. tok, tonumber(redis.call('ZSCORE', fkey, 'f')) or 0)
-  if redis.call('GET', lock) ~= '~readers' then
-    redis.call('SET', lock, '~readers', 'PX', ttl)
-  elseif redis.call('PTTL', lock) < ttl then
-    redis.call('PEXPIRE', lock, ttl)
-  end
-end
-
 -- Hands the lock (ours, being released, or handed to us and unused) to the first live waiting
 -- client other than the one listening on `self_chan`, which it takes out of the queue (`first`,
 -- if not nil, is the queue's first element, already taken out by the caller) (Lua:
@@ -65,7 +45,7 @@ local function pass_on(lock, meta, fkey, queue, self_chan, now, first)
     if not e and readers > 0 then
       -- After readers, only readers: a writer stays at the head.
       local head = redis.pcall('LINDEX', queue, 0)
-      if type(head) ~= 'string' or not is_reader(head) then
+      if type(head) ~= 'string' or not string.find(head, '^[^ ]+ %d+ %d+ [^ ]+ ~r ') then
         return true, met_self
       end
     end
@@ -77,9 +57,21 @@ local function pass_on(lock, meta, fkey, queue, self_chan, now, first)
     if chan == self_chan then
       met_self = true
     elseif chan and string.sub(owner, 1, 3) == '~r ' then
+      -- A reader (its owner field starts with '~r '): its share of the lock, on the server's
+      -- clock; the lock key holds the readers' marker, which lives as long as the longest
+      -- share. (Written here, not as a helper: every function defined in a script is made
+      -- anew at each call, releases included.)
       local heard = tell(chan, lock)
       if type(heard) == 'number' and heard > 0 then
-        let_in_reader(lock, meta, fkey, tok, tonumber(ttl))
+        local t = redis.call('TIME')
+        local snow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        redis.call('ZADD', lock .. ':readers', snow + tonumber(ttl), tok)
+        redis.call('HSET', meta, 'r:' .. tok, tonumber(redis.call('ZSCORE', fkey, 'f')) or 0)
+        if redis.call('GET', lock) ~= '~readers' then
+          redis.call('SET', lock, '~readers', 'PX', ttl)
+        elseif redis.call('PTTL', lock) < tonumber(ttl) then
+          redis.call('PEXPIRE', lock, ttl)
+        end
         readers = readers + 1
       end
     elseif chan and readers > 0 then
