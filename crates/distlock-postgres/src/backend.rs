@@ -5,12 +5,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::engine::pool::{
-    Placement, PoolLimits, Session, SessionEnd, SessionOps, SessionPool,
+    Placement, PoolLimits, SHARED_PREFIX, Session, SessionEnd, SessionOps, SessionPool,
 };
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    ErrorKind, Fencing, LeaseCheck, LeaseRef, LockError, LockStatus, LostReason, MutexExt,
-    RenewItem, Sessions,
+    ErrorKind, Fencing, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus, LostReason,
+    MutexExt, RenewItem, Sessions,
 };
 use distlock_core::seeded::SeededBug;
 use sha2::{Digest, Sha256};
@@ -135,7 +135,10 @@ where
 pub(crate) struct PgConn {
     client: Client,
     acquire: Statement,
+    /// A reader's: a shared hold, whose fence is the sequence as the last writer left it.
+    acquire_shared: Statement,
     unlock: Statement,
+    unlock_shared: Statement,
     ping: Statement,
     status: Statement,
     /// `SELECT 1`, sent right behind an acquire: its answer comes after the acquire's commit.
@@ -270,7 +273,20 @@ impl PgOps {
              FROM (SELECT CASE WHEN pg_try_advisory_lock($1::bigint) \
                                THEN nextval('{s}.distlock_fence') END AS fence) g"
         );
+        // A reader's fence: the last value the sequence gave (0 before any), read once the
+        // shared hold is ours: every writer before it had a lower or equal value, every writer
+        // after it gets a higher one.
+        let acquire_shared = format!(
+            "SELECT g.fence, CASE WHEN g.fence IS NOT NULL \
+                    THEN set_config('idle_session_timeout', $2::text, false) \
+                      || set_config('application_name', \
+                           left('{APP_TAG} - ' || $2::text || ' ' || $3::text, 63), false) END \
+             FROM (SELECT CASE WHEN pg_try_advisory_lock_shared($1::bigint) \
+                               THEN (SELECT CASE WHEN is_called THEN last_value ELSE 0 END \
+                                     FROM {s}.distlock_fence) END AS fence) g"
+        );
         let unlock = "SELECT pg_advisory_unlock($1::bigint)";
+        let unlock_shared = "SELECT pg_advisory_unlock_shared($1::bigint)";
         let ping = "SELECT set_config('idle_session_timeout', $1::text, false)";
         let status = format!(
             "SELECT a.application_name, \
@@ -287,23 +303,29 @@ impl PgOps {
             client.batch_execute("SET synchronous_commit = on").await?;
             Ok::<_, tokio_postgres::Error>((
                 client.prepare(&acquire).await?,
+                client.prepare(&acquire_shared).await?,
                 client.prepare(unlock).await?,
+                client.prepare(unlock_shared).await?,
                 client.prepare(ping).await?,
                 client.prepare(&status).await?,
                 client.prepare("SELECT 1").await?,
             ))
         };
         match prepared.await {
-            Ok((acquire, unlock, ping, status, committed)) => Ok(PgConn {
-                client,
-                acquire,
-                unlock,
-                ping,
-                status,
-                committed,
-                task,
-                order: tokio::sync::Mutex::new(()),
-            }),
+            Ok((acquire, acquire_shared, unlock, unlock_shared, ping, status, committed)) => {
+                Ok(PgConn {
+                    client,
+                    acquire,
+                    acquire_shared,
+                    unlock,
+                    unlock_shared,
+                    ping,
+                    status,
+                    committed,
+                    task,
+                    order: tokio::sync::Mutex::new(()),
+                })
+            }
             Err(e) => {
                 task.abort();
                 Err(map_err(e, DOING))
@@ -330,13 +352,17 @@ impl SessionOps for PgOps {
         key: &'a str,
     ) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(async move {
-            let id: i64 = key.parse().map_err(|_| {
+            let (statement, id) = match key.strip_prefix(SHARED_PREFIX) {
+                Some(id) => (&conn.unlock_shared, id),
+                None => (&conn.unlock, key),
+            };
+            let id: i64 = id.parse().map_err(|_| {
                 LockError::new(ErrorKind::Protocol, format!("not a lock id: {key:?}"))
             })?;
             let row = self
                 .query_one(
                     conn,
-                    &conn.unlock,
+                    statement,
                     &[&id],
                     "releasing a PostgreSQL advisory lock",
                 )
@@ -574,7 +600,7 @@ impl Backend for PgBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(Fencing::Monotonic, true)
+        Capabilities::new(Fencing::Monotonic, true).with_shared()
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
@@ -590,7 +616,12 @@ impl Backend for PgBackend {
             return Ok(Attempt::Acquired { fence: None });
         }
         let id = lock_id(req.name);
-        let key = id.to_string();
+        let shared = req.kind == LeaseKind::Shared;
+        let key = if shared {
+            format!("{SHARED_PREFIX}{id}")
+        } else {
+            id.to_string()
+        };
         // A session that ends before the statement ran held nothing: once more, elsewhere.
         for _ in 0..3 {
             let lease = match pool.place(req.name, &key, token, req.ttl).await? {
@@ -601,9 +632,14 @@ impl Backend for PgBackend {
             let conn = session.conn();
             let sent = tokio::time::Instant::now();
             let keep = || pool.keep_for(session, req.ttl);
+            let statement = if shared {
+                &conn.acquire_shared
+            } else {
+                &conn.acquire
+            };
             let row = pool
                 .ops()
-                .query_keeping(conn, &conn.acquire, &keep, Some((id, req.owner)), DOING)
+                .query_keeping(conn, statement, &keep, Some((id, req.owner)), DOING)
                 .await;
             let fence: Option<i64> = match row {
                 Ok(row) => row.get(0),

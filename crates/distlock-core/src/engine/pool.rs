@@ -874,15 +874,39 @@ enum Choice {
 }
 
 /// Where a lease of `ttl` on `key` goes (see the module's doc).
+/// The prefix of a server name held in shared mode: the key `s:<name>` is a shared hold of
+/// `<name>` (a reader), which shares the name with other shared holds and conflicts with the
+/// exclusive hold, the key `<name>`.
+pub const SHARED_PREFIX: &str = "s:";
+
+/// The key of `key`'s server name in the other mode (exclusive ↔ shared).
+fn other_mode(key: &str) -> String {
+    match key.strip_prefix(SHARED_PREFIX) {
+        Some(name) => name.to_owned(),
+        None => format!("{SHARED_PREFIX}{key}"),
+    }
+}
+
 fn choose<C>(st: &mut State<C>, key: &str, ttl: Duration, cap: usize) -> Choice {
     st.sessions.retain(|_, s| !s.session.is_over());
-    if !key.is_empty() && st.sessions.values().any(|s| s.keys.get(key) == Some(&true)) {
+    // Held by a lease of this client: busy, unless both are shared holds. And a session never
+    // carries both modes of one name (a session's shared and exclusive holds would not exclude
+    // each other), nor the same one twice.
+    let other = (!key.is_empty()).then(|| other_mode(key));
+    let shared = key.starts_with(SHARED_PREFIX);
+    if let Some(other) = &other
+        && st.sessions.values().any(|s| {
+            s.keys.get(other.as_str()) == Some(&true) || (!shared && s.keys.get(key) == Some(&true))
+        })
+    {
         return Choice::HeldHere;
     }
     let free = || {
-        st.sessions
-            .iter()
-            .filter(|(_, s)| key.is_empty() || !s.keys.contains_key(key))
+        st.sessions.iter().filter(|(_, s)| {
+            other
+                .as_ref()
+                .is_none_or(|o| !s.keys.contains_key(key) && !s.keys.contains_key(o.as_str()))
+        })
     };
     let best = |same_ttl: bool| {
         free()

@@ -103,6 +103,29 @@ async fn a_held_name_is_busy_here_and_never_placed_twice() {
     assert_ne!(b1.session().number(), b2.session().number());
 }
 
+#[tokio::test]
+async fn shared_holds_of_a_name_go_on_separate_sessions_and_exclude_its_exclusive_hold() {
+    let (_, p) = pool(4);
+    let shared = format!("{SHARED_PREFIX}a");
+    let r1 = take(&p, &shared, "r1").await;
+    // A second reader of the same client: not busy, on another session.
+    let r2 = take(&p, &shared, "r2").await;
+    assert_ne!(r1.session().number(), r2.session().number());
+    // A writer of the client while its readers hold: busy at once.
+    assert!(matches!(
+        p.place("a", "a", "w", TTL).await.unwrap(),
+        Placement::HeldHere
+    ));
+    // And a reader while its writer holds.
+    take(&p, "b", "w2").await;
+    assert!(matches!(
+        p.place("b", &format!("{SHARED_PREFIX}b"), "r3", TTL)
+            .await
+            .unwrap(),
+        Placement::HeldHere
+    ));
+}
+
 #[tokio::test(start_paused = true)]
 async fn at_the_cap_a_request_waits_for_room_then_fails_clearly() {
     let (_, p) = pool(1);
