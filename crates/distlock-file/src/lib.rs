@@ -154,6 +154,27 @@ impl FileBackend {
         self.inner.held.locked()
     }
 
+    /// Keeps `file`, locked, as `token`'s hold of `key` with `fence`.
+    fn hold(
+        &self,
+        token: &str,
+        key: &str,
+        fence: u64,
+        path: PathBuf,
+        id: FileId,
+        file: File,
+    ) -> Attempt {
+        let held = Held {
+            key: key.to_owned(),
+            fence,
+            path,
+            id,
+            _file: file,
+        };
+        self.held().insert(token.to_owned(), held);
+        Attempt::Acquired { fence: Some(fence) }
+    }
+
     async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(&FileBackend) -> Result<T, LockError> + Send + 'static,
@@ -337,17 +358,7 @@ fn acquire_blocking(
         write_record(&mut file, &path, &body)?;
         fence
     };
-    me.held().insert(
-        token.to_owned(),
-        Held {
-            key: key.to_owned(),
-            fence,
-            path,
-            id,
-            _file: file,
-        },
-    );
-    Ok(Attempt::Acquired { fence: Some(fence) })
+    Ok(me.hold(token, key, fence, path, id, file))
 }
 
 /// One of `permits` slot files of the semaphore `key`, under its record's flock (held for a
@@ -396,17 +407,7 @@ fn acquire_permit(
             key.replace('\n', " ")
         );
         write_record(&mut rfile, &record, &body)?;
-        me.held().insert(
-            token.to_owned(),
-            Held {
-                key: key.to_owned(),
-                fence,
-                path,
-                id,
-                _file: file,
-            },
-        );
-        return Ok(Attempt::Acquired { fence: Some(fence) });
+        return Ok(me.hold(token, key, fence, path, id, file));
     }
     Ok(Attempt::Busy { holder_ttl: None })
 }

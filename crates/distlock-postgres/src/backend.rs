@@ -265,25 +265,28 @@ impl PgOps {
         let s = &self.config.schema;
         // Granted: the fence, the session's timeout (which covers every lock on it) and a
         // label in application_name, which other sessions read in pg_stat_activity (no write).
-        let acquire = format!(
-            "SELECT g.fence, CASE WHEN g.fence IS NOT NULL \
-                    THEN set_config('idle_session_timeout', $2::text, false) \
-                      || set_config('application_name', \
-                           left('{APP_TAG} - ' || $2::text || ' ' || $3::text, 63), false) END \
-             FROM (SELECT CASE WHEN pg_try_advisory_lock($1::bigint) \
-                               THEN nextval('{s}.distlock_fence') END AS fence) g"
+        let acquire_sql = |lock: &str, fence: &str| {
+            format!(
+                "SELECT g.fence, CASE WHEN g.fence IS NOT NULL \
+                        THEN set_config('idle_session_timeout', $2::text, false) \
+                          || set_config('application_name', \
+                               left('{APP_TAG} - ' || $2::text || ' ' || $3::text, 63), false) \
+                        END \
+                 FROM (SELECT CASE WHEN {lock}($1::bigint) THEN {fence} END AS fence) g"
+            )
+        };
+        let acquire = acquire_sql(
+            "pg_try_advisory_lock",
+            &format!("nextval('{s}.distlock_fence')"),
         );
         // A reader's fence: the last value the sequence gave (0 before any), read once the
         // shared hold is ours: every writer before it had a lower or equal value, every writer
         // after it gets a higher one.
-        let acquire_shared = format!(
-            "SELECT g.fence, CASE WHEN g.fence IS NOT NULL \
-                    THEN set_config('idle_session_timeout', $2::text, false) \
-                      || set_config('application_name', \
-                           left('{APP_TAG} - ' || $2::text || ' ' || $3::text, 63), false) END \
-             FROM (SELECT CASE WHEN pg_try_advisory_lock_shared($1::bigint) \
-                               THEN (SELECT CASE WHEN is_called THEN last_value ELSE 0 END \
-                                     FROM {s}.distlock_fence) END AS fence) g"
+        let acquire_shared = acquire_sql(
+            "pg_try_advisory_lock_shared",
+            &format!(
+                "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {s}.distlock_fence)"
+            ),
         );
         let unlock = "SELECT pg_advisory_unlock($1::bigint)";
         let unlock_shared = "SELECT pg_advisory_unlock_shared($1::bigint)";

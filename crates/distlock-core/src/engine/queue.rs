@@ -403,8 +403,8 @@ fn watch_slot(name: &str, kind: LeaseKind, token: &str) -> String {
     }
 }
 
-/// Nobody here waits for `name` any more: stop watching, and leave its queue (queued entries
-/// only: a held one belongs to its guard).
+/// Nobody here waits for `name` any more: stop watching, and leave its queue (queued exclusive
+/// entries only: a held one belongs to its guard, and a reader's or permit's to its own wait).
 fn leave<S: QueueStore>(
     state: &Mutex<RecipeState<S::Id>>,
     watches: &PredecessorWatches,
@@ -417,7 +417,10 @@ fn leave<S: QueueStore>(
         let tokens: Vec<String> = st
             .entries
             .iter()
-            .filter(|(_, e)| e.name == name && !e.held)
+            // Exclusive entries only: a reader or a permit waits on its own (no local queue)
+            // and removes its entry itself when it stops waiting; another task's entry may be
+            // queued right now while this client's last subscription goes.
+            .filter(|(_, e)| e.name == name && !e.held && e.entry.kind == LeaseKind::Exclusive)
             .map(|(t, _)| t.clone())
             .collect();
         tokens

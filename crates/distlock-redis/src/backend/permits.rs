@@ -10,7 +10,7 @@ use distlock_core::engine::{
 
 use super::RedisBackend;
 use crate::replies::PermitReply;
-use crate::scripts::ttl_ms;
+use crate::scripts::{LuaScript, ttl_ms};
 
 /// The keys of the semaphore `name`, in the lock key's slot: holders, meta, queue, liveness,
 /// the fence counter and the lock key.
@@ -122,14 +122,28 @@ impl RedisBackend {
     ) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "renewing a Redis semaphore's permit";
         let keys = PermitKeys::new(self.layout.lock_key(name));
+        self.renew_by(&self.scripts.permit_extend, &keys.four(), token, ttl, DOING)
+            .await
+    }
+
+    /// A renewal by `script` (keys, then the token and the TTL in ms), which counts only once
+    /// the replicas acknowledged it when `WAIT` is configured.
+    pub(super) async fn renew_by(
+        &self,
+        script: &LuaScript<LeaseCheck>,
+        keys: &[&str],
+        token: &Token,
+        ttl: Duration,
+        doing: &str,
+    ) -> Result<LeaseCheck, LockError> {
         let mut ms = itoa::Buffer::new();
         let (check, acks) = self
             .conn
             .run_waited(
-                &self.scripts.permit_extend,
-                &keys.four(),
+                script,
+                keys,
                 &[token.as_str(), ms.format(ttl_ms(ttl))],
-                DOING,
+                doing,
             )
             .await?;
         if let (Some(wait), Some(acks), LeaseCheck::Ours) = (self.conn.wait, acks, check) {

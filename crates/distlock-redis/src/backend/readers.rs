@@ -103,20 +103,15 @@ impl RedisBackend {
     ) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "renewing a Redis read lock";
         let lock = self.layout.lock_key(name);
-        let mut ms = itoa::Buffer::new();
-        let (check, acks) = self
-            .conn
-            .run_waited(
-                &self.scripts.read_extend,
-                &[&lock, &readers_key(&lock)],
-                &[token.as_str(), ms.format(ttl_ms(ttl))],
-                DOING,
-            )
-            .await?;
-        if let (Some(wait), Some(acks), LeaseCheck::Ours) = (self.conn.wait, acks, check) {
-            wait.check(acks)?;
-        }
-        Ok(check)
+        let readers = readers_key(&lock);
+        self.renew_by(
+            &self.scripts.read_extend,
+            &[&lock, &readers],
+            token,
+            ttl,
+            DOING,
+        )
+        .await
     }
 
     /// Gives our share of `name` back (the last reader out hands the lock on), and takes our
