@@ -92,6 +92,27 @@ impl<B: Backend> Driver<B> {
         self.backend.renew(lease, ttl).await
     }
 
+    /// Turns a held writer into a reader in one step, where the engine can: `Unsupported`
+    /// otherwise, with the reason.
+    pub(crate) async fn downgrade(
+        &self,
+        lease: &LeaseRef<'_>,
+        ttl: Duration,
+    ) -> Result<LeaseCheck, LockError> {
+        let name = self.backend.name();
+        let why = if !self.backend.capabilities().supports(LeaseKind::Shared) {
+            self.backend.why_unsupported(LeaseKind::Shared)
+        } else if let Some(engine) = self.backend.downgrade() {
+            return engine.downgrade(lease, ttl).await;
+        } else {
+            self.backend.why_no_downgrade()
+        };
+        Err(LockError::new(
+            ErrorKind::Unsupported,
+            format!("the {name} engine cannot downgrade a writer to a reader: {why}"),
+        ))
+    }
+
     /// Renews every item: in one round trip where the engine can, else one renewal each, all at
     /// once.
     pub(crate) async fn renew_many(

@@ -368,6 +368,72 @@ impl<B: Backend> LockGuard<B> {
         }
     }
 
+    /// Turns this writer into a reader of the same read-write lock, without letting another
+    /// writer in between: the guard keeps its token and its fence (the fence of its own write,
+    /// which is the last write a reader may read after), and is renewed and released as a
+    /// reader from now on. Readers that were waiting right behind it come in at once; a writer
+    /// that was waiting still waits, now for this reader too.
+    ///
+    /// There is no upgrade: two readers that both asked to become the writer would each wait
+    /// for the other to leave. Release the reader and take the writer instead.
+    ///
+    /// # Errors
+    /// - `Config` when the guard is not an exclusive lease (a reader or a permit);
+    /// - `Unsupported` on an engine that cannot do it in one step (the message says why);
+    /// - `Lost` when the lease had already ended or was no longer ours on the engine (the guard
+    ///   then reports it lost);
+    /// - engine errors otherwise. The guard is then still the writer it was, as far as this
+    ///   client knows, and calling `downgrade` again is safe: the engine's step is idempotent.
+    ///   (Had the engine done it after all, the writer's renewals find the lock a reader's, and
+    ///   report the lease lost: never a writer that is not one.)
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe in the sense that the engine may have done it: the guard then reports
+    /// the lease lost at its next renewal, as above.
+    pub async fn downgrade(&mut self) -> Result<(), LockError> {
+        let lease = self.lease.clone();
+        if lease.kind() != LeaseKind::Exclusive {
+            return Err(LockError::new(
+                ErrorKind::Config,
+                format!(
+                    "lock {:?}: only a writer can be downgraded, and this guard holds a {} lease",
+                    lease.key(),
+                    lease.kind().name()
+                ),
+            ));
+        }
+        // No renewal may go out as a writer's once the engine has made us a reader.
+        let Some(_gate) = lease.hold_gate().await else {
+            return Err(lost_error(lease.key(), LeaseEnd::Released));
+        };
+        if let Some(end) = lease.end_if_past_deadline() {
+            return Err(lost_error(lease.key(), end));
+        }
+        let ttl = lease.snapshot().ttl;
+        let check = self
+            .holding
+            .driver()
+            .downgrade(&lease.engine_ref(), ttl)
+            .await?;
+        match check {
+            LeaseCheck::Ours => {
+                // The deadline stays the writer's: an engine whose leases live on a session
+                // (etcd) did not refresh it, and the watchdog renews the reader from here.
+                lease.set_downgraded();
+                // Other tasks of this client that wait for the writer's lock now wait on the
+                // engine, behind this reader.
+                if let Some(local) = self.holding.local() {
+                    local.clear_holder(lease.key(), &lease);
+                }
+                tracing::debug!(target: "distlock", key = %lease.key(), fence = ?lease.fence(),
+                    "writer downgraded to a reader");
+                Ok(())
+            }
+            LeaseCheck::Missing => Err(lost_error(lease.key(), lease.lose(lease.missing_reason()))),
+            LeaseCheck::Foreign => Err(lost_error(lease.key(), lease.lose(LostReason::Stolen))),
+        }
+    }
+
     /// Releases the lock (compare-and-delete: never another owner's lock) and says whether the
     /// lease was still ours. No renewal goes out after this returns.
     ///

@@ -3,7 +3,7 @@
 //! layer of the core: it knows nothing of engines, guards or clients.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -90,6 +90,9 @@ pub(crate) struct LeaseShared {
     /// The task that waits for the engine's own word that the lease is lost (engines with
     /// `loss_events`); stopped when the lease ends.
     loss_watch: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Set once a writer has been turned into a reader ([`kind`](Self::kind) says `Shared`
+    /// from then on): a lease changes kind only that way, and only once.
+    downgraded: AtomicBool,
 }
 
 /// [`LeaseShared::gate`]: a renewal is in flight.
@@ -153,6 +156,7 @@ impl LeaseShared {
             streak,
             gate: AtomicU8::new(0),
             loss_watch: Mutex::new(None),
+            downgraded: AtomicBool::new(false),
         }
     }
 
@@ -161,7 +165,7 @@ impl LeaseShared {
         LeaseSpec {
             key: self.key.clone(),
             token: self.token.clone(),
-            kind: self.kind,
+            kind: self.kind(),
             fence: self.fence,
             clock: self.clock.clone(),
             options,
@@ -173,7 +177,16 @@ impl LeaseShared {
     }
 
     pub(crate) fn kind(&self) -> LeaseKind {
-        self.kind
+        if self.kind == LeaseKind::Exclusive && self.downgraded.load(Ordering::Acquire) {
+            LeaseKind::Shared
+        } else {
+            self.kind
+        }
+    }
+
+    /// Records that the engine has turned this writer into a reader.
+    pub(crate) fn set_downgraded(&self) {
+        self.downgraded.store(true, Ordering::Release);
     }
 
     pub(crate) fn token(&self) -> &Token {
@@ -204,7 +217,7 @@ impl LeaseShared {
 
     /// The lease as the engine names it.
     pub(crate) fn engine_ref(&self) -> LeaseRef<'_> {
-        LeaseRef::new(&self.key, &self.token, self.kind)
+        LeaseRef::new(&self.key, &self.token, self.kind())
     }
 
     fn lock(&self) -> MutexGuard<'_, LeaseState> {
@@ -224,6 +237,24 @@ impl LeaseShared {
             .map(|_| Renewal {
                 lease: self.clone(),
             })
+    }
+
+    /// Takes the gate as a renewal would, waiting for a renewal in flight to finish: no renewal
+    /// of this lease is sent while the returned `Renewal` lives (the watchdog tries again a
+    /// little later). `None` once a release has closed the gate. Cancel-safe.
+    pub(crate) async fn hold_gate(self: &Arc<Self>) -> Option<Renewal> {
+        loop {
+            if let Some(held) = self.begin_renewal() {
+                return Some(held);
+            }
+            if self.gate.load(Ordering::Acquire) & CLOSED != 0 {
+                return None;
+            }
+            // A renewal is in flight: one round trip at most. Its end is not signalled to
+            // anybody but a release, so look again shortly.
+            let changed = self.changed.notified();
+            let _ = tokio::time::timeout(Duration::from_millis(2), changed).await;
+        }
     }
 
     /// Closes the gate for good and waits for a renewal in flight to finish: after this, no

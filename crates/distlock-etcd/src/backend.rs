@@ -8,8 +8,8 @@ use std::time::Duration;
 use distlock_core::engine::queue::QueueRecipe;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, LostReason,
-    RenewItem, Sessions, Subscription, WakeSource, untag_value,
+    Downgrade, ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError,
+    LockStatus, LostReason, RenewItem, Sessions, Subscription, WakeSource, tag_value, untag_value,
 };
 
 use crate::config::EtcdConfig;
@@ -508,6 +508,102 @@ impl Backend for EtcdBackend {
 
     fn breaker(&self) -> Option<&dyn Breaker> {
         Some(self)
+    }
+
+    fn downgrade(&self) -> Option<&dyn Downgrade> {
+        Some(self)
+    }
+}
+
+impl Downgrade for EtcdBackend {
+    /// Our key keeps its name, its create revision (its place in the queue, and its fence) and
+    /// its session; only the kind in its value changes. The readers right behind it see the
+    /// change on their watches and come in; a writer behind it still waits for it.
+    fn downgrade<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(self.downgrade_inner(lease))
+    }
+}
+
+impl EtcdBackend {
+    async fn downgrade_inner(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "downgrading an etcd write lock to a read lock";
+        let token = lease.token.as_str();
+        let Some(entry) = self.inner.recipe.held(lease.name, token) else {
+            return Ok(LeaseCheck::Missing);
+        };
+        let (key, seq) = (entry.entry.id, entry.entry.seq);
+        // Read the value (to keep the holder it names), then write it back tagged as a
+        // reader's, if nothing changed the key in between (a few times: a move of the key to
+        // another session changes it).
+        for _ in 0..3 {
+            let read = TxnRequest::new(
+                vec![Compare::create_revision(
+                    key.as_str(),
+                    CompareResult::Equal,
+                    seq,
+                )],
+                vec![RequestOp::range(RangeRequest::key(key.as_str()))],
+                vec![],
+            );
+            let reply = self
+                .store()
+                .txn(read)
+                .await
+                .map_err(|e| map_err(e, DOING))?;
+            let kv = reply
+                .responses
+                .first()
+                .and_then(|r| r.range())
+                .and_then(|r| r.kvs.first());
+            let Some(kv) = kv.filter(|_| reply.succeeded) else {
+                return Ok(LeaseCheck::Missing);
+            };
+            let value = String::from_utf8_lossy(&kv.value);
+            let (kind, holder) = untag_value(&value);
+            if kind == LeaseKind::Shared {
+                // Done already (a resent request).
+                self.inner
+                    .recipe
+                    .update(token, |e| e.entry.kind = LeaseKind::Shared);
+                return Ok(LeaseCheck::Ours);
+            }
+            if kind != LeaseKind::Exclusive {
+                return Ok(LeaseCheck::Foreign);
+            }
+            let write = TxnRequest::new(
+                vec![Compare::mod_revision(
+                    key.as_str(),
+                    CompareResult::Equal,
+                    kv.mod_revision,
+                )],
+                vec![RequestOp::put(
+                    key.as_str(),
+                    tag_value(LeaseKind::Shared, holder.to_owned()),
+                    kv.lease,
+                )],
+                vec![],
+            );
+            if self
+                .store()
+                .txn(write)
+                .await
+                .map_err(|e| map_err(e, DOING))?
+                .succeeded
+            {
+                self.inner
+                    .recipe
+                    .update(token, |e| e.entry.kind = LeaseKind::Shared);
+                return Ok(LeaseCheck::Ours);
+            }
+        }
+        Err(LockError::new(
+            ErrorKind::Connection,
+            format!("{DOING}: the key kept changing under us; try again"),
+        ))
     }
 }
 

@@ -24,7 +24,7 @@ use crate::error::{lease_missing, map_err};
 use crate::members::Members;
 use crate::session::{Session, Sessions};
 use crate::wire::{
-    Compare, CompareResult, DeleteRangeRequest, EventType, FilterType, RangeRequest, RequestOp,
+    Compare, CompareResult, DeleteRangeRequest, Event, EventType, RangeRequest, RequestOp,
     SortOrder, SortTarget, TxnRequest, TxnResponse, WatchCreateRequest, revision,
 };
 
@@ -604,16 +604,17 @@ impl QueueStore for EtcdStore {
         Box::pin(self.ahead_inner(name, mine, kind))
     }
 
-    /// A watch on the key for its deletion, from the revision after the one it was seen at
-    /// (an event between the read and the watch is not missed).
+    /// A watch on the key for its deletion, or a change of its kind (a writer downgraded to a
+    /// reader), from the revision after the one it was seen at (an event between the read and
+    /// the watch is not missed).
     fn watch_gone(&self, entry: &QueuedEntry<String>) -> BoxFuture<'static, ()> {
         let members = self.members.clone();
         let create = WatchCreateRequest {
             key: entry.id.clone().into_bytes(),
             start_revision: entry.seen_at + 1,
-            filters: vec![FilterType::NoPut as i32],
             ..Default::default()
         };
+        let kind = entry.kind;
         Box::pin(async move {
             let opened = members
                 .retry(|c| {
@@ -626,10 +627,13 @@ impl QueueStore for EtcdStore {
                 match stream.message().await {
                     Ok(Some(r)) if r.canceled => return,
                     Ok(Some(r)) => {
-                        if r.events
-                            .iter()
-                            .any(|e| e.r#type == EventType::Delete as i32)
-                        {
+                        let changed = |e: &Event| {
+                            e.r#type == EventType::Delete as i32
+                                || e.kv.as_ref().is_some_and(|kv| {
+                                    untag_value(&String::from_utf8_lossy(&kv.value)).0 != kind
+                                })
+                        };
+                        if r.events.iter().any(changed) {
                             return;
                         }
                     }

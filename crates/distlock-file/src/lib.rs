@@ -509,6 +509,11 @@ impl Backend for FileBackend {
         self.blocking(move |me| status_blocking(me, &key)).await
     }
 
+    fn why_no_downgrade(&self) -> &'static str {
+        "flock(2) turns an exclusive lock into a shared one by releasing it and then locking \
+         again, so another writer could get in between"
+    }
+
     fn breaker(&self) -> Option<&dyn Breaker> {
         Some(self)
     }

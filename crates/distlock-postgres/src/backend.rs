@@ -9,8 +9,8 @@ use distlock_core::engine::pool::{
 };
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    ErrorKind, Fencing, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus, LostReason,
-    MutexExt, RenewItem, Sessions,
+    Downgrade, ErrorKind, Fencing, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
+    LostReason, MutexExt, RenewItem, Sessions,
 };
 use distlock_core::seeded::SeededBug;
 use sha2::{Digest, Sha256};
@@ -729,6 +729,89 @@ impl Backend for PgBackend {
 
     fn breaker(&self) -> Option<&dyn Breaker> {
         Some(self)
+    }
+
+    fn downgrade(&self) -> Option<&dyn Downgrade> {
+        Some(self)
+    }
+}
+
+impl Downgrade for PgBackend {
+    /// On the writer's own session: the shared hold is taken (a session's holds never block
+    /// each other), then the exclusive one given back. Between the two statements the session
+    /// holds both, so no writer of another session can get in.
+    fn downgrade<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(self.downgrade_inner(lease))
+    }
+}
+
+impl PgBackend {
+    async fn downgrade_inner(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "downgrading a PostgreSQL advisory lock to a shared one";
+        let pool = &self.inner.pool;
+        let token = lease.token.as_str();
+        let Some(held) = pool.held(lease.name, token) else {
+            return Ok(LeaseCheck::Missing);
+        };
+        if held.key().starts_with(SHARED_PREFIX) {
+            // Done already (a resent request).
+            return Ok(LeaseCheck::Ours);
+        }
+        let session = held.session();
+        if session.is_over() {
+            return Ok(LeaseCheck::Missing);
+        }
+        let conn = session.conn();
+        let id = lock_id(lease.name);
+        let steps = async {
+            // (Not prepared when the session opens: a downgrade is rare, and a statement more
+            // there would be a round trip more for every session.)
+            let limit = self.config().response_timeout;
+            let shared: bool = tokio::time::timeout(
+                limit,
+                conn.client
+                    .query_one("SELECT pg_try_advisory_lock_shared($1::bigint)", &[&id]),
+            )
+            .await
+            .map_err(|_| {
+                LockError::new(
+                    ErrorKind::Timeout,
+                    format!("{DOING}: no answer within {limit:?}"),
+                )
+            })?
+            .map_err(|e| map_err(e, DOING))?
+            .get(0);
+            let unlocked: bool = pool
+                .ops()
+                .query_one(conn, &conn.unlock, &[&id], DOING)
+                .await?
+                .get(0);
+            Ok::<_, LockError>(shared && unlocked)
+        };
+        match steps.await {
+            Ok(true) => {
+                pool.rekey(lease.name, token, &format!("{SHARED_PREFIX}{id}"));
+                Ok(LeaseCheck::Ours)
+            }
+            Ok(false) | Err(_) if session.is_over() => Ok(LeaseCheck::Missing),
+            outcome => {
+                // The session's holds are no longer known (a shared hold the pool does not
+                // track would block writers until the session ends): end the session, which
+                // frees them all. Its leases report lost.
+                pool.close(session, LostReason::Unreachable);
+                match outcome {
+                    Err(e) => Err(e),
+                    _ => Err(LockError::new(
+                        ErrorKind::Protocol,
+                        format!("{DOING}: the session did not hold what the pool recorded"),
+                    )),
+                }
+            }
+        }
     }
 }
 

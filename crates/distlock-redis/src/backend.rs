@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Fencing, Handover, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
-    NextWaiter, RenewItem, Subscription, Token, WakeSource,
+    Downgrade, Fencing, Handover, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError,
+    LockStatus, NextWaiter, RenewItem, Subscription, Token, WakeSource,
 };
 
 use crate::config::{ClusterConfig, RedisConfig, WaitReplicas};
@@ -560,6 +560,10 @@ impl Backend for RedisBackend {
     }
 
     fn handover(&self) -> Option<&dyn Handover> {
+        Some(self)
+    }
+
+    fn downgrade(&self) -> Option<&dyn Downgrade> {
         Some(self)
     }
 

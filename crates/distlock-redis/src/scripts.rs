@@ -88,6 +88,12 @@ const READ_RELEASE_SOURCE: &str = concat!(
     queue_lua!(),
     include_str!("scripts/read_release.lua")
 );
+const DOWNGRADE_SOURCE: &str = concat!(
+    token_lua!(),
+    fence_lua!(),
+    queue_lua!(),
+    include_str!("scripts/downgrade.lua")
+);
 const PERMIT_ACQUIRE_SOURCE: &str = concat!(
     fence_lua!(),
     permits_lua!(),
@@ -266,6 +272,8 @@ pub(crate) struct Scripts {
     pub(crate) read_acquire: LuaScript<ReadReply>,
     pub(crate) read_extend: LuaScript<LeaseCheck>,
     pub(crate) read_release: LuaScript<LeaseCheck>,
+    /// A writer turned into a reader.
+    pub(crate) downgrade: LuaScript<LeaseCheck>,
     /// The semaphore's: a permit, its renewal, its release.
     pub(crate) permit_acquire: LuaScript<PermitReply>,
     pub(crate) permit_extend: LuaScript<LeaseCheck>,
@@ -287,6 +295,7 @@ impl Scripts {
             read_acquire: LuaScript::new(&seeded_kinds(&fenced(READ_ACQUIRE_SOURCE))),
             read_extend: LuaScript::new(READ_EXTEND_SOURCE),
             read_release: LuaScript::new(&fenced(READ_RELEASE_SOURCE)),
+            downgrade: LuaScript::new(&inline_token_check(&fenced(DOWNGRADE_SOURCE))),
             permit_acquire: LuaScript::new(&seeded_kinds(&fenced(PERMIT_ACQUIRE_SOURCE))),
             permit_extend: LuaScript::new(PERMIT_EXTEND_SOURCE),
             permit_release: LuaScript::new(&fenced(PERMIT_RELEASE_SOURCE)),
@@ -341,7 +350,7 @@ mod tests {
     use super::*;
 
     /// The script files and the helpers prepended to each here.
-    const SCRIPTS: [(&str, &str, &[&str]); 14] = [
+    const SCRIPTS: [(&str, &str, &[&str]); 15] = [
         ("acquire.lua", ACQUIRE_SOURCE, &["token.lua", "fence.lua"]),
         ("extend.lua", EXTEND_SOURCE, &["token.lua"]),
         (
@@ -374,6 +383,11 @@ mod tests {
             "read_release.lua",
             READ_RELEASE_SOURCE,
             &["fence.lua", "queue.lua"],
+        ),
+        (
+            "downgrade.lua",
+            DOWNGRADE_SOURCE,
+            &["token.lua", "fence.lua", "queue.lua"],
         ),
         (
             "permit_release.lua",

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    ErrorKind, Handover, LeaseCheck, LeaseRef, LockError, LockStatus, NextWaiter, RenewItem,
-    Subscription, WakeSource,
+    Downgrade, ErrorKind, Handover, LeaseCheck, LeaseRef, LockError, LockStatus, NextWaiter,
+    RenewItem, Subscription, WakeSource,
 };
 use redis::Value;
 
@@ -431,6 +431,10 @@ impl Backend for SentinelBackend {
     fn breaker(&self) -> Option<&dyn Breaker> {
         Some(self)
     }
+
+    fn downgrade(&self) -> Option<&dyn Downgrade> {
+        Some(self)
+    }
 }
 
 // Each capability is the current master's, and a failure sends us to the sentinels.
@@ -486,6 +490,21 @@ impl Breaker for SentinelBackend {
         Box::pin(async move {
             let cur = self.current();
             let r = cur.backend.break_once(key).await;
+            self.follow(&cur, r.as_ref().err()).await;
+            r
+        })
+    }
+}
+
+impl Downgrade for SentinelBackend {
+    fn downgrade<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            let cur = self.current();
+            let r = Downgrade::downgrade(&cur.backend, lease, ttl).await;
             self.follow(&cur, r.as_ref().err()).await;
             r
         })

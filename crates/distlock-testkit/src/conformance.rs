@@ -54,6 +54,7 @@ macro_rules! conformance_tests {
             readers_share_and_writers_exclude,
             a_waiting_writer_holds_back_new_readers,
             a_dead_reader_frees_only_its_share,
+            a_writer_downgrades_without_a_gap,
             a_semaphore_admits_n,
             permits_never_exceed_n,
             a_dead_holders_permit_comes_back,

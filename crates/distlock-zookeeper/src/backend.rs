@@ -7,8 +7,8 @@ use std::time::Duration;
 use distlock_core::engine::queue::QueueRecipe;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseRef, LockError, LockStatus, LostReason,
-    RenewItem, Sessions, Subscription, WakeSource,
+    Downgrade, ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError,
+    LockStatus, LostReason, RenewItem, Sessions, Subscription, WakeSource, tag_value, untag_value,
 };
 use zookeeper_client::{Error, MultiReadResult};
 
@@ -172,6 +172,76 @@ impl Backend for ZkBackend {
 
     fn breaker(&self) -> Option<&dyn Breaker> {
         Some(self)
+    }
+
+    fn downgrade(&self) -> Option<&dyn Downgrade> {
+        Some(self)
+    }
+}
+
+impl Downgrade for ZkBackend {
+    /// Our node keeps its name and place (a node cannot be renamed, and a new one would queue
+    /// behind the writers that came after us): its data takes the readers' tag, which the
+    /// readers waiting on it see (their watches fire on a change of data) and read.
+    fn downgrade<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(self.downgrade_inner(lease))
+    }
+}
+
+impl ZkBackend {
+    async fn downgrade_inner(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "downgrading a ZooKeeper write lock to a read lock";
+        let token = lease.token.as_str();
+        let session = self.sessions().current();
+        let node = match self.recipe.held(lease.name, token) {
+            Some(e) if e.entry.id.since == self.sessions().losses() => e.entry.id,
+            _ => return Ok(LeaseCheck::Missing),
+        };
+        for _ in 0..3 {
+            let (data, stat) = match self
+                .store()
+                .call(DOING, session.client.get_data(&node.path))
+                .await?
+            {
+                Ok(d) => d,
+                Err(Error::NoNode) => return Ok(LeaseCheck::Missing),
+                Err(e) => return Err(map_err(e, DOING)),
+            };
+            if stat.ephemeral_owner != session.id || stat.czxid != node.czxid {
+                return Ok(LeaseCheck::Foreign);
+            }
+            let value = String::from_utf8_lossy(&data).into_owned();
+            let (kind, holder) = untag_value(&value);
+            if kind != LeaseKind::Shared {
+                let tagged = tag_value(LeaseKind::Shared, holder.to_owned());
+                match self
+                    .store()
+                    .call(
+                        DOING,
+                        session
+                            .client
+                            .set_data(&node.path, tagged.as_bytes(), Some(stat.version)),
+                    )
+                    .await?
+                {
+                    Ok(_) => {}
+                    Err(Error::BadVersion) => continue,
+                    Err(Error::NoNode) => return Ok(LeaseCheck::Missing),
+                    Err(e) => return Err(map_err(e, DOING)),
+                }
+            }
+            self.recipe
+                .update(token, |e| e.entry.kind = LeaseKind::Shared);
+            return Ok(LeaseCheck::Ours);
+        }
+        Err(LockError::new(
+            ErrorKind::Connection,
+            format!("{DOING}: the node kept changing under us; try again"),
+        ))
     }
 }
 
@@ -343,7 +413,7 @@ impl ZkBackend {
             Err(e) => return Err(map_err(e, DOING)),
         };
         let value = String::from_utf8_lossy(&data).into_owned();
-        let owner = HolderValue::parse(&value).label();
+        let owner = HolderValue::parse(untag_value(&value).1).label();
         let fence = u64::try_from(stat.czxid).ok();
         Ok(Some((
             LockStatus::held(Some(owner), fence, None).with_last_fence(fence),

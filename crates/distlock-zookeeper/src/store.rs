@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use distlock_core::engine::queue::{Ahead, JoinOutcome, Joined, QueueStore, QueuedEntry};
 use distlock_core::engine::{
-    AcquireRequest, BoxFuture, ErrorKind, HolderValue, LeaseKind, LockError,
+    AcquireRequest, BoxFuture, ErrorKind, HolderValue, LeaseKind, LockError, untag_value,
 };
 use zookeeper_client::{Acls, Client, CreateMode, Error};
 
@@ -246,9 +246,12 @@ impl ZkStore {
         let entry = self.entry(found, since);
         // The listing sent right behind the create includes our node, unless the create was
         // answered otherwise (found again after a lost reply): then it is read again.
-        let ahead = listed
+        let mut ahead = listed
             .and_then(|children| ahead_of(&children, entry.seq))
             .map(|names| queued(&parent, names));
+        if let Some(ahead) = ahead.as_mut().filter(|_| req.kind == LeaseKind::Shared) {
+            self.read_downgrades(&client, ahead).await?;
+        }
         Ok(JoinOutcome::Joined(Joined {
             fence: u64::try_from(entry.id.czxid).ok(),
             entry,
@@ -261,6 +264,7 @@ impl ZkStore {
         &self,
         name: &str,
         mine: &QueuedEntry<Node>,
+        kind: LeaseKind,
     ) -> Result<Ahead<Node>, LockError> {
         const DOING: &str = "reading a ZooKeeper lock's queue";
         let client = self.sessions.current().client.clone();
@@ -270,7 +274,46 @@ impl ZkStore {
             Err(Error::NoNode) => Vec::new(),
             Err(e) => return Err(map_err(e, DOING)),
         };
-        Ok(ahead_of(&children, mine.seq).map(|names| queued(&parent, names)))
+        let Some(mut ahead) = ahead_of(&children, mine.seq).map(|names| queued(&parent, names))
+        else {
+            return Ok(None);
+        };
+        if kind == LeaseKind::Shared {
+            self.read_downgrades(&client, &mut ahead).await?;
+        }
+        Ok(Some(ahead))
+    }
+
+    /// A writer's node whose data carries the readers' tag is a writer downgraded to a reader
+    /// (its name keeps the kind it was created with). For a reader, which waits only for the
+    /// nearest writer ahead, the writers' nodes are read from the nearest back until one is a
+    /// writer still; a node gone in between is left out (it left the queue).
+    async fn read_downgrades(
+        &self,
+        client: &Client,
+        ahead: &mut Vec<QueuedEntry<Node>>,
+    ) -> Result<(), LockError> {
+        const DOING: &str = "reading a ZooKeeper lock node's kind";
+        let mut i = ahead.len();
+        while i > 0 {
+            i -= 1;
+            if ahead[i].kind != LeaseKind::Exclusive {
+                continue;
+            }
+            match self.call(DOING, client.get_data(&ahead[i].id.path)).await? {
+                Ok((data, _))
+                    if untag_value(&String::from_utf8_lossy(&data)).0 == LeaseKind::Shared =>
+                {
+                    ahead[i].kind = LeaseKind::Shared;
+                }
+                Ok(_) => return Ok(()),
+                Err(Error::NoNode) => {
+                    ahead.remove(i);
+                }
+                Err(e) => return Err(map_err(e, DOING)),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -317,12 +360,13 @@ impl QueueStore for ZkStore {
         &'a self,
         name: &'a str,
         mine: &'a QueuedEntry<Node>,
-        _kind: LeaseKind,
+        kind: LeaseKind,
     ) -> BoxFuture<'a, Result<Ahead<Node>, LockError>> {
-        Box::pin(self.ahead_inner(name, mine))
+        Box::pin(self.ahead_inner(name, mine, kind))
     }
 
-    /// An existence watch on the node: it fires when the node goes.
+    /// An existence watch on the node: it fires when the node goes, or when its data changes
+    /// (a writer downgraded to a reader).
     fn watch_gone(&self, entry: &QueuedEntry<Node>) -> BoxFuture<'static, ()> {
         let client = self.sessions.current().client.clone();
         let path = entry.id.path.clone();

@@ -97,6 +97,23 @@ pub trait Handover: Send + Sync {
     ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
 }
 
+/// Turning a writer into a reader of the same read-write lock in one step, so that no other
+/// writer can take the lock in between (a release followed by a read acquire would let one in).
+pub trait Downgrade: Send + Sync {
+    /// Turns `lease`, an exclusive lease, into a shared one: the same name and token, a reader
+    /// from now on, valid for `ttl` from the moment this is sent. Readers waiting right behind
+    /// it may come in at once; a waiting writer still waits, and keeps its place.
+    ///
+    /// `Ours` when done, `Missing` or `Foreign` when the writer was no longer ours (nothing is
+    /// changed then). It must be idempotent: sent again after an unknown outcome, a lease that
+    /// is already a reader of ours answers `Ours`.
+    fn downgrade<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
+}
+
 /// What one attempt to break a lock did.
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,8 +6,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use super::{
-    AcquireRequest, Attempt, Backend, BatchRenew, Breaker, Capabilities, Handover, LeaseCheck,
-    LeaseKind, LeaseRef, LockStatus, Sessions, WakeSource,
+    AcquireRequest, Attempt, Backend, BatchRenew, Breaker, Capabilities, Downgrade, Handover,
+    LeaseCheck, LeaseKind, LeaseRef, LockStatus, Sessions, WakeSource,
 };
 use crate::error::LockError;
 
@@ -51,6 +51,10 @@ pub trait DynBackend: Send + Sync + 'static {
     fn dyn_handover(&self) -> Option<&dyn Handover>;
     /// See [`Backend::breaker`].
     fn dyn_breaker(&self) -> Option<&dyn Breaker>;
+    /// See [`Backend::downgrade`].
+    fn dyn_downgrade(&self) -> Option<&dyn Downgrade>;
+    /// See [`Backend::why_no_downgrade`].
+    fn dyn_why_no_downgrade(&self) -> &'static str;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -100,6 +104,12 @@ impl<B: Backend> DynBackend for B {
     fn dyn_breaker(&self) -> Option<&dyn Breaker> {
         self.breaker()
     }
+    fn dyn_downgrade(&self) -> Option<&dyn Downgrade> {
+        self.downgrade()
+    }
+    fn dyn_why_no_downgrade(&self) -> &'static str {
+        self.why_no_downgrade()
+    }
 }
 
 /// An engine chosen at run time.
@@ -141,5 +151,11 @@ impl Backend for AnyBackend {
     }
     fn breaker(&self) -> Option<&dyn Breaker> {
         (**self).dyn_breaker()
+    }
+    fn downgrade(&self) -> Option<&dyn Downgrade> {
+        (**self).dyn_downgrade()
+    }
+    fn why_no_downgrade(&self) -> &'static str {
+        (**self).dyn_why_no_downgrade()
     }
 }

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use capability::{
-    BatchRenew, BreakOutcome, Breaker, Handover, NextWaiter, Sessions, WakeSource,
+    BatchRenew, BreakOutcome, Breaker, Downgrade, Handover, NextWaiter, Sessions, WakeSource,
 };
 pub use dynamic::{AnyBackend, BoxFuture, DynBackend};
 pub use wake::{PredecessorWatches, Subscription, WakeHub};
@@ -543,5 +543,16 @@ pub trait Backend: Send + Sync + 'static {
     /// Breaking a lock whoever holds it, if the engine can.
     fn breaker(&self) -> Option<&dyn Breaker> {
         None
+    }
+
+    /// Turning a writer into a reader without a gap, if the engine can.
+    fn downgrade(&self) -> Option<&dyn Downgrade> {
+        None
+    }
+
+    /// Why this engine cannot downgrade a writer, when [`downgrade`](Self::downgrade) is `None`:
+    /// the `Unsupported` error shows it.
+    fn why_no_downgrade(&self) -> &'static str {
+        "this engine cannot turn a writer into a reader in one step"
     }
 }

@@ -548,6 +548,32 @@ impl<O: SessionOps> SessionPool<O> {
             .map(|t| t.lease.clone())
     }
 
+    /// Records that the held lease of `token` on `name` now holds the server name `key` on the
+    /// same session (a writer downgraded to a reader: the engine took the shared hold and gave
+    /// the exclusive one back on that session). `false` when the pool has no such lease.
+    pub fn rekey(&self, name: &str, token: &str, key: &str) -> bool {
+        let mut st = self.state.locked();
+        let Some(t) = st
+            .leases
+            .get_mut(token)
+            .filter(|t| t.held && t.lease.name == name)
+        else {
+            return false;
+        };
+        let new = Arc::new(PoolLease {
+            name: name.to_owned(),
+            key: key.to_owned(),
+            token: token.to_owned(),
+            session: t.lease.session.clone(),
+        });
+        let old = std::mem::replace(&mut t.lease, new);
+        if let Some(s) = st.sessions.get_mut(&old.session.id) {
+            s.keys.remove(old.key.as_str());
+            s.keys.insert(key.to_owned(), true);
+        }
+        true
+    }
+
     /// Releases the lease of `token` on `name` (held, or left behind by an acquire whose outcome
     /// was never learned).
     ///

@@ -125,6 +125,17 @@ impl Compare {
         }
     }
 
+    /// `key`'s last modification revision compared with `rev`.
+    pub fn mod_revision(key: impl Into<Vec<u8>>, result: CompareResult, rev: i64) -> Self {
+        Compare {
+            result: result as i32,
+            target: CompareTarget::Mod as i32,
+            key: key.into(),
+            target_union: Some(TargetUnion::ModRevision(rev)),
+            range_end: Vec::new(),
+        }
+    }
+
     /// The lease `key` is attached to compared with `lease`.
     pub fn lease(key: impl Into<Vec<u8>>, result: CompareResult, lease: i64) -> Self {
         Compare {

@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, ErrorKind, LeaseCheck, LockError, MutexExt, Token,
+    AcquireRequest, Attempt, BoxFuture, Downgrade, ErrorKind, LeaseCheck, LeaseRef, LockError,
+    MutexExt, Token,
 };
 
 use super::RedisBackend;
@@ -144,5 +145,56 @@ impl RedisBackend {
                 DOING,
             )
             .await
+    }
+}
+
+impl RedisBackend {
+    /// Turns our writer's hold of `name` into a reader's share (`scripts/downgrade.lua`).
+    async fn downgrade_inner(
+        &self,
+        name: &str,
+        token: &Token,
+        ttl: Duration,
+    ) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "downgrading a Redis write lock to a read lock";
+        let keys = self.layout.keys(name);
+        let readers = readers_key(keys.lock());
+        let mut ttl_ms_buf = itoa::Buffer::new();
+        let mut now = itoa::Buffer::new();
+        let (check, acks) = self
+            .conn
+            .run_waited(
+                &self.scripts.downgrade,
+                &[
+                    keys.lock(),
+                    keys.meta(),
+                    keys.waiters(),
+                    keys.fence(),
+                    &readers,
+                ],
+                &[
+                    token.as_str(),
+                    ttl_ms_buf.format(ttl_ms(ttl)),
+                    now.format(unix_ms()),
+                ],
+                DOING,
+            )
+            .await?;
+        if let (LeaseCheck::Ours, Some(wait), Some(acks)) = (check, self.conn.wait, acks) {
+            // Not known to be on the replicas: the guard stays a writer, whose renewals will
+            // find the lock a reader's and report it lost if the downgrade stands.
+            wait.check(acks)?;
+        }
+        Ok(check)
+    }
+}
+
+impl Downgrade for RedisBackend {
+    fn downgrade<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(self.downgrade_inner(lease.name, lease.token, ttl))
     }
 }

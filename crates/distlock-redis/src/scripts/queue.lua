@@ -34,15 +34,17 @@ end
 -- A reader at the head is let in with every reader right behind it, up to the next writer,
 -- which stays at the head: readers and writers are served in arrival order. Each is told with
 -- the bare lock key, and its next attempt finds its share.
+-- `only_readers` (a writer turned reader, see downgrade.lua) lets in the readers at the head
+-- and never a writer.
 -- Every call after the lock may be written uses pcall: junk under the queue key, or an ACL
 -- without the channel, never undoes a release (waiters then fall back to their capped sleep).
-local function pass_on(lock, meta, fkey, queue, self_chan, now, first)
+local function pass_on(lock, meta, fkey, queue, self_chan, now, first, only_readers)
   local met_self = false
   local readers = 0
   for _ = 1, 16 do
     local e = first
     first = nil
-    if not e and readers > 0 then
+    if not e and (readers > 0 or only_readers) then
       -- After readers, only readers: a writer stays at the head.
       local head = redis.pcall('LINDEX', queue, 0)
       if type(head) ~= 'string' or not string.find(head, '^[^ ]+ %d+ %d+ [^ ]+ ~r ') then

@@ -152,6 +152,139 @@ pub async fn a_waiting_writer_holds_back_new_readers<B: Backend>(make: &impl Mak
     assert!(r.release().await.unwrap().was_held());
 }
 
+/// A writer turns into a reader without a gap: it keeps its token and fence, a reader queued
+/// right behind it comes in, a writer queued after that reader still waits (and no other writer
+/// gets in meanwhile), and gets the lock once both readers leave. The downgraded reader is
+/// renewed as one. An engine that cannot downgrade says why, and the writer stays held.
+pub async fn a_writer_downgrades_without_a_gap<B: Backend>(make: &impl MakeClient<B>) {
+    let o = opts().ttl(Duration::from_secs(2)).build().unwrap();
+    let (a, b, w) = (
+        make.client(o).await,
+        make.client(o).await,
+        make.client(o).await,
+    );
+    if !holds(&a, LeaseKind::Shared).await {
+        // The kind is refused already: so is its downgrade.
+        let k = key("dg-none");
+        let mut g = a.try_acquire(&k).await.unwrap().expect("free");
+        let e = g
+            .downgrade()
+            .await
+            .expect_err("a downgrade without readers");
+        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+        assert!(g.release().await.unwrap().was_held());
+        return;
+    }
+    let k = key("dg");
+    let ordered = a.backend().capabilities().ordered;
+    // A writer queued right behind: it keeps waiting through the downgrade.
+    let mut g = a.write_lock(&k).try_acquire().await.unwrap().expect("free");
+    let writer = {
+        let (w, k) = (w.clone(), k.clone());
+        tokio::spawn(async move {
+            w.write_lock(&k)
+                .wait_timeout(Duration::from_secs(30))
+                .acquire()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if let Err(e) = g.downgrade().await {
+        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+        assert!(
+            e.to_string()
+                .split_once(": ")
+                .is_some_and(|(_, r)| r.len() > 10),
+            "the refusal does not say why: {e}"
+        );
+        assert!(g.is_held(), "a refused downgrade ended the writer");
+        assert_eq!(g.kind(), LeaseKind::Exclusive);
+        assert!(g.release().await.unwrap().was_held());
+        writer.abort();
+        return;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!writer.is_finished(), "a writer got in during a downgrade");
+    assert!(g.release().await.unwrap().was_held());
+    let g2 = tokio::time::timeout(Duration::from_secs(15), writer)
+        .await
+        .expect("the writer was not let in after the reader left")
+        .unwrap()
+        .expect("writer");
+    assert!(g2.release().await.unwrap().was_held());
+
+    // A reader, then a writer, queued behind a writer that downgrades.
+    let mut g = a.write_lock(&k).try_acquire().await.unwrap().expect("free");
+    let fence = g.fence();
+    // Queued behind the writer: a reader, then a writer.
+    let reader = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move {
+            b.read_lock(&k)
+                .wait_timeout(Duration::from_secs(20))
+                .acquire()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let writer = {
+        let (w, k) = (w.clone(), k.clone());
+        tokio::spawn(async move {
+            w.write_lock(&k)
+                .wait_timeout(Duration::from_secs(30))
+                .acquire()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!reader.is_finished() && !writer.is_finished());
+    g.downgrade().await.expect("downgrade");
+    assert_eq!(g.kind(), LeaseKind::Shared);
+    assert_eq!(g.fence(), fence, "a downgrade changed the fence");
+    assert!(g.is_held());
+    let again = g.downgrade().await.expect_err("a reader downgraded");
+    assert_eq!(again.kind(), ErrorKind::Config, "{again}");
+    let r = tokio::time::timeout(Duration::from_secs(10), reader)
+        .await
+        .expect("the reader queued behind the writer was not let in by its downgrade")
+        .unwrap()
+        .expect("reader");
+    assert!(
+        w.write_lock(&k).try_acquire().await.unwrap().is_none(),
+        "a writer got in beside the downgraded reader"
+    );
+    if ordered {
+        let late = b.read_lock(&k).try_acquire().await.unwrap();
+        assert!(
+            late.is_none(),
+            "a reader got in ahead of the waiting writer"
+        );
+    }
+    // Renewed as a reader, past two TTLs.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    assert!(g.is_held(), "the downgraded reader was not renewed");
+    assert!(
+        !writer.is_finished(),
+        "the writer got in beside the readers"
+    );
+    assert!(g.release().await.unwrap().was_held());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!writer.is_finished(), "the writer got in beside a reader");
+    assert!(r.release().await.unwrap().was_held());
+    let g2 = tokio::time::timeout(Duration::from_secs(15), writer)
+        .await
+        .expect("the writer was not let in after the readers left")
+        .unwrap()
+        .expect("writer");
+    if fenced(&w) {
+        assert!(
+            g2.fence().unwrap() > fence.unwrap(),
+            "the next writer's fence"
+        );
+    }
+    assert!(g2.release().await.unwrap().was_held());
+}
+
 /// A reader that stops renewing loses its share after its own TTL, while another reader keeps
 /// its own; the waiting writer gets in only when both are gone. (Engines whose leases expire.)
 pub async fn a_dead_reader_frees_only_its_share<B: Backend>(make: &impl MakeClient<B>) {
