@@ -1,7 +1,9 @@
 //! `distlock status`.
 
 use clap::Args;
-use distlock::LockStatus;
+use std::time::Duration;
+
+use distlock::{LeaseKind, LockStatus};
 
 use crate::exit;
 
@@ -9,7 +11,8 @@ use crate::exit;
 pub(crate) struct StatusArgs {
     #[command(flatten)]
     engine: crate::Engine,
-    /// Print one JSON object: key, held, owner, fence, last_fence, ttl_ms.
+    /// Print one JSON object: key, held, owner, fence, last_fence, ttl_ms (of the first
+    /// holder), holders (every holder: kind, permits, token, owner, fence, ttl_ms) and waiters.
     #[arg(long)]
     json: bool,
     /// The lock name.
@@ -37,37 +40,93 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
     0
 }
 
-/// The JSON form: `key`, `held`, `owner`, `fence`, `last_fence`, `ttl_ms` (null when unknown).
+/// The JSON form: `key`, `held`, `owner`, `fence`, `last_fence`, `ttl_ms` (the first holder's;
+/// null when unknown), `holders` (each: `kind`, `permits`, `token`, `owner`, `fence`,
+/// `ttl_ms`) and `waiters` (null when the engine cannot tell).
 pub(crate) fn as_json(key: &str, st: &LockStatus) -> serde_json::Value {
+    let holders: Vec<serde_json::Value> = st
+        .holders
+        .iter()
+        .map(|h| {
+            serde_json::json!({
+                "kind": h.kind.name(),
+                "permits": match h.kind {
+                    LeaseKind::Permit { permits } => Some(permits),
+                    _ => None,
+                },
+                "token": h.token,
+                "owner": h.owner,
+                "fence": h.fence,
+                "ttl_ms": h.ttl.map(ms),
+            })
+        })
+        .collect();
     serde_json::json!({
         "key": key,
         "held": st.held,
         "owner": st.owner,
         "fence": st.fence,
         "last_fence": st.last_fence,
-        "ttl_ms": st.ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        "ttl_ms": st.ttl.map(ms),
+        "holders": holders,
+        "waiters": st.waiters,
     })
 }
 
-/// The text form, a line per field.
+fn ms(t: Duration) -> u64 {
+    u64::try_from(t.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The text form: one block per holder, then the waiters.
 pub(crate) fn as_text(key: &str, st: &LockStatus) -> String {
-    if !st.held {
-        return format!("{key}: free\n");
-    }
-    let owner = st.owner.as_deref().map_or("unknown".into(), with_age);
-    let fence = match (st.fence, st.last_fence) {
-        (Some(f), _) => f.to_string(),
-        // Taken on the engine's fast path, which does not record it: at most the last one
-        // issued.
-        (None, Some(last)) => format!("at most {last}"),
-        (None, None) => "none".into(),
+    let waiters = match st.waiters {
+        Some(n) if n > 0 => format!("  waiting: {n}\n"),
+        _ => String::new(),
     };
-    let ttl = st
-        .ttl
-        .map_or("no expiry (held until the holder exits)".into(), |t| {
-            format!("{} ms", t.as_millis())
-        });
-    format!("{key}: held\n  owner:  {owner}\n  fence:  {fence}\n  ttl:    {ttl}\n")
+    if !st.held {
+        return format!("{key}: free\n{waiters}");
+    }
+    let mut out = match st.holders.first().map(|h| h.kind) {
+        Some(LeaseKind::Shared) => format!("{key}: held by {} reader(s)\n", st.holders.len()),
+        Some(LeaseKind::Permit { permits }) => {
+            format!("{key}: {} of {permits} permit(s) held\n", st.holders.len())
+        }
+        _ => format!("{key}: held\n"),
+    };
+    let many = st.holders.len() > 1 || st.holders.iter().any(|h| h.kind != LeaseKind::Exclusive);
+    for h in &st.holders {
+        let owner = h.owner.as_deref().map_or("unknown".into(), with_age);
+        let fence = match (h.fence, st.last_fence) {
+            (Some(f), _) => f.to_string(),
+            // Taken on the engine's fast path, which does not record it: at most the last one
+            // issued.
+            (None, Some(last)) if h.kind == LeaseKind::Exclusive => format!("at most {last}"),
+            (None, _) => "none".into(),
+        };
+        let ttl = h
+            .ttl
+            .map_or("no expiry (held until the holder exits)".into(), |t| {
+                format!("{} ms", t.as_millis())
+            });
+        if many {
+            out.push_str(&format!("  - {}\n", h.kind.name()));
+            if let Some(token) = &h.token {
+                out.push_str(&format!("    token:  {token}\n"));
+            }
+            out.push_str(&format!(
+                "    owner:  {owner}\n    fence:  {fence}\n    ttl:    {ttl}\n"
+            ));
+        } else {
+            out.push_str(&format!(
+                "  owner:  {owner}\n  fence:  {fence}\n  ttl:    {ttl}\n"
+            ));
+            if let Some(token) = &h.token {
+                out.push_str(&format!("  token:  {token}\n"));
+            }
+        }
+    }
+    out.push_str(&waiters);
+    out
 }
 
 /// `host/pid since <unix ms>` with how long ago that was.
@@ -89,7 +148,7 @@ fn with_age(owner: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use distlock::HolderStatus;
 
     #[test]
     fn json_has_the_documented_fields() {
@@ -107,6 +166,36 @@ mod tests {
         let free = as_json("k", &LockStatus::free());
         assert_eq!(free["held"], false);
         assert!(free["owner"].is_null());
+    }
+
+    #[test]
+    fn every_holder_is_listed() {
+        let reader = |t: &str, f: u64| {
+            HolderStatus::new(LeaseKind::Shared)
+                .token(Some(t.into()))
+                .owner(Some(format!("h/{f} since 5")))
+                .fence(Some(f))
+                .ttl(Some(Duration::from_millis(700)))
+        };
+        let st = LockStatus::held_by(vec![reader("t1", 4), reader("t2", 4)])
+            .with_last_fence(Some(4))
+            .with_waiters(Some(3));
+        let v = as_json("k", &st);
+        assert_eq!(v["holders"].as_array().unwrap().len(), 2);
+        assert_eq!(v["holders"][1]["token"], "t2");
+        assert_eq!(v["holders"][0]["kind"], "shared");
+        assert_eq!(v["holders"][0]["ttl_ms"], 700);
+        assert!(v["holders"][0]["permits"].is_null());
+        assert_eq!(v["waiters"], 3);
+        let t = as_text("k", &st);
+        assert!(t.starts_with("k: held by 2 reader(s)\n"), "{t}");
+        assert!(t.contains("token:  t2"), "{t}");
+        assert!(t.contains("waiting: 3"), "{t}");
+        let p = LockStatus::held_by(vec![
+            HolderStatus::new(LeaseKind::Permit { permits: 3 }).fence(Some(9)),
+        ]);
+        assert_eq!(as_json("k", &p)["holders"][0]["permits"], 3);
+        assert!(as_text("k", &p).starts_with("k: 1 of 3 permit(s) held"));
     }
 
     #[test]

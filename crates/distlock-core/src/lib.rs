@@ -26,7 +26,7 @@ mod watchdog;
 pub use client::{LockClient, LockClientBuilder, default_owner};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use duration::parse_duration;
-pub use engine::{AnyBackend, Backend, LeaseKind, LockStatus};
+pub use engine::{AnyBackend, Backend, HolderStatus, LeaseKind, LockStatus};
 pub use error::{BoxError, ErrorKind, LockError, error_chain};
 pub use guard::{LeakedLease, LockGuard, Released};
 pub use key::{MAX_KEY_LEN, validate_key};

@@ -8,8 +8,9 @@ use std::time::Duration;
 use distlock_core::engine::queue::QueueRecipe;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError,
-    LockStatus, LostReason, RenewItem, Sessions, Subscription, WakeSource, tag_value, untag_value,
+    Downgrade, ErrorKind, Fencing, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
+    LockError, LockStatus, LostReason, RenewItem, Sessions, Subscription, WakeSource, tag_value,
+    untag_value,
 };
 
 use crate::config::EtcdConfig;
@@ -202,10 +203,11 @@ impl EtcdBackend {
         Ok(self.read(read, doing).await?.kvs.into_iter().next())
     }
 
-    /// `status` of a holder's key: its label, its lease's remaining time, its fence.
-    async fn holder_status(&self, kv: &KeyValue) -> LockStatus {
+    /// A holder's key: its kind, label and token, its lease's remaining time, its fence.
+    async fn holder_status(&self, kv: &KeyValue) -> HolderStatus {
         let value = String::from_utf8_lossy(&kv.value).into_owned();
-        let owner = HolderValue::parse(untag_value(&value).1).label();
+        let (kind, holder) = untag_value(&value);
+        let holder = HolderValue::parse(holder);
         let lease = kv.lease;
         let ttl = match self
             .store()
@@ -216,8 +218,11 @@ impl EtcdBackend {
             Ok(r) if r.ttl >= 0 => Some(Duration::from_secs(r.ttl.unsigned_abs())),
             _ => None,
         };
-        let fence = u64::try_from(kv.create_revision).ok();
-        LockStatus::held(Some(owner), fence, ttl).with_last_fence(fence)
+        HolderStatus::new(kind)
+            .owner(Some(holder.label()))
+            .token(Some(holder.token.to_owned()).filter(|t| !t.is_empty()))
+            .fence(u64::try_from(kv.create_revision).ok())
+            .ttl(ttl)
     }
 
     /// Moves our held key for `lease` to `target`, keeping its create revision (its place and
@@ -485,13 +490,25 @@ impl Backend for EtcdBackend {
         })
     }
 
+    /// Every holder (the leading keys of the queue that hold: one writer, the readers up to
+    /// the first writer, or N permits), each with its label, token, fence and its lease's
+    /// remaining time; the other keys are the waiters.
     async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
-        Ok(
-            match self.holder_kv(key, "reading an etcd lock's status").await? {
-                Some(kv) => self.holder_status(&kv).await,
-                None => LockStatus::free(),
-            },
-        )
+        let read = RangeRequest::prefix(self.lock_prefix(key))
+            .sorted(SortTarget::Create, SortOrder::Ascend);
+        let kvs = self.read(read, "reading an etcd lock's status").await?.kvs;
+        let kinds = kvs
+            .iter()
+            .map(|kv| untag_value(&String::from_utf8_lossy(&kv.value)).0);
+        let n = distlock_core::engine::queue::holding(kinds);
+        let mut holders = Vec::with_capacity(n);
+        for kv in &kvs[..n] {
+            holders.push(self.holder_status(kv).await);
+        }
+        let last = holders.iter().filter_map(|h| h.fence).max();
+        Ok(LockStatus::held_by(holders)
+            .with_last_fence(last)
+            .with_waiters(Some((kvs.len() - n) as u64)))
     }
 
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {
@@ -676,7 +693,9 @@ impl Breaker for EtcdBackend {
             let Some(kv) = self.holder_kv(key, DOING).await? else {
                 return Ok(BreakOutcome::Free);
             };
-            let st = self.holder_status(&kv).await;
+            let fence = u64::try_from(kv.create_revision).ok();
+            let st =
+                LockStatus::held_by(vec![self.holder_status(&kv).await]).with_last_fence(fence);
             let txn = TxnRequest::new(
                 vec![Compare::create_revision(
                     kv.key.as_slice(),

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use distlock_core::Token;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
-    Fencing, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus, MutexExt,
+    Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus, MutexExt,
 };
 
 /// The lock engine on local files. See the crate docs.
@@ -30,6 +30,7 @@ struct Inner {
 
 struct Held {
     key: String,
+    kind: LeaseKind,
     fence: u64,
     /// The locked file: the lock file, or a semaphore's slot file.
     path: PathBuf,
@@ -155,10 +156,12 @@ impl FileBackend {
     }
 
     /// Keeps `file`, locked, as `token`'s hold of `key` with `fence`.
+    #[allow(clippy::too_many_arguments)]
     fn hold(
         &self,
         token: &str,
         key: &str,
+        kind: LeaseKind,
         fence: u64,
         path: PathBuf,
         id: FileId,
@@ -166,6 +169,7 @@ impl FileBackend {
     ) -> Attempt {
         let held = Held {
             key: key.to_owned(),
+            kind,
             fence,
             path,
             id,
@@ -334,7 +338,7 @@ fn acquire_blocking(
         });
     }
     if let LeaseKind::Permit { permits } = kind {
-        return acquire_permit(me, key, token, permits);
+        return acquire_permit(me, key, token, owner, permits);
     }
     let path = me.lock_path(key);
     let shared = kind == LeaseKind::Shared;
@@ -358,7 +362,7 @@ fn acquire_blocking(
         write_record(&mut file, &path, &body)?;
         fence
     };
-    Ok(me.hold(token, key, fence, path, id, file))
+    Ok(me.hold(token, key, kind, fence, path, id, file))
 }
 
 /// One of `permits` slot files of the semaphore `key`, under its record's flock (held for a
@@ -367,6 +371,7 @@ fn acquire_permit(
     me: &FileBackend,
     key: &str,
     token: &str,
+    owner: &str,
     permits: u32,
 ) -> Result<Attempt, LockError> {
     let record = me.semaphore_path(key);
@@ -398,7 +403,7 @@ fn acquire_permit(
     }
     for slot in 0..permits {
         let path = me.slot_path(key, slot);
-        let Some((file, id)) = lock_file(&path, false)? else {
+        let Some((mut file, id)) = lock_file(&path, false)? else {
             continue;
         };
         let fence = next_fence(&rec, &record)?;
@@ -407,7 +412,24 @@ fn acquire_permit(
             key.replace('\n', " ")
         );
         write_record(&mut rfile, &record, &body)?;
-        return Ok(me.hold(token, key, fence, path, id, file));
+        // The slot's own file names its holder, for status (nobody else reads it while the
+        // slot is held).
+        let holder = format!(
+            "{HEADER}\nfence={fence}\nowner={}\nsince={}\nkey={}\n",
+            owner.replace('\n', " "),
+            now_ms(),
+            key.replace('\n', " ")
+        );
+        write_record(&mut file, &path, &holder)?;
+        return Ok(me.hold(
+            token,
+            key,
+            LeaseKind::Permit { permits },
+            fence,
+            path,
+            id,
+            file,
+        ));
     }
     Ok(Attempt::Busy { holder_ttl: None })
 }
@@ -416,40 +438,102 @@ fn status_blocking(me: &FileBackend, key: &str) -> Result<LockStatus, LockError>
     let path = me.lock_path(key);
     let mut file = match File::open(&path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LockStatus::free()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return semaphore_status(me, key);
+        }
         Err(e) => return Err(io_err("opening", &path, e)),
     };
     // Held in this process? (flock would not tell us: it conflicts with our own open files.)
-    let here = me
+    let ours = me
         .held()
         .values()
-        .any(|h| h.key == key && still_at(&path, h.id));
-    // A writer blocks a shared probe; readers, an exclusive one (taken for an instant).
-    let probe = |shared: bool| {
-        let got = if shared {
-            file.try_lock_shared()
-        } else {
-            file.try_lock()
-        };
-        match got {
-            Ok(()) => {
-                let _ = file.unlock();
-                Ok(false)
-            }
-            Err(TryLockError::WouldBlock) => Ok(true),
-            Err(TryLockError::Error(e)) => Err(io_err("probing", &path, e)),
-        }
+        .find(|h| h.key == key && still_at(&path, h.id))
+        .map(|h| h.kind);
+    let writer = match ours {
+        Some(kind) => kind == LeaseKind::Exclusive,
+        // A writer blocks a shared probe.
+        None => probe(&file, &path, true)?,
     };
-    let locked = here || probe(true)? || probe(false)?;
-    if !locked {
-        return Ok(LockStatus::free());
+    // Readers block an exclusive probe (taken for an instant).
+    let readers = !writer && (ours.is_some() || probe(&file, &path, false)?);
+    if !writer && !readers {
+        return semaphore_status(me, key);
     }
     let rec = parse(&read_all(&mut file, &path)?, &path)?;
-    let owner = rec.owner.map(|o| match rec.since {
+    if readers {
+        // Readers do not write the file (others may be reading it): they cannot be listed one
+        // by one; their fence is the last writer's.
+        let st = LockStatus::held_by(vec![
+            HolderStatus::new(LeaseKind::Shared).fence(Some(rec.fence)),
+        ]);
+        return Ok(st.with_last_fence(Some(rec.fence)));
+    }
+    Ok(LockStatus::held(label(&rec), Some(rec.fence), None).with_last_fence(Some(rec.fence)))
+}
+
+/// A record's holder label: its owner and since when.
+fn label(rec: &Record) -> Option<String> {
+    rec.owner.clone().map(|o| match rec.since {
         Some(s) => format!("{o} since {s}"),
         None => o,
-    });
-    Ok(LockStatus::held(owner, Some(rec.fence), None))
+    })
+}
+
+/// Whether `file` is locked by another open file: a writer, probed with a shared lock; or
+/// anybody, probed with an exclusive one (taken for an instant, and given back).
+fn probe(file: &File, path: &Path, shared: bool) -> Result<bool, LockError> {
+    let got = if shared {
+        file.try_lock_shared()
+    } else {
+        file.try_lock()
+    };
+    match got {
+        Ok(()) => {
+            let _ = file.unlock();
+            Ok(false)
+        }
+        Err(TryLockError::WouldBlock) => Ok(true),
+        Err(TryLockError::Error(e)) => Err(io_err("probing", path, e)),
+    }
+}
+
+/// The holders of the semaphore `key`: each slot file that is locked, with the holder its file
+/// names; free when there is no semaphore of that name.
+fn semaphore_status(me: &FileBackend, key: &str) -> Result<LockStatus, LockError> {
+    let record = me.semaphore_path(key);
+    let rec = match std::fs::read_to_string(&record) {
+        Ok(text) => parse(&text, &record)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LockStatus::free()),
+        Err(e) => return Err(io_err("reading", &record, e)),
+    };
+    let Some(permits) = rec.permits else {
+        return Ok(LockStatus::free());
+    };
+    let held_here: Vec<PathBuf> = me
+        .held()
+        .values()
+        .filter(|h| h.key == key && matches!(h.kind, LeaseKind::Permit { .. }))
+        .map(|h| h.path.clone())
+        .collect();
+    let mut holders = Vec::new();
+    for slot in 0..permits {
+        let path = me.slot_path(key, slot);
+        let mut file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err("opening", &path, e)),
+        };
+        if !held_here.contains(&path) && !probe(&file, &path, false)? {
+            continue;
+        }
+        let slot_rec = parse(&read_all(&mut file, &path)?, &path)?;
+        holders.push(
+            HolderStatus::new(LeaseKind::Permit { permits })
+                .owner(label(&slot_rec))
+                .fence(Some(slot_rec.fence).filter(|f| *f > 0)),
+        );
+    }
+    Ok(LockStatus::held_by(holders).with_last_fence(Some(rec.fence)))
 }
 
 impl Backend for FileBackend {
@@ -533,6 +617,16 @@ fn break_blocking(me: &FileBackend, key: &str) -> Result<BreakOutcome, LockError
     let st = status_blocking(me, key)?;
     if !st.held {
         return Ok(BreakOutcome::Free);
+    }
+    if st
+        .holders
+        .iter()
+        .any(|h| matches!(h.kind, LeaseKind::Permit { .. }))
+    {
+        return Err(LockError::new(
+            ErrorKind::Unsupported,
+            format!("{key:?} is a semaphore: breaking its permits is not supported"),
+        ));
     }
     let path = me.lock_path(key);
     let mut file = File::open(&path).map_err(|e| io_err("opening", &path, e))?;

@@ -1,5 +1,6 @@
 //! The PostgreSQL engine: session advisory locks, many on each session of a small pool.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,8 +10,8 @@ use distlock_core::engine::pool::{
 };
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Fencing, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
-    LostReason, MutexExt, RenewItem, Sessions,
+    Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, LockError,
+    LockStatus, LostReason, MutexExt, RenewItem, Sessions,
 };
 use distlock_core::seeded::SeededBug;
 use sha2::{Digest, Sha256};
@@ -20,6 +21,10 @@ use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::config::PgConfig;
 use crate::error::map_err;
+
+mod kinds;
+
+use kinds::{PERMIT_PREFIX, PermitHold, PermitSql};
 
 /// The advisory lock id of a lock name: the first 8 bytes of SHA-256 of its UTF-8 bytes, read
 /// big-endian as a signed 64-bit integer. Stable across versions and easy to compute in any
@@ -146,6 +151,19 @@ pub(crate) struct PgConn {
     task: tokio::task::AbortHandle,
     /// Held while a statement that sets the idle timeout computes it and is sent.
     order: tokio::sync::Mutex<()>,
+    /// The semaphore statements, prepared on this session's first permit.
+    permit_sql: tokio::sync::OnceCell<PermitSql>,
+    /// The permits held on this session, by their semaphore's base id (the pool keeps one per
+    /// semaphore on a session: see `permit_key`).
+    permits: Mutex<HashMap<i64, PermitHold>>,
+}
+
+/// What parameters a statement that takes a lease gets around the timeout.
+enum Taking<'a> {
+    /// `$1` the lock id, `$2` the timeout, `$3` the owner.
+    Lock(i64, &'a str),
+    /// `$1` the semaphore's base id, `$2` its permits, `$3` the timeout, `$4` the owner.
+    Permit(i64, i32, &'a str),
 }
 
 /// The SQL half of the pool.
@@ -178,7 +196,7 @@ impl PgOps {
     }
 
     /// Runs a statement that sets the session's idle timeout: `$1` is the timeout (`keep()`,
-    /// in ms), or with `lock`, `$1` the lock id, `$2` the timeout and `$3` the owner. `keep` is
+    /// in ms), or with `lock`, the parameters of [`Taking`] around it. `keep` is
     /// called and the statement sent under the session's order lock, so statements run in the
     /// order their timeouts were computed (see `SessionPool::keep_for`).
     async fn query_keeping(
@@ -186,9 +204,9 @@ impl PgOps {
         conn: &PgConn,
         statement: &Statement,
         keep: &(dyn Fn() -> Duration + Send + Sync),
-        lock: Option<(i64, &str)>,
+        lock: Option<Taking<'_>>,
         doing: &str,
-    ) -> Result<tokio_postgres::Row, LockError> {
+    ) -> Result<Option<tokio_postgres::Row>, LockError> {
         use std::future::Future;
         use std::task::Poll;
         let limit = self.config.response_timeout;
@@ -196,7 +214,8 @@ impl PgOps {
         let order = conn.order.lock().await;
         let keep_text = ttl_ms(keep()).to_string();
         let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match &lock {
-            Some((id, owner)) => vec![id, &keep_text, owner],
+            Some(Taking::Lock(id, owner)) => vec![id, &keep_text, owner],
+            Some(Taking::Permit(base, n, owner)) => vec![base, n, &keep_text, owner],
             None => vec![&keep_text],
         };
         // An acquire's row (and its fence) arrives before its transaction commits. A statement
@@ -204,7 +223,7 @@ impl PgOps {
         // which (with synchronous_commit on, see open_session) flushed the sequence's WAL: a
         // fence is reported only once a crash can no longer give it again.
         let both = async {
-            let mut row = std::pin::pin!(conn.client.query_one(statement, &params));
+            let mut row = std::pin::pin!(conn.client.query_opt(statement, &params));
             let mut committed = std::pin::pin!(async {
                 if lock.is_some() {
                     conn.client.query_one(&conn.committed, &[]).await.map(drop)
@@ -295,7 +314,8 @@ impl PgOps {
             "SELECT a.application_name, \
                     CASE WHEN a.state = 'idle' \
                          THEN (extract(epoch FROM now() - a.state_change) * 1000)::bigint END, \
-                    (SELECT last_value FROM {s}.distlock_fence) \
+                    (SELECT last_value FROM {s}.distlock_fence), \
+                    l.mode = 'ShareLock' \
              FROM pg_locks l \
              LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
              WHERE {IN_PG_LOCKS}"
@@ -327,6 +347,8 @@ impl PgOps {
                     committed,
                     task,
                     order: tokio::sync::Mutex::new(()),
+                    permit_sql: tokio::sync::OnceCell::new(),
+                    permits: Mutex::new(HashMap::new()),
                 })
             }
             Err(e) => {
@@ -355,6 +377,9 @@ impl SessionOps for PgOps {
         key: &'a str,
     ) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(async move {
+            if let Some(base) = key.strip_prefix(PERMIT_PREFIX) {
+                return self.unlock_permit(conn, key, base).await;
+            }
             let (statement, id) = match key.strip_prefix(SHARED_PREFIX) {
                 Some(id) => (&conn.unlock_shared, id),
                 None => (&conn.unlock, key),
@@ -603,11 +628,16 @@ impl Backend for PgBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(Fencing::Monotonic, true).with_shared()
+        Capabilities::new(Fencing::Monotonic, true)
+            .with_shared()
+            .with_permits()
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a PostgreSQL advisory lock";
+        if let LeaseKind::Permit { permits } = req.kind {
+            return self.acquire_permit(req, permits).await;
+        }
         let pool = &self.inner.pool;
         let token = req.token.as_str();
         if req.retry
@@ -642,10 +672,23 @@ impl Backend for PgBackend {
             };
             let row = pool
                 .ops()
-                .query_keeping(conn, statement, &keep, Some((id, req.owner)), DOING)
+                .query_keeping(
+                    conn,
+                    statement,
+                    &keep,
+                    Some(Taking::Lock(id, req.owner)),
+                    DOING,
+                )
                 .await;
             let fence: Option<i64> = match row {
-                Ok(row) => row.get(0),
+                Ok(Some(row)) => row.get(0),
+                Ok(None) => {
+                    pool.withdraw_unknown(&lease).await;
+                    return Err(LockError::new(
+                        ErrorKind::Protocol,
+                        format!("{DOING}: the statement returned no row"),
+                    ));
+                }
                 Err(_) if session.is_over() => {
                     pool.withdraw(&lease);
                     continue;
@@ -689,34 +732,55 @@ impl Backend for PgBackend {
             .await
     }
 
+    /// Every session that holds the lock (one writer, or every reader), each with the label
+    /// its acquire wrote. Waiters are not known: distlock's attempts are try-locks.
     async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         const DOING: &str = "reading a PostgreSQL lock's status";
         let id = lock_id(key);
         let session = self.inner.pool.any_session().await?;
         let conn = session.conn();
-        let row = tokio::time::timeout(
+        let rows = tokio::time::timeout(
             self.config().response_timeout,
-            conn.client.query_opt(&conn.status, &[&id]),
+            conn.client.query(&conn.status, &[&id]),
         )
         .await
         .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
         .map_err(|e| map_err(e, DOING))?;
-        let Some(row) = row else {
-            return Ok(LockStatus::free());
-        };
-        let app: Option<String> = row.get(0);
-        let idle: Option<i64> = row.get(1);
-        let last: Option<i64> = row.get(2);
-        let last_fence = last.and_then(|l| u64::try_from(l).ok());
-        // "<tag> <fence or -> <ttl ms> <owner>", as the acquire wrote it (another role's
-        // session may show nothing; a session that changed its application_name shows that).
-        let Some((fence, ttl, owner)) = app.as_deref().and_then(parse_label) else {
-            return Ok(LockStatus::held(app, None, None).with_last_fence(last_fence));
-        };
-        let remaining = Duration::from_millis(
-            u64::try_from(ttl.saturating_sub(idle.unwrap_or(0))).unwrap_or(0),
-        );
-        Ok(LockStatus::held(Some(owner), fence, Some(remaining)).with_last_fence(last_fence))
+        if rows.is_empty() {
+            return self.semaphore_status(conn, key).await;
+        }
+        let mut last_fence = None;
+        let holders = rows
+            .iter()
+            .map(|row| {
+                let app: Option<String> = row.get(0);
+                let idle: Option<i64> = row.get(1);
+                let last: Option<i64> = row.get(2);
+                let shared: Option<bool> = row.get(3);
+                last_fence = last.and_then(|l| u64::try_from(l).ok());
+                let kind = if shared == Some(true) {
+                    LeaseKind::Shared
+                } else {
+                    LeaseKind::Exclusive
+                };
+                // "<tag> <fence or -> <ttl ms> <owner>", as the acquire wrote it (another
+                // role's session may show nothing; a session that changed its
+                // application_name shows that).
+                match app.as_deref().and_then(parse_label) {
+                    Some((fence, ttl, owner)) => {
+                        let remaining = Duration::from_millis(
+                            u64::try_from(ttl.saturating_sub(idle.unwrap_or(0))).unwrap_or(0),
+                        );
+                        HolderStatus::new(kind)
+                            .owner(Some(owner))
+                            .fence(fence)
+                            .ttl(Some(remaining))
+                    }
+                    None => HolderStatus::new(kind).owner(app),
+                }
+            })
+            .collect();
+        Ok(LockStatus::held_by(holders).with_last_fence(last_fence))
     }
 
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {
@@ -733,85 +797,6 @@ impl Backend for PgBackend {
 
     fn downgrade(&self) -> Option<&dyn Downgrade> {
         Some(self)
-    }
-}
-
-impl Downgrade for PgBackend {
-    /// On the writer's own session: the shared hold is taken (a session's holds never block
-    /// each other), then the exclusive one given back. Between the two statements the session
-    /// holds both, so no writer of another session can get in.
-    fn downgrade<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        _ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(self.downgrade_inner(lease))
-    }
-}
-
-impl PgBackend {
-    async fn downgrade_inner(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
-        const DOING: &str = "downgrading a PostgreSQL advisory lock to a shared one";
-        let pool = &self.inner.pool;
-        let token = lease.token.as_str();
-        let Some(held) = pool.held(lease.name, token) else {
-            return Ok(LeaseCheck::Missing);
-        };
-        if held.key().starts_with(SHARED_PREFIX) {
-            // Done already (a resent request).
-            return Ok(LeaseCheck::Ours);
-        }
-        let session = held.session();
-        if session.is_over() {
-            return Ok(LeaseCheck::Missing);
-        }
-        let conn = session.conn();
-        let id = lock_id(lease.name);
-        let steps = async {
-            // (Not prepared when the session opens: a downgrade is rare, and a statement more
-            // there would be a round trip more for every session.)
-            let limit = self.config().response_timeout;
-            let shared: bool = tokio::time::timeout(
-                limit,
-                conn.client
-                    .query_one("SELECT pg_try_advisory_lock_shared($1::bigint)", &[&id]),
-            )
-            .await
-            .map_err(|_| {
-                LockError::new(
-                    ErrorKind::Timeout,
-                    format!("{DOING}: no answer within {limit:?}"),
-                )
-            })?
-            .map_err(|e| map_err(e, DOING))?
-            .get(0);
-            let unlocked: bool = pool
-                .ops()
-                .query_one(conn, &conn.unlock, &[&id], DOING)
-                .await?
-                .get(0);
-            Ok::<_, LockError>(shared && unlocked)
-        };
-        match steps.await {
-            Ok(true) => {
-                pool.rekey(lease.name, token, &format!("{SHARED_PREFIX}{id}"));
-                Ok(LeaseCheck::Ours)
-            }
-            Ok(false) | Err(_) if session.is_over() => Ok(LeaseCheck::Missing),
-            outcome => {
-                // The session's holds are no longer known (a shared hold the pool does not
-                // track would block writers until the session ends): end the session, which
-                // frees them all. Its leases report lost.
-                pool.close(session, LostReason::Unreachable);
-                match outcome {
-                    Err(e) => Err(e),
-                    _ => Err(LockError::new(
-                        ErrorKind::Protocol,
-                        format!("{DOING}: the session did not hold what the pool recorded"),
-                    )),
-                }
-            }
-        }
     }
 }
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, Fencing, Handover, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError,
-    LockStatus, NextWaiter, RenewItem, Subscription, Token, WakeSource,
+    Downgrade, ErrorKind, Fencing, Handover, HolderStatus, HolderValue, LeaseCheck, LeaseKind,
+    LeaseRef, LockError, LockStatus, NextWaiter, RenewItem, Subscription, Token, WakeSource,
 };
 
 use crate::config::{ClusterConfig, RedisConfig, WaitReplicas};
@@ -654,6 +654,15 @@ impl Breaker for RedisBackend {
     fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
         Box::pin(async move {
             let (st, token) = self.holder(key).await?;
+            if st.holders.iter().any(|h| h.kind != LeaseKind::Exclusive) {
+                return Err(LockError::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "{key:?} is held by readers or a semaphore's permits: each share ends \
+                         with its own TTL (breaking them is not supported)"
+                    ),
+                ));
+            }
             let Some(token) = token.filter(|_| st.held) else {
                 return Ok(BreakOutcome::Free);
             };
@@ -672,31 +681,82 @@ impl RedisBackend {
     async fn holder(&self, key: &str) -> Result<(LockStatus, Option<String>), LockError> {
         const DOING: &str = "reading a Redis lock's status";
         let keys = self.layout.keys(key);
+        let readers = readers::readers_key(keys.lock());
+        let permits = permits::PermitKeys::new(keys.lock().to_owned());
         let reply = self
             .conn
             .run(
                 &self.scripts.status,
-                &[keys.lock(), keys.meta(), keys.fence()],
+                &[
+                    keys.lock(),
+                    keys.meta(),
+                    keys.fence(),
+                    keys.waiters(),
+                    &readers,
+                    permits.holders(),
+                    permits.meta(),
+                    permits.queue(),
+                ],
                 &[],
                 DOING,
             )
             .await?;
         Ok(match reply {
-            StatusReply::Free { last_fence } => {
-                (LockStatus::free().with_last_fence(last_fence), None)
-            }
+            StatusReply::Free {
+                last_fence,
+                waiters,
+            } => (
+                LockStatus::free()
+                    .with_last_fence(last_fence)
+                    .with_waiters(Some(waiters)),
+                None,
+            ),
             StatusReply::Held {
                 ttl,
                 value,
                 meta_token,
                 holder_fence,
                 last_fence,
+                waiters,
             } => {
                 let (owner, fence) = describe_holder(&value, &meta_token, holder_fence);
-                let token = HolderValue::parse(&value).token.to_owned();
+                let token =
+                    Some(HolderValue::parse(&value).token.to_owned()).filter(|t| !t.is_empty());
                 (
-                    LockStatus::held(Some(owner), fence, ttl).with_last_fence(last_fence),
-                    Some(token).filter(|t| !t.is_empty()),
+                    LockStatus::held(Some(owner), fence, ttl)
+                        .with_holder(LeaseKind::Exclusive, token.clone())
+                        .with_last_fence(last_fence)
+                        .with_waiters(Some(waiters)),
+                    token,
+                )
+            }
+            StatusReply::Shared {
+                permits,
+                holders,
+                last_fence,
+                waiters,
+            } => {
+                let kind = match permits {
+                    Some(permits) => LeaseKind::Permit { permits },
+                    None => LeaseKind::Shared,
+                };
+                let holders = holders
+                    .into_iter()
+                    .map(|h| {
+                        let label =
+                            (!h.value.is_empty()).then(|| HolderValue::parse(&h.value).label());
+                        HolderStatus::new(kind)
+                            .token(Some(h.token))
+                            .owner(label)
+                            .fence(h.fence)
+                            .ttl(h.ttl)
+                    })
+                    .collect();
+                (
+                    LockStatus::held_by(holders)
+                        .with_last_fence(last_fence)
+                        .with_waiters(Some(waiters)),
+                    None,
                 )
             }
         })

@@ -200,9 +200,12 @@ impl ScriptReply for ReleaseReply {
 /// `status.lua`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum StatusReply {
-    /// `{0, last fence}`: nobody holds the lock.
-    Free { last_fence: Option<u64> },
-    /// `{1, pttl, value, meta token, holder fence, last fence}`.
+    /// `{0, last fence, waiters}`: nobody holds the lock.
+    Free {
+        last_fence: Option<u64>,
+        waiters: u64,
+    },
+    /// `{1, last fence, waiters, pttl, value, meta token, holder fence}`.
     Held {
         /// The holder's remaining lease, if its key has a TTL.
         ttl: Option<Duration>,
@@ -212,23 +215,72 @@ pub(crate) enum StatusReply {
         meta_token: String,
         holder_fence: Option<u64>,
         last_fence: Option<u64>,
+        waiters: u64,
     },
+    /// `{2 (readers) or 3 (permits), last fence, waiters, [permits,] then per holder: token,
+    /// fence, ms left, holder value}`.
+    Shared {
+        /// `None` for readers, the semaphore's size for permits.
+        permits: Option<u32>,
+        holders: Vec<SharedHolder>,
+        last_fence: Option<u64>,
+        waiters: u64,
+    },
+}
+
+/// A reader or a permit holder, as `status.lua` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SharedHolder {
+    pub(crate) token: String,
+    pub(crate) fence: Option<u64>,
+    pub(crate) ttl: Option<Duration>,
+    /// `<token> <since> <owner>`, or empty when it was not recorded.
+    pub(crate) value: String,
 }
 
 impl ScriptReply for StatusReply {
     fn parse(v: &Value) -> Option<Self> {
         let Value::Array(items) = v else { return None };
+        let last_fence = items.get(1).and_then(fence);
+        let waiters = u64::try_from(items.get(2).and_then(int)?).unwrap_or(0);
         match items.first().and_then(int)? {
             0 => Some(StatusReply::Free {
-                last_fence: items.get(1).and_then(fence),
+                last_fence,
+                waiters,
             }),
             1 => Some(StatusReply::Held {
-                ttl: pttl(items.get(1).and_then(int)?),
-                value: items.get(2).and_then(text)?,
-                meta_token: items.get(3).and_then(text).unwrap_or_default(),
-                holder_fence: items.get(4).and_then(fence),
-                last_fence: items.get(5).and_then(fence),
+                ttl: pttl(items.get(3).and_then(int)?),
+                value: items.get(4).and_then(text)?,
+                meta_token: items.get(5).and_then(text).unwrap_or_default(),
+                holder_fence: items.get(6).and_then(fence),
+                last_fence,
+                waiters,
             }),
+            code @ (2 | 3) => {
+                let (permits, rest) = if code == 3 {
+                    let n = u32::try_from(items.get(3).and_then(int)?).ok()?;
+                    (Some(n), items.get(4..)?)
+                } else {
+                    (None, items.get(3..)?)
+                };
+                let holders = rest
+                    .chunks(4)
+                    .map(|h| {
+                        Some(SharedHolder {
+                            token: h.first().and_then(text)?,
+                            fence: h.get(1).and_then(fence),
+                            ttl: pttl(h.get(2).and_then(int)?),
+                            value: h.get(3).and_then(text).unwrap_or_default(),
+                        })
+                    })
+                    .collect::<Option<Vec<_>>>()?;
+                Some(StatusReply::Shared {
+                    permits,
+                    holders,
+                    last_fence,
+                    waiters,
+                })
+            }
             _ => None,
         }
     }
@@ -363,29 +415,54 @@ mod tests {
         assert_eq!(ReleaseReply::parse(&arr(&[Int(4), Int(0)])), None);
 
         assert_eq!(
-            StatusReply::parse(&arr(&[Int(0), Int(3)])),
+            StatusReply::parse(&arr(&[Int(0), Int(3), Int(2)])),
             Some(StatusReply::Free {
-                last_fence: Some(3)
+                last_fence: Some(3),
+                waiters: 2
             })
         );
         assert_eq!(
             StatusReply::parse(&arr(&[
                 Int(1),
+                Int(3),
+                Int(0),
                 Int(900),
                 bulk("tok 1 host/1"),
                 bulk("tok"),
                 Int(3),
-                Int(3)
             ])),
             Some(StatusReply::Held {
                 ttl: Some(Duration::from_millis(900)),
                 value: "tok 1 host/1".into(),
                 meta_token: "tok".into(),
                 holder_fence: Some(3),
-                last_fence: Some(3)
+                last_fence: Some(3),
+                waiters: 0
             })
         );
         assert_eq!(StatusReply::parse(&arr(&[Int(1), Int(900)])), None);
+        let reader = |t: &str, f: i64| [bulk(t), Int(f), Int(500), bulk(&format!("{t} 1 host/2"))];
+        let mut permits = vec![Int(3), Int(9), Int(1), Int(4)];
+        permits.extend(reader("a", 8));
+        permits.extend(reader("b", 9));
+        match StatusReply::parse(&arr(&permits)) {
+            Some(StatusReply::Shared {
+                permits: Some(4),
+                holders,
+                last_fence: Some(9),
+                waiters: 1,
+            }) => {
+                assert_eq!(holders.len(), 2);
+                assert_eq!(holders[1].token, "b");
+                assert_eq!(holders[1].fence, Some(9));
+                assert_eq!(holders[1].ttl, Some(Duration::from_millis(500)));
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut readers = vec![Int(2), Int(5), Int(0)];
+        readers.extend(reader("a", 5));
+        readers.push(bulk("half"));
+        assert_eq!(StatusReply::parse(&arr(&readers)), None, "a cut-off holder");
 
         assert_eq!(LeaveReply::parse(&Int(2)), Some(LeaveReply::HandedOver));
         assert_eq!(LeaveReply::parse(&Int(3)), None);

@@ -7,14 +7,15 @@ use std::time::Duration;
 use distlock_core::engine::queue::QueueRecipe;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError,
-    LockStatus, LostReason, RenewItem, Sessions, Subscription, WakeSource, tag_value, untag_value,
+    Downgrade, ErrorKind, Fencing, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
+    LockError, LockStatus, LostReason, RenewItem, Sessions, Subscription, WakeSource, tag_value,
+    untag_value,
 };
 use zookeeper_client::{Error, MultiReadResult};
 
 use crate::config::ZkConfig;
 use crate::session::{ZkSessions, map_err};
-use crate::store::{ZkStore, seq_of};
+use crate::store::{self, ZkStore, seq_of};
 
 /// A lock engine on ZooKeeper: the lock recipe of its documentation and Apache Curator.
 ///
@@ -151,11 +152,66 @@ impl Backend for ZkBackend {
         }
     }
 
+    /// Every holder (the leading nodes that hold: one writer, the readers up to the first
+    /// writer, or N permits) with its label, token and `czxid`; the other nodes are waiters.
+    /// A node's kind is its name's, or the readers' tag in its data (a downgraded writer).
     async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
-        Ok(self
-            .holder(key)
+        const DOING: &str = "reading a ZooKeeper lock's status";
+        let parent = self.lock_path(key);
+        let client = self.sessions().current().client.clone();
+        let children = match self
+            .store()
+            .call(DOING, client.list_children(&parent))
             .await?
-            .map_or_else(LockStatus::free, |h| h.0))
+        {
+            Ok(c) => c,
+            Err(Error::NoNode) => return Ok(LockStatus::free()),
+            Err(e) => return Err(map_err(e, DOING)),
+        };
+        let mut queue: Vec<(i64, String)> = children
+            .into_iter()
+            .filter_map(|c| seq_of(&c).map(|s| (s, c)))
+            .collect();
+        queue.sort();
+        let mut holders: Vec<HolderStatus> = Vec::new();
+        let mut gone = 0;
+        for (_, child) in &queue {
+            let (data, stat) = match self
+                .store()
+                .call(DOING, client.get_data(&format!("{parent}/{child}")))
+                .await?
+            {
+                Ok(d) => d,
+                // Released in between.
+                Err(Error::NoNode) => {
+                    gone += 1;
+                    continue;
+                }
+                Err(e) => return Err(map_err(e, DOING)),
+            };
+            let value = String::from_utf8_lossy(&data).into_owned();
+            let (tagged, holder) = untag_value(&value);
+            let kind = if tagged == LeaseKind::Shared {
+                tagged
+            } else {
+                store::kind_of(child)
+            };
+            let holder = HolderValue::parse(holder);
+            let next = HolderStatus::new(kind)
+                .owner(Some(holder.label()))
+                .token(Some(holder.token.to_owned()).filter(|t| !t.is_empty()))
+                .fence(u64::try_from(stat.czxid).ok());
+            let kinds = holders.iter().map(|h| h.kind).chain([kind]);
+            if distlock_core::engine::queue::holding(kinds) <= holders.len() {
+                break;
+            }
+            holders.push(next);
+        }
+        let last = holders.iter().filter_map(|h| h.fence).max();
+        let waiters = (queue.len() - gone).saturating_sub(holders.len());
+        Ok(LockStatus::held_by(holders)
+            .with_last_fence(last)
+            .with_waiters(Some(waiters as u64)))
     }
 
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {

@@ -6,10 +6,10 @@ mod schemes;
 
 pub use distlock_core::{
     AnyBackend, Backend, Backoff, BoxError, Clock, DEFAULT_HANDOFF_STREAK, DEFAULT_WAKE_FALLBACK,
-    ErrorKind, LeakedLease, LeaseHandle, LeaseKind, LockClient, LockClientBuilder, LockError,
-    LockGuard, LockOptions, LockOptionsBuilder, LockStatus, LostReason, MAX_KEY_LEN, MAX_TTL,
-    ManualClock, Released, SystemClock, Token, Wait, default_drift, default_owner, error_chain,
-    parse_duration, validate_key,
+    ErrorKind, HolderStatus, LeakedLease, LeaseHandle, LeaseKind, LockClient, LockClientBuilder,
+    LockError, LockGuard, LockOptions, LockOptionsBuilder, LockStatus, LostReason, MAX_KEY_LEN,
+    MAX_TTL, ManualClock, Released, SystemClock, Token, Wait, default_drift, default_owner,
+    error_chain, parse_duration, validate_key,
 };
 pub use schemes::{connect, engines, open_backend, open_backend_within, supported_schemes};
 

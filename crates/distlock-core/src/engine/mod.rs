@@ -378,6 +378,68 @@ pub struct LockStatus {
     pub last_fence: Option<u64>,
     /// The holder's remaining lease, if the lease expires.
     pub ttl: Option<Duration>,
+    /// Every holder, oldest first where the engine knows the order: one for a mutex or a
+    /// writer, one per reader or permit. (`owner`, `fence` and `ttl` above are the first's.)
+    pub holders: Vec<HolderStatus>,
+    /// How many clients wait for the name, where the engine can tell (a queue it keeps).
+    pub waiters: Option<u64>,
+}
+
+/// One holder of a name, as [`LockStatus::holders`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HolderStatus {
+    /// The kind of its lease: exclusive (a mutex or a writer), shared (a reader), or a permit.
+    pub kind: LeaseKind,
+    /// The token stored for it, where the engine stores one.
+    pub token: Option<String>,
+    /// Its label (host/pid and since when), if known.
+    pub owner: Option<String>,
+    /// Its fencing token, when the engine recorded it.
+    pub fence: Option<u64>,
+    /// Its remaining lease, if the lease expires.
+    pub ttl: Option<Duration>,
+}
+
+impl HolderStatus {
+    /// A holder of `kind`.
+    pub fn new(kind: LeaseKind) -> Self {
+        HolderStatus {
+            kind,
+            token: None,
+            owner: None,
+            fence: None,
+            ttl: None,
+        }
+    }
+
+    /// With its token.
+    #[must_use]
+    pub fn token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
+    }
+
+    /// With its label.
+    #[must_use]
+    pub fn owner(mut self, owner: Option<String>) -> Self {
+        self.owner = owner;
+        self
+    }
+
+    /// With its fence.
+    #[must_use]
+    pub fn fence(mut self, fence: Option<u64>) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    /// With its remaining lease.
+    #[must_use]
+    pub fn ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.ttl = ttl;
+        self
+    }
 }
 
 impl LockStatus {
@@ -386,15 +448,54 @@ impl LockStatus {
         LockStatus::default()
     }
 
-    /// The lock is held.
+    /// The lock is held, by one exclusive holder.
     pub fn held(owner: Option<String>, fence: Option<u64>, ttl: Option<Duration>) -> Self {
+        let holder = HolderStatus::new(LeaseKind::Exclusive)
+            .owner(owner.clone())
+            .fence(fence)
+            .ttl(ttl);
         LockStatus {
             held: true,
             owner,
             fence,
             last_fence: None,
             ttl,
+            holders: vec![holder],
+            waiters: None,
         }
+    }
+
+    /// Held by `holders` (free when there are none); the first is the one `owner`, `fence` and
+    /// `ttl` describe.
+    pub fn held_by(holders: Vec<HolderStatus>) -> Self {
+        let first = holders.first();
+        LockStatus {
+            held: first.is_some(),
+            owner: first.and_then(|h| h.owner.clone()),
+            fence: first.and_then(|h| h.fence),
+            last_fence: None,
+            ttl: first.and_then(|h| h.ttl),
+            holders,
+            waiters: None,
+        }
+    }
+
+    /// The same status, with the one holder's token and kind (an engine that reads them
+    /// besides the label).
+    #[must_use]
+    pub fn with_holder(mut self, kind: LeaseKind, token: Option<String>) -> Self {
+        if let Some(h) = self.holders.first_mut() {
+            h.kind = kind;
+            h.token = token;
+        }
+        self
+    }
+
+    /// The same status, with the number of waiting clients.
+    #[must_use]
+    pub fn with_waiters(mut self, waiters: Option<u64>) -> Self {
+        self.waiters = waiters;
+        self
     }
 
     /// The same status, with the highest fence issued so far.

@@ -172,6 +172,22 @@ pub fn decide<Id: Clone>(kind: LeaseKind, ahead: &[QueuedEntry<Id>]) -> Decision
     }
 }
 
+/// How many of a queue's entries, oldest first, hold their leases (the rest wait): the first
+/// alone when it is exclusive, every shared entry up to the first that is not when it is shared,
+/// and up to N permits when it is one of N.
+pub fn holding(kinds: impl IntoIterator<Item = LeaseKind>) -> usize {
+    let mut kinds = kinds.into_iter();
+    let Some(first) = kinds.next() else { return 0 };
+    match first {
+        LeaseKind::Shared => 1 + kinds.take_while(|k| *k == LeaseKind::Shared).count(),
+        LeaseKind::Permit { permits } => {
+            let more = kinds.take_while(|k| *k == first).count();
+            (1 + more).min(permits.max(1) as usize)
+        }
+        _ => 1,
+    }
+}
+
 /// An entry of ours, by token.
 #[derive(Debug, Clone)]
 pub struct Entry<Id> {
@@ -548,6 +564,21 @@ mod tests {
             waiting_on(2, true)
         );
         assert_eq!(decide(LeaseKind::Shared, &queue), waiting_on(3, false));
+    }
+
+    #[test]
+    fn the_holders_are_the_leading_entries_that_can_share() {
+        let (x, r, p3) = (
+            LeaseKind::Exclusive,
+            LeaseKind::Shared,
+            LeaseKind::Permit { permits: 3 },
+        );
+        assert_eq!(holding([]), 0);
+        assert_eq!(holding([x, r, r]), 1);
+        assert_eq!(holding([r, r, x, r]), 2);
+        assert_eq!(holding([r]), 1);
+        assert_eq!(holding([p3, p3]), 2);
+        assert_eq!(holding([p3, p3, p3, p3, p3]), 3);
     }
 
     #[test]

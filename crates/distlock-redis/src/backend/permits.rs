@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, LeaseCheck, LeaseKind, LockError, RenewItem, Token, kind_conflict,
+    AcquireRequest, Attempt, HolderValue, LeaseCheck, LeaseKind, LockError, RenewItem, Token,
+    kind_conflict,
 };
 
 use super::RedisBackend;
@@ -38,6 +39,16 @@ impl PermitKeys {
     /// The holders' sorted set.
     pub(super) fn holders(&self) -> &str {
         &self.holders
+    }
+
+    /// The meta hash (size, fences, labels).
+    pub(super) fn meta(&self) -> &str {
+        &self.meta
+    }
+
+    /// The queue of waiting clients.
+    pub(super) fn queue(&self) -> &str {
+        &self.queue
     }
 
     /// The four keys every permit script takes first.
@@ -75,6 +86,7 @@ impl RedisBackend {
         let mut floor = itoa::Buffer::new();
         let mut place = itoa::Buffer::new();
         let [h, m, q, l] = keys.four();
+        let holder = HolderValue::now(token, req.owner).encode();
         let (reply, acks) = self
             .conn
             .run_waited(
@@ -87,6 +99,7 @@ impl RedisBackend {
                     &member,
                     floor.format(self.seen.floor(req.name)),
                     place.format(place_ms(req.ttl)),
+                    &holder,
                 ],
                 DOING,
             )

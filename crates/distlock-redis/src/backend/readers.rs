@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, BoxFuture, Downgrade, ErrorKind, LeaseCheck, LeaseRef, LockError,
-    MutexExt, Token,
+    AcquireRequest, Attempt, BoxFuture, Downgrade, ErrorKind, HolderValue, LeaseCheck, LeaseRef,
+    LockError, MutexExt, Token,
 };
 
 use super::RedisBackend;
@@ -17,7 +17,7 @@ use crate::replies::ReadReply;
 use crate::scripts::{ttl_ms, unix_ms};
 
 /// The readers' sorted set of the lock whose key is `lock`.
-fn readers_key(lock: &str) -> String {
+pub(super) fn readers_key(lock: &str) -> String {
     format!("{lock}:readers")
 }
 
@@ -50,6 +50,7 @@ impl RedisBackend {
         let permits = PermitKeys::new(keys.lock().to_owned());
         let mut ttl = itoa::Buffer::new();
         let mut now = itoa::Buffer::new();
+        let holder = HolderValue::now(token, req.owner).encode();
         let (reply, acks) = self
             .conn
             .run_waited(
@@ -68,6 +69,7 @@ impl RedisBackend {
                     &mine,
                     now.format(unix_ms()),
                     &wake,
+                    &holder,
                 ],
                 DOING,
             )

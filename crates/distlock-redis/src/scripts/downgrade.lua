@@ -29,7 +29,7 @@ local fence = tonumber(redis.call('ZSCORE', KEYS[4], 'f')) or 0
 redis.call('SET', KEYS[1], MARK, 'PX', ttl)
 redis.call('ZADD', KEYS[5], now + ttl, tok)
 redis.call('PEXPIRE', KEYS[5], ttl + 1000)
-redis.call('HSET', KEYS[2], 'r:' .. tok, fence)
+redis.call('HSET', KEYS[2], 'r:' .. tok, fence, 'o:' .. tok, cur)
 redis.call('HDEL', KEYS[2], 'token', 'holder_fence')
 local head = redis.pcall('LINDEX', KEYS[3], 0)
 if type(head) == 'string' and string.find(head, '^[^ ]+ %d+ %d+ [^ ]+ ~r ') then

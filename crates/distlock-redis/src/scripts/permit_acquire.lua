@@ -5,7 +5,7 @@
 -- ARGV[1] token, ARGV[2] permits, ARGV[3] ttl ms, ARGV[4] our queue member ('<token> <wake
 -- channel>'; '' when we do not hear wake-ups: then we do not queue), ARGV[5] the highest fence
 -- of this name the client saw (see fence.lua), ARGV[6] how long our place in the queue is kept
--- without another attempt (ms).
+-- without another attempt (ms), ARGV[7] our holder value ('<token> <since> <owner>', for status).
 -- Returns {1, fence} when a permit is ours; {0, ms until the first holder's deadline (-1: no
 -- holder), queued} when not (queued: this call added us to the queue); {-1, permits} when the
 -- semaphore is in use with another number of permits; {-2} when a lock holds the name.
@@ -43,7 +43,7 @@ if held < n and ahead < n - held then
     return redis.error_reply(why)
   end
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), tok)
-  redis.call('HSET', KEYS[2], 'permits', n, 'f:' .. tok, fence)
+  redis.call('HSET', KEYS[2], 'permits', n, 'f:' .. tok, fence, 'o:' .. tok, ARGV[7])
   if rank then
     redis.call('ZREM', KEYS[3], ARGV[4])
     redis.call('ZREM', KEYS[4], ARGV[4])

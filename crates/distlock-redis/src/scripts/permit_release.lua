@@ -14,7 +14,7 @@ local d = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local out = 0
 if d then
   redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], 'f:' .. ARGV[1])
+  redis.call('HDEL', KEYS[2], 'f:' .. ARGV[1], 'o:' .. ARGV[1])
   if tonumber(d) > now then
     out = 1
   end

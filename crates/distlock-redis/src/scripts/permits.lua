@@ -5,7 +5,8 @@
 -- KEYS[1] holders: a sorted set, token -> deadline in ms on the server's clock (TIME), never
 --         the client's;
 -- KEYS[2] meta hash: 'permits' (the size the holders and waiters opened it with), 'seq' (the
---         queue's arrival counter), 'f:<token>' (each holder's fence);
+--         queue's arrival counter), 'f:<token>' (each holder's fence), 'o:<token>' (its holder
+--         value, '<token> <since> <owner>', for status);
 -- KEYS[3] queue of waiting clients: a sorted set, '<token> <wake channel>' -> arrival;
 -- KEYS[4] the queue's liveness: the same members -> the deadline of their place (a waiter
 --         that stopped asking leaves the queue by itself).
@@ -22,7 +23,7 @@ end
 local function keep(now)
   for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
     redis.call('ZREM', KEYS[1], d)
-    redis.call('HDEL', KEYS[2], 'f:' .. d)
+    redis.call('HDEL', KEYS[2], 'f:' .. d, 'o:' .. d)
   end
   for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
     redis.call('ZREM', KEYS[3], w)

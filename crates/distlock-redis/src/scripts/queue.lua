@@ -68,7 +68,8 @@ local function pass_on(lock, meta, fkey, queue, self_chan, now, first, only_read
         local t = redis.call('TIME')
         local snow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
         redis.call('ZADD', lock .. ':readers', snow + tonumber(ttl), tok)
-        redis.call('HSET', meta, 'r:' .. tok, tonumber(redis.call('ZSCORE', fkey, 'f')) or 0)
+        redis.call('HSET', meta, 'r:' .. tok, tonumber(redis.call('ZSCORE', fkey, 'f')) or 0,
+          'o:' .. tok, tok .. ' ' .. now .. ' ' .. string.sub(owner, 4))
         if redis.call('GET', lock) ~= '~readers' then
           redis.call('SET', lock, '~readers', 'PX', ttl)
         elseif redis.call('PTTL', lock) < tonumber(ttl) then

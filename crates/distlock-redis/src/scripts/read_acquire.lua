@@ -3,12 +3,14 @@
 -- lock key with the marker '~readers' (so a writer's SET NX fails), living as long as the
 -- longest share; each share is a member of the readers' sorted set, scored with its deadline
 -- on the server's clock.
--- KEYS[1] lock key, KEYS[2] meta hash ('r:<token>': each reader's fence), KEYS[3] the queue of
+-- KEYS[1] lock key, KEYS[2] meta hash ('r:<token>': each reader's fence; 'o:<token>': its holder
+-- value), KEYS[3] the queue of
 -- waiting clients (see queue.lua), KEYS[4] the fence counter (see fence.lua), KEYS[5] the
 -- readers' sorted set, KEYS[6] the name's semaphore holders (a semaphore there is a conflict).
 -- ARGV[1] token, ARGV[2] ttl ms, ARGV[3] our registration (a reader's: its owner field starts
 -- with '~r '; '' when we do not hear wake-ups: then we do not queue), ARGV[4] the client's clock
--- in ms since the epoch (shown as a next writer's start), ARGV[5] our wake channel.
+-- in ms since the epoch (shown as a next writer's start), ARGV[5] our wake channel, ARGV[6] our
+-- holder value ('<token> <since> <owner>', kept in the meta hash as 'o:<token>' for status).
 -- Returns {1, fence} when the share is ours, where the fence is the counter as the last writer
 -- left it (0 before any writer); {0, the lock's pttl, queued} when a writer holds it or waits
 -- (a waiting writer holds back new readers: readers and writers are served in arrival order);
@@ -23,7 +25,7 @@ if redis.call('EXISTS', KEYS[6]) == 1 then
 end
 for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
   redis.call('ZREM', KEYS[5], d)
-  redis.call('HDEL', KEYS[2], 'r:' .. d)
+  redis.call('HDEL', KEYS[2], 'r:' .. d, 'o:' .. d)
 end
 local function stretch()
   local last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
@@ -70,7 +72,7 @@ if cur == MARK then
 end
 local fence = tonumber(redis.call('ZSCORE', KEYS[4], 'f')) or 0
 redis.call('ZADD', KEYS[5], now + ttl, tok)
-redis.call('HSET', KEYS[2], 'r:' .. tok, fence)
+redis.call('HSET', KEYS[2], 'r:' .. tok, fence, 'o:' .. tok, ARGV[6])
 if cur == false then
   redis.call('SET', KEYS[1], MARK, 'PX', ttl)
 end

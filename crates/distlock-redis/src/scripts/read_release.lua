@@ -18,13 +18,13 @@ if d then
     out = 1
   end
 end
-redis.call('HDEL', KEYS[2], 'r:' .. ARGV[1])
+redis.call('HDEL', KEYS[2], 'r:' .. ARGV[1], 'o:' .. ARGV[1])
 if ARGV[3] ~= '' then
   redis.pcall('LREM', KEYS[3], 1, ARGV[3])
 end
 for _, r in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
   redis.call('ZREM', KEYS[5], r)
-  redis.call('HDEL', KEYS[2], 'r:' .. r)
+  redis.call('HDEL', KEYS[2], 'r:' .. r, 'o:' .. r)
 end
 if cur == MARK then
   local last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')

@@ -285,6 +285,129 @@ pub async fn a_writer_downgrades_without_a_gap<B: Backend>(make: &impl MakeClien
     assert!(g2.release().await.unwrap().was_held());
 }
 
+/// `status` lists every holder of a name: each reader, each permit (kind, token, label,
+/// fence, TTL), and the waiters where the engine keeps a queue. (The file engine's readers do
+/// not write the file, so it shows them as one shared hold.)
+pub async fn status_lists_every_holder<B: Backend>(make: &impl MakeClient<B>) {
+    let o = opts().build().unwrap();
+    let (a, b, w) = (
+        make.client(o).await,
+        make.client(o).await,
+        make.client(o).await,
+    );
+    let caps = a.backend().capabilities();
+    let listed = a.backend().name() != "file";
+    let check = |h: &distlock_core::HolderStatus, g: &LockGuard<B>, c: &LockClient<B>| {
+        assert_eq!(h.kind, g.kind());
+        if let Some(t) = &h.token {
+            assert_eq!(t, g.token().as_str());
+        }
+        if listed {
+            let owner = h.owner.as_deref().expect("a holder's label");
+            assert!(
+                owner.contains(c.owner()),
+                "{owner:?} does not name {:?}",
+                c.owner()
+            );
+            // Where the engine names the token, it names the fence too.
+            if h.token.is_some() && (g.kind() != LeaseKind::Shared || fenced(c)) {
+                assert_eq!(h.fence, g.fence().filter(|f| *f > 0), "{h:?}");
+            }
+        }
+        if caps.expiring && listed {
+            let ttl = h.ttl.expect("an expiring engine reports each holder's TTL");
+            assert!(ttl <= Duration::from_secs(10), "{ttl:?}");
+        }
+    };
+    if holds(&a, LeaseKind::Shared).await {
+        let k = key("status-rw");
+        let r1 = read(&a, &k).await.expect("free");
+        let r2 = read(&b, &k).await.expect("a second reader");
+        let writer = {
+            let (w, k) = (w.clone(), k.clone());
+            tokio::spawn(async move {
+                w.write_lock(&k)
+                    .wait_timeout(Duration::from_secs(20))
+                    .acquire()
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let st = w.status(&k).await.unwrap();
+        assert!(st.held);
+        assert!(
+            st.holders.iter().all(|h| h.kind == LeaseKind::Shared),
+            "{st:?}"
+        );
+        if listed {
+            assert_eq!(st.holders.len(), 2, "{st:?}");
+            let by_token = |g: &LockGuard<B>| {
+                st.holders
+                    .iter()
+                    .find(|h| h.token.as_deref() == Some(g.token().as_str()))
+                    .or_else(|| st.holders.iter().find(|h| h.token.is_none()))
+                    .expect("the reader listed")
+            };
+            check(by_token(&r1), &r1, &a);
+            check(by_token(&r2), &r2, &b);
+        }
+        if caps.ordered {
+            assert_eq!(st.waiters, Some(1), "the waiting writer: {st:?}");
+        }
+        assert!(r1.release().await.unwrap().was_held());
+        assert!(r2.release().await.unwrap().was_held());
+        let g = tokio::time::timeout(Duration::from_secs(15), writer)
+            .await
+            .expect("writer")
+            .unwrap()
+            .expect("writer");
+        let st = a.status(&k).await.unwrap();
+        assert_eq!(st.holders.len(), 1, "{st:?}");
+        assert_eq!(st.holders[0].kind, LeaseKind::Exclusive);
+        if caps.ordered {
+            assert_eq!(st.waiters, Some(0), "{st:?}");
+        }
+        assert!(g.release().await.unwrap().was_held());
+        assert!(!a.status(&k).await.unwrap().held);
+    }
+    if holds(&a, LeaseKind::Permit { permits: 3 }).await {
+        let k = key("status-sem");
+        let p1 = a
+            .semaphore(&k, 3)
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("a permit");
+        let p2 = b
+            .semaphore(&k, 3)
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("a permit");
+        let st = w.status(&k).await.unwrap();
+        assert!(st.held);
+        assert_eq!(st.holders.len(), 2, "{st:?}");
+        for (g, c) in [(&p1, &a), (&p2, &b)] {
+            let h = st
+                .holders
+                .iter()
+                .find(|h| h.token.as_deref() == Some(g.token().as_str()))
+                .or_else(|| st.holders.iter().find(|h| h.fence == g.fence()))
+                // (PostgreSQL knows a permit's session, not its token or fence.)
+                .or_else(|| {
+                    st.holders
+                        .iter()
+                        .find(|h| h.token.is_none() && h.fence.is_none())
+                })
+                .expect("the permit listed");
+            check(h, g, c);
+        }
+        assert!(p1.release().await.unwrap().was_held());
+        assert!(p2.release().await.unwrap().was_held());
+        assert!(!a.status(&k).await.unwrap().held);
+    }
+}
+
 /// A reader that stops renewing loses its share after its own TTL, while another reader keeps
 /// its own; the waiting writer gets in only when both are gone. (Engines whose leases expire.)
 pub async fn a_dead_reader_frees_only_its_share<B: Backend>(make: &impl MakeClient<B>) {

@@ -1,0 +1,126 @@
+//! Where a lease goes in the pool: the choice of a session for a server name, and the
+//! book-keeping of the names on each session.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{PoolLease, State, Tracked};
+
+pub(super) enum Choice {
+    HeldHere,
+    Use(u64),
+    Open,
+    Wait,
+}
+
+/// Where a lease of `ttl` on `key` goes (see the module's doc).
+/// The prefix of a server name held in shared mode: the key `s:<name>` is a shared hold of
+/// `<name>` (a reader), which shares the name with other shared holds and conflicts with the
+/// exclusive hold, the key `<name>`.
+pub const SHARED_PREFIX: &str = "s:";
+
+/// The key of `key`'s server name in the other mode (exclusive ↔ shared).
+fn other_mode(key: &str) -> String {
+    match key.strip_prefix(SHARED_PREFIX) {
+        Some(name) => name.to_owned(),
+        None => format!("{SHARED_PREFIX}{key}"),
+    }
+}
+
+pub(super) fn choose<C>(st: &mut State<C>, key: &str, ttl: Duration, cap: usize) -> Choice {
+    st.sessions.retain(|_, s| !s.session.is_over());
+    // Held by a lease of this client: busy, unless both are shared holds. And a session never
+    // carries both modes of one name (a session's shared and exclusive holds would not exclude
+    // each other), nor the same one twice.
+    let other = (!key.is_empty()).then(|| other_mode(key));
+    let shared = key.starts_with(SHARED_PREFIX);
+    if let Some(other) = &other
+        && st.sessions.values().any(|s| {
+            s.keys.get(other.as_str()) == Some(&true) || (!shared && s.keys.get(key) == Some(&true))
+        })
+    {
+        return Choice::HeldHere;
+    }
+    let free = || {
+        st.sessions.iter().filter(|(_, s)| {
+            other
+                .as_ref()
+                .is_none_or(|o| !s.keys.contains_key(key) && !s.keys.contains_key(o.as_str()))
+        })
+    };
+    let best = |same_ttl: bool| {
+        free()
+            .filter(|(_, s)| !same_ttl || s.ttl == ttl)
+            .min_by_key(|(_, s)| (s.placing, s.keys.len()))
+            .map(|(id, s)| (*id, s.placing))
+    };
+    let room = st.sessions.len() + st.opening < cap;
+    match best(true) {
+        Some((id, 0)) => return Choice::Use(id),
+        Some((id, _)) if !room => return Choice::Use(id),
+        _ => {}
+    }
+    if room {
+        return Choice::Open;
+    }
+    match best(false) {
+        Some((id, _)) => Choice::Use(id),
+        None => Choice::Wait,
+    }
+}
+
+pub(super) fn reserve<C>(
+    st: &mut State<C>,
+    id: u64,
+    name: &str,
+    key: &str,
+    token: &str,
+) -> Arc<PoolLease<C>> {
+    let s = st
+        .sessions
+        .get_mut(&id)
+        .expect("chosen under the same lock");
+    s.placing += 1;
+    s.empty_since = None;
+    if !key.is_empty() {
+        s.keys.insert(key.to_owned(), false);
+    }
+    let lease = Arc::new(PoolLease {
+        name: name.to_owned(),
+        key: key.to_owned(),
+        token: token.to_owned(),
+        session: s.session.clone(),
+    });
+    if !token.is_empty() {
+        st.leases.insert(
+            token.to_owned(),
+            Tracked {
+                lease: lease.clone(),
+                held: false,
+                release_at: None,
+            },
+        );
+    }
+    lease
+}
+
+/// Drops the lease's tracking and its name's reservation (if they are still this lease's).
+pub(super) fn forget<C>(st: &mut State<C>, lease: &Arc<PoolLease<C>>) {
+    if st
+        .leases
+        .get(&lease.token)
+        .is_some_and(|t| Arc::ptr_eq(&t.lease, lease))
+    {
+        st.leases.remove(&lease.token);
+    }
+    if let Some(s) = st.sessions.get_mut(&lease.session.id) {
+        if s.keys.get(&lease.key) == Some(&false) {
+            s.keys.remove(&lease.key);
+        }
+        if s.keys.is_empty() {
+            s.empty_since = Some(Instant::now());
+        }
+    }
+}

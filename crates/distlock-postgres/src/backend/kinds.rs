@@ -1,0 +1,384 @@
+//! The kinds beyond a mutex and a reader: a writer's downgrade, and the semaphore (N slot
+//! locks and a size lock, see `PgBackend::acquire_permit`).
+
+use std::time::Duration;
+
+use distlock_core::engine::pool::{Placement, Session};
+use distlock_core::engine::{
+    AcquireRequest, Attempt, BoxFuture, Downgrade, ErrorKind, HolderStatus, LeaseCheck, LeaseKind,
+    LeaseRef, LockError, LockStatus, LostReason, MutexExt, kind_conflict,
+};
+use tokio_postgres::Statement;
+
+use super::{APP_TAG, PgBackend, PgConn, PgOps, SHARED_PREFIX, Taking, lock_id, parse_label};
+use crate::error::map_err;
+
+/// The pool key of a permit of the semaphore with base id `<base>`: `s:p<base>`. As a shared
+/// key, many sessions of a client may hold it, but one session only once, so that a session
+/// never takes a slot it already holds (advisory locks stack within a session).
+pub(super) const PERMIT_PREFIX: &str = "s:p";
+
+/// A semaphore's base id: its slots are `base # i` (XOR) for i below its number of permits,
+/// apart from the lock ids of names (`lock_id`), including its own name's.
+pub(crate) fn permit_base(name: &str) -> i64 {
+    lock_id(&format!("{name}\u{0}permits"))
+}
+
+/// The first key of a semaphore's size lock (two int4 keys, the second its number of
+/// permits): 31 bits of its base id.
+fn size_key(base: i64) -> i32 {
+    ((base >> 32) & 0x7fff_ffff) as i32
+}
+
+/// A semaphore's statements on one session.
+pub(super) struct PermitSql {
+    /// The shared hold on the semaphore's size lock `($1, $2)` (two int4 keys: the size is the
+    /// second, readable in `pg_locks`), then, once it is ours, another size held by anyone.
+    pub(super) size: Statement,
+    /// The first free slot of `$2` (`$1 # i`), its fence, the timeout and the label.
+    pub(super) take: Statement,
+    /// Gives back slot `$1` and the size hold `($2, $3)`.
+    pub(super) unlock: Statement,
+}
+
+/// A permit held (or being taken) on a session: its slot's lock id, once known, and its size
+/// lock.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PermitHold {
+    pub(super) slot: Option<i64>,
+    pub(super) size_key: i32,
+    pub(super) permits: i32,
+}
+
+impl PgOps {
+    /// The semaphore statements of `conn`, prepared on first use.
+    pub(super) async fn permit_sql<'c>(
+        &self,
+        conn: &'c PgConn,
+    ) -> Result<&'c PermitSql, LockError> {
+        const DOING: &str = "preparing the semaphore statements";
+        let s = &self.config.schema;
+        conn.permit_sql
+            .get_or_try_init(|| async {
+                let size = "WITH s AS (SELECT pg_try_advisory_lock_shared($1::int, $2::int) AS ok) \
+                     SELECT s.ok, \
+                            (SELECT l.objid::bigint FROM pg_locks l \
+                             WHERE s.ok AND l.locktype = 'advisory' AND l.objsubid = 2 \
+                               AND l.granted AND l.classid = $1::int::oid \
+                               AND l.objid <> $2::int::oid \
+                             LIMIT 1) \
+                     FROM s";
+                // A recursive query tries one slot at a time, and the next only while none was
+                // free: no slot is locked beyond the one it returns (a LIMIT would not promise
+                // that).
+                let take = format!(
+                    "WITH RECURSIVE t(i, got) AS ( \
+                       SELECT 0, pg_try_advisory_lock($1::bigint # 0::bigint) \
+                       UNION ALL \
+                       SELECT i + 1, pg_try_advisory_lock($1::bigint # (i + 1)::bigint) \
+                       FROM t WHERE NOT got AND i + 1 < $2::int) \
+                     SELECT $1::bigint # t.i::bigint, nextval('{s}.distlock_fence'), \
+                            set_config('idle_session_timeout', $3::text, false) \
+                            || set_config('application_name', \
+                                 left('{APP_TAG} - ' || $3::text || ' ' || $4::text, 63), false) \
+                     FROM t WHERE got"
+                );
+                let unlock = "SELECT pg_advisory_unlock($1::bigint), \
+                                     pg_advisory_unlock_shared($2::int, $3::int)";
+                let (size, take, unlock) = tokio::try_join!(
+                    conn.client.prepare(size),
+                    conn.client.prepare(&take),
+                    conn.client.prepare(unlock),
+                )
+                .map_err(|e| map_err(e, DOING))?;
+                Ok::<_, LockError>(PermitSql { size, take, unlock })
+            })
+            .await
+    }
+
+    /// Gives back the permit this session holds for the semaphore whose pool key is `key`.
+    pub(super) async fn unlock_permit(
+        &self,
+        conn: &PgConn,
+        key: &str,
+        base: &str,
+    ) -> Result<bool, LockError> {
+        const DOING: &str = "releasing a PostgreSQL semaphore permit";
+        let base: i64 = base.parse().map_err(|_| {
+            LockError::new(ErrorKind::Protocol, format!("not a permit key: {key:?}"))
+        })?;
+        let hold = conn.permits.locked().get(&base).copied();
+        let Some(hold) = hold else {
+            // Nothing of it was ever sent on this session.
+            return Ok(false);
+        };
+        let sql = self.permit_sql(conn).await?;
+        let row = self
+            .query_one(
+                conn,
+                &sql.unlock,
+                &[&hold.slot, &hold.size_key, &hold.permits],
+                DOING,
+            )
+            .await?;
+        conn.permits.locked().remove(&base);
+        // (A slot of NULL: only the size hold was taken; the slot's unlock answers NULL.)
+        let (slot, size): (Option<bool>, bool) = (row.get(0), row.get(1));
+        Ok(slot.unwrap_or(false) && size)
+    }
+}
+
+impl Downgrade for PgBackend {
+    /// On the writer's own session: the shared hold is taken (a session's holds never block
+    /// each other), then the exclusive one given back. Between the two statements the session
+    /// holds both, so no writer of another session can get in.
+    fn downgrade<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(self.downgrade_inner(lease))
+    }
+}
+
+impl PgBackend {
+    /// One of `permits` permits of the semaphore `req.name`: on a pooled session that holds no
+    /// other permit of it, the size hold (the number of permits, which other holders check),
+    /// then the first free slot, its fence, the session's timeout and label, in one statement.
+    pub(super) async fn acquire_permit(
+        &self,
+        req: &AcquireRequest<'_>,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        const DOING: &str = "acquiring a PostgreSQL semaphore permit";
+        let pool = &self.inner.pool;
+        let token = req.token.as_str();
+        if req.retry
+            && let Some(lease) = pool.held(req.name, token)
+            && !lease.session().is_over()
+        {
+            return Ok(Attempt::Acquired { fence: None });
+        }
+        let n = i32::try_from(permits)
+            .map_err(|_| LockError::new(ErrorKind::Config, "too many permits"))?;
+        let base = permit_base(req.name);
+        let size = size_key(base);
+        let key = format!("{PERMIT_PREFIX}{base}");
+        for _ in 0..3 {
+            let lease = match pool.place(req.name, &key, token, req.ttl).await? {
+                Placement::HeldHere => return Ok(Attempt::Busy { holder_ttl: None }),
+                Placement::On(lease) => lease,
+            };
+            let session: &Session<PgConn> = lease.session();
+            let conn = session.conn();
+            let sent = tokio::time::Instant::now();
+            let sql = match pool.ops().permit_sql(conn).await {
+                Ok(sql) => sql,
+                Err(e) => {
+                    pool.withdraw(&lease);
+                    return Err(e);
+                }
+            };
+            // Recorded before anything is sent: a release of this key gives back whatever of
+            // it the session took.
+            conn.permits.locked().insert(
+                base,
+                PermitHold {
+                    slot: None,
+                    size_key: size,
+                    permits: n,
+                },
+            );
+            let give_back = || async {
+                let _ = pool
+                    .ops()
+                    .unlock_permit(conn, &key, &key[PERMIT_PREFIX.len()..])
+                    .await;
+                pool.withdraw(&lease);
+            };
+            let sized = pool
+                .ops()
+                .query_one(conn, &sql.size, &[&size, &n], DOING)
+                .await;
+            let theirs: Option<i64> = match sized {
+                Ok(row) => row.get(1),
+                Err(_) if session.is_over() => {
+                    conn.permits.locked().remove(&base);
+                    pool.withdraw(&lease);
+                    continue;
+                }
+                Err(e) => {
+                    pool.withdraw_unknown(&lease).await;
+                    return Err(e);
+                }
+            };
+            if let Some(theirs) = theirs {
+                give_back().await;
+                return Err(kind_conflict(
+                    req.name,
+                    req.kind,
+                    LeaseKind::Permit {
+                        permits: u32::try_from(theirs).unwrap_or(0),
+                    },
+                ));
+            }
+            let keep = || pool.keep_for(session, req.ttl);
+            let taken = pool
+                .ops()
+                .query_keeping(
+                    conn,
+                    &sql.take,
+                    &keep,
+                    Some(Taking::Permit(base, n, req.owner)),
+                    DOING,
+                )
+                .await;
+            let row = match taken {
+                Ok(Some(row)) => row,
+                Ok(None) => {
+                    give_back().await;
+                    return Ok(Attempt::Busy { holder_ttl: None });
+                }
+                Err(_) if session.is_over() => {
+                    conn.permits.locked().remove(&base);
+                    pool.withdraw(&lease);
+                    continue;
+                }
+                Err(e) => {
+                    // Which slot it took, if any, is not known: the session goes, and with it
+                    // everything it held.
+                    pool.withdraw(&lease);
+                    pool.close(session, LostReason::Unreachable);
+                    return Err(e);
+                }
+            };
+            let (slot, fence): (i64, i64) = (row.get(0), row.get(1));
+            if let Some(h) = conn.permits.locked().get_mut(&base) {
+                h.slot = Some(slot);
+            }
+            if !pool.confirm(&lease, sent, req.ttl, req.renewed) {
+                return Ok(Attempt::Busy { holder_ttl: None });
+            }
+            return Ok(Attempt::Acquired {
+                fence: u64::try_from(fence).ok(),
+            });
+        }
+        Err(LockError::new(
+            ErrorKind::Connection,
+            format!("{DOING}: three sessions in a row ended under the request"),
+        ))
+    }
+
+    async fn downgrade_inner(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "downgrading a PostgreSQL advisory lock to a shared one";
+        let pool = &self.inner.pool;
+        let token = lease.token.as_str();
+        let Some(held) = pool.held(lease.name, token) else {
+            return Ok(LeaseCheck::Missing);
+        };
+        if held.key().starts_with(SHARED_PREFIX) {
+            // Done already (a resent request).
+            return Ok(LeaseCheck::Ours);
+        }
+        let session = held.session();
+        if session.is_over() {
+            return Ok(LeaseCheck::Missing);
+        }
+        let conn = session.conn();
+        let id = lock_id(lease.name);
+        let steps = async {
+            // (Not prepared when the session opens: a downgrade is rare, and a statement more
+            // there would be a round trip more for every session.)
+            let limit = self.config().response_timeout;
+            let shared: bool = tokio::time::timeout(
+                limit,
+                conn.client
+                    .query_one("SELECT pg_try_advisory_lock_shared($1::bigint)", &[&id]),
+            )
+            .await
+            .map_err(|_| {
+                LockError::new(
+                    ErrorKind::Timeout,
+                    format!("{DOING}: no answer within {limit:?}"),
+                )
+            })?
+            .map_err(|e| map_err(e, DOING))?
+            .get(0);
+            let unlocked: bool = pool
+                .ops()
+                .query_one(conn, &conn.unlock, &[&id], DOING)
+                .await?
+                .get(0);
+            Ok::<_, LockError>(shared && unlocked)
+        };
+        match steps.await {
+            Ok(true) => {
+                pool.rekey(lease.name, token, &format!("{SHARED_PREFIX}{id}"));
+                Ok(LeaseCheck::Ours)
+            }
+            Ok(false) | Err(_) if session.is_over() => Ok(LeaseCheck::Missing),
+            outcome => {
+                // The session's holds are no longer known (a shared hold the pool does not
+                // track would block writers until the session ends): end the session, which
+                // frees them all. Its leases report lost.
+                pool.close(session, LostReason::Unreachable);
+                match outcome {
+                    Err(e) => Err(e),
+                    _ => Err(LockError::new(
+                        ErrorKind::Protocol,
+                        format!("{DOING}: the session did not hold what the pool recorded"),
+                    )),
+                }
+            }
+        }
+    }
+}
+
+impl PgBackend {
+    /// The holders of the semaphore `name`: one row per session holding its size lock, with
+    /// the session's label (a shared session's label carries no fence).
+    pub(super) async fn semaphore_status(
+        &self,
+        conn: &PgConn,
+        name: &str,
+    ) -> Result<LockStatus, LockError> {
+        const DOING: &str = "reading a PostgreSQL semaphore's status";
+        let size = size_key(permit_base(name));
+        let rows = tokio::time::timeout(
+            self.config().response_timeout,
+            conn.client.query(
+                "SELECT a.application_name, \
+                        CASE WHEN a.state = 'idle' \
+                             THEN (extract(epoch FROM now() - a.state_change) * 1000)::bigint END, \
+                        l.objid::bigint \
+                 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted \
+                   AND l.classid = $1::int::oid",
+                &[&size],
+            ),
+        )
+        .await
+        .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
+        .map_err(|e| map_err(e, DOING))?;
+        let holders =
+            rows.iter()
+                .map(|row| {
+                    let app: Option<String> = row.get(0);
+                    let idle: Option<i64> = row.get(1);
+                    let permits: i64 = row.get(2);
+                    let kind = LeaseKind::Permit {
+                        permits: u32::try_from(permits).unwrap_or(0),
+                    };
+                    match app.as_deref().and_then(parse_label) {
+                        Some((_, ttl, owner)) => HolderStatus::new(kind).owner(Some(owner)).ttl(
+                            Some(Duration::from_millis(
+                                u64::try_from(ttl.saturating_sub(idle.unwrap_or(0))).unwrap_or(0),
+                            )),
+                        ),
+                        None => HolderStatus::new(kind).owner(app),
+                    }
+                })
+                .collect();
+        Ok(LockStatus::held_by(holders))
+    }
+}
