@@ -1,12 +1,12 @@
 //! `distlock run --shared` and `--permits N`: readers, writers and permits as real processes,
-//! on the file engine, Redis, etcd and ZooKeeper.
+//! on the file engine, Redis, etcd, ZooKeeper and PostgreSQL.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use distlock_testkit::{Etcd, RedisServer, ZooKeeper};
+use distlock_testkit::{Etcd, Postgres, RedisServer, ZooKeeper};
 use nix::sys::signal::Signal;
 
 mod common;
@@ -174,6 +174,70 @@ fn a_hundred_commands_in_four_processes_never_exceed_three_permits() {
     if let Some(zk) = ZooKeeper::start() {
         permits_are_never_exceeded(&zk.url(""));
     }
+    if let Some(pg) = Postgres::start() {
+        permits_are_never_exceeded(&pg.url(""));
+    }
+}
+
+/// A permit holder killed with SIGKILL (no release, no clean-up) keeps its permit until its
+/// TTL runs out on the server's clock, then the next command gets it; the holder's command,
+/// left behind, does not matter to the lock.
+#[test]
+fn a_killed_redis_permit_holder_frees_its_permit_after_its_ttl() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let flags = ["--url", url.as_str(), "--permits", "1", "--ttl", "2s"];
+    let mut holder = spawn(tmp.path(), &flags, "sem", "sleep 60");
+    let busy = || {
+        distlock(tmp.path())
+            .args([
+                "run",
+                "--url",
+                &url,
+                "--permits",
+                "1",
+                "--no-wait",
+                "sem",
+                "--",
+                "true",
+            ])
+            .output()
+            .unwrap()
+            .status
+            .code()
+            == Some(75)
+    };
+    wait_until("the permit", Duration::from_secs(10), busy);
+    signal(&holder, Signal::SIGKILL);
+    let t0 = Instant::now();
+    let _ = holder.wait();
+    assert!(busy(), "the killed holder's permit freed at once");
+    let o = distlock(tmp.path())
+        .args([
+            "run",
+            "--url",
+            &url,
+            "--permits",
+            "1",
+            "--wait",
+            "20s",
+            "sem",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let took = t0.elapsed();
+    // Its last renewal gave it up to a TTL (2 s) from then.
+    assert!(
+        took < Duration::from_secs(6),
+        "the permit came back after {took:?}"
+    );
+    eprintln!("the permit came back {took:?} after the kill");
 }
 
 /// A reader paused past its lease (SIGSTOP) frees its share after its own TTL; the other

@@ -16,6 +16,7 @@ use distlock_core::engine::{
 use crate::config::{ClusterConfig, RedisConfig, WaitReplicas};
 use redis::Value;
 
+use crate::connection::RenewCall;
 use crate::connection::{Acks, ServerConnection, push_wait};
 use crate::error::{map_err, protocol, unexpected};
 use crate::handover::{Grant, Handovers, registration};
@@ -573,7 +574,8 @@ impl Backend for RedisBackend {
 }
 
 impl BatchRenew for RedisBackend {
-    /// All renewals in one pipeline: one round trip however many locks are held.
+    /// All renewals in one pipeline, locks, readers and permits alike: one round trip however
+    /// many leases are held (on a Cluster, one per slot, sent together).
     fn renew_many<'a>(
         &'a self,
         items: &'a [RenewItem<'a>],
@@ -583,42 +585,30 @@ impl BatchRenew for RedisBackend {
             if items.is_empty() {
                 return Vec::new();
             }
-            let exclusive = |i: &RenewItem<'_>| i.lease.kind == LeaseKind::Exclusive;
-            if items.iter().all(exclusive) {
-                let lock_keys: Vec<String> = items
-                    .iter()
-                    .map(|i| self.layout.lock_key(i.lease.name))
-                    .collect();
-                return self
-                    .conn
-                    .extend_batch(&self.scripts.extend, &lock_keys, items, DOING)
-                    .await;
-            }
-            // Locks in one pipeline, beside the permits' renewals.
-            let (locks, others): (Vec<(usize, &RenewItem<'_>)>, Vec<_>) =
-                items.iter().enumerate().partition(|(_, i)| exclusive(i));
-            let lock_items: Vec<RenewItem<'_>> = locks.iter().map(|(_, i)| **i).collect();
-            let lock_keys: Vec<String> = lock_items
+            let calls: Vec<RenewCall<'_>> = items
                 .iter()
-                .map(|i| self.layout.lock_key(i.lease.name))
+                .map(|i| {
+                    let lock = self.layout.lock_key(i.lease.name);
+                    match i.lease.kind {
+                        LeaseKind::Shared => {
+                            let readers = readers::readers_key(&lock);
+                            RenewCall {
+                                script: &self.scripts.read_extend,
+                                keys: vec![lock, readers],
+                            }
+                        }
+                        LeaseKind::Permit { .. } => RenewCall {
+                            script: &self.scripts.permit_extend,
+                            keys: permits::PermitKeys::new(lock).four_owned(),
+                        },
+                        _ => RenewCall {
+                            script: &self.scripts.extend,
+                            keys: vec![lock],
+                        },
+                    }
+                })
                 .collect();
-            let (lock_replies, other_replies) = futures_util::future::join(
-                self.conn
-                    .extend_batch(&self.scripts.extend, &lock_keys, &lock_items, DOING),
-                self.renew_others(&others),
-            )
-            .await;
-            let mut out: Vec<Option<Result<LeaseCheck, LockError>>> =
-                items.iter().map(|_| None).collect();
-            for ((i, _), r) in locks.iter().zip(lock_replies) {
-                out[*i] = Some(r);
-            }
-            for (i, r) in other_replies {
-                out[i] = Some(r);
-            }
-            out.into_iter()
-                .map(|r| r.unwrap_or_else(|| Err(protocol(DOING, &Value::Nil))))
-                .collect()
+            self.conn.renew_batch(&calls, items, DOING).await
         })
     }
 }

@@ -393,12 +393,8 @@ fn taken(replies: &mut [Value], at: usize) -> Result<Value, redis::RedisError> {
 }
 
 impl ServerConnection {
-    /// The watchdog's batch: `script` (compare-and-pexpire) for every item, in one pipeline on
-    /// the multiplexed connection (on a Cluster, one per slot, sent together), then `WAIT` when
-    /// the node waits for replicas. One result per item: the script's reply, or the error that
-    /// stands for it (the transport's, the server's, or "not acknowledged by the replicas" for
-    /// a renewal that took). A server that lost its script cache gets it again and its whole
-    /// pipeline once more (compare-and-pexpire is idempotent).
+    /// The watchdog's batch: `script` (compare-and-pexpire) for every item, on its lock key;
+    /// see [`renew_batch`](Self::renew_batch).
     pub(crate) async fn extend_batch(
         &self,
         script: &LuaScript<LeaseCheck>,
@@ -406,23 +402,45 @@ impl ServerConnection {
         items: &[RenewItem<'_>],
         doing: &str,
     ) -> Vec<Result<LeaseCheck, LockError>> {
+        let calls: Vec<RenewCall<'_>> = lock_keys
+            .iter()
+            .map(|k| RenewCall {
+                script,
+                keys: vec![k.clone()],
+            })
+            .collect();
+        self.renew_batch(&calls, items, doing).await
+    }
+
+    /// The watchdog's batch: each item's renewal script (`calls[i]`, a compare-and-pexpire of
+    /// a lock, a reader's share or a permit) in one pipeline on the multiplexed connection (on
+    /// a Cluster, one per slot, sent together), then `WAIT` when the node waits for replicas.
+    /// One result per item: the script's reply, or the error that stands for it (the
+    /// transport's, the server's, or "not acknowledged by the replicas" for a renewal that
+    /// took). A server that lost its script cache gets the missing scripts again and its whole
+    /// pipeline once more (every renewal script is idempotent).
+    pub(crate) async fn renew_batch(
+        &self,
+        calls: &[RenewCall<'_>],
+        items: &[RenewItem<'_>],
+        doing: &str,
+    ) -> Vec<Result<LeaseCheck, LockError>> {
         if !matches!(self.transport, Transport::Cluster(_)) {
             let all: Vec<usize> = (0..items.len()).collect();
-            return self
-                .extend_group(script, lock_keys, items, &all, doing)
-                .await;
+            return self.renew_group(calls, items, &all, doing).await;
         }
         let mut slots: std::collections::HashMap<redis::cluster_routing::Slot, Vec<usize>> =
             std::collections::HashMap::new();
-        for (i, k) in lock_keys.iter().enumerate() {
-            let slot = redis::cluster_routing::Slot::for_key(k.as_bytes());
+        for (i, c) in calls.iter().enumerate() {
+            let first = c.keys.first().map_or(&[][..], |k| k.as_bytes());
+            let slot = redis::cluster_routing::Slot::for_key(first);
             slots.entry(slot).or_default().push(i);
         }
         let groups: Vec<Vec<usize>> = slots.into_values().collect();
         let replies = futures_util::future::join_all(
             groups
                 .iter()
-                .map(|group| self.extend_group(script, lock_keys, items, group, doing)),
+                .map(|group| self.renew_group(calls, items, group, doing)),
         )
         .await;
         let mut out: Vec<Option<Result<LeaseCheck, LockError>>> =
@@ -437,11 +455,10 @@ impl ServerConnection {
             .collect()
     }
 
-    /// One pipeline of [`extend_batch`](Self::extend_batch): the items at `which`.
-    async fn extend_group(
+    /// One pipeline of [`renew_batch`](Self::renew_batch): the items at `which`.
+    async fn renew_group(
         &self,
-        script: &LuaScript<LeaseCheck>,
-        lock_keys: &[String],
+        calls: &[RenewCall<'_>],
         items: &[RenewItem<'_>],
         which: &[usize],
         doing: &str,
@@ -449,11 +466,15 @@ impl ServerConnection {
         let mut pipe = redis::Pipeline::with_capacity(which.len() + 1);
         pipe.ignore_errors();
         for &i in which {
-            pipe.cmd("EVALSHA")
-                .arg(script.hash())
-                .arg(1)
-                .arg(&lock_keys[i])
-                .arg(items[i].lease.token.as_str())
+            let call = &calls[i];
+            let cmd = pipe
+                .cmd("EVALSHA")
+                .arg(call.script.hash())
+                .arg(call.keys.len());
+            for k in &call.keys {
+                cmd.arg(k);
+            }
+            cmd.arg(items[i].lease.token.as_str())
                 .arg(ttl_ms(items[i].ttl));
         }
         if let Some(wait) = self.wait {
@@ -462,10 +483,19 @@ impl ServerConnection {
         let sent = async {
             self.count(pipe.len());
             let replies = self.send_multiplexed(&pipe).await?;
-            if !replies.iter().any(is_noscript) {
+            let mut missing: Vec<&LuaScript<LeaseCheck>> = Vec::new();
+            for (&i, r) in which.iter().zip(&replies) {
+                let script = calls[i].script;
+                if is_noscript(r) && !missing.iter().any(|m| m.hash() == script.hash()) {
+                    missing.push(script);
+                }
+            }
+            if missing.is_empty() {
                 return Ok(replies);
             }
-            self.load(script.script()).await?;
+            for script in missing {
+                self.load(script.script()).await?;
+            }
             self.count(pipe.len());
             self.send_multiplexed(&pipe).await
         };
@@ -497,6 +527,13 @@ impl ServerConnection {
             })
             .collect()
     }
+}
+
+/// One renewal of a batch: the script that renews the lease, and the script's keys (all in
+/// one slot), before the token and the TTL.
+pub(crate) struct RenewCall<'a> {
+    pub(crate) script: &'a LuaScript<LeaseCheck>,
+    pub(crate) keys: Vec<String>,
 }
 
 /// The same error again, for another item of a failed batch.

@@ -56,6 +56,7 @@ macro_rules! conformance_tests {
             a_dead_reader_frees_only_its_share,
             a_writer_downgrades_without_a_gap,
             status_lists_every_holder,
+            every_kind_is_renewed,
             a_semaphore_admits_n,
             permits_never_exceed_n,
             a_dead_holders_permit_comes_back,

@@ -5,8 +5,7 @@
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, HolderValue, LeaseCheck, LeaseKind, LockError, RenewItem, Token,
-    kind_conflict,
+    AcquireRequest, Attempt, HolderValue, LeaseCheck, LeaseKind, LockError, Token, kind_conflict,
 };
 
 use super::RedisBackend;
@@ -49,6 +48,11 @@ impl PermitKeys {
     /// The queue of waiting clients.
     pub(super) fn queue(&self) -> &str {
         &self.queue
+    }
+
+    /// The four keys every permit script takes first, owned (for a batch of renewals).
+    pub(super) fn four_owned(self) -> Vec<String> {
+        vec![self.holders, self.meta, self.queue, self.live]
     }
 
     /// The four keys every permit script takes first.
@@ -183,22 +187,5 @@ impl RedisBackend {
                 DOING,
             )
             .await
-    }
-
-    /// The readers' and permits' renewals among `items`, concurrently (each one round trip; the
-    /// locks of the batch go in their own pipeline).
-    pub(super) async fn renew_others(
-        &self,
-        items: &[(usize, &RenewItem<'_>)],
-    ) -> Vec<(usize, Result<LeaseCheck, LockError>)> {
-        let renewals = items.iter().map(|(i, item)| async move {
-            let (name, token) = (item.lease.name, item.lease.token);
-            let r = match item.lease.kind {
-                LeaseKind::Shared => self.renew_shared(name, token, item.ttl).await,
-                _ => self.renew_permit(name, token, item.ttl).await,
-            };
-            (*i, r)
-        });
-        futures_util::future::join_all(renewals).await
     }
 }

@@ -408,6 +408,28 @@ pub async fn status_lists_every_holder<B: Backend>(make: &impl MakeClient<B>) {
     }
 }
 
+/// The watchdog keeps a mutex, a reader and a permit of one client alive together, past
+/// three TTLs (on engines that batch renewals, in the same batch).
+pub async fn every_kind_is_renewed<B: Backend>(make: &impl MakeClient<B>) {
+    let c = make
+        .client(opts().ttl(Duration::from_secs(1)).build().unwrap())
+        .await;
+    let mut guards = vec![c.try_acquire(&key("renew-x")).await.unwrap().expect("free")];
+    if c.backend().capabilities().supports(LeaseKind::Shared) {
+        guards.push(read(&c, &key("renew-r")).await.expect("free"));
+    }
+    if c.backend().capabilities().supports(LeaseKind::Permit { permits: 2 }) {
+        let p = c.semaphore(&key("renew-p"), 2).try_acquire().await.unwrap();
+        guards.push(p.expect("free"));
+    }
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    for g in guards {
+        let kind = g.kind();
+        assert!(g.is_held(), "a {kind:?} lease was not renewed");
+        assert!(g.release().await.unwrap().was_held(), "{kind:?}");
+    }
+}
+
 /// A reader that stops renewing loses its share after its own TTL, while another reader keeps
 /// its own; the waiting writer gets in only when both are gone. (Engines whose leases expire.)
 pub async fn a_dead_reader_frees_only_its_share<B: Backend>(make: &impl MakeClient<B>) {
