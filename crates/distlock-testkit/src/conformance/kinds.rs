@@ -418,7 +418,10 @@ pub async fn every_kind_is_renewed<B: Backend>(make: &impl MakeClient<B>) {
     if c.backend().capabilities().supports(LeaseKind::Shared) {
         guards.push(read(&c, &key("renew-r")).await.expect("free"));
     }
-    if c.backend().capabilities().supports(LeaseKind::Permit { permits: 2 }) {
+    if c.backend()
+        .capabilities()
+        .supports(LeaseKind::Permit { permits: 2 })
+    {
         let p = c.semaphore(&key("renew-p"), 2).try_acquire().await.unwrap();
         guards.push(p.expect("free"));
     }
