@@ -24,6 +24,22 @@ fn spawn(tmp: &Path, flags: &[&str], key: &str, script: &str) -> Child {
         .expect("spawn distlock")
 }
 
+/// `distlock run --permits 1 --url URL WAIT sem -- true`: its exit status (`WAIT` is
+/// `--no-wait` or `--wait D`, split in words).
+fn one_permit(tmp: &Path, url: &str, wait: &str) -> std::process::Output {
+    distlock(tmp)
+        .args(["run", "--url", url, "--permits", "1"])
+        .args(wait.split(' '))
+        .args(["sem", "--", "true"])
+        .output()
+        .unwrap()
+}
+
+/// Whether the one permit of `sem` is held (a `--no-wait` run finds it busy: exit 75).
+fn permit_busy(tmp: &Path, url: &str) -> bool {
+    one_permit(tmp, url, "--no-wait").status.code() == Some(75)
+}
+
 #[test]
 fn readers_run_together_and_a_writer_runs_alone_on_the_file_engine() {
     let tmp = tempfile::tempdir().unwrap();
@@ -191,45 +207,17 @@ fn a_killed_redis_permit_holder_frees_its_permit_after_its_ttl() {
     let url = redis.url();
     let flags = ["--url", url.as_str(), "--permits", "1", "--ttl", "2s"];
     let mut holder = spawn(tmp.path(), &flags, "sem", "sleep 60");
-    let busy = || {
-        distlock(tmp.path())
-            .args([
-                "run",
-                "--url",
-                &url,
-                "--permits",
-                "1",
-                "--no-wait",
-                "sem",
-                "--",
-                "true",
-            ])
-            .output()
-            .unwrap()
-            .status
-            .code()
-            == Some(75)
-    };
-    wait_until("the permit", Duration::from_secs(10), busy);
+    wait_until("the permit", Duration::from_secs(10), || {
+        permit_busy(tmp.path(), &url)
+    });
     signal(&holder, Signal::SIGKILL);
     let t0 = Instant::now();
     let _ = holder.wait();
-    assert!(busy(), "the killed holder's permit freed at once");
-    let o = distlock(tmp.path())
-        .args([
-            "run",
-            "--url",
-            &url,
-            "--permits",
-            "1",
-            "--wait",
-            "20s",
-            "sem",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
+    assert!(
+        permit_busy(tmp.path(), &url),
+        "the killed holder's permit freed at once"
+    );
+    let o = one_permit(tmp.path(), &url, "--wait 20s");
     assert!(o.status.success(), "{o:?}");
     let took = t0.elapsed();
     // Its last renewal gave it up to a TTL (2 s) from then.
@@ -306,41 +294,11 @@ fn a_lost_zookeeper_session_releases_its_permit() {
     let flags = ["--url", url.as_str(), "--permits", "1", "--ttl", "2s"];
     let mut paused = spawn(tmp.path(), &flags, "sem", "sleep 60");
     wait_until("the permit", Duration::from_secs(10), || {
-        distlock(tmp.path())
-            .args([
-                "run",
-                "--url",
-                &url,
-                "--permits",
-                "1",
-                "--no-wait",
-                "sem",
-                "--",
-                "true",
-            ])
-            .output()
-            .unwrap()
-            .status
-            .code()
-            == Some(75)
+        permit_busy(tmp.path(), &url)
     });
     signal(&paused, Signal::SIGSTOP);
     let t0 = Instant::now();
-    let o = distlock(tmp.path())
-        .args([
-            "run",
-            "--url",
-            &url,
-            "--permits",
-            "1",
-            "--wait",
-            "20s",
-            "sem",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
+    let o = one_permit(tmp.path(), &url, "--wait 20s");
     assert!(o.status.success(), "{o:?}");
     let took = t0.elapsed();
     assert!(

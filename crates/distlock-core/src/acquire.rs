@@ -76,18 +76,7 @@ impl<B: Backend> OwnToken<'_, B> {
         if !std::mem::take(&mut self.queued) || self.want.kind == LeaseKind::Exclusive {
             return;
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let holding = self.holding.clone();
-            let (key, kind, ttl) = (
-                self.want.key.to_owned(),
-                self.want.kind,
-                self.want.options.ttl(),
-            );
-            rt.spawn(async move {
-                let lease = crate::engine::LeaseRef::new(&key, &token, kind);
-                clean_up(holding.driver(), &lease, ttl).await;
-            });
-        }
+        spawn_clean_up(self.holding, &self.want, token);
     }
 }
 
@@ -115,17 +104,20 @@ impl<B: Backend> Drop for PendingCleanup<'_, B> {
         if let Some(local) = self.holding.local_for(self.want.kind) {
             local.retire_token(self.want.key, self.token);
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let holding = self.holding.clone();
-            let key = self.want.key.to_owned();
-            let kind = self.want.kind;
-            let token = self.token.clone();
-            let ttl = self.want.options.ttl();
-            rt.spawn(async move {
-                let lease = crate::engine::LeaseRef::new(&key, &token, kind);
-                clean_up(holding.driver(), &lease, ttl).await;
-            });
-        }
+        spawn_clean_up(self.holding, &self.want, self.token.clone());
+    }
+}
+
+/// Runs [`clean_up`] for `token`'s lease of `want` in the background, on the current runtime
+/// (outside one, nothing is sent: the lease or the queued entry ends with its TTL).
+fn spawn_clean_up<B: Backend>(holding: &Arc<Holding<B>>, want: &Want<'_>, token: Token) {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let holding = holding.clone();
+        let (key, kind, ttl) = (want.key.to_owned(), want.kind, want.options.ttl());
+        rt.spawn(async move {
+            let lease = crate::engine::LeaseRef::new(&key, &token, kind);
+            clean_up(holding.driver(), &lease, ttl).await;
+        });
     }
 }
 
@@ -361,7 +353,7 @@ pub(crate) async fn wait_for<B: Backend>(
             // Subscribe first, then try again, then wait: a release between our attempt and
             // the subscription cannot be missed.
             subscribed = true;
-            match holding.driver().subscribe(key).await {
+            match holding.driver().subscribe(key, kind).await {
                 Ok(Some(s)) => {
                     *sub = Some(s);
                     continue;

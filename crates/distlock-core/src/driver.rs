@@ -147,9 +147,13 @@ impl<B: Backend> Driver<B> {
     }
 
     /// A subscription to `key`'s release events; `None` when the engine has none.
-    pub(crate) async fn subscribe(&self, key: &str) -> Result<Option<Subscription>, LockError> {
+    pub(crate) async fn subscribe(
+        &self,
+        key: &str,
+        kind: LeaseKind,
+    ) -> Result<Option<Subscription>, LockError> {
         match self.backend.wake_source() {
-            Some(source) => source.subscribe(key).await,
+            Some(source) => source.subscribe_as(key, kind).await,
             None => Ok(None),
         }
     }

@@ -64,6 +64,24 @@ fn parse_label(app: &str) -> Option<(Option<u64>, i64, String)> {
     Some((fence, ttl, words.next().unwrap_or_default().to_owned()))
 }
 
+/// A holding session as `status` lists it, from its label in `application_name` ("<tag> <fence
+/// or -> <ttl ms> <owner>", as the acquire wrote it; another role's session may show nothing,
+/// and a session that changed its application_name shows that) and how long it has been idle.
+fn holder_of(kind: LeaseKind, app: Option<String>, idle: Option<i64>) -> HolderStatus {
+    match app.as_deref().and_then(parse_label) {
+        Some((fence, ttl, owner)) => {
+            let remaining = ttl.saturating_sub(idle.unwrap_or(0));
+            HolderStatus::new(kind)
+                .owner(Some(owner))
+                .fence(fence)
+                .ttl(Some(Duration::from_millis(
+                    u64::try_from(remaining).unwrap_or(0),
+                )))
+        }
+        None => HolderStatus::new(kind).owner(app),
+    }
+}
+
 /// The server's `idle_session_timeout` for a time the session must last, in whole
 /// milliseconds, rounded up (at least 1: 0 would turn the timeout off).
 fn ttl_ms(ttl: Duration) -> i64 {
@@ -635,9 +653,6 @@ impl Backend for PgBackend {
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a PostgreSQL advisory lock";
-        if let LeaseKind::Permit { permits } = req.kind {
-            return self.acquire_permit(req, permits).await;
-        }
         let pool = &self.inner.pool;
         let token = req.token.as_str();
         if req.retry
@@ -647,6 +662,9 @@ impl Backend for PgBackend {
             // The reply came after all: the lock is ours already (never locked twice: a
             // session-level advisory lock counts its acquisitions).
             return Ok(Attempt::Acquired { fence: None });
+        }
+        if let LeaseKind::Permit { permits } = req.kind {
+            return self.acquire_permit(req, permits).await;
         }
         let id = lock_id(req.name);
         let shared = req.kind == LeaseKind::Shared;
@@ -763,21 +781,7 @@ impl Backend for PgBackend {
                 } else {
                     LeaseKind::Exclusive
                 };
-                // "<tag> <fence or -> <ttl ms> <owner>", as the acquire wrote it (another
-                // role's session may show nothing; a session that changed its
-                // application_name shows that).
-                match app.as_deref().and_then(parse_label) {
-                    Some((fence, ttl, owner)) => {
-                        let remaining = Duration::from_millis(
-                            u64::try_from(ttl.saturating_sub(idle.unwrap_or(0))).unwrap_or(0),
-                        );
-                        HolderStatus::new(kind)
-                            .owner(Some(owner))
-                            .fence(fence)
-                            .ttl(Some(remaining))
-                    }
-                    None => HolderStatus::new(kind).owner(app),
-                }
+                holder_of(kind, app, idle)
             })
             .collect();
         Ok(LockStatus::held_by(holders).with_last_fence(last_fence))

@@ -626,6 +626,47 @@ impl WakeSource for RedisBackend {
             ))
         })
     }
+
+    /// An exclusive waiter is counted while it waits: a lock handed to this client while none
+    /// waits (only its readers or permits do, which never take a writer's grant) is passed on
+    /// at once, and the last one's going takes our writers' registrations out of the queue.
+    fn subscribe_as<'a>(
+        &'a self,
+        key: &'a str,
+        kind: LeaseKind,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        Box::pin(async move {
+            if kind != LeaseKind::Exclusive {
+                return self.subscribe(key).await;
+            }
+            self.handovers.writer_waits(key);
+            let guard = WriterWait {
+                handovers: self.handovers.clone(),
+                subscriber: self.subscriber.clone(),
+                key: key.to_owned(),
+            };
+            let sub = self
+                .subscriber
+                .subscribe(key, self.conn.response_timeout)
+                .await;
+            Ok(Some(sub.with_guard(guard)))
+        })
+    }
+}
+
+/// An exclusive waiter of this client, counted until its subscription drops.
+struct WriterWait {
+    handovers: Handovers,
+    subscriber: Arc<Subscriber>,
+    key: String,
+}
+
+impl Drop for WriterWait {
+    fn drop(&mut self) {
+        if self.handovers.writer_done(&self.key) {
+            self.subscriber.writers_left(&self.key);
+        }
+    }
 }
 
 impl Handover for RedisBackend {

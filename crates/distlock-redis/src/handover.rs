@@ -109,6 +109,9 @@ struct WaitState {
     /// whose reply says it queued us does not believe it if the grant for that very
     /// registration came first.
     served: HashMap<String, u64>,
+    /// How many of this client's exclusive waiters wait for each lock (subscribed to its
+    /// wake-ups): only they use grants and the registrations above.
+    writers: HashMap<String, usize>,
     /// Tokens whose lock was taken after a wait (so others may be waiting too): their release
     /// may hand the lock over, and leads with a `PING` (see
     /// `ServerConnection::run_after_ping`).
@@ -480,6 +483,36 @@ impl Handovers {
         st.wakes += 1;
         st.elsewhere.clear();
         st.queued.clear();
+    }
+
+    /// An exclusive waiter of this client starts waiting for `key`.
+    pub(crate) fn writer_waits(&self, key: &str) {
+        *self
+            .state
+            .locked()
+            .writers
+            .entry(key.to_owned())
+            .or_default() += 1;
+    }
+
+    /// An exclusive waiter of this client stops waiting for `key`: whether it was the last.
+    pub(crate) fn writer_done(&self, key: &str) -> bool {
+        let mut st = self.state.locked();
+        let Some(n) = st.writers.get_mut(key) else {
+            return false;
+        };
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            st.writers.remove(key);
+            return true;
+        }
+        false
+    }
+
+    /// Whether an exclusive waiter of this client waits for `key` (a grant then finds a task
+    /// to take it).
+    pub(crate) fn writer_waiting(&self, key: &str) -> bool {
+        self.state.locked().writers.contains_key(key)
     }
 
     /// Nobody of this client waits for `key` any more: forgets our place in its queue, and

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Handover, LeaseCheck, LeaseRef, LockError, LockStatus, NextWaiter,
+    Downgrade, ErrorKind, Handover, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus, NextWaiter,
     RenewItem, Subscription, WakeSource,
 };
 use redis::Value;
@@ -464,6 +464,19 @@ impl WakeSource for SentinelBackend {
         Box::pin(async move {
             let cur = self.current();
             let r = cur.backend.subscribe(key).await;
+            self.follow(&cur, r.as_ref().err()).await;
+            r
+        })
+    }
+
+    fn subscribe_as<'a>(
+        &'a self,
+        key: &'a str,
+        kind: LeaseKind,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        Box::pin(async move {
+            let cur = self.current();
+            let r = cur.backend.subscribe_as(key, kind).await;
             self.follow(&cur, r.as_ref().err()).await;
             r
         })

@@ -57,11 +57,16 @@ const GONE_EVENTS: [&[u8]; 5] = [b"del", b"expired", b"evicted", b"rename_from",
 enum Cmd {
     Subscribe(String),
     Unsubscribe(String),
+    /// The last exclusive waiter of this client for the lock stopped waiting (its readers or
+    /// permits may wait on).
+    WritersLeft(String),
 }
 
 /// The shared subscriber of one backend.
 pub(crate) struct Subscriber {
     hub: WakeHub,
+    /// Commands to the task.
+    cmds: mpsc::UnboundedSender<Cmd>,
     /// Taken by the task when it starts (at the first subscription), with the receiving end
     /// of `_stop`.
     start: Mutex<Option<(SubscriberTask, oneshot::Receiver<()>)>>,
@@ -108,6 +113,7 @@ impl Subscriber {
         let (connect_timeout, response_timeout) = (config.connect_timeout, config.response_timeout);
         let (tx, rx) = mpsc::unbounded_channel();
         let tx2 = tx.clone();
+        let cmds = tx.clone();
         let hub = WakeHub::new(
             move |key| {
                 let _ = tx.send(Cmd::Subscribe(key.to_owned()));
@@ -123,6 +129,7 @@ impl Subscriber {
         Subscriber {
             _stop: stop,
             hub,
+            cmds,
             start: Mutex::new(Some((
                 SubscriberTask {
                     rx,
@@ -149,6 +156,13 @@ impl Subscriber {
     /// or releases would hand it the lock in vain).
     pub(crate) fn is_watching(&self, key: &str) -> bool {
         self.hub.is_confirmed(key)
+    }
+
+    /// The last exclusive waiter of this client for `key` stopped waiting: its registrations
+    /// leave the queue, and a lock handed to it meanwhile is passed on (readers of this client
+    /// may still wait for `key`: they never take a writer's grant).
+    pub(crate) fn writers_left(&self, key: &str) {
+        let _ = self.cmds.send(Cmd::WritersLeft(key.to_owned()));
     }
 
     /// A subscription to `key`'s release events, confirmed by the server within the response
@@ -209,6 +223,9 @@ impl Routes {
                 self.keyspace.remove(&key_channel(start, k));
                 self.locks.remove(&start.layout.lock_key(k));
             }
+            // While disconnected nothing is sent: a grant that comes after the reconnection,
+            // while no writer of ours waits, is passed on then.
+            Cmd::WritersLeft(_) => {}
         }
     }
 
@@ -526,6 +543,13 @@ async fn run(hub: WakeHub, mut start: SubscriberTask) {
                                 hub.set_refused(&key);
                             }
                         }
+                        Cmd::WritersLeft(key) => {
+                            if !start.handovers.writer_waiting(&key) {
+                                let handed = start.handovers.leave(&key);
+                                let lock_key = start.layout.lock_key(&key);
+                                leave_lock_key(&start, &lock_key, &handed, true).await;
+                            }
+                        }
                         Cmd::Unsubscribe(key) => {
                             // A registration of ours still queued, or a grant nobody took:
                             // leave now (a release would hand the lock to nobody). Otherwise
@@ -577,15 +601,27 @@ async fn run(hub: WakeHub, mut start: SubscriberTask) {
                     if to_us {
                         if let Some((fence, seq, token, lock_key)) = parse_grant(payload) {
                             match routes.locks.get(lock_key) {
-                                Some(name) if !lingering.contains_key(name) => {
+                                Some(name)
+                                    if !lingering.contains_key(name)
+                                        && start.handovers.writer_waiting(name) =>
+                                {
                                     start.handovers.granted(name, fence, seq, token);
                                     hub.notify(name);
+                                }
+                                // Handed to us while only our readers or permits wait (they
+                                // never take a writer's grant): pass it on.
+                                Some(name) if !lingering.contains_key(name) => {
+                                    if !start.handovers.took_already(token, fence) {
+                                        let handed = start.handovers.leave(name);
+                                        let handed = if handed.is_empty() { token } else { &handed };
+                                        leave_lock_key(&start, lock_key, handed, true).await;
+                                    }
                                 }
                                 // Handed to us, but nobody here waits any more: pass it on,
                                 // unless an attempt took this very grant (a task holds it).
                                 _ => {
                                     if !start.handovers.took_already(token, fence) {
-                                        leave_lock_key(&start, lock_key, token).await;
+                                        leave_lock_key(&start, lock_key, token, false).await;
                                     }
                                 }
                             }
@@ -626,15 +662,18 @@ async fn run(hub: WakeHub, mut start: SubscriberTask) {
 /// to us meanwhile (best effort; the registration expires, and an unused grant with its TTL).
 async fn leave_queue(start: &SubscriberTask, key: &str) {
     let handed = start.handovers.leave(key);
-    leave_lock_key(start, &start.layout.lock_key(key), &handed).await;
+    leave_lock_key(start, &start.layout.lock_key(key), &handed, false).await;
 }
 
-async fn leave_lock_key(start: &SubscriberTask, lock_key: &str, handed: &str) {
+/// Runs `leave.lua` for `lock_key`: our registrations leave its queue (only the exclusive
+/// waiters' with `writers_only`), and a lock handed to `handed` (if not empty) is passed on.
+async fn leave_lock_key(start: &SubscriberTask, lock_key: &str, handed: &str, writers_only: bool) {
     let keys = LockKeys::derive(lock_key.to_owned());
     let mut now = itoa::Buffer::new();
     let lock_keys = [keys.lock(), keys.meta(), keys.waiters(), keys.fence()];
     let wake = start.wake.for_lock(lock_key);
-    let args = [&*wake, handed, now.format(unix_ms())];
+    let only = if writers_only { "1" } else { "" };
+    let args = [&*wake, handed, now.format(unix_ms()), only];
     let call = start.conn.run(
         &start.scripts.leave,
         &lock_keys,

@@ -159,20 +159,7 @@ impl Backend for ZkBackend {
         const DOING: &str = "reading a ZooKeeper lock's status";
         let parent = self.lock_path(key);
         let client = self.sessions().current().client.clone();
-        let children = match self
-            .store()
-            .call(DOING, client.list_children(&parent))
-            .await?
-        {
-            Ok(c) => c,
-            Err(Error::NoNode) => return Ok(LockStatus::free()),
-            Err(e) => return Err(map_err(e, DOING)),
-        };
-        let mut queue: Vec<(i64, String)> = children
-            .into_iter()
-            .filter_map(|c| seq_of(&c).map(|s| (s, c)))
-            .collect();
-        queue.sort();
+        let queue = self.queue_of(&client, &parent, DOING).await?;
         let mut holders: Vec<HolderStatus> = Vec::new();
         let mut gone = 0;
         for (_, child) in &queue {
@@ -436,26 +423,38 @@ impl Sessions for ZkBackend {
 }
 
 impl ZkBackend {
+    /// The lock nodes under `parent`, by sequence number (none when it does not exist).
+    async fn queue_of(
+        &self,
+        client: &zookeeper_client::Client,
+        parent: &str,
+        doing: &str,
+    ) -> Result<Vec<(i64, String)>, LockError> {
+        let children = match self
+            .store()
+            .call(doing, client.list_children(parent))
+            .await?
+        {
+            Ok(c) => c,
+            Err(Error::NoNode) => Vec::new(),
+            Err(e) => return Err(map_err(e, doing)),
+        };
+        let mut queue: Vec<(i64, String)> = children
+            .into_iter()
+            .filter_map(|c| seq_of(&c).map(|s| (s, c)))
+            .collect();
+        queue.sort();
+        Ok(queue)
+    }
+
     /// The holder: its status, node path and the node's data version; `None` when free.
     async fn holder(&self, key: &str) -> Result<Option<(LockStatus, String, i32)>, LockError> {
         const DOING: &str = "reading a ZooKeeper lock's status";
 
         let parent = self.lock_path(key);
         let client = self.sessions().current().client.clone();
-        let children = match self
-            .store()
-            .call(DOING, client.list_children(&parent))
-            .await?
-        {
-            Ok(c) => c,
-            Err(Error::NoNode) => return Ok(None),
-            Err(e) => return Err(map_err(e, DOING)),
-        };
-        let Some((_, first)) = children
-            .into_iter()
-            .filter_map(|c| seq_of(&c).map(|s| (s, c)))
-            .min()
-        else {
+        let queue = self.queue_of(&client, &parent, DOING).await?;
+        let Some((_, first)) = queue.into_iter().next() else {
             return Ok(None);
         };
         let (data, stat) = match self

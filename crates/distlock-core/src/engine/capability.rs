@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use super::{BoxFuture, LeaseCheck, LeaseRef, LockStatus, LostReason, RenewItem, Subscription};
+use super::{
+    BoxFuture, LeaseCheck, LeaseKind, LeaseRef, LockStatus, LostReason, RenewItem, Subscription,
+};
 use crate::error::LockError;
 use crate::token::Token;
 
@@ -35,6 +37,18 @@ pub trait WakeSource: Send + Sync {
         &'a self,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>>;
+
+    /// The same, for a waiter of `kind`: an engine that must know when the last waiter of a
+    /// kind stops waiting (its queued entries of that kind then leave) ties that to the
+    /// subscription ([`Subscription::with_guard`]). The default ignores the kind.
+    fn subscribe_as<'a>(
+        &'a self,
+        name: &'a str,
+        kind: LeaseKind,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        let _ = kind;
+        self.subscribe(name)
+    }
 }
 
 /// Sessions whose end ends their leases: an etcd lease that the engine keeps alive for all of

@@ -132,6 +132,7 @@ impl WakeHub {
                 hub: self.clone(),
                 key: key.to_owned(),
             }),
+            _guard: None,
         }
     }
 
@@ -223,6 +224,8 @@ pub struct Subscription {
     /// The event count this subscription has already reported.
     seen: u64,
     reg: Option<Registration>,
+    /// Whatever the engine ties to the life of this waiter's subscription (dropped with it).
+    _guard: Option<Box<dyn Send + Sync>>,
 }
 
 impl fmt::Debug for Subscription {
@@ -240,7 +243,17 @@ impl Subscription {
             shared: None,
             seen: 0,
             reg: None,
+            _guard: None,
         }
+    }
+
+    /// The same subscription, holding `guard` until it is dropped: an engine that counts its
+    /// waiters of one kind ([`WakeSource::subscribe_as`](super::WakeSource::subscribe_as))
+    /// learns when the last of them stops waiting.
+    #[must_use]
+    pub fn with_guard(mut self, guard: impl Send + Sync + 'static) -> Self {
+        self._guard = Some(Box::new(guard));
+        self
     }
 
     /// Resolves at the next event after the last one this subscription saw. Never resolves if

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use distlock_core::engine::pool::{Placement, Session};
 use distlock_core::engine::{
-    AcquireRequest, Attempt, BoxFuture, Downgrade, ErrorKind, HolderStatus, LeaseCheck, LeaseKind,
-    LeaseRef, LockError, LockStatus, LostReason, MutexExt, kind_conflict,
+    AcquireRequest, Attempt, BoxFuture, Downgrade, ErrorKind, LeaseCheck, LeaseKind, LeaseRef,
+    LockError, LockStatus, LostReason, MutexExt, kind_conflict,
 };
 use tokio_postgres::Statement;
 
-use super::{APP_TAG, PgBackend, PgConn, PgOps, SHARED_PREFIX, Taking, lock_id, parse_label};
+use super::{APP_TAG, PgBackend, PgConn, PgOps, SHARED_PREFIX, Taking, holder_of, lock_id};
 use crate::error::map_err;
 
 /// The pool key of a permit of the semaphore with base id `<base>`: `s:p<base>`. As a shared
@@ -153,12 +153,6 @@ impl PgBackend {
         const DOING: &str = "acquiring a PostgreSQL semaphore permit";
         let pool = &self.inner.pool;
         let token = req.token.as_str();
-        if req.retry
-            && let Some(lease) = pool.held(req.name, token)
-            && !lease.session().is_over()
-        {
-            return Ok(Attempt::Acquired { fence: None });
-        }
         let n = i32::try_from(permits)
             .map_err(|_| LockError::new(ErrorKind::Config, "too many permits"))?;
         let base = permit_base(req.name);
@@ -360,25 +354,19 @@ impl PgBackend {
         .await
         .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
         .map_err(|e| map_err(e, DOING))?;
-        let holders =
-            rows.iter()
-                .map(|row| {
-                    let app: Option<String> = row.get(0);
-                    let idle: Option<i64> = row.get(1);
-                    let permits: i64 = row.get(2);
-                    let kind = LeaseKind::Permit {
-                        permits: u32::try_from(permits).unwrap_or(0),
-                    };
-                    match app.as_deref().and_then(parse_label) {
-                        Some((_, ttl, owner)) => HolderStatus::new(kind).owner(Some(owner)).ttl(
-                            Some(Duration::from_millis(
-                                u64::try_from(ttl.saturating_sub(idle.unwrap_or(0))).unwrap_or(0),
-                            )),
-                        ),
-                        None => HolderStatus::new(kind).owner(app),
-                    }
-                })
-                .collect();
+        let holders = rows
+            .iter()
+            .map(|row| {
+                let app: Option<String> = row.get(0);
+                let idle: Option<i64> = row.get(1);
+                let permits: i64 = row.get(2);
+                let kind = LeaseKind::Permit {
+                    permits: u32::try_from(permits).unwrap_or(0),
+                };
+                // (A shared session's label has no fence.)
+                holder_of(kind, app, idle)
+            })
+            .collect();
         Ok(LockStatus::held_by(holders))
     }
 }

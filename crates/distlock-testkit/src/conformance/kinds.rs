@@ -46,15 +46,40 @@ async fn read<B: Backend>(c: &LockClient<B>, k: &str) -> Option<LockGuard<B>> {
     c.read_lock(k).try_acquire().await.unwrap()
 }
 
+/// Three clients with options `o`, as three processes would have.
+async fn three<B: Backend>(
+    make: &impl MakeClient<B>,
+    o: distlock_core::LockOptions,
+) -> (LockClient<B>, LockClient<B>, LockClient<B>) {
+    (
+        make.client(o).await,
+        make.client(o).await,
+        make.client(o).await,
+    )
+}
+
+/// A task of `c` that waits up to `secs` for a lease of `kind` on `k`.
+fn waiter<B: Backend>(
+    c: &LockClient<B>,
+    k: &str,
+    kind: LeaseKind,
+    secs: u64,
+) -> tokio::task::JoinHandle<Result<LockGuard<B>, LockError>> {
+    let (c, k) = (c.clone(), k.to_owned());
+    tokio::spawn(async move {
+        c.lock(&k)
+            .kind(kind)
+            .wait_timeout(Duration::from_secs(secs))
+            .acquire()
+            .await
+    })
+}
+
 /// Readers share a name, a writer excludes them and is excluded by them, and a reader's fence
 /// sits between the writers before and after it.
 pub async fn readers_share_and_writers_exclude<B: Backend>(make: &impl MakeClient<B>) {
     let o = opts().build().unwrap();
-    let (a, b, w) = (
-        make.client(o).await,
-        make.client(o).await,
-        make.client(o).await,
-    );
+    let (a, b, w) = three(make, o).await;
     if !holds(&a, LeaseKind::Shared).await {
         return;
     }
@@ -108,25 +133,13 @@ pub async fn readers_share_and_writers_exclude<B: Backend>(make: &impl MakeClien
 /// back the readers that come after it, and gets the lock when the readers ahead leave.
 pub async fn a_waiting_writer_holds_back_new_readers<B: Backend>(make: &impl MakeClient<B>) {
     let o = opts().build().unwrap();
-    let (a, b, w) = (
-        make.client(o).await,
-        make.client(o).await,
-        make.client(o).await,
-    );
+    let (a, b, w) = three(make, o).await;
     if !holds(&a, LeaseKind::Shared).await {
         return;
     }
     let k = key("rw-order");
     let r1 = read(&a, &k).await.expect("free");
-    let writer = {
-        let (w, k) = (w.clone(), k.clone());
-        tokio::spawn(async move {
-            w.write_lock(&k)
-                .wait_timeout(Duration::from_secs(20))
-                .acquire()
-                .await
-        })
-    };
+    let writer = waiter(&w, &k, LeaseKind::Exclusive, 20);
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(!writer.is_finished(), "the writer got in beside a reader");
     let ordered = a.backend().capabilities().ordered;
@@ -158,11 +171,7 @@ pub async fn a_waiting_writer_holds_back_new_readers<B: Backend>(make: &impl Mak
 /// renewed as one. An engine that cannot downgrade says why, and the writer stays held.
 pub async fn a_writer_downgrades_without_a_gap<B: Backend>(make: &impl MakeClient<B>) {
     let o = opts().ttl(Duration::from_secs(2)).build().unwrap();
-    let (a, b, w) = (
-        make.client(o).await,
-        make.client(o).await,
-        make.client(o).await,
-    );
+    let (a, b, w) = three(make, o).await;
     if !holds(&a, LeaseKind::Shared).await {
         // The kind is refused already: so is its downgrade.
         let k = key("dg-none");
@@ -179,15 +188,7 @@ pub async fn a_writer_downgrades_without_a_gap<B: Backend>(make: &impl MakeClien
     let ordered = a.backend().capabilities().ordered;
     // A writer queued right behind: it keeps waiting through the downgrade.
     let mut g = a.write_lock(&k).try_acquire().await.unwrap().expect("free");
-    let writer = {
-        let (w, k) = (w.clone(), k.clone());
-        tokio::spawn(async move {
-            w.write_lock(&k)
-                .wait_timeout(Duration::from_secs(30))
-                .acquire()
-                .await
-        })
-    };
+    let writer = waiter(&w, &k, LeaseKind::Exclusive, 30);
     tokio::time::sleep(Duration::from_millis(300)).await;
     if let Err(e) = g.downgrade().await {
         assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
@@ -217,25 +218,9 @@ pub async fn a_writer_downgrades_without_a_gap<B: Backend>(make: &impl MakeClien
     let mut g = a.write_lock(&k).try_acquire().await.unwrap().expect("free");
     let fence = g.fence();
     // Queued behind the writer: a reader, then a writer.
-    let reader = {
-        let (b, k) = (b.clone(), k.clone());
-        tokio::spawn(async move {
-            b.read_lock(&k)
-                .wait_timeout(Duration::from_secs(20))
-                .acquire()
-                .await
-        })
-    };
+    let reader = waiter(&b, &k, LeaseKind::Shared, 20);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let writer = {
-        let (w, k) = (w.clone(), k.clone());
-        tokio::spawn(async move {
-            w.write_lock(&k)
-                .wait_timeout(Duration::from_secs(30))
-                .acquire()
-                .await
-        })
-    };
+    let writer = waiter(&w, &k, LeaseKind::Exclusive, 30);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!reader.is_finished() && !writer.is_finished());
     g.downgrade().await.expect("downgrade");
@@ -290,11 +275,7 @@ pub async fn a_writer_downgrades_without_a_gap<B: Backend>(make: &impl MakeClien
 /// not write the file, so it shows them as one shared hold.)
 pub async fn status_lists_every_holder<B: Backend>(make: &impl MakeClient<B>) {
     let o = opts().build().unwrap();
-    let (a, b, w) = (
-        make.client(o).await,
-        make.client(o).await,
-        make.client(o).await,
-    );
+    let (a, b, w) = three(make, o).await;
     let caps = a.backend().capabilities();
     let listed = a.backend().name() != "file";
     let check = |h: &distlock_core::HolderStatus, g: &LockGuard<B>, c: &LockClient<B>| {
@@ -323,15 +304,7 @@ pub async fn status_lists_every_holder<B: Backend>(make: &impl MakeClient<B>) {
         let k = key("status-rw");
         let r1 = read(&a, &k).await.expect("free");
         let r2 = read(&b, &k).await.expect("a second reader");
-        let writer = {
-            let (w, k) = (w.clone(), k.clone());
-            tokio::spawn(async move {
-                w.write_lock(&k)
-                    .wait_timeout(Duration::from_secs(20))
-                    .acquire()
-                    .await
-            })
-        };
+        let writer = waiter(&w, &k, LeaseKind::Exclusive, 20);
         tokio::time::sleep(Duration::from_millis(400)).await;
         let st = w.status(&k).await.unwrap();
         assert!(st.held);
@@ -651,11 +624,7 @@ pub async fn a_dead_holders_permit_comes_back<B: Backend>(make: &impl MakeClient
 /// waiters behind it.
 pub async fn a_waiter_that_gives_up_leaves_no_trace<B: Backend>(make: &impl MakeClient<B>) {
     let o = opts().build().unwrap();
-    let (a, b, c) = (
-        make.client(o).await,
-        make.client(o).await,
-        make.client(o).await,
-    );
+    let (a, b, c) = three(make, o).await;
     let one = LeaseKind::Permit { permits: 1 };
     if !holds(&a, one).await {
         return;
