@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Handover, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus, NextWaiter,
-    RenewItem, Subscription, WakeSource,
+    Downgrade, ErrorKind, Handover, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
+    NextWaiter, RenewItem, Subscription, WakeSource,
 };
 use redis::Value;
 
