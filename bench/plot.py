@@ -61,8 +61,14 @@ def latency(data, out):
 
 def main():
     path, out = sys.argv[1], sys.argv[2]
+    if not os.path.exists(path):
+        print(f"plot.py: no {path} (a run that writes no JSON): no plots")
+        return
     with open(path) as f:
         data = json.load(f)
+    if "contention" not in data or "p1_latency_us" not in data:
+        print("plot.py: not a full run (--p1-only or --p7-only): no plots")
+        return
     os.makedirs(out, exist_ok=True)
     throughput(data, out)
     latency(data, out)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark with its peers, in one command. Installs each peer in a folder outside the
 # repository ($DISTLOCK_PEERS_DIR, default $TMPDIR/distlock-peers) — the Rust peers built with
-# cargo, the Python ones in a venv from PyPI, node-redlock from npm — then runs distlock-bench
-# with them, and plots the figures.
+# cargo, the Python ones in a venv from PyPI, node-redlock and redis-semaphore from npm — then
+# runs distlock-bench with them, and plots the figures.
 #   bench/run.sh            the full run: writes docs/benchmarks.md, docs/benchmarks.json and the
 #                           plots in docs/img/
 #   bench/run.sh --quick    (or any other distlock-bench options, e.g. --rounds 7): the same, into
@@ -45,7 +45,8 @@ rust_peer() { # folder crate-version-label
   cp "$src/Cargo.toml" "$dst/"
   rm -rf "$dst/src" && cp -r "$src/src" "$dst/src"
   say "building the $1 peer in $dst"
-  if (cd "$dst" && cargo build --profile "$profile" --quiet); then
+  # Its own target folder, even when CARGO_TARGET_DIR is set for the harness.
+  if (cd "$dst" && CARGO_TARGET_DIR="$dst/target" cargo build --profile "$profile" --quiet); then
     peer "$1" "$2" "$dst/target/$bin_dir/distlock-peer-$1"
   else
     left_out "the $1 peer (it did not build)"
@@ -63,6 +64,7 @@ if { [ -x "$venv/bin/python" ] || python3 -m venv "$venv"; } &&
   peer python-redis-py "redis-py 8.1 Lock" "$venv/bin/python $peers/peer.py redis-py"
   peer python-redis-lock "python-redis-lock 4.0" "$venv/bin/python $peers/peer.py python-redis-lock"
   peer python-pottery "pottery 3.0 Redlock" "$venv/bin/python $peers/peer.py pottery"
+  peer python-redis-rw-lock "redis-rw-lock 1.0 RWLock" "$venv/bin/python $peers/peer.py redis-rw-lock"
   "$venv/bin/pip" install --quiet --disable-pip-version-check matplotlib ||
     left_out "matplotlib (no plots)"
 else
@@ -70,13 +72,15 @@ else
 fi
 
 node_dir="$peers/node"
-say "installing node-redlock in $node_dir"
+say "installing node-redlock and redis-semaphore in $node_dir"
 mkdir -p "$node_dir"
-cp "$root/bench/peers/node/package.json" "$root/bench/peers/node/peer.js" "$node_dir/"
+cp "$root/bench/peers/node/package.json" "$root/bench/peers/node/peer.js" \
+  "$root/bench/peers/node/semaphore.js" "$node_dir/"
 if command -v node >/dev/null && (cd "$node_dir" && npm install --silent --no-audit --no-fund >/dev/null); then
   peer node-redlock "node-redlock 5.0-beta on ioredis 5" "node $node_dir/peer.js"
+  peer node-redis-semaphore "redis-semaphore 5.8 on ioredis 5" "node $node_dir/semaphore.js"
 else
-  left_out "node-redlock (it did not install)"
+  left_out "node-redlock and redis-semaphore (they did not install)"
 fi
 
 cd "$root"

@@ -139,6 +139,12 @@ if (mode === "cycles") {
 } else if (mode === "contend") {
   contend(rest[0], Number(rest[1]), BigInt(rest[2]), Number(rest[3]), Number(rest[4]))
     .catch((e) => { console.error(e); process.exit(1); });
+} else if (mode === "rw-cycles" || mode === "rw-mix") {
+  console.log("n/a (node-redlock has no read-write lock)");
+  process.exit(3);
+} else if (mode === "sem-cycles" || mode === "sem-contend") {
+  console.log("n/a (node-redlock has no semaphore)");
+  process.exit(3);
 } else {
   console.error("usage: cycles N URL... | contend URL TASKS START_NS MILLIS HOLD_US");
   process.exit(2);

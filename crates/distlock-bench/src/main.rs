@@ -23,6 +23,11 @@
 //!   round trip, both modes and the raw floor, interleaved; ratios to the round's own unit,
 //!   medians over rounds, and the worst round.
 //!
+//! - P7: read-write locks and semaphores (`p7.rs`): a reader's, a writer's and a permit's
+//!   uncontended cycle beside its raw single-script floor; a semaphore's hot name (4 permits,
+//!   8 to 64 waiters); a 90% read / 10% write mix; the peers with a read-write lock or a
+//!   semaphore beside them.
+//!
 //! This is a benchmark, not a test: it prints a table (and `--json`), it asserts nothing.
 
 use std::path::PathBuf;
@@ -40,6 +45,7 @@ mod p3;
 mod p4;
 mod p5;
 mod p6;
+mod p7;
 mod peers;
 mod report;
 
@@ -90,6 +96,10 @@ struct Cli {
     /// fast path. Prints one line.
     #[arg(long)]
     p1_only: bool,
+    /// Only P7 (read-write locks and semaphores, with the peers when --peers): prints its
+    /// tables and bars, and writes its figures with --json.
+    #[arg(long, conflicts_with = "p1_only")]
+    p7_only: bool,
     /// Masters of the P4 Redlock runs.
     #[arg(long, default_value_t = 5)]
     masters: usize,
@@ -118,6 +128,22 @@ enum Cmd {
         /// How long each task pauses after a release before it asks again, in microseconds.
         #[arg(long, default_value_t = 0)]
         gap_us: u64,
+    },
+    /// Internal: one contending process of P7.
+    #[command(hide = true)]
+    P7Worker {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        tasks: usize,
+        #[arg(long)]
+        start_ns: u64,
+        #[arg(long)]
+        millis: u64,
+        #[arg(long)]
+        load: p7::Load,
+        #[arg(long)]
+        threads: usize,
     },
     /// Internal: uncontended Redlock cycles over the masters given (for profiling P4 alone);
     /// prints cycles per second.
@@ -176,6 +202,18 @@ fn main() {
         }) => return raw_holder(url, *count, *start_ns),
         _ => {}
     }
+    if let Some(Cmd::P7Worker {
+        url,
+        tasks,
+        start_ns,
+        millis,
+        load,
+        threads,
+    }) = cli.cmd
+    {
+        runtime(threads).block_on(p7::worker(url, tasks, start_ns, millis, load));
+        return;
+    }
     if let Some(Cmd::Worker {
         url,
         tasks,
@@ -187,18 +225,7 @@ fn main() {
         gap_us,
     }) = cli.cmd
     {
-        let rt = if threads <= 1 {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-        } else {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(threads)
-                .enable_all()
-                .build()
-        }
-        .expect("runtime");
-        rt.block_on(worker(
+        runtime(threads).block_on(worker(
             url,
             tasks,
             start_ns,
@@ -239,16 +266,58 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let url = server.url();
-    let raw = redis::Client::open(url.as_str()).expect("client");
-    let mut async_conn = rt
-        .block_on(raw.get_multiplexed_async_connection())
-        .expect("async connection");
+    let rt2 = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     let peer_list = cli
         .peers
         .as_deref()
         .map(peers::discover)
         .unwrap_or_default();
+    // P7's loads: a semaphore's hot name at these waiters (4 processes), the most of them also
+    // the shape of the hot exclusive key and of the read/write mix.
+    let p7_waiters: &[usize] = if cli.quick { &[8, 16] } else { &[8, 16, 64] };
+    if cli.p7_only {
+        let p7 = p7::run(
+            &server,
+            &rt,
+            &rt2,
+            (rounds, cycles, millis),
+            p7_waiters,
+            cli.worker_threads,
+            &peer_list,
+        );
+        let mut text = format!(
+            "distlock-bench --p7-only — Redis {} — {pinning}\n\n{}\nBars\n| bar | figure | met |\n|---|---:|---|\n",
+            common::redis_version(&server),
+            p7.render(pinning)
+        );
+        for (name, fig, met) in p7.bars() {
+            text.push_str(&format!(
+                "| {name} | {} | {} |\n",
+                fig.map_or("n/a".to_owned(), |f| format!("{f:.3}")),
+                if met { "yes" } else { "**no**" }
+            ));
+        }
+        let text = p7::spaced(&text);
+        print!("{text}");
+        if let Some(path) = &cli.report {
+            std::fs::write(path, &text).expect("write the report");
+        }
+        if let Some(path) = &cli.json {
+            let json = serde_json::json!({ "pinning": pinning, "p7": p7.json() });
+            std::fs::write(path, serde_json::to_string_pretty(&json).expect("json"))
+                .expect("write the JSON");
+        }
+        return;
+    }
+    let url = server.url();
+    let raw = redis::Client::open(url.as_str()).expect("client");
+    let mut async_conn = rt
+        .block_on(raw.get_multiplexed_async_connection())
+        .expect("async connection");
     let p1::Figures {
         sync_floor: p1_sync,
         async_floor: p1_async,
@@ -289,11 +358,6 @@ fn main() {
     );
 
     let mut runs = Vec::new();
-    let rt2 = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
     for mode in [Mode::Events, Mode::Polling, Mode::Handoff] {
         for &w in waiters {
             runs.push(rt2.block_on(contention(
@@ -323,6 +387,16 @@ fn main() {
             p2_peers.push(peer_contention(&server, peer, p2_shape, millis, hold_us));
         }
     }
+    // P7: read-write locks and semaphores.
+    let p7 = p7::run(
+        &server,
+        &rt,
+        &rt2,
+        (rounds, cycles, millis),
+        p7_waiters,
+        cli.worker_threads,
+        &peer_list,
+    );
     // P6: many held locks kept alive by automatic renewal.
     let (p6_locks, p6_ttl, p6_window) = if cli.quick {
         (
@@ -488,5 +562,22 @@ fn main() {
         p6_ttl,
         p6_window,
         p6_rows,
+        p7,
     });
+}
+
+/// The runtime of a contending process: tokio's current-thread runtime for one thread, else the
+/// multi-thread one.
+fn runtime(threads: usize) -> tokio::runtime::Runtime {
+    if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+    }
+    .expect("runtime")
 }

@@ -244,62 +244,78 @@ pub(crate) fn peer_contention(
     millis: u64,
     hold_us: u64,
 ) -> PeerContention {
-    let name = peer.name.clone();
+    let url = server.url();
+    let args = |start_ns: u64| {
+        vec![
+            url.clone(),
+            tasks.to_string(),
+            start_ns.to_string(),
+            millis.to_string(),
+            hold_us.to_string(),
+        ]
+    };
+    let result = peer_processes(server, peer, "contend", args, processes, millis).map(
+        |(per_process, calls)| {
+            let acquisitions: Vec<u64> = per_process
+                .iter()
+                .map(|v| v["acquisitions"].as_u64().unwrap_or(0))
+                .collect();
+            let errors = per_process
+                .iter()
+                .map(|v| v["errors"].as_u64().unwrap_or(0))
+                .sum();
+            let total: u64 = acquisitions.iter().sum();
+            let max = acquisitions.iter().copied().max().unwrap_or(0).max(1);
+            let min = acquisitions.iter().copied().min().unwrap_or(0);
+            PeerP2 {
+                per_sec: total as f64 / (millis as f64 / 1000.0),
+                fairness: min as f64 / max as f64,
+                calls_per_acq: calls as f64 / total.max(1) as f64,
+                errors,
+            }
+        },
+    );
+    PeerContention {
+        name: peer.name.clone(),
+        hold_us,
+        result,
+    }
+}
+
+/// `processes` processes of a peer's `mode`, with the arguments `args(start_ns)`, all starting
+/// together: the JSON object each printed, and the calls the server ran meanwhile (INFO
+/// commandstats, less our own INFO).
+pub(crate) fn peer_processes(
+    server: &RedisServer,
+    peer: &peers::Peer,
+    mode: &str,
+    args: impl Fn(u64) -> Vec<String>,
+    processes: usize,
+    millis: u64,
+) -> Result<(Vec<serde_json::Value>, u64), peers::Figure> {
     let before = total_calls(server);
     // Interpreters take a while to start: everybody begins together, 2 s from now.
     let start_ns = mono_ns() + 2_000_000_000;
     let deadline = Instant::now() + Duration::from_millis(2000 + millis) + Duration::from_secs(30);
+    let args = args(start_ns);
     let mut children = Vec::new();
-    let args = [
-        server.url(),
-        tasks.to_string(),
-        start_ns.to_string(),
-        millis.to_string(),
-        hold_us.to_string(),
-    ];
     for _ in 0..processes {
-        match peer.start("contend", &args) {
+        match peer.start(mode, &args) {
             Ok(c) => children.push(c),
-            Err(e) => {
-                return PeerContention {
-                    name,
-                    hold_us,
-                    result: Err(peers::Figure::Failed(e.to_string())),
-                };
-            }
+            Err(e) => return Err(peers::Figure::Failed(e.to_string())),
         }
     }
     let mut per_process = Vec::new();
-    let mut errors = 0;
     let mut failed = None;
     for c in children {
         match peer.finish(c, deadline) {
-            Ok(v) => {
-                per_process.push(v["acquisitions"].as_u64().unwrap_or(0));
-                errors += v["errors"].as_u64().unwrap_or(0);
-            }
+            Ok(v) => per_process.push(v),
             Err(f) => failed = failed.or(Some(f)),
         }
     }
     if let Some(f) = failed {
-        return PeerContention {
-            name,
-            hold_us,
-            result: Err(f),
-        };
+        return Err(f);
     }
     let calls = total_calls(server).saturating_sub(before + 1);
-    let total: u64 = per_process.iter().sum();
-    let max = per_process.iter().copied().max().unwrap_or(0).max(1);
-    let min = per_process.iter().copied().min().unwrap_or(0);
-    PeerContention {
-        name,
-        hold_us,
-        result: Ok(PeerP2 {
-            per_sec: total as f64 / (millis as f64 / 1000.0),
-            fairness: min as f64 / max as f64,
-            calls_per_acq: calls as f64 / total.max(1) as f64,
-            errors,
-        }),
-    }
+    Ok((per_process, calls))
 }

@@ -132,10 +132,16 @@ impl Peer {
 
     /// `n` uncontended lock + unlock cycles over `urls`: cycles per second.
     pub(crate) fn cycles(&self, n: usize, urls: &[String]) -> Figure {
+        let mut args = vec!["cycles".to_owned(), n.to_string()];
+        args.extend_from_slice(urls);
+        self.figure(&args)
+    }
+
+    /// Runs the peer with `args` (a mode that prints one number, e.g. `rw-cycles read N URL`):
+    /// that number.
+    pub(crate) fn figure(&self, args: &[String]) -> Figure {
         let out = match Command::new(&self.run)
-            .arg("cycles")
-            .arg(n.to_string())
-            .args(urls)
+            .args(args)
             .stdin(Stdio::null())
             .output()
         {

@@ -45,6 +45,7 @@ pub(crate) struct Results<'a> {
     pub(crate) p6_ttl: Duration,
     pub(crate) p6_window: Duration,
     pub(crate) p6_rows: Vec<p6::Row>,
+    pub(crate) p7: crate::p7::P7,
 }
 
 /// Prints the report, and writes it as Markdown and JSON when the command line asks.
@@ -79,6 +80,7 @@ pub(crate) fn write(results: Results<'_>) {
         p6_ttl,
         p6_window,
         p6_rows,
+        p7,
     } = results;
     // The report: printed, and written as Markdown with --report.
     let mut report = String::new();
@@ -426,6 +428,8 @@ pub(crate) fn write(results: Results<'_>) {
     {
         outln!("{note}");
     }
+    outln!();
+    out!("{}", p7.render(pinning));
     // The bars of the brief (§4), each with its figure.
     outln!();
     outln!("Bars");
@@ -486,6 +490,13 @@ pub(crate) fn write(results: Results<'_>) {
             &format!("P5 {} ≥ 0.9× its floor", r.engine),
             Some(r.ours / r.floor),
             &|f| f >= 0.9,
+        );
+    }
+    for (name, fig, met) in p7.bars() {
+        outln!(
+            "| {name} | {} | {} |",
+            fig.map_or("n/a".to_owned(), |f| format!("{f:.3}")),
+            if met { "yes" } else { "**no**" }
         );
     }
     print!("{report}");
@@ -578,6 +589,7 @@ pub(crate) fn write(results: Results<'_>) {
                 Err(f) => serde_json::json!({ "client": name, "result": f.json() }),
             }).collect::<Vec<_>>(),
             "p3_idle_rtt_us_per_round": p3.iter().map(|r| r.idle_rtt).collect::<Vec<_>>(),
+            "p7": p7.json(),
         });
         std::fs::write(path, serde_json::to_string_pretty(&json).expect("json"))
             .expect("write the JSON");

@@ -161,7 +161,7 @@ impl PgConfig {
         let (mode, tls) = ssl.resolve()?;
         pg.ssl_mode(mode);
         #[cfg(not(feature = "tls"))]
-        let _ = tls;
+        let () = tls;
         Ok(PgConfig {
             pg,
             schema,

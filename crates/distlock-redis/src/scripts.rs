@@ -400,7 +400,11 @@ mod tests {
         ("token.lua", token_lua!(), &["is_ours"]),
         ("fence.lua", fence_lua!(), &["next_fence"]),
         ("queue.lua", queue_lua!(), &["tell", "pass_on"]),
-        ("permits.lua", permits_lua!(), &["server_ms", "keep"]),
+        (
+            "permits.lua",
+            permits_lua!(),
+            &["server_ms", "sweep", "settle", "keep"],
+        ),
     ];
 
     #[test]

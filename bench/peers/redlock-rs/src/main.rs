@@ -114,6 +114,14 @@ fn main() {
             println!("n/a (no automatic renewal)");
             std::process::exit(3);
         }
+        Some("rw-cycles" | "rw-mix") => {
+            println!("n/a (no read-write lock)");
+            std::process::exit(3);
+        }
+        Some("sem-cycles" | "sem-contend") => {
+            println!("n/a (no semaphore)");
+            std::process::exit(3);
+        }
         _ => {
             eprintln!("usage: cycles N URL… | contend URL TASKS START_NS MILLIS HOLD_US");
             std::process::exit(2);

@@ -13,14 +13,15 @@
 -- are free: waiters are served in arrival order, and a first attempt (not queued) goes behind
 -- every waiter.
 -- Every check runs before anything is written, so an error never leaves a permit half taken.
--- Uses `next_fence` (fence.lua) and `server_ms`, `keep` (permits.lua), prepended to it.
+-- Uses `next_fence` (fence.lua) and `server_ms`, `sweep`, `settle` (permits.lua), prepended
+-- to it.
 local now = server_ms()
 local tok, n = ARGV[1], tonumber(ARGV[2])
-keep(now)
+sweep(now)
 if redis.call('ZSCORE', KEYS[1], tok) then
   -- Ours already: a resent request whose first reply was lost.
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), tok)
-  keep(now)
+  settle(now)
   return {1, tonumber(redis.call('HGET', KEYS[2], 'f:' .. tok)) or 0}
 end
 local held = redis.call('ZCARD', KEYS[1])
@@ -48,7 +49,7 @@ if held < n and ahead < n - held then
     redis.call('ZREM', KEYS[3], ARGV[4])
     redis.call('ZREM', KEYS[4], ARGV[4])
   end
-  keep(now)
+  settle(now)
   return {1, fence}
 end
 local queued = 0
@@ -59,7 +60,7 @@ if ARGV[4] ~= '' then
   end
   redis.call('ZADD', KEYS[4], now + tonumber(ARGV[6]), ARGV[4])
   redis.call('HSET', KEYS[2], 'permits', n)
-  keep(now)
+  settle(now)
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local left = -1

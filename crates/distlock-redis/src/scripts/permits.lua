@@ -1,5 +1,5 @@
--- Helpers of the semaphore's scripts, prepended to them (see scripts.rs): `server_ms` and
--- `keep`.
+-- Helpers of the semaphore's scripts, prepended to them (see scripts.rs): `server_ms`,
+-- `sweep`, `settle` and `keep` (the two in one).
 --
 -- A semaphore's keys (KEYS[1] to KEYS[4] of every script that uses these helpers):
 -- KEYS[1] holders: a sorted set, token -> deadline in ms on the server's clock (TIME), never
@@ -17,10 +17,8 @@ local function server_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Drops the holders past their deadline and the waiters past theirs; then lets the four keys
--- live a second past the last deadline of any of them, so a semaphore nobody uses any more
--- leaves nothing behind.
-local function keep(now)
+-- Drops the holders past their deadline and the waiters past theirs.
+local function sweep(now)
   for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
     redis.call('ZREM', KEYS[1], d)
     redis.call('HDEL', KEYS[2], 'f:' .. d, 'o:' .. d)
@@ -29,6 +27,12 @@ local function keep(now)
     redis.call('ZREM', KEYS[3], w)
     redis.call('ZREM', KEYS[4], w)
   end
+end
+
+-- Lets the four keys live a second past the last deadline of any holder or waiter, so a
+-- semaphore nobody uses any more leaves nothing behind. (A script that writes a deadline calls
+-- it once, after its writes.)
+local function settle(now)
   local a = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
   local b = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
   local last = math.max(tonumber(a[2] or 0), tonumber(b[2] or 0))
@@ -39,4 +43,10 @@ local function keep(now)
   else
     redis.call('DEL', KEYS[2])
   end
+end
+
+-- `sweep`, then `settle`.
+local function keep(now)
+  sweep(now)
+  settle(now)
 end
