@@ -48,8 +48,8 @@ const TTL_MS: u64 = 30_000;
 /// fails and counts as an error.
 const GRACE: Duration = Duration::from_secs(5);
 
-/// The reader floor's acquire. KEYS[1] the lock key, KEYS[2] the readers' sorted set;
-/// ARGV[1] token, ARGV[2] ttl ms. 1: ours; 0: a writer holds the key.
+/// The reader floor's acquire. `KEYS[1]` the lock key, `KEYS[2]` the readers' sorted set;
+/// `ARGV[1]` token, `ARGV[2]` ttl ms. 1: ours; 0: a writer holds the key.
 const FLOOR_READ_ACQUIRE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -84,8 +84,8 @@ end
 return held
 ";
 
-/// The permit floor's acquire. KEYS[1] the holders' sorted set; ARGV[1] token, ARGV[2] N,
-/// ARGV[3] ttl ms. 1: ours; 0: N held.
+/// The permit floor's acquire. `KEYS[1]` the holders' sorted set; `ARGV[1]` token, `ARGV[2]` N,
+/// `ARGV[3]` ttl ms. 1: ours; 0: N held.
 const FLOOR_PERMIT_ACQUIRE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
