@@ -107,3 +107,53 @@ pub(crate) fn redis_version(server: &RedisServer) -> String {
         .trim()
         .to_owned()
 }
+
+/// Starts `processes` copies of this harness as the worker `sub` against `server`, each with
+/// `tasks` tasks from `start_ns` for `millis` ms on `threads` runtime threads, plus `extra`
+/// arguments; their stdout is piped (see [`first_line`]).
+pub(crate) fn spawn_workers(
+    server: &RedisServer,
+    sub: &str,
+    processes: usize,
+    (tasks, start_ns, millis, threads): (usize, u64, u64, usize),
+    extra: &[&str],
+) -> Vec<tokio::process::Child> {
+    let exe = std::env::current_exe().expect("own path");
+    (0..processes)
+        .map(|_| {
+            tokio::process::Command::new(&exe)
+                .args([
+                    sub,
+                    "--url",
+                    &server.url(),
+                    "--tasks",
+                    &tasks.to_string(),
+                    "--start-ns",
+                    &start_ns.to_string(),
+                    "--millis",
+                    &millis.to_string(),
+                    "--threads",
+                    &threads.to_string(),
+                ])
+                .args(extra)
+                .stdout(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn a worker")
+        })
+        .collect()
+}
+
+/// The one line a worker prints (its figures), once it has ended.
+pub(crate) async fn first_line(mut child: tokio::process::Child) -> String {
+    use tokio::io::AsyncBufReadExt;
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = lines
+        .next_line()
+        .await
+        .expect("read a worker")
+        .expect("a worker printed nothing");
+    let _ = child.wait().await;
+    line
+}

@@ -105,23 +105,30 @@ struct Cli {
     masters: usize,
 }
 
+/// What every contending worker process is told (see `common::spawn_workers`).
+#[derive(clap::Args, Debug)]
+struct WorkerArgs {
+    #[arg(long)]
+    url: String,
+    #[arg(long)]
+    tasks: usize,
+    #[arg(long)]
+    start_ns: u64,
+    #[arg(long)]
+    millis: u64,
+    #[arg(long)]
+    threads: usize,
+}
+
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Internal: one contending process.
     #[command(hide = true)]
     Worker {
-        #[arg(long)]
-        url: String,
-        #[arg(long)]
-        tasks: usize,
-        #[arg(long)]
-        start_ns: u64,
-        #[arg(long)]
-        millis: u64,
+        #[command(flatten)]
+        w: WorkerArgs,
         #[arg(long)]
         mode: Mode,
-        #[arg(long)]
-        threads: usize,
         /// How long each holder keeps the lock, in microseconds.
         #[arg(long, default_value_t = 0)]
         hold_us: u64,
@@ -132,18 +139,10 @@ enum Cmd {
     /// Internal: one contending process of P7.
     #[command(hide = true)]
     P7Worker {
-        #[arg(long)]
-        url: String,
-        #[arg(long)]
-        tasks: usize,
-        #[arg(long)]
-        start_ns: u64,
-        #[arg(long)]
-        millis: u64,
+        #[command(flatten)]
+        w: WorkerArgs,
         #[arg(long)]
         load: p7::Load,
-        #[arg(long)]
-        threads: usize,
     },
     /// Internal: uncontended Redlock cycles over the masters given (for profiling P4 alone);
     /// prints cycles per second.
@@ -202,34 +201,22 @@ fn main() {
         }) => return raw_holder(url, *count, *start_ns),
         _ => {}
     }
-    if let Some(Cmd::P7Worker {
-        url,
-        tasks,
-        start_ns,
-        millis,
-        load,
-        threads,
-    }) = cli.cmd
-    {
-        runtime(threads).block_on(p7::worker(url, tasks, start_ns, millis, load));
+    if let Some(Cmd::P7Worker { w, load }) = cli.cmd {
+        runtime(w.threads).block_on(p7::worker(w.url, w.tasks, w.start_ns, w.millis, load));
         return;
     }
     if let Some(Cmd::Worker {
-        url,
-        tasks,
-        start_ns,
-        millis,
+        w,
         mode,
-        threads,
         hold_us,
         gap_us,
     }) = cli.cmd
     {
-        runtime(threads).block_on(worker(
-            url,
-            tasks,
-            start_ns,
-            millis,
+        runtime(w.threads).block_on(worker(
+            w.url,
+            w.tasks,
+            w.start_ns,
+            w.millis,
             mode,
             (hold_us, gap_us),
         ));

@@ -1,15 +1,13 @@
 //! P2: one hot key, many waiters over several processes: throughput, fairness, commands per
 //! acquisition and hand-off latency; distlock's modes, and the peers beside them.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use distlock_core::{LockClient, LockOptions};
 use distlock_redis::RedisBackend;
 use distlock_testkit::RedisServer;
-use tokio::io::AsyncBufReadExt;
 
-use crate::common::{Mode, mono_ns};
+use crate::common::{Mode, first_line, mono_ns, spawn_workers};
 use crate::peers;
 
 pub(crate) fn options(mode: Mode) -> LockOptions {
@@ -114,50 +112,22 @@ pub(crate) async fn contention(
 ) -> Contention {
     let processes = waiters.clamp(1, 4);
     let tasks = waiters / processes;
-    let exe = std::env::current_exe().expect("own path");
     let calls_before = total_calls(server);
     let start_ns = mono_ns() + 400_000_000;
-    let mut children = Vec::new();
-    for _ in 0..processes {
-        let child = tokio::process::Command::new(&exe)
-            .args([
-                "worker",
-                "--url",
-                &server.url(),
-                "--tasks",
-                &tasks.to_string(),
-                "--start-ns",
-                &start_ns.to_string(),
-                "--millis",
-                &millis.to_string(),
-                "--mode",
-                mode.name(),
-                "--threads",
-                &threads.to_string(),
-                "--hold-us",
-                &hold_us.to_string(),
-                "--gap-us",
-                &gap_us.to_string(),
-            ])
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn a worker");
-        children.push(child);
-    }
+    let (hold, gap) = (hold_us.to_string(), gap_us.to_string());
+    let children = spawn_workers(
+        server,
+        "worker",
+        processes,
+        (tasks, start_ns, millis, threads),
+        &["--mode", mode.name(), "--hold-us", &hold, "--gap-us", &gap],
+    );
     let mut per_process = Vec::new();
     let mut cmds = 0u64;
     // (fence, acquired, release sent, acquire called, process)
     let mut events: Vec<(u64, u64, u64, u64, usize)> = Vec::new();
-    for (p, mut child) in children.into_iter().enumerate() {
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let line = lines
-            .next_line()
-            .await
-            .expect("read a worker")
-            .expect("a worker printed nothing");
-        let _ = child.wait().await;
+    for (p, child) in children.into_iter().enumerate() {
+        let line = first_line(child).await;
         let v: serde_json::Value = serde_json::from_str(&line).expect("worker JSON");
         cmds += v["commands"].as_u64().unwrap_or(0);
         let evs = v["events"].as_array().expect("events").clone();

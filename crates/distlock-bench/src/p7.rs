@@ -24,16 +24,14 @@
 //! for their mutexes) run in the same rounds; a peer that says n/a to every P7 mode is left
 //! out of these tables.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
 use distlock_core::{LockClient, LockGuard, Released};
 use distlock_redis::RedisBackend;
 use distlock_testkit::RedisServer;
-use tokio::io::AsyncBufReadExt;
 
-use crate::common::{Mode, RELEASE_LUA, median, mono_ns};
+use crate::common::{Mode, RELEASE_LUA, first_line, median, mono_ns, spawn_workers};
 use crate::p2::{self, Contention, PeerContention, total_calls};
 use crate::peers::{self, Figure};
 
@@ -672,43 +670,18 @@ async fn ours_load(
     millis: u64,
     threads: usize,
 ) -> (Vec<serde_json::Value>, u64) {
-    let exe = std::env::current_exe().expect("own path");
     let before = total_calls(server);
     let start_ns = mono_ns() + 400_000_000;
-    let mut children = Vec::new();
-    for _ in 0..PROCESSES {
-        let child = tokio::process::Command::new(&exe)
-            .args([
-                "p7-worker",
-                "--url",
-                &server.url(),
-                "--tasks",
-                &tasks.to_string(),
-                "--start-ns",
-                &start_ns.to_string(),
-                "--millis",
-                &millis.to_string(),
-                "--load",
-                load.name(),
-                "--threads",
-                &threads.to_string(),
-            ])
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn a worker");
-        children.push(child);
-    }
+    let children = spawn_workers(
+        server,
+        "p7-worker",
+        PROCESSES,
+        (tasks, start_ns, millis, threads),
+        &["--load", load.name()],
+    );
     let mut values = Vec::new();
-    for mut child in children {
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let line = lines
-            .next_line()
-            .await
-            .expect("read a worker")
-            .expect("a worker printed nothing");
-        let _ = child.wait().await;
+    for child in children {
+        let line = first_line(child).await;
         values.push(serde_json::from_str(&line).expect("worker JSON"));
     }
     let calls = total_calls(server).saturating_sub(before + 1);

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::engine::pool::{
-    Placement, PoolLimits, SHARED_PREFIX, Session, SessionEnd, SessionOps, SessionPool,
+    Placement, PoolLease, PoolLimits, SHARED_PREFIX, Session, SessionEnd, SessionOps, SessionPool,
 };
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
@@ -80,6 +80,32 @@ fn holder_of(kind: LeaseKind, app: Option<String>, idle: Option<i64>) -> HolderS
         }
         None => HolderStatus::new(kind).owner(app),
     }
+}
+
+/// A lease the statement took, once the pool has recorded it (`Busy` if its session ended
+/// meanwhile).
+fn confirmed(
+    pool: &SessionPool<PgOps>,
+    lease: &Arc<PoolLease<PgConn>>,
+    sent: tokio::time::Instant,
+    req: &AcquireRequest<'_>,
+    fence: i64,
+) -> Attempt {
+    if pool.confirm(lease, sent, req.ttl, req.renewed) {
+        Attempt::Acquired {
+            fence: u64::try_from(fence).ok(),
+        }
+    } else {
+        Attempt::Busy { holder_ttl: None }
+    }
+}
+
+/// An acquire whose sessions kept ending under it.
+fn sessions_ended(doing: &str) -> LockError {
+    LockError::new(
+        ErrorKind::Connection,
+        format!("{doing}: three sessions in a row ended under the request"),
+    )
 }
 
 /// The server's `idle_session_timeout` for a time the session must last, in whole
@@ -722,17 +748,9 @@ impl Backend for PgBackend {
                 pool.withdraw(&lease);
                 return Ok(Attempt::Busy { holder_ttl: None });
             };
-            if !pool.confirm(&lease, sent, req.ttl, req.renewed) {
-                return Ok(Attempt::Busy { holder_ttl: None });
-            }
-            return Ok(Attempt::Acquired {
-                fence: u64::try_from(fence).ok(),
-            });
+            return Ok(confirmed(pool, &lease, sent, req, fence));
         }
-        Err(LockError::new(
-            ErrorKind::Connection,
-            format!("{DOING}: three sessions in a row ended under the request"),
-        ))
+        Err(sessions_ended(DOING))
     }
 
     async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {

@@ -10,7 +10,10 @@ use distlock_core::engine::{
 };
 use tokio_postgres::Statement;
 
-use super::{APP_TAG, PgBackend, PgConn, PgOps, SHARED_PREFIX, Taking, holder_of, lock_id};
+use super::{
+    APP_TAG, PgBackend, PgConn, PgOps, SHARED_PREFIX, Taking, confirmed, holder_of, lock_id,
+    sessions_ended,
+};
 use crate::error::map_err;
 
 /// The pool key of a permit of the semaphore with base id `<base>`: `s:p<base>`. As a shared
@@ -250,17 +253,9 @@ impl PgBackend {
             if let Some(h) = conn.permits.locked().get_mut(&base) {
                 h.slot = Some(slot);
             }
-            if !pool.confirm(&lease, sent, req.ttl, req.renewed) {
-                return Ok(Attempt::Busy { holder_ttl: None });
-            }
-            return Ok(Attempt::Acquired {
-                fence: u64::try_from(fence).ok(),
-            });
+            return Ok(confirmed(pool, &lease, sent, req, fence));
         }
-        Err(LockError::new(
-            ErrorKind::Connection,
-            format!("{DOING}: three sessions in a row ended under the request"),
-        ))
+        Err(sessions_ended(DOING))
     }
 
     async fn downgrade_inner(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
