@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use distlock_testkit::{Etcd, Postgres, RedisServer, ZooKeeper};
+use distlock_testkit::{Etcd, MariaDb, Postgres, RedisServer, ZooKeeper};
 use nix::sys::signal::Signal;
 
 mod common;
@@ -192,6 +192,10 @@ fn a_hundred_commands_in_four_processes_never_exceed_three_permits() {
     }
     if let Some(pg) = Postgres::start() {
         permits_are_never_exceeded(&pg.url(""));
+    }
+    if let Some(db) = MariaDb::start() {
+        permits_are_never_exceeded(&db.url(""));
+        permits_are_never_exceeded(&db.url("?fence=counter"));
     }
 }
 

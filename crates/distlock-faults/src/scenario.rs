@@ -457,6 +457,23 @@ pub(crate) fn all() -> Vec<Scenario> {
         },
         Scenario {
             ttl: Duration::from_secs(2),
+            kinds: Kinds::Semaphore { permits: 2 },
+            ..Scenario::new(
+                "mysql-semaphore",
+                "MariaDB, semaphore of 2 permits: holders paused and killed, replies lost, workers partitioned, the server paused, killed and restarted",
+                EngineKind::Mysql,
+            )
+            .faults(&[
+                PauseHolder,
+                KillHolder,
+                LoseReplies,
+                Partition,
+                PauseServer,
+                RestartServer,
+            ])
+        },
+        Scenario {
+            ttl: Duration::from_secs(2),
             long_share: 0.6,
             ..Scenario::new(
                 "postgres-loss",

@@ -1,11 +1,18 @@
 //! The MySQL/MariaDB engine: `GET_LOCK` named locks, many on each session of a small pool.
 
+mod permits;
+
+pub use permits::semaphore_name;
+
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_core::engine::pool::{Placement, PoolLimits, SessionEnd, SessionOps, SessionPool};
+use distlock_core::engine::pool::{
+    Placement, PoolLimits, SHARED_PREFIX, SessionEnd, SessionOps, SessionPool,
+};
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
@@ -23,16 +30,22 @@ use tokio::time::Instant;
 /// letters, digits and `_ . : / -`; otherwise `dl:sha256:` and the first 48 hex digits of
 /// SHA-256 of the name (MySQL limits lock names to 64 characters).
 pub fn lock_name(name: &str) -> String {
-    let plain = name.len() <= 61
+    server_name("dl:", name, 61)
+}
+
+/// `<prefix><name>` when `name` is at most `longest` characters of letters, digits and
+/// `_ . : / -`; otherwise `<prefix>sha256:` and the first 48 hex digits of SHA-256 of the name.
+fn server_name(prefix: &str, name: &str, longest: usize) -> String {
+    let plain = name.len() <= longest
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_.:/-".contains(&b));
     if plain {
-        return format!("dl:{name}");
+        return format!("{prefix}{name}");
     }
     let digest = Sha256::digest(name.as_bytes());
     let hex: String = digest[..24].iter().map(|b| format!("{b:02x}")).collect();
-    format!("dl:sha256:{hex}")
+    format!("{prefix}sha256:{hex}")
 }
 
 /// A SQL string literal (escaped by the driver's rules).
@@ -136,6 +149,9 @@ pub(crate) struct MySession {
     /// The owner written in `distlock_sessions` for this connection (MariaDB's sequence
     /// fences).
     label: Mutex<Option<String>>,
+    /// The semaphore permits held (or being taken) on this connection, by the semaphore's
+    /// server name ([`permits::semaphore_name`]): one per semaphore on a session.
+    permits: Mutex<HashMap<String, permits::PermitHold>>,
     limit: Duration,
 }
 
@@ -147,6 +163,7 @@ impl MySession {
             until: Mutex::new(None),
             secs: Mutex::new(0),
             label: Mutex::new(None),
+            permits: Mutex::new(HashMap::new()),
             limit,
         }
     }
@@ -176,7 +193,7 @@ impl MySession {
         slot: &mut Option<Conn>,
         sql: &Sql,
         doing: &str,
-    ) -> Result<Option<Row>, LockError> {
+    ) -> Result<Vec<Row>, LockError> {
         let Some(conn) = slot.as_mut() else {
             return Err(LockError::new(
                 ErrorKind::Connection,
@@ -185,9 +202,9 @@ impl MySession {
         };
         let work = async {
             match sql {
-                Sql::Text(text) => last_row(conn.query_iter(text.as_str()).await?).await,
+                Sql::Text(text) => last_rows(conn.query_iter(text.as_str()).await?).await,
                 Sql::Prepared(text, params) => {
-                    last_row(conn.exec_iter(*text, params.clone()).await?).await
+                    last_rows(conn.exec_iter(*text, params.clone()).await?).await
                 }
             }
         };
@@ -229,6 +246,7 @@ impl MySession {
         let mut slot = self.conn.lock().await;
         self.run_in(&mut slot, &Sql::Text(sql.to_owned()), doing)
             .await
+            .map(|mut rows| rows.pop())
     }
 }
 
@@ -239,15 +257,15 @@ pub(crate) enum Sql {
     Prepared(&'static str, Vec<Value>),
 }
 
-/// The last row of every result set of `result`.
-async fn last_row<P: mysql_async::prelude::Protocol>(
+/// The rows of the last result set of `result` that has any.
+async fn last_rows<P: mysql_async::prelude::Protocol>(
     mut result: mysql_async::QueryResult<'_, 'static, P>,
-) -> Result<Option<Row>, mysql_async::Error> {
-    let mut last = None;
+) -> Result<Vec<Row>, mysql_async::Error> {
+    let mut last = Vec::new();
     while !result.is_empty() {
         let rows: Vec<Row> = result.collect().await?;
-        if let Some(r) = rows.into_iter().last() {
-            last = Some(r);
+        if !rows.is_empty() {
+            last = rows;
         }
     }
     Ok(last)
@@ -264,6 +282,17 @@ async fn on_session(
     build: impl FnOnce() -> Sql,
     doing: &'static str,
 ) -> Result<Option<Row>, LockError> {
+    on_session_all(session, build, doing)
+        .await
+        .map(|mut rows| rows.pop())
+}
+
+/// As [`on_session`], with every row of the last result set that has any.
+async fn on_session_all(
+    session: &Arc<MySession>,
+    build: impl FnOnce() -> Sql,
+    doing: &'static str,
+) -> Result<Vec<Row>, LockError> {
     let mut slot = session.conn.clone().lock_owned().await;
     let sql = build();
     let session = session.clone();
@@ -279,7 +308,7 @@ async fn on_session(
     out
 }
 
-type Statement = std::pin::Pin<Box<dyn Future<Output = Result<Option<Row>, LockError>> + Send>>;
+type Statement = std::pin::Pin<Box<dyn Future<Output = Result<Vec<Row>, LockError>> + Send>>;
 
 /// A statement in flight: finished in a task of its own if dropped before it completes.
 struct Detached(Option<Statement>);
@@ -298,6 +327,17 @@ impl Drop for Detached {
 pub(crate) struct MyOps {
     config: MysqlConfig,
     fences: FenceSource,
+    server: Server,
+}
+
+/// What the server is, as far as the engine's statements care.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Server {
+    /// MariaDB (its own names for some session variables).
+    mariadb: bool,
+    /// Recursive common table expressions (MySQL 8.0, MariaDB 10.2.2): the semaphore's
+    /// statements need them.
+    ctes: bool,
 }
 
 impl MyOps {
@@ -369,6 +409,10 @@ impl SessionOps for MyOps {
         key: &'a str,
     ) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(async move {
+            if let Some(base) = key.strip_prefix(SHARED_PREFIX) {
+                // (GET_LOCK has no shared mode: the engine's only shared keys are permits.)
+                return self.unlock_permit(session, base).await;
+            }
             let sql = || Sql::Prepared("SELECT RELEASE_LOCK(?)", vec![Value::from(key)]);
             let row = on_session(session, sql, "releasing a MySQL named lock").await?;
             Ok(row.and_then(|r| int(&r, 0)) == Some(1))
@@ -442,14 +486,21 @@ impl MysqlBackend {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn with_config(config: MysqlConfig) -> Result<Self, LockError> {
-        let fences = setup(&config).await?;
+        let (fences, server) = setup(&config).await?;
         let limits = PoolLimits {
             sessions: config.sessions,
             wait: config.pool_wait,
         };
         Ok(MysqlBackend {
             inner: Arc::new(Inner {
-                pool: SessionPool::new(MyOps { config, fences }, limits),
+                pool: SessionPool::new(
+                    MyOps {
+                        config,
+                        fences,
+                        server,
+                    },
+                    limits,
+                ),
             }),
         })
     }
@@ -488,10 +539,33 @@ fn has_sequences(version: &str) -> bool {
     (major, minor) >= (10, 3)
 }
 
+/// Whether `version` (`SELECT VERSION()`) has recursive CTEs: MariaDB 10.2.2 and later, MySQL
+/// 8.0 and later.
+fn has_ctes(version: &str) -> bool {
+    let mariadb = version.contains("MariaDB");
+    let version = version.strip_prefix("5.5.5-").unwrap_or(version);
+    let parts: Vec<u32> = version
+        .split(|c: char| !c.is_ascii_digit())
+        .take(3)
+        .map(|p| p.parse().unwrap_or(0))
+        .collect();
+    let v = (
+        parts.first().copied().unwrap_or(0),
+        parts.get(1).copied().unwrap_or(0),
+    );
+    let patch = parts.get(2).copied().unwrap_or(0);
+    if mariadb {
+        v > (10, 2) || (v == (10, 2) && patch >= 2)
+    } else {
+        v >= (8, 0)
+    }
+}
+
 /// Checks the server and creates the engine's objects where they are missing: the fence
 /// source (MariaDB's sequence `distlock_fence` and the session table `distlock_sessions`, or
-/// the counter table `distlock_locks`). Returns the fence source.
-async fn setup(config: &MysqlConfig) -> Result<FenceSource, LockError> {
+/// the counter table `distlock_locks`), and the semaphores' table `distlock_semaphores`.
+/// Returns the fence source and what the server is.
+async fn setup(config: &MysqlConfig) -> Result<(FenceSource, Server), LockError> {
     const DOING: &str = "preparing MySQL for locks";
     let conn = dedicated(config).await?;
     let version: String = conn
@@ -510,6 +584,19 @@ async fn setup(config: &MysqlConfig) -> Result<FenceSource, LockError> {
         (None, true) => FenceSource::Sequence,
         (None, false) => FenceSource::Counter,
     };
+    let server = Server {
+        mariadb: version.contains("MariaDB"),
+        ctes: has_ctes(&version),
+    };
+    conn.run(permits::TABLE, "creating the table distlock_semaphores")
+        .await?;
+    let fences = setup_fences(&conn, fences).await?;
+    Ok((fences, server))
+}
+
+/// Creates the fence source's objects where they are missing.
+async fn setup_fences(conn: &MySession, fences: FenceSource) -> Result<FenceSource, LockError> {
+    const DOING: &str = "preparing MySQL for locks";
     if fences == FenceSource::Counter {
         conn.run(
             "CREATE TABLE IF NOT EXISTS distlock_locks (\
@@ -570,7 +657,12 @@ impl Backend for MysqlBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(Fencing::Monotonic, true)
+        let caps = Capabilities::new(Fencing::Monotonic, true);
+        if self.inner.pool.ops().server.ctes {
+            caps.with_permits()
+        } else {
+            caps
+        }
     }
 
     fn why_unsupported(&self, kind: LeaseKind) -> &'static str {
@@ -578,6 +670,10 @@ impl Backend for MysqlBackend {
             LeaseKind::Shared => {
                 "GET_LOCK has no shared mode: a MySQL/MariaDB named lock excludes every other \
                  session, so readers cannot share one"
+            }
+            LeaseKind::Permit { .. } => {
+                "the semaphore's statements need recursive common table expressions: MySQL 8.0 \
+                 or MariaDB 10.2.2 and later"
             }
             _ => "not implemented for this engine in this release",
         }
@@ -593,6 +689,9 @@ impl Backend for MysqlBackend {
         {
             // The reply came after all: the lock is ours already.
             return Ok(Attempt::Acquired { fence: None });
+        }
+        if let LeaseKind::Permit { permits } = req.kind {
+            return self.acquire_permit(req, permits).await;
         }
         let key = lock_name(req.name);
         let name = name_lit(&key);
@@ -712,7 +811,32 @@ impl Backend for MysqlBackend {
             .await
     }
 
+    /// The mutex of the name, or if nobody holds it, the holders of the semaphore of the name.
     async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        let status = self.lock_status(key).await?;
+        if status.held || !self.inner.pool.ops().server.ctes {
+            return Ok(status);
+        }
+        let permits = self.semaphore_status(key).await?;
+        Ok(if permits.held { permits } else { status })
+    }
+
+    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
+        Some(self)
+    }
+
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        Some(self)
+    }
+
+    fn breaker(&self) -> Option<&dyn Breaker> {
+        Some(self)
+    }
+}
+
+impl MysqlBackend {
+    /// Who holds the mutex of `key`.
+    async fn lock_status(&self, key: &str) -> Result<LockStatus, LockError> {
         const DOING: &str = "reading a MySQL lock's status";
         let name = name_lit(&lock_name(key));
         let idle = format!(
@@ -750,18 +874,6 @@ impl Backend for MysqlBackend {
             Duration::from_millis(u64::try_from(t - idle_ms).unwrap_or(0))
         });
         Ok(LockStatus::held(owner, fence, ttl).with_last_fence(last_fence))
-    }
-
-    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
-        Some(self)
-    }
-
-    fn sessions(&self) -> Option<&dyn Sessions> {
-        Some(self)
-    }
-
-    fn breaker(&self) -> Option<&dyn Breaker> {
-        Some(self)
     }
 }
 
@@ -814,7 +926,7 @@ impl Breaker for MysqlBackend {
 impl MysqlBackend {
     async fn kill_holder(&self, key: &str) -> Result<BreakOutcome, LockError> {
         const DOING: &str = "breaking a MySQL lock";
-        let st = self.inspect(key).await?;
+        let st = self.lock_status(key).await?;
         if !st.held {
             return Ok(BreakOutcome::Free);
         }

@@ -3,5 +3,5 @@
 mod backend;
 mod config;
 
-pub use backend::{MysqlBackend, lock_name};
+pub use backend::{MysqlBackend, lock_name, semaphore_name};
 pub use config::MysqlConfig;
