@@ -313,6 +313,20 @@ pub(crate) async fn wait_for<B: Backend>(
             *sub = Some(parked);
             subscribed = true;
         }
+        if options.events()
+            && !subscribed
+            && kind != LeaseKind::Exclusive
+            && holding.driver().watching(key)
+        {
+            // Other waiters of this client listen for the name already: subscribing costs no
+            // round trip, so it comes first, and the first attempt can take its place in the
+            // engine's queue (no attempt more after subscribing).
+            let token = own.token.get_or_insert_with(Token::generate).clone();
+            if let Ok(Some(s)) = holding.driver().subscribe(key, kind, &token).await {
+                *sub = Some(s);
+                subscribed = true;
+            }
+        }
         // Only a first attempt with no subscription yet may take the engine's fast path.
         let queue = subscribed || round > 0;
         let token = match ticket.as_ref() {
@@ -353,7 +367,12 @@ pub(crate) async fn wait_for<B: Backend>(
             // Subscribe first, then try again, then wait: a release between our attempt and
             // the subscription cannot be missed.
             subscribed = true;
-            match holding.driver().subscribe(key, kind).await {
+            // (The token the next attempts carry: the engine may tell this waiter by it.)
+            let token = match ticket.as_ref() {
+                Some(t) => t.wait_token(),
+                None => own.token.get_or_insert_with(Token::generate).clone(),
+            };
+            match holding.driver().subscribe(key, kind, &token).await {
                 Ok(Some(s)) => {
                     *sub = Some(s);
                     continue;

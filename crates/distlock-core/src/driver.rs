@@ -146,16 +146,24 @@ impl<B: Backend> Driver<B> {
         }
     }
 
-    /// A subscription to `key`'s release events; `None` when the engine has none.
+    /// A subscription to `key`'s release events, for the waiter of `token`; `None` when the
+    /// engine has none.
     pub(crate) async fn subscribe(
         &self,
         key: &str,
         kind: LeaseKind,
+        token: &Token,
     ) -> Result<Option<Subscription>, LockError> {
         match self.backend.wake_source() {
-            Some(source) => source.subscribe_as(key, kind).await,
+            Some(source) => source.subscribe_for(key, kind, token.as_str()).await,
             None => Ok(None),
         }
+    }
+
+    /// Whether the engine listens for `key`'s events already (see
+    /// [`WakeSource::watching`](crate::engine::WakeSource::watching)).
+    pub(crate) fn watching(&self, key: &str) -> bool {
+        self.backend.wake_source().is_some_and(|s| s.watching(key))
     }
 
     /// The engine's word that the session holding `lease` ended, if it has sessions.

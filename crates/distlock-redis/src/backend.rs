@@ -621,7 +621,7 @@ impl WakeSource for RedisBackend {
         Box::pin(async move {
             Ok(Some(
                 self.subscriber
-                    .subscribe(key, self.conn.response_timeout)
+                    .subscribe(key, None, self.conn.response_timeout)
                     .await,
             ))
         })
@@ -635,9 +635,40 @@ impl WakeSource for RedisBackend {
         key: &'a str,
         kind: LeaseKind,
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        self.subscribe_waiter(key, kind, None)
+    }
+
+    fn watching(&self, key: &str) -> bool {
+        self.subscriber.is_watching(key)
+    }
+
+    /// A permit's waiter is told by its token (permit_release.lua), so it subscribes with it.
+    fn subscribe_for<'a>(
+        &'a self,
+        key: &'a str,
+        kind: LeaseKind,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        let token = matches!(kind, LeaseKind::Permit { .. }).then_some(token);
+        self.subscribe_waiter(key, kind, token)
+    }
+}
+
+impl RedisBackend {
+    /// A waiter's subscription (by `token` where its wake-ups are addressed to it).
+    fn subscribe_waiter<'a>(
+        &'a self,
+        key: &'a str,
+        kind: LeaseKind,
+        token: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
         Box::pin(async move {
             if kind != LeaseKind::Exclusive {
-                return self.subscribe(key).await;
+                return Ok(Some(
+                    self.subscriber
+                        .subscribe(key, token, self.conn.response_timeout)
+                        .await,
+                ));
             }
             self.handovers.writer_waits(key);
             let guard = WriterWait {
@@ -647,7 +678,7 @@ impl WakeSource for RedisBackend {
             };
             let sub = self
                 .subscriber
-                .subscribe(key, self.conn.response_timeout)
+                .subscribe(key, None, self.conn.response_timeout)
                 .await;
             Ok(Some(sub.with_guard(guard)))
         })

@@ -59,6 +59,13 @@ pub(crate) fn parse_grant(payload: &[u8]) -> Option<(u64, u64, &str, &str)> {
     Some((fence, seq, token, lock_key))
 }
 
+/// A message telling one waiter by its token to try, `\n<token> <lock key>` (a permit's
+/// release tells the next waiters in line this way): the token and the lock key.
+pub(crate) fn parse_told(payload: &[u8]) -> Option<(&str, &str)> {
+    let text = std::str::from_utf8(payload.strip_prefix(b"\n")?).ok()?;
+    text.split_once(' ')
+}
+
 /// A lock handed to this client by a release.
 pub(crate) enum Grant {
     /// Handed to `token`, with `fence`, on the registration numbered `seq`.

@@ -403,7 +403,7 @@ mod tests {
         (
             "permits.lua",
             permits_lua!(),
-            &["server_ms", "sweep", "settle", "keep"],
+            &["server_ms", "sweep_holders", "sweep_queue", "cover"],
         ),
     ];
 

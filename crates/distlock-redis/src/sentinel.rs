@@ -481,6 +481,24 @@ impl WakeSource for SentinelBackend {
             r
         })
     }
+
+    fn watching(&self, key: &str) -> bool {
+        self.current().backend.watching(key)
+    }
+
+    fn subscribe_for<'a>(
+        &'a self,
+        key: &'a str,
+        kind: LeaseKind,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        Box::pin(async move {
+            let cur = self.current();
+            let r = cur.backend.subscribe_for(key, kind, token).await;
+            self.follow(&cur, r.as_ref().err()).await;
+            r
+        })
+    }
 }
 
 impl Handover for SentinelBackend {

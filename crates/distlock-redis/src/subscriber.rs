@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::RedisConfig;
 use crate::connection::ServerConnection;
 use crate::direct::{self, Endpoint, RespConnection};
-use crate::handover::{Handovers, parse_grant};
+use crate::handover::{Handovers, parse_grant, parse_told};
 use crate::keys::{KeyLayout, LockKeys, WakeChannel};
 use crate::scripts::{Scripts, unix_ms};
 
@@ -168,7 +168,12 @@ impl Subscriber {
     /// A subscription to `key`'s release events, confirmed by the server within the response
     /// timeout (or returned unconfirmed, in which case the waiter's fallback interval bounds
     /// its sleep).
-    pub(crate) async fn subscribe(&self, key: &str, response_timeout: Duration) -> Subscription {
+    pub(crate) async fn subscribe(
+        &self,
+        key: &str,
+        token: Option<&str>,
+        response_timeout: Duration,
+    ) -> Subscription {
         let started = self
             .start
             .lock()
@@ -183,7 +188,10 @@ impl Subscriber {
                 }
             });
         }
-        let mut sub = self.hub.subscribe(key);
+        let mut sub = match token {
+            Some(token) => self.hub.subscribe_token(key, token),
+            None => self.hub.subscribe(key),
+        };
         if !sub.confirmed(response_timeout).await {
             tracing::debug!(target: "distlock", key,
                 "release-event subscription not confirmed in time; the wait falls back to polling");
@@ -625,6 +633,13 @@ async fn run(hub: WakeHub, mut start: SubscriberTask) {
                                     }
                                 }
                             }
+                        } else if let Some((token, lock_key)) = parse_told(payload)
+                            && let Some(name) = routes.locks.get(lock_key)
+                            && !lingering.contains_key(name)
+                        {
+                            // One waiter told by its token that a permit may be its own: that
+                            // task alone tries (every waiter of the name, if it is not here).
+                            hub.notify_token(name, token);
                         } else if let Ok(lock_key) = std::str::from_utf8(payload)
                             && let Some(name) = routes.locks.get(lock_key)
                             && !lingering.contains_key(name)

@@ -49,6 +49,30 @@ pub trait WakeSource: Send + Sync {
         let _ = kind;
         self.subscribe(name)
     }
+
+    /// Whether this client listens for `name`'s events already (another of its waiters
+    /// subscribed, and the server confirmed): a new waiter's subscription then costs no round
+    /// trip, so a reader or permit waiter subscribes before its first attempt, and that
+    /// attempt can take its place in the engine's queue at once. The default says no.
+    fn watching(&self, name: &str) -> bool {
+        let _ = name;
+        false
+    }
+
+    /// The same, for the waiter whose attempts carry `token`: an engine that tells the next
+    /// waiter in line by its token wakes only that waiter ([`WakeHub::subscribe_token`]). The
+    /// default ignores the token.
+    ///
+    /// [`WakeHub::subscribe_token`]: super::WakeHub::subscribe_token
+    fn subscribe_for<'a>(
+        &'a self,
+        name: &'a str,
+        kind: LeaseKind,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        let _ = token;
+        self.subscribe_as(name, kind)
+    }
 }
 
 /// Sessions whose end ends their leases: an etcd lease that the engine keeps alive for all of

@@ -51,9 +51,17 @@ impl SlotShared {
     }
 }
 
+/// One waiter's own events: the wake-ups an engine addressed to its token.
+struct Target {
+    events: AtomicU64,
+    changed: Notify,
+}
+
 struct Slot {
     shared: Arc<SlotShared>,
     refs: usize,
+    /// The subscribers that gave their token, by token.
+    targets: HashMap<String, Arc<Target>>,
 }
 
 type Hook = Box<dyn Fn(&str) + Send + Sync>;
@@ -101,11 +109,22 @@ impl WakeHub {
 
     /// A subscription to `key`'s events.
     pub fn subscribe(&self, key: &str) -> Subscription {
+        self.subscribe_inner(key, None)
+    }
+
+    /// A subscription to `key`'s events, and to the wake-ups addressed to the waiter of
+    /// `token` alone ([`notify_token`](Self::notify_token)): an engine that tells the next
+    /// waiter in line by its token wakes that one task, not every waiter of the key.
+    pub fn subscribe_token(&self, key: &str, token: &str) -> Subscription {
+        self.subscribe_inner(key, Some(token))
+    }
+
+    fn subscribe_inner(&self, key: &str, token: Option<&str>) -> Subscription {
         let mut slots = self.lock();
-        let shared = match slots.get_mut(key) {
+        let slot = match slots.get_mut(key) {
             Some(slot) => {
                 slot.refs += 1;
-                slot.shared.clone()
+                slot
             }
             None => {
                 let shared = Arc::new(SlotShared {
@@ -113,26 +132,59 @@ impl WakeHub {
                     status: AtomicU8::new(0),
                     changed: Notify::new(),
                 });
-                slots.insert(
-                    key.to_owned(),
-                    Slot {
-                        shared: shared.clone(),
-                        refs: 1,
-                    },
-                );
                 (self.inner.on_first)(key);
-                shared
+                slots.entry(key.to_owned()).or_insert(Slot {
+                    shared,
+                    refs: 1,
+                    targets: HashMap::new(),
+                })
             }
         };
+        let target = token.map(|t| {
+            let target = Arc::new(Target {
+                events: AtomicU64::new(0),
+                changed: Notify::new(),
+            });
+            slot.targets.insert(t.to_owned(), target.clone());
+            target
+        });
+        let shared = slot.shared.clone();
         let seen = shared.events.load(Ordering::Acquire);
         Subscription {
             shared: Some(shared),
             seen,
+            target: target.map(|t| (t, 0)),
             reg: Some(Registration {
                 hub: self.clone(),
                 key: key.to_owned(),
+                token: token.map(str::to_owned),
             }),
             _guard: None,
+        }
+    }
+
+    /// Wakes the subscriber of `key` that gave `token` ([`subscribe_token`](Self::subscribe_token))
+    /// alone. When none gave it (most often that waiter got its lease already, by an attempt
+    /// of its own, and the message came late), one other subscriber by token, so that a
+    /// wake-up meant for a waiter that stopped is not lost; and when there is none of those,
+    /// every subscriber of `key`. (Waking them all here would make them all try, each attempt
+    /// a command, and each late message more of them.)
+    pub fn notify_token(&self, key: &str, token: &str) {
+        let slots = self.lock();
+        let Some(slot) = slots.get(key) else { return };
+        match slot
+            .targets
+            .get(token)
+            .or_else(|| slot.targets.values().next())
+        {
+            Some(target) => {
+                target.events.fetch_add(1, Ordering::AcqRel);
+                target.changed.notify_waiters();
+            }
+            None => {
+                slot.shared.events.fetch_add(1, Ordering::AcqRel);
+                slot.shared.changed.notify_waiters();
+            }
         }
     }
 
@@ -194,9 +246,12 @@ impl WakeHub {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn unsubscribe(&self, key: &str) {
+    fn unsubscribe(&self, key: &str, token: Option<&str>) {
         let mut slots = self.lock();
         if let Some(slot) = slots.get_mut(key) {
+            if let Some(t) = token {
+                slot.targets.remove(t);
+            }
             slot.refs -= 1;
             if slot.refs == 0 {
                 slots.remove(key);
@@ -209,11 +264,12 @@ impl WakeHub {
 struct Registration {
     hub: WakeHub,
     key: String,
+    token: Option<String>,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.hub.unsubscribe(&self.key);
+        self.hub.unsubscribe(&self.key, self.token.as_deref());
     }
 }
 
@@ -223,6 +279,8 @@ pub struct Subscription {
     shared: Option<Arc<SlotShared>>,
     /// The event count this subscription has already reported.
     seen: u64,
+    /// Its own events (a subscription by token), and the count of them already reported.
+    target: Option<(Arc<Target>, u64)>,
     reg: Option<Registration>,
     /// Whatever the engine ties to the life of this waiter's subscription (dropped with it).
     _guard: Option<Box<dyn Send + Sync>>,
@@ -242,6 +300,7 @@ impl Subscription {
         Subscription {
             shared: None,
             seen: 0,
+            target: None,
             reg: None,
             _guard: None,
         }
@@ -266,9 +325,30 @@ impl Subscription {
             return std::future::pending().await;
         };
         let seen = self.seen;
-        self.seen = shared
-            .wait_for(|s| Some(s.events.load(Ordering::Acquire)).filter(|now| *now != seen))
-            .await;
+        let key_event =
+            shared.wait_for(|s| Some(s.events.load(Ordering::Acquire)).filter(|now| *now != seen));
+        let Some((target, seen_own)) = self.target.as_mut() else {
+            self.seen = key_event.await;
+            return;
+        };
+        let own_event = async {
+            loop {
+                let changed = target.changed.notified();
+                tokio::pin!(changed);
+                // Registered before the check: an event between the check and the wait wakes it.
+                changed.as_mut().enable();
+                let now = target.events.load(Ordering::Acquire);
+                if now != *seen_own {
+                    return now;
+                }
+                changed.await;
+            }
+        };
+        tokio::select! {
+            biased;
+            own = own_event => *seen_own = own,
+            all = key_event => self.seen = all,
+        }
     }
 
     /// Waits up to `limit` for the server to confirm the subscription (or refuse it). Returns
@@ -296,6 +376,50 @@ impl Subscription {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn a_wake_up_by_token_reaches_that_waiter_alone() {
+        let hub = WakeHub::new(|_| {}, |_| {});
+        let mut a = hub.subscribe_token("k", "ta");
+        let mut b = hub.subscribe_token("k", "tb");
+        let mut plain = hub.subscribe("k");
+        let quiet = Duration::from_millis(20);
+        hub.notify_token("k", "tb");
+        tokio::time::timeout(Duration::from_secs(1), b.next())
+            .await
+            .expect("b was told");
+        assert!(tokio::time::timeout(quiet, a.next()).await.is_err());
+        assert!(tokio::time::timeout(quiet, plain.next()).await.is_err());
+        // Kept while nobody waits, once.
+        hub.notify_token("k", "ta");
+        tokio::time::timeout(Duration::from_secs(1), a.next())
+            .await
+            .expect("a kept its event");
+        assert!(tokio::time::timeout(quiet, a.next()).await.is_err());
+        // A token nobody here waits with: another waiter by token, so the wake-up is not lost.
+        drop(b);
+        hub.notify_token("k", "tb");
+        tokio::time::timeout(Duration::from_secs(1), a.next())
+            .await
+            .expect("a woke for a gone waiter");
+        assert!(tokio::time::timeout(quiet, plain.next()).await.is_err());
+        // A key-wide event still reaches a waiter by token.
+        hub.notify("k");
+        tokio::time::timeout(Duration::from_secs(1), a.next())
+            .await
+            .expect("a heard the key's event");
+        tokio::time::timeout(Duration::from_secs(1), plain.next())
+            .await
+            .expect("so did the plain subscriber");
+        // No waiter by token left: every subscriber.
+        drop(a);
+        hub.notify_token("k", "ta");
+        tokio::time::timeout(Duration::from_secs(1), plain.next())
+            .await
+            .expect("the plain subscriber woke");
+        drop(plain);
+        assert!(hub.keys().is_empty(), "the last one out unsubscribed");
+    }
 
     #[tokio::test]
     async fn one_server_subscription_per_key_and_events_reach_every_waiter() {

@@ -104,6 +104,7 @@ impl RedisBackend {
                     floor.format(self.seen.floor(req.name)),
                     place.format(place_ms(req.ttl)),
                     &holder,
+                    if req.retry { "1" } else { "0" },
                 ],
                 DOING,
             )

@@ -3,12 +3,14 @@
 -- (what waiters are told: their client wakes its waiters on that name).
 -- ARGV[1] token, ARGV[2] our queue member (a waiter that gives up leaves the queue this way).
 -- Returns 1 (it was ours, before its deadline) or 0 (not held: expired or removed).
--- Each waiter told is the next in arrival order, as many as permits are free; one that nobody
--- hears (its process is gone) leaves the queue and the next is told instead. The telling uses
+-- Each waiter told is the next in arrival order, as many as permits are free, by its token
+-- ('\n<token> <lock key>': only that task of its client tries); one that nobody hears (its
+-- process is gone) leaves the queue and the next is told instead. The telling uses
 -- pcall: an ACL without the channel never undoes a release (waiters then fall back to their
 -- capped sleep).
--- Uses `tell` (queue.lua), which comes with `next_fence` (fence.lua), and `server_ms`, `keep`
--- (permits.lua), prepended to it.
+-- It writes no deadline, so expiries stay as they are (see permits.lua).
+-- Uses `tell` (queue.lua), which comes with `next_fence` (fence.lua), and `server_ms`,
+-- `sweep_holders`, `sweep_queue` (permits.lua), prepended to it.
 local now = server_ms()
 local d = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local out = 0
@@ -19,9 +21,14 @@ if d then
     out = 1
   end
 end
+-- Nobody waits (the common case): nothing to leave, nobody to tell.
+if redis.call('ZCARD', KEYS[3]) == 0 then
+  return out
+end
 redis.call('ZREM', KEYS[3], ARGV[2])
 redis.call('ZREM', KEYS[4], ARGV[2])
-keep(now)
+sweep_holders(now)
+sweep_queue(now)
 local n = tonumber(redis.call('HGET', KEYS[2], 'permits') or '0')
 local free = n - redis.call('ZCARD', KEYS[1])
 local told = 0
@@ -31,8 +38,8 @@ if free > 0 then
     if told >= free then
       break
     end
-    local chan = string.match(w, '^[^ ]+ (.+)$')
-    local heard = chan and tell(chan, KEYS[5])
+    local tok, chan = string.match(w, '^([^ ]+) (.+)$')
+    local heard = chan and tell(chan, '\n' .. tok .. ' ' .. KEYS[5])
     if type(heard) == 'number' and heard > 0 then
       told = told + 1
     else

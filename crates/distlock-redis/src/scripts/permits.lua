@@ -1,52 +1,60 @@
 -- Helpers of the semaphore's scripts, prepended to them (see scripts.rs): `server_ms`,
--- `sweep`, `settle` and `keep` (the two in one).
+-- `sweep_holders`, `sweep_queue` and `cover`.
 --
 -- A semaphore's keys (KEYS[1] to KEYS[4] of every script that uses these helpers):
 -- KEYS[1] holders: a sorted set, token -> deadline in ms on the server's clock (TIME), never
 --         the client's;
 -- KEYS[2] meta hash: 'permits' (the size the holders and waiters opened it with), 'seq' (the
---         queue's arrival counter), 'f:<token>' (each holder's fence), 'o:<token>' (its holder
---         value, '<token> <since> <owner>', for status);
+--         queue's arrival counter), 'until' (the latest deadline given to any holder or
+--         waiter), 'f:<token>' (each holder's fence), 'o:<token>' (its holder value,
+--         '<token> <since> <owner>', for status);
 -- KEYS[3] queue of waiting clients: a sorted set, '<token> <wake channel>' -> arrival;
 -- KEYS[4] the queue's liveness: the same members -> the deadline of their place (a waiter
 --         that stopped asking leaves the queue by itself).
+--
+-- Expiry: every key that exists lives until a second past 'until'. A script that gives a
+-- deadline past 'until' raises it (by a TTL more, so that the next acquisitions need not raise
+-- it again) and sets the expiry of every key that exists; a script that creates a key sets its
+-- expiry; nothing lowers it. So a semaphore nobody uses any more is gone a TTL and a second
+-- after its last deadline at most, and nothing it holds can vanish before its own deadline.
+--
+-- Holders past their deadline are not counted (ZCOUNT of the deadlines still ahead); they are
+-- swept out when the semaphore is full, and by the keys' expiry.
 
--- The server's clock in ms.
+-- The server's clock in ms, and the TIME reply it came from.
 local function server_ms()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
 end
 
--- Drops the holders past their deadline and the waiters past theirs.
-local function sweep(now)
+-- Drops the holders past their deadline.
+local function sweep_holders(now)
   for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
     redis.call('ZREM', KEYS[1], d)
     redis.call('HDEL', KEYS[2], 'f:' .. d, 'o:' .. d)
   end
-  for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
-    redis.call('ZREM', KEYS[3], w)
-    redis.call('ZREM', KEYS[4], w)
-  end
 end
 
--- Lets the four keys live a second past the last deadline of any holder or waiter, so a
--- semaphore nobody uses any more leaves nothing behind. (A script that writes a deadline calls
--- it once, after its writes.)
-local function settle(now)
-  local a = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-  local b = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
-  local last = math.max(tonumber(a[2] or 0), tonumber(b[2] or 0))
-  if last > now then
-    for i = 1, 4 do
-      redis.call('PEXPIRE', KEYS[i], last - now + 1000)
+-- Drops the waiters past their place's deadline; returns how many wait.
+local function sweep_queue(now)
+  local waiting = redis.call('ZCARD', KEYS[3])
+  if waiting > 0 then
+    local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+    for _, w in ipairs(gone) do
+      redis.call('ZREM', KEYS[3], w)
+      redis.call('ZREM', KEYS[4], w)
     end
-  else
-    redis.call('DEL', KEYS[2])
+    if #gone > 0 then
+      waiting = redis.call('ZCARD', KEYS[3])
+    end
   end
+  return waiting
 end
 
--- `sweep`, then `settle`.
-local function keep(now)
-  sweep(now)
-  settle(now)
+-- Lets the first `count` keys live a second past `last` (the new 'until', which the caller
+-- wrote).
+local function cover(now, last, count)
+  for i = 1, count do
+    redis.call('PEXPIRE', KEYS[i], last - now + 1000)
+  end
 end

@@ -23,10 +23,6 @@ local MARK = '~readers'
 if redis.call('EXISTS', KEYS[6]) == 1 then
   return {-2}
 end
-for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
-  redis.call('ZREM', KEYS[5], d)
-  redis.call('HDEL', KEYS[2], 'r:' .. d, 'o:' .. d)
-end
 local function stretch()
   local last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
   if last[2] then
@@ -50,6 +46,14 @@ if cur == false and redis.call('LLEN', KEYS[3]) > 0 then
   -- may be among the readers let in).
   pass_on(KEYS[1], KEYS[2], KEYS[4], KEYS[3], '', ARGV[4], nil)
   cur = redis.call('GET', KEYS[1])
+end
+if cur == MARK then
+  -- The expired shares go. (Without the marker there are no live shares: it lives as long as
+  -- the longest.)
+  for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
+    redis.call('ZREM', KEYS[5], d)
+    redis.call('HDEL', KEYS[2], 'r:' .. d, 'o:' .. d)
+  end
 end
 if cur == MARK and redis.call('ZSCORE', KEYS[5], tok) then
   -- Ours: let in by a release, or a resent request. Counted from now.
@@ -76,7 +80,12 @@ redis.call('HSET', KEYS[2], 'r:' .. tok, fence, 'o:' .. tok, ARGV[6])
 if cur == false then
   redis.call('SET', KEYS[1], MARK, 'PX', ttl)
 end
-stretch()
+if cur == false and redis.call('ZCARD', KEYS[5]) == 1 then
+  -- The first share (the common case): the marker just written lives as long as it.
+  redis.call('PEXPIRE', KEYS[5], ttl + 1000)
+else
+  stretch()
+end
 if ARGV[3] ~= '' then
   redis.pcall('LREM', KEYS[3], 1, ARGV[3])
 end

@@ -22,16 +22,23 @@ redis.call('HDEL', KEYS[2], 'r:' .. ARGV[1], 'o:' .. ARGV[1])
 if ARGV[3] ~= '' then
   redis.pcall('LREM', KEYS[3], 1, ARGV[3])
 end
-for _, r in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
-  redis.call('ZREM', KEYS[5], r)
-  redis.call('HDEL', KEYS[2], 'r:' .. r, 'o:' .. r)
+if cur ~= MARK then
+  -- Not the readers' (a writer's, or free): any share left is void, and the next reader's
+  -- sweep takes it out.
+  return out
 end
-if cur == MARK then
-  local last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
-  if last[2] then
-    redis.call('PEXPIRE', KEYS[1], tonumber(last[2]) - now)
-  elseif not pass_on(KEYS[1], KEYS[2], KEYS[4], KEYS[3], '', ARGV[2], nil) then
-    redis.call('DEL', KEYS[1])
+local last = {}
+if redis.call('ZCARD', KEYS[5]) > 0 then
+  -- Other shares: the expired ones go, and the marker lives as long as the longest left.
+  for _, r in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
+    redis.call('ZREM', KEYS[5], r)
+    redis.call('HDEL', KEYS[2], 'r:' .. r, 'o:' .. r)
   end
+  last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
+end
+if last[2] then
+  redis.call('PEXPIRE', KEYS[1], tonumber(last[2]) - now)
+elseif not pass_on(KEYS[1], KEYS[2], KEYS[4], KEYS[3], '', ARGV[2], nil) then
+  redis.call('DEL', KEYS[1])
 end
 return out
