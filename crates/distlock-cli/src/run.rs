@@ -49,6 +49,16 @@ pub(crate) struct RunArgs {
     /// on KEY must give the same N (exit 78 otherwise, while KEY has holders).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(distlock::engine::MAX_PERMITS)))]
     permits: Option<u32>,
+    /// Keep the lock after CMD ends until D has passed since it was taken (this host's
+    /// monotonic clock): a job that cron starts on every host then runs once a period, however
+    /// quick it is and however far apart (less than D) the hosts' clocks are. A signal to
+    /// distlock ends the wait and releases.
+    #[arg(long, value_parser = crate::parse_duration, value_name = "D")]
+    hold_at_least: Option<Duration>,
+    /// Renew the lease for at most D since it was taken: the lock then runs out, and --on-lost
+    /// applies to a command still running (a hung job cannot keep the lock forever).
+    #[arg(long, value_parser = crate::parse_duration, value_name = "D")]
+    hold_at_most: Option<Duration>,
     /// The holder label that `distlock status` shows (default: host/pid).
     #[arg(long)]
     label: Option<String>,
@@ -79,7 +89,16 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         (false, Some(d)) => Wait::Timeout(d),
         (false, None) => Wait::Forever,
     };
-    if let Err(e) = LockOptions::builder().ttl(args.ttl).wait(wait).build() {
+    if let (Some(least), Some(most)) = (args.hold_at_least, args.hold_at_most)
+        && least > most
+    {
+        eprintln!(
+            "distlock: --hold-at-least {least:?} is longer than --hold-at-most {most:?}: the lock \
+             cannot be kept that long"
+        );
+        return exit::USAGE;
+    }
+    if let Err(e) = options(&args, wait) {
         return exit::report("invalid options", &e);
     }
     let url = match args.engine.url() {
@@ -104,7 +123,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         ),
         w => w,
     };
-    let options = match LockOptions::builder().ttl(args.ttl).wait(wait).build() {
+    let options = match options(&args, wait) {
         Ok(o) => o,
         Err(e) => return exit::report("invalid options", &e),
     };
@@ -132,6 +151,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
             r
         }
     };
+    let taken = tokio::time::Instant::now();
     let guard = match acquired {
         Ok(g) => g,
         Err(e) => {
@@ -168,6 +188,19 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     };
 
     let outcome = supervise(&mut child, &guard, args.on_lost, args.kill_grace, &args.key).await;
+    if let (Some(least), ChildEnd::Exited(status)) = (args.hold_at_least, &outcome)
+        && !hold_until(&guard, taken + least).await
+    {
+        // The job ran under the lock; only the rest of the period is unguarded.
+        eprintln!(
+            "distlock: warning: lock {:?} lost after the command ended, before --hold-at-least \
+             ran out: another host may run the job again this period",
+            args.key
+        );
+        let status = *status;
+        let _ = guard.release().await;
+        return status_code(status);
+    }
     let released = guard.release().await;
     match outcome {
         ChildEnd::Exited(status) => match released {
@@ -198,6 +231,31 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
             eprintln!("distlock: lost track of the command: {e}");
             exit::SOFTWARE
         }
+    }
+}
+
+/// The lock options of a run.
+fn options(args: &RunArgs, wait: Wait) -> Result<LockOptions, distlock::LockError> {
+    let mut b = LockOptions::builder().ttl(args.ttl).wait(wait);
+    if let Some(most) = args.hold_at_most {
+        b = b.max_hold(most);
+    }
+    b.build()
+}
+
+/// Keeps the lock until `until` (the watchdog renews it meanwhile), or until a signal comes.
+/// `false` when the lock was lost first.
+async fn hold_until<B: distlock::Backend>(
+    guard: &distlock::LockGuard<B>,
+    until: tokio::time::Instant,
+) -> bool {
+    let mut sigint = signal(SignalKind::interrupt()).ok();
+    let mut sigterm = signal(SignalKind::terminate()).ok();
+    tokio::select! {
+        () = tokio::time::sleep_until(until) => true,
+        _ = guard.lost() => false,
+        Some(()) = recv(&mut sigint) => true,
+        Some(()) = recv(&mut sigterm) => true,
     }
 }
 

@@ -473,6 +473,32 @@ impl<B: Backend> LockGuard<B> {
         Ok(outcome)
     }
 
+    /// Releases the lock once `at_least` has passed since it was taken, keeping it until then
+    /// (the watchdog renews it meanwhile); at once if that time has passed. The scheduled-job
+    /// case: when every host's cron starts the same job and each keeps the lock for the
+    /// period, the job runs once a period however quick it is and however far apart (less
+    /// than `at_least`) the hosts' clocks are. `at_least` is counted on this client's monotonic
+    /// clock from when the acquire was sent. A lease lost while it waits is reported at once
+    /// ([`Released::Lost`]).
+    ///
+    /// # Errors
+    /// As [`release`](Self::release).
+    ///
+    /// # Cancel safety
+    /// If cancelled, the lock is released in the background as on drop (without waiting out
+    /// the rest of `at_least`).
+    pub async fn release_after(self, at_least: Duration) -> Result<Released, LockError> {
+        let left =
+            (self.lease.acquired_at() + at_least).saturating_duration_since(self.lease.now());
+        if !left.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(left) => {}
+                _ = self.lost() => {}
+            }
+        }
+        self.release().await
+    }
+
     /// Gives the guard up without releasing: the watchdog stops and the lock stays taken until
     /// its TTL runs out (on engines whose leases do not expire, `capabilities().expiring` false,
     /// until the client's session ends). Returns what is needed to release it later by hand.

@@ -459,6 +459,38 @@ async fn renewal_limits_let_the_lease_run_out() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_keeps_the_lock_for_the_period() {
+    let fake = Arc::new(Fake::new());
+    let client = LockClient::new(FakeEngine(fake.clone()));
+    let other = LockClient::new(FakeEngine(fake.clone()));
+    let opts = ttl_opts(200)
+        .renew_interval(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let g = client.acquire_with("job", &opts).await.unwrap();
+    let releasing = tokio::spawn(g.release_after(Duration::from_millis(500)));
+    // The job is done, the period is not: the lock stays held past its TTL (renewed).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(other.try_acquire("job").await.unwrap().is_none());
+    assert_eq!(releasing.await.unwrap().unwrap(), Released::Held);
+    let held = t0.elapsed();
+    assert!(
+        held >= Duration::from_millis(500) && held < Duration::from_millis(800),
+        "released after {held:?}"
+    );
+    assert!(other.try_acquire("job").await.unwrap().is_some());
+    // Past the period already: at once.
+    let g = client.acquire_with("job2", &opts).await.unwrap();
+    let t1 = std::time::Instant::now();
+    assert_eq!(
+        g.release_after(Duration::ZERO).await.unwrap(),
+        Released::Held
+    );
+    assert!(t1.elapsed() < Duration::from_millis(100));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_waiters_take_turns_in_fifo_order_and_only_the_head_asks() {
     let fake = Arc::new(Fake::new());
     let other = LockClient::new(FakeEngine(fake.clone()));
