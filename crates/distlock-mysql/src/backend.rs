@@ -808,6 +808,15 @@ impl MysqlBackend {
         const DOING: &str = "breaking a MySQL lock";
         let st = self.lock_status(key).await?;
         if !st.held {
+            if self.inner.pool.ops().server.ctes && self.semaphore_status(key).await?.held {
+                return Err(LockError::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "{key:?} is held by a semaphore's permits: each ends with its holder's \
+                         session (breaking them is not supported)"
+                    ),
+                ));
+            }
             return Ok(BreakOutcome::Free);
         }
         let who = format!("SELECT IS_USED_LOCK({})", name_lit(&lock_name(key)));

@@ -137,3 +137,18 @@ async fn large_semaphores_are_counted_in_full() {
     let _ = g.release().await.unwrap();
     other.disconnect().await.unwrap();
 }
+
+/// `force_release` on a semaphore's name is refused with a clear reason; its permits stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_is_not_broken() {
+    let Some(db) = MariaDb::start() else { return };
+    let a = client(&db.url("")).await;
+    let g = a.semaphore("pool", 2).acquire().await.unwrap();
+    let e = a.force_release("pool").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    assert!(e.to_string().contains("semaphore"), "{e}");
+    assert!(g.is_held());
+    assert!(g.release().await.unwrap().was_held());
+    // A free name is free.
+    assert!(a.force_release("pool").await.unwrap().is_none());
+}

@@ -852,12 +852,30 @@ impl Breaker for PgBackend {
     }
 }
 
+/// A semaphore's permits are not broken (`force_release` on a semaphore's name).
+fn semaphore_unbreakable(key: &str) -> LockError {
+    LockError::new(
+        ErrorKind::Unsupported,
+        format!(
+            "{key:?} is held by a semaphore's permits: each ends with its holder's session or \
+             TTL (breaking them is not supported)"
+        ),
+    )
+}
+
 impl PgBackend {
     async fn terminate_holder(&self, key: &str) -> Result<BreakOutcome, LockError> {
         const DOING: &str = "breaking a PostgreSQL advisory lock";
         let st = self.inspect(key).await?;
         if !st.held {
             return Ok(BreakOutcome::Free);
+        }
+        if st
+            .holders
+            .iter()
+            .any(|h| matches!(h.kind, LeaseKind::Permit { .. }))
+        {
+            return Err(semaphore_unbreakable(key));
         }
         let id = lock_id(key);
         // A session of its own: the holder may be a session of this very pool.

@@ -527,3 +527,17 @@ async fn fences_keep_rising_across_a_crash_and_restart() {
     assert!(g.fence().unwrap() > top);
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
+
+/// `force_release` on a semaphore's name is refused with a clear reason; its permits stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_is_not_broken() {
+    let Some(pg) = Postgres::start() else { return };
+    let url = pg.url("");
+    let a = client(&url, Duration::from_secs(30)).await;
+    let g = a.semaphore("pool", 2).acquire().await.unwrap();
+    let e = a.force_release("pool").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    assert!(e.to_string().contains("semaphore"), "{e}");
+    assert!(g.is_held());
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
