@@ -311,20 +311,37 @@ impl MysqlBackend {
         let base = semaphore_name(name);
         let session = self.inner.pool.any_session().await?;
         let my = session.conn();
-        let recorded = on_session(
+        // The recorded size, and the highest fence issued (for a cached sequence, the end of
+        // the block handed out so far: an upper bound; for the counter, the semaphore's row).
+        let last = match ops.fences {
+            FenceSource::Sequence => {
+                "(SELECT next_not_cached_value - 1 FROM distlock_fence)".to_owned()
+            }
+            FenceSource::Counter => {
+                format!("(SELECT fence FROM distlock_locks WHERE name = '{base}')")
+            }
+        };
+        let row = on_session(
             my,
             || {
                 Sql::Text(format!(
-                    "SELECT permits FROM distlock_semaphores WHERE name = '{base}'"
+                    "SELECT (SELECT permits FROM distlock_semaphores WHERE name = '{base}'), \
+                            {last}"
                 ))
             },
             DOING,
         )
-        .await?
-        .and_then(|r| int(&r, 0))
-        .and_then(|n| u32::try_from(n).ok());
+        .await?;
+        let last_fence = row
+            .as_ref()
+            .and_then(|r| int(r, 1))
+            .and_then(|f| u64::try_from(f).ok());
+        let recorded = row
+            .as_ref()
+            .and_then(|r| int(r, 0))
+            .and_then(|n| u32::try_from(n).ok());
         let Some(permits) = recorded else {
-            return Ok(LockStatus::free());
+            return Ok(LockStatus::free().with_last_fence(last_fence));
         };
         let (label, fence, join) = match ops.fences {
             FenceSource::Sequence => (
@@ -372,7 +389,7 @@ impl MysqlBackend {
                     .ttl(ttl)
             })
             .collect();
-        Ok(LockStatus::held_by(holders))
+        Ok(LockStatus::held_by(holders).with_last_fence(last_fence))
     }
 }
 
