@@ -190,11 +190,12 @@ pub(crate) async fn attempt<B: Backend>(
                 match driver.renew(&req.lease(), ttl).await {
                     Ok(LeaseCheck::Ours) => break (sent, fence),
                     Ok(_) => {
-                        // It ran out before we could use it.
-                        cleanup.armed = false;
-                        if let Some(local) = holding.local_for(kind) {
-                            local.retire_token(key, &token);
-                        }
+                        // It ran out before we could use it, or so the engine says: an answer
+                        // from a replica just promoted may not list a write it has yet to
+                        // apply. The clean-up stays armed: releasing a lease that is gone
+                        // costs one request; leaving one that is there would keep the lock
+                        // from everybody, us included, for as long as our session lives
+                        // (its drop also retires the token).
                         return Ok(Attempted::Busy(None));
                     }
                     Err(e) => return Err(e),

@@ -51,6 +51,8 @@ struct Fake {
     latency: Duration,
     /// Set: the engine tells of lost leases itself (`loss_events`), when this says so.
     loss: Option<tokio::sync::watch::Sender<Option<LostReason>>>,
+    /// Set: acquisitions are answered as taken this long ago (`AcquiredEarlier`).
+    taken_ago: Mutex<Option<Duration>>,
 }
 
 impl Fake {
@@ -67,6 +69,7 @@ impl Fake {
             clock: None,
             latency: Duration::ZERO,
             loss: None,
+            taken_ago: Mutex::new(None),
         }
     }
     fn timeout() -> LockError {
@@ -118,7 +121,14 @@ impl Backend for FakeEngine {
             f.lose_replies.fetch_sub(1, Ordering::SeqCst);
             return Err(Fake::timeout());
         }
-        Ok(outcome)
+        Ok(match (outcome, *f.taken_ago.lock().unwrap()) {
+            (Attempt::Acquired { fence }, Some(age)) => Attempt::AcquiredEarlier {
+                fence,
+                age: Some(age),
+                ttl: req.ttl,
+            },
+            (outcome, _) => outcome,
+        })
     }
     async fn renew(&self, _lease: &LeaseRef<'_>, _ttl: Duration) -> Result<LeaseCheck, LockError> {
         self.0.extends.fetch_add(1, Ordering::SeqCst);
@@ -283,6 +293,26 @@ async fn a_resend_refused_outright_still_cleans_up_what_the_lost_reply_took() {
     assert!(
         st.locks.is_empty(),
         "the lock the lost reply took was left behind"
+    );
+    assert_eq!(st.released, vec![st.tokens_seen[0].clone()]);
+}
+
+#[tokio::test]
+async fn an_earlier_acquisition_the_engine_denies_is_still_released() {
+    // Taken long ago (a place that came up while the queue was read, say), and the renewal
+    // that should confirm it answers that it is gone: a replica just promoted may answer so
+    // before it has applied the write. The attempt reports the lock busy, and releases the
+    // token all the same, so that a write applied after all is not left to keep the lock.
+    let fake = Arc::new(Fake::new());
+    *fake.taken_ago.lock().unwrap() = Some(Duration::from_secs(25));
+    *fake.renew.lock().unwrap() = Renew::Missing;
+    let client = LockClient::new(FakeEngine(fake.clone()));
+    assert!(client.try_acquire("k").await.unwrap().is_none());
+    until_no_lock_left(&fake).await;
+    let st = fake.state.lock().unwrap();
+    assert!(
+        st.locks.is_empty(),
+        "the denied acquisition was left behind"
     );
     assert_eq!(st.released, vec![st.tokens_seen[0].clone()]);
 }

@@ -322,7 +322,31 @@ impl EtcdBackend {
                 for orphan in self.store().orphans(&r.keys) {
                     self.store().delete_if_on(orphan, lease);
                 }
-                Ok(r.keys.into_iter().collect::<HashSet<Vec<u8>>>())
+                let mut present = r.keys.into_iter().collect::<HashSet<Vec<u8>>>();
+                // A leader just elected answers from its lease table before it has applied
+                // every committed write: a key put just before the election may not be listed
+                // yet. A key not listed is read back (a linearizable read) before it is called
+                // gone.
+                let unlisted: Vec<&str> = keys
+                    .iter()
+                    .copied()
+                    .filter(|k| !present.contains(k.as_bytes()))
+                    .collect();
+                for key in unlisted {
+                    match self.read(RangeRequest::key(key), DOING).await {
+                        Ok(read) if read.kvs.iter().any(|kv| kv.lease == lease) => {
+                            present.insert(key.as_bytes().to_vec());
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            return keys
+                                .iter()
+                                .map(|_| Err(LockError::new(e.kind(), e.message().to_owned())))
+                                .collect();
+                        }
+                    }
+                }
+                Ok(present)
             }
         };
         match result {

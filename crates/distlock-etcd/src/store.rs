@@ -11,6 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use distlock_core::engine::queue::{Ahead, JoinOutcome, Joined, QueueStore, QueuedEntry};
 use distlock_core::engine::{
@@ -45,7 +46,7 @@ pub(crate) struct EtcdStore {
     /// Keys of ours released while etcd could not be reached (an acquire given up during an
     /// election, say): until their delete is answered, a first attempt that finds one of them
     /// holding its lock deletes it rather than report the lock busy.
-    abandoned: Mutex<HashSet<String>>,
+    abandoned: Arc<Mutex<HashSet<String>>>,
     /// The key name of each acquisition (by token) that may have a key on the server.
     names: Arc<Mutex<KeyNames>>,
     /// This backend's part of its key names.
@@ -73,6 +74,10 @@ struct KeyNames {
 /// was lost and that was then given up: rare).
 const BURNED_KEPT: usize = 4096;
 
+/// How many times a discarded key's delete is sent while etcd does not answer (backing off to
+/// half a second: about a minute in all).
+const REMOVE_TRIES: u32 = 120;
+
 impl KeyNames {
     fn free_key(&mut self, key: &str) {
         if self.used.remove(key) {
@@ -89,7 +94,7 @@ impl EtcdStore {
             prefix,
             on: Mutex::new(HashMap::new()),
             moves: watch::channel(0).0,
-            abandoned: Mutex::new(HashSet::new()),
+            abandoned: Arc::default(),
             names: Arc::default(),
             client: Token::generate().as_str().chars().take(16).collect(),
         }
@@ -649,7 +654,7 @@ impl QueueStore for EtcdStore {
         &self,
         id: &String,
         clock: &Arc<dyn distlock_core::engine::Clock>,
-    ) -> Option<std::time::Duration> {
+    ) -> Option<Duration> {
         let session = self.session_of(id)?;
         Some(clock.now().saturating_duration_since(session.refreshed()))
     }
@@ -658,21 +663,37 @@ impl QueueStore for EtcdStore {
         self.forget(id);
         // The next attempt of the same token (a waiter after a first attempt) writes a key of
         // another name: this one may still be there when it is sent, and be deleted after.
-        // The name itself is given out again only once the delete is answered.
+        // Until the delete is answered, the key is abandoned (a first attempt that finds it in
+        // its way deletes it, rather than call the lock busy), and its name is not given out.
         self.names.locked().by_token.retain(|_, k| k != id);
-        let (members, names, key) = (self.members.clone(), self.names.clone(), id.clone());
+        self.abandoned.locked().insert(id.clone());
+        let (members, names, abandoned) = (
+            self.members.clone(),
+            self.names.clone(),
+            self.abandoned.clone(),
+        );
+        let key = id.clone();
         tokio::spawn(async move {
-            let deleted = members
-                .write(|c| {
-                    let delete = DeleteRangeRequest {
-                        key: key.clone().into_bytes(),
-                        ..Default::default()
-                    };
-                    async move { c.delete_range(delete).await }
-                })
-                .await;
-            if deleted.is_ok() {
-                names.locked().free_key(&key);
+            // Tried again while etcd cannot answer (an election), for as long as a session
+            // could keep the key alive unattended; past that, a renewal finds it an orphan.
+            let mut pause = Duration::from_millis(20);
+            for _ in 0..REMOVE_TRIES {
+                let deleted = members
+                    .write(|c| {
+                        let delete = DeleteRangeRequest {
+                            key: key.clone().into_bytes(),
+                            ..Default::default()
+                        };
+                        async move { c.delete_range(delete).await }
+                    })
+                    .await;
+                if deleted.is_ok() {
+                    abandoned.locked().remove(&key);
+                    names.locked().free_key(&key);
+                    return;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
             }
         });
     }
