@@ -447,6 +447,16 @@ pub(crate) fn all() -> Vec<Scenario> {
         },
         Scenario {
             ttl: Duration::from_secs(2),
+            kinds: Kinds::ReadWrite { read_share: 0.7 },
+            ..Scenario::new(
+                "postgres-rw",
+                "PostgreSQL, read-write lock (70% readers, waiters queued by ticket): holders paused and killed, replies lost, workers partitioned, the postmaster paused, sessions terminated",
+                EngineKind::Postgres,
+            )
+            .faults(&session_faults(false))
+        },
+        Scenario {
+            ttl: Duration::from_secs(2),
             kinds: Kinds::Semaphore { permits: 2 },
             ..Scenario::new(
                 "zookeeper-semaphore",

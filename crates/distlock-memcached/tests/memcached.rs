@@ -3,15 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use distlock_core::{ErrorKind, LockClient, LockOptions, Released};
+use distlock_core::{ErrorKind, LockClient, Released};
 use distlock_memcached::MemcachedBackend;
 use distlock_testkit::Memcached;
 
 async fn client(url: &str, ttl: Duration) -> LockClient<MemcachedBackend> {
     let backend = MemcachedBackend::connect(url).await.expect("connect");
-    LockClient::builder(backend)
-        .options(LockOptions::builder().ttl(ttl).build().unwrap())
-        .build()
+    distlock_testkit::client_of(backend, ttl, None)
 }
 
 /// The seed's first flaw: memcached evicts a lock under memory pressure without a word. The

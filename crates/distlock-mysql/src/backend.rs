@@ -11,13 +11,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_core::engine::pool::{
-    Placement, PoolLimits, SHARED_PREFIX, SessionEnd, SessionOps, SessionPool,
-};
+use distlock_core::engine::pool::{PoolLimits, SHARED_PREFIX, SessionEnd, SessionOps, SessionPool};
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
-    LostReason, MutexExt, RenewItem, Sessions,
+    LostReason, MutexExt, RenewItem, Sessions, shares_unbreakable,
 };
 use distlock_core::seeded::SeededBug;
 use mysql_async::prelude::Queryable;
@@ -576,11 +574,11 @@ impl Backend for MysqlBackend {
         let key = lock_name(req.name);
         let name = name_lit(&key);
         let fences = pool.ops().fences;
-        // A session that ends before the statement ran held nothing: once more, elsewhere.
-        for _ in 0..3 {
-            let lease = match pool.place(req.name, &key, token, req.ttl).await? {
-                Placement::HeldHere => return Ok(Attempt::Busy { holder_ttl: None }),
-                Placement::On(lease) => lease,
+        let mut tries = 0;
+        loop {
+            let placed = (req.name, key.as_str(), token);
+            let Some(lease) = pool.place_try(&mut tries, placed, req.ttl, DOING).await? else {
+                return Ok(Attempt::Busy { holder_ttl: None });
             };
             let session = lease.session();
             let my = session.conn();
@@ -637,14 +635,10 @@ impl Backend for MysqlBackend {
             };
             let row = match on_session(my, build, DOING).await {
                 Ok(row) => row,
-                Err(_) if session.is_over() => {
-                    pool.withdraw(&lease);
-                    continue;
-                }
+                // GET_LOCK may have succeeded before a later statement failed.
                 Err(e) => {
-                    // GET_LOCK may have succeeded before a later statement failed.
-                    pool.withdraw_unknown(&lease).await;
-                    return Err(e);
+                    pool.failed(&lease, e).await?;
+                    continue;
                 }
             };
             let Some(row) = row else {
@@ -668,10 +662,6 @@ impl Backend for MysqlBackend {
             let fence = fence.and_then(|f| u64::try_from(f).ok());
             return Ok(Attempt::Acquired { fence });
         }
-        Err(LockError::new(
-            ErrorKind::Connection,
-            format!("{DOING}: three sessions in a row ended under the request"),
-        ))
     }
 
     async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
@@ -809,13 +799,7 @@ impl MysqlBackend {
         let st = self.lock_status(key).await?;
         if !st.held {
             if self.inner.pool.ops().server.ctes && self.semaphore_status(key).await?.held {
-                return Err(LockError::new(
-                    ErrorKind::Unsupported,
-                    format!(
-                        "{key:?} is held by a semaphore's permits: each ends with its holder's \
-                         session (breaking them is not supported)"
-                    ),
-                ));
+                return Err(shares_unbreakable(key, "a semaphore's permits"));
             }
             return Ok(BreakOutcome::Free);
         }

@@ -4,15 +4,13 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use distlock_core::{ErrorKind, LockClient, LockOptions, LostReason, Released};
+use distlock_core::{ErrorKind, LockClient, LostReason, Released};
 use distlock_mysql::{MysqlBackend, lock_name};
 use distlock_testkit::{MARIADB_PASSWORD_USER, MariaDb};
 
 async fn client(url: &str, ttl: Duration) -> LockClient<MysqlBackend> {
     let backend = MysqlBackend::connect(url).await.expect("connect");
-    LockClient::builder(backend)
-        .options(LockOptions::builder().ttl(ttl).build().unwrap())
-        .build()
+    distlock_testkit::client_of(backend, ttl, None)
 }
 
 /// An operator kills the holder's connection: the lock is free at once for the others, and the

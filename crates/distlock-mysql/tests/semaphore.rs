@@ -5,21 +5,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use distlock_core::{ErrorKind, LockClient, LockOptions};
+use distlock_core::{ErrorKind, LockClient};
 use distlock_mysql::{MysqlBackend, semaphore_name};
-use distlock_testkit::MariaDb;
+use distlock_testkit::{MariaDb, client_of};
 use mysql_async::prelude::Queryable;
 
 async fn client(url: &str) -> LockClient<MysqlBackend> {
     let backend = MysqlBackend::connect(url).await.expect("connect");
-    LockClient::builder(backend)
-        .options(
-            LockOptions::builder()
-                .ttl(Duration::from_secs(5))
-                .build()
-                .unwrap(),
-        )
-        .build()
+    client_of(backend, Duration::from_secs(5), None)
 }
 
 /// Holders of one name with 2 and with 3 permits race, from two clients: whatever the

@@ -6,12 +6,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::engine::pool::{
-    Placement, PoolLease, PoolLimits, SHARED_PREFIX, Session, SessionEnd, SessionOps, SessionPool,
+    PoolLease, PoolLimits, SHARED_PREFIX, SessionEnd, SessionOps, SessionPool,
 };
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, LockError,
-    LockStatus, LostReason, MutexExt, RenewItem, Sessions,
+    LockStatus, LostReason, MutexExt, RenewItem, Sessions, shares_unbreakable,
 };
 use distlock_core::seeded::SeededBug;
 use sha2::{Digest, Sha256};
@@ -23,6 +23,7 @@ use crate::config::PgConfig;
 use crate::error::map_err;
 
 mod kinds;
+mod order;
 
 use kinds::{PERMIT_PREFIX, PermitHold, PermitSql};
 
@@ -98,14 +99,6 @@ fn confirmed(
     } else {
         Attempt::Busy { holder_ttl: None }
     }
-}
-
-/// An acquire whose sessions kept ending under it.
-fn sessions_ended(doing: &str) -> LockError {
-    LockError::new(
-        ErrorKind::Connection,
-        format!("{doing}: three sessions in a row ended under the request"),
-    )
 }
 
 /// The server's `idle_session_timeout` for a time the session must last, in whole
@@ -204,10 +197,11 @@ pub(crate) struct PgConn {
 
 /// What parameters a statement that takes a lease gets around the timeout.
 enum Taking<'a> {
-    /// `$1` the lock id, `$2` the timeout, `$3` the owner.
-    Lock(i64, &'a str),
-    /// `$1` the semaphore's base id, `$2` its permits, `$3` the timeout, `$4` the owner.
-    Permit(i64, i32, &'a str),
+    /// `$1` the lock id, `$2` the timeout, `$3` the owner, `$4` the waiter's ticket.
+    Lock(i64, &'a str, Option<i64>),
+    /// `$1` the semaphore's base id, `$2` its permits, `$3` the timeout, `$4` the owner, `$5`
+    /// the waiter's ticket.
+    Permit(i64, i32, &'a str, Option<i64>),
 }
 
 /// The SQL half of the pool.
@@ -258,8 +252,8 @@ impl PgOps {
         let order = conn.order.lock().await;
         let keep_text = ttl_ms(keep()).to_string();
         let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match &lock {
-            Some(Taking::Lock(id, owner)) => vec![id, &keep_text, owner],
-            Some(Taking::Permit(base, n, owner)) => vec![base, n, &keep_text, owner],
+            Some(Taking::Lock(id, owner, seq)) => vec![id, &keep_text, owner, seq],
+            Some(Taking::Permit(base, n, owner, seq)) => vec![base, n, &keep_text, owner, seq],
             None => vec![&keep_text],
         };
         // An acquire's row (and its fence) arrives before its transaction commits. A statement
@@ -328,19 +322,24 @@ impl PgOps {
         let s = &self.config.schema;
         // Granted: the fence, the session's timeout (which covers every lock on it) and a
         // label in application_name, which other sessions read in pg_stat_activity (no write).
-        let acquire_sql = |lock: &str, fence: &str| {
+        // The lock is tried only when no waiter's ticket that it must let go first is live
+        // (see `order`): `$4` is the attempt's own ticket, if it has one.
+        let acquire_sql = |lock: &str, fence: &str, kind: LeaseKind| {
+            let ahead = order::ahead_sql(s, kind, "$4");
             format!(
                 "SELECT g.fence, CASE WHEN g.fence IS NOT NULL \
                         THEN set_config('idle_session_timeout', $2::text, false) \
                           || set_config('application_name', \
                                left('{APP_TAG} - ' || $2::text || ' ' || $3::text, 63), false) \
                         END \
-                 FROM (SELECT CASE WHEN {lock}($1::bigint) THEN {fence} END AS fence) g"
+                 FROM (SELECT CASE WHEN {ahead} THEN NULL \
+                                   WHEN {lock}($1::bigint) THEN {fence} END AS fence) g"
             )
         };
         let acquire = acquire_sql(
             "pg_try_advisory_lock",
             &format!("nextval('{s}.distlock_fence')"),
+            LeaseKind::Exclusive,
         );
         // A reader's fence: the last value the sequence gave (0 before any), read once the
         // shared hold is ours: every writer before it had a lower or equal value, every writer
@@ -350,6 +349,7 @@ impl PgOps {
             &format!(
                 "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {s}.distlock_fence)"
             ),
+            LeaseKind::Shared,
         );
         let unlock = "SELECT pg_advisory_unlock($1::bigint)";
         let unlock_shared = "SELECT pg_advisory_unlock_shared($1::bigint)";
@@ -479,6 +479,8 @@ struct Inner {
     pool: Arc<SessionPool<PgOps>>,
     /// Sessions of their own, idle between uses.
     dedicated: Mutex<Vec<Conn>>,
+    /// The tickets of this client's waiters (see `order`).
+    tickets: order::Tickets,
 }
 
 /// A lock engine on PostgreSQL's session-level advisory locks, many on each session of a small
@@ -552,6 +554,7 @@ impl PgBackend {
                     limits,
                 ),
                 dedicated: Mutex::new(Vec::new()),
+                tickets: order::Tickets::default(),
             }),
         };
         let conn = backend.setup().await?;
@@ -563,7 +566,8 @@ impl PgBackend {
         &self.inner.pool.ops().config
     }
 
-    /// The first session: checks the version and creates the fence sequence.
+    /// The first session: checks the version and creates the fence sequence and the waiters'
+    /// table (see `order`) where they are missing.
     async fn setup(&self) -> Result<Conn, LockError> {
         const DOING: &str = "preparing PostgreSQL for locks";
         let conn = self.open().await?;
@@ -580,34 +584,40 @@ impl PgBackend {
             ));
         }
         let s = &self.config().schema;
-        let ddl = format!("CREATE SEQUENCE IF NOT EXISTS {s}.distlock_fence");
-        // Only when missing: a role without CREATE on the schema can use a sequence an
+        // Only what is missing: a role without CREATE on the schema can use objects an
         // administrator made (CREATE … IF NOT EXISTS checks the privilege first).
-        let missing: bool = client
+        let missing = client
             .query_one(
-                &format!("SELECT to_regclass('{s}.distlock_fence') IS NULL"),
+                &format!(
+                    "SELECT to_regclass('{s}.distlock_fence') IS NULL, \
+                            to_regclass('{s}.distlock_waiters') IS NULL"
+                ),
                 &[],
             )
             .await
-            .map_err(|e| map_err(e, DOING))?
-            .get(0);
-        if !missing {
-            return Ok(conn);
-        }
-        // Two clients creating it at once can collide in the catalog: once more then.
-        if let Err(e) = client.batch_execute(&ddl).await {
-            let raced = e.code().is_some_and(|c| {
-                *c == SqlState::UNIQUE_VIOLATION
-                    || *c == SqlState::DUPLICATE_TABLE
-                    || *c == SqlState::DUPLICATE_OBJECT
-            });
-            if !raced {
-                return Err(map_err(e, DOING));
+            .map_err(|e| map_err(e, DOING))?;
+        let (fence, waiters): (bool, bool) = (missing.get(0), missing.get(1));
+        let sequence = format!("CREATE SEQUENCE IF NOT EXISTS {s}.distlock_fence");
+        let table = order::waiters_ddl(s);
+        for ddl in [(fence, &sequence), (waiters, &table)]
+            .into_iter()
+            .filter_map(|(missing, ddl)| missing.then_some(ddl))
+        {
+            // Two clients creating it at once can collide in the catalog: once more then.
+            if let Err(e) = client.batch_execute(ddl).await {
+                let raced = e.code().is_some_and(|c| {
+                    *c == SqlState::UNIQUE_VIOLATION
+                        || *c == SqlState::DUPLICATE_TABLE
+                        || *c == SqlState::DUPLICATE_OBJECT
+                });
+                if !raced {
+                    return Err(map_err(e, DOING));
+                }
+                client
+                    .batch_execute(ddl)
+                    .await
+                    .map_err(|e| map_err(e, DOING))?;
             }
-            client
-                .batch_execute(&ddl)
-                .await
-                .map_err(|e| map_err(e, DOING))?;
         }
         Ok(conn)
     }
@@ -675,10 +685,10 @@ impl Backend for PgBackend {
         Capabilities::new(Fencing::Monotonic, true)
             .with_shared()
             .with_permits()
+            .with_order()
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        const DOING: &str = "acquiring a PostgreSQL advisory lock";
         let pool = &self.inner.pool;
         let token = req.token.as_str();
         if req.retry
@@ -689,68 +699,28 @@ impl Backend for PgBackend {
             // session-level advisory lock counts its acquisitions).
             return Ok(Attempt::Acquired { fence: None });
         }
-        if let LeaseKind::Permit { permits } = req.kind {
-            return self.acquire_permit(req, permits).await;
-        }
-        let id = lock_id(req.name);
-        let shared = req.kind == LeaseKind::Shared;
-        let key = if shared {
-            format!("{SHARED_PREFIX}{id}")
-        } else {
-            id.to_string()
+        // The id a waiter's ticket names (see `order`): the lock's, or the semaphore's base.
+        let (id, seq) = match req.kind {
+            LeaseKind::Permit { .. } => (kinds::permit_base(req.name), self.ticket_seq(token)),
+            _ => (lock_id(req.name), self.ticket_seq(token)),
         };
-        // A session that ends before the statement ran held nothing: once more, elsewhere.
-        for _ in 0..3 {
-            let lease = match pool.place(req.name, &key, token, req.ttl).await? {
-                Placement::HeldHere => return Ok(Attempt::Busy { holder_ttl: None }),
-                Placement::On(lease) => lease,
-            };
-            let session: &Session<PgConn> = lease.session();
-            let conn = session.conn();
-            let sent = tokio::time::Instant::now();
-            let keep = || pool.keep_for(session, req.ttl);
-            let statement = if shared {
-                &conn.acquire_shared
-            } else {
-                &conn.acquire
-            };
-            let row = pool
-                .ops()
-                .query_keeping(
-                    conn,
-                    statement,
-                    &keep,
-                    Some(Taking::Lock(id, req.owner)),
-                    DOING,
-                )
-                .await;
-            let fence: Option<i64> = match row {
-                Ok(Some(row)) => row.get(0),
-                Ok(None) => {
-                    pool.withdraw_unknown(&lease).await;
-                    return Err(LockError::new(
-                        ErrorKind::Protocol,
-                        format!("{DOING}: the statement returned no row"),
-                    ));
+        let attempt = match req.kind {
+            LeaseKind::Permit { permits } => self.acquire_permit(req, permits, seq).await?,
+            _ => self.try_lock(req, id, seq).await?,
+        };
+        match attempt {
+            Attempt::Busy { .. } if req.queue => {
+                // A waiter: in the queue from now, or kept in it.
+                if let Err(e) = self.keep_ticket(req, id).await {
+                    tracing::debug!(target: "distlock", key = req.name, error = %e,
+                        "no ticket for a PostgreSQL waiter: it waits unordered this round");
                 }
-                Err(_) if session.is_over() => {
-                    pool.withdraw(&lease);
-                    continue;
-                }
-                Err(e) => {
-                    // PostgreSQL keeps a session-level advisory lock even when the statement
-                    // that took it failed: unlock it (or close the session).
-                    pool.withdraw_unknown(&lease).await;
-                    return Err(e);
-                }
-            };
-            let Some(fence) = fence else {
-                pool.withdraw(&lease);
-                return Ok(Attempt::Busy { holder_ttl: None });
-            };
-            return Ok(confirmed(pool, &lease, sent, req, fence));
+            }
+            Attempt::Busy { .. } => {}
+            _ if seq.is_some() => self.drop_ticket(token).await,
+            _ => {}
         }
-        Err(sessions_ended(DOING))
+        Ok(attempt)
     }
 
     async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
@@ -762,6 +732,8 @@ impl Backend for PgBackend {
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        // A waiter that gave up leaves the queue.
+        self.drop_ticket(lease.token.as_str()).await;
         self.inner
             .pool
             .release(lease.name, lease.token.as_str())
@@ -769,7 +741,7 @@ impl Backend for PgBackend {
     }
 
     /// Every session that holds the lock (one writer, or every reader), each with the label
-    /// its acquire wrote. Waiters are not known: distlock's attempts are try-locks.
+    /// its acquire wrote, and the number of waiters (their live tickets: see `order`).
     async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         const DOING: &str = "reading a PostgreSQL lock's status";
         let id = lock_id(key);
@@ -802,7 +774,10 @@ impl Backend for PgBackend {
                 holder_of(kind, app, idle)
             })
             .collect();
-        Ok(LockStatus::held_by(holders).with_last_fence(last_fence))
+        let waiters = self.waiting(id).await?;
+        Ok(LockStatus::held_by(holders)
+            .with_last_fence(last_fence)
+            .with_waiters(Some(waiters)))
     }
 
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {
@@ -852,17 +827,6 @@ impl Breaker for PgBackend {
     }
 }
 
-/// A semaphore's permits are not broken (`force_release` on a semaphore's name).
-fn semaphore_unbreakable(key: &str) -> LockError {
-    LockError::new(
-        ErrorKind::Unsupported,
-        format!(
-            "{key:?} is held by a semaphore's permits: each ends with its holder's session or \
-             TTL (breaking them is not supported)"
-        ),
-    )
-}
-
 impl PgBackend {
     async fn terminate_holder(&self, key: &str) -> Result<BreakOutcome, LockError> {
         const DOING: &str = "breaking a PostgreSQL advisory lock";
@@ -875,7 +839,7 @@ impl PgBackend {
             .iter()
             .any(|h| matches!(h.kind, LeaseKind::Permit { .. }))
         {
-            return Err(semaphore_unbreakable(key));
+            return Err(shares_unbreakable(key, "a semaphore's permits"));
         }
         let id = lock_id(key);
         // A session of its own: the holder may be a session of this very pool.

@@ -10,15 +10,7 @@ use distlock_testkit::{PG_PASSWORD_USER, Postgres};
 
 async fn client(url: &str, ttl: Duration) -> LockClient<PgBackend> {
     let backend = PgBackend::connect(url).await.expect("connect");
-    LockClient::builder(backend)
-        .options(
-            LockOptions::builder()
-                .ttl(ttl)
-                .wait_timeout(Duration::from_secs(10))
-                .build()
-                .unwrap(),
-        )
-        .build()
+    distlock_testkit::client_of(backend, ttl, Some(Duration::from_secs(10)))
 }
 
 /// The pid of the session holding the advisory lock of `name`.
@@ -96,10 +88,23 @@ async fn credentials_and_privileges_are_checked() {
     );
     // Once an administrator made them and granted their use, it takes locks.
     drop(PgBackend::connect(&pg.url("")).await.unwrap());
-    pg.psql(&format!("GRANT USAGE ON SEQUENCE distlock_fence TO {user}"));
+    pg.psql(&format!(
+        "GRANT USAGE ON SEQUENCE distlock_fence TO {user}; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON distlock_waiters TO {user}"
+    ));
     let c = client(&right, Duration::from_secs(5)).await;
     let g = c.acquire("granted").await.unwrap();
     assert!(g.fence().is_some());
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    // Waiting takes a ticket in the table the administrator made.
+    let admin = client(&pg.url(""), Duration::from_secs(5)).await;
+    let held = admin.acquire("granted").await.unwrap();
+    let waiter = tokio::spawn(async move { c.acquire("granted").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(admin.status("granted").await.unwrap().waiters, Some(1));
+    assert_eq!(held.release().await.unwrap(), Released::Held);
+    let g = waiter.await.unwrap().expect("the role's waiter");
+    assert_eq!(admin.status("granted").await.unwrap().waiters, Some(0));
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
 

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Fencing, Handover, HolderStatus, HolderValue, LeaseCheck, LeaseKind,
-    LeaseRef, LockError, LockStatus, NextWaiter, RenewItem, Subscription, Token, WakeSource,
+    Downgrade, Fencing, Handover, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
+    LockError, LockStatus, NextWaiter, RenewItem, Subscription, Token, WakeSource,
+    shares_unbreakable,
 };
 
 use crate::config::{ClusterConfig, RedisConfig, WaitReplicas};
@@ -717,13 +718,7 @@ impl Breaker for RedisBackend {
         Box::pin(async move {
             let (st, token) = self.holder(key).await?;
             if st.holders.iter().any(|h| h.kind != LeaseKind::Exclusive) {
-                return Err(LockError::new(
-                    ErrorKind::Unsupported,
-                    format!(
-                        "{key:?} is held by readers or a semaphore's permits: each share ends \
-                         with its own TTL (breaking them is not supported)"
-                    ),
-                ));
+                return Err(shares_unbreakable(key, "readers or a semaphore's permits"));
             }
             let Some(token) = token.filter(|_| st.held) else {
                 return Ok(BreakOutcome::Free);

@@ -27,3 +27,22 @@ pub use proxy::{FaultProxy, LinkMode};
 pub use redis_server::RedisServer;
 pub use sentinel::{MASTER_NAME, Sentinels};
 pub use zookeeper::{ZkServer, ZooKeeper};
+
+/// A client over `backend` whose locks have `ttl`, and whose waits end after `wait` (the
+/// library's default without one): what most tests of an engine start from.
+///
+/// # Panics
+/// For a TTL the options refuse (zero).
+pub fn client_of<B: distlock_core::Backend>(
+    backend: B,
+    ttl: std::time::Duration,
+    wait: Option<std::time::Duration>,
+) -> distlock_core::LockClient<B> {
+    let mut options = distlock_core::LockOptions::builder().ttl(ttl);
+    if let Some(wait) = wait {
+        options = options.wait_timeout(wait);
+    }
+    distlock_core::LockClient::builder(backend)
+        .options(options.build().unwrap())
+        .build()
+}

@@ -158,18 +158,18 @@ impl Postgres {
                     pg.psql(&format!("CREATE ROLE {user} LOGIN PASSWORD '{pw}'"));
                     if pki.is_some() {
                         // The TLS tests lock as these roles from a fresh server: they create
-                        // the engine's sequence.
+                        // the engine's sequence and waiters' table.
                         let other = PG_PASSWORD_USER.0;
                         pg.psql(&format!("GRANT CREATE ON SCHEMA public TO {user}, {other}"));
-                        // Whichever of the two creates the sequence, the other may use it.
-                        pg.psql(&format!(
-                            "ALTER DEFAULT PRIVILEGES FOR ROLE {user} IN SCHEMA public \
-                             GRANT ALL ON SEQUENCES TO {other}"
-                        ));
-                        pg.psql(&format!(
-                            "ALTER DEFAULT PRIVILEGES FOR ROLE {other} IN SCHEMA public \
-                             GRANT ALL ON SEQUENCES TO {user}"
-                        ));
+                        // Whichever of the two creates them, the other may use them.
+                        for (a, b) in [(user, other), (other, user)] {
+                            for objects in ["SEQUENCES", "TABLES"] {
+                                pg.psql(&format!(
+                                    "ALTER DEFAULT PRIVILEGES FOR ROLE {a} IN SCHEMA public \
+                                     GRANT ALL ON {objects} TO {b}"
+                                ));
+                            }
+                        }
                     }
                     return Some(pg);
                 }

@@ -7,23 +7,17 @@ use std::time::{Duration, Instant};
 use distlock_core::engine::{
     AcquireRequest, Attempt, Clock, LeaseCheck, LeaseKind, LeaseRef, RenewItem,
 };
-use distlock_core::{
-    Backend, ErrorKind, LockClient, LockOptions, LostReason, Released, SystemClock, Token,
-};
-use distlock_testkit::ZooKeeper;
+use distlock_core::{Backend, ErrorKind, LockClient, LostReason, Released, SystemClock, Token};
+use distlock_testkit::{ZooKeeper, client_of};
 use distlock_zookeeper::ZkBackend;
 
 async fn client(url: &str) -> LockClient<ZkBackend> {
     let backend = ZkBackend::connect(url).await.expect("connect");
-    LockClient::builder(backend)
-        .options(
-            LockOptions::builder()
-                .ttl(Duration::from_secs(10))
-                .wait_timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
-        )
-        .build()
+    client_of(
+        backend,
+        Duration::from_secs(10),
+        Some(Duration::from_secs(30)),
+    )
 }
 
 async fn children(zk: &zookeeper_client::Client, path: &str) -> Vec<String> {

@@ -171,6 +171,19 @@ pub fn untag_value(value: &str) -> (LeaseKind, &str) {
     (LeaseKind::Exclusive, value)
 }
 
+/// The refusal of `force_release` on a name held in shares (readers, or a semaphore's
+/// permits; `held_by` says which): each share ends with its own holder's lease, and none is
+/// broken.
+pub fn shares_unbreakable(name: &str, held_by: &str) -> LockError {
+    LockError::new(
+        crate::error::ErrorKind::Unsupported,
+        format!(
+            "{name:?} is held by {held_by}: each ends with its own holder's session or TTL \
+             (breaking them is not supported)"
+        ),
+    )
+}
+
 /// The error for a name used with two kinds that cannot meet: as a semaphore and as a lock,
 /// or as semaphores of different sizes. Nothing is taken.
 pub fn kind_conflict(name: &str, ours: LeaseKind, theirs: LeaseKind) -> LockError {

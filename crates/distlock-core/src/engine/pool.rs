@@ -247,6 +247,10 @@ impl<C> PoolLease<C> {
     }
 }
 
+/// How many sessions in a row one acquire tries when each ends under it
+/// ([`SessionPool::place_try`]).
+pub const PLACE_TRIES: u32 = 3;
+
 /// Where a new lease goes.
 pub enum Placement<C> {
     /// On this session, reserved for the request until it is confirmed or withdrawn.
@@ -517,6 +521,55 @@ impl<O: SessionOps> SessionPool<O> {
             self.release_at(lease.clone(), at);
         }
         tracked
+    }
+
+    /// The next session for one try of an acquire: `Ok(None)` when one of our own sessions
+    /// holds `key` already (the lock is busy). A session that ends before the try's statement
+    /// ran held nothing, so the acquire may go once more, on another ([`failed`](Self::failed)
+    /// says so); `tries` counts them, and after [`PLACE_TRIES`] sessions in a row the acquire
+    /// fails (`Connection`, with `doing`).
+    ///
+    /// # Errors
+    /// [`place`](Self::place)'s, and the one above.
+    pub async fn place_try(
+        &self,
+        tries: &mut u32,
+        (name, key, token): (&str, &str, &str),
+        ttl: Duration,
+        doing: &str,
+    ) -> Result<Option<Arc<PoolLease<O::Conn>>>, LockError> {
+        if *tries >= PLACE_TRIES {
+            return Err(LockError::new(
+                ErrorKind::Connection,
+                format!("{doing}: {PLACE_TRIES} sessions in a row ended under the request"),
+            ));
+        }
+        *tries += 1;
+        Ok(match self.place(name, key, token, ttl).await? {
+            Placement::On(lease) => Some(lease),
+            Placement::HeldHere => None,
+        })
+    }
+
+    /// A try's statement on `lease` failed with `e`. `Ok(())`: its session had ended, so it
+    /// took nothing there; try again on another ([`place_try`](Self::place_try)). Otherwise
+    /// `e`, once whatever the statement may have taken is given back
+    /// ([`withdraw_unknown`](Self::withdraw_unknown)).
+    ///
+    /// # Errors
+    /// `e`, as said.
+    pub async fn failed(
+        &self,
+        lease: &Arc<PoolLease<O::Conn>>,
+        e: LockError,
+    ) -> Result<(), LockError> {
+        if lease.session.is_over() {
+            self.withdraw(lease);
+            Ok(())
+        } else {
+            self.withdraw_unknown(lease).await;
+            Err(e)
+        }
     }
 
     /// The request did not take the lock (busy, or the session ended under it): its name is

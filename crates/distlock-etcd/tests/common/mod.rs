@@ -2,22 +2,14 @@
 
 use std::time::Duration;
 
-use distlock_core::{LockClient, LockOptions};
+use distlock_core::LockClient;
 use distlock_etcd::EtcdBackend;
 use distlock_testkit::Etcd;
 
 /// A client of `url` whose locks have `ttl`, waiting 30 s at most.
 pub(crate) async fn client(url: &str, ttl: Duration) -> LockClient<EtcdBackend> {
     let backend = EtcdBackend::connect(url).await.expect("connect");
-    LockClient::builder(backend)
-        .options(
-            LockOptions::builder()
-                .ttl(ttl)
-                .wait_timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
-        )
-        .build()
+    distlock_testkit::client_of(backend, ttl, Some(Duration::from_secs(30)))
 }
 
 /// The keys under `prefix` now.

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use distlock_core::engine::pool::{Placement, SHARED_PREFIX};
+use distlock_core::engine::pool::SHARED_PREFIX;
 use distlock_core::engine::{
     AcquireRequest, Attempt, ErrorKind, HolderStatus, HolderValue, LeaseKind, LockError,
     LockStatus, MutexExt, kind_conflict,
@@ -137,10 +137,11 @@ impl MysqlBackend {
         let token = req.token.as_str();
         let base = semaphore_name(req.name);
         let key = format!("{SHARED_PREFIX}{base}");
-        for _ in 0..3 {
-            let lease = match pool.place(req.name, &key, token, req.ttl).await? {
-                Placement::HeldHere => return Ok(Attempt::Busy { holder_ttl: None }),
-                Placement::On(lease) => lease,
+        let mut tries = 0;
+        loop {
+            let placed = (req.name, key.as_str(), token);
+            let Some(lease) = pool.place_try(&mut tries, placed, req.ttl, DOING).await? else {
+                return Ok(Attempt::Busy { holder_ttl: None });
             };
             let session = lease.session();
             let my = session.conn();
@@ -160,16 +161,14 @@ impl MysqlBackend {
             };
             let row = match on_session(my, build, DOING).await {
                 Ok(row) => row,
-                Err(_) if session.is_over() => {
-                    my.permits.locked().remove(&base);
-                    pool.withdraw(&lease);
-                    continue;
-                }
+                // A slot, or the semaphore's own lock, may have been taken before a later
+                // statement failed: the release gives back both.
                 Err(e) => {
-                    // A slot, or the semaphore's own lock, may have been taken before a later
-                    // statement failed: the release gives back both.
-                    pool.withdraw_unknown(&lease).await;
-                    return Err(e);
+                    if session.is_over() {
+                        my.permits.locked().remove(&base);
+                    }
+                    pool.failed(&lease, e).await?;
+                    continue;
                 }
             };
             let taken = row.map(|r| Taken {
@@ -207,10 +206,6 @@ impl MysqlBackend {
             }
             return Ok(Attempt::Acquired { fence: taken.fence });
         }
-        Err(LockError::new(
-            ErrorKind::Connection,
-            format!("{DOING}: three sessions in a row ended under the request"),
-        ))
     }
 
     /// The acquire statements (see [`acquire_permit`](Self::acquire_permit)); the last one

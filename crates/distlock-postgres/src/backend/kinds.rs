@@ -1,9 +1,9 @@
-//! The kinds beyond a mutex and a reader: a writer's downgrade, and the semaphore (N slot
-//! locks and a size lock, see `PgBackend::acquire_permit`).
+//! One try of each kind: a writer's or reader's advisory lock, and a semaphore's permit (N slot
+//! locks and a size lock, see `PgBackend::acquire_permit`); and a writer's downgrade.
 
 use std::time::Duration;
 
-use distlock_core::engine::pool::{Placement, Session};
+use distlock_core::engine::pool::Session;
 use distlock_core::engine::{
     AcquireRequest, Attempt, BoxFuture, Downgrade, ErrorKind, LeaseCheck, LeaseKind, LeaseRef,
     LockError, LockStatus, LostReason, MutexExt, kind_conflict,
@@ -12,7 +12,6 @@ use tokio_postgres::Statement;
 
 use super::{
     APP_TAG, PgBackend, PgConn, PgOps, SHARED_PREFIX, Taking, confirmed, holder_of, lock_id,
-    sessions_ended,
 };
 use crate::error::map_err;
 
@@ -74,9 +73,11 @@ impl PgOps {
                 // A recursive query tries one slot at a time, and the next only while none was
                 // free: no slot is locked beyond the one it returns (a LIMIT would not promise
                 // that).
+                // Behind the live tickets ahead (see `order`): no slot is tried then.
+                let ahead = super::order::ahead_sql(s, LeaseKind::Permit { permits: 1 }, "$5");
                 let take = format!(
                     "WITH RECURSIVE t(i, got) AS ( \
-                       SELECT 0, pg_try_advisory_lock($1::bigint # 0::bigint) \
+                       SELECT 0, pg_try_advisory_lock($1::bigint # 0::bigint) WHERE NOT {ahead} \
                        UNION ALL \
                        SELECT i + 1, pg_try_advisory_lock($1::bigint # (i + 1)::bigint) \
                        FROM t WHERE NOT got AND i + 1 < $2::int) \
@@ -152,6 +153,7 @@ impl PgBackend {
         &self,
         req: &AcquireRequest<'_>,
         permits: u32,
+        seq: Option<i64>,
     ) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a PostgreSQL semaphore permit";
         let pool = &self.inner.pool;
@@ -161,10 +163,11 @@ impl PgBackend {
         let base = permit_base(req.name);
         let size = size_key(base);
         let key = format!("{PERMIT_PREFIX}{base}");
-        for _ in 0..3 {
-            let lease = match pool.place(req.name, &key, token, req.ttl).await? {
-                Placement::HeldHere => return Ok(Attempt::Busy { holder_ttl: None }),
-                Placement::On(lease) => lease,
+        let mut tries = 0;
+        loop {
+            let placed = (req.name, key.as_str(), token);
+            let Some(lease) = pool.place_try(&mut tries, placed, req.ttl, DOING).await? else {
+                return Ok(Attempt::Busy { holder_ttl: None });
             };
             let session: &Session<PgConn> = lease.session();
             let conn = session.conn();
@@ -199,14 +202,12 @@ impl PgBackend {
                 .await;
             let theirs: Option<i64> = match sized {
                 Ok(row) => row.get(1),
-                Err(_) if session.is_over() => {
-                    conn.permits.locked().remove(&base);
-                    pool.withdraw(&lease);
-                    continue;
-                }
                 Err(e) => {
-                    pool.withdraw_unknown(&lease).await;
-                    return Err(e);
+                    if session.is_over() {
+                        conn.permits.locked().remove(&base);
+                    }
+                    pool.failed(&lease, e).await?;
+                    continue;
                 }
             };
             if let Some(theirs) = theirs {
@@ -226,7 +227,7 @@ impl PgBackend {
                     conn,
                     &sql.take,
                     &keep,
-                    Some(Taking::Permit(base, n, req.owner)),
+                    Some(Taking::Permit(base, n, req.owner, seq)),
                     DOING,
                 )
                 .await;
@@ -236,17 +237,17 @@ impl PgBackend {
                     give_back().await;
                     return Ok(Attempt::Busy { holder_ttl: None });
                 }
-                Err(_) if session.is_over() => {
-                    conn.permits.locked().remove(&base);
-                    pool.withdraw(&lease);
-                    continue;
-                }
-                Err(e) => {
+                Err(e) if !session.is_over() => {
                     // Which slot it took, if any, is not known: the session goes, and with it
                     // everything it held.
                     pool.withdraw(&lease);
                     pool.close(session, LostReason::Unreachable);
                     return Err(e);
+                }
+                Err(e) => {
+                    conn.permits.locked().remove(&base);
+                    pool.failed(&lease, e).await?;
+                    continue;
                 }
             };
             let (slot, fence): (i64, i64) = (row.get(0), row.get(1));
@@ -255,7 +256,6 @@ impl PgBackend {
             }
             return Ok(confirmed(pool, &lease, sent, req, fence));
         }
-        Err(sessions_ended(DOING))
     }
 
     async fn downgrade_inner(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
@@ -361,7 +361,81 @@ impl PgBackend {
                 // (A shared session's label has no fence.)
                 holder_of(kind, app, idle)
             })
-            .collect();
-        Ok(LockStatus::held_by(holders))
+            .collect::<Vec<_>>();
+        // The waiters of the semaphore, or of a lock of that name that is free this instant.
+        let waiters = if holders.is_empty() {
+            self.waiting(lock_id(name)).await?
+        } else {
+            self.waiting(permit_base(name)).await?
+        };
+        Ok(LockStatus::held_by(holders).with_waiters(Some(waiters)))
+    }
+}
+
+impl PgBackend {
+    /// One try of a writer's or reader's lock, behind the live tickets ahead of `seq` (see
+    /// `order`).
+    pub(super) async fn try_lock(
+        &self,
+        req: &AcquireRequest<'_>,
+        id: i64,
+        seq: Option<i64>,
+    ) -> Result<Attempt, LockError> {
+        const DOING: &str = "acquiring a PostgreSQL advisory lock";
+        let pool = &self.inner.pool;
+        let token = req.token.as_str();
+        let shared = req.kind == LeaseKind::Shared;
+        let key = if shared {
+            format!("{SHARED_PREFIX}{id}")
+        } else {
+            id.to_string()
+        };
+        let mut tries = 0;
+        loop {
+            let placed = (req.name, key.as_str(), token);
+            let Some(lease) = pool.place_try(&mut tries, placed, req.ttl, DOING).await? else {
+                return Ok(Attempt::Busy { holder_ttl: None });
+            };
+            let session: &Session<PgConn> = lease.session();
+            let conn = session.conn();
+            let sent = tokio::time::Instant::now();
+            let keep = || pool.keep_for(session, req.ttl);
+            let statement = if shared {
+                &conn.acquire_shared
+            } else {
+                &conn.acquire
+            };
+            let row = pool
+                .ops()
+                .query_keeping(
+                    conn,
+                    statement,
+                    &keep,
+                    Some(Taking::Lock(id, req.owner, seq)),
+                    DOING,
+                )
+                .await;
+            let fence: Option<i64> = match row {
+                Ok(Some(row)) => row.get(0),
+                Ok(None) => {
+                    pool.withdraw_unknown(&lease).await;
+                    return Err(LockError::new(
+                        ErrorKind::Protocol,
+                        format!("{DOING}: the statement returned no row"),
+                    ));
+                }
+                // PostgreSQL keeps a session-level advisory lock even when the statement that
+                // took it failed: it is unlocked (or the session closed).
+                Err(e) => {
+                    pool.failed(&lease, e).await?;
+                    continue;
+                }
+            };
+            let Some(fence) = fence else {
+                pool.withdraw(&lease);
+                return Ok(Attempt::Busy { holder_ttl: None });
+            };
+            return Ok(confirmed(pool, &lease, sent, req, fence));
+        }
     }
 }
