@@ -189,7 +189,9 @@ pub(crate) async fn attempt<B: Backend>(
                 let sent = driver.now();
                 match driver.renew(&req.lease(), ttl).await {
                     Ok(LeaseCheck::Ours) => break (sent, fence),
-                    Ok(_) => {
+                    Ok(check) => {
+                        tracing::debug!(target: "distlock", key, ?check, ?age,
+                            "an acquisition counted from earlier was not confirmed by a renewal");
                         // It ran out before we could use it, or so the engine says: an answer
                         // from a replica just promoted may not list a write it has yet to
                         // apply. The clean-up stays armed: releasing a lease that is gone

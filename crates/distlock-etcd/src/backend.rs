@@ -314,15 +314,15 @@ impl EtcdBackend {
             }
             (Err(e), _) => Err(e),
             (_, Err(e)) => Err(map_err(e, DOING)),
-            // The TTL left is in whole seconds (0 in the last one); -1 for a lease gone.
-            (Ok(_), Ok(r)) if r.ttl < 0 => {
-                return keys.iter().map(|_| Ok(LeaseCheck::Missing)).collect();
-            }
+            // The TTL left is in whole seconds (0 in the last one); -1 for a lease gone. The
+            // keep-alive just found it alive, so "gone" here is a leader that has not applied
+            // its grant yet (etcd#13675): the keys are read back, as below, instead.
             (Ok(_), Ok(r)) => {
-                for orphan in self.store().orphans(&r.keys) {
+                let listed = if r.ttl < 0 { Vec::new() } else { r.keys };
+                for orphan in self.store().orphans(&listed) {
                     self.store().delete_if_on(orphan, lease);
                 }
-                let mut present = r.keys.into_iter().collect::<HashSet<Vec<u8>>>();
+                let mut present = listed.into_iter().collect::<HashSet<Vec<u8>>>();
                 // A leader just elected answers from its lease table before it has applied
                 // every committed write: a key put just before the election may not be listed
                 // yet. A key not listed is read back (a linearizable read) before it is called

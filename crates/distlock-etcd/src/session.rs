@@ -338,8 +338,26 @@ async fn keep(
         while let Ok(r) = requests.try_recv() {
             waiting.push(r);
         }
-        let sent = clock.now();
-        let answer = keep_alive_once(&members, &mut stream, lease, response_timeout).await;
+        let mut sent = clock.now();
+        let mut answer = keep_alive_once(&members, &mut stream, lease, response_timeout).await;
+        // "Gone" is asked again a few times, backing off, while the lease could still be alive:
+        // a leader just elected answers from its lease table before it has applied every
+        // committed grant (etcd#13675), so a session granted through another member may look
+        // gone for a moment. A lease that is really gone stays gone (ids are never reused):
+        // this only delays the loss by these pauses.
+        let mut pause = GONE_RECHECK;
+        for _ in 0..GONE_RECHECKS {
+            let Some(deadline) = session.upgrade().map(|s| s.deadline()) else {
+                return;
+            };
+            if !matches!(answer, Ok(ttl) if ttl <= 0) || clock.now() + pause >= deadline {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+            sent = clock.now();
+            answer = keep_alive_once(&members, &mut stream, lease, response_timeout).await;
+        }
         let Some(s) = session.upgrade() else { return };
         let reply = match answer {
             Ok(ttl) if ttl > 0 => {
@@ -382,6 +400,11 @@ async fn keep(
         }
     }
 }
+
+/// How many times a keep-alive that found the lease gone is sent again before the session is
+/// called over, and the first pause (doubling: 50, 100, 200 ms).
+const GONE_RECHECKS: u32 = 3;
+const GONE_RECHECK: Duration = Duration::from_millis(50);
 
 /// One keep-alive on the session's stream (opened, or opened again, on the current member):
 /// the TTL the member answered.

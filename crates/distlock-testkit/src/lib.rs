@@ -5,6 +5,7 @@ mod cluster;
 pub mod conformance;
 mod etcd;
 pub mod failover;
+mod logs;
 mod mariadb;
 mod memcached;
 mod pki;
@@ -18,6 +19,7 @@ mod zookeeper;
 
 pub use cluster::RedisCluster;
 pub use etcd::{Etcd, EtcdMember};
+pub use logs::Logs;
 pub use mariadb::{MARIADB_CERT_USER, MARIADB_PASSWORD_USER, MariaDb};
 pub use memcached::Memcached;
 pub use pki::{CertFiles, Pki};
