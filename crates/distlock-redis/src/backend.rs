@@ -69,6 +69,9 @@ pub struct RedisBackend {
     /// The queue registrations of this client's waiting readers, by token (their release
     /// takes them out of the queue).
     reader_regs: Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
+    /// The members of this client's permits in their semaphores' holder sets, by token (see
+    /// `scripts/permits.lua`): renewals and releases name a permit by it.
+    permit_members: Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -153,6 +156,7 @@ impl RedisBackend {
             handovers,
             seen: Arc::default(),
             reader_regs: Arc::default(),
+            permit_members: Arc::default(),
         }
     }
 
@@ -596,15 +600,18 @@ impl BatchRenew for RedisBackend {
                             RenewCall {
                                 script: &self.scripts.read_extend,
                                 keys: vec![lock, readers],
+                                extra: None,
                             }
                         }
                         LeaseKind::Permit { .. } => RenewCall {
                             script: &self.scripts.permit_extend,
                             keys: permits::PermitKeys::new(lock).four_owned(),
+                            extra: Some(self.permit_member(i.lease.token)),
                         },
                         _ => RenewCall {
                             script: &self.scripts.extend,
                             keys: vec![lock],
+                            extra: None,
                         },
                     }
                 })

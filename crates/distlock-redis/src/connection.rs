@@ -407,6 +407,7 @@ impl ServerConnection {
             .map(|k| RenewCall {
                 script,
                 keys: vec![k.clone()],
+                extra: None,
             })
             .collect();
         self.renew_batch(&calls, items, doing).await
@@ -476,6 +477,9 @@ impl ServerConnection {
             }
             cmd.arg(items[i].lease.token.as_str())
                 .arg(ttl_ms(items[i].ttl));
+            if let Some(extra) = &call.extra {
+                cmd.arg(extra);
+            }
         }
         if let Some(wait) = self.wait {
             push_wait(&mut pipe, wait);
@@ -530,10 +534,12 @@ impl ServerConnection {
 }
 
 /// One renewal of a batch: the script that renews the lease, and the script's keys (all in
-/// one slot), before the token and the TTL.
+/// one slot), before the token and the TTL; and an argument after them, for a script that
+/// takes one.
 pub(crate) struct RenewCall<'a> {
     pub(crate) script: &'a LuaScript<LeaseCheck>,
     pub(crate) keys: Vec<String>,
+    pub(crate) extra: Option<String>,
 }
 
 /// The same error again, for another item of a failed batch.

@@ -94,18 +94,24 @@ const DOWNGRADE_SOURCE: &str = concat!(
     queue_lua!(),
     include_str!("scripts/downgrade.lua")
 );
+// The permit scripts run their common path before the helpers are defined (each definition
+// is a closure made at every call): only their other paths, which follow, use them. The
+// acquire's helpers are defined inside the block permit_acquire.lua opens and
+// permit_acquire_rest.lua closes.
 const PERMIT_ACQUIRE_SOURCE: &str = concat!(
     fence_lua!(),
+    include_str!("scripts/permit_acquire.lua"),
     permits_lua!(),
-    include_str!("scripts/permit_acquire.lua")
+    include_str!("scripts/permit_acquire_rest.lua")
 );
 const PERMIT_EXTEND_SOURCE: &str =
     concat!(permits_lua!(), include_str!("scripts/permit_extend.lua"));
 const PERMIT_RELEASE_SOURCE: &str = concat!(
+    include_str!("scripts/permit_release.lua"),
     fence_lua!(),
     queue_lua!(),
     permits_lua!(),
-    include_str!("scripts/permit_release.lua")
+    include_str!("scripts/permit_release_rest.lua")
 );
 
 /// The release script as it is run (the token check inline).

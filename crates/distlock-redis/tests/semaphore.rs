@@ -136,3 +136,79 @@ async fn a_release_wakes_one_task_not_the_whole_client() {
         "{n} acquisitions, {per:.1} scripts each"
     );
 }
+
+/// A permit is a member '<fence> <holder value>' of the holders' set, which its client names it
+/// by. A client that does not know the member (another process with the token, or a resend
+/// whose first reply was lost) finds it by the token: the resend gets the same permit and fence,
+/// and renewal and release work on it. The fence reads back exactly (16 digits) in `status`,
+/// and once the permits are gone the name is free for a reader, though the holders' set lives
+/// on until its expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_is_found_by_its_token_alone() {
+    use distlock_core::Backend;
+    use distlock_core::engine::{AcquireRequest, Attempt, Clock, LeaseCheck, LeaseKind, LeaseRef};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let url = server.url();
+    let clock: Arc<dyn Clock> = Arc::new(distlock_core::SystemClock);
+    let ttl = Duration::from_secs(10);
+    let kind = LeaseKind::Permit { permits: 2 };
+    let token = distlock_core::Token::generate();
+    let ours = RedisBackend::connect(&url).await.unwrap();
+    let req = AcquireRequest::new("byt", &token, ttl, "host-a/1", &clock).kind(kind);
+    let Attempt::Acquired { fence: Some(fence) } = ours.acquire(&req).await.unwrap() else {
+        panic!("a permit of two is free");
+    };
+    assert!(
+        fence > 1_000_000_000_000_000,
+        "a clock-based fence: {fence}"
+    );
+    // Another backend, with the token only: the resend is the same permit.
+    let other = RedisBackend::connect(&url).await.unwrap();
+    let mut resent = req.retry(true);
+    resent.owner = "host-b/2";
+    assert_eq!(
+        other.acquire(&resent).await.unwrap(),
+        Attempt::Acquired { fence: Some(fence) },
+        "a resend keeps its permit and fence"
+    );
+    let st = other.inspect("byt").await.unwrap();
+    assert_eq!(st.holders.len(), 1, "{st:?}");
+    assert_eq!(
+        st.holders[0].fence,
+        Some(fence),
+        "the fence reads back exactly"
+    );
+    assert_eq!(st.holders[0].token.as_deref(), Some(token.as_str()));
+    assert!(
+        st.holders[0]
+            .owner
+            .as_deref()
+            .unwrap_or("")
+            .contains("host-b/2"),
+        "{st:?}"
+    );
+    let lease = LeaseRef::new("byt", &token, kind);
+    // The first backend's member is stale (the resend wrote it again): the permit is found
+    // by its token all the same, as by a backend that never knew it.
+    assert_eq!(ours.renew(&lease, ttl).await.unwrap(), LeaseCheck::Ours);
+    let fresh = RedisBackend::connect(&url).await.unwrap();
+    assert_eq!(fresh.renew(&lease, ttl).await.unwrap(), LeaseCheck::Ours);
+    assert_eq!(other.renew(&lease, ttl).await.unwrap(), LeaseCheck::Ours);
+    assert_eq!(fresh.release(&lease).await.unwrap(), LeaseCheck::Ours);
+    assert_eq!(other.release(&lease).await.unwrap(), LeaseCheck::Missing);
+    let st = other.inspect("byt").await.unwrap();
+    assert!(!st.held && st.holders.is_empty(), "{st:?}");
+    // The holders' set is still there, with no permit in it: a reader may come in.
+    let mut raw = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let left: u64 = raw.zcard("distlock:{byt}:permits").await.unwrap();
+    assert_eq!(left, 1, "only the set's keeper is left");
+    let readers = client(&url, ttl, false).await;
+    let r = readers.read_lock("byt").try_acquire().await.unwrap();
+    assert!(r.is_some(), "no permit holds the name");
+}

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, HolderValue, LeaseCheck, LeaseKind, LockError, Token, kind_conflict,
+    AcquireRequest, Attempt, HolderValue, LeaseCheck, LeaseKind, LockError, MutexExt, Token,
+    kind_conflict,
 };
 
 use super::RedisBackend;
@@ -112,6 +113,9 @@ impl RedisBackend {
         match reply {
             PermitReply::Acquired { fence } => {
                 self.seen.record(req.name, fence);
+                self.permit_members
+                    .locked()
+                    .insert(token.to_owned(), format!("{fence} {holder}"));
                 if let (Some(wait), Some(acks)) = (self.conn.wait, acks)
                     && let Err(e) = wait.check(acks)
                 {
@@ -140,30 +144,46 @@ impl RedisBackend {
     ) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "renewing a Redis semaphore's permit";
         let keys = PermitKeys::new(self.layout.lock_key(name));
-        self.renew_by(&self.scripts.permit_extend, &keys.four(), token, ttl, DOING)
-            .await
+        let member = self.permit_member(token);
+        self.renew_by(
+            &self.scripts.permit_extend,
+            &keys.four(),
+            (token, Some(&member)),
+            ttl,
+            DOING,
+        )
+        .await
     }
 
-    /// A renewal by `script` (keys, then the token and the TTL in ms), which counts only once
-    /// the replicas acknowledged it when `WAIT` is configured.
+    /// The member of our permit `token` in its semaphore's holders' set, or '' when this client
+    /// does not know it (the scripts then find it by the token).
+    pub(super) fn permit_member(&self, token: &Token) -> String {
+        self.permit_members
+            .locked()
+            .get(token.as_str())
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// A renewal by `script` (keys, then the token, the TTL in ms and `extra` if given), which
+    /// counts only once the replicas acknowledged it when `WAIT` is configured.
     pub(super) async fn renew_by(
         &self,
         script: &LuaScript<LeaseCheck>,
         keys: &[&str],
-        token: &Token,
+        (token, extra): (&Token, Option<&str>),
         ttl: Duration,
         doing: &str,
     ) -> Result<LeaseCheck, LockError> {
         let mut ms = itoa::Buffer::new();
-        let (check, acks) = self
-            .conn
-            .run_waited(
-                script,
-                keys,
-                &[token.as_str(), ms.format(ttl_ms(ttl))],
-                doing,
-            )
-            .await?;
+        let ms = ms.format(ttl_ms(ttl));
+        let args = [token.as_str(), ms, extra.unwrap_or("")];
+        let args = if extra.is_some() {
+            &args[..]
+        } else {
+            &args[..2]
+        };
+        let (check, acks) = self.conn.run_waited(script, keys, args, doing).await?;
         if let (Some(wait), Some(acks), LeaseCheck::Ours) = (self.conn.wait, acks, check) {
             wait.check(acks)?;
         }
@@ -178,15 +198,19 @@ impl RedisBackend {
     ) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "releasing a Redis semaphore's permit";
         let keys = PermitKeys::new(self.layout.lock_key(name));
-        let member = format!("{token} {}", self.wake.for_lock(&keys.lock));
+        let queued = format!("{token} {}", self.wake.for_lock(&keys.lock));
+        let held = self.permit_member(token);
         let [h, m, q, l] = keys.four();
-        self.conn
+        let check = self
+            .conn
             .run(
                 &self.scripts.permit_release,
                 &[h, m, q, l, &keys.lock],
-                &[token.as_str(), &member],
+                &[token.as_str(), &queued, &held],
                 DOING,
             )
-            .await
+            .await?;
+        self.permit_members.locked().remove(token.as_str());
+        Ok(check)
     }
 }

@@ -110,7 +110,7 @@ impl RedisBackend {
         self.renew_by(
             &self.scripts.read_extend,
             &[&lock, &readers],
-            token,
+            (token, None),
             ttl,
             DOING,
         )

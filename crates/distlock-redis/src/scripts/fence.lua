@@ -11,14 +11,18 @@
 -- lagged) thus starts above every fence given before, unless its clock is behind by more than
 -- the outage lasted; the client's memory covers even that for the fences it saw. The first
 -- attempt of a client (a plain pipeline, no script) proposes its own clock the same way.
--- `time`, if given, is a TIME reply the caller took already in this script.
+-- `time`, if given, is a TIME reply the caller took already in this script, and `us`, if given,
+-- that reply in microseconds (parsed once).
 -- Returns the fence; or nil and the error when the counter cannot be written: WRONGTYPE when
 -- the key is not a sorted set (another tool wrote there), or the server's own (READONLY on a
 -- demoted master, which the client must see as such to follow the fail-over). It writes
 -- nothing then: callers check it before they write the lock.
-local function next_fence(fkey, seen, time)
-  local now = time or redis.call('TIME')
-  local floor = math.max(tonumber(now[1]) * 1000000 + tonumber(now[2]), seen) + 1
+local function next_fence(fkey, seen, time, us)
+  if not us then
+    local now = time or redis.call('TIME')
+    us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  end
+  local floor = math.max(us, seen) + 1
   local raised = redis.pcall('ZADD', fkey, 'GT', 'CH', floor, 'f')
   if type(raised) ~= 'number' then
     local why = type(raised) == 'table' and raised.err or ''

@@ -1,13 +1,19 @@
--- Helpers of the semaphore's scripts, prepended to them (see scripts.rs): `server_ms`,
--- `sweep_holders`, `sweep_queue` and `cover`.
+-- Helpers of the semaphore's scripts (see scripts.rs): `server_ms`, `find_holder`,
+-- `sweep_holders`, `live_holders`, `sweep_queue` and `cover`. The scripts run their common path
+-- first, before these are defined (each definition is a closure made at every call), and only
+-- the rarer paths after them use them.
 --
 -- A semaphore's keys (KEYS[1] to KEYS[4] of every script that uses these helpers):
--- KEYS[1] holders: a sorted set, token -> deadline in ms on the server's clock (TIME), never
---         the client's;
+-- KEYS[1] holders: a sorted set of '<fence> <holder value>' (the holder value is '<token>
+--         <since> <owner>': a holder's whole record, for resent requests and for status, in
+--         the one write that takes the permit) -> deadline in ms on the server's clock (TIME),
+--         never the client's. Its member '~', scored 0, keeps the set (and its expiry)
+--         between holders; it never counts, since every count is of deadlines ahead of now.
+--         A client names its permit by the whole member, which it builds from the fence the
+--         acquire returned; a client that lost it finds it by the token (`find_holder`);
 -- KEYS[2] meta hash: 'permits' (the size the holders and waiters opened it with), 'seq' (the
 --         queue's arrival counter), 'until' (the latest deadline given to any holder or
---         waiter), 'f:<token>' (each holder's fence), 'o:<token>' (its holder value,
---         '<token> <since> <owner>', for status);
+--         waiter);
 -- KEYS[3] queue of waiting clients: a sorted set, '<token> <wake channel>' -> arrival;
 -- KEYS[4] the queue's liveness: the same members -> the deadline of their place (a waiter
 --         that stopped asking leaves the queue by itself).
@@ -27,12 +33,27 @@ local function server_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
 end
 
--- Drops the holders past their deadline.
-local function sweep_holders(now)
-  for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
-    redis.call('ZREM', KEYS[1], d)
-    redis.call('HDEL', KEYS[2], 'f:' .. d, 'o:' .. d)
+-- The member of the holder whose token is `tok`, its deadline and its fence, or nil (a scan of
+-- the holders: for a client that does not know its member).
+local function find_holder(tok)
+  local all = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+  for i = 1, #all, 2 do
+    local fence, rest = string.match(all[i], '^(%d+) (.*)$')
+    if rest and string.sub(rest, 1, #tok + 1) == tok .. ' ' then
+      return all[i], tonumber(all[i + 1]), tonumber(fence)
+    end
   end
+  return nil
+end
+
+-- Drops the holders past their deadline (never the member '~').
+local function sweep_holders(now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '(0', now)
+end
+
+-- How many holders' deadlines are still ahead.
+local function live_holders(now)
+  return redis.call('ZCOUNT', KEYS[1], now + 1, '+inf')
 end
 
 -- Drops the waiters past their place's deadline; returns how many wait.

@@ -11,7 +11,8 @@
 -- {2, last, waiters, then per reader: token, fence, ms left, holder value} for readers;
 -- {3, last, waiters, permits, then per permit: token, fence, ms left, holder value} for a
 -- semaphore's holders.
--- Holders past their deadline, not yet swept, are left out.
+-- Holders past their deadline, not yet swept, are left out. A semaphore whose holders' set is
+-- left with none (it lives until its expiry, see permits.lua) reads as {3, ...} without holders.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local last = tonumber(redis.call('ZSCORE', KEYS[3], 'f')) or 0
@@ -44,7 +45,19 @@ if cur then
     tonumber(meta[2]) or 0}
 end
 if redis.call('EXISTS', KEYS[6]) == 1 then
+  -- A semaphore's holders are members '<fence> <holder value>' (see permits.lua).
   local n = tonumber(redis.call('HGET', KEYS[7], 'permits')) or 0
-  return each({3, last, count('ZCARD', KEYS[8]), n}, KEYS[6], KEYS[7], 'f:')
+  local out = {3, last, count('ZCARD', KEYS[8]), n}
+  local hs = redis.call('ZRANGEBYSCORE', KEYS[6], now + 1, '+inf', 'WITHSCORES')
+  for i = 1, #hs, 2 do
+    local fence, value = string.match(hs[i], '^(%d+) (.*)$')
+    if value then
+      out[#out + 1] = string.match(value, '^(%S*)')
+      out[#out + 1] = tonumber(fence)
+      out[#out + 1] = tonumber(hs[i + 1]) - now
+      out[#out + 1] = value
+    end
+  end
+  return out
 end
 return {0, last, count('LLEN', KEYS[4])}
