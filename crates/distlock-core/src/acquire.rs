@@ -27,6 +27,28 @@ pub(crate) struct Want<'a> {
     pub(crate) key: &'a str,
     pub(crate) kind: LeaseKind,
     pub(crate) options: &'a LockOptions,
+    pub(crate) holder: HolderSpec<'a>,
+}
+
+/// How a request's holder is written, when not as the client's other requests: its own label
+/// (an election's, which carries the leader's value), and whether `status` must be able to
+/// give its fence (an election's epoch).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct HolderSpec<'a> {
+    pub(crate) label: Option<&'a str>,
+    pub(crate) recorded: bool,
+}
+
+impl<'a> Want<'a> {
+    /// A request written as the client's others are.
+    pub(crate) fn new(key: &'a str, kind: LeaseKind, options: &'a LockOptions) -> Self {
+        Want {
+            key,
+            kind,
+            options,
+            holder: HolderSpec::default(),
+        }
+    }
 }
 
 /// A waiter's subscription; parked in the local queue for the next head when the waiter goes.
@@ -154,11 +176,20 @@ pub(crate) async fn attempt<B: Backend>(
     token: Token,
 ) -> Result<Attempted<B>, LockError> {
     let driver = holding.driver();
-    let Want { key, kind, options } = want;
+    let Want {
+        key,
+        kind,
+        options,
+        holder,
+    } = want;
     let ttl = options.ttl();
     let mut req = driver
         .request(key, kind, &token, ttl, options.auto_renew())
-        .queue(queue);
+        .queue(queue)
+        .recorded(holder.recorded);
+    if let Some(label) = holder.label {
+        req = req.owner(label);
+    }
     let mut cleanup = PendingCleanup {
         holding,
         want,
@@ -263,9 +294,14 @@ pub(crate) async fn wait_for<B: Backend>(
     want: Want<'_>,
     engine_errors: Option<&std::sync::Mutex<Option<LockError>>>,
 ) -> Result<LockGuard<B>, LockError> {
-    let Want { key, options, kind } = want;
+    let Want {
+        key,
+        options,
+        kind,
+        holder,
+    } = want;
     let local = holding.local_for(kind);
-    let mut ticket = local.map(|l| l.join(key, *options));
+    let mut ticket = local.map(|l| l.join(key, *options, holder.label));
     // Declared after the ticket, so dropped before it: the subscription is parked for the next
     // head while this waiter is still in the queue.
     let mut slot = ParkedOnDrop {

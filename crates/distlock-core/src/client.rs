@@ -343,11 +343,19 @@ impl<B: Backend> LockClient<B> {
         kind: LeaseKind,
         options: &LockOptions,
     ) -> Result<Option<LockGuard<B>>, LockError> {
+        self.try_lease_as(Want::new(key, kind, options)).await
+    }
+
+    /// One attempt at the lease `want` describes; a busy lock is `Ok(None)`.
+    pub(crate) async fn try_lease_as(
+        &self,
+        want: Want<'_>,
+    ) -> Result<Option<LockGuard<B>>, LockError> {
+        let key = want.key;
         validate_key(key)?;
         if self.held_here(key) {
             return Ok(None);
         }
-        let want = Want { key, kind, options };
         match attempt(&self.holding, want, false, Token::generate()).await? {
             Attempted::Taken(g) => Ok(Some(g)),
             Attempted::Busy(_) => Ok(None),
@@ -361,8 +369,13 @@ impl<B: Backend> LockClient<B> {
         kind: LeaseKind,
         options: &LockOptions,
     ) -> Result<LockGuard<B>, LockError> {
+        self.lease_as(Want::new(key, kind, options)).await
+    }
+
+    /// The lease `want` describes, waiting as its options say.
+    pub(crate) async fn lease_as(&self, want: Want<'_>) -> Result<LockGuard<B>, LockError> {
+        let (key, options) = (want.key, want.options);
         validate_key(key)?;
-        let want = Want { key, kind, options };
         match options.wait() {
             Wait::No => {
                 if self.held_here(key) {
@@ -425,6 +438,11 @@ impl<B: Backend> LockClient<B> {
                 Released::Lost(reason) => Err(lost_error(key, reason)),
             },
         }
+    }
+
+    /// What the client's guards and waits share (its engine driver, local queues).
+    pub(crate) fn holding(&self) -> &Arc<Holding<B>> {
+        &self.holding
     }
 
     /// Whether a task of this client holds `key` right now (a local check, no I/O).

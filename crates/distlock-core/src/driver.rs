@@ -130,16 +130,17 @@ impl<B: Backend> Driver<B> {
         }
     }
 
-    /// Releases `lease`. `next` is this client's next waiter for the same name, if any: an
-    /// engine with a server-side queue puts the client back in it in the same round trip.
+    /// Releases `lease`. `next` is this client's next waiter for the same name, if any (its
+    /// token, TTL and own label): an engine with a server-side queue puts the client back in
+    /// it in the same round trip.
     pub(crate) async fn release(
         &self,
         lease: &LeaseRef<'_>,
-        next: Option<(&Token, Duration)>,
+        next: Option<(&Token, Duration, Option<&str>)>,
     ) -> Result<LeaseCheck, LockError> {
         match (self.backend.handover(), next) {
-            (Some(handover), Some((token, ttl))) => {
-                let next = NextWaiter::new(token, ttl, &self.owner);
+            (Some(handover), Some((token, ttl, label))) => {
+                let next = NextWaiter::new(token, ttl, label.unwrap_or(&self.owner));
                 handover.release_requeue(lease, &next).await
             }
             _ => self.backend.release(lease).await,
@@ -156,6 +157,15 @@ impl<B: Backend> Driver<B> {
     ) -> Result<Option<Subscription>, LockError> {
         match self.backend.wake_source() {
             Some(source) => source.subscribe_for(key, kind, token.as_str()).await,
+            None => Ok(None),
+        }
+    }
+
+    /// A subscription to `key`'s release events for a follower that does not wait for the
+    /// lease itself (an election's observer); `None` when the engine has none.
+    pub(crate) async fn subscribe_any(&self, key: &str) -> Result<Option<Subscription>, LockError> {
+        match self.backend.wake_source() {
+            Some(source) => source.subscribe(key).await,
             None => Ok(None),
         }
     }

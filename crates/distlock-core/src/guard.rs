@@ -183,7 +183,8 @@ async fn finish<B: Backend>(
             .driver()
             .release(
                 &lease.engine_ref(),
-                next.as_ref().map(|(token, ttl)| (token, *ttl)),
+                next.as_ref()
+                    .map(|(token, ttl, label)| (token, *ttl, label.as_deref())),
             )
             .await;
         match (before, reply) {

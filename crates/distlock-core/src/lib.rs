@@ -8,6 +8,7 @@ mod client;
 mod clock;
 mod driver;
 mod duration;
+mod election;
 pub mod engine;
 mod error;
 mod guard;
@@ -26,6 +27,9 @@ mod watchdog;
 pub use client::{LockClient, LockClientBuilder, default_owner};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use duration::parse_duration;
+pub use election::{
+    DEFAULT_OBSERVE_INTERVAL, Election, Leader, Leadership, MAX_VALUE_LEN, Observer,
+};
 pub use engine::{AnyBackend, Backend, HolderStatus, LeaseKind, LockStatus};
 pub use error::{BoxError, ErrorKind, LockError, error_chain};
 pub use guard::{LeakedLease, LockGuard, Released};

@@ -17,6 +17,8 @@ struct Waiter<T> {
     id: u64,
     turn: Arc<Notify>,
     options: LockOptions,
+    /// Its own holder label, when not the client's (an election's).
+    label: Option<Arc<str>>,
     handoff: oneshot::Sender<T>,
 }
 
@@ -93,6 +95,7 @@ pub(crate) struct HandoffOffer<T> {
     id: u64,
     turn: Arc<Notify>,
     pub(crate) options: LockOptions,
+    label: Option<Arc<str>>,
     handoff: oneshot::Sender<T>,
 }
 
@@ -108,8 +111,14 @@ impl<T> LocalQueues<T> {
         self.map.locked()
     }
 
-    /// Joins the back of `key`'s queue.
-    pub(crate) fn join<'a>(&'a self, key: &'a str, options: LockOptions) -> QueuePlace<'a, T> {
+    /// Joins the back of `key`'s queue; `label` is the waiter's own holder label, if it has
+    /// one.
+    pub(crate) fn join<'a>(
+        &'a self,
+        key: &'a str,
+        options: LockOptions,
+        label: Option<&str>,
+    ) -> QueuePlace<'a, T> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let turn = Arc::new(Notify::new());
         let (tx, rx) = oneshot::channel();
@@ -121,6 +130,7 @@ impl<T> LocalQueues<T> {
                 id,
                 turn: turn.clone(),
                 options,
+                label: label.map(Arc::from),
                 handoff: tx,
             });
         QueuePlace {
@@ -140,14 +150,18 @@ impl<T> LocalQueues<T> {
             .filter(|h| h.is_held())
     }
 
-    /// The wait token of `key`'s queue and the head's TTL, if tasks of this client wait for it
-    /// (queued, not yet offered a hand-off).
-    pub(crate) fn next_waiter(&self, key: &str) -> Option<(Token, std::time::Duration)> {
+    /// The wait token of `key`'s queue, the head's TTL and its own label (if it has one), if
+    /// tasks of this client wait for it (queued, not yet offered a hand-off).
+    pub(crate) fn next_waiter(
+        &self,
+        key: &str,
+    ) -> Option<(Token, std::time::Duration, Option<Arc<str>>)> {
         let mut map = self.lock();
         let q = map.get_mut(key)?;
-        let ttl = q.waiters.front()?.options.ttl();
+        let head = q.waiters.front()?;
+        let (ttl, label) = (head.options.ttl(), head.label.clone());
         let token = q.wait_token.get_or_insert_with(Token::generate).clone();
-        Some((token, ttl))
+        Some((token, ttl, label))
     }
 
     /// Retires `token` as `key`'s wait token (its acquisition completed, or may have): the
@@ -209,12 +223,18 @@ impl<T> LocalQueues<T> {
         if !q.holder.as_ref().is_some_and(|h| Arc::ptr_eq(h, lease)) {
             return None;
         }
+        // A waiter with a label of its own is not handed a lease written with another: it
+        // takes it through the engine, which writes its label.
+        if q.waiters.front()?.label.is_some() {
+            return None;
+        }
         let w = q.waiters.pop_front()?;
         q.offered += 1;
         Some(HandoffOffer {
             id: w.id,
             turn: w.turn,
             options: w.options,
+            label: w.label,
             handoff: w.handoff,
         })
     }
@@ -261,6 +281,7 @@ impl<T> LocalQueues<T> {
             id: offer.id,
             turn: offer.turn,
             options: offer.options,
+            label: offer.label,
             handoff: offer.handoff,
         });
     }

@@ -1,6 +1,7 @@
 //! The MySQL/MariaDB engine: `GET_LOCK` named locks, many on each session of a small pool.
 
 mod permits;
+mod recorded;
 mod setup;
 
 pub use permits::semaphore_name;
@@ -434,6 +435,8 @@ impl SessionOps for MyOps {
 
 struct Inner {
     pool: Arc<SessionPool<MyOps>>,
+    /// This client's holders recorded in `distlock_holders` (see `recorded`).
+    recorded: recorded::Recorded,
 }
 
 /// A lock engine on MySQL's and MariaDB's named locks (`GET_LOCK`), many on each session of a
@@ -500,6 +503,7 @@ impl MysqlBackend {
                     },
                     limits,
                 ),
+                recorded: recorded::Recorded::default(),
             }),
         })
     }
@@ -565,8 +569,11 @@ impl Backend for MysqlBackend {
             && let Some(lease) = pool.held(req.name, token)
             && !lease.session().is_over()
         {
-            // The reply came after all: the lock is ours already.
-            return Ok(Attempt::Acquired { fence: None });
+            // The reply came after all: the lock is ours already (a recorded holder's fence is
+            // known).
+            return Ok(Attempt::Acquired {
+                fence: self.recorded_fence(token),
+            });
         }
         if let LeaseKind::Permit { permits } = req.kind {
             return self.acquire_permit(req, permits).await;
@@ -660,6 +667,14 @@ impl Backend for MysqlBackend {
                 return Ok(Attempt::Busy { holder_ttl: None });
             }
             let fence = fence.and_then(|f| u64::try_from(f).ok());
+            // With a sequence, a holder whose fence `status` must give writes it (see
+            // `recorded`); with the counter table, every holder's is kept.
+            if let (true, FenceSource::Sequence, Some(f)) = (req.recorded, fences, fence)
+                && let Err(e) = self.record(req, f).await
+            {
+                let _ = pool.release(req.name, token).await;
+                return Err(e);
+            }
             return Ok(Attempt::Acquired { fence });
         }
     }
@@ -675,10 +690,13 @@ impl Backend for MysqlBackend {
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
-        self.inner
+        let released = self
+            .inner
             .pool
             .release(lease.name, lease.token.as_str())
-            .await
+            .await;
+        self.unrecord(lease.token.as_str()).await;
+        released
     }
 
     /// The mutex of the name, or if nobody holds it, the holders of the semaphore of the name.
@@ -721,11 +739,14 @@ impl MysqlBackend {
                 "SELECT IS_USED_LOCK({name}), l.holder, l.fence, l.ttl_ms, {idle}, l.fence \
                  FROM (SELECT 1) AS one LEFT JOIN distlock_locks l ON l.name = {name}"
             ),
+            // A holder that recorded itself (see `recorded`) is named by its own row.
             FenceSource::Sequence => format!(
-                "SELECT IS_USED_LOCK({name}), s.holder, NULL, s.ttl_ms, {idle}, \
-                        (SELECT next_not_cached_value - 1 FROM distlock_fence) \
+                "SELECT IS_USED_LOCK({name}), COALESCE(h.holder, s.holder), h.fence, s.ttl_ms, \
+                        {idle}, (SELECT next_not_cached_value - 1 FROM distlock_fence) \
                  FROM (SELECT 1) AS one \
-                 LEFT JOIN distlock_sessions s ON s.id = IS_USED_LOCK({name})"
+                 LEFT JOIN distlock_sessions s ON s.id = IS_USED_LOCK({name}) \
+                 LEFT JOIN distlock_holders h ON h.name = {name} \
+                   AND h.conn_id = IS_USED_LOCK({name})"
             ),
         };
         let session = self.inner.pool.any_session().await?;

@@ -10,8 +10,8 @@ use distlock_core::engine::pool::{
 };
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, LockError,
-    LockStatus, LostReason, MutexExt, RenewItem, Sessions, shares_unbreakable,
+    Downgrade, ErrorKind, Fencing, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
+    LockError, LockStatus, LostReason, MutexExt, RenewItem, Sessions, shares_unbreakable,
 };
 use distlock_core::seeded::SeededBug;
 use sha2::{Digest, Sha256};
@@ -24,6 +24,7 @@ use crate::error::map_err;
 
 mod kinds;
 mod order;
+mod recorded;
 
 use kinds::{PERMIT_PREFIX, PermitHold, PermitSql};
 
@@ -359,10 +360,12 @@ impl PgOps {
                     CASE WHEN a.state = 'idle' \
                          THEN (extract(epoch FROM now() - a.state_change) * 1000)::bigint END, \
                     (SELECT last_value FROM {s}.distlock_fence), \
-                    l.mode = 'ShareLock' \
+                    l.mode = 'ShareLock', h.fence, h.holder \
              FROM pg_locks l \
              LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-             WHERE {IN_PG_LOCKS}"
+             {} \
+             WHERE {IN_PG_LOCKS}",
+            recorded::status_join(s)
         );
         let prepared = async {
             // A fence is durable when its acquire commits, whatever the server's default (a
@@ -481,6 +484,8 @@ struct Inner {
     dedicated: Mutex<Vec<Conn>>,
     /// The tickets of this client's waiters (see `order`).
     tickets: order::Tickets,
+    /// This client's holders recorded in `distlock_holders` (see `recorded`).
+    recorded: recorded::Recorded,
 }
 
 /// A lock engine on PostgreSQL's session-level advisory locks, many on each session of a small
@@ -555,6 +560,7 @@ impl PgBackend {
                 ),
                 dedicated: Mutex::new(Vec::new()),
                 tickets: order::Tickets::default(),
+                recorded: recorded::Recorded::default(),
             }),
         };
         let conn = backend.setup().await?;
@@ -590,16 +596,19 @@ impl PgBackend {
             .query_one(
                 &format!(
                     "SELECT to_regclass('{s}.distlock_fence') IS NULL, \
-                            to_regclass('{s}.distlock_waiters') IS NULL"
+                            to_regclass('{s}.distlock_waiters') IS NULL, \
+                            to_regclass('{s}.distlock_holders') IS NULL"
                 ),
                 &[],
             )
             .await
             .map_err(|e| map_err(e, DOING))?;
-        let (fence, waiters): (bool, bool) = (missing.get(0), missing.get(1));
+        let (fence, waiters, holders): (bool, bool, bool) =
+            (missing.get(0), missing.get(1), missing.get(2));
         let sequence = format!("CREATE SEQUENCE IF NOT EXISTS {s}.distlock_fence");
         let table = order::waiters_ddl(s);
-        for ddl in [(fence, &sequence), (waiters, &table)]
+        let recorded = recorded::holders_ddl(s);
+        for ddl in [(fence, &sequence), (waiters, &table), (holders, &recorded)]
             .into_iter()
             .filter_map(|(missing, ddl)| missing.then_some(ddl))
         {
@@ -696,8 +705,11 @@ impl Backend for PgBackend {
             && !lease.session().is_over()
         {
             // The reply came after all: the lock is ours already (never locked twice: a
-            // session-level advisory lock counts its acquisitions).
-            return Ok(Attempt::Acquired { fence: None });
+            // session-level advisory lock counts its acquisitions). A recorded holder's fence
+            // is known.
+            return Ok(Attempt::Acquired {
+                fence: self.recorded_fence(token),
+            });
         }
         // The id a waiter's ticket names (see `order`): the lock's, or the semaphore's base.
         let (id, seq) = match req.kind {
@@ -708,6 +720,14 @@ impl Backend for PgBackend {
             LeaseKind::Permit { permits } => self.acquire_permit(req, permits, seq).await?,
             _ => self.try_lock(req, id, seq).await?,
         };
+        if let (true, LeaseKind::Exclusive, Attempt::Acquired { fence: Some(fence) }) =
+            (req.recorded, req.kind, attempt)
+            && let Err(e) = self.record(req, fence).await
+        {
+            // Not a holder status can name: the lock goes back.
+            let _ = self.inner.pool.release(req.name, token).await;
+            return Err(e);
+        }
         match attempt {
             Attempt::Busy { .. } if req.queue => {
                 // A waiter: in the queue from now, or kept in it.
@@ -734,10 +754,13 @@ impl Backend for PgBackend {
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
         // A waiter that gave up leaves the queue.
         self.drop_ticket(lease.token.as_str()).await;
-        self.inner
+        let released = self
+            .inner
             .pool
             .release(lease.name, lease.token.as_str())
-            .await
+            .await;
+        self.unrecord(lease.token.as_str()).await;
+        released
     }
 
     /// Every session that holds the lock (one writer, or every reader), each with the label
@@ -765,13 +788,25 @@ impl Backend for PgBackend {
                 let idle: Option<i64> = row.get(1);
                 let last: Option<i64> = row.get(2);
                 let shared: Option<bool> = row.get(3);
+                let (fence, holder): (Option<i64>, Option<String>) = (row.get(4), row.get(5));
                 last_fence = last.and_then(|l| u64::try_from(l).ok());
                 let kind = if shared == Some(true) {
                     LeaseKind::Shared
                 } else {
                     LeaseKind::Exclusive
                 };
-                holder_of(kind, app, idle)
+                let h = holder_of(kind, app, idle);
+                match (fence, holder) {
+                    // Recorded by the holder itself (see `recorded`): its own label and fence.
+                    (Some(fence), Some(holder)) => {
+                        let value = HolderValue::parse(&holder);
+                        let token = Some(value.token.to_owned()).filter(|t| !t.is_empty());
+                        h.owner(Some(value.label()))
+                            .fence(u64::try_from(fence).ok())
+                            .token(token)
+                    }
+                    _ => h,
+                }
             })
             .collect();
         let waiters = self.waiting(id).await?;

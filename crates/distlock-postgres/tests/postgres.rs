@@ -89,8 +89,8 @@ async fn credentials_and_privileges_are_checked() {
     // Once an administrator made them and granted their use, it takes locks.
     drop(PgBackend::connect(&pg.url("")).await.unwrap());
     pg.psql(&format!(
-        "GRANT USAGE ON SEQUENCE distlock_fence TO {user}; \
-         GRANT SELECT, INSERT, UPDATE, DELETE ON distlock_waiters TO {user}"
+        "GRANT USAGE, SELECT ON SEQUENCE distlock_fence TO {user}; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON distlock_waiters, distlock_holders TO {user}"
     ));
     let c = client(&right, Duration::from_secs(5)).await;
     let g = c.acquire("granted").await.unwrap();
@@ -106,6 +106,12 @@ async fn credentials_and_privileges_are_checked() {
     let g = waiter.await.unwrap().expect("the role's waiter");
     assert_eq!(admin.status("granted").await.unwrap().waiters, Some(0));
     assert_eq!(g.release().await.unwrap(), Released::Held);
+    // A leader records itself in the holders' table the administrator made.
+    let c = client(&right, Duration::from_secs(5)).await;
+    let leading = c.election("granted").value("v").campaign().await.unwrap();
+    let seen = c.election("granted").leader().await.unwrap().unwrap();
+    assert_eq!(seen.epoch, Some(leading.epoch()));
+    assert_eq!(leading.resign().await.unwrap(), Released::Held);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

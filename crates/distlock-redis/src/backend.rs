@@ -448,7 +448,9 @@ impl Backend for RedisBackend {
         let token = req.token.as_str();
         let value = HolderValue::now(token, req.owner).encode();
         let convert = other.as_ref().and_then(Grant::unused_token).unwrap_or("");
-        if !req.queue && !req.retry && convert.is_empty() {
+        // The first attempt's pipeline records no holder in the meta hash: a request whose
+        // fence `status` must give (an election's epoch) takes the script.
+        if !req.queue && !req.retry && !req.recorded && convert.is_empty() {
             return self
                 .acquire_fast(req.name, &keys, req.token, &value, ttl)
                 .await;

@@ -27,7 +27,9 @@ use distlock_core::{
     Backend, Backoff, ErrorKind, LeaseEnd, LockClient, LockOptions, LostReason, Released, Wait,
 };
 
+mod election;
 mod kinds;
+pub use election::*;
 pub use kinds::*;
 
 /// Declares one `#[tokio::test]` per conformance case, each calling `$setup` for its own fixture.
@@ -60,7 +62,10 @@ macro_rules! conformance_tests {
             a_semaphore_admits_n,
             permits_never_exceed_n,
             a_dead_holders_permit_comes_back,
-            a_waiter_that_gives_up_leaves_no_trace
+            a_waiter_that_gives_up_leaves_no_trace,
+            an_election_has_one_leader_and_rising_epochs,
+            a_silent_leader_steps_down_before_the_next_leads,
+            observers_see_each_leader_once
         );
     };
     (@cases $setup:expr; $($case:ident),+) => {

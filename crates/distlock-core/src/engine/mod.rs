@@ -232,6 +232,10 @@ pub struct AcquireRequest<'a> {
     /// The clock the core measures lease deadlines on: an engine that keeps time of its own
     /// (a lease's age, a keep-alive's) reads it here, so an injected clock governs it too.
     pub clock: &'a Arc<dyn Clock>,
+    /// [`inspect`](Backend::inspect) must give this holder's own fence while it holds the
+    /// lease (an election's epoch): an engine that records it only on some paths takes one
+    /// that does.
+    pub recorded: bool,
 }
 
 impl<'a> AcquireRequest<'a> {
@@ -253,7 +257,23 @@ impl<'a> AcquireRequest<'a> {
             queue: false,
             renewed: false,
             clock,
+            recorded: false,
         }
+    }
+
+    /// Says whether `inspect` must give this holder's fence (see
+    /// [`AcquireRequest::recorded`]).
+    #[must_use]
+    pub fn recorded(mut self, recorded: bool) -> Self {
+        self.recorded = recorded;
+        self
+    }
+
+    /// Labels the holder `owner` (instead of the client's label).
+    #[must_use]
+    pub fn owner(mut self, owner: &'a str) -> Self {
+        self.owner = owner;
+        self
     }
 
     /// Asks for a lease of another kind.

@@ -95,6 +95,11 @@ async fn setup_fences(conn: &MySession, fences: FenceSource) -> Result<FenceSour
         "creating the table distlock_sessions",
     )
     .await?;
+    conn.run(
+        super::recorded::TABLE,
+        "creating the table distlock_holders",
+    )
+    .await?;
     let exists = |table: &str| {
         format!(
             "SELECT COUNT(*) FROM information_schema.TABLES \

@@ -1,0 +1,87 @@
+//! Holders that `status` must name exactly, with their own fence, where the fence comes from a
+//! sequence (MariaDB): an election's leader, whose fence is its epoch. With a sequence, a
+//! holder's label is its session's (`distlock_sessions`, shared by every lock on the session)
+//! and its fence is not kept; such a holder also writes a row of `distlock_holders`, `(name,
+//! conn_id, fence, holder)`, from its own session once the lock is ours. A row names the
+//! holder only while that very connection holds the lock (`IS_USED_LOCK`), and the holder's
+//! release deletes it, so a row left by a holder that is gone never describes the next one.
+//! (With the counter table, every holder's label and fence are in `distlock_locks` already.)
+
+use std::collections::HashMap;
+
+use distlock_core::engine::{AcquireRequest, ErrorKind, HolderValue, LockError, MutexExt};
+
+use super::{MysqlBackend, Sql, lit, lock_name, name_lit, on_session};
+
+/// The table's definition.
+pub(super) const TABLE: &str = "CREATE TABLE IF NOT EXISTS distlock_holders (\
+       name VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin PRIMARY KEY, \
+       conn_id BIGINT UNSIGNED NOT NULL, fence BIGINT UNSIGNED NOT NULL, \
+       holder VARCHAR(2048) NOT NULL) ENGINE=InnoDB";
+
+/// The recorded holders of this client, by token: the lock name and fence their row has.
+#[derive(Debug, Default)]
+pub(super) struct Recorded {
+    by_token: std::sync::Mutex<HashMap<String, (String, u64)>>,
+}
+
+impl MysqlBackend {
+    /// Writes the row of the holder `req` just acquired with `fence`, on its own session.
+    ///
+    /// # Errors
+    /// The server's: the caller gives the lock back then.
+    pub(super) async fn record(
+        &self,
+        req: &AcquireRequest<'_>,
+        fence: u64,
+    ) -> Result<(), LockError> {
+        const DOING: &str = "recording a MySQL lock's holder";
+        let Some(lease) = self.inner.pool.held(req.name, req.token.as_str()) else {
+            return Err(LockError::new(
+                ErrorKind::Lost,
+                format!("{DOING}: the lock's session ended"),
+            ));
+        };
+        let name = lock_name(req.name);
+        let holder = lit(&HolderValue::now(req.token.as_str(), req.owner).encode());
+        let sql = format!(
+            "REPLACE INTO distlock_holders (name, conn_id, fence, holder) \
+             VALUES ({}, CONNECTION_ID(), {fence}, {holder})",
+            name_lit(&name)
+        );
+        on_session(lease.session().conn(), || Sql::Text(sql), DOING).await?;
+        self.inner
+            .recorded
+            .by_token
+            .locked()
+            .insert(req.token.as_str().to_owned(), (name, fence));
+        Ok(())
+    }
+
+    /// The fence recorded for the holder `token`, if it wrote a row.
+    pub(super) fn recorded_fence(&self, token: &str) -> Option<u64> {
+        self.inner
+            .recorded
+            .by_token
+            .locked()
+            .get(token)
+            .map(|(_, f)| *f)
+    }
+
+    /// Deletes the row of the holder `token`, if it wrote one (its lease was released). A
+    /// delete that fails leaves a row that describes no later holder (see the module's doc).
+    pub(super) async fn unrecord(&self, token: &str) {
+        const DOING: &str = "deleting a MySQL lock's holder record";
+        let Some((name, fence)) = self.inner.recorded.by_token.locked().remove(token) else {
+            return;
+        };
+        let Ok(session) = self.inner.pool.any_session().await else {
+            return;
+        };
+        let sql = format!(
+            "DELETE FROM distlock_holders WHERE name = {} AND fence = {fence}",
+            name_lit(&name)
+        );
+        let _ = on_session(session.conn(), || Sql::Text(sql), DOING).await;
+    }
+}

@@ -1,0 +1,111 @@
+//! Holders that `status` must name exactly, with their own fence: an election's leader, whose
+//! fence is its epoch. A session's label in `application_name` is the session's, shared by
+//! every lock on it and cut to 63 bytes; such a holder also writes a row of the `UNLOGGED`
+//! table `distlock_holders`, `(lock_id, pid, backend_start, fence, holder)`, from its own
+//! session once the lock is ours. A row names the holder only while that very session (its
+//! pid and start time) holds the lock, and the holder's release deletes it, so a row left by a
+//! holder that is gone never describes the next one.
+
+use std::collections::HashMap;
+
+use distlock_core::engine::{AcquireRequest, ErrorKind, HolderValue, LockError, MutexExt};
+
+use super::{PgBackend, lock_id};
+use crate::error::map_err;
+
+/// The table's definition.
+pub(super) fn holders_ddl(schema: &str) -> String {
+    format!(
+        "CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.distlock_holders ( \
+           lock_id bigint PRIMARY KEY, \
+           pid integer NOT NULL, \
+           backend_start timestamptz NOT NULL, \
+           fence bigint NOT NULL, \
+           holder text NOT NULL)"
+    )
+}
+
+/// The columns the status statement reads for the holding session `l` (pg_locks) and `a`
+/// (pg_stat_activity) of the lock `$1`: the recorded fence and holder value, when that session
+/// wrote them.
+pub(super) fn status_join(schema: &str) -> String {
+    format!(
+        "LEFT JOIN {schema}.distlock_holders h ON h.lock_id = $1::bigint AND h.pid = l.pid \
+           AND h.backend_start = a.backend_start"
+    )
+}
+
+/// The recorded holders of this client, by token: the lock id and fence their row has.
+#[derive(Debug, Default)]
+pub(super) struct Recorded {
+    by_token: std::sync::Mutex<HashMap<String, (i64, i64)>>,
+}
+
+impl PgBackend {
+    /// Writes the row of the holder `req` just acquired with `fence`, on its own session.
+    ///
+    /// # Errors
+    /// The server's: the caller gives the lock back then.
+    pub(super) async fn record(
+        &self,
+        req: &AcquireRequest<'_>,
+        fence: u64,
+    ) -> Result<(), LockError> {
+        const DOING: &str = "recording a PostgreSQL lock's holder";
+        let Some(lease) = self.inner.pool.held(req.name, req.token.as_str()) else {
+            return Err(LockError::new(
+                ErrorKind::Lost,
+                format!("{DOING}: the lock's session ended"),
+            ));
+        };
+        let (id, fence) = (lock_id(req.name), i64::try_from(fence).unwrap_or(i64::MAX));
+        let holder = HolderValue::now(req.token.as_str(), req.owner).encode();
+        let s = &self.config().schema;
+        let sql = format!(
+            "INSERT INTO {s}.distlock_holders (lock_id, pid, backend_start, fence, holder) \
+             SELECT $1, pid, backend_start, $2, $3 FROM pg_stat_activity \
+             WHERE pid = pg_backend_pid() \
+             ON CONFLICT (lock_id) DO UPDATE SET pid = EXCLUDED.pid, \
+               backend_start = EXCLUDED.backend_start, fence = EXCLUDED.fence, \
+               holder = EXCLUDED.holder"
+        );
+        let limit = self.config().response_timeout;
+        let client = &lease.session().conn().client;
+        tokio::time::timeout(limit, client.execute(&sql, &[&id, &fence, &holder]))
+            .await
+            .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
+            .map_err(|e| map_err(e, DOING))?;
+        self.inner
+            .recorded
+            .by_token
+            .locked()
+            .insert(req.token.as_str().to_owned(), (id, fence));
+        Ok(())
+    }
+
+    /// The fence recorded for the holder `token`, if it wrote a row.
+    pub(super) fn recorded_fence(&self, token: &str) -> Option<u64> {
+        let by_token = self.inner.recorded.by_token.locked();
+        by_token
+            .get(token)
+            .and_then(|(_, f)| u64::try_from(*f).ok())
+    }
+
+    /// Deletes the row of the holder `token`, if it wrote one (its lease was released). A
+    /// delete that fails leaves a row that describes no later holder (see the module's doc).
+    pub(super) async fn unrecord(&self, token: &str) {
+        let Some((id, fence)) = self.inner.recorded.by_token.locked().remove(token) else {
+            return;
+        };
+        let Ok(session) = self.inner.pool.any_session().await else {
+            return;
+        };
+        let s = &self.config().schema;
+        let sql = format!("DELETE FROM {s}.distlock_holders WHERE lock_id = $1 AND fence = $2");
+        let _ = tokio::time::timeout(
+            self.config().response_timeout,
+            session.conn().client.execute(&sql, &[&id, &fence]),
+        )
+        .await;
+    }
+}
