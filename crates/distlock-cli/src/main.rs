@@ -5,7 +5,10 @@
 mod bench;
 mod check;
 mod crowd;
+mod deadline;
 mod exit;
+mod lead;
+mod leader;
 mod release;
 mod run;
 mod status;
@@ -24,6 +27,8 @@ Examples:
   distlock run --url postgres://app@db/app orders -- sh -c 'psql -c \"... WHERE fence <= $DISTLOCK_FENCE\"'
   DISTLOCK_URL=redis://cache:6379/0 distlock status deploy --json
   distlock release --force deploy                      # break-glass: remove whoever holds it
+  distlock lead --url etcd://10.0.0.7:2379 --value $(hostname):8080 scheduler -- ./scheduler
+  distlock leader --url etcd://10.0.0.7:2379 scheduler --watch
   distlock bench --url redis://cache:6379 --tasks 32 --keys 4 --duration 10s
   distlock check --url etcd://10.0.0.7:2379            # a short correctness check
   distlock completions bash > /etc/bash_completion.d/distlock
@@ -53,6 +58,11 @@ struct Cli {
 enum Command {
     /// Run CMD while holding the lock KEY; the child gets DISTLOCK_KEY and DISTLOCK_FENCE.
     Run(run::RunArgs),
+    /// Campaign in the election NAME and run CMD while leading (DISTLOCK_FENCE is the epoch);
+    /// stop CMD by the leadership's local deadline if it is lost, then campaign again.
+    Lead(lead::LeadArgs),
+    /// Show who leads the election NAME, with its epoch and value; --watch follows changes.
+    Leader(leader::LeaderArgs),
     /// Show whether KEY is held, by whom, for how long, and its fence.
     Status(status::StatusArgs),
     /// Break the lock KEY whoever holds it (an operator's break-glass; needs --force).
@@ -62,6 +72,9 @@ enum Command {
     /// Check a deployment: workers run a fenced read-modify-write under the lock, and every
     /// overlap, stale fence or lost update is reported.
     Check(check::CheckArgs),
+    /// Runs CMD under a deadline that only its `lead` parent moves (internal).
+    #[command(hide = true)]
+    ChildDeadline(deadline::DeadlineArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell.
@@ -190,6 +203,9 @@ fn main() -> ExitCode {
     let code = rt.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
+            Command::Lead(args) => lead::lead(args).await,
+            Command::Leader(args) => leader::leader(args).await,
+            Command::ChildDeadline(args) => deadline::run(args).await,
             Command::Status(args) => status::status(args).await,
             Command::Release(args) => release::release(args).await,
             Command::Bench(args) => bench::bench(args).await,

@@ -317,14 +317,14 @@ async fn supervise<B: distlock::Backend>(
     }
 }
 
-async fn recv(s: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+pub(crate) async fn recv(s: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
     match s {
         Some(s) => s.recv().await,
         None => std::future::pending().await,
     }
 }
 
-fn forward(pid: Option<Pid>, sig: Signal) {
+pub(crate) fn forward(pid: Option<Pid>, sig: Signal) {
     if let Some(pid) = pid {
         let _ = kill(pid, sig);
     }
@@ -339,7 +339,7 @@ async fn stop(child: &mut Child, pid: Option<Pid>, grace: Duration) {
 }
 
 /// The command's exit status as ours: its code, or 128 + the signal that killed it.
-fn status_code(status: ExitStatus) -> u8 {
+pub(crate) fn status_code(status: ExitStatus) -> u8 {
     match (status.code(), status.signal()) {
         (Some(code), _) => u8::try_from(code).unwrap_or(1),
         (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(255),
