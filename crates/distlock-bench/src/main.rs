@@ -46,6 +46,7 @@ mod p4;
 mod p5;
 mod p6;
 mod p7;
+mod p8;
 mod peers;
 mod report;
 
@@ -103,6 +104,10 @@ struct Cli {
     /// Masters of the P4 Redlock runs.
     #[arg(long, default_value_t = 5)]
     masters: usize,
+    /// Only P8 (leader election: fail-over on every engine, the cost of observing): prints
+    /// its tables, and writes its figures with --json.
+    #[arg(long, conflicts_with_all = ["p1_only", "p7_only"])]
+    p8_only: bool,
 }
 
 /// What every contending worker process is told (see `common::spawn_workers`).
@@ -135,6 +140,14 @@ enum Cmd {
         /// How long each task pauses after a release before it asks again, in microseconds.
         #[arg(long, default_value_t = 0)]
         gap_us: u64,
+    },
+    /// Internal: one campaigning process of P8.
+    #[command(hide = true)]
+    P8Worker {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        name: String,
     },
     /// Internal: one contending process of P7.
     #[command(hide = true)]
@@ -201,6 +214,10 @@ fn main() {
         }) => return raw_holder(url, *count, *start_ns),
         _ => {}
     }
+    if let Some(Cmd::P8Worker { url, name }) = cli.cmd {
+        runtime(1).block_on(p8::worker(url, name));
+        return;
+    }
     if let Some(Cmd::P7Worker { w, load }) = cli.cmd {
         runtime(w.threads).block_on(p7::worker(w.url, w.tasks, w.start_ns, w.millis, load));
         return;
@@ -266,6 +283,18 @@ fn main() {
     // P7's loads: a semaphore's hot name at these waiters (4 processes), the most of them also
     // the shape of the hot exclusive key and of the read/write mix.
     let p7_waiters: &[usize] = if cli.quick { &[8, 16] } else { &[8, 16, 64] };
+    if cli.p8_only {
+        let (failovers, observing) = rt.block_on(run_p8(&server, cli.quick, !cli.no_pin));
+        // Fail-over times are TTLs and wake-ups: the machine as it is, not pinned.
+        let text = p8::render(&failovers, &observing, "not pinned");
+        print!("{text}");
+        if let Some(path) = &cli.json {
+            let json = p8::json(&failovers, &observing);
+            std::fs::write(path, serde_json::to_string_pretty(&json).expect("json"))
+                .expect("write the JSON");
+        }
+        return;
+    }
     if cli.p7_only {
         let p7 = p7::run(
             &server,
@@ -477,6 +506,8 @@ fn main() {
             p6_window,
         ));
     }
+    // P8: leader election.
+    let (p8_failovers, p8_observing) = rt.block_on(run_p8(&server, cli.quick, !cli.no_pin));
     // P3 unloaded: two processes, one task each; a holder keeps the lock 3 ms and, after its
     // release, pauses 0.3 ms before it asks again (tokio's timers tick in whole ms, so the pause
     // lasts 1 or 2 ms: over before the other holder's 3 ms are). So every release finds the
@@ -550,7 +581,175 @@ fn main() {
         p6_window,
         p6_rows,
         p7,
+        p8_failovers,
+        p8_observing,
     });
+}
+
+/// P8 on every engine that holds elections: fail-over rounds, and the cost of 100 observers
+/// (fewer rounds and observers with `quick`). The servers other than Redis are started here,
+/// their CPU pinned as P5's are when `pin`.
+async fn run_p8(
+    redis: &RedisServer,
+    quick: bool,
+    pin: bool,
+) -> (Vec<p8::Failover>, Vec<p8::Observing>) {
+    let (rounds, observers, window) = if quick {
+        (1, 10, Duration::from_secs(2))
+    } else {
+        (3, 100, Duration::from_secs(10))
+    };
+    let mut failovers = Vec::new();
+    let mut observing = Vec::new();
+    let expiry = "the lease's TTL on the server, then the follower's wake-up";
+    failovers.push(p8::failover("redis", &redis.url(), rounds, expiry).await);
+    observing.push(
+        p8::observing(
+            "redis",
+            &P6Server::Redis(redis),
+            || {
+                let url = redis.url();
+                Box::pin(async move {
+                    distlock_core::LockClient::new(
+                        distlock_redis::RedisBackend::connect(&url)
+                            .await
+                            .expect("connect"),
+                    )
+                })
+            },
+            observers,
+            window,
+        )
+        .await,
+    );
+    if let Some(etcd) = distlock_testkit::Etcd::start() {
+        if pin {
+            etcd.members()[0].pin_to_cpu(0);
+        }
+        let url = etcd.url("");
+        failovers.push(p8::failover("etcd", &url, rounds, expiry).await);
+        observing.push(
+            p8::observing(
+                "etcd",
+                &P6Server::Etcd(&etcd),
+                || {
+                    let url = url.clone();
+                    Box::pin(async move {
+                        distlock_core::LockClient::new(
+                            distlock_etcd::EtcdBackend::connect(&url)
+                                .await
+                                .expect("connect"),
+                        )
+                    })
+                },
+                observers,
+                window,
+            )
+            .await,
+        );
+    }
+    if let Some(zk) = distlock_testkit::ZooKeeper::start() {
+        // The session outlives a dead client for its timeout: the TTL.
+        let url = zk.url(&format!("?session_timeout={}s", p8::TTL.as_secs()));
+        failovers
+            .push(p8::failover("zookeeper", &url, rounds, "the session timeout (= the TTL)").await);
+        observing.push(
+            p8::observing(
+                "zookeeper",
+                &P6Server::ZooKeeper(&zk),
+                || {
+                    let url = url.clone();
+                    Box::pin(async move {
+                        distlock_core::LockClient::new(
+                            distlock_zookeeper::ZkBackend::connect(&url)
+                                .await
+                                .expect("connect"),
+                        )
+                    })
+                },
+                observers,
+                window,
+            )
+            .await,
+        );
+    }
+    if let Some(pg) = distlock_testkit::Postgres::start() {
+        let url = pg.url("");
+        let backend = distlock_postgres::PgBackend::connect(&url)
+            .await
+            .expect("connect");
+        failovers.push(
+            p8::failover(
+                "postgres",
+                &url,
+                rounds,
+                "a killed leader's connection closes: its session and lock end at once",
+            )
+            .await,
+        );
+        observing.push(
+            p8::observing(
+                "postgres",
+                &P6Server::Postgres(&pg, backend),
+                || {
+                    let url = url.clone();
+                    Box::pin(async move {
+                        distlock_core::LockClient::new(
+                            distlock_postgres::PgBackend::connect(&url)
+                                .await
+                                .expect("connect"),
+                        )
+                    })
+                },
+                observers,
+                window,
+            )
+            .await,
+        );
+    }
+    if let Some(db) = distlock_testkit::MariaDb::start() {
+        let url = db.url("");
+        failovers.push(
+            p8::failover(
+                "mariadb",
+                &url,
+                rounds,
+                "a killed leader's connection closes: its locks end at once",
+            )
+            .await,
+        );
+        observing.push(
+            p8::observing(
+                "mariadb",
+                &P6Server::Mysql(&db),
+                || {
+                    let url = url.clone();
+                    Box::pin(async move {
+                        distlock_core::LockClient::new(
+                            distlock_mysql::MysqlBackend::connect(&url)
+                                .await
+                                .expect("connect"),
+                        )
+                    })
+                },
+                observers,
+                window,
+            )
+            .await,
+        );
+    }
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let url = format!("file://{}/locks", dir.path().display());
+    failovers.push(
+        p8::failover(
+            "file",
+            &url,
+            rounds,
+            "a dead leader's flock ends with its process",
+        )
+        .await,
+    );
+    (failovers, observing)
 }
 
 /// The runtime of a contending process: tokio's current-thread runtime for one thread, else the

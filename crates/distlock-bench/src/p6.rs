@@ -198,6 +198,42 @@ impl P6Server<'_> {
 }
 
 impl P6Server<'_> {
+    /// The requests the server has served so far, as P8 counts them: as [`read`]'s, but for
+    /// PostgreSQL the transactions committed in every database (each statement of a client
+    /// outside a transaction is one), which its statistics report up to 10 s late (see
+    /// [`settle`](Self::settle)).
+    pub(crate) fn requests(&self) -> f64 {
+        match self {
+            P6Server::Postgres(pg, _) => pg
+                .psql("SELECT sum(xact_commit) FROM pg_stat_database")
+                .trim()
+                .parse()
+                .unwrap_or(0.0),
+            _ => self.read().requests,
+        }
+    }
+
+    /// How long after the last request [`requests`](Self::requests) counts it.
+    pub(crate) fn settle(&self) -> Duration {
+        match self {
+            P6Server::Postgres(..) => Duration::from_secs(11),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// What [`requests`](Self::requests) counts.
+    pub(crate) fn unit(&self) -> &'static str {
+        match self {
+            P6Server::Redis(_) => "Redis commands (INFO commandstats)",
+            P6Server::Etcd(_) => "etcd gRPC calls and stream messages (/metrics)",
+            P6Server::ZooKeeper(_) => "ZooKeeper packets received (mntr)",
+            P6Server::Postgres(..) => "PostgreSQL transactions committed (pg_stat_database)",
+            P6Server::Mysql(_) => "MariaDB statements received (Questions)",
+        }
+    }
+}
+
+impl P6Server<'_> {
     /// For the database engines: how many of the `n` locks the server holds, and on how many
     /// client connections (not counting the one asking).
     fn held_and_connections(&self, n: usize) -> Option<(u64, u64)> {

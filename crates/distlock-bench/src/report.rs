@@ -46,6 +46,8 @@ pub(crate) struct Results<'a> {
     pub(crate) p6_window: Duration,
     pub(crate) p6_rows: Vec<p6::Row>,
     pub(crate) p7: crate::p7::P7,
+    pub(crate) p8_failovers: Vec<crate::p8::Failover>,
+    pub(crate) p8_observing: Vec<crate::p8::Observing>,
 }
 
 /// Prints the report, and writes it as Markdown and JSON when the command line asks.
@@ -81,6 +83,8 @@ pub(crate) fn write(results: Results<'_>) {
         p6_window,
         p6_rows,
         p7,
+        p8_failovers,
+        p8_observing,
     } = results;
     // The report: printed, and written as Markdown with --report.
     let mut report = String::new();
@@ -430,6 +434,12 @@ pub(crate) fn write(results: Results<'_>) {
     }
     outln!();
     out!("{}", p7.render(pinning));
+    outln!();
+    // Fail-over times are TTLs and wake-ups: measured on the machine as it is.
+    out!(
+        "{}",
+        crate::p8::render(&p8_failovers, &p8_observing, "not pinned")
+    );
     // The bars of the brief (§4), each with its figure.
     outln!();
     outln!("Bars");
@@ -490,6 +500,13 @@ pub(crate) fn write(results: Results<'_>) {
             &format!("P5 {} ≥ 0.9× its floor", r.engine),
             Some(r.ours / r.floor),
             &|f| f >= 0.9,
+        );
+    }
+    for (name, fig, met) in crate::p8::bars(&p8_failovers) {
+        outln!(
+            "| {name} | {} | {} |",
+            fig.map_or("n/a".to_owned(), |f| format!("{f:.1}")),
+            if met { "yes" } else { "**no**" }
         );
     }
     for (name, fig, met) in p7.bars() {
@@ -590,6 +607,7 @@ pub(crate) fn write(results: Results<'_>) {
             }).collect::<Vec<_>>(),
             "p3_idle_rtt_us_per_round": p3.iter().map(|r| r.idle_rtt).collect::<Vec<_>>(),
             "p7": p7.json(),
+            "p8": crate::p8::json(&p8_failovers, &p8_observing),
         });
         std::fs::write(path, serde_json::to_string_pretty(&json).expect("json"))
             .expect("write the JSON");

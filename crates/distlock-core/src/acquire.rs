@@ -271,6 +271,7 @@ pub(crate) async fn attempt<B: Backend>(
         fence,
         clock: driver.clock().clone(),
         options: *options,
+        recorded: holder.recorded,
     };
     let lease = Arc::new(LeaseShared::new(spec, sent));
     tracing::debug!(target: "distlock", key, fence = ?fence,

@@ -68,6 +68,8 @@ pub(crate) struct LeaseSpec {
     pub(crate) fence: Option<u64>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) options: LockOptions,
+    /// A recorded holder's (see `AcquireRequest::recorded`).
+    pub(crate) recorded: bool,
 }
 
 pub(crate) struct LeaseShared {
@@ -75,6 +77,7 @@ pub(crate) struct LeaseShared {
     token: Token,
     kind: LeaseKind,
     fence: Option<u64>,
+    recorded: bool,
     clock: Arc<dyn Clock>,
     options: LockOptions,
     state: Mutex<LeaseState>,
@@ -148,6 +151,7 @@ impl LeaseShared {
             token: spec.token,
             kind: spec.kind,
             fence: spec.fence,
+            recorded: spec.recorded,
             clock: spec.clock,
             options: spec.options,
             state: Mutex::new(state),
@@ -169,6 +173,7 @@ impl LeaseShared {
             fence: self.fence,
             clock: self.clock.clone(),
             options,
+            recorded: self.recorded,
         }
     }
 
@@ -217,7 +222,7 @@ impl LeaseShared {
 
     /// The lease as the engine names it.
     pub(crate) fn engine_ref(&self) -> LeaseRef<'_> {
-        LeaseRef::new(&self.key, &self.token, self.kind())
+        LeaseRef::new(&self.key, &self.token, self.kind()).recorded(self.recorded)
     }
 
     fn lock(&self) -> MutexGuard<'_, LeaseState> {

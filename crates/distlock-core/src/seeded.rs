@@ -50,11 +50,14 @@ pub enum SeededBug {
     ReaderIgnoresWriter,
     /// Redis: a semaphore admits one holder more than its permits (`held <= n`).
     PermitOverCount,
+    /// An election's leader does not step down at its local deadline: `is_leading()` stays
+    /// true until it resigns.
+    LeaderKeepsLeading,
 }
 
 impl SeededBug {
     /// Every seeded bug, in the order the harness reports them.
-    pub const ALL: [SeededBug; 14] = [
+    pub const ALL: [SeededBug; 15] = [
         SeededBug::PlainDel,
         SeededBug::UnconditionalPexpire,
         SeededBug::ReplyTimeValidity,
@@ -69,6 +72,7 @@ impl SeededBug {
         SeededBug::BlindDelete,
         SeededBug::ReaderIgnoresWriter,
         SeededBug::PermitOverCount,
+        SeededBug::LeaderKeepsLeading,
     ];
 
     /// The name used in `DISTLOCK_SEEDED_BUG` and in reports.
@@ -88,6 +92,7 @@ impl SeededBug {
             SeededBug::BlindDelete => "blind-delete",
             SeededBug::ReaderIgnoresWriter => "reader-ignores-writer",
             SeededBug::PermitOverCount => "permit-over-count",
+            SeededBug::LeaderKeepsLeading => "leader-keeps-leading",
         }
     }
 

@@ -417,6 +417,26 @@ impl EtcdBackend {
     }
 }
 
+impl EtcdBackend {
+    /// Resolves once our key `key` is gone from the store: a watch on it, and, whenever the
+    /// watch ends (a delete, or a member that failed), a read to tell which.
+    async fn key_gone(
+        &self,
+        key: String,
+        entry: distlock_core::engine::queue::QueuedEntry<String>,
+    ) {
+        const DOING: &str = "reading a leader's own etcd key";
+        loop {
+            distlock_core::engine::queue::QueueStore::watch_gone(self.store(), &entry).await;
+            match self.read(RangeRequest::key(key.as_str()), DOING).await {
+                Ok(r) if r.kvs.iter().all(|kv| kv.create_revision != entry.seq) => return,
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+}
+
 impl Backend for EtcdBackend {
     fn name(&self) -> &'static str {
         "etcd"
@@ -672,11 +692,25 @@ impl WakeSource for EtcdBackend {
 impl Sessions for EtcdBackend {
     /// The session the lock's key lives on ending while the key is on it (its lease expired,
     /// or no member kept it alive until its deadline); the key may move between sessions.
+    ///
+    /// A recorded holder (an election's leader) also watches its own key: a revoked lease, or
+    /// an operator's delete, ends it at once rather than at the next keep-alive.
     fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason> {
         let Some(key) = self.store().key_of(lease.token) else {
             return Box::pin(std::future::pending());
         };
-        Box::pin(self.inner.recipe.store().session_end(key))
+        let session = self.inner.recipe.store().session_end(key.clone());
+        let held = self.inner.recipe.held(lease.name, lease.token.as_str());
+        let Some(held) = held.filter(|_| lease.recorded) else {
+            return Box::pin(session);
+        };
+        let me = self.clone();
+        Box::pin(async move {
+            tokio::select! {
+                why = session => why,
+                () = me.key_gone(key, held.entry) => LostReason::Stolen,
+            }
+        })
     }
 
     /// Moves the key to a private lease of `ttl` (deletes it when `ttl` is zero), unless it is

@@ -457,3 +457,36 @@ async fn a_revoked_waiting_writer_never_takes_the_lock_beside_the_next_etcd_1622
     assert!(holder.is_held());
     assert!(holder.release().await.unwrap().was_held());
 }
+
+/// An etcd lease revoked under a leader ends that leadership at once, not at the next renewal
+/// (the leader's own key is watched), and the follower leads with a higher epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_lease_ends_leadership_at_once() {
+    let Some((etcd, a, b)) = two_clients(Duration::from_secs(15)).await else {
+        return;
+    };
+    let leading = a.election("leader").value("a").campaign().await.unwrap();
+    // The leader's lease, before a follower's key joins the prefix.
+    let lease = lease_of(&etcd, &a.backend().lock_prefix("leader"));
+    let follower = tokio::spawn(async move {
+        let l = b.election("leader").value("b").campaign().await.unwrap();
+        (l, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = Instant::now();
+    etcd.ctl(&["lease", "revoke", &lease]);
+    let why = tokio::time::timeout(Duration::from_secs(15), leading.lost())
+        .await
+        .expect("leadership ends");
+    let ended = t0.elapsed();
+    assert_eq!(why, LostReason::Stolen);
+    assert!(!leading.is_leading());
+    assert!(
+        ended < Duration::from_secs(1),
+        "ended {ended:?} after the revoke"
+    );
+    let (next, at) = follower.await.unwrap();
+    assert!(next.epoch() > leading.epoch());
+    assert!(at.duration_since(t0) < Duration::from_secs(2));
+    assert!(next.resign().await.unwrap().was_held());
+}

@@ -128,6 +128,10 @@ pub(crate) struct Figures {
     /// CK8: loss detection latencies (ms), and how many were past the bound.
     pub(crate) ck8_ms: Vec<f64>,
     pub(crate) ck8: u64,
+    /// CK9: a holder's check that it may act (a guard's `is_held`, a leader's `is_leading`)
+    /// passed at or after the deadline it reported: it did not step down at its local
+    /// deadline.
+    pub(crate) ck9: u64,
     /// The SQL form, when it ran: accepted writes and lost updates of row `w` (write fenced
     /// only) and row `rw` (read and write fenced).
     pub(crate) sql: Option<SqlFigures>,
@@ -161,6 +165,8 @@ pub(crate) fn check(
     let mut lost_at: HashMap<u64, i64> = HashMap::new();
     let mut op_worker: HashMap<u64, u64> = HashMap::new();
     let mut invoked: HashMap<u64, i64> = HashMap::new();
+    // CK9: checks that passed past their own deadline (op, by how much in ns).
+    let mut late_checks: Vec<(u64, i64)> = Vec::new();
     for e in events {
         let t = i(e, "t").unwrap_or(0);
         let n = u(e, "n");
@@ -188,6 +194,17 @@ pub(crate) fn check(
                         ..Hold::default()
                     },
                 );
+            }
+            ("check", _)
+                if i(e, "checked").is_some_and(|c| c >= i(e, "vu").unwrap_or(i64::MAX)) =>
+            {
+                late_checks.push((
+                    n.unwrap_or(0),
+                    i(e, "checked").unwrap_or(0) - i(e, "vu").unwrap_or(0),
+                ));
+                if let Some(h) = n.and_then(|n| holds.get_mut(&n)) {
+                    h.max_vu = h.max_vu.max(i(e, "vu").unwrap_or(0));
+                }
             }
             ("renewed", _) | ("check", _) => {
                 if let Some(h) = n.and_then(|n| holds.get_mut(&n)) {
@@ -251,6 +268,13 @@ pub(crate) fn check(
     };
     for f in &faults {
         *fig.faults.entry(f.kind.clone()).or_default() += 1;
+    }
+    fig.ck9 = late_checks.len() as u64;
+    for &(n, late) in late_checks.iter().take(3) {
+        fig.examples.push(format!(
+            "CK9: op {n} believed it held the lock {:.1} ms past its own deadline",
+            late as f64 / 1e6
+        ));
     }
     let caveat = |from: i64, to: i64| {
         faults
@@ -697,7 +721,7 @@ pub(crate) fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
 impl Figures {
     /// Safety violations that no caveat covers (the figure that must be 0).
     pub(crate) fn violations(&self) -> u64 {
-        self.ck1 + self.ck2 + self.ck3 + self.ck5 + self.ck6 + self.ck7 + self.ck8
+        self.ck1 + self.ck2 + self.ck3 + self.ck5 + self.ck6 + self.ck7 + self.ck8 + self.ck9
     }
 
     /// Lost acknowledged updates of the unfenced control, in percent of its accepted writes.
@@ -742,6 +766,7 @@ impl Figures {
             "ck8_p99_ms": quantile(&self.ck8_ms, 0.99),
             "ck8_samples": self.ck8_ms.len(),
             "ck8_violations": self.ck8,
+            "ck9_checks_past_deadline": self.ck9,
             "sql": self.sql.map(|q| json!({"write_fenced_accepted": q.w_accepted,
                 "write_fenced_lost": q.w_lost, "read_write_fenced_accepted": q.rw_accepted,
                 "read_write_fenced_lost": q.rw_lost,
@@ -767,6 +792,27 @@ mod tests {
     fn acq(n: u64, t: i64, fence: u64, vu: i64) -> Value {
         json!({"ev": "ok", "f": "acquire", "n": n, "t": t, "fence": fence, "vu": vu,
             "validity_ms": 900})
+    }
+
+    #[test]
+    fn a_check_that_passed_past_its_deadline_is_ck9() {
+        let ms = 1_000_000;
+        let check = |n: u64, checked: i64, vu: i64| json!({"ev": "check", "n": n, "t": checked + ms, "checked": checked, "vu": vu});
+        let events = vec![
+            acq(1, 0, 1, 900 * ms),
+            // In time (sent late: a pause after the check is no violation of its own).
+            check(1, 800 * ms, 900 * ms),
+            acq(2, 1000 * ms, 2, 1900 * ms),
+            check(2, 1950 * ms, 1900 * ms),
+        ];
+        let r = Register::default();
+        let f = check_events(&events, &r);
+        assert_eq!(f.ck9, 1, "{:?}", f.examples);
+        assert_eq!(f.violations(), 1);
+    }
+
+    fn check_events(events: &[Value], r: &Register) -> Figures {
+        check(events, Some(r), r, bounds(), 3000 * 1_000_000)
     }
 
     #[test]

@@ -216,14 +216,16 @@ fn summary(s: &Scenario, f: &Figures) -> String {
     format!(
         "{}: {} acquisitions ({} acquires gave up) under {total} faults ({pauses} pauses, {partitions} link faults, \
          {restarts} kills/restarts, {jumps} clock jumps, {steals} forced releases): {fenced}, {lost}, {} token \
-         regressions, {} early acquisitions, {} foreign renew/release, {} liveness misses \
-         (max {:.0} ms to free); unfenced control lost {:.1}% ({} of {}); {detect}{sql}{caveats}",
+         regressions, {} early acquisitions, {} foreign renew/release, {} checks past their deadline, \
+         {} liveness misses (max {:.0} ms to free); unfenced control lost {:.1}% ({} of {}); \
+         {detect}{sql}{caveats}",
         s.name,
         f.acquisitions,
         f.acquire_failed,
         f.ck3,
         f.ck5,
         f.ck6,
+        f.ck9,
         f.ck7,
         f.ck7_max_ms,
         f.unfenced_lost_pct(),

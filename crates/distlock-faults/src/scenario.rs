@@ -75,6 +75,9 @@ pub(crate) enum Kinds {
     ReadWrite { read_share: f64 },
     /// A semaphore of this many permits: holders read the resource.
     Semaphore { permits: u32 },
+    /// An election: each operation campaigns, and the leader reads and writes the resource
+    /// with its epoch, then resigns.
+    Election,
 }
 
 /// One scenario.
@@ -162,6 +165,7 @@ impl Scenario {
             Kinds::ReadWrite { read_share } if rng.random::<f64>() < read_share => ("shared", 0),
             Kinds::ReadWrite { .. } => ("exclusive", 0),
             Kinds::Semaphore { permits } => ("permit", permits),
+            Kinds::Election => ("leader", 0),
         };
         json!({
             "op": "acquire", "n": n, "key": "k",
@@ -414,6 +418,40 @@ pub(crate) fn all() -> Vec<Scenario> {
             .faults(&[Evict, RestartServer, PauseHolder, KillHolder])
         },
         Scenario {
+            kinds: Kinds::Election,
+            long_share: 0.2,
+            expire_share: 0.1,
+            ..Scenario::new(
+                "redis-election",
+                "single Redis, leader election: leaders paused and killed, replies lost, workers partitioned; some leaders stop renewing and must step down at their deadline",
+                redis,
+            )
+            .faults(&[PauseHolder, KillHolder, LoseReplies, Partition])
+        },
+        Scenario {
+            ttl: Duration::from_secs(2),
+            kinds: Kinds::Election,
+            long_share: 0.2,
+            expire_share: 0.1,
+            ..Scenario::new(
+                "etcd-election",
+                "etcd, leader election: leaders paused and killed, replies lost, workers partitioned",
+                EngineKind::Etcd,
+            )
+            .faults(&[PauseHolder, KillHolder, LoseReplies, Partition])
+        },
+        Scenario {
+            ttl: Duration::from_secs(2),
+            kinds: Kinds::Election,
+            long_share: 0.2,
+            ..Scenario::new(
+                "postgres-election",
+                "PostgreSQL, leader election (leaders recorded in distlock_holders): leaders paused and killed, replies lost, workers partitioned, the postmaster paused, sessions terminated",
+                EngineKind::Postgres,
+            )
+            .faults(&session_faults(false))
+        },
+        Scenario {
             kinds: Kinds::ReadWrite { read_share: 0.7 },
             long_share: 0.1,
             expire_share: 0.05,
@@ -551,7 +589,7 @@ pub(crate) struct Control {
 }
 
 /// Every negative control.
-pub(crate) const CONTROLS: [Control; 16] = [
+pub(crate) const CONTROLS: [Control; 17] = [
     Control {
         bug: "plain-del",
         scenario: "redis-release-after-expiry",
@@ -663,6 +701,13 @@ pub(crate) const CONTROLS: [Control; 16] = [
         bug: "permit-over-count",
         scenario: "redis-semaphore",
         expect: "CK5",
+        harness_catches: true,
+        min_secs: 0,
+    },
+    Control {
+        bug: "leader-keeps-leading",
+        scenario: "redis-election",
+        expect: "CK9 (a leader acting past its deadline)",
         harness_catches: true,
         min_secs: 0,
     },

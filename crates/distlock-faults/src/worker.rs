@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock::{
-    AnyBackend, Clock, LeaseKind, LockClient, LockGuard, LockOptions, Released, SystemClock,
+    AnyBackend, Clock, Leadership, LeaseKind, LockClient, LockGuard, LockOptions, Released,
+    SystemClock,
 };
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -45,6 +46,9 @@ struct Op {
     /// The kind of lease: a writer (or mutex) reads and writes the resource; a reader or a
     /// permit reads it.
     kind: LeaseKind,
+    /// A campaign in the election of that name instead of a lock: the leader reads and writes
+    /// the resource with its epoch.
+    election: bool,
 }
 
 impl Op {
@@ -71,6 +75,7 @@ impl Op {
                 },
                 _ => LeaseKind::Exclusive,
             },
+            election: v.get("kind").and_then(Value::as_str) == Some("leader"),
         })
     }
 }
@@ -205,14 +210,25 @@ async fn one_op(
     };
     out.send(json!({"ev": "invoke", "f": "acquire", "n": n}))
         .await;
-    let guard = match client
-        .lock(&op.key)
-        .options(opts)
-        .kind(op.kind)
-        .acquire()
-        .await
-    {
-        Ok(g) => g,
+    let taken = if op.election {
+        client
+            .election(&op.key)
+            .options(opts)
+            .value(format!("op-{n}"))
+            .campaign()
+            .await
+            .map(Holding::Leader)
+    } else {
+        client
+            .lock(&op.key)
+            .options(opts)
+            .kind(op.kind)
+            .acquire()
+            .await
+            .map(Holding::Lock)
+    };
+    let held = match taken {
+        Ok(h) => h,
         Err(e) => {
             let ev = if e.is_ambiguous() { "info" } else { "fail" };
             out.send(json!({"ev": ev, "f": "acquire", "n": n, "err": e.to_string()}))
@@ -220,6 +236,7 @@ async fn one_op(
             return;
         }
     };
+    let guard = held.guard();
     let fence = guard.fence();
     let permits = match op.kind {
         LeaseKind::Permit { permits } => permits,
@@ -230,22 +247,26 @@ async fn one_op(
         "vu": vu_ns(guard.valid_until()) as i64,
         "validity_ms": opts.validity().as_millis() as u64,
         "token": guard.token().as_str(),
-        "kind": op.kind.name(), "permits": permits,
+        "kind": if op.election { "leader" } else { op.kind.name() }, "permits": permits,
     }))
     .await;
     // Renewals and the lost signal, as they happen, until the operation ends.
     let watch = tokio::spawn(watch_lease(guard.handle(), out.clone(), n));
     let _stop_watch = AbortOnDrop(watch.abort_handle());
-    critical_section(&guard, op, out, replies, fence).await;
-    match op.end.as_str() {
-        "abandon" => {
+    critical_section(&held, op, out, replies, fence).await;
+    match (op.end.as_str(), held) {
+        ("abandon", Holding::Lock(guard)) => {
             out.send(json!({"ev": "abandon", "n": n})).await;
             let _ = guard.leak();
         }
-        _ => {
+        (_, held) => {
             out.send(json!({"ev": "invoke", "f": "release", "n": n}))
                 .await;
-            match guard.release().await {
+            let released = match held {
+                Holding::Lock(g) => g.release().await,
+                Holding::Leader(l) => l.resign().await,
+            };
+            match released {
                 Ok(r) => {
                     let why = match r {
                         Released::Held => None,
@@ -265,9 +286,32 @@ async fn one_op(
     }
 }
 
+/// What an operation holds: a lock's guard, or an election's leadership.
+enum Holding {
+    Lock(LockGuard<AnyBackend>),
+    Leader(Leadership<AnyBackend>),
+}
+
+impl Holding {
+    fn guard(&self) -> &LockGuard<AnyBackend> {
+        match self {
+            Holding::Lock(g) => g,
+            Holding::Leader(l) => l.guard(),
+        }
+    }
+
+    /// Whether the holder believes it may act: the guard's `is_held`, a leader's `is_leading`.
+    fn believes_held(&self) -> bool {
+        match self {
+            Holding::Lock(g) => g.is_held(),
+            Holding::Leader(l) => l.is_leading(),
+        }
+    }
+}
+
 /// read → work → check that the lease is still valid → gap → write the value read plus one.
 async fn critical_section(
-    guard: &LockGuard<AnyBackend>,
+    held: &Holding,
     op: &Op,
     out: &Out,
     replies: &Mutex<mpsc::UnboundedReceiver<Value>>,
@@ -285,16 +329,20 @@ async fn critical_section(
         return;
     };
     tokio::time::sleep(op.hold).await;
-    if !guard.is_held() {
+    // The time of the check, read before it: a check that passes came before the deadline it
+    // reports (CK9), however long this process is paused around it.
+    let checked = mono::now_ns();
+    if !held.believes_held() {
         out.send(json!({"ev": "skip-write", "n": n})).await;
         return;
     }
     // The claim: we hold the lock until `vu`. A pause here, after the check, is the classic
     // "stop-the-world pause at the worst moment".
-    out.send(json!({"ev": "check", "n": n, "vu": vu_ns(guard.valid_until()) as i64}))
+    let vu = vu_ns(held.guard().valid_until()) as i64;
+    out.send(json!({"ev": "check", "n": n, "vu": vu, "checked": checked}))
         .await;
     tokio::time::sleep(op.gap).await;
-    if op.kind != LeaseKind::Exclusive {
+    if op.kind != LeaseKind::Exclusive && !op.election {
         // Readers and permits only read.
         return;
     }

@@ -306,11 +306,7 @@ impl<'a> AcquireRequest<'a> {
 
     /// The lease this request asks for, as renewals and releases name it.
     pub fn lease(&self) -> LeaseRef<'a> {
-        LeaseRef {
-            name: self.name,
-            token: self.token,
-            kind: self.kind,
-        }
+        LeaseRef::new(self.name, self.token, self.kind).recorded(self.recorded)
     }
 }
 
@@ -324,12 +320,28 @@ pub struct LeaseRef<'a> {
     pub token: &'a Token,
     /// The lease's kind.
     pub kind: LeaseKind,
+    /// It was taken as a recorded holder (an election's leader, see
+    /// [`AcquireRequest::recorded`]): an engine that can watch its own key tells
+    /// [`Sessions::session_end`] of the key's removal at once.
+    pub recorded: bool,
 }
 
 impl<'a> LeaseRef<'a> {
     /// The lease of `token` on `name`, of `kind`.
     pub fn new(name: &'a str, token: &'a Token, kind: LeaseKind) -> Self {
-        LeaseRef { name, token, kind }
+        LeaseRef {
+            name,
+            token,
+            kind,
+            recorded: false,
+        }
+    }
+
+    /// Marks it as a recorded holder's (see [`LeaseRef::recorded`]).
+    #[must_use]
+    pub fn recorded(mut self, recorded: bool) -> Self {
+        self.recorded = recorded;
+        self
     }
 }
 
