@@ -148,6 +148,8 @@ enum Cmd {
         url: String,
         #[arg(long)]
         name: String,
+        #[arg(long)]
+        ttl_ms: u64,
     },
     /// Internal: one contending process of P7.
     #[command(hide = true)]
@@ -214,8 +216,8 @@ fn main() {
         }) => return raw_holder(url, *count, *start_ns),
         _ => {}
     }
-    if let Some(Cmd::P8Worker { url, name }) = cli.cmd {
-        runtime(1).block_on(p8::worker(url, name));
+    if let Some(Cmd::P8Worker { url, name, ttl_ms }) = cli.cmd {
+        runtime(1).block_on(p8::worker(url, name, Duration::from_millis(ttl_ms)));
         return;
     }
     if let Some(Cmd::P7Worker { w, load }) = cli.cmd {
@@ -594,15 +596,18 @@ async fn run_p8(
     quick: bool,
     pin: bool,
 ) -> (Vec<p8::Failover>, Vec<p8::Observing>) {
-    let (rounds, observers, window) = if quick {
-        (1, 10, Duration::from_secs(2))
+    // A smoke run (CI): Redis, etcd and the file engine, a 1 s lease, 10 observers.
+    let (rounds, observers, window, ttl) = if quick {
+        (1, 10, Duration::from_secs(1), Duration::from_secs(1))
     } else {
-        (3, 100, Duration::from_secs(10))
+        (3, 100, Duration::from_secs(10), p8::TTL)
     };
+    let each = (rounds, ttl);
+    let observe = (observers, window, ttl);
     let mut failovers = Vec::new();
     let mut observing = Vec::new();
     let expiry = "the lease's TTL on the server, then the follower's wake-up";
-    failovers.push(p8::failover("redis", &redis.url(), rounds, expiry).await);
+    failovers.push(p8::failover("redis", &redis.url(), each, expiry).await);
     observing.push(
         p8::observing(
             "redis",
@@ -617,8 +622,7 @@ async fn run_p8(
                     )
                 })
             },
-            observers,
-            window,
+            observe,
         )
         .await,
     );
@@ -627,7 +631,7 @@ async fn run_p8(
             etcd.members()[0].pin_to_cpu(0);
         }
         let url = etcd.url("");
-        failovers.push(p8::failover("etcd", &url, rounds, expiry).await);
+        failovers.push(p8::failover("etcd", &url, each, expiry).await);
         observing.push(
             p8::observing(
                 "etcd",
@@ -642,17 +646,21 @@ async fn run_p8(
                         )
                     })
                 },
-                observers,
-                window,
+                observe,
             )
             .await,
         );
     }
-    if let Some(zk) = distlock_testkit::ZooKeeper::start() {
+    let zk = if quick {
+        None
+    } else {
+        distlock_testkit::ZooKeeper::start()
+    };
+    if let Some(zk) = zk {
         // The session outlives a dead client for its timeout: the TTL.
-        let url = zk.url(&format!("?session_timeout={}s", p8::TTL.as_secs()));
-        failovers
-            .push(p8::failover("zookeeper", &url, rounds, "the session timeout (= the TTL)").await);
+        let url = zk.url(&format!("?session_timeout={}ms", ttl.as_millis()));
+        let note = "the session timeout (= the TTL)";
+        failovers.push(p8::failover("zookeeper", &url, each, note).await);
         observing.push(
             p8::observing(
                 "zookeeper",
@@ -667,13 +675,17 @@ async fn run_p8(
                         )
                     })
                 },
-                observers,
-                window,
+                observe,
             )
             .await,
         );
     }
-    if let Some(pg) = distlock_testkit::Postgres::start() {
+    let pg = if quick {
+        None
+    } else {
+        distlock_testkit::Postgres::start()
+    };
+    if let Some(pg) = pg {
         let url = pg.url("");
         let backend = distlock_postgres::PgBackend::connect(&url)
             .await
@@ -682,7 +694,7 @@ async fn run_p8(
             p8::failover(
                 "postgres",
                 &url,
-                rounds,
+                each,
                 "a killed leader's connection closes: its session and lock end at once",
             )
             .await,
@@ -701,19 +713,23 @@ async fn run_p8(
                         )
                     })
                 },
-                observers,
-                window,
+                observe,
             )
             .await,
         );
     }
-    if let Some(db) = distlock_testkit::MariaDb::start() {
+    let db = if quick {
+        None
+    } else {
+        distlock_testkit::MariaDb::start()
+    };
+    if let Some(db) = db {
         let url = db.url("");
         failovers.push(
             p8::failover(
                 "mariadb",
                 &url,
-                rounds,
+                each,
                 "a killed leader's connection closes: its locks end at once",
             )
             .await,
@@ -732,8 +748,7 @@ async fn run_p8(
                         )
                     })
                 },
-                observers,
-                window,
+                observe,
             )
             .await,
         );
@@ -744,7 +759,7 @@ async fn run_p8(
         p8::failover(
             "file",
             &url,
-            rounds,
+            each,
             "a dead leader's flock ends with its process",
         )
         .await,

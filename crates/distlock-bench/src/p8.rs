@@ -13,12 +13,13 @@ use tokio::process::{Child, ChildStdout, Command};
 use crate::common::{median, mono_ns};
 use crate::p6::P6Server;
 
-/// The TTL of P8's leaderships.
+/// The TTL of P8's leaderships in a full run (`--quick`: 1 s).
 pub(crate) const TTL: Duration = Duration::from_secs(3);
 
 /// One engine's fail-over row.
 pub(crate) struct Failover {
     pub(crate) engine: String,
+    pub(crate) ttl: Duration,
     /// Fail-over after kill -9, ms, each round.
     pub(crate) kill_ms: Vec<f64>,
     /// Fail-over after SIGTERM, ms, each round.
@@ -38,10 +39,10 @@ pub(crate) struct Observing {
 
 /// The worker process: campaigns in `name`, prints `lead <monotonic ns> <epoch>` once it
 /// leads, then keeps leading until SIGTERM (it resigns and exits) or death.
-pub(crate) async fn worker(url: String, name: String) {
+pub(crate) async fn worker(url: String, name: String, ttl: Duration) {
     let backend = distlock::open_backend(&url).await.expect("connect");
     let client = LockClient::builder(backend)
-        .options(LockOptions::builder().ttl(TTL).build().expect("options"))
+        .options(LockOptions::builder().ttl(ttl).build().expect("options"))
         .build();
     let leading = client.election(name).campaign().await.expect("campaign");
     println!("lead {} {}", mono_ns(), leading.epoch());
@@ -55,10 +56,23 @@ pub(crate) async fn worker(url: String, name: String) {
     }
 }
 
-fn spawn(url: &str, name: &str) -> (Child, tokio::io::Lines<BufReader<ChildStdout>>) {
+fn spawn(
+    url: &str,
+    name: &str,
+    ttl: Duration,
+) -> (Child, tokio::io::Lines<BufReader<ChildStdout>>) {
     let exe = std::env::current_exe().expect("own path");
+    let ttl_ms = ttl.as_millis().to_string();
     let mut child = Command::new(exe)
-        .args(["p8-worker", "--url", url, "--name", name])
+        .args([
+            "p8-worker",
+            "--url",
+            url,
+            "--name",
+            name,
+            "--ttl-ms",
+            &ttl_ms,
+        ])
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -90,11 +104,12 @@ fn signal(child: &Child, sig: Signal) {
 pub(crate) async fn failover(
     engine: &str,
     url: &str,
-    rounds: usize,
+    (rounds, ttl): (usize, Duration),
     note: &'static str,
 ) -> Failover {
     let mut row = Failover {
         engine: engine.to_owned(),
+        ttl,
         kill_ms: Vec::new(),
         term_ms: Vec::new(),
         note,
@@ -102,9 +117,9 @@ pub(crate) async fn failover(
     for round in 0..rounds {
         for kill in [true, false] {
             let name = format!("p8-{round}-{kill}");
-            let (a, mut a_out) = spawn(url, &name);
+            let (a, mut a_out) = spawn(url, &name, ttl);
             led_at(&mut a_out).await;
-            let (mut b, mut b_out) = spawn(url, &name);
+            let (mut b, mut b_out) = spawn(url, &name, ttl);
             // The follower is campaigning (subscribed, queued) by now.
             tokio::time::sleep(Duration::from_millis(500)).await;
             let t0 = mono_ns();
@@ -138,13 +153,12 @@ pub(crate) async fn observing<B: Backend>(
     engine: &str,
     server: &P6Server<'_>,
     make: impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = LockClient<B>>>>,
-    observers: usize,
-    window: Duration,
+    (observers, window, ttl): (usize, Duration, Duration),
 ) -> Observing {
     let leader = make().await;
     let leading = leader
         .election("p8-observed")
-        .ttl(TTL)
+        .ttl(ttl)
         .campaign()
         .await
         .expect("campaign");
@@ -196,10 +210,10 @@ pub(crate) async fn observing<B: Backend>(
 pub(crate) fn render(failovers: &[Failover], observing: &[Observing], pinning: &str) -> String {
     let mut out = format!(
         "P8 leader election: fail-over, from the leader's kill -9 or SIGTERM to the follower \
-         leading (each a process of its own, campaigning), TTL {} s, medians of {} round(s) \
+         leading (each a process of its own, campaigning), TTL {} ms, medians of {} round(s) \
          ({pinning})\n\n\
          | engine | after kill -9 (ms) | after SIGTERM (ms) | note |\n|---|---:|---:|---|\n",
-        TTL.as_secs(),
+        failovers.first().map_or(0, |f| f.ttl.as_millis()),
         failovers.first().map_or(0, |f| f.kill_ms.len())
     );
     for f in failovers {
@@ -235,7 +249,7 @@ pub(crate) fn render(failovers: &[Failover], observing: &[Observing], pinning: &
 /// The P8 figures as JSON.
 pub(crate) fn json(failovers: &[Failover], observing: &[Observing]) -> serde_json::Value {
     serde_json::json!({
-        "ttl_ms": TTL.as_millis() as u64,
+        "ttl_ms": failovers.first().map_or(0, |f| f.ttl.as_millis() as u64),
         "failover": failovers.iter().map(|f| serde_json::json!({
             "engine": f.engine, "kill_ms": f.kill_ms, "term_ms": f.term_ms,
             "kill_ms_median": median(f.kill_ms.clone()),
@@ -261,7 +275,7 @@ pub(crate) fn bars(failovers: &[Failover]) -> Vec<(String, Option<f64>, bool)> {
             term.is_some_and(|t| t <= 100.0),
         ));
         let kill = (!f.kill_ms.is_empty()).then(|| median(f.kill_ms.clone()));
-        let bound = (TTL + Duration::from_secs(1)).as_secs_f64() * 1e3;
+        let bound = (f.ttl + Duration::from_secs(1)).as_secs_f64() * 1e3;
         out.push((
             format!("P8 {} fail-over after kill -9 ≤ TTL + 1 s (ms)", f.engine),
             kill,

@@ -366,3 +366,57 @@ async fn fences_keep_rising_across_a_kill_and_restart() {
     assert!(g.fence().unwrap() > top, "{:?} after {top}", g.fence());
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
+
+/// A leader cut off from ZooKeeper until its session expires on the server (its node goes,
+/// and a follower leads) ends its leadership at once, long before its 30 s lease: it stops
+/// trusting the session when the connection is lost, and after the partition it finds the
+/// session expired. It never leads alongside the follower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_session_expires_steps_down_at_once() {
+    use distlock_testkit::{FaultProxy, LinkMode};
+    let Some(zk) = ZooKeeper::start() else { return };
+    let proxy = FaultProxy::start(([127, 0, 0, 1], zk.servers()[0].port()).into())
+        .await
+        .unwrap();
+    let params = "?session_timeout=1s&response_timeout=500ms";
+    let leader = client_of(
+        ZkBackend::connect(&format!("zk://127.0.0.1:{}{params}", proxy.port()))
+            .await
+            .unwrap(),
+        Duration::from_secs(30),
+        None,
+    );
+    let follower = client(&zk.url(params)).await;
+    let leading = leader.election("zk-leader").value("a").campaign().await.unwrap();
+    let next = tokio::spawn(async move {
+        let l = follower
+            .election("zk-leader")
+            .value("b")
+            .ttl(Duration::from_secs(30))
+            .campaign()
+            .await
+            .unwrap();
+        (l, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = Instant::now();
+    proxy.set(LinkMode::Blackhole);
+    let why = tokio::time::timeout(Duration::from_secs(10), leading.lost())
+        .await
+        .expect("leadership ends");
+    let ended = Instant::now();
+    assert!(!leading.is_leading(), "{why}");
+    assert!(
+        ended.duration_since(t0) < Duration::from_secs(2),
+        "ended {:?} after the partition",
+        ended.duration_since(t0)
+    );
+    let (new, led) = tokio::time::timeout(Duration::from_secs(10), next)
+        .await
+        .expect("the follower leads once the session expired")
+        .unwrap();
+    assert!(led > ended, "the follower led before the old leader stepped down");
+    assert!(new.epoch() > leading.epoch());
+    proxy.set(LinkMode::Pass);
+    assert!(new.resign().await.unwrap().was_held());
+}
