@@ -387,7 +387,12 @@ async fn a_leader_whose_session_expires_steps_down_at_once() {
         None,
     );
     let follower = client(&zk.url(params)).await;
-    let leading = leader.election("zk-leader").value("a").campaign().await.unwrap();
+    let leading = leader
+        .election("zk-leader")
+        .value("a")
+        .campaign()
+        .await
+        .unwrap();
     let next = tokio::spawn(async move {
         let l = follower
             .election("zk-leader")
@@ -415,7 +420,10 @@ async fn a_leader_whose_session_expires_steps_down_at_once() {
         .await
         .expect("the follower leads once the session expired")
         .unwrap();
-    assert!(led > ended, "the follower led before the old leader stepped down");
+    assert!(
+        led > ended,
+        "the follower led before the old leader stepped down"
+    );
     assert!(new.epoch() > leading.epoch());
     proxy.set(LinkMode::Pass);
     assert!(new.resign().await.unwrap().was_held());

@@ -9,7 +9,10 @@ use distlock_core::engine::{
     kind_conflict,
 };
 
+use redis::Value;
+
 use super::RedisBackend;
+use crate::error::{map_err, protocol};
 use crate::replies::PermitReply;
 use crate::scripts::{LuaScript, ttl_ms};
 
@@ -191,6 +194,13 @@ impl RedisBackend {
     }
 
     /// Gives our permit of `name` back, and tells the next waiters.
+    ///
+    /// When the client knows its member (the common case), one round trip of two plain
+    /// commands: `ZREM` of the member and `ZCARD` of the queue; only when somebody waits does
+    /// the release script follow, to tell them (and to take a waiter of ours that gave up out
+    /// of the queue). The answer is `ZREM`'s: our member was there. Whether its deadline had
+    /// passed is the core's to say, from the lease's local deadline, which is never later than
+    /// the server's.
     pub(super) async fn release_permit(
         &self,
         name: &str,
@@ -199,8 +209,37 @@ impl RedisBackend {
         const DOING: &str = "releasing a Redis semaphore's permit";
         let keys = PermitKeys::new(self.layout.lock_key(name));
         let queued = format!("{token} {}", self.wake.for_lock(&keys.lock));
-        let held = self.permit_member(token);
+        let mut held = self.permit_member(token);
         let [h, m, q, l] = keys.four();
+        let mut removed = false;
+        if !held.is_empty() {
+            let mut pipe = redis::Pipeline::with_capacity(2);
+            pipe.cmd("ZREM").arg(h).arg(&held);
+            pipe.cmd("ZCARD").arg(q);
+            let replies = self.conn.send(&pipe).await.map_err(|e| map_err(e, DOING))?;
+            match replies.as_slice() {
+                [Value::Int(gone), Value::Int(0)] => {
+                    self.permit_members.locked().remove(token.as_str());
+                    return Ok(if *gone == 1 {
+                        LeaseCheck::Ours
+                    } else {
+                        LeaseCheck::Missing
+                    });
+                }
+                // Somebody waits: the script tells them, without looking for our member
+                // again ('-') when it was removed.
+                [Value::Int(gone), Value::Int(_)] => {
+                    removed = *gone == 1;
+                    if removed {
+                        held = "-".to_owned();
+                    }
+                }
+                [Value::ServerError(e), ..] | [_, Value::ServerError(e)] => {
+                    return Err(map_err(e.clone().into(), DOING));
+                }
+                _ => return Err(protocol(DOING, &Value::Array(replies))),
+            }
+        }
         let check = self
             .conn
             .run(
@@ -211,6 +250,6 @@ impl RedisBackend {
             )
             .await?;
         self.permit_members.locked().remove(token.as_str());
-        Ok(check)
+        Ok(if removed { LeaseCheck::Ours } else { check })
     }
 }

@@ -3,14 +3,17 @@
 -- (what waiters are told: their client wakes its waiters on that name).
 -- ARGV[1] token, ARGV[2] our queue member (a waiter that gives up leaves the queue this way),
 -- ARGV[3] our member in the holders' set ('<fence> <holder value>'; '' when the client does
--- not know it): a member not found there is looked for by the token.
+-- not know it; '-' when the client removed it already, with a plain ZREM, and runs this script
+-- only to tell the waiters): a member not found there is looked for by the token.
+-- The client's common path is no script at all: `ZREM` of its member and `ZCARD` of the queue
+-- in one round trip, this script following only when somebody waits (see permits.rs).
 -- Returns 1 (it was ours, before its deadline) or 0 (not held: expired or removed).
 -- This file is the common path (a member found, nobody waiting: four calls);
 -- permit_release_rest.lua, after the helpers of queue.lua and permits.lua, is every other.
 -- It writes no deadline, so expiries stay as they are (see permits.lua).
 local t = redis.call('TIME')
 local out = nil
-local d = ARGV[3] ~= '' and redis.call('ZSCORE', KEYS[1], ARGV[3])
+local d = ARGV[3] ~= '' and ARGV[3] ~= '-' and redis.call('ZSCORE', KEYS[1], ARGV[3])
 if d then
   redis.call('ZREM', KEYS[1], ARGV[3])
   -- Before its deadline? Compared as decimal strings, with no number parsed: the clock in ms is

@@ -7,7 +7,10 @@
 -- Uses `tell` (queue.lua), and `find_holder`, `sweep_holders`, `live_holders`, `sweep_queue`
 -- (permits.lua), which go before it.
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if not out then
+if not out and ARGV[3] == '-' then
+  -- Removed by the client already: only the waiters are left to tell.
+  out = 0
+elseif not out then
   out = 0
   local member, d = find_holder(ARGV[1])
   if member then
