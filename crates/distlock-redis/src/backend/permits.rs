@@ -195,12 +195,13 @@ impl RedisBackend {
 
     /// Gives our permit of `name` back, and tells the next waiters.
     ///
-    /// When the client knows its member (the common case), one round trip of two plain
-    /// commands: `ZREM` of the member and `ZCARD` of the queue; only when somebody waits does
-    /// the release script follow, to tell them (and to take a waiter of ours that gave up out
-    /// of the queue). The answer is `ZREM`'s: our member was there. Whether its deadline had
-    /// passed is the core's to say, from the lease's local deadline, which is never later than
-    /// the server's.
+    /// When the client knows its member and none of its tasks waits for the name (the
+    /// uncontended case), one round trip of two plain commands: `ZREM` of the member and
+    /// `ZCARD` of the queue; only when somebody waits does the release script follow, to tell
+    /// them (and to take a waiter of ours that gave up out of the queue). The answer is
+    /// `ZREM`'s: our member was there. Whether its deadline had passed is the core's to say,
+    /// from the lease's local deadline, which is never later than the server's. A client whose
+    /// tasks wait for the name knows the queue is not empty: the script at once.
     pub(super) async fn release_permit(
         &self,
         name: &str,
@@ -212,7 +213,7 @@ impl RedisBackend {
         let mut held = self.permit_member(token);
         let [h, m, q, l] = keys.four();
         let mut removed = false;
-        if !held.is_empty() {
+        if !held.is_empty() && !self.subscriber.is_watching(name) {
             let mut pipe = redis::Pipeline::with_capacity(2);
             pipe.cmd("ZREM").arg(h).arg(&held);
             pipe.cmd("ZCARD").arg(q);

@@ -20,8 +20,9 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local tok, ttl = ARGV[1], tonumber(ARGV[2])
 local MARK = '~readers'
--- Permits whose deadline is ahead (the holders' set outlives them: see permits.lua).
-if redis.call('ZCOUNT', KEYS[6], now + 1, '+inf') > 0 then
+-- A permit in the semaphore's holders' set, besides its member '~' (the set outlives its
+-- holders: see permits.lua). One past its deadline, not yet swept, counts until it is.
+if redis.call('ZCARD', KEYS[6]) > 1 then
   return {-2}
 end
 local function stretch()
