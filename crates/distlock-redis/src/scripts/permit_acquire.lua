@@ -21,7 +21,8 @@
 -- decides before any helper is defined (each definition is a closure made at every call); then,
 -- only when it could not decide, the helpers of permits.lua and permit_acquire_rest.lua, every
 -- other case, which either returns or decides to take a permit; then the taking, at the end of
--- permit_acquire_rest.lua. Uses `next_fence` (fence.lua), prepended to it.
+-- permit_acquire_rest.lua. Uses `next_fence` (fence.lua), prepended to it, and `find_holder`,
+-- `sweep_holders`, `live_holders`, `sweep_queue`, `cover` (permits.lua) in its rest.
 local t = redis.call('TIME')
 local sec, usec = tonumber(t[1]), tonumber(t[2])
 local now = sec * 1000 + math.floor(usec / 1000)

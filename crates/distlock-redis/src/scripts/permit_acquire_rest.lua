@@ -36,7 +36,7 @@
     rank = redis.call('ZRANK', KEYS[3], ARGV[4])
   end
   local ahead = rank or waiting
-  if held >= n or ahead >= n - held then
+  if not (held < n and ahead < n - held) then
     -- No permit for us: the expired holders go now (a crashed holder's is found here).
     sweep_holders(now)
     local queued = 0

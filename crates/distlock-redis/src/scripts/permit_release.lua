@@ -9,7 +9,9 @@
 -- in one round trip, this script following only when somebody waits (see permits.rs).
 -- Returns 1 (it was ours, before its deadline) or 0 (not held: expired or removed).
 -- This file is the common path (a member found, nobody waiting: four calls);
--- permit_release_rest.lua, after the helpers of queue.lua and permits.lua, is every other.
+-- permit_release_rest.lua, after the helpers, is every other: it uses `tell` (queue.lua,
+-- which comes with `next_fence` of fence.lua) and `find_holder`, `sweep_holders`,
+-- `live_holders`, `sweep_queue` (permits.lua).
 -- It writes no deadline, so expiries stay as they are (see permits.lua).
 local t = redis.call('TIME')
 local out = nil
