@@ -419,7 +419,12 @@ pub(crate) fn check(
             if a.acq_t >= b.acq_t {
                 continue;
             }
-            let claim_end = a.end_t.map_or(a.max_vu, |e| e.min(a.max_vu));
+            // A holder's claim ends at its deadline, or earlier when it let go or was told
+            // its lease was lost (it believes nothing after that: `is_held()` is false).
+            let claim_end = [a.end_t, lost_at.get(&a.n).copied()]
+                .into_iter()
+                .flatten()
+                .fold(a.max_vu, i64::min);
             let conflict = if b.permits > 0 && a.permits > 0 {
                 if b.acq_t < claim_end {
                     permits_running += 1;
@@ -792,6 +797,24 @@ mod tests {
     fn acq(n: u64, t: i64, fence: u64, vu: i64) -> Value {
         json!({"ev": "ok", "f": "acquire", "n": n, "t": t, "fence": fence, "vu": vu,
             "validity_ms": 900})
+    }
+
+    #[test]
+    fn a_claim_ends_when_its_holder_learns_it_is_lost() {
+        let ms = 1_000_000;
+        let lost = |n: u64, t: i64| json!({"ev": "lost", "n": n, "t": t, "reason": "Stolen"});
+        // Told at 300 ms, before the next holder came at 400 ms: no violation. Told after it:
+        // one.
+        for (told, violations) in [(300 * ms, 0), (450 * ms, 1)] {
+            let events = vec![
+                acq(1, 0, 1, 900 * ms),
+                lost(1, told),
+                acq(2, 400 * ms, 2, 1300 * ms),
+            ];
+            let r = Register::default();
+            let f = check(&events, Some(&r), &r, bounds(), 2000 * ms);
+            assert_eq!(f.ck5, violations, "told at {told}");
+        }
     }
 
     #[test]
