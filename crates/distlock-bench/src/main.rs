@@ -608,48 +608,14 @@ async fn run_p8(
     let mut observing = Vec::new();
     let expiry = "the lease's TTL on the server, then the follower's wake-up";
     failovers.push(p8::failover("redis", &redis.url(), each, expiry).await);
-    observing.push(
-        p8::observing(
-            "redis",
-            &P6Server::Redis(redis),
-            || {
-                let url = redis.url();
-                Box::pin(async move {
-                    distlock_core::LockClient::new(
-                        distlock_redis::RedisBackend::connect(&url)
-                            .await
-                            .expect("connect"),
-                    )
-                })
-            },
-            observe,
-        )
-        .await,
-    );
+    observing.push(p8::observing("redis", &P6Server::Redis(redis), &redis.url(), observe).await);
     if let Some(etcd) = distlock_testkit::Etcd::start() {
         if pin {
             etcd.members()[0].pin_to_cpu(0);
         }
         let url = etcd.url("");
         failovers.push(p8::failover("etcd", &url, each, expiry).await);
-        observing.push(
-            p8::observing(
-                "etcd",
-                &P6Server::Etcd(&etcd),
-                || {
-                    let url = url.clone();
-                    Box::pin(async move {
-                        distlock_core::LockClient::new(
-                            distlock_etcd::EtcdBackend::connect(&url)
-                                .await
-                                .expect("connect"),
-                        )
-                    })
-                },
-                observe,
-            )
-            .await,
-        );
+        observing.push(p8::observing("etcd", &P6Server::Etcd(&etcd), &url, observe).await);
     }
     let zk = if quick {
         None
@@ -661,24 +627,7 @@ async fn run_p8(
         let url = zk.url(&format!("?session_timeout={}ms", ttl.as_millis()));
         let note = "the session timeout (= the TTL)";
         failovers.push(p8::failover("zookeeper", &url, each, note).await);
-        observing.push(
-            p8::observing(
-                "zookeeper",
-                &P6Server::ZooKeeper(&zk),
-                || {
-                    let url = url.clone();
-                    Box::pin(async move {
-                        distlock_core::LockClient::new(
-                            distlock_zookeeper::ZkBackend::connect(&url)
-                                .await
-                                .expect("connect"),
-                        )
-                    })
-                },
-                observe,
-            )
-            .await,
-        );
+        observing.push(p8::observing("zookeeper", &P6Server::ZooKeeper(&zk), &url, observe).await);
     }
     let pg = if quick {
         None
@@ -700,22 +649,7 @@ async fn run_p8(
             .await,
         );
         observing.push(
-            p8::observing(
-                "postgres",
-                &P6Server::Postgres(&pg, backend),
-                || {
-                    let url = url.clone();
-                    Box::pin(async move {
-                        distlock_core::LockClient::new(
-                            distlock_postgres::PgBackend::connect(&url)
-                                .await
-                                .expect("connect"),
-                        )
-                    })
-                },
-                observe,
-            )
-            .await,
+            p8::observing("postgres", &P6Server::Postgres(&pg, backend), &url, observe).await,
         );
     }
     let db = if quick {
@@ -734,24 +668,7 @@ async fn run_p8(
             )
             .await,
         );
-        observing.push(
-            p8::observing(
-                "mariadb",
-                &P6Server::Mysql(&db),
-                || {
-                    let url = url.clone();
-                    Box::pin(async move {
-                        distlock_core::LockClient::new(
-                            distlock_mysql::MysqlBackend::connect(&url)
-                                .await
-                                .expect("connect"),
-                        )
-                    })
-                },
-                observe,
-            )
-            .await,
-        );
+        observing.push(p8::observing("mariadb", &P6Server::Mysql(&db), &url, observe).await);
     }
     let dir = tempfile::tempdir().expect("a temporary folder");
     let url = format!("file://{}/locks", dir.path().display());

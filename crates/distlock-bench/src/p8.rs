@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use distlock_core::{Backend, LockClient, LockOptions};
+use distlock_core::{LockClient, LockOptions};
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
@@ -149,12 +149,14 @@ pub(crate) async fn failover(
 /// The engine's requests per second over `window` with a leader alone, then with
 /// `observers` observers (4 clients, each following the election), reading as often as
 /// [`distlock_core::DEFAULT_OBSERVE_INTERVAL`] says.
-pub(crate) async fn observing<B: Backend>(
+pub(crate) async fn observing(
     engine: &str,
     server: &P6Server<'_>,
-    make: impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = LockClient<B>>>>,
+    url: &str,
     (observers, window, ttl): (usize, Duration, Duration),
 ) -> Observing {
+    // Each client a backend of its own (on any engine, from its URL), as a process would.
+    let make = || async { LockClient::new(distlock::open_backend(url).await.expect("connect")) };
     let leader = make().await;
     let leading = leader
         .election("p8-observed")
@@ -174,25 +176,29 @@ pub(crate) async fn observing<B: Backend>(
     for _ in 0..4 {
         clients.push(make().await);
     }
-    let mut tasks = Vec::new();
-    for i in 0..observers {
-        let mut obs = clients[i % clients.len()].election("p8-observed").observe();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                if obs.changed().await.is_err() {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+    // The observers run in this task (an observer of a client on `AnyBackend` is not `Send`
+    // for every lifetime rustc asks about, so it is not spawned).
+    let mut obs: Vec<_> = (0..observers)
+        .map(|i| clients[i % clients.len()].election("p8-observed").observe())
+        .collect();
+    let follow = futures_util::future::join_all(obs.iter_mut().map(|o| async move {
+        loop {
+            if o.changed().await.is_err() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-        }));
-    }
-    // Every observer past its first read.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (r2, t2) = (rate(server), mono_ns());
-    tokio::time::sleep(window).await;
-    let t3 = mono_ns();
-    for t in &tasks {
-        t.abort();
-    }
+        }
+    }));
+    let measure = async {
+        // Every observer past its first read.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (r2, t2) = (rate(server), mono_ns());
+        tokio::time::sleep(window).await;
+        (r2, t2, mono_ns())
+    };
+    let (r2, t2, t3) = tokio::select! {
+        m = measure => m,
+        _ = follow => unreachable!("observers never end"),
+    };
     tokio::time::sleep(server.settle()).await;
     let r3 = rate(server);
     let observed = (r3 - r2) / ((t3 - t2) as f64 / 1e9);

@@ -88,13 +88,9 @@ pub(crate) async fn lead(args: LeadArgs) -> u8 {
         eprintln!("distlock: {why}");
         return exit::USAGE;
     }
-    let url = match args.engine.url() {
-        Ok(u) => u,
-        Err(e) => return exit::report_open(&e),
-    };
-    let backend = match distlock::open_backend(&url).await {
+    let backend = match args.engine.open().await {
         Ok(b) => b,
-        Err(e) => return exit::report_open(&e),
+        Err(code) => return code,
     };
     let mut builder = LockClient::builder(backend).options(options);
     if let Some(label) = &args.label {

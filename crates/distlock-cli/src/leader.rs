@@ -27,13 +27,9 @@ pub(crate) struct LeaderArgs {
 }
 
 pub(crate) async fn leader(args: LeaderArgs) -> u8 {
-    let url = match args.engine.url() {
-        Ok(u) => u,
-        Err(e) => return exit::report_open(&e),
-    };
-    let client = match distlock::connect(&url).await {
+    let client = match args.engine.client().await {
         Ok(c) => c,
-        Err(e) => return exit::report_open(&e),
+        Err(code) => return code,
     };
     let election = client.election(&args.name).observe_interval(args.interval);
     if !args.watch {

@@ -123,6 +123,21 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// The engine opened, or the exit status of why it could not be (reported on stderr).
+    async fn open(&self) -> Result<distlock::AnyBackend, u8> {
+        let url = self.url().map_err(|e| exit::report_open(&e))?;
+        distlock::open_backend(&url)
+            .await
+            .map_err(|e| exit::report_open(&e))
+    }
+
+    /// A client of the engine with the default options (see [`open`](Self::open)).
+    async fn client(&self) -> Result<distlock::LockClient<distlock::AnyBackend>, u8> {
+        Ok(distlock::LockClient::new(self.open().await?))
+    }
+}
+
 /// The first line of a secret's file (without its line ending).
 fn read_secret(path: &std::path::Path) -> Result<String, distlock::LockError> {
     let text = std::fs::read_to_string(path).map_err(|e| {

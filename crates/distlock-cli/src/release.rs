@@ -27,13 +27,9 @@ pub(crate) async fn release(args: ReleaseArgs) -> u8 {
         );
         return exit::USAGE;
     }
-    let url = match args.engine.url() {
-        Ok(u) => u,
-        Err(e) => return exit::report_open(&e),
-    };
-    let client = match distlock::connect(&url).await {
+    let client = match args.engine.client().await {
         Ok(c) => c,
-        Err(e) => return exit::report_open(&e),
+        Err(code) => return code,
     };
     let removed = match client.force_release(&args.key).await {
         Ok(r) => r,

@@ -20,13 +20,9 @@ pub(crate) struct StatusArgs {
 }
 
 pub(crate) async fn status(args: StatusArgs) -> u8 {
-    let url = match args.engine.url() {
-        Ok(u) => u,
-        Err(e) => return exit::report_open(&e),
-    };
-    let client = match distlock::connect(&url).await {
+    let client = match args.engine.client().await {
         Ok(c) => c,
-        Err(e) => return exit::report_open(&e),
+        Err(code) => return code,
     };
     let st = match client.status(&args.key).await {
         Ok(s) => s,
