@@ -198,7 +198,7 @@ impl P6Server<'_> {
 }
 
 impl P6Server<'_> {
-    /// The requests the server has served so far, as P8 counts them: as [`read`]'s, but for
+    /// The requests the server has served so far, as P8 counts them: as [`read`](Self::read)'s, but for
     /// PostgreSQL the transactions committed in every database (each statement of a client
     /// outside a transaction is one), which its statistics report up to 10 s late (see
     /// [`settle`](Self::settle)).
