@@ -423,11 +423,12 @@ pub(crate) async fn wait_for<B: Backend>(
             }
         }
         let pause = match sub {
-            Some(_) => {
+            Some(_) if holding.driver().hears_every_release() => {
                 let cap = options.wake_fallback();
                 holder_ttl.map_or(cap, |t| (t + Duration::from_millis(1)).min(cap))
             }
-            None => options.backoff().delay(round, holder_ttl),
+            // Without events, or with events that miss some ends (a holder's death): back off.
+            _ => options.backoff().delay(round, holder_ttl),
         };
         round = round.saturating_add(1);
         let event = async {

@@ -170,6 +170,14 @@ impl<B: Backend> Driver<B> {
         }
     }
 
+    /// Whether the engine's events come however a lease ends (see
+    /// [`WakeSource::hears_every_release`](crate::engine::WakeSource::hears_every_release)).
+    pub(crate) fn hears_every_release(&self) -> bool {
+        self.backend
+            .wake_source()
+            .is_some_and(|s| s.hears_every_release())
+    }
+
     /// Whether the engine listens for `key`'s events already (see
     /// [`WakeSource::watching`](crate::engine::WakeSource::watching)).
     pub(crate) fn watching(&self, key: &str) -> bool {

@@ -23,7 +23,7 @@ use futures_util::Stream;
 
 use crate::acquire::{HolderSpec, Want};
 use crate::client::LockClient;
-use crate::engine::{Backend, Fencing, LeaseKind, LockStatus};
+use crate::engine::{Backend, Fencing, LeaseKind, LockStatus, Subscription};
 use crate::error::{ErrorKind, LockError};
 use crate::guard::{LockGuard, Released};
 use crate::lease::LostReason;
@@ -214,6 +214,7 @@ impl<B: Backend> Election<B> {
             election: self.clone(),
             last: None,
             started: false,
+            sub: None,
         }
     }
 
@@ -454,6 +455,9 @@ pub struct Observer<B: Backend> {
     /// The last leader reported (its epoch and token), and whether one was.
     last: Option<Option<(Option<u64>, Option<String>)>>,
     started: bool,
+    /// The release events of the election's key, kept from the first wait on (a subscription
+    /// per wait would subscribe and unsubscribe at the server each time).
+    sub: Option<Subscription>,
 }
 
 impl<B: Backend> fmt::Debug for Observer<B> {
@@ -480,11 +484,9 @@ impl<B: Backend> Observer<B> {
         let mut pause = VACANT_FIRST_PAUSE;
         loop {
             // Subscribed before the read: a release after it wakes us.
-            let mut sub = if self.started {
-                driver.subscribe_any(name).await.unwrap_or(None)
-            } else {
-                None
-            };
+            if self.started && self.sub.is_none() {
+                self.sub = driver.subscribe_any(name).await.unwrap_or(None);
+            }
             let now = self.election.leader().await?;
             let seen = now.as_ref().map(|l| (l.epoch, l.token.clone()));
             if !self.started || self.last.as_ref() != Some(&seen) {
@@ -499,7 +501,7 @@ impl<B: Backend> Observer<B> {
                 pause = (pause * 2).min(self.election.interval);
                 p
             };
-            match sub.as_mut() {
+            match self.sub.as_mut() {
                 Some(s) => {
                     tokio::select! {
                         () = s.next() => {}

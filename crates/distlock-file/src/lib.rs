@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+#[cfg(target_os = "linux")]
+mod watch;
+
 #[cfg(test)]
 use distlock_core::Token;
 use distlock_core::engine::{
@@ -26,6 +29,9 @@ struct Inner {
     dir: PathBuf,
     /// Open, locked files by token. Dropping a `File` closes it, which releases the flock.
     held: Mutex<HashMap<String, Held>>,
+    /// Release events (see `watch`).
+    #[cfg(target_os = "linux")]
+    watcher: watch::Watcher,
 }
 
 struct Held {
@@ -36,7 +42,9 @@ struct Held {
     path: PathBuf,
     /// The locked file's device and inode: a forced release puts another file at the path.
     id: (u64, u64),
-    _file: File,
+    /// The file, as it holds its flock and can be written. Dropped in this order: the flock
+    /// goes first, then the writer's close tells watchers (see [`Locked`]).
+    _file: Locked,
 }
 
 /// A file's device and inode.
@@ -91,6 +99,8 @@ impl FileBackend {
             inner: Arc::new(Inner {
                 dir,
                 held: Mutex::new(HashMap::new()),
+                #[cfg(target_os = "linux")]
+                watcher: watch::Watcher::new(),
             }),
         })
     }
@@ -165,7 +175,7 @@ impl FileBackend {
         fence: u64,
         path: PathBuf,
         id: FileId,
-        file: File,
+        file: Locked,
     ) -> Attempt {
         let held = Held {
             key: key.to_owned(),
@@ -269,17 +279,38 @@ fn read_all(file: &mut File, path: &Path) -> Result<String, LockError> {
     Ok(text)
 }
 
+/// A locked file: the descriptor that holds the flock, opened for reading only, and one open
+/// for writing. A waiter's attempt that finds the lock busy closes a read-only descriptor,
+/// which tells nobody; the holder's writer closes when the lease ends (its release, or its
+/// process's death), after the flock is gone, and that close is the release event waiters
+/// watch for (`IN_CLOSE_WRITE`, see `watch`).
+struct Locked {
+    lock: File,
+    writer: File,
+}
+
+/// Opens `path` for reading, creating it first when it is missing.
+fn open_read(path: &Path) -> std::io::Result<File> {
+    match File::open(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            drop(
+                OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(path)?,
+            );
+            File::open(path)
+        }
+        opened => opened,
+    }
+}
+
 /// Opens (creating) `path` and takes its flock, shared or exclusive, without waiting; checks
 /// that the path still names the file locked (a forced release swaps files). `None`: busy.
-fn lock_file(path: &Path, shared: bool) -> Result<Option<(File, FileId)>, LockError> {
+fn lock_file(path: &Path, shared: bool) -> Result<Option<(Locked, FileId)>, LockError> {
     for _ in 0..3 {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| io_err("opening", path, e))?;
+        let file = open_read(path).map_err(|e| io_err("opening", path, e))?;
         let locked = if shared {
             file.try_lock_shared()
         } else {
@@ -293,8 +324,17 @@ fn lock_file(path: &Path, shared: bool) -> Result<Option<(File, FileId)>, LockEr
         // A forced release may have put a new file at the path since we opened it: the lock
         // is the file the path names now.
         let id = file_id(&file.metadata().map_err(|e| io_err("reading", path, e))?);
-        if still_at(path, id) {
-            return Ok(Some((file, id)));
+        if !still_at(path, id) {
+            continue;
+        }
+        let writer = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| io_err("opening", path, e))?;
+        // The same file, unless a forced release swapped it in between.
+        if writer.metadata().is_ok_and(|m| file_id(&m) == id) {
+            return Ok(Some((Locked { lock: file, writer }, id)));
         }
     }
     Ok(None)
@@ -346,7 +386,7 @@ fn acquire_blocking(
         return Ok(Attempt::Busy { holder_ttl: None });
     };
     // From here on we hold the flock; any error drops `file`, which releases it.
-    let rec = parse(&read_all(&mut file, &path)?, &path)?;
+    let rec = parse(&read_all(&mut file.lock, &path)?, &path)?;
     let fence = if shared {
         // A reader's fence is the last writer's: readers never write the file (others may be
         // reading it), and no writer can change it while we hold our share.
@@ -359,7 +399,7 @@ fn acquire_blocking(
             now_ms(),
             key.replace('\n', " ")
         );
-        write_record(&mut file, &path, &body)?;
+        write_record(&mut file.writer, &path, &body)?;
         fence
     };
     Ok(me.hold(token, key, kind, fence, path, id, file))
@@ -388,7 +428,7 @@ fn acquire_permit(
             None => return Ok(Attempt::Busy { holder_ttl: None }),
         }
     };
-    let rec = parse(&read_all(&mut rfile, &record)?, &record)?;
+    let rec = parse(&read_all(&mut rfile.lock, &record)?, &record)?;
     if let Some(theirs) = rec.permits.filter(|&p| p != permits) {
         // Another size is recorded: a conflict while any of its permits is held.
         for slot in 0..theirs {
@@ -411,7 +451,7 @@ fn acquire_permit(
             "{HEADER}\nfence={fence}\npermits={permits}\nkey={}\n",
             key.replace('\n', " ")
         );
-        write_record(&mut rfile, &record, &body)?;
+        write_record(&mut rfile.writer, &record, &body)?;
         // The slot's own file names its holder, for status (nobody else reads it while the
         // slot is held).
         let holder = format!(
@@ -420,7 +460,7 @@ fn acquire_permit(
             now_ms(),
             key.replace('\n', " ")
         );
-        write_record(&mut file, &path, &holder)?;
+        write_record(&mut file.writer, &path, &holder)?;
         return Ok(me.hold(
             token,
             key,
@@ -591,6 +631,11 @@ impl Backend for FileBackend {
     async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
         let key = key.to_owned();
         self.blocking(move |me| status_blocking(me, &key)).await
+    }
+
+    #[cfg(target_os = "linux")]
+    fn wake_source(&self) -> Option<&dyn distlock_core::engine::WakeSource> {
+        Some(self)
     }
 
     fn why_no_downgrade(&self) -> &'static str {

@@ -11,18 +11,20 @@ use distlock_core::engine::pool::{
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     Downgrade, ErrorKind, Fencing, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
-    LockError, LockStatus, LostReason, MutexExt, RenewItem, Sessions, shares_unbreakable,
+    LockError, LockStatus, LostReason, MutexExt, RenewItem, Sessions, WakeSource,
+    shares_unbreakable,
 };
 use distlock_core::seeded::SeededBug;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
 
 use crate::config::PgConfig;
 use crate::error::map_err;
 
 mod kinds;
+mod listen;
 mod order;
 mod recorded;
 
@@ -125,10 +127,14 @@ type Tls<'a> = Option<&'a crate::tls::MakeRustls>;
 #[cfg(not(feature = "tls"))]
 type Tls<'a> = Option<&'a ()>;
 
+/// What hears a session's notifications: each one's channel.
+type Heard = Box<dyn Fn(&str) + Send + Sync>;
+
 async fn connect(
     config: &PgConfig,
     tls: Tls<'_>,
     end: impl FnOnce(LostReason) + Send + 'static,
+    heard: Option<Heard>,
 ) -> Result<(Client, tokio::task::AbortHandle), LockError> {
     let limit = config.response_timeout.max(Duration::from_secs(1)) * 2;
     let no_answer = |_| {
@@ -144,7 +150,7 @@ async fn connect(
             .await
             .map_err(no_answer)?
             .map_err(|e| map_err(e, doing))?;
-        return Ok((client, watch(connection, end)));
+        return Ok((client, watch(connection, end, heard)));
     }
     #[cfg(not(feature = "tls"))]
     let _ = tls;
@@ -152,22 +158,32 @@ async fn connect(
         .await
         .map_err(no_answer)?
         .map_err(|e| map_err(e, doing))?;
-    Ok((client, watch(connection, end)))
+    Ok((client, watch(connection, end, heard)))
 }
 
-/// Runs a session's connection in its own task, and tells `end` why it ended.
+/// Runs a session's connection in its own task, passes its notifications to `heard`, and
+/// tells `end` why it ended.
 fn watch<S, T>(
-    connection: tokio_postgres::Connection<S, T>,
+    mut connection: tokio_postgres::Connection<S, T>,
     end: impl FnOnce(LostReason) + Send + 'static,
+    heard: Option<Heard>,
 ) -> tokio::task::AbortHandle
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let task = tokio::spawn(async move {
-        let why = match connection.await {
-            Ok(()) => LostReason::Unreachable,
-            Err(e) => why_ended(&e),
+        let why = loop {
+            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(AsyncMessage::Notification(n))) => {
+                    if let Some(heard) = &heard {
+                        heard(n.channel());
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => break why_ended(&e),
+                None => break LostReason::Unreachable,
+            }
         };
         end(why);
     });
@@ -319,7 +335,7 @@ impl PgOps {
         let tls = self.tls.as_ref();
         #[cfg(not(feature = "tls"))]
         let tls = None::<&()>;
-        let (client, task) = connect(&self.config, tls, move |why| ended.end(why)).await?;
+        let (client, task) = connect(&self.config, tls, move |why| ended.end(why), None).await?;
         let s = &self.config.schema;
         // Granted: the fence, the session's timeout (which covers every lock on it) and a
         // label in application_name, which other sessions read in pg_stat_activity (no write).
@@ -352,8 +368,15 @@ impl PgOps {
             ),
             LeaseKind::Shared,
         );
-        let unlock = "SELECT pg_advisory_unlock($1::bigint)";
-        let unlock_shared = "SELECT pg_advisory_unlock_shared($1::bigint)";
+        // A release tells the lock's waiters, where it has any (see `listen`).
+        let unlock = format!(
+            "SELECT pg_advisory_unlock($1::bigint), {}",
+            listen::notify_sql(s, "$1")
+        );
+        let unlock_shared = format!(
+            "SELECT pg_advisory_unlock_shared($1::bigint), {}",
+            listen::notify_sql(s, "$1")
+        );
         let ping = "SELECT set_config('idle_session_timeout', $1::text, false)";
         let status = format!(
             "SELECT a.application_name, \
@@ -374,8 +397,8 @@ impl PgOps {
             Ok::<_, tokio_postgres::Error>((
                 client.prepare(&acquire).await?,
                 client.prepare(&acquire_shared).await?,
-                client.prepare(unlock).await?,
-                client.prepare(unlock_shared).await?,
+                client.prepare(&unlock).await?,
+                client.prepare(&unlock_shared).await?,
                 client.prepare(ping).await?,
                 client.prepare(&status).await?,
                 client.prepare("SELECT 1").await?,
@@ -486,6 +509,8 @@ struct Inner {
     tickets: order::Tickets,
     /// This client's holders recorded in `distlock_holders` (see `recorded`).
     recorded: recorded::Recorded,
+    /// This client's listening session (see `listen`).
+    listener: listen::Listener,
 }
 
 /// A lock engine on PostgreSQL's session-level advisory locks, many on each session of a small
@@ -561,6 +586,7 @@ impl PgBackend {
                 dedicated: Mutex::new(Vec::new()),
                 tickets: order::Tickets::default(),
                 recorded: recorded::Recorded::default(),
+                listener: listen::Listener::new(),
             }),
         };
         let conn = backend.setup().await?;
@@ -570,6 +596,14 @@ impl PgBackend {
 
     fn config(&self) -> &PgConfig {
         &self.inner.pool.ops().config
+    }
+
+    /// The TLS connector, when TLS may be used.
+    fn tls(&self) -> Tls<'_> {
+        #[cfg(feature = "tls")]
+        return self.inner.pool.ops().tls.as_ref();
+        #[cfg(not(feature = "tls"))]
+        None
     }
 
     /// The first session: checks the version and creates the fence sequence and the waiters'
@@ -634,13 +668,14 @@ impl PgBackend {
     /// Opens a session of its own.
     async fn open(&self) -> Result<Conn, LockError> {
         let (tx, rx) = watch::channel(None);
-        #[cfg(feature = "tls")]
-        let tls = self.inner.pool.ops().tls.as_ref();
-        #[cfg(not(feature = "tls"))]
-        let tls = None::<&()>;
-        let (client, _task) = connect(self.config(), tls, move |why| {
-            let _ = tx.send(Some(why));
-        })
+        let (client, _task) = connect(
+            self.config(),
+            self.tls(),
+            move |why| {
+                let _ = tx.send(Some(why));
+            },
+            None,
+        )
         .await?;
         Ok(Conn { client, ended: rx })
     }
@@ -823,6 +858,10 @@ impl Backend for PgBackend {
         Some(self)
     }
 
+    fn wake_source(&self) -> Option<&dyn WakeSource> {
+        Some(self)
+    }
+
     fn breaker(&self) -> Option<&dyn Breaker> {
         Some(self)
     }
@@ -926,41 +965,4 @@ impl Sessions for PgBackend {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lock_ids_are_stable() {
-        // The first 8 bytes of SHA-256("orders"): the same in every version and language.
-        assert_eq!(lock_id("orders"), lock_id("orders"));
-        assert_ne!(lock_id("orders"), lock_id("orders2"));
-        let digest = Sha256::digest(b"orders");
-        assert_eq!(lock_id("orders").to_be_bytes(), digest[..8]);
-    }
-
-    #[test]
-    fn holder_labels_read_back() {
-        assert_eq!(
-            parse_label("distlock 42 30000 vm/123"),
-            Some((Some(42), 30_000, "vm/123".to_owned()))
-        );
-        assert_eq!(
-            parse_label("distlock - 30000 vm/123"),
-            Some((None, 30_000, "vm/123".to_owned()))
-        );
-        assert_eq!(
-            parse_label("distlock 42 30000"),
-            Some((Some(42), 30_000, String::new()))
-        );
-        assert_eq!(parse_label("psql"), None);
-        assert_eq!(parse_label("distlock x 1 a"), None);
-    }
-
-    #[test]
-    fn ttls_become_whole_milliseconds() {
-        assert_eq!(ttl_ms(Duration::from_secs(30)), 30_000);
-        assert_eq!(ttl_ms(Duration::from_micros(10)), 1);
-        // Rounded up: the server must not end the session before the lease does.
-        assert_eq!(ttl_ms(Duration::from_micros(1_500_100)), 1501);
-    }
-}
+mod tests;

@@ -59,6 +59,16 @@ pub trait WakeSource: Send + Sync {
         false
     }
 
+    /// Whether an event comes however a lease ends: released, expired, or its holder's session
+    /// gone. The default says yes, and a subscribed waiter then sleeps until an event, the
+    /// holder's remaining lease or the fallback interval. An engine whose events come only from
+    /// releases (PostgreSQL's `NOTIFY`, sent by the release statement: a session that dies
+    /// sends none) says no, and its waiters keep backing off between attempts as without
+    /// events; an event cuts a pause short.
+    fn hears_every_release(&self) -> bool {
+        true
+    }
+
     /// The same, for the waiter whose attempts carry `token`: an engine that tells the next
     /// waiter in line by its token wakes only that waiter ([`WakeHub::subscribe_token`]). The
     /// default ignores the token.

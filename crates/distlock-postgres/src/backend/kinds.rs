@@ -87,12 +87,16 @@ impl PgOps {
                                  left('{APP_TAG} - ' || $3::text || ' ' || $4::text, 63), false) \
                      FROM t WHERE got"
                 );
-                let unlock = "SELECT pg_advisory_unlock($1::bigint), \
-                                     pg_advisory_unlock_shared($2::int, $3::int)";
+                // Its waiters' tickets name the semaphore's base id, `$4`.
+                let unlock = format!(
+                    "SELECT pg_advisory_unlock($1::bigint), \
+                            pg_advisory_unlock_shared($2::int, $3::int), {}",
+                    super::listen::notify_sql(s, "$4")
+                );
                 let (size, take, unlock) = tokio::try_join!(
                     conn.client.prepare(size),
                     conn.client.prepare(&take),
-                    conn.client.prepare(unlock),
+                    conn.client.prepare(&unlock),
                 )
                 .map_err(|e| map_err(e, DOING))?;
                 Ok::<_, LockError>(PermitSql { size, take, unlock })
@@ -121,7 +125,7 @@ impl PgOps {
             .query_one(
                 conn,
                 &sql.unlock,
-                &[&hold.slot, &hold.size_key, &hold.permits],
+                &[&hold.slot, &hold.size_key, &hold.permits, &base],
                 DOING,
             )
             .await?;

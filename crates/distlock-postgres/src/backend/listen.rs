@@ -1,0 +1,240 @@
+//! Release events: `LISTEN` on a session of its own, `NOTIFY` from the release statements.
+//!
+//! A release (`pg_advisory_unlock`, a reader's or a permit's, a downgrade's) sends
+//! `pg_notify('distlock:<lock id>', '')` in its own statement when the lock has a waiter's
+//! ticket in `distlock_waiters` (see `order`): only a waiter that tried once and found the lock
+//! busy takes a ticket, so an uncontended cycle sends no notification. PostgreSQL delivers a
+//! notification when its transaction commits, so a waiter that hears it finds the lock free.
+//!
+//! Each client listens on one session that it opens when its first waiter subscribes, with one
+//! channel per lock id that has waiters here ([`WakeHub`] multiplexes them). The session is
+//! opened again when it ends, and every waiter is woken then, since events may have been missed.
+//!
+//! What no statement sends: a holder's session that ends (killed, timed out, cut off) frees its
+//! locks without a notification. [`WakeSource::hears_every_release`] says so, and waiters keep
+//! their back-off between attempts; an event only cuts a pause short.
+//!
+//! [`WakeSource::hears_every_release`]: distlock_core::engine::WakeSource::hears_every_release
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use distlock_core::engine::WakeSource;
+use distlock_core::engine::{BoxFuture, LeaseKind, LockError, MutexExt, Subscription, WakeHub};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Inner, PgBackend, connect, kinds, lock_id};
+
+/// The prefix of a lock's notification channel; the lock id follows, in decimal.
+pub(super) const CHANNEL: &str = "distlock:";
+
+/// The part of a release statement that notifies the lock id `{id}`'s waiters, if it has any.
+pub(super) fn notify_sql(schema: &str, id: &str) -> String {
+    format!(
+        "CASE WHEN EXISTS (SELECT 1 FROM {schema}.distlock_waiters w \
+                           WHERE w.lock_id = {id}::bigint \
+                             AND w.until > now() - interval '1 minute') \
+              THEN pg_notify('{CHANNEL}' || {id}::bigint::text, '') END"
+    )
+}
+
+/// What the listening task is asked to do, in the order the hub asked.
+enum Cmd {
+    Listen(String),
+    Unlisten(String),
+}
+
+/// The listening task's inputs: the hub's requests, and the engine's end.
+type Start = (mpsc::UnboundedReceiver<Cmd>, oneshot::Receiver<()>);
+
+/// This client's listening session, started by the first subscription.
+pub(super) struct Listener {
+    hub: WakeHub,
+    /// The task's inputs until it starts.
+    start: Mutex<Option<Start>>,
+    /// Dropped with the engine, which stops the task.
+    _stop: oneshot::Sender<()>,
+}
+
+impl Listener {
+    pub(super) fn new() -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let on_last = tx.clone();
+        let (stop, stopped) = oneshot::channel();
+        Listener {
+            // Called under the hub's lock, in order: the task sees them in that order.
+            hub: WakeHub::new(
+                move |key| {
+                    let _ = tx.send(Cmd::Listen(key.to_owned()));
+                },
+                move |key| {
+                    let _ = on_last.send(Cmd::Unlisten(key.to_owned()));
+                },
+            ),
+            start: Mutex::new(Some((rx, stopped))),
+            _stop: stop,
+        }
+    }
+}
+
+/// The hub's key of a lock id.
+fn key_of(id: i64) -> String {
+    id.to_string()
+}
+
+/// The `LISTEN` or `UNLISTEN` of a hub key (a lock id).
+fn statement(verb: &str, key: &str) -> String {
+    // A decimal id: nothing to escape inside the quotes.
+    format!("{verb} \"{CHANNEL}{key}\"")
+}
+
+/// The pause before opening the listening session again: 100 ms doubling to 5 s.
+fn reconnect_delay(failures: u32) -> Duration {
+    Duration::from_millis(100)
+        .saturating_mul(1u32 << failures.min(6))
+        .min(Duration::from_secs(5))
+}
+
+/// Listens for the hub's keys while the engine lives.
+async fn run(engine: Weak<Inner>, hub: WakeHub, mut cmds: mpsc::UnboundedReceiver<Cmd>) {
+    let mut failures = 0u32;
+    loop {
+        let Some(inner) = engine.upgrade() else {
+            return;
+        };
+        let backend = PgBackend { inner };
+        let heard_hub = hub.clone();
+        let (ended_tx, mut ended) = oneshot::channel();
+        let opened = connect(
+            backend.config(),
+            backend.tls(),
+            move |why| {
+                let _ = ended_tx.send(why);
+            },
+            Some(Box::new(move |channel: &str| {
+                if let Some(key) = channel.strip_prefix(CHANNEL) {
+                    heard_hub.notify(key);
+                }
+            })),
+        )
+        .await;
+        let response_timeout = backend.config().response_timeout;
+        drop(backend);
+        let (client, task) = match opened {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(target: "distlock", error = %e,
+                    "cannot open PostgreSQL's listening session; waiters back off");
+                tokio::time::sleep(reconnect_delay(failures)).await;
+                failures = failures.saturating_add(1);
+                continue;
+            }
+        };
+        failures = 0;
+        let send = |sql: String| {
+            let client = &client;
+            async move {
+                tokio::time::timeout(response_timeout, client.batch_execute(&sql))
+                    .await
+                    .map_err(|_| ())?
+                    .map_err(|_| ())
+            }
+        };
+        // Whatever was asked before, the keys that have subscribers now.
+        while cmds.try_recv().is_ok() {}
+        let mut broken = false;
+        for key in hub.keys() {
+            if send(statement("LISTEN", &key)).await.is_err() {
+                broken = true;
+                break;
+            }
+            hub.set_confirmed(&key, true);
+        }
+        // Releases while nobody listened went unheard.
+        hub.notify_all();
+        while !broken {
+            tokio::select! {
+                cmd = cmds.recv() => match cmd {
+                    None => {
+                        task.abort();
+                        return;
+                    }
+                    Some(Cmd::Listen(key)) => {
+                        if send(statement("LISTEN", &key)).await.is_ok() {
+                            hub.set_confirmed(&key, true);
+                        } else {
+                            broken = true;
+                        }
+                    }
+                    Some(Cmd::Unlisten(key)) => {
+                        broken = send(statement("UNLISTEN", &key)).await.is_err();
+                    }
+                },
+                _ = &mut ended => broken = true,
+            }
+        }
+        // A statement that failed or went unanswered: the session cannot be trusted.
+        task.abort();
+        hub.unconfirm_all();
+        hub.notify_all();
+        tokio::time::sleep(reconnect_delay(failures)).await;
+        failures = failures.saturating_add(1);
+        if engine.strong_count() == 0 {
+            return;
+        }
+    }
+}
+
+impl PgBackend {
+    /// A subscription to the lock id `id`'s release events, once the server listens.
+    async fn subscribe_id(&self, id: i64) -> Subscription {
+        let listener = &self.inner.listener;
+        let start = listener.start.locked().take();
+        if let Some((cmds, stopped)) = start {
+            let task = run(Arc::downgrade(&self.inner), listener.hub.clone(), cmds);
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = task => {}
+                    _ = stopped => {}
+                }
+            });
+        }
+        let mut sub = listener.hub.subscribe(&key_of(id));
+        if !sub.confirmed(self.config().response_timeout).await {
+            tracing::debug!(target: "distlock", id,
+                "LISTEN not confirmed in time; the wait backs off as without events");
+        }
+        sub
+    }
+}
+
+impl WakeSource for PgBackend {
+    fn subscribe<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        Box::pin(async move { Ok(Some(self.subscribe_id(lock_id(name)).await)) })
+    }
+
+    /// A permit's waiter listens on its semaphore's base id, which its ticket names.
+    fn subscribe_as<'a>(
+        &'a self,
+        name: &'a str,
+        kind: LeaseKind,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        let id = match kind {
+            LeaseKind::Permit { .. } => kinds::permit_base(name),
+            _ => lock_id(name),
+        };
+        Box::pin(async move { Ok(Some(self.subscribe_id(id).await)) })
+    }
+
+    fn watching(&self, name: &str) -> bool {
+        self.inner.listener.hub.is_confirmed(&key_of(lock_id(name)))
+    }
+
+    /// A holder's session that ends frees its locks without a notification.
+    fn hears_every_release(&self) -> bool {
+        false
+    }
+}
