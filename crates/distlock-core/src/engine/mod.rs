@@ -8,7 +8,7 @@
 //! | capability | trait | engines that have it |
 //! |---|---|---|
 //! | renew many leases in one round trip | [`BatchRenew`] | Redis (a pipeline), etcd and the databases (one session keep-alive) |
-//! | wake waiters when a lock is released | [`WakeSource`] | Redis (pub/sub), etcd and ZooKeeper (watches) |
+//! | wake waiters when a lock is released | [`WakeSource`] | Redis (pub/sub), etcd and ZooKeeper (watches), PostgreSQL (`LISTEN`/`NOTIFY`, releases only), the file engine on Linux (inotify) |
 //! | a session whose end ends its leases | [`Sessions`] | etcd (a lease per session), ZooKeeper, PostgreSQL and MySQL (a connection, many locks on each: [`pool`]) |
 //! | hand a released lock to the next waiting client on the server | [`Handover`] | Redis |
 //! | break a lock whoever holds it (an operator's break-glass) | [`Breaker`] | all but memcached's weakest cases |
