@@ -19,7 +19,7 @@ pub(crate) struct LeaderArgs {
     #[arg(long, default_value = "1s", value_parser = crate::parse_duration, value_name = "D")]
     interval: Duration,
     /// One JSON object per line: name, leader (null when nobody leads), epoch, value, since_ms,
-    /// ttl_ms, token.
+    /// since (RFC 3339), ttl_ms, token.
     #[arg(long)]
     json: bool,
     /// The election's name.
@@ -71,6 +71,7 @@ fn show(name: &str, leader: Option<&Leader>, json: bool) -> String {
                 "epoch": l.epoch,
                 "value": l.value,
                 "since_ms": l.since_ms,
+                "since": l.since_ms.and_then(|ms| crate::when::rfc3339(ms.into())),
                 "ttl_ms": l.ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
                 "token": l.token,
             }),
@@ -87,9 +88,18 @@ fn show(name: &str, leader: Option<&Leader>, json: bool) -> String {
                 _ => String::new(),
             };
             let ttl = l.ttl.map_or(String::new(), |t| {
-                format!(", lease {} ms left", t.as_millis())
+                format!(", lease {} left", crate::when::duration(t))
             });
-            format!("{name}: led by {} at epoch {epoch}{value}{ttl}\n", l.who)
+            let since = l.since_ms.map_or(String::new(), |ms| {
+                format!(
+                    " ({})",
+                    crate::when::since(ms.into(), crate::when::now_ms())
+                )
+            });
+            format!(
+                "{name}: led by {}{since} at epoch {epoch}{value}{ttl}\n",
+                l.who
+            )
         }
     }
 }

@@ -9,10 +9,12 @@ mod deadline;
 mod exit;
 mod lead;
 mod leader;
+mod list;
 mod release;
 mod run;
 mod status;
 mod term;
+mod when;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -26,6 +28,7 @@ Examples:
   distlock run --url redis://10.0.0.5:6379 --ttl 10s --wait 1m deploy -- ./deploy.sh
   distlock run --url postgres://app@db/app orders -- sh -c 'psql -c \"... WHERE fence <= $DISTLOCK_FENCE\"'
   DISTLOCK_URL=redis://cache:6379/0 distlock status deploy --json
+  distlock list --url redis+cluster://10.0.0.5:7000 --watch   # every lock, who holds it, who waits
   distlock release --force deploy                      # break-glass: remove whoever holds it
   distlock lead --url etcd://10.0.0.7:2379 --value $(hostname):8080 scheduler -- ./scheduler
   distlock leader --url etcd://10.0.0.7:2379 scheduler --watch
@@ -65,6 +68,9 @@ enum Command {
     Leader(leader::LeaderArgs),
     /// Show whether KEY is held, by whom, for how long, and its fence.
     Status(status::StatusArgs),
+    /// List every lock held (or waited for) on the engine, with its holders and waiters;
+    /// --watch redraws it as it changes.
+    List(list::ListArgs),
     /// Break the lock KEY whoever holds it (an operator's break-glass; needs --force).
     Release(release::ReleaseArgs),
     /// Load a deployment: lock throughput, acquire and hand-off latency, fairness.
@@ -222,6 +228,7 @@ fn main() -> ExitCode {
             Command::Leader(args) => leader::leader(args).await,
             Command::ChildDeadline(args) => deadline::run(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::List(args) => list::list(args).await,
             Command::Release(args) => release::release(args).await,
             Command::Bench(args) => bench::bench(args).await,
             Command::Check(args) => check::check(args).await,

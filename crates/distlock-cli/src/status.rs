@@ -5,14 +5,15 @@ use std::time::Duration;
 
 use distlock::{LeaseKind, LockStatus};
 
-use crate::exit;
+use crate::{exit, when};
 
 #[derive(Debug, Args)]
 pub(crate) struct StatusArgs {
     #[command(flatten)]
     engine: crate::Engine,
-    /// Print one JSON object: key, held, owner, fence, last_fence, ttl_ms (of the first
-    /// holder), holders (every holder: kind, permits, token, owner, fence, ttl_ms) and waiters.
+    /// Print one JSON object: key, held, owner, since_ms, since (RFC 3339), fence, last_fence,
+    /// ttl_ms (of the first holder), holders (every holder: kind, permits, token, owner,
+    /// since_ms, since, fence, ttl_ms) and waiters.
     #[arg(long)]
     json: bool,
     /// The lock name.
@@ -36,14 +37,16 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
     0
 }
 
-/// The JSON form: `key`, `held`, `owner`, `fence`, `last_fence`, `ttl_ms` (the first holder's;
-/// null when unknown), `holders` (each: `kind`, `permits`, `token`, `owner`, `fence`,
-/// `ttl_ms`) and `waiters` (null when the engine cannot tell).
+/// The JSON form: `key`, `held`, `owner`, `since_ms` and `since` (when the first holder took
+/// it: Unix milliseconds and RFC 3339), `fence`, `last_fence`, `ttl_ms` (the first holder's;
+/// null when unknown), `holders` (each: `kind`, `permits`, `token`, `owner`, `since_ms`,
+/// `since`, `fence`, `ttl_ms`) and `waiters` (null when the engine cannot tell).
 pub(crate) fn as_json(key: &str, st: &LockStatus) -> serde_json::Value {
     let holders: Vec<serde_json::Value> = st
         .holders
         .iter()
         .map(|h| {
+            let (since_ms, since) = since_fields(h.owner.as_deref());
             serde_json::json!({
                 "kind": h.kind.name(),
                 "permits": match h.kind {
@@ -54,13 +57,18 @@ pub(crate) fn as_json(key: &str, st: &LockStatus) -> serde_json::Value {
                 "owner": h.owner,
                 "fence": h.fence,
                 "ttl_ms": h.ttl.map(ms),
+                "since_ms": since_ms,
+                "since": since,
             })
         })
         .collect();
+    let (since_ms, since) = since_fields(st.owner.as_deref());
     serde_json::json!({
         "key": key,
         "held": st.held,
         "owner": st.owner,
+        "since_ms": since_ms,
+        "since": since,
         "fence": st.fence,
         "last_fence": st.last_fence,
         "ttl_ms": st.ttl.map(ms),
@@ -102,7 +110,7 @@ pub(crate) fn as_text(key: &str, st: &LockStatus) -> String {
         let ttl = h
             .ttl
             .map_or("no expiry (held until the holder exits)".into(), |t| {
-                format!("{} ms", t.as_millis())
+                format!("{} left", when::duration(t))
             });
         if many {
             out.push_str(&format!("  - {}\n", h.kind.name()));
@@ -125,20 +133,19 @@ pub(crate) fn as_text(key: &str, st: &LockStatus) -> String {
     out
 }
 
-/// `host/pid since <unix ms>` with how long ago that was.
+/// `host/pid since <unix ms>` as `host/pid (for 12.3 s, since <local date and time>)`.
 fn with_age(owner: &str) -> String {
-    let Some((who, since)) = owner.rsplit_once(" since ") else {
-        return owner.to_owned();
-    };
-    let Ok(since) = since.parse::<u128>() else {
-        return owner.to_owned();
-    };
-    let now = distlock::engine::unix_ms();
-    if since == 0 || since > now {
-        return owner.to_owned();
+    match when::split_label(owner) {
+        (who, Some(since)) => format!("{who} ({})", when::since(since, when::now_ms())),
+        (who, None) => who.to_owned(),
     }
-    let ago = (now - since) as f64 / 1000.0;
-    format!("{who} (for {ago:.1} s, since {since} ms after the epoch)")
+}
+
+/// The JSON fields of a holder label's time: `since_ms` (Unix milliseconds) and `since`
+/// (RFC 3339), null when the label has none.
+fn since_fields(owner: Option<&str>) -> (Option<u128>, Option<String>) {
+    let ms = owner.and_then(|o| when::split_label(o).1);
+    (ms, ms.and_then(when::rfc3339))
 }
 
 #[cfg(test)]
@@ -154,6 +161,8 @@ mod tests {
             Some(Duration::from_secs(2)),
         );
         let v = as_json("k\"1", &st);
+        assert_eq!(v["since_ms"], 5);
+        assert_eq!(v["since"], "1970-01-01T00:00:00.005Z");
         assert_eq!(v["key"], "k\"1");
         assert_eq!(v["held"], true);
         assert_eq!(v["fence"], 3);
@@ -199,6 +208,7 @@ mod tests {
         let st = LockStatus::held(Some("h/1 since 1000".into()), None, None);
         let t = as_text("k", &st);
         assert!(t.contains("owner:  h/1 (for "), "{t}");
+        assert!(t.contains(", since 1970-01-01 "), "{t}");
         assert!(t.contains("fence:  none"), "{t}");
         assert_eq!(as_text("k", &LockStatus::free()), "k: free\n");
     }

@@ -54,15 +54,21 @@ pub(crate) fn waiting_for(key: &str, st: &LockStatus) -> String {
     if !st.held {
         return format!("waiting for {key}: just released");
     }
-    let mut line = format!(
-        "waiting for {key}: held by {}",
-        st.owner.as_deref().unwrap_or("an unknown holder")
-    );
+    let holder = match st.owner.as_deref().map(crate::when::split_label) {
+        Some((who, Some(since))) => {
+            let held_for = crate::when::now_ms().saturating_sub(since);
+            let held_for = Duration::from_millis(u64::try_from(held_for).unwrap_or(u64::MAX));
+            format!("{who} for {}", crate::when::duration(held_for))
+        }
+        Some((who, None)) => who.to_owned(),
+        None => "an unknown holder".to_owned(),
+    };
+    let mut line = format!("waiting for {key}: held by {holder}");
     if let Some(f) = st.fence {
         line.push_str(&format!(", fence {f}"));
     }
     if let Some(t) = st.ttl {
-        line.push_str(&format!(", lease {:.1}s left", t.as_secs_f64()));
+        line.push_str(&format!(", lease {} left", crate::when::duration(t)));
     }
     line
 }
@@ -89,14 +95,15 @@ mod tests {
 
     #[test]
     fn the_spinner_names_the_holder() {
+        let since = crate::when::now_ms() - 12_300;
         let st = LockStatus::held(
-            Some("web-1/4242 since 1".into()),
+            Some(format!("web-1/4242 since {since}")),
             Some(7),
             Some(Duration::from_millis(2500)),
         );
         assert_eq!(
             waiting_for("deploy", &st),
-            "waiting for deploy: held by web-1/4242 since 1, fence 7, lease 2.5s left"
+            "waiting for deploy: held by web-1/4242 for 12.3 s, fence 7, lease 2.5 s left"
         );
         assert_eq!(
             waiting_for("deploy", &LockStatus::free()),

@@ -14,6 +14,7 @@ mod error;
 mod guard;
 mod key;
 mod lease;
+mod list;
 mod local;
 mod options;
 mod request;
@@ -35,6 +36,7 @@ pub use error::{BoxError, ErrorKind, LockError, error_chain};
 pub use guard::{LeakedLease, LockGuard, Released};
 pub use key::{MAX_KEY_LEN, validate_key};
 pub use lease::{LeaseEnd, LeaseHandle, LostReason};
+pub use list::{ListedLock, Listing};
 pub use options::{
     Backoff, DEFAULT_HANDOFF_STREAK, DEFAULT_WAKE_FALLBACK, LockOptions, LockOptionsBuilder,
     MAX_TTL, Wait, default_drift,

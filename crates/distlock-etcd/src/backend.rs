@@ -116,7 +116,7 @@ impl EtcdBackend {
         Ok(backend)
     }
 
-    fn store(&self) -> &EtcdStore {
+    pub(crate) fn store(&self) -> &EtcdStore {
         self.inner.recipe.store()
     }
 
@@ -568,6 +568,10 @@ impl Backend for EtcdBackend {
     }
 
     fn breaker(&self) -> Option<&dyn Breaker> {
+        Some(self)
+    }
+
+    fn lister(&self) -> Option<&dyn distlock_core::engine::Lister> {
         Some(self)
     }
 

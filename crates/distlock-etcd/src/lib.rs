@@ -4,6 +4,7 @@
 mod backend;
 mod config;
 mod error;
+mod list;
 mod members;
 mod session;
 mod store;

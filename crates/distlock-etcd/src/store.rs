@@ -33,7 +33,7 @@ use crate::wire::{
 pub(crate) struct EtcdStore {
     pub(crate) members: Arc<Members>,
     pub(crate) sessions: Sessions,
-    prefix: String,
+    pub(crate) prefix: String,
     /// The session each of our keys lives on. A key is entered before the request that writes
     /// it is sent, and leaves when it is deleted: a key attached to one of our sessions that is
     /// not here was written by a request given up before its reply (see

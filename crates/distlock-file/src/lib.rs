@@ -638,6 +638,10 @@ impl Backend for FileBackend {
         Some(self)
     }
 
+    fn lister(&self) -> Option<&dyn distlock_core::engine::Lister> {
+        Some(self)
+    }
+
     fn why_no_downgrade(&self) -> &'static str {
         "flock(2) turns an exclusive lock into a shared one by releasing it and then locking \
          again, so another writer could get in between"
@@ -688,6 +692,57 @@ fn break_blocking(me: &FileBackend, key: &str) -> Result<BreakOutcome, LockError
         io_err("replacing", &path, e)
     })?;
     Ok(BreakOutcome::Broken(st))
+}
+
+/// The lock files and semaphore records of the directory: every name ever used here (files
+/// are never deleted), which the status reads then sort out.
+impl distlock_core::engine::Lister for FileBackend {
+    fn names<'a>(
+        &'a self,
+        prefix: &'a str,
+        _budget: usize,
+    ) -> BoxFuture<'a, Result<distlock_core::engine::Names, LockError>> {
+        // A local directory: reading it whole is cheap and blocks no server.
+        let dir = self.inner.dir.clone();
+        let prefix = prefix.to_owned();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || names_in(&dir, &prefix))
+                .await
+                .map_err(|e| LockError::caused_by(ErrorKind::Io, "file listing task failed", e))?
+        })
+    }
+}
+
+/// The names of the lock files and semaphore records in `dir` that start with `prefix`.
+fn names_in(dir: &Path, prefix: &str) -> Result<distlock_core::engine::Names, LockError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| io_err("listing", dir, e))?;
+    let mut names = Vec::new();
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let Some(file) = file.to_str() else { continue };
+        let Some(stem) = file
+            .strip_suffix(".lock")
+            .or_else(|| file.strip_suffix(".sem"))
+        else {
+            continue;
+        };
+        let name = if stem.starts_with("x-") {
+            // A hashed name: the file says it.
+            match std::fs::read_to_string(entry.path()) {
+                Ok(text) => match text.lines().find_map(|l| l.strip_prefix("key=")) {
+                    Some(key) => key.to_owned(),
+                    None => continue,
+                },
+                Err(_) => continue,
+            }
+        } else {
+            stem.to_owned()
+        };
+        if name.starts_with(prefix) {
+            names.push(name);
+        }
+    }
+    Ok(distlock_core::engine::Names::new(names, false))
 }
 
 #[cfg(test)]

@@ -358,6 +358,11 @@ impl Backend for MemcachedBackend {
         })
     }
 
+    fn why_no_list(&self) -> &'static str {
+        "memcached has no bounded scan of its keys (its crawler walks the whole cache), so it \
+         cannot say which locks exist"
+    }
+
     fn breaker(&self) -> Option<&dyn Breaker> {
         Some(self)
     }

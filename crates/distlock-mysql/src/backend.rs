@@ -717,6 +717,11 @@ impl Backend for MysqlBackend {
         Some(self)
     }
 
+    fn why_no_list(&self) -> &'static str {
+        "the server shows GET_LOCK names only in performance_schema.metadata_locks (off by \
+         default on MariaDB), which this version does not read"
+    }
+
     fn breaker(&self) -> Option<&dyn Breaker> {
         Some(self)
     }

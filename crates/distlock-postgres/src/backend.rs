@@ -862,6 +862,11 @@ impl Backend for PgBackend {
         Some(self)
     }
 
+    fn why_no_list(&self) -> &'static str {
+        "PostgreSQL knows an advisory lock by its 64-bit id, not by its name, and this version \
+         does not record the names"
+    }
+
     fn breaker(&self) -> Option<&dyn Breaker> {
         Some(self)
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     Downgrade, Fencing, Handover, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
-    LockError, LockStatus, NextWaiter, RenewItem, Subscription, Token, WakeSource,
+    Lister, LockError, LockStatus, Names, NextWaiter, RenewItem, Subscription, Token, WakeSource,
     shares_unbreakable,
 };
 
@@ -577,6 +577,21 @@ impl Backend for RedisBackend {
 
     fn breaker(&self) -> Option<&dyn Breaker> {
         Some(self)
+    }
+
+    fn lister(&self) -> Option<&dyn Lister> {
+        Some(self)
+    }
+}
+
+/// `SCAN` over the server, or over every master of a Cluster (see `list`).
+impl Lister for RedisBackend {
+    fn names<'a>(
+        &'a self,
+        prefix: &'a str,
+        budget: usize,
+    ) -> BoxFuture<'a, Result<Names, LockError>> {
+        Box::pin(crate::list::names(&self.conn, &self.layout, prefix, budget))
     }
 }
 

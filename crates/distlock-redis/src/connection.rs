@@ -33,6 +33,37 @@ pub(crate) struct ServerConnection {
     pub(crate) wait: Option<WaitReplicas>,
 }
 
+/// Where a scan of the keys runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ScanNode {
+    /// The one server (or any node of a Cluster, for a command about the Cluster).
+    Server,
+    /// A master of a Cluster, by the address it announces.
+    Master { host: String, port: u16 },
+}
+
+/// The masters in a `CLUSTER NODES` answer that are not failing: `host:port@cport[,hostname]`
+/// of each line whose flags say `master`.
+fn cluster_masters(nodes: &str) -> Vec<(String, u16)> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let _id = words.next()?;
+            let addr = words.next()?;
+            let flags = words.next()?;
+            let flags: Vec<&str> = flags.split(',').collect();
+            if !flags.contains(&"master") || flags.iter().any(|f| f.starts_with("fail")) {
+                return None;
+            }
+            let addr = addr.split([',', '@']).next()?;
+            let (host, port) = addr.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .filter(|(host, port)| !host.is_empty() && *port != 0)
+        .collect()
+}
+
 /// How requests reach the server(s).
 #[derive(Clone)]
 enum Transport {
@@ -174,6 +205,75 @@ impl ServerConnection {
             Err(_) => Err(LockError::new(
                 ErrorKind::Timeout,
                 format!("connecting to {}: no answer", self.target),
+            )),
+        }
+    }
+
+    /// The nodes a scan of every key visits: the server, or each master of a Cluster (from
+    /// `CLUSTER NODES`).
+    pub(crate) async fn scan_nodes(&self) -> Result<Vec<ScanNode>, LockError> {
+        if matches!(self.transport, Transport::Single { .. }) {
+            return Ok(vec![ScanNode::Server]);
+        }
+        const DOING: &str = "listing the Cluster's masters";
+        let reply = self
+            .on_node(
+                &ScanNode::Server,
+                redis::cmd("CLUSTER").arg("NODES").clone(),
+                DOING,
+            )
+            .await?;
+        let text = match &reply {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            Value::VerbatimString { text, .. } => text.clone(),
+            Value::SimpleString(s) => s.clone(),
+            other => {
+                return Err(LockError::new(
+                    ErrorKind::Protocol,
+                    format!("{DOING}: CLUSTER NODES answered {other:?}"),
+                ));
+            }
+        };
+        Ok(cluster_masters(&text)
+            .into_iter()
+            .map(|(host, port)| ScanNode::Master { host, port })
+            .collect())
+    }
+
+    /// Sends `cmd` to `node` (a Cluster's master by address; any node for
+    /// [`ScanNode::Server`]), within the response timeout.
+    pub(crate) async fn on_node(
+        &self,
+        node: &ScanNode,
+        cmd: redis::Cmd,
+        doing: &str,
+    ) -> Result<Value, LockError> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        self.count(1);
+        let sent = async {
+            match (&self.transport, node) {
+                (Transport::Single { multiplexed, .. }, _) => {
+                    cmd.query_async::<Value>(&mut multiplexed.clone()).await
+                }
+                (Transport::Cluster(conn), ScanNode::Server) => {
+                    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+                    conn.clone().route_command(cmd, routing).await
+                }
+                (Transport::Cluster(conn), ScanNode::Master { host, port }) => {
+                    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port: *port,
+                    });
+                    conn.clone().route_command(cmd, routing).await
+                }
+            }
+        };
+        match tokio::time::timeout(self.response_timeout, sent).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(map_err(e, doing)),
+            Err(_) => Err(LockError::new(
+                ErrorKind::Timeout,
+                format!("{doing}: no answer from {}", self.target),
             )),
         }
     }
@@ -550,4 +650,24 @@ fn again(e: &LockError) -> LockError {
 /// Whether a reply is the server's `NOSCRIPT` error (in a pipeline, in its place).
 fn is_noscript(v: &Value) -> bool {
     matches!(v, Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::NoScript))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masters_come_from_cluster_nodes() {
+        let nodes = "07c3 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5460\n\
+                     67ed 127.0.0.1:30002@40002,redis-b master - 0 1 2 connected 5461-10922\n\
+                     292f 127.0.0.1:30003@40003 master,fail - 0 1 3 connected\n\
+                     e7d1 127.0.0.1:30004@40004 slave 07c3 0 1 1 connected\n";
+        assert_eq!(
+            cluster_masters(nodes),
+            [
+                ("127.0.0.1".to_owned(), 30001),
+                ("127.0.0.1".to_owned(), 30002)
+            ]
+        );
+    }
 }

@@ -9,6 +9,7 @@ mod error;
 mod fenced;
 mod handover;
 mod keys;
+mod list;
 mod redlock;
 mod replies;
 mod scripts;

@@ -510,6 +510,39 @@ impl Backend for RedlockBackend {
     fn breaker(&self) -> Option<&dyn Breaker> {
         Some(self)
     }
+
+    fn lister(&self) -> Option<&dyn distlock_core::engine::Lister> {
+        Some(self)
+    }
+}
+
+/// The names in use on any master (`SCAN` on each), when a majority answers: the status read
+/// of each name then says whether a quorum holds it.
+impl distlock_core::engine::Lister for RedlockBackend {
+    fn names<'a>(
+        &'a self,
+        prefix: &'a str,
+        budget: usize,
+    ) -> BoxFuture<'a, Result<distlock_core::engine::Names, LockError>> {
+        Box::pin(async move {
+            let mut names = Vec::new();
+            let (mut more, mut answered, mut failed) = (false, 0, None);
+            for node in self.nodes.iter() {
+                match crate::list::names(node, &self.layout, prefix, budget).await {
+                    Ok(found) => {
+                        answered += 1;
+                        more |= found.more;
+                        names.extend(found.names);
+                    }
+                    Err(e) => failed = Some(e),
+                }
+            }
+            match failed {
+                Some(e) if answered < self.nodes.len() / 2 + 1 => Err(e),
+                _ => Ok(distlock_core::engine::Names::new(names, more)),
+            }
+        })
+    }
 }
 
 impl Breaker for RedlockBackend {

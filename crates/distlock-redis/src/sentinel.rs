@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Handover, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
-    NextWaiter, RenewItem, Subscription, WakeSource,
+    Downgrade, ErrorKind, Handover, LeaseCheck, LeaseKind, LeaseRef, Lister, LockError, LockStatus,
+    Names, NextWaiter, RenewItem, Subscription, WakeSource,
 };
 use redis::Value;
 
@@ -434,6 +434,25 @@ impl Backend for SentinelBackend {
 
     fn downgrade(&self) -> Option<&dyn Downgrade> {
         Some(self)
+    }
+
+    fn lister(&self) -> Option<&dyn Lister> {
+        Some(self)
+    }
+}
+
+impl Lister for SentinelBackend {
+    fn names<'a>(
+        &'a self,
+        prefix: &'a str,
+        budget: usize,
+    ) -> BoxFuture<'a, Result<Names, LockError>> {
+        Box::pin(async move {
+            let cur = self.current();
+            let r = Lister::names(&cur.backend, prefix, budget).await;
+            self.follow(&cur, r.as_ref().err()).await;
+            r
+        })
     }
 }
 

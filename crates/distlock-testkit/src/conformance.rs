@@ -29,8 +29,10 @@ use distlock_core::{
 
 mod election;
 mod kinds;
+mod list;
 pub use election::*;
 pub use kinds::*;
+pub use list::*;
 
 /// Declares one `#[tokio::test]` per conformance case, each calling `$setup` for its own fixture.
 #[macro_export]
@@ -65,7 +67,8 @@ macro_rules! conformance_tests {
             a_waiter_that_gives_up_leaves_no_trace,
             an_election_has_one_leader_and_rising_epochs,
             a_silent_leader_steps_down_before_the_next_leads,
-            observers_see_each_leader_once
+            observers_see_each_leader_once,
+            listing_shows_what_is_held
         );
     };
     (@cases $setup:expr; $($case:ident),+) => {

@@ -71,11 +71,11 @@ impl ZkBackend {
         })
     }
 
-    fn store(&self) -> &ZkStore {
+    pub(crate) fn store(&self) -> &ZkStore {
         self.recipe.store()
     }
 
-    fn sessions(&self) -> &ZkSessions {
+    pub(crate) fn sessions(&self) -> &ZkSessions {
         &self.store().sessions
     }
 
@@ -214,6 +214,10 @@ impl Backend for ZkBackend {
     }
 
     fn breaker(&self) -> Option<&dyn Breaker> {
+        Some(self)
+    }
+
+    fn lister(&self) -> Option<&dyn distlock_core::engine::Lister> {
         Some(self)
     }
 

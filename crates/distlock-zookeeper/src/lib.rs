@@ -3,6 +3,7 @@
 
 mod backend;
 mod config;
+mod list;
 mod session;
 mod store;
 

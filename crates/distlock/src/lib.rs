@@ -7,10 +7,10 @@ mod schemes;
 pub use distlock_core::{
     AnyBackend, Backend, Backoff, BoxError, Clock, DEFAULT_HANDOFF_STREAK,
     DEFAULT_OBSERVE_INTERVAL, DEFAULT_WAKE_FALLBACK, Election, ErrorKind, HolderStatus, Leader,
-    Leadership, LeakedLease, LeaseHandle, LeaseKind, LockClient, LockClientBuilder, LockError,
-    LockGuard, LockOptions, LockOptionsBuilder, LockStatus, LostReason, MAX_KEY_LEN, MAX_TTL,
-    MAX_VALUE_LEN, ManualClock, Observer, Released, SystemClock, Token, Wait, default_drift,
-    default_owner, error_chain, parse_duration, validate_key,
+    Leadership, LeakedLease, LeaseHandle, LeaseKind, ListedLock, Listing, LockClient,
+    LockClientBuilder, LockError, LockGuard, LockOptions, LockOptionsBuilder, LockStatus,
+    LostReason, MAX_KEY_LEN, MAX_TTL, MAX_VALUE_LEN, ManualClock, Observer, Released, SystemClock,
+    Token, Wait, default_drift, default_owner, error_chain, parse_duration, validate_key,
 };
 pub use schemes::{connect, engines, open_backend, open_backend_within, supported_schemes};
 

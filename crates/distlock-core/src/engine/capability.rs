@@ -183,3 +183,35 @@ pub trait Breaker: Send + Sync {
     /// Reads `name`'s holder and removes it, if it is still the one read.
     fn break_once<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>>;
 }
+
+/// Names of the locks an engine has state for, for `distlock list` and
+/// [`LockClient::list`](crate::LockClient::list): the core reads each one's status, as
+/// `status` does, and keeps those held or waited for.
+pub trait Lister: Send + Sync {
+    /// Names that start with `prefix` and have state on the engine now (held, waited for, or
+    /// left behind by a lock that just ended), at most about `budget` of them, in any order
+    /// and possibly repeated. The scan must never block the server (Redis: `SCAN` with a
+    /// `COUNT`, never `KEYS`); [`Names::more`] says it stopped before the end.
+    fn names<'a>(
+        &'a self,
+        prefix: &'a str,
+        budget: usize,
+    ) -> BoxFuture<'a, Result<Names, LockError>>;
+}
+
+/// What a [`Lister`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Names {
+    /// The names found.
+    pub names: Vec<String>,
+    /// Whether the scan stopped at its budget before the end.
+    pub more: bool,
+}
+
+impl Names {
+    /// `names`, and whether more may exist.
+    pub fn new(names: Vec<String>, more: bool) -> Self {
+        Names { names, more }
+    }
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{
     AcquireRequest, Attempt, Backend, BatchRenew, Breaker, Capabilities, Downgrade, Handover,
-    LeaseCheck, LeaseKind, LeaseRef, LockStatus, Sessions, WakeSource,
+    LeaseCheck, LeaseKind, LeaseRef, Lister, LockStatus, Sessions, WakeSource,
 };
 use crate::error::LockError;
 
@@ -55,6 +55,10 @@ pub trait DynBackend: Send + Sync + 'static {
     fn dyn_downgrade(&self) -> Option<&dyn Downgrade>;
     /// See [`Backend::why_no_downgrade`].
     fn dyn_why_no_downgrade(&self) -> &'static str;
+    /// See [`Backend::lister`].
+    fn dyn_lister(&self) -> Option<&dyn Lister>;
+    /// See [`Backend::why_no_list`].
+    fn dyn_why_no_list(&self) -> &'static str;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -110,6 +114,12 @@ impl<B: Backend> DynBackend for B {
     fn dyn_why_no_downgrade(&self) -> &'static str {
         self.why_no_downgrade()
     }
+    fn dyn_lister(&self) -> Option<&dyn Lister> {
+        self.lister()
+    }
+    fn dyn_why_no_list(&self) -> &'static str {
+        self.why_no_list()
+    }
 }
 
 /// An engine chosen at run time.
@@ -157,5 +167,11 @@ impl Backend for AnyBackend {
     }
     fn why_no_downgrade(&self) -> &'static str {
         (**self).dyn_why_no_downgrade()
+    }
+    fn lister(&self) -> Option<&dyn Lister> {
+        (**self).dyn_lister()
+    }
+    fn why_no_list(&self) -> &'static str {
+        (**self).dyn_why_no_list()
     }
 }

@@ -12,6 +12,7 @@
 //! | a session whose end ends its leases | [`Sessions`] | etcd (a lease per session), ZooKeeper, PostgreSQL and MySQL (a connection, many locks on each: [`pool`]) |
 //! | hand a released lock to the next waiting client on the server | [`Handover`] | Redis |
 //! | break a lock whoever holds it (an operator's break-glass) | [`Breaker`] | all but memcached's weakest cases |
+//! | list the locks it holds (`distlock list`) | [`Lister`] | Redis (single, Sentinel, Cluster), etcd, ZooKeeper, the file engine |
 //!
 //! Waiting, the watchdog, in-process queues, hand-off between tasks, guards and the lost signal
 //! are written once in the core, on top of these. `docs/architecture.md` shows the layers and
@@ -29,7 +30,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use capability::{
-    BatchRenew, BreakOutcome, Breaker, Downgrade, Handover, NextWaiter, Sessions, WakeSource,
+    BatchRenew, BreakOutcome, Breaker, Downgrade, Handover, Lister, Names, NextWaiter, Sessions,
+    WakeSource,
 };
 pub use dynamic::{AnyBackend, BoxFuture, DynBackend};
 pub use wake::{PredecessorWatches, Subscription, WakeHub};
@@ -700,5 +702,16 @@ pub trait Backend: Send + Sync + 'static {
     /// the `Unsupported` error shows it.
     fn why_no_downgrade(&self) -> &'static str {
         "this engine cannot turn a writer into a reader in one step"
+    }
+
+    /// Listing the locks held on the engine, if it can.
+    fn lister(&self) -> Option<&dyn Lister> {
+        None
+    }
+
+    /// Why this engine cannot list its locks, when [`lister`](Self::lister) is `None`: the
+    /// `Unsupported` error shows it.
+    fn why_no_list(&self) -> &'static str {
+        "this engine cannot list its locks"
     }
 }
