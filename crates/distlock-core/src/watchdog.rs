@@ -69,7 +69,14 @@ impl Watchdog {
     /// Hands `lease` to the watchdog task, starting the task if needed (or again, if the
     /// runtime it ran on has shut down). The task renews through `driver`, and ends with it.
     pub(crate) fn watch<B: Backend>(&self, driver: &Arc<Driver<B>>, lease: Arc<LeaseShared>) {
-        let due = TokioInstant::now() + lease.options().renew_interval();
+        // A renewal interval from now, or half of what is left of the lease if that is sooner:
+        // its validity counts from the acquire's send, and an acquire that took a large part of
+        // the TTL (a session opened over TLS first) leaves less than an interval.
+        let left = lease
+            .snapshot()
+            .valid_until
+            .saturating_duration_since(lease.now());
+        let due = TokioInstant::now() + lease.options().renew_interval().min(left / 2);
         let mut state = self.inbox.state();
         state.new.push((lease, due));
         if !state.running {

@@ -1,5 +1,6 @@
 //! The MySQL/MariaDB engine: `GET_LOCK` named locks, many on each session of a small pool.
 
+mod names;
 mod permits;
 mod recorded;
 mod setup;
@@ -437,6 +438,8 @@ struct Inner {
     pool: Arc<SessionPool<MyOps>>,
     /// This client's holders recorded in `distlock_holders` (see `recorded`).
     recorded: recorded::Recorded,
+    /// The server names whose lock names this client recorded (see `names`).
+    names: names::Recorded,
 }
 
 /// A lock engine on MySQL's and MariaDB's named locks (`GET_LOCK`), many on each session of a
@@ -504,6 +507,7 @@ impl MysqlBackend {
                     limits,
                 ),
                 recorded: recorded::Recorded::default(),
+                names: names::Recorded::default(),
             }),
         })
     }
@@ -563,6 +567,8 @@ impl Backend for MysqlBackend {
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a MySQL named lock";
+        // For `distlock list` (the server shows its named locks only in performance_schema).
+        self.record_name(req.name, req.kind);
         let pool = &self.inner.pool;
         let token = req.token.as_str();
         if req.retry
@@ -717,9 +723,8 @@ impl Backend for MysqlBackend {
         Some(self)
     }
 
-    fn why_no_list(&self) -> &'static str {
-        "the server shows GET_LOCK names only in performance_schema.metadata_locks (off by \
-         default on MariaDB), which this version does not read"
+    fn lister(&self) -> Option<&dyn distlock_core::engine::Lister> {
+        Some(self)
     }
 
     fn breaker(&self) -> Option<&dyn Breaker> {

@@ -25,6 +25,7 @@ use crate::error::map_err;
 
 mod kinds;
 mod listen;
+mod names;
 mod order;
 mod recorded;
 
@@ -511,6 +512,8 @@ struct Inner {
     recorded: recorded::Recorded,
     /// This client's listening session (see `listen`).
     listener: listen::Listener,
+    /// The lock ids whose names this client recorded (see `names`).
+    names: names::Recorded,
 }
 
 /// A lock engine on PostgreSQL's session-level advisory locks, many on each session of a small
@@ -587,6 +590,7 @@ impl PgBackend {
                 tickets: order::Tickets::default(),
                 recorded: recorded::Recorded::default(),
                 listener: listen::Listener::new(),
+                names: names::Recorded::default(),
             }),
         };
         let conn = backend.setup().await?;
@@ -631,20 +635,31 @@ impl PgBackend {
                 &format!(
                     "SELECT to_regclass('{s}.distlock_fence') IS NULL, \
                             to_regclass('{s}.distlock_waiters') IS NULL, \
-                            to_regclass('{s}.distlock_holders') IS NULL"
+                            to_regclass('{s}.distlock_holders') IS NULL, \
+                            to_regclass('{s}.distlock_names') IS NULL"
                 ),
                 &[],
             )
             .await
             .map_err(|e| map_err(e, DOING))?;
-        let (fence, waiters, holders): (bool, bool, bool) =
-            (missing.get(0), missing.get(1), missing.get(2));
+        let (fence, waiters, holders, names): (bool, bool, bool, bool) = (
+            missing.get(0),
+            missing.get(1),
+            missing.get(2),
+            missing.get(3),
+        );
         let sequence = format!("CREATE SEQUENCE IF NOT EXISTS {s}.distlock_fence");
         let table = order::waiters_ddl(s);
         let recorded = recorded::holders_ddl(s);
-        for ddl in [(fence, &sequence), (waiters, &table), (holders, &recorded)]
-            .into_iter()
-            .filter_map(|(missing, ddl)| missing.then_some(ddl))
+        let named = names::names_ddl(s);
+        for ddl in [
+            (fence, &sequence),
+            (waiters, &table),
+            (holders, &recorded),
+            (names, &named),
+        ]
+        .into_iter()
+        .filter_map(|(missing, ddl)| missing.then_some(ddl))
         {
             // Two clients creating it at once can collide in the catalog: once more then.
             if let Err(e) = client.batch_execute(ddl).await {
@@ -733,6 +748,8 @@ impl Backend for PgBackend {
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        // For `distlock list` (the server knows the lock by its id only).
+        self.record_name(req.name, req.kind);
         let pool = &self.inner.pool;
         let token = req.token.as_str();
         if req.retry
@@ -862,9 +879,8 @@ impl Backend for PgBackend {
         Some(self)
     }
 
-    fn why_no_list(&self) -> &'static str {
-        "PostgreSQL knows an advisory lock by its 64-bit id, not by its name, and this version \
-         does not record the names"
+    fn lister(&self) -> Option<&dyn distlock_core::engine::Lister> {
+        Some(self)
     }
 
     fn breaker(&self) -> Option<&dyn Breaker> {

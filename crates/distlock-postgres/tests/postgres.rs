@@ -552,3 +552,58 @@ async fn a_semaphore_is_not_broken() {
     assert!(g.is_held());
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
+
+/// A short lease on a fresh client, with a status read before it or beside it, is kept alive
+/// by the watchdog. Its validity counts from the acquire's send, before the session it goes on
+/// is opened: over TLS (a debug build's handshake and SCRAM) that took most of a 300 ms TTL,
+/// and the first renewal, a full interval after the acquire, came past the lease's end. It
+/// now comes at half of what is left when that is sooner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_lease_after_a_status_read_is_kept() {
+    let Some(pg) = Postgres::start() else { return };
+    short_lease_after_status(&pg.url("")).await;
+}
+
+/// The same over TLS, where opening a session takes longer (a handshake and SCRAM): this one
+/// lost its lease before the watchdog's fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_lease_after_a_status_read_is_kept_over_tls() {
+    let pki = distlock_testkit::Pki::generate();
+    let Some(pg) = Postgres::start_tls(&pki) else {
+        return;
+    };
+    let (user, password) = distlock_testkit::PG_CERT_USER;
+    let url = format!(
+        "postgres://{user}:{password}@127.0.0.1:{}/postgres?sslmode=verify-full&sslrootcert={}\
+         &sslcert={}&sslkey={}",
+        pg.port(),
+        pki.ca.display(),
+        pki.client.cert.display(),
+        pki.client.key.display()
+    );
+    short_lease_after_status(&url).await;
+}
+
+async fn short_lease_after_status(url: &str) {
+    let logs = distlock_testkit::Logs::capture();
+    let url = url.to_owned();
+    for concurrent in [false, true] {
+        let c = client(&url, Duration::from_millis(300)).await;
+        let k = format!("after-status-{concurrent}");
+        let g = if concurrent {
+            let (st, g) = tokio::join!(c.status("elsewhere"), c.acquire(&k));
+            st.unwrap();
+            g.unwrap()
+        } else {
+            c.status("elsewhere").await.unwrap();
+            c.acquire(&k).await.unwrap()
+        };
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert!(
+            g.is_held(),
+            "concurrent={concurrent}: the watchdog let the lease lapse; log:\n{}",
+            logs.tail("", 40)
+        );
+        assert_eq!(g.release().await.unwrap(), Released::Held);
+    }
+}

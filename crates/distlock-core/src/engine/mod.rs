@@ -12,7 +12,7 @@
 //! | a session whose end ends its leases | [`Sessions`] | etcd (a lease per session), ZooKeeper, PostgreSQL and MySQL (a connection, many locks on each: [`pool`]) |
 //! | hand a released lock to the next waiting client on the server | [`Handover`] | Redis |
 //! | break a lock whoever holds it (an operator's break-glass) | [`Breaker`] | all but memcached's weakest cases |
-//! | list the locks it holds (`distlock list`) | [`Lister`] | Redis (single, Sentinel, Cluster), etcd, ZooKeeper, the file engine |
+//! | list the locks it holds (`distlock list`) | [`Lister`] | Redis (single, Sentinel, Cluster, Redlock), etcd, ZooKeeper, PostgreSQL and MySQL (the names their clients record), the file engine |
 //!
 //! Waiting, the watchdog, in-process queues, hand-off between tasks, guards and the lost signal
 //! are written once in the core, on top of these. `docs/architecture.md` shows the layers and

@@ -3,7 +3,7 @@
 use distlock_core::engine::{ErrorKind, LockError};
 use mysql_async::Row;
 
-use super::{MySession, Server, dedicated, int, permits};
+use super::{MySession, Server, dedicated, int, names, permits};
 use crate::config::{FenceSource, MysqlConfig};
 
 /// Whether `version` (`SELECT VERSION()`) is MariaDB 10.3 or later, which has sequences.
@@ -69,6 +69,8 @@ pub(super) async fn setup(config: &MysqlConfig) -> Result<(FenceSource, Server),
         ctes: has_ctes(&version),
     };
     conn.run(permits::TABLE, "creating the table distlock_semaphores")
+        .await?;
+    conn.run(names::TABLE, "creating the table distlock_names")
         .await?;
     let fences = setup_fences(&conn, fences).await?;
     Ok((fences, server))

@@ -1,0 +1,148 @@
+//! Lock names for `distlock list`: the table `distlock_names`.
+//!
+//! The server knows an advisory lock by its 64-bit id only (`pg_locks`). A client therefore
+//! records the name behind each id the first time it tries a lock of that name, in a row
+//! `(lock_id, kind, name)` written in the background (an acquire never waits for it), and the
+//! listing joins the names with `pg_locks` and the waiters' tickets: a name is in use while its
+//! lock is granted to some session (for a semaphore: its size hold), or a live ticket waits
+//! for it. The table is `UNLOGGED`; after a crash the names come back as clients use them.
+
+use std::collections::HashSet;
+
+use distlock_core::engine::{BoxFuture, LeaseKind, LockError, MutexExt, Names};
+
+use super::{PgBackend, kinds, lock_id};
+use crate::error::map_err;
+
+/// How many names a client remembers having recorded before it starts over (a client that
+/// uses ever new names records each once per so many).
+const REMEMBERED: usize = 65_536;
+
+/// The code of a name's kind in the table: a lock (mutex, readers and writers, elections), or
+/// a semaphore (its base id).
+fn kind_code(kind: LeaseKind) -> i16 {
+    match kind {
+        LeaseKind::Permit { .. } => 2,
+        _ => 0,
+    }
+}
+
+/// The table's definition.
+pub(super) fn names_ddl(schema: &str) -> String {
+    format!(
+        "CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.distlock_names ( \
+           lock_id bigint NOT NULL, \
+           kind smallint NOT NULL, \
+           name text NOT NULL, \
+           PRIMARY KEY (lock_id, kind))"
+    )
+}
+
+/// The ids this client has recorded a name for.
+#[derive(Debug, Default)]
+pub(super) struct Recorded(std::sync::Mutex<HashSet<(i64, i16)>>);
+
+impl PgBackend {
+    /// Records `name` for `kind` in the background, the first time this client uses it.
+    pub(super) fn record_name(&self, name: &str, kind: LeaseKind) {
+        let code = kind_code(kind);
+        let id = match kind {
+            LeaseKind::Permit { .. } => kinds::permit_base(name),
+            _ => lock_id(name),
+        };
+        {
+            let mut seen = self.inner.names.0.locked();
+            if seen.len() >= REMEMBERED {
+                seen.clear();
+            }
+            if !seen.insert((id, code)) {
+                return;
+            }
+        }
+        let me = self.clone();
+        let name = name.to_owned();
+        tokio::spawn(async move {
+            const DOING: &str = "recording a lock's name";
+            // On a session of its own: the pool's sessions are placed by lease and TTL, and
+            // a write that is no lease has no business there.
+            let written = async {
+                let conn = me.take().await?;
+                let s = &me.config().schema;
+                let sql = format!(
+                    "INSERT INTO {s}.distlock_names (lock_id, kind, name) VALUES ($1, $2, $3) \
+                     ON CONFLICT (lock_id, kind) DO UPDATE SET name = EXCLUDED.name \
+                     WHERE {s}.distlock_names.name <> EXCLUDED.name"
+                );
+                tokio::time::timeout(
+                    me.config().response_timeout,
+                    conn.client.execute(&sql, &[&id, &code, &name]),
+                )
+                .await
+                .map_err(|_| {
+                    LockError::new(
+                        distlock_core::engine::ErrorKind::Timeout,
+                        format!("{DOING}: no answer"),
+                    )
+                })?
+                .map_err(|e| map_err(e, DOING))?;
+                me.put_back(conn);
+                Ok::<_, LockError>(())
+            };
+            if let Err(e) = written.await {
+                // Tried again at the next use of the name.
+                me.inner.names.0.locked().remove(&(id, code));
+                tracing::debug!(target: "distlock", error = %e, "cannot record a lock's name");
+            }
+        });
+    }
+}
+
+/// The names whose lock some session holds, or a live ticket waits for.
+impl distlock_core::engine::Lister for PgBackend {
+    fn names<'a>(
+        &'a self,
+        prefix: &'a str,
+        budget: usize,
+    ) -> BoxFuture<'a, Result<Names, LockError>> {
+        Box::pin(async move {
+            const DOING: &str = "listing the locks (pg_locks and distlock_names)";
+            let s = &self.config().schema;
+            // pg_locks is read once (a CTE is computed once); a bigint lock is classid (high
+            // half) and objid (low half) with objsubid 1, a semaphore's size hold is (the base
+            // id's high 31 bits, N) with objsubid 2.
+            let sql = format!(
+                "WITH held AS MATERIALIZED ( \
+                   SELECT l.classid::bigint AS hi, l.objid::bigint AS lo, l.objsubid AS sub \
+                   FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted) \
+                 SELECT n.name FROM {s}.distlock_names n \
+                 WHERE left(n.name, length($1)) = $1 AND ( \
+                   (n.kind = 0 AND EXISTS (SELECT 1 FROM held h WHERE h.sub = 1 \
+                      AND h.hi = ((n.lock_id >> 32) & 4294967295) \
+                      AND h.lo = (n.lock_id & 4294967295))) \
+                   OR (n.kind = 2 AND EXISTS (SELECT 1 FROM held h WHERE h.sub = 2 \
+                      AND h.hi = ((n.lock_id >> 32) & 2147483647))) \
+                   OR EXISTS (SELECT 1 FROM {s}.distlock_waiters w \
+                      WHERE w.lock_id = n.lock_id AND w.until > now())) \
+                 LIMIT $2"
+            );
+            let session = self.inner.pool.any_session().await?;
+            let limit = i64::try_from(budget).unwrap_or(i64::MAX).saturating_add(1);
+            let rows = tokio::time::timeout(
+                self.config().response_timeout,
+                session.conn().client.query(&sql, &[&prefix, &limit]),
+            )
+            .await
+            .map_err(|_| {
+                LockError::new(
+                    distlock_core::engine::ErrorKind::Timeout,
+                    format!("{DOING}: no answer"),
+                )
+            })?
+            .map_err(|e| map_err(e, DOING))?;
+            let mut names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+            let more = names.len() > budget;
+            names.truncate(budget);
+            Ok(Names::new(names, more))
+        })
+    }
+}
