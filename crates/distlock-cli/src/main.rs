@@ -104,6 +104,32 @@ struct Engine {
     password_file: Option<std::path::PathBuf>,
 }
 
+/// `--metrics-addr`, for the commands that run a while.
+#[derive(Debug, Args)]
+struct MetricsArgs {
+    /// Serve the lock metrics (distlock_*: acquire and wait times, locks held, losses, renewal
+    /// failures, hand-offs) in Prometheus' text format on this address while distlock runs,
+    /// e.g. 127.0.0.1:9464 (any path: /metrics).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+}
+
+impl MetricsArgs {
+    /// Starts serving, if asked; the exit status of why it cannot.
+    fn serve(&self) -> Result<(), u8> {
+        let Some(addr) = self.metrics_addr else {
+            return Ok(());
+        };
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .map_err(|e| {
+                eprintln!("distlock: cannot serve the metrics on {addr}: {e}");
+                exit::CONFIG
+            })
+    }
+}
+
 impl Engine {
     /// The engine's URL, with the password from the file or the environment put in.
     fn url(&self) -> Result<String, distlock::LockError> {

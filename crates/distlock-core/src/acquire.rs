@@ -3,6 +3,7 @@
 //! Written once, for every engine and every kind of lease.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::driver::Driver;
@@ -272,6 +273,7 @@ pub(crate) async fn attempt<B: Backend>(
         clock: driver.clock().clone(),
         options: *options,
         recorded: holder.recorded,
+        engine: driver.backend().name(),
     };
     let lease = Arc::new(LeaseShared::new(spec, sent));
     tracing::debug!(target: "distlock", key, fence = ?fence,
@@ -294,6 +296,24 @@ pub(crate) async fn wait_for<B: Backend>(
     holding: &Arc<Holding<B>>,
     want: Want<'_>,
     engine_errors: Option<&std::sync::Mutex<Option<LockError>>>,
+) -> Result<LockGuard<B>, LockError> {
+    let timer = crate::metrics::Timer::start();
+    let waited = AtomicBool::new(false);
+    let got = wait_in(holding, want, engine_errors, &waited).await;
+    if got.is_ok() && waited.load(Ordering::Relaxed) {
+        let engine = holding.driver().backend().name();
+        crate::metrics::waited(engine, want.kind, want.key, timer.elapsed());
+    }
+    got
+}
+
+/// [`wait_for`]'s loop; `waited` is set once the lock was found busy (or the local queue had
+/// someone ahead).
+async fn wait_in<B: Backend>(
+    holding: &Arc<Holding<B>>,
+    want: Want<'_>,
+    engine_errors: Option<&std::sync::Mutex<Option<LockError>>>,
+    waited: &AtomicBool,
 ) -> Result<LockGuard<B>, LockError> {
     let Want {
         key,
@@ -335,6 +355,7 @@ pub(crate) async fn wait_for<B: Backend>(
                     },
                     QueuePosition::Head => break,
                     QueuePosition::Behind(holder) => {
+                        waited.store(true, Ordering::Relaxed);
                         if let Some(h) = t.changed(holder.as_ref()).await
                             && let Some(g) = h.into_guard()
                         {
@@ -382,6 +403,7 @@ pub(crate) async fn wait_for<B: Backend>(
                 return Ok(g);
             }
             Ok(Attempted::Busy(ttl)) => {
+                waited.store(true, Ordering::Relaxed);
                 failures = 0;
                 if let Some(slot) = engine_errors {
                     *slot.locked() = None;

@@ -351,6 +351,18 @@ impl<B: Backend> LockClient<B> {
         &self,
         want: Want<'_>,
     ) -> Result<Option<LockGuard<B>>, LockError> {
+        let timer = crate::metrics::Timer::start();
+        let got = self.try_lease_once(want).await;
+        let outcome = match &got {
+            Ok(None) => "busy",
+            other => crate::metrics::outcome(other),
+        };
+        let engine = self.backend().name();
+        crate::metrics::acquire(engine, want.kind, want.key, outcome, timer.elapsed());
+        got
+    }
+
+    async fn try_lease_once(&self, want: Want<'_>) -> Result<Option<LockGuard<B>>, LockError> {
         let key = want.key;
         validate_key(key)?;
         if self.held_here(key) {
@@ -374,6 +386,15 @@ impl<B: Backend> LockClient<B> {
 
     /// The lease `want` describes, waiting as its options say.
     pub(crate) async fn lease_as(&self, want: Want<'_>) -> Result<LockGuard<B>, LockError> {
+        let timer = crate::metrics::Timer::start();
+        let got = self.lease_waiting(want).await;
+        let engine = self.backend().name();
+        let outcome = crate::metrics::outcome(&got);
+        crate::metrics::acquire(engine, want.kind, want.key, outcome, timer.elapsed());
+        got
+    }
+
+    async fn lease_waiting(&self, want: Want<'_>) -> Result<LockGuard<B>, LockError> {
         let (key, options) = (want.key, want.options);
         validate_key(key)?;
         match options.wait() {

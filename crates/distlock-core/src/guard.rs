@@ -248,6 +248,7 @@ async fn hand_off<B: Backend>(
         };
         match local.deliver(lease.key(), offer, &next, value) {
             Ok(()) => {
+                crate::metrics::handoff(holding.driver().backend().name(), "local");
                 tracing::debug!(target: "distlock", key = %lease.key(), fence = ?lease.fence(),
                     streak = lease.streak() + 1, "lock handed to a local waiter");
                 return Some(Ok(Released::Held));

@@ -70,6 +70,8 @@ pub(crate) struct LeaseSpec {
     pub(crate) options: LockOptions,
     /// A recorded holder's (see `AcquireRequest::recorded`).
     pub(crate) recorded: bool,
+    /// The engine's name, for the metrics.
+    pub(crate) engine: &'static str,
 }
 
 pub(crate) struct LeaseShared {
@@ -78,6 +80,7 @@ pub(crate) struct LeaseShared {
     kind: LeaseKind,
     fence: Option<u64>,
     recorded: bool,
+    engine: &'static str,
     clock: Arc<dyn Clock>,
     options: LockOptions,
     state: Mutex<LeaseState>,
@@ -146,12 +149,14 @@ impl LeaseShared {
             end: None,
             renew_failing: false,
         };
+        crate::metrics::held(spec.engine, spec.kind, 1.0);
         LeaseShared {
             key: spec.key,
             token: spec.token,
             kind: spec.kind,
             fence: spec.fence,
             recorded: spec.recorded,
+            engine: spec.engine,
             clock: spec.clock,
             options: spec.options,
             state: Mutex::new(state),
@@ -174,6 +179,7 @@ impl LeaseShared {
             clock: self.clock.clone(),
             options,
             recorded: self.recorded,
+            engine: self.engine,
         }
     }
 
@@ -191,7 +197,10 @@ impl LeaseShared {
 
     /// Records that the engine has turned this writer into a reader.
     pub(crate) fn set_downgraded(&self) {
-        self.downgraded.store(true, Ordering::Release);
+        if !self.downgraded.swap(true, Ordering::AcqRel) && self.kind == LeaseKind::Exclusive {
+            crate::metrics::held(self.engine, LeaseKind::Exclusive, -1.0);
+            crate::metrics::held(self.engine, LeaseKind::Shared, 1.0);
+        }
     }
 
     pub(crate) fn token(&self) -> &Token {
@@ -330,6 +339,7 @@ impl LeaseShared {
     pub(crate) fn renew_failed(&self) {
         // Only the reason for a deadline that passes changes: nobody waits for this.
         self.lock().renew_failing = true;
+        crate::metrics::renew_failed(self.engine);
     }
 
     /// Ends the lease when `lost` resolves (the engine's own word that it is lost).
@@ -374,7 +384,9 @@ impl LeaseShared {
             watch.abort();
         }
         self.changed.notify_waiters();
+        crate::metrics::held(self.engine, self.kind(), -1.0);
         if let LeaseEnd::Lost(reason) = end {
+            crate::metrics::lost(self.engine, reason);
             tracing::warn!(
                 target: "distlock",
                 key = %self.key,

@@ -16,6 +16,7 @@ mod key;
 mod lease;
 mod list;
 mod local;
+pub mod metrics;
 mod options;
 mod request;
 #[doc(hidden)]

@@ -156,8 +156,12 @@ impl EtcdBackend {
         data_key: &str,
         value: impl Into<Vec<u8>>,
     ) -> Result<bool, LockError> {
+        let refused = || {
+            distlock_core::metrics::fence_refused("etcd");
+            Ok(false)
+        };
         let Ok(rev) = i64::try_from(fence) else {
-            return Ok(false);
+            return refused();
         };
         let held = self
             .inner
@@ -165,7 +169,9 @@ impl EtcdBackend {
             .held_entries()
             .into_iter()
             .find(|(_, e)| e.name == name && e.entry.seq == rev);
-        let Some((_, e)) = held else { return Ok(false) };
+        let Some((_, e)) = held else {
+            return refused();
+        };
         let txn = TxnRequest::new(
             vec![Compare::create_revision(
                 e.entry.id,
@@ -180,7 +186,10 @@ impl EtcdBackend {
             .txn(txn)
             .await
             .map_err(|e| map_err(e, "a fenced write to etcd"))?;
-        Ok(reply.succeeded)
+        if !reply.succeeded {
+            return refused();
+        }
+        Ok(true)
     }
 
     /// A read, sent again on another member when its member fails.

@@ -129,6 +129,9 @@ impl FencedUpdate {
             .execute(&self.sql, &all)
             .await
             .map_err(|e| map_err(e, "writing a fenced row"))?;
+        if n == 0 {
+            distlock_core::metrics::fence_refused("postgres");
+        }
         Ok(n > 0)
     }
 }

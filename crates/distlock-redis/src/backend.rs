@@ -431,6 +431,7 @@ impl Backend for RedisBackend {
         // A lock handed to this wait needs no request at all: look first.
         let other = match self.handovers.take_grant(req.name, req.token.as_str()) {
             Some(Ok(granted)) => {
+                distlock_core::metrics::handoff(self.name(), "server");
                 if let Attempt::AcquiredEarlier {
                     fence: Some(fence), ..
                 } = granted

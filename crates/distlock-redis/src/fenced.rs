@@ -50,7 +50,11 @@ pub async fn fenced_set(
         .invoke_async(conn)
         .await
         .map_err(|e| map_err(e, DOING))?;
-    Ok(FencedWrite::decode(&reply, DOING)? == FencedWrite::Written)
+    let written = FencedWrite::decode(&reply, DOING)? == FencedWrite::Written;
+    if !written {
+        distlock_core::metrics::fence_refused("redis");
+    }
+    Ok(written)
 }
 
 /// Reads a resource written by [`fenced_set`]: its value and the fence that wrote it.

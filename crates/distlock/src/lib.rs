@@ -14,6 +14,12 @@ pub use distlock_core::{
 };
 pub use schemes::{connect, engines, open_backend, open_backend_within, supported_schemes};
 
+/// Metrics through the `metrics` facade (feature `metrics`): see
+/// [`distlock_core::metrics`] for the names and labels.
+pub mod metrics {
+    pub use distlock_core::metrics::*;
+}
+
 /// URL helpers: where a password goes in each engine's URL (so it can come from a file or the
 /// environment rather than the command line), and the form of a URL fit for logs.
 pub mod url {

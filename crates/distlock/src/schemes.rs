@@ -11,7 +11,7 @@ macro_rules! opener {
     ($name:ident, $connect:expr) => {
         #[allow(dead_code)]
         fn $name(url: &str) -> BoxFuture<'_, Result<AnyBackend, LockError>> {
-            Box::pin(async move { Ok(Box::new($connect(url).await?) as AnyBackend) })
+            Box::pin(async move { Ok(AnyBackend::new($connect(url).await?)) })
         }
     };
 }
@@ -330,7 +330,7 @@ mod tests {
                 }
                 _ => format!("{scheme}://127.0.0.1:1?no_such_param=1"),
             };
-            let e = open_backend(&url).await.err().expect("refused");
+            let e = open_backend(&url).await.expect_err("refused");
             assert_eq!(e.kind(), ErrorKind::Config, "{scheme}: {e}");
             assert!(
                 e.message().contains("no_such_param"),
@@ -343,13 +343,12 @@ mod tests {
             }
             let e = open_backend(&format!("{scheme}://127.0.0.1:1"))
                 .await
-                .err()
-                .expect("refused");
+                .expect_err("refused");
             assert_eq!(e.kind(), ErrorKind::Config);
             assert!(e.message().contains(why), "{e}");
         }
         for bad in ["gopher://h", "nothing", ""] {
-            let e = open_backend(bad).await.err().expect("refused");
+            let e = open_backend(bad).await.expect_err("refused");
             assert_eq!(e.kind(), ErrorKind::Config, "{bad}: {e}");
         }
     }

@@ -122,56 +122,81 @@ impl<B: Backend> DynBackend for B {
     }
 }
 
-/// An engine chosen at run time.
-pub type AnyBackend = Box<dyn DynBackend>;
+/// An engine chosen at run time: any [`Backend`], boxed.
+///
+/// A struct rather than a bare `Box<dyn DynBackend>`, so that a future of a client of it can
+/// be spawned: with the bare box, rustc asks for the box's impls "for any lifetime" of the
+/// trait object and refuses `tokio::spawn(async move { client.acquire(k).await })`
+/// ("implementation of `Backend` is not general enough").
+pub struct AnyBackend(Box<dyn DynBackend>);
+
+impl AnyBackend {
+    /// `backend`, boxed.
+    pub fn new(backend: impl Backend) -> Self {
+        AnyBackend(Box::new(backend))
+    }
+
+    /// The engine inside.
+    pub fn inner(&self) -> &dyn DynBackend {
+        &*self.0
+    }
+}
+
+impl std::fmt::Debug for AnyBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AnyBackend")
+            .field(&self.0.dyn_name())
+            .finish()
+    }
+}
 
 impl Backend for AnyBackend {
     fn name(&self) -> &'static str {
-        (**self).dyn_name()
+        self.0.dyn_name()
     }
     fn capabilities(&self) -> Capabilities {
-        (**self).dyn_capabilities()
+        self.0.dyn_capabilities()
     }
     fn why_unsupported(&self, kind: LeaseKind) -> &'static str {
-        (**self).dyn_why_unsupported(kind)
+        self.0.dyn_why_unsupported(kind)
     }
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        (**self).dyn_acquire(req).await
+        self.0.dyn_acquire(req).await
     }
     async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
-        (**self).dyn_renew(lease, ttl).await
+        self.0.dyn_renew(lease, ttl).await
     }
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
-        (**self).dyn_release(lease).await
+        self.0.dyn_release(lease).await
     }
     async fn inspect(&self, name: &str) -> Result<LockStatus, LockError> {
-        (**self).dyn_inspect(name).await
+        self.0.dyn_inspect(name).await
     }
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {
-        (**self).dyn_batch_renew()
+        self.0.dyn_batch_renew()
     }
     fn wake_source(&self) -> Option<&dyn WakeSource> {
-        (**self).dyn_wake_source()
+        self.0.dyn_wake_source()
     }
     fn sessions(&self) -> Option<&dyn Sessions> {
-        (**self).dyn_sessions()
+        self.0.dyn_sessions()
     }
     fn handover(&self) -> Option<&dyn Handover> {
-        (**self).dyn_handover()
+        self.0.dyn_handover()
     }
     fn breaker(&self) -> Option<&dyn Breaker> {
-        (**self).dyn_breaker()
+        self.0.dyn_breaker()
     }
     fn downgrade(&self) -> Option<&dyn Downgrade> {
-        (**self).dyn_downgrade()
+        self.0.dyn_downgrade()
     }
     fn why_no_downgrade(&self) -> &'static str {
-        (**self).dyn_why_no_downgrade()
+        self.0.dyn_why_no_downgrade()
     }
     fn lister(&self) -> Option<&dyn Lister> {
-        (**self).dyn_lister()
+        self.0.dyn_lister()
     }
     fn why_no_list(&self) -> &'static str {
-        (**self).dyn_why_no_list()
+        self.0.dyn_why_no_list()
     }
 }
