@@ -47,6 +47,7 @@ mod p5;
 mod p6;
 mod p7;
 mod p8;
+mod p9;
 mod peers;
 mod report;
 
@@ -108,6 +109,9 @@ struct Cli {
     /// its tables, and writes its figures with --json.
     #[arg(long, conflicts_with_all = ["p1_only", "p7_only"])]
     p8_only: bool,
+    /// Only P9 (what the metrics and spans cost the uncontended cycle): prints its table.
+    #[arg(long, conflicts_with_all = ["p1_only", "p7_only", "p8_only"])]
+    p9_only: bool,
 }
 
 /// What every contending worker process is told (see `common::spawn_workers`).
@@ -167,6 +171,19 @@ enum Cmd {
         cycles: usize,
         urls: Vec<String>,
     },
+    /// Internal: uncontended cycles on Redis with the metrics recorder and the tracing
+    /// subscriber installed (`--observe`) or not (P9); prints cycles per second.
+    #[command(hide = true)]
+    ObservedCycles {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        cycles: usize,
+        #[arg(long)]
+        observe: bool,
+        #[arg(long)]
+        pin: bool,
+    },
     /// Internal: the raw floor's waiting client (a bare subscriber).
     #[command(hide = true)]
     RawWaiter {
@@ -191,6 +208,12 @@ fn main() {
     let cli = Cli::parse();
     match &cli.cmd {
         Some(Cmd::RawWaiter { url, count }) => return raw_waiter(url, *count),
+        Some(Cmd::ObservedCycles {
+            url,
+            cycles,
+            observe,
+            pin,
+        }) => return p9::child(url, *cycles, *observe, *pin),
         Some(Cmd::RedlockCycles { cycles, urls }) => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -332,6 +355,17 @@ fn main() {
         return;
     }
     let url = server.url();
+    let p9_rounds = if cli.quick { 1 } else { rounds.max(5) };
+    let p9_cycles = if cli.quick { cycles } else { cycles * 2 };
+    if cli.p9_only {
+        let p9 = p9::run(&url, p9_rounds, p9_cycles, !cli.no_pin);
+        print!("{}", p9.render(pinning));
+        println!(
+            "\nslower by {:.1} % (bar: at most 3 %)",
+            p9.slowdown() * 100.0
+        );
+        return;
+    }
     let raw = redis::Client::open(url.as_str()).expect("client");
     let mut async_conn = rt
         .block_on(raw.get_multiplexed_async_connection())
@@ -359,6 +393,7 @@ fn main() {
         );
         return;
     }
+    let p9 = p9::run(&url, p9_rounds, p9_cycles, !cli.no_pin);
     let p1_tls = rt.block_on(p1::measure_tls(rounds, cycles, !cli.no_pin));
     let p5 = p5(
         &rt,
@@ -585,6 +620,7 @@ fn main() {
         p7,
         p8_failovers,
         p8_observing,
+        p9,
     });
 }
 

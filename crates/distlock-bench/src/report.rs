@@ -48,6 +48,7 @@ pub(crate) struct Results<'a> {
     pub(crate) p7: crate::p7::P7,
     pub(crate) p8_failovers: Vec<crate::p8::Failover>,
     pub(crate) p8_observing: Vec<crate::p8::Observing>,
+    pub(crate) p9: crate::p9::Figures,
 }
 
 /// Prints the report, and writes it as Markdown and JSON when the command line asks.
@@ -85,6 +86,7 @@ pub(crate) fn write(results: Results<'_>) {
         p7,
         p8_failovers,
         p8_observing,
+        p9,
     } = results;
     // The report: printed, and written as Markdown with --report.
     let mut report = String::new();
@@ -440,6 +442,8 @@ pub(crate) fn write(results: Results<'_>) {
         "{}",
         crate::p8::render(&p8_failovers, &p8_observing, "not pinned")
     );
+    outln!();
+    out!("{}", p9.render(pinning));
     // The bars of the brief (§4), each with its figure.
     outln!();
     outln!("Bars");
@@ -502,6 +506,11 @@ pub(crate) fn write(results: Results<'_>) {
             &|f| f >= 0.9,
         );
     }
+    bar(
+        "P9 metrics and spans cost the uncontended cycle ≤ 3 %",
+        Some(p9.slowdown() * 100.0),
+        &|f| f <= 3.0,
+    );
     for (name, fig, met) in crate::p8::bars(&p8_failovers) {
         outln!(
             "| {name} | {} | {} |",
@@ -608,6 +617,7 @@ pub(crate) fn write(results: Results<'_>) {
             "p3_idle_rtt_us_per_round": p3.iter().map(|r| r.idle_rtt).collect::<Vec<_>>(),
             "p7": p7.json(),
             "p8": crate::p8::json(&p8_failovers, &p8_observing),
+            "p9": p9.json(),
         });
         std::fs::write(path, serde_json::to_string_pretty(&json).expect("json"))
             .expect("write the JSON");

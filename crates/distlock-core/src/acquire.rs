@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::driver::Driver;
 use crate::engine::{Attempt, Backend, LeaseCheck, LeaseKind, LeaseRef, Subscription};
 use crate::error::LockError;
@@ -344,6 +346,8 @@ async fn wait_in<B: Backend>(
     };
     // Attempts in a row that failed (see `engine_errors`).
     let mut failures = 0u32;
+    // Attempts so far (for the acquire's span).
+    let mut tries = 0u32;
     loop {
         // Our turn in the local queue, or a hand-off from a local holder.
         if let Some(t) = ticket.as_mut() {
@@ -397,7 +401,12 @@ async fn wait_in<B: Backend>(
                 own.token.get_or_insert_with(Token::generate).clone()
             }
         };
-        let holder_ttl = match attempt(holding, want, queue, token).await {
+        tries = tries.saturating_add(1);
+        let engine = holding.driver().backend().name();
+        let holder_ttl = match attempt(holding, want, queue, token)
+            .instrument(crate::trace::attempt(engine, tries))
+            .await
+        {
             Ok(Attempted::Taken(g)) => {
                 own.taken();
                 return Ok(g);

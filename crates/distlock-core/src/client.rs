@@ -7,6 +7,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
+use tracing::Instrument;
 
 use crate::acquire::{Attempted, Want, attempt, wait_for};
 use crate::clock::{Clock, SystemClock};
@@ -352,12 +353,20 @@ impl<B: Backend> LockClient<B> {
         want: Want<'_>,
     ) -> Result<Option<LockGuard<B>>, LockError> {
         let timer = crate::metrics::Timer::start();
-        let got = self.try_lease_once(want).await;
+        let engine = self.backend().name();
+        let span = crate::trace::acquire(engine, want.key, want.kind);
+        let mut run = std::pin::pin!(self.try_lease_once(want).instrument(span));
+        let got = run.as_mut().await;
         let outcome = match &got {
             Ok(None) => "busy",
             other => crate::metrics::outcome(other),
         };
-        let engine = self.backend().name();
+        let fence = got
+            .as_ref()
+            .ok()
+            .and_then(Option::as_ref)
+            .and_then(LockGuard::fence);
+        crate::trace::acquired(run.span(), outcome, fence);
         crate::metrics::acquire(engine, want.kind, want.key, outcome, timer.elapsed());
         got
     }
@@ -368,7 +377,11 @@ impl<B: Backend> LockClient<B> {
         if self.held_here(key) {
             return Ok(None);
         }
-        match attempt(&self.holding, want, false, Token::generate()).await? {
+        let engine = self.backend().name();
+        match attempt(&self.holding, want, false, Token::generate())
+            .instrument(crate::trace::attempt(engine, 1))
+            .await?
+        {
             Attempted::Taken(g) => Ok(Some(g)),
             Attempted::Busy(_) => Ok(None),
         }
@@ -387,9 +400,13 @@ impl<B: Backend> LockClient<B> {
     /// The lease `want` describes, waiting as its options say.
     pub(crate) async fn lease_as(&self, want: Want<'_>) -> Result<LockGuard<B>, LockError> {
         let timer = crate::metrics::Timer::start();
-        let got = self.lease_waiting(want).await;
         let engine = self.backend().name();
+        let span = crate::trace::acquire(engine, want.key, want.kind);
+        let mut run = std::pin::pin!(self.lease_waiting(want).instrument(span));
+        let got = run.as_mut().await;
         let outcome = crate::metrics::outcome(&got);
+        let fence = got.as_ref().ok().and_then(LockGuard::fence);
+        crate::trace::acquired(run.span(), outcome, fence);
         crate::metrics::acquire(engine, want.kind, want.key, outcome, timer.elapsed());
         got
     }
@@ -402,7 +419,11 @@ impl<B: Backend> LockClient<B> {
                 if self.held_here(key) {
                     return Err(LockError::busy(key));
                 }
-                match attempt(&self.holding, want, false, Token::generate()).await? {
+                let engine = self.backend().name();
+                match attempt(&self.holding, want, false, Token::generate())
+                    .instrument(crate::trace::attempt(engine, 1))
+                    .await?
+                {
                     Attempted::Taken(g) => Ok(g),
                     Attempted::Busy(_) => Err(LockError::busy(key)),
                 }

@@ -467,8 +467,22 @@ impl<B: Backend> LockGuard<B> {
             before,
             armed: true,
         };
-        let outcome = finish(&self.holding, &lease, before).await;
+        let engine = self.holding.driver().backend().name();
+        let span = crate::trace::release(engine, lease.key(), lease.fence());
+        let mut run = std::pin::pin!(tracing::Instrument::instrument(
+            finish(&self.holding, &lease, before),
+            span
+        ));
+        let outcome = run.as_mut().await;
         pending.armed = false;
+        run.span().record(
+            "outcome",
+            match &outcome {
+                Ok(Released::Held) => "released",
+                Ok(_) => "lost",
+                Err(_) => "error",
+            },
+        );
         let outcome = outcome?;
         tracing::debug!(target: "distlock", key = %lease.key(), fence = ?lease.fence(),
             held = outcome.was_held(), "lock released");

@@ -23,6 +23,7 @@ mod request;
 pub mod seeded;
 mod sync;
 mod token;
+pub mod trace;
 pub mod url;
 mod watchdog;
 

@@ -13,6 +13,10 @@
 //! | `distlock_handoffs_total` | counter | `engine`, `where` (`local`: to a task of this client; `server`: the engine passed the lock to a waiting client) |
 //! | `distlock_fence_refusals_total` | counter | `engine`: writes the fenced-write helpers refused for a stale fence |
 //!
+//! Install the recorder before the first lock is taken: the handles of the busiest series are
+//! resolved once, at their first use, and one resolved before a recorder exists records
+//! nowhere.
+//!
 //! Lock names are not labels by default (one series per name would grow without bound). A
 //! bounded set of names can be given with [`label_keys`]: those get a `key` label with their
 //! name, every other name `key="_other"`.
@@ -113,8 +117,11 @@ pub(crate) fn waited(engine: &'static str, k: LeaseKind, key: &str, waited: Dura
 /// A lease began (`+1`) or ended (`-1`).
 pub(crate) fn held(engine: &'static str, k: LeaseKind, change: f64) {
     #[cfg(feature = "metrics")]
-    ::metrics::gauge!("distlock_locks_held", "engine" => engine, "kind" => kind(k))
-        .increment(change);
+    on::HELD.with(
+        (engine, kind(k), ""),
+        |g| g.increment(change),
+        || ::metrics::gauge!("distlock_locks_held", "engine" => engine, "kind" => kind(k)),
+    );
     #[cfg(not(feature = "metrics"))]
     let _ = (engine, kind(k), change);
 }
@@ -161,7 +168,50 @@ mod on {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    use ::metrics::{SharedString, histogram};
+    use ::metrics::{Gauge, Histogram, SharedString, histogram};
+
+    /// Handles by their static labels, resolved at first use: the macros build and look up
+    /// their key at every call, which cost the uncontended cycle about 0.4 µs each (P9).
+    pub(super) struct Handles<T> {
+        entries: RwLock<Vec<(Labels, T)>>,
+    }
+
+    /// A series' static labels (engine, kind, and the outcome or `""`).
+    type Labels = (&'static str, &'static str, &'static str);
+
+    impl<T> Handles<T> {
+        const fn new() -> Self {
+            Handles {
+                entries: RwLock::new(Vec::new()),
+            }
+        }
+
+        /// Runs `f` on the handle of `labels`, made by `make` the first time.
+        pub(super) fn with(&self, labels: Labels, f: impl FnOnce(&T), make: impl FnOnce() -> T) {
+            {
+                let entries = self
+                    .entries
+                    .read()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some((_, h)) = entries.iter().find(|(l, _)| *l == labels) {
+                    return f(h);
+                }
+            }
+            let mut entries = self
+                .entries
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !entries.iter().any(|(l, _)| *l == labels) {
+                entries.push((labels, make()));
+            }
+            if let Some((_, h)) = entries.iter().find(|(l, _)| *l == labels) {
+                f(h);
+            }
+        }
+    }
+
+    pub(super) static HELD: Handles<Gauge> = Handles::new();
+    static ACQUIRE: Handles<Histogram> = Handles::new();
 
     /// Whether any name gets a `key` label (checked before the lock is taken).
     static LABELLED: AtomicBool = AtomicBool::new(false);
@@ -200,9 +250,14 @@ mod on {
             Some(k) => histogram!("distlock_acquire_duration_seconds",
                 "engine" => engine, "kind" => kind, "outcome" => outcome, "key" => k)
             .record(took),
-            None => histogram!("distlock_acquire_duration_seconds",
-                "engine" => engine, "kind" => kind, "outcome" => outcome)
-            .record(took),
+            None => ACQUIRE.with(
+                (engine, kind, outcome),
+                |h| h.record(took),
+                || {
+                    histogram!("distlock_acquire_duration_seconds",
+                        "engine" => engine, "kind" => kind, "outcome" => outcome)
+                },
+            ),
         }
     }
 

@@ -337,7 +337,12 @@ async fn send<B: Backend>(driver: Arc<Driver<B>>, batch: Vec<Item>) -> Vec<(u64,
         .iter()
         .map(|i| RenewItem::new(i.renewal.lease().engine_ref(), i.ttl))
         .collect();
-    let replies = tokio::time::timeout(budget, driver.renew_many(&items)).await;
+    let span = crate::trace::renew(driver.backend().name(), items.len());
+    let replies = tracing::Instrument::instrument(
+        tokio::time::timeout(budget, driver.renew_many(&items)),
+        span,
+    )
+    .await;
     drop(items);
     let mut out = Vec::with_capacity(batch.len());
     match replies {

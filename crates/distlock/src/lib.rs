@@ -20,6 +20,12 @@ pub mod metrics {
     pub use distlock_core::metrics::*;
 }
 
+/// The lock's `tracing` spans (`distlock.acquire`, `distlock.attempt`, `distlock.release`,
+/// `distlock.renew`): see [`distlock_core::trace`] for their fields.
+pub mod trace {
+    pub use distlock_core::trace::*;
+}
+
 /// URL helpers: where a password goes in each engine's URL (so it can come from a file or the
 /// environment rather than the command line), and the form of a URL fit for logs.
 pub mod url {
