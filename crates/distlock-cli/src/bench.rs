@@ -14,7 +14,7 @@ pub(crate) struct BenchArgs {
     #[command(flatten)]
     engine: crate::Engine,
     #[command(flatten)]
-    metrics: crate::MetricsArgs,
+    pub(crate) metrics: crate::MetricsArgs,
     /// Concurrent lockers, each with its own client and connections, as separate processes
     /// would have.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -68,9 +68,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 pub(crate) async fn bench(args: BenchArgs) -> u8 {
-    if let Err(code) = args.metrics.serve() {
-        return code;
-    }
     if args.duration.is_zero() {
         eprintln!("distlock: --duration must be more than 0");
         return exit::USAGE;

@@ -115,7 +115,9 @@ struct MetricsArgs {
 }
 
 impl MetricsArgs {
-    /// Starts serving, if asked; the exit status of why it cannot.
+    /// Starts serving, if asked; the exit status of why it cannot. Called outside the
+    /// command's runtime, so the exporter gets a thread and a runtime of its own: a command
+    /// that keeps its runtime busy (bench's lockers on the file engine) must not starve it.
     fn serve(&self) -> Result<(), u8> {
         let Some(addr) = self.metrics_addr else {
             return Ok(());
@@ -236,6 +238,14 @@ fn main() -> ExitCode {
             &mut std::io::stdout(),
         );
         return ExitCode::SUCCESS;
+    }
+    let metrics = match &cli.command {
+        Command::Run(args) => Some(&args.metrics),
+        Command::Bench(args) => Some(&args.metrics),
+        _ => None,
+    };
+    if let Some(Err(code)) = metrics.map(MetricsArgs::serve) {
+        return ExitCode::from(code);
     }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

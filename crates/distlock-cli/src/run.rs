@@ -33,7 +33,7 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     engine: crate::Engine,
     #[command(flatten)]
-    metrics: crate::MetricsArgs,
+    pub(crate) metrics: crate::MetricsArgs,
     /// Lease length; the watchdog renews it every TTL/3 while the command runs.
     #[arg(long, default_value = "30s", value_parser = crate::parse_duration, value_name = "D")]
     ttl: Duration,
@@ -85,9 +85,6 @@ pub(crate) struct RunArgs {
 }
 
 pub(crate) async fn run(args: RunArgs) -> u8 {
-    if let Err(code) = args.metrics.serve() {
-        return code;
-    }
     let wait = match (args.no_wait, args.wait) {
         (true, _) => Wait::No,
         (false, Some(d)) if d.is_zero() => Wait::No,

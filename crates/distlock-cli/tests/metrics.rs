@@ -85,3 +85,38 @@ fn run_serves_the_metrics_while_the_command_runs() {
     );
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot serve the metrics"));
 }
+
+#[test]
+fn bench_serves_the_metrics_while_it_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/locks", tmp.path().display());
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = distlock(tmp.path())
+        .args([
+            "bench",
+            "--metrics-addr",
+            &addr,
+            "--url",
+            &url,
+            "--tasks",
+            "4",
+        ])
+        .args(["--duration", "20s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut text = String::new();
+    wait_until(
+        "the lockers' metrics served",
+        Duration::from_secs(15),
+        || {
+            text = scrape(port).unwrap_or_default();
+            text.contains(r#"distlock_acquire_duration_seconds_count{engine="file",kind="exclusive",outcome="acquired"}"#)
+        },
+    );
+    assert!(text.contains("distlock_locks_held"), "{text}");
+    signal(&child, Signal::SIGTERM);
+    wait_exit(&mut child, Duration::from_secs(30));
+}
