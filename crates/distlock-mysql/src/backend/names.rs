@@ -9,10 +9,13 @@
 //! its row in `distlock_semaphores` exists, and its status read says whether a permit is held.
 
 use std::collections::HashSet;
+use std::sync::{Arc, Weak};
 
 use distlock_core::engine::{BoxFuture, LeaseKind, LockError, MutexExt, Names};
 
-use super::{MysqlBackend, Sql, lit, lock_name, on_session_all, permits::semaphore_name};
+use tokio::sync::mpsc;
+
+use super::{Inner, MysqlBackend, Sql, lit, lock_name, on_session_all, permits::semaphore_name};
 
 /// How many names a client remembers having recorded before it starts over.
 const REMEMBERED: usize = 65_536;
@@ -23,9 +26,19 @@ pub(super) const TABLE: &str = "CREATE TABLE IF NOT EXISTS distlock_names (\
        kind TINYINT NOT NULL, \
        name VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL) ENGINE=InnoDB";
 
-/// The server names this client recorded a name for.
+/// A name to record: its server name, kind code and name.
+type Name = (String, u8, String);
+
+/// The most names one statement records.
+const BATCH: usize = 500;
+
+/// The server names this client recorded a name for, and its writer: one task, one statement
+/// per batch, so that a burst of new names costs a few statements, not one each.
 #[derive(Debug, Default)]
-pub(super) struct Recorded(std::sync::Mutex<HashSet<String>>);
+pub(super) struct Recorded {
+    seen: std::sync::Mutex<HashSet<String>>,
+    writer: std::sync::Mutex<Option<mpsc::UnboundedSender<Name>>>,
+}
 
 impl MysqlBackend {
     /// Records `name` in the background, the first time this client uses it.
@@ -35,7 +48,7 @@ impl MysqlBackend {
             _ => (lock_name(name), 0),
         };
         {
-            let mut seen = self.inner.names.0.locked();
+            let mut seen = self.inner.names.seen.locked();
             if seen.len() >= REMEMBERED {
                 seen.clear();
             }
@@ -43,26 +56,52 @@ impl MysqlBackend {
                 return;
             }
         }
-        let me = self.clone();
-        let name = name.to_owned();
-        tokio::spawn(async move {
-            const DOING: &str = "recording a lock's name";
-            let sql = format!(
-                "INSERT INTO distlock_names (server_name, kind, name) VALUES ({}, {code}, {}) \
-                 ON DUPLICATE KEY UPDATE name = VALUES(name), kind = VALUES(kind)",
-                lit(&server),
-                lit(&name)
-            );
-            let written = async {
-                let session = me.inner.pool.any_session().await?;
-                on_session_all(session.conn(), || Sql::Text(sql), DOING).await
-            };
-            if let Err(e) = written.await {
-                // Tried again at the next use of the name.
-                me.inner.names.0.locked().remove(&server);
-                tracing::debug!(target: "distlock", error = %e, "cannot record a lock's name");
-            }
+        let mut writer = self.inner.names.writer.locked();
+        let tx = writer.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(write_names(Arc::downgrade(&self.inner), rx));
+            tx
         });
+        let _ = tx.send((server, code, name.to_owned()));
+    }
+}
+
+/// Writes the names sent, a batch at a time, until the engine is dropped.
+async fn write_names(engine: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Name>) {
+    const DOING: &str = "recording the locks' names";
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(n) => batch.push(n),
+                Err(_) => break,
+            }
+        }
+        let Some(inner) = engine.upgrade() else {
+            return;
+        };
+        let me = MysqlBackend { inner };
+        let rows: Vec<String> = batch
+            .iter()
+            .map(|(server, code, name)| format!("({}, {code}, {})", lit(server), lit(name)))
+            .collect();
+        let sql = format!(
+            "INSERT INTO distlock_names (server_name, kind, name) VALUES {} \
+             ON DUPLICATE KEY UPDATE name = VALUES(name), kind = VALUES(kind)",
+            rows.join(", ")
+        );
+        let written = async {
+            let session = me.inner.pool.any_session().await?;
+            on_session_all(session.conn(), || Sql::Text(sql), DOING).await
+        };
+        if let Err(e) = written.await {
+            // Tried again at the next use of each name.
+            let mut seen = me.inner.names.seen.locked();
+            for (server, _, _) in &batch {
+                seen.remove(server);
+            }
+            tracing::debug!(target: "distlock", error = %e, "cannot record the locks' names");
+        }
     }
 }
 

@@ -7,11 +7,14 @@
 //! lock is granted to some session (for a semaphore: its size hold), or a live ticket waits
 //! for it. The table is `UNLOGGED`; after a crash the names come back as clients use them.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
 
 use distlock_core::engine::{BoxFuture, LeaseKind, LockError, MutexExt, Names};
 
-use super::{PgBackend, kinds, lock_id};
+use tokio::sync::mpsc;
+
+use super::{Inner, PgBackend, kinds, lock_id};
 use crate::error::map_err;
 
 /// How many names a client remembers having recorded before it starts over (a client that
@@ -38,9 +41,20 @@ pub(super) fn names_ddl(schema: &str) -> String {
     )
 }
 
-/// The ids this client has recorded a name for.
+/// A name to record: its lock id, kind code and name.
+type Name = (i64, i16, String);
+
+/// The most names one statement records.
+const BATCH: usize = 500;
+
+/// The ids this client has recorded a name for, and its writer: one task, on one session of
+/// its own, one statement per batch, so that a burst of new names (a thousand locks taken at
+/// once) costs a few statements on one connection, not a connection each.
 #[derive(Debug, Default)]
-pub(super) struct Recorded(std::sync::Mutex<HashSet<(i64, i16)>>);
+pub(super) struct Recorded {
+    seen: std::sync::Mutex<HashSet<(i64, i16)>>,
+    writer: std::sync::Mutex<Option<mpsc::UnboundedSender<Name>>>,
+}
 
 impl PgBackend {
     /// Records `name` for `kind` in the background, the first time this client uses it.
@@ -51,7 +65,7 @@ impl PgBackend {
             _ => lock_id(name),
         };
         {
-            let mut seen = self.inner.names.0.locked();
+            let mut seen = self.inner.names.seen.locked();
             if seen.len() >= REMEMBERED {
                 seen.clear();
             }
@@ -59,41 +73,74 @@ impl PgBackend {
                 return;
             }
         }
-        let me = self.clone();
-        let name = name.to_owned();
-        tokio::spawn(async move {
-            const DOING: &str = "recording a lock's name";
-            // On a session of its own: the pool's sessions are placed by lease and TTL, and
-            // a write that is no lease has no business there.
-            let written = async {
-                let conn = me.take().await?;
-                let s = &me.config().schema;
-                let sql = format!(
-                    "INSERT INTO {s}.distlock_names (lock_id, kind, name) VALUES ($1, $2, $3) \
-                     ON CONFLICT (lock_id, kind) DO UPDATE SET name = EXCLUDED.name \
-                     WHERE {s}.distlock_names.name <> EXCLUDED.name"
-                );
-                tokio::time::timeout(
-                    me.config().response_timeout,
-                    conn.client.execute(&sql, &[&id, &code, &name]),
-                )
-                .await
-                .map_err(|_| {
-                    LockError::new(
-                        distlock_core::engine::ErrorKind::Timeout,
-                        format!("{DOING}: no answer"),
-                    )
-                })?
-                .map_err(|e| map_err(e, DOING))?;
-                me.put_back(conn);
-                Ok::<_, LockError>(())
-            };
-            if let Err(e) = written.await {
-                // Tried again at the next use of the name.
-                me.inner.names.0.locked().remove(&(id, code));
-                tracing::debug!(target: "distlock", error = %e, "cannot record a lock's name");
-            }
+        let mut writer = self.inner.names.writer.locked();
+        let tx = writer.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(write_names(Arc::downgrade(&self.inner), rx));
+            tx
         });
+        let _ = tx.send((id, code, name.to_owned()));
+    }
+}
+
+/// Writes the names sent, a batch at a time, until the engine is dropped.
+async fn write_names(engine: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Name>) {
+    const DOING: &str = "recording the locks' names";
+    while let Some(first) = rx.recv().await {
+        let mut batch: HashMap<(i64, i16), String> = HashMap::new();
+        batch.insert((first.0, first.1), first.2);
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok((id, code, name)) => {
+                    batch.insert((id, code), name);
+                }
+                Err(_) => break,
+            }
+        }
+        let Some(inner) = engine.upgrade() else {
+            return;
+        };
+        let me = PgBackend { inner };
+        let (mut ids, mut codes, mut names) = (Vec::new(), Vec::new(), Vec::new());
+        for ((id, code), name) in &batch {
+            ids.push(*id);
+            codes.push(*code);
+            names.push(name.as_str());
+        }
+        // On a session of its own: the pool's sessions are placed by lease and TTL, and a
+        // write that is no lease has no business there.
+        let written = async {
+            let conn = me.take().await?;
+            let s = &me.config().schema;
+            let sql = format!(
+                "INSERT INTO {s}.distlock_names (lock_id, kind, name) \
+                 SELECT * FROM unnest($1::bigint[], $2::smallint[], $3::text[]) \
+                 ON CONFLICT (lock_id, kind) DO UPDATE SET name = EXCLUDED.name \
+                 WHERE {s}.distlock_names.name <> EXCLUDED.name"
+            );
+            tokio::time::timeout(
+                me.config().response_timeout,
+                conn.client.execute(&sql, &[&ids, &codes, &names]),
+            )
+            .await
+            .map_err(|_| {
+                LockError::new(
+                    distlock_core::engine::ErrorKind::Timeout,
+                    format!("{DOING}: no answer"),
+                )
+            })?
+            .map_err(|e| map_err(e, DOING))?;
+            me.put_back(conn);
+            Ok::<_, LockError>(())
+        };
+        if let Err(e) = written.await {
+            // Tried again at the next use of each name.
+            let mut seen = me.inner.names.seen.locked();
+            for key in batch.keys() {
+                seen.remove(key);
+            }
+            tracing::debug!(target: "distlock", error = %e, "cannot record the locks' names");
+        }
     }
 }
 
