@@ -10,6 +10,7 @@ mod exit;
 mod lead;
 mod leader;
 mod list;
+mod logs;
 mod release;
 mod run;
 mod status;
@@ -229,7 +230,7 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::usage(&e));
         }
     };
-    init_logging();
+    logs::init();
     if let Command::Completions { shell } = cli.command {
         clap_complete::generate(
             shell,
@@ -272,25 +273,6 @@ fn main() -> ExitCode {
         }
     });
     ExitCode::from(code)
-}
-
-/// Logs go to stderr; `DISTLOCK_LOG=debug` (or info, warn, error, off) sets the level.
-fn init_logging() {
-    let level = match std::env::var("DISTLOCK_LOG").as_deref() {
-        Ok("trace") => Some(tracing_subscriber::filter::LevelFilter::TRACE),
-        Ok("debug") => Some(tracing_subscriber::filter::LevelFilter::DEBUG),
-        Ok("info") => Some(tracing_subscriber::filter::LevelFilter::INFO),
-        Ok("error") => Some(tracing_subscriber::filter::LevelFilter::ERROR),
-        Ok("off") => None,
-        _ => Some(tracing_subscriber::filter::LevelFilter::WARN),
-    };
-    if let Some(level) = level {
-        tracing_subscriber::fmt()
-            .with_max_level(level)
-            .with_writer(std::io::stderr)
-            .with_target(false)
-            .init();
-    }
 }
 
 #[cfg(test)]

@@ -108,15 +108,22 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         Err(e) => return exit::report_open(&e),
     };
     // With a wait budget, an engine that cannot be reached yet (a fail-over under way) is
-    // tried again within it, and the lock is waited for with what is left.
+    // tried again within it, and the lock is waited for with what is left. The spinner (on a
+    // terminal) covers both.
     let started = tokio::time::Instant::now();
+    let mut spinner = term::WaitSpinner::start(SPINNER_AFTER, &args.key);
     let opened = match wait {
         Wait::Timeout(d) => distlock::open_backend_within(&url, d).await,
         _ => distlock::open_backend(&url).await,
     };
     let backend = match opened {
         Ok(b) => b,
-        Err(e) => return exit::report_open(&e),
+        Err(e) => {
+            if let Some(s) = spinner {
+                s.finish();
+            }
+            return exit::report_open(&e);
+        }
     };
     let wait = match wait {
         Wait::Timeout(d) => Wait::Timeout(
@@ -140,19 +147,13 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         (false, Some(permits)) => distlock::LeaseKind::Permit { permits },
         (false, None) => distlock::LeaseKind::Exclusive,
     };
-    let acquire = client.lock(&args.key).kind(kind).acquire();
-    tokio::pin!(acquire);
-    let acquired = tokio::select! {
-        r = &mut acquire => r,
-        () = tokio::time::sleep(SPINNER_AFTER) => {
-            let spinner = term::WaitSpinner::start(&client, &args.key);
-            let r = acquire.await;
-            if let Some(s) = spinner {
-                s.finish();
-            }
-            r
-        }
-    };
+    if let Some(s) = spinner.as_mut() {
+        s.watch(&client, &args.key);
+    }
+    let acquired = client.lock(&args.key).kind(kind).acquire().await;
+    if let Some(s) = spinner {
+        s.finish();
+    }
     let taken = tokio::time::Instant::now();
     let guard = match acquired {
         Ok(g) => g,
@@ -161,9 +162,12 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
             if code != exit::CONFLICT {
                 return code;
             }
-            if let Ok(distlock::LockStatus {
+            // Who holds it, if the engine says so at once (the wait is over: a silent engine
+            // must not keep us).
+            let status = tokio::time::timeout(Duration::from_secs(1), client.status(&args.key));
+            if let Ok(Ok(distlock::LockStatus {
                 owner: Some(owner), ..
-            }) = client.status(&args.key).await
+            })) = status.await
             {
                 eprintln!("distlock: held by {owner}");
             }

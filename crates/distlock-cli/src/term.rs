@@ -2,6 +2,7 @@
 //! drawn when stderr is not a terminal (logs, pipes, cron).
 
 use std::io::IsTerminal;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use distlock::{Backend, LockClient, LockStatus};
@@ -12,41 +13,105 @@ pub(crate) fn stderr_is_tty() -> bool {
     std::io::stderr().is_terminal()
 }
 
-/// A spinner on stderr while we wait for a lock, naming its holder (read every second).
+/// What the library last said of a failing engine it tries again (see `logs`), for the
+/// spinner; cleared once the engine answers again.
+static RETRY_NOTE: Mutex<Option<String>> = Mutex::new(None);
+
+/// Sets the spinner's note about the engine's retries.
+pub(crate) fn note_retry(note: String) {
+    *RETRY_NOTE.lock().unwrap_or_else(PoisonError::into_inner) = Some(note);
+}
+
+fn retry_note() -> Option<String> {
+    RETRY_NOTE
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+}
+
+fn clear_retry_note() {
+    *RETRY_NOTE.lock().unwrap_or_else(PoisonError::into_inner) = None;
+}
+
+/// A spinner on stderr from `after` into a wait (so a lock taken at once draws nothing):
+/// first while the engine is opened, then while the lock is waited for, naming its holder
+/// (read every second). While the engine fails and is tried again, it says so, and why.
 pub(crate) struct WaitSpinner {
     bar: ProgressBar,
-    poller: tokio::task::JoinHandle<()>,
+    /// The line when no retry is under way.
+    line: Arc<Mutex<String>>,
+    ticker: tokio::task::JoinHandle<()>,
+    poller: Option<tokio::task::JoinHandle<()>>,
+    /// When it is drawn (nothing is asked of the engine for it before).
+    shown_at: tokio::time::Instant,
 }
 
 impl WaitSpinner {
-    /// Starts the spinner, or nothing when stderr is not a terminal.
-    pub(crate) fn start<B: Backend>(client: &LockClient<B>, key: &str) -> Option<Self> {
+    /// Starts the spinner (drawn from `after` on), or nothing when stderr is not a terminal.
+    pub(crate) fn start(after: Duration, key: &str) -> Option<Self> {
         if !stderr_is_tty() {
             return None;
         }
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
         if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
             bar.set_style(style);
         }
-        bar.set_message(format!("waiting for {key}"));
-        bar.enable_steady_tick(Duration::from_millis(100));
-        let (client, key, shown) = (client.clone(), key.to_owned(), bar.clone());
-        let poller = tokio::spawn(async move {
+        let line = Arc::new(Mutex::new(format!(
+            "waiting for {key}: opening the lock engine"
+        )));
+        let (shown, text) = (bar.clone(), line.clone());
+        let shown_at = tokio::time::Instant::now() + after;
+        let ticker = tokio::spawn(async move {
+            tokio::time::sleep_until(shown_at).await;
+            shown.set_draw_target(ProgressDrawTarget::stderr());
+            shown.enable_steady_tick(Duration::from_millis(100));
+            loop {
+                let line = retry_note()
+                    .unwrap_or_else(|| text.lock().unwrap_or_else(PoisonError::into_inner).clone());
+                shown.set_message(line);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Some(WaitSpinner {
+            bar,
+            line,
+            ticker,
+            poller: None,
+            shown_at,
+        })
+    }
+
+    /// The engine is open: the spinner now names the lock's holder, read every second.
+    pub(crate) fn watch<B: Backend>(&mut self, client: &LockClient<B>, key: &str) {
+        clear_retry_note();
+        set(&self.line, format!("waiting for {key}"));
+        let (client, key, line) = (client.clone(), key.to_owned(), self.line.clone());
+        let shown_at = self.shown_at;
+        self.poller = Some(tokio::spawn(async move {
+            tokio::time::sleep_until(shown_at).await;
             loop {
                 if let Ok(st) = client.status(&key).await {
-                    shown.set_message(waiting_for(&key, &st));
+                    // The engine answers: whatever a retry said is over.
+                    clear_retry_note();
+                    set(&line, waiting_for(&key, &st));
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-        });
-        Some(WaitSpinner { bar, poller })
+        }));
     }
 
     /// Stops and erases the spinner.
     pub(crate) fn finish(self) {
-        self.poller.abort();
+        self.ticker.abort();
+        if let Some(p) = self.poller {
+            p.abort();
+        }
         self.bar.finish_and_clear();
     }
+}
+
+fn set(line: &Mutex<String>, text: String) {
+    *line.lock().unwrap_or_else(PoisonError::into_inner) = text;
 }
 
 /// The spinner's line: who holds the lock we wait for.

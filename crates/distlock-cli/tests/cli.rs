@@ -113,6 +113,92 @@ fn a_wait_budget_retries_an_unreachable_engine_then_names_the_last_cause() {
     assert!(err.to_lowercase().contains("refused"), "{err}");
 }
 
+/// As a user sees it in a pipe, with the default log: a wait that tries an unreachable engine
+/// again writes one plain line about it (no colour codes), then the final error once, which
+/// names the cause's kind once and counts its attempts in English.
+#[test]
+fn retries_in_a_pipe_are_one_plain_line_then_the_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    for url in ["etcd://127.0.0.1:1", "redis://127.0.0.1:1"] {
+        let o = run(distlock(tmp.path())
+            .env_remove("DISTLOCK_LOG")
+            .env_remove("NO_COLOR")
+            .args(["run", "--url", url, "--wait", "1500ms", "k", "--", "true"]));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(69), "{url}: {err}");
+        assert!(!err.contains('\x1b'), "{url}: escapes in a pipe: {err:?}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 2, "{url}: {err}");
+        assert!(
+            lines[0].starts_with("distlock: cannot open the lock engine (")
+                && lines[0].contains("trying again within the wait"),
+            "{url}: {err}"
+        );
+        assert!(
+            lines[1].starts_with(
+                "distlock: cannot open the lock engine: connection error: tried for 1.5s ("
+            ) && lines[1].contains(" attempts); the last one failed: "),
+            "{url}: {err}"
+        );
+        assert_eq!(lines[1].matches("connection error").count(), 1, "{err}");
+    }
+    // One attempt: no retry to announce, and "1 attempt".
+    let o = run(distlock(tmp.path()).env_remove("DISTLOCK_LOG").args([
+        "run",
+        "--url",
+        "redis://127.0.0.1:1",
+        "--wait",
+        "50ms",
+        "k",
+        "--",
+        "true",
+    ]));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("(1 attempt); it failed: "), "{err}");
+}
+
+/// A server that accepts connections and never answers: `--wait` bounds the whole call,
+/// connecting included (a connect timeout of 5 s or more must not stretch it), on every engine.
+#[test]
+fn the_wait_budget_bounds_connecting_to_a_silent_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    // Accepts and keeps every connection, answering nothing, until the test ends.
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        for conn in silent.incoming() {
+            kept.push(conn);
+        }
+    });
+    let a = format!("127.0.0.1:{port}");
+    let urls = [
+        format!("redis://{a}"),
+        format!("redis+sentinel://{a}/mymaster"),
+        format!("redis+cluster://{a}"),
+        format!("etcd://{a}"),
+        format!("zk://{a}"),
+        format!("postgres://app@{a}/app"),
+        format!("mysql://app@{a}/app"),
+        format!("memcached://{a}"),
+    ];
+    for url in &urls {
+        let t0 = Instant::now();
+        let o = run(
+            distlock(tmp.path()).args(["run", "--url", url, "--wait", "1s", "k", "--", "true"])
+        );
+        let took = t0.elapsed();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(69), "{url}: {err}");
+        assert!(
+            (Duration::from_secs(1)..Duration::from_millis(1800)).contains(&took),
+            "{url}: took {took:?}: {err}"
+        );
+        assert!(err.contains("timed out"), "{url}: {err}");
+    }
+}
+
 #[test]
 fn every_unreachable_engine_exits_69_with_one_readable_line() {
     let tmp = tempfile::tempdir().unwrap();

@@ -521,6 +521,32 @@ fn the_spinner_shows_on_a_terminal_only() {
         "{shown:?}"
     );
     holder.wait().unwrap();
+    // On a terminal, an engine tried again within the wait: the spinner says so, and why; no
+    // log line is written, and NO_COLOR leaves no colour code.
+    let inner = format!(
+        "{} run --url redis://127.0.0.1:1 --wait 1500ms spin -- true",
+        common::BIN
+    );
+    let o = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .env("TMPDIR", t.dir())
+        .env_remove("DISTLOCK_LOG")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(69), "{o:?}");
+    let shown = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        shown.contains("retrying the lock engine (attempt ") && shown.contains("refused"),
+        "{shown:?}"
+    );
+    assert!(!shown.contains("WARN"), "{shown:?}");
+    // Colour codes are `ESC [ … m`; the spinner's cursor moves are other sequences.
+    assert!(
+        !shown.contains("\x1b[0m") && !shown.contains("\x1b[2m"),
+        "{shown:?}"
+    );
 }
 
 #[test]

@@ -348,6 +348,8 @@ async fn wait_in<B: Backend>(
     let mut failures = 0u32;
     // Attempts so far (for the acquire's span).
     let mut tries = 0u32;
+    // A failed attempt was logged at WARN already (the others go at DEBUG).
+    let mut warned = false;
     loop {
         // Our turn in the local queue, or a hand-off from a local holder.
         if let Some(t) = ticket.as_mut() {
@@ -423,8 +425,7 @@ async fn wait_in<B: Backend>(
                 let Some(slot) = engine_errors.filter(|_| e.is_retryable()) else {
                     return Err(e);
                 };
-                tracing::warn!(target: "distlock", key, error = %e, failures,
-                    "the lock engine failed; trying again within the wait");
+                crate::trace::engine_retry(key, &e, tries, &mut warned);
                 *slot.locked() = Some(e);
                 // The failed request may have taken the lock, and its clean-up releases that
                 // token: the next attempt takes a new one (the local queue retires its own).

@@ -441,14 +441,10 @@ impl<B: Backend> LockClient<B> {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 match (waited, last) {
                     (Ok(r), _) => r,
-                    (Err(_), Some(cause)) => Err(LockError::new(
-                        cause.kind(),
-                        format!(
-                            "waited {d:?} for lock {key:?}; the last attempt failed: {}",
-                            crate::error::error_chain(&cause)
-                        ),
-                    )
-                    .with_source(cause)),
+                    (Err(_), Some(cause)) => Err(LockError::after(
+                        format_args!("waited {d:?} for lock {key:?}; the last attempt failed"),
+                        cause,
+                    )),
                     (Err(_), None) => Err(LockError::new(
                         ErrorKind::Timeout,
                         format!("waited {d:?} for lock {key:?} without getting it"),

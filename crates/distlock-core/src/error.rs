@@ -140,6 +140,34 @@ impl LockError {
         matches!(self.kind, ErrorKind::Timeout | ErrorKind::Connection)
     }
 
+    /// `cause` with `doing` before its words: the same kind, the message `doing: <what cause
+    /// and the errors under it say>` with the kind named once, and `cause` kept as the
+    /// `source()`. For an operation that gives up after a cause (a wait's last attempt).
+    ///
+    /// ```
+    /// use distlock_core::{ErrorKind, LockError, error_chain};
+    ///
+    /// let refused = LockError::new(ErrorKind::Connection, "connecting to 127.0.0.1:1")
+    ///     .with_source(std::io::Error::other("connection refused"));
+    /// let e = LockError::after("tried for 2s (3 attempts); the last one failed", refused);
+    /// assert_eq!(e.kind(), ErrorKind::Connection);
+    /// assert_eq!(
+    ///     error_chain(&e),
+    ///     "connection error: tried for 2s (3 attempts); the last one failed: \
+    ///      connecting to 127.0.0.1:1: connection refused"
+    /// );
+    /// ```
+    pub fn after(doing: impl fmt::Display, cause: LockError) -> Self {
+        let chain = error_chain(&cause);
+        let kind = cause.kind.to_string();
+        let words = chain
+            .strip_prefix(kind.as_str())
+            .and_then(|rest| rest.strip_prefix(": "))
+            .unwrap_or(&chain);
+        let message = format!("{doing}: {words}");
+        LockError::new(cause.kind, message).with_source(cause)
+    }
+
     pub(crate) fn busy(key: &str) -> Self {
         LockError::new(
             ErrorKind::Busy,
@@ -171,9 +199,19 @@ impl fmt::Debug for LockError {
 /// ```
 pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
     let mut text = err.to_string();
+    // The kind last named: a `LockError` under one of the same kind adds only its message
+    // (the kind is said once).
+    let mut kind = err.downcast_ref::<LockError>().map(LockError::kind);
     let mut cause = err.source();
     while let Some(c) = cause {
-        let more = c.to_string();
+        let more = match c.downcast_ref::<LockError>() {
+            Some(e) if Some(e.kind) == kind && !e.message.is_empty() => e.message.to_string(),
+            Some(e) => {
+                kind = Some(e.kind);
+                e.to_string()
+            }
+            None => c.to_string(),
+        };
         if !more.is_empty() && !text.contains(&more) {
             text.push_str(": ");
             text.push_str(&more);

@@ -11,6 +11,13 @@
 //! A lost lease is the WARN event `lock lost`, with `key`, `fence` and `reason`. Every span's
 //! target is `distlock`. [`record_keys`]`(false)` leaves the lock names out (`key` stays
 //! empty).
+//!
+//! A wait with a budget tries a failing engine again (see `Wait::Timeout`; the facade's
+//! `open_backend_within` does the same for opening it). Each such retry is an event of the
+//! target `distlock::retry`, with `error` (the cause, on one line) and `attempt` (the failed
+//! attempt's number), and `key` for a lock's wait: the first of a wait at WARN, every later one
+//! at DEBUG. A program that shows its own progress (the `distlock` command's spinner) can take
+//! these events by their target and keep them out of its log.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -64,4 +71,23 @@ pub(crate) fn release(engine: &'static str, key: &str, fence: Option<u64>) -> Sp
 /// The span of a batch of renewals.
 pub(crate) fn renew(engine: &'static str, leases: usize) -> Span {
     tracing::debug_span!(target: "distlock", "distlock.renew", engine, leases)
+}
+
+/// Logs that an attempt of a wait failed and is tried again (target `distlock::retry`, see
+/// the module docs): at WARN the first time for this wait (`warned` then set), else at DEBUG.
+pub(crate) fn engine_retry(
+    key: &str,
+    error: &crate::error::LockError,
+    attempt: u32,
+    warned: &mut bool,
+) {
+    let error = crate::error::error_chain(error);
+    let key = key_field(key);
+    if std::mem::replace(warned, true) {
+        tracing::debug!(target: "distlock::retry", key, error, attempt,
+            "the lock engine failed; trying again within the wait");
+    } else {
+        tracing::warn!(target: "distlock::retry", key, error, attempt,
+            "the lock engine failed; trying again within the wait");
+    }
 }

@@ -725,6 +725,65 @@ async fn a_wait_budget_rides_through_engine_failures_and_names_the_last_cause() 
     fake.fail_acquires.store(0, Ordering::SeqCst);
 }
 
+/// The log a writer in memory keeps (plain text).
+#[derive(Clone, Default)]
+struct LogText(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogText {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A wait that tries a failing engine again logs it once at WARN, and each later retry at
+/// DEBUG, all under the target `distlock::retry`; the error after the budget names the cause's
+/// kind once.
+#[tokio::test]
+async fn a_wait_warns_once_of_its_retries() {
+    let fake = Arc::new(Fake::new());
+    let client = LockClient::builder(FakeEngine(fake.clone()))
+        .options(ttl_opts(5000).build().unwrap())
+        .build();
+    fake.fail_acquires.store(u32::MAX, Ordering::SeqCst);
+    let text = LogText::default();
+    let writer = text.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_target(true)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _log = tracing::subscriber::set_default(subscriber);
+    let e = client
+        .acquire_with("k", &budget(Duration::from_millis(600)))
+        .await
+        .expect_err("never answers");
+    fake.fail_acquires.store(0, Ordering::SeqCst);
+    let log = String::from_utf8(text.0.lock().unwrap().clone()).unwrap();
+    let retries: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("distlock::retry"))
+        .collect();
+    assert!(retries.len() >= 3, "{log}");
+    assert_eq!(
+        retries.iter().filter(|l| l.contains(" WARN ")).count(),
+        1,
+        "{log}"
+    );
+    assert!(retries[0].contains(" WARN ") && retries[0].contains("attempt=1"));
+    assert!(retries[1..].iter().all(|l| l.contains("DEBUG")), "{log}");
+    let shown = distlock_core::error_chain(&e);
+    assert_eq!(shown.matches("timed out").count(), 1, "{shown}");
+    assert!(
+        shown.starts_with("timed out: waited 600ms for lock \"k\"; the last attempt failed: "),
+        "{shown}"
+    );
+}
+
 /// An error that trying again cannot mend ends a wait at once, budget or not.
 #[tokio::test]
 async fn a_wait_budget_does_not_retry_what_cannot_pass() {

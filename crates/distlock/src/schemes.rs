@@ -247,16 +247,22 @@ pub async fn open_backend(url: &str) -> Result<AnyBackend, LockError> {
 
 /// [`open_backend`], tried again while the engine cannot be reached (no sentinel names a
 /// master yet, the cluster or the ensemble is failing over, the server restarts), with backoff
-/// (100 ms doubling to 2 s), until `budget` has passed. A malformed URL, refused credentials or
-/// anything else that trying again cannot mend fails at once. After the budget, the error names
-/// the last cause.
+/// (100 ms doubling to 2 s), until `budget` has passed. The budget bounds the whole call: an
+/// attempt still connecting when it runs out (a server that accepts connections and never
+/// answers) is dropped, and the call fails with `Timeout`. A malformed URL, refused
+/// credentials or anything else that trying again cannot mend fails at once. After the budget,
+/// the error names the last cause.
+///
+/// Each retry is logged under the target `distlock::retry`: the first at WARN, the others at
+/// DEBUG (see the library guide's Logs section).
 ///
 /// This is what `distlock run --wait D` does before it waits for the lock with what is left
 /// of `D`; an `acquire` with a wait timeout rides through the same failures (see
 /// `Wait::Timeout`).
 ///
 /// # Errors
-/// As [`open_backend`], the last one once the budget is spent.
+/// As [`open_backend`], the last one once the budget is spent; `Timeout` when the budget ran
+/// out during an attempt that had no answer yet.
 pub async fn open_backend_within(
     url: &str,
     budget: std::time::Duration,
@@ -264,29 +270,60 @@ pub async fn open_backend_within(
     let deadline = tokio::time::Instant::now() + budget;
     let mut pause = std::time::Duration::from_millis(100);
     let mut tries = 0u32;
+    let mut last: Option<LockError> = None;
     loop {
         tries += 1;
-        let e = match open_backend(url).await {
-            Ok(b) => return Ok(b),
-            Err(e) if e.is_retryable() => e,
-            Err(e) => return Err(e),
+        let e = match tokio::time::timeout_at(deadline, open_backend(url)).await {
+            Ok(Ok(b)) => return Ok(b),
+            Ok(Err(e)) if e.is_retryable() => e,
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                let silent = format!("the lock engine did not answer within {budget:?}");
+                return Err(match last {
+                    // The attempts before this one had answers: the last of them is named.
+                    Some(e) => LockError::new(
+                        ErrorKind::Timeout,
+                        format!(
+                            "{silent} ({tries} attempts); the one before the last failed with {}",
+                            distlock_core::error_chain(&e)
+                        ),
+                    )
+                    .with_source(e),
+                    None => LockError::new(ErrorKind::Timeout, silent),
+                });
+            }
         };
         let now = tokio::time::Instant::now();
         if now >= deadline {
-            return Err(LockError::new(
-                e.kind(),
-                format!(
-                    "tried for {budget:?} ({tries} attempts); the last one failed: {}",
-                    distlock_core::error_chain(&e)
-                ),
-            )
-            .with_source(e));
+            return Err(tried_for(budget, tries, e));
         }
-        tracing::warn!(target: "distlock", error = %e, tries,
-            "cannot open the lock engine; trying again within the wait");
-        tokio::time::sleep(pause.min(deadline - now)).await;
+        if now + pause >= deadline {
+            // No time for another attempt: the budget ends with this one's cause.
+            tokio::time::sleep_until(deadline).await;
+            return Err(tried_for(budget, tries, e));
+        }
+        let error = distlock_core::error_chain(&e);
+        if tries == 1 {
+            tracing::warn!(target: "distlock::retry", error, attempt = tries,
+                "cannot open the lock engine; trying again within the wait");
+        } else {
+            tracing::debug!(target: "distlock::retry", error, attempt = tries,
+                "cannot open the lock engine; trying again within the wait");
+        }
+        last = Some(e);
+        tokio::time::sleep(pause).await;
         pause = (pause * 2).min(std::time::Duration::from_secs(2));
     }
+}
+
+/// The error of a budget spent on attempts that failed, naming the last one's cause.
+fn tried_for(budget: std::time::Duration, tries: u32, last: LockError) -> LockError {
+    let attempts = if tries == 1 {
+        "1 attempt); it failed".to_owned()
+    } else {
+        format!("{tries} attempts); the last one failed")
+    };
+    LockError::after(format_args!("tried for {budget:?} ({attempts}"), last)
 }
 
 /// A [`LockClient`] with default options over the engine a URL names (see [`open_backend`]
