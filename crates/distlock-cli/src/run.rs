@@ -53,8 +53,11 @@ pub(crate) struct RunArgs {
     permits: Option<u32>,
     /// Keep the lock after CMD ends until D has passed since it was taken (this host's
     /// monotonic clock): a job that cron starts on every host then runs once a period, however
-    /// quick it is and however far apart (less than D) the hosts' clocks are. A signal to
-    /// distlock ends the wait and releases.
+    /// quick it is and however far apart (less than D) the hosts' clocks are. Where leases
+    /// outlive their holder (Redis, etcd, memcached, the file engine's exclusive locks) the
+    /// lease is left to run out then and distlock exits at once; elsewhere (ZooKeeper,
+    /// PostgreSQL, MySQL) distlock keeps the lock until then, and a signal ends that wait and
+    /// releases.
     #[arg(long, value_parser = crate::parse_duration, value_name = "D")]
     hold_at_least: Option<Duration>,
     /// Renew the lease for at most D since it was taken: the lock then runs out, and --on-lost
@@ -194,20 +197,25 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     };
 
     let outcome = supervise(&mut child, &guard, args.on_lost, args.kill_grace, &args.key).await;
-    if let (Some(least), ChildEnd::Exited(status)) = (args.hold_at_least, &outcome)
-        && !hold_until(&guard, taken + least).await
-    {
-        // The job ran under the lock; only the rest of the period is unguarded.
-        eprintln!(
-            "distlock: warning: lock {:?} lost after the command ended, before --hold-at-least \
-             ran out: another host may run the job again this period",
-            args.key
-        );
-        let status = *status;
-        let _ = guard.release().await;
-        return status_code(status);
-    }
-    let released = guard.release().await;
+    let released = match (args.hold_at_least, &outcome) {
+        // The lease is left on the engine to run out at taken + D: nothing to wait for here.
+        (Some(least), ChildEnd::Exited(_)) if guard.lingers() => guard.release_after(least).await,
+        (Some(least), ChildEnd::Exited(status)) => {
+            if !hold_until(&guard, taken + least).await {
+                // The job ran under the lock; only the rest of the period is unguarded.
+                eprintln!(
+                    "distlock: warning: lock {:?} lost after the command ended, before \
+                     --hold-at-least ran out: another host may run the job again this period",
+                    args.key
+                );
+                let status = *status;
+                let _ = guard.release().await;
+                return status_code(status);
+            }
+            guard.release().await
+        }
+        _ => guard.release().await,
+    };
     match outcome {
         ChildEnd::Exited(status) => match released {
             Ok(Released::Held) => status_code(status),

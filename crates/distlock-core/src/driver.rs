@@ -113,6 +113,33 @@ impl<B: Backend> Driver<B> {
         ))
     }
 
+    /// Whether a lease of `kind` can be left to run out by itself (see
+    /// [`Linger`](crate::engine::Linger)).
+    pub(crate) fn lingers(&self, kind: LeaseKind) -> bool {
+        self.backend.linger().is_some_and(|l| l.lingers(kind))
+    }
+
+    /// Leaves `lease` to run out by itself `ttl` from now, where the engine can: `Unsupported`
+    /// otherwise.
+    pub(crate) async fn linger(
+        &self,
+        lease: &LeaseRef<'_>,
+        ttl: Duration,
+    ) -> Result<LeaseCheck, LockError> {
+        match self.backend.linger() {
+            Some(engine) if engine.lingers(lease.kind) => engine.linger(lease, ttl).await,
+            _ => Err(LockError::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "the {} engine ends a {} lease with its holder's session: it cannot be left \
+                     to run out by itself",
+                    self.backend.name(),
+                    lease.kind.name()
+                ),
+            )),
+        }
+    }
+
     /// Renews every item: in one round trip where the engine can, else one renewal each, all at
     /// once.
     pub(crate) async fn renew_many(

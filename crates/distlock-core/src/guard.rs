@@ -489,13 +489,24 @@ impl<B: Backend> LockGuard<B> {
         Ok(outcome)
     }
 
-    /// Releases the lock once `at_least` has passed since it was taken, keeping it until then
-    /// (the watchdog renews it meanwhile); at once if that time has passed. The scheduled-job
-    /// case: when every host's cron starts the same job and each keeps the lock for the
-    /// period, the job runs once a period however quick it is and however far apart (less
-    /// than `at_least`) the hosts' clocks are. `at_least` is counted on this client's monotonic
-    /// clock from when the acquire was sent. A lease lost while it waits is reported at once
-    /// ([`Released::Lost`]).
+    /// Ends the guard so that the lock is free once `at_least` has passed since it was taken
+    /// (counted on this client's monotonic clock from when the acquire was sent); at once if
+    /// that time has passed. The scheduled-job case: when every host's cron starts the same
+    /// job and each keeps the lock for the period, the job runs once a period however quick it
+    /// is and however far apart (less than `at_least`) the hosts' clocks are.
+    ///
+    /// - Where the engine's leases can outlive their holder ([`lingers`](Self::lingers):
+    ///   Redis, Redlock, Sentinel and Cluster, etcd, memcached, the file engine's exclusive
+    ///   locks), the lease is set to run out by itself then, and this returns at once: the
+    ///   process may exit (or crash) and the lock stays taken until then, as ShedLock's
+    ///   `lockAtLeastFor`. Engines count in their own units and round up: etcd's leases in
+    ///   whole seconds (with its least TTL), memcached in seconds.
+    /// - Elsewhere (ZooKeeper's ephemeral nodes, PostgreSQL and MySQL session locks: a lease
+    ///   ends with its session), it keeps the lock until then, the watchdog renewing it, and
+    ///   releases it; so it does too when the engine could not be told (an error), which
+    ///   `DEBUG` logs.
+    ///
+    /// A lease found lost is reported ([`Released::Lost`]), while it waits too.
     ///
     /// # Errors
     /// As [`release`](Self::release).
@@ -503,16 +514,69 @@ impl<B: Backend> LockGuard<B> {
     /// # Cancel safety
     /// If cancelled, the lock is released in the background as on drop (without waiting out
     /// the rest of `at_least`).
-    pub async fn release_after(self, at_least: Duration) -> Result<Released, LockError> {
+    pub async fn release_after(mut self, at_least: Duration) -> Result<Released, LockError> {
         let left =
             (self.lease.acquired_at() + at_least).saturating_duration_since(self.lease.now());
-        if !left.is_zero() {
-            tokio::select! {
-                () = tokio::time::sleep(left) => {}
-                _ = self.lost() => {}
-            }
+        if left.is_zero() {
+            return self.release().await;
+        }
+        if self.lingers()
+            && let Some(done) = self.leave(left).await
+        {
+            return done;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(left) => {}
+            _ = self.lost() => {}
         }
         self.release().await
+    }
+
+    /// Whether [`release_after`](Self::release_after) can leave this lease on the engine to
+    /// run out by itself (and return at once), rather than keep it until then.
+    pub fn lingers(&self) -> bool {
+        self.holding.driver().lingers(self.lease.kind())
+    }
+
+    /// Leaves the lease to run out by itself `left` from now. `None` when it was not done (the
+    /// lease is already lost, or the engine failed): the guard holds on as before.
+    async fn leave(&mut self, left: Duration) -> Option<Result<Released, LockError>> {
+        let lease = self.lease.clone();
+        if lease.lost_by_now().is_some() {
+            return None;
+        }
+        // No renewal crosses the engine's change: one after it would stretch the lease back
+        // to its TTL.
+        let gate = lease.hold_gate().await?;
+        let outcome = match self
+            .holding
+            .driver()
+            .linger(&lease.engine_ref(), left)
+            .await
+        {
+            Ok(LeaseCheck::Ours) => Released::Held,
+            Ok(LeaseCheck::Missing) => Released::Lost(lease.missing_reason()),
+            Ok(LeaseCheck::Foreign) => Released::Lost(LostReason::Stolen),
+            Err(e) => {
+                tracing::debug!(target: "distlock", key = %lease.key(), error = %e,
+                    "could not leave the lock to run out by itself; keeping it until then");
+                return None;
+            }
+        };
+        self.done = true;
+        match outcome {
+            Released::Held => lease.mark_released(),
+            Released::Lost(reason) => lease.lose(reason),
+        };
+        drop(gate);
+        lease.close_gate().await;
+        if let Some(local) = self.holding.local_for(lease.kind()) {
+            local.clear_holder(lease.key(), &lease);
+        }
+        tracing::debug!(target: "distlock", key = %lease.key(), fence = ?lease.fence(),
+            left_ms = left.as_millis() as u64, held = outcome.was_held(),
+            "lock left to run out by itself");
+        Some(Ok(outcome))
     }
 
     /// Gives the guard up without releasing: the watchdog stops and the lock stays taken until

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, BatchRenew, BoxFuture, Capabilities, Fencing, LeaseCheck, LeaseRef,
-    RenewItem, Sessions,
+    Linger, RenewItem, Sessions,
 };
 use distlock_core::{
     Backend, ErrorKind, LockClient, LockError, LockOptions, LockStatus, LostReason, ManualClock,
@@ -53,6 +53,11 @@ struct Fake {
     loss: Option<tokio::sync::watch::Sender<Option<LostReason>>>,
     /// Set: acquisitions are answered as taken this long ago (`AcquiredEarlier`).
     taken_ago: Mutex<Option<Duration>>,
+    /// Set: leases can be left to run out by themselves (`Linger`); `Some(true)`: leaving one
+    /// fails with a connection error.
+    linger: Option<bool>,
+    /// The leases left, with the time each was left for.
+    lingered: Mutex<Vec<(String, Duration)>>,
 }
 
 impl Fake {
@@ -70,6 +75,8 @@ impl Fake {
             latency: Duration::ZERO,
             loss: None,
             taken_ago: Mutex::new(None),
+            linger: None,
+            lingered: Mutex::default(),
         }
     }
     fn timeout() -> LockError {
@@ -164,6 +171,33 @@ impl Backend for FakeEngine {
     }
     fn sessions(&self) -> Option<&dyn Sessions> {
         self.0.loss.is_some().then_some(self as &dyn Sessions)
+    }
+    fn linger(&self) -> Option<&dyn Linger> {
+        self.0.linger.is_some().then_some(self as &dyn Linger)
+    }
+}
+
+impl Linger for FakeEngine {
+    fn linger<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            if self.0.linger == Some(true) {
+                return Err(LockError::new(ErrorKind::Connection, "down"));
+            }
+            let st = self.0.state.lock().unwrap();
+            match st.locks.get(lease.name) {
+                Some((t, _)) if t == lease.token.as_str() => {
+                    let left = (lease.name.to_owned(), ttl);
+                    self.0.lingered.lock().unwrap().push(left);
+                    Ok(LeaseCheck::Ours)
+                }
+                Some(_) => Ok(LeaseCheck::Foreign),
+                None => Ok(LeaseCheck::Missing),
+            }
+        })
     }
 }
 
@@ -723,6 +757,49 @@ async fn a_wait_budget_rides_through_engine_failures_and_names_the_last_cause() 
         "{text}"
     );
     fake.fail_acquires.store(0, Ordering::SeqCst);
+}
+
+/// `release_after` on an engine whose leases outlive their holder: the lease is left for the
+/// time still to go and the call returns at once, with no release and no renewal after it;
+/// when leaving it fails, or the engine cannot, the lock is kept until then and released.
+#[tokio::test]
+async fn release_after_leaves_the_lease_where_the_engine_can() {
+    let hold = Duration::from_millis(600);
+    for linger in [Some(false), Some(true), None] {
+        let mut fake = Fake::new();
+        fake.linger = linger;
+        let fake = Arc::new(fake);
+        let client = LockClient::builder(FakeEngine(fake.clone()))
+            .options(ttl_opts(300).build().unwrap())
+            .build();
+        let g = client.try_acquire("k").await.unwrap().expect("free");
+        assert_eq!(g.lingers(), linger.is_some());
+        let t0 = std::time::Instant::now();
+        assert_eq!(g.release_after(hold).await.unwrap(), Released::Held);
+        let took = t0.elapsed();
+        let left = fake.lingered.lock().unwrap().clone();
+        let released = fake.state.lock().unwrap().released.len();
+        if linger == Some(false) {
+            assert!(took < Duration::from_millis(100), "{took:?}");
+            assert_eq!(left.len(), 1);
+            assert!(
+                left[0].1 <= hold && left[0].1 > hold - Duration::from_millis(100),
+                "{left:?}"
+            );
+            assert_eq!(released, 0, "a left lease was released");
+            // No renewal crosses or follows it (the watchdog renews every 100 ms).
+            let renewals = fake.extends.load(Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(350)).await;
+            assert_eq!(fake.extends.load(Ordering::SeqCst), renewals);
+        } else {
+            assert!(
+                took >= hold - Duration::from_millis(20),
+                "{linger:?}: {took:?}"
+            );
+            assert!(left.is_empty());
+            assert_eq!(released, 1, "{linger:?}");
+        }
+    }
 }
 
 /// The log a writer in memory keeps (plain text).

@@ -9,8 +9,8 @@ use distlock_core::engine::queue::QueueRecipe;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     Downgrade, ErrorKind, Fencing, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
-    LockError, LockStatus, LostReason, RenewItem, Sessions, Subscription, WakeSource, tag_value,
-    untag_value,
+    Linger, LockError, LockStatus, LostReason, RenewItem, Sessions, Subscription, WakeSource,
+    tag_value, untag_value,
 };
 
 use crate::config::EtcdConfig;
@@ -586,6 +586,41 @@ impl Backend for EtcdBackend {
 
     fn downgrade(&self) -> Option<&dyn Downgrade> {
         Some(self)
+    }
+
+    fn linger(&self) -> Option<&dyn Linger> {
+        Some(self)
+    }
+}
+
+/// A key lives as long as the etcd lease it is attached to: leaving it is moving it (if it is
+/// still ours) to a lease of its own, granted for the time left (whole seconds, rounded up, and
+/// at least etcd's least TTL), that nobody keeps alive; then forgetting it here. Its name stays
+/// out of use for this client until that lease has run out.
+impl Linger for EtcdBackend {
+    fn linger<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            let started = self.store().sessions.clock().now();
+            if !self.to_private(lease, ttl).await? {
+                return Ok(LeaseCheck::Missing);
+            }
+            let Some(key) = self.store().key_of(lease.token) else {
+                return Ok(LeaseCheck::Missing);
+            };
+            let granted = self.store().session_of(&key).map_or(ttl, |s| {
+                Duration::from_secs(u64::try_from(s.ttl_s).unwrap_or(0))
+            });
+            self.inner.recipe.forget(lease.token.as_str());
+            self.store().forget(&key);
+            // A little past the lease's end: the server counts from its own grant.
+            self.store()
+                .linger_name(lease.token, started + granted + Duration::from_secs(1));
+            Ok(LeaseCheck::Ours)
+        })
     }
 }
 

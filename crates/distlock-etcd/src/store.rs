@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use distlock_core::engine::queue::{Ahead, JoinOutcome, Joined, QueueStore, QueuedEntry};
 use distlock_core::engine::{
@@ -68,6 +68,9 @@ struct KeyNames {
     /// Given-up acquisitions' names, oldest first: never given out again (the oldest are let
     /// go past [`BURNED_KEPT`]).
     burned: std::collections::VecDeque<String>,
+    /// Names of keys left to run out by themselves (see `Linger`), soonest end first: in use
+    /// until then.
+    lingering: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, String)>>,
 }
 
 /// How many given-up key names a client keeps out of use (each one an acquisition whose reply
@@ -82,6 +85,17 @@ impl KeyNames {
     fn free_key(&mut self, key: &str) {
         if self.used.remove(key) {
             self.by_token.retain(|_, k| k != key);
+        }
+    }
+
+    /// Gives back the names of left keys whose lease has run out by `now`.
+    fn expire_lingering(&mut self, now: Instant) {
+        while let Some(std::cmp::Reverse((until, _))) = self.lingering.peek()
+            && *until <= now
+        {
+            if let Some(std::cmp::Reverse((_, key))) = self.lingering.pop() {
+                self.used.remove(&key);
+            }
         }
     }
 }
@@ -111,6 +125,9 @@ impl EtcdStore {
         if let Some(key) = names.by_token.get(token.as_str()) {
             return key.clone();
         }
+        if !names.lingering.is_empty() {
+            names.expire_lingering(self.sessions.clock().now());
+        }
         let key = (0u32..)
             .map(|n| format!("{}{name}/{}-{n}", self.prefix, self.client))
             .find(|k| !names.used.contains(k) && !names.burned.contains(k))
@@ -133,6 +150,15 @@ impl EtcdStore {
         let mut names = self.names.locked();
         if let Some(key) = names.by_token.remove(token.as_str()) {
             names.used.remove(&key);
+        }
+    }
+
+    /// `token`'s key was left on the server to run out by itself at `until` (on the client's
+    /// clock): its name stays out of use until then, and the token is forgotten.
+    pub(crate) fn linger_name(&self, token: &Token, until: Instant) {
+        let mut names = self.names.locked();
+        if let Some(key) = names.by_token.remove(token.as_str()) {
+            names.lingering.push(std::cmp::Reverse((until, key)));
         }
     }
 

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+mod linger;
 #[cfg(target_os = "linux")]
 mod watch;
 
@@ -44,7 +45,7 @@ struct Held {
     id: (u64, u64),
     /// The file, as it holds its flock and can be written. Dropped in this order: the flock
     /// goes first, then the writer's close tells watchers (see [`Locked`]).
-    _file: Locked,
+    file: Locked,
 }
 
 /// A file's device and inode.
@@ -183,7 +184,7 @@ impl FileBackend {
             fence,
             path,
             id,
-            _file: file,
+            file,
         };
         self.held().insert(token.to_owned(), held);
         Attempt::Acquired { fence: Some(fence) }
@@ -234,6 +235,10 @@ struct Record {
     since: Option<u64>,
     /// A semaphore's number of permits, as its holders opened it.
     permits: Option<u32>,
+    /// A lease left to run out by itself (see `linger`): until when, and when it was left
+    /// (Unix milliseconds).
+    until: Option<u64>,
+    lingered: Option<u64>,
 }
 
 const HEADER: &str = "distlock-file 1";
@@ -264,6 +269,8 @@ fn parse(text: &str, path: &Path) -> Result<Record, LockError> {
             "owner" => rec.owner = Some(v.to_owned()),
             "permits" => rec.permits = v.parse().ok(),
             "since" => rec.since = v.parse().ok(),
+            "until" => rec.until = v.parse().ok(),
+            "lingered" => rec.lingered = v.parse().ok(),
             _ => {}
         }
     }
@@ -387,6 +394,12 @@ fn acquire_blocking(
     };
     // From here on we hold the flock; any error drops `file`, which releases it.
     let rec = parse(&read_all(&mut file.lock, &path)?, &path)?;
+    if let Some(left) = linger::left(&rec) {
+        // A holder left its lease to run out by itself: still taken, for `left`.
+        return Ok(Attempt::Busy {
+            holder_ttl: Some(left),
+        });
+    }
     let fence = if shared {
         // A reader's fence is the last writer's: readers never write the file (others may be
         // reading it), and no writer can change it while we hold our share.
@@ -496,10 +509,15 @@ fn status_blocking(me: &FileBackend, key: &str) -> Result<LockStatus, LockError>
     };
     // Readers block an exclusive probe (taken for an instant).
     let readers = !writer && (ours.is_some() || probe(&file, &path, false)?);
+    let rec = parse(&read_all(&mut file, &path)?, &path)?;
     if !writer && !readers {
+        if let Some(left) = linger::left(&rec) {
+            // Left to run out by itself: held by whoever left it, for `left`.
+            return Ok(LockStatus::held(label(&rec), Some(rec.fence), Some(left))
+                .with_last_fence(Some(rec.fence)));
+        }
         return semaphore_status(me, key);
     }
-    let rec = parse(&read_all(&mut file, &path)?, &path)?;
     if readers {
         // Readers do not write the file (others may be reading it): they cannot be listed one
         // by one; their fence is the last writer's.
@@ -648,6 +666,10 @@ impl Backend for FileBackend {
     }
 
     fn breaker(&self) -> Option<&dyn Breaker> {
+        Some(self)
+    }
+
+    fn linger(&self) -> Option<&dyn distlock_core::engine::Linger> {
         Some(self)
     }
 }

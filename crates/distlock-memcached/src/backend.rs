@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
-    Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus, MutexExt,
+    Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError, LockStatus, MutexExt,
 };
 use sha2::{Digest, Sha256};
 
@@ -365,6 +365,33 @@ impl Backend for MemcachedBackend {
 
     fn breaker(&self) -> Option<&dyn Breaker> {
         Some(self)
+    }
+
+    fn linger(&self) -> Option<&dyn Linger> {
+        Some(self)
+    }
+}
+
+/// An item expires by itself: leaving the lease is renewing it (by its CAS) to the time left,
+/// in whole seconds rounded up (and a second more: memcached's clock ticks in seconds), then
+/// forgetting it here.
+impl Linger for MemcachedBackend {
+    fn linger<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            let check = self.renew(lease, ttl).await?;
+            let mut held = self.inner.held.locked();
+            if held
+                .get(lease.token.as_str())
+                .is_some_and(|h| h.key == lease.name)
+            {
+                held.remove(lease.token.as_str());
+            }
+            Ok(check)
+        })
     }
 }
 

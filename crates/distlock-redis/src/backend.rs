@@ -10,8 +10,8 @@ use std::time::Duration;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     Downgrade, Fencing, Handover, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
-    Lister, LockError, LockStatus, Names, NextWaiter, RenewItem, Subscription, Token, WakeSource,
-    shares_unbreakable,
+    Linger, Lister, LockError, LockStatus, Names, NextWaiter, RenewItem, Subscription, Token,
+    WakeSource, shares_unbreakable,
 };
 
 use crate::config::{ClusterConfig, RedisConfig, WaitReplicas};
@@ -582,6 +582,22 @@ impl Backend for RedisBackend {
 
     fn lister(&self) -> Option<&dyn Lister> {
         Some(self)
+    }
+
+    fn linger(&self) -> Option<&dyn Linger> {
+        Some(self)
+    }
+}
+
+/// A lease of every kind lives in keys whose own expiry (and, for readers and permits, their
+/// members' deadlines) ends it: leaving one is renewing it, compare-and-set, to the time left.
+impl Linger for RedisBackend {
+    fn linger<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(self.renew(lease, ttl))
     }
 }
 

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use distlock_core::default_drift;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
-    RenewItem, Token,
+    ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError,
+    LockStatus, RenewItem, Token,
 };
 use distlock_core::seeded::{self, SeededBug};
 use futures_util::future::join_all;
@@ -513,6 +513,22 @@ impl Backend for RedlockBackend {
 
     fn lister(&self) -> Option<&dyn distlock_core::engine::Lister> {
         Some(self)
+    }
+
+    fn linger(&self) -> Option<&dyn Linger> {
+        Some(self)
+    }
+}
+
+/// The lock keys expire by themselves on every master: leaving the lease is renewing it to
+/// the time left, on a quorum as every renewal.
+impl Linger for RedlockBackend {
+    fn linger<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(self.renew(lease, ttl))
     }
 }
 

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Handover, LeaseCheck, LeaseKind, LeaseRef, Lister, LockError, LockStatus,
-    Names, NextWaiter, RenewItem, Subscription, WakeSource,
+    Downgrade, ErrorKind, Handover, LeaseCheck, LeaseKind, LeaseRef, Linger, Lister, LockError,
+    LockStatus, Names, NextWaiter, RenewItem, Subscription, WakeSource,
 };
 use redis::Value;
 
@@ -438,6 +438,25 @@ impl Backend for SentinelBackend {
 
     fn lister(&self) -> Option<&dyn Lister> {
         Some(self)
+    }
+
+    fn linger(&self) -> Option<&dyn Linger> {
+        Some(self)
+    }
+}
+
+impl Linger for SentinelBackend {
+    fn linger<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            let cur = self.current();
+            let r = Linger::linger(&cur.backend, lease, ttl).await;
+            self.follow(&cur, r.as_ref().err()).await;
+            r
+        })
     }
 }
 

@@ -29,9 +29,11 @@ use distlock_core::{
 
 mod election;
 mod kinds;
+mod linger;
 mod list;
 pub use election::*;
 pub use kinds::*;
+pub use linger::*;
 pub use list::*;
 
 /// Declares one `#[tokio::test]` per conformance case, each calling `$setup` for its own fixture.
@@ -68,7 +70,8 @@ macro_rules! conformance_tests {
             an_election_has_one_leader_and_rising_epochs,
             a_silent_leader_steps_down_before_the_next_leads,
             observers_see_each_leader_once,
-            listing_shows_what_is_held
+            listing_shows_what_is_held,
+            a_lease_left_runs_out_by_itself
         );
     };
     (@cases $setup:expr; $($case:ident),+) => {

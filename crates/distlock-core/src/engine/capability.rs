@@ -162,6 +162,31 @@ pub trait Downgrade: Send + Sync {
     ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
 }
 
+/// Leaving a lease in the store to run out by itself at a chosen time, with nothing of this
+/// client keeping it: no renewal, no session, no connection. The process may then exit and the
+/// lock stays taken until then (ShedLock's `lockAtLeastFor`: a scheduled job's lock outlives a
+/// quick job, and its `distlock run --hold-at-least` exits at once). Engines whose leases end
+/// with their holder's session (ZooKeeper's ephemeral nodes, PostgreSQL and MySQL session
+/// locks) cannot: their holder must stay until then.
+pub trait Linger: Send + Sync {
+    /// Sets `lease`, if it is still ours, to run out by itself `ttl` from now (a little later
+    /// where the engine counts in coarser units: never sooner), and forgets it here: no
+    /// renewal or session of this client keeps it any longer. `Ours` when done, `Missing` or
+    /// `Foreign` when the lease was no longer ours (nothing is changed then). `Unsupported`
+    /// for a kind the engine cannot leave (the core then waits and releases instead).
+    fn linger<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
+
+    /// Whether leases of `kind` can be left (the default: every kind).
+    fn lingers(&self, kind: LeaseKind) -> bool {
+        let _ = kind;
+        true
+    }
+}
+
 /// What one attempt to break a lock did.
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{
     AcquireRequest, Attempt, Backend, BatchRenew, Breaker, Capabilities, Downgrade, Handover,
-    LeaseCheck, LeaseKind, LeaseRef, Lister, LockStatus, Sessions, WakeSource,
+    LeaseCheck, LeaseKind, LeaseRef, Linger, Lister, LockStatus, Sessions, WakeSource,
 };
 use crate::error::LockError;
 
@@ -57,6 +57,8 @@ pub trait DynBackend: Send + Sync + 'static {
     fn dyn_why_no_downgrade(&self) -> &'static str;
     /// See [`Backend::lister`].
     fn dyn_lister(&self) -> Option<&dyn Lister>;
+    /// See [`Backend::linger`].
+    fn dyn_linger(&self) -> Option<&dyn Linger>;
     /// See [`Backend::why_no_list`].
     fn dyn_why_no_list(&self) -> &'static str;
 }
@@ -116,6 +118,9 @@ impl<B: Backend> DynBackend for B {
     }
     fn dyn_lister(&self) -> Option<&dyn Lister> {
         self.lister()
+    }
+    fn dyn_linger(&self) -> Option<&dyn Linger> {
+        self.linger()
     }
     fn dyn_why_no_list(&self) -> &'static str {
         self.why_no_list()
@@ -195,6 +200,9 @@ impl Backend for AnyBackend {
     }
     fn lister(&self) -> Option<&dyn Lister> {
         self.0.dyn_lister()
+    }
+    fn linger(&self) -> Option<&dyn Linger> {
+        self.0.dyn_linger()
     }
     fn why_no_list(&self) -> &'static str {
         self.0.dyn_why_no_list()

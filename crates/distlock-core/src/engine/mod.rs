@@ -30,8 +30,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use capability::{
-    BatchRenew, BreakOutcome, Breaker, Downgrade, Handover, Lister, Names, NextWaiter, Sessions,
-    WakeSource,
+    BatchRenew, BreakOutcome, Breaker, Downgrade, Handover, Linger, Lister, Names, NextWaiter,
+    Sessions, WakeSource,
 };
 pub use dynamic::{AnyBackend, BoxFuture, DynBackend};
 pub use wake::{PredecessorWatches, Subscription, WakeHub};
@@ -702,6 +702,12 @@ pub trait Backend: Send + Sync + 'static {
     /// the `Unsupported` error shows it.
     fn why_no_downgrade(&self) -> &'static str {
         "this engine cannot turn a writer into a reader in one step"
+    }
+
+    /// Leaving a lease to run out by itself at a chosen time after its holder has gone, if
+    /// the engine's leases can outlive their holder's process.
+    fn linger(&self) -> Option<&dyn Linger> {
+        None
     }
 
     /// Listing the locks held on the engine, if it can.
