@@ -112,6 +112,18 @@ struct Cli {
     /// Only P9 (what the metrics and spans cost the uncontended cycle): prints its table.
     #[arg(long, conflicts_with_all = ["p1_only", "p7_only", "p8_only"])]
     p9_only: bool,
+    /// Only P5 (each other engine beside its raw client floor), for a quick before/after:
+    /// prints its table. `--engine` narrows it.
+    #[arg(long, conflicts_with_all = ["p1_only", "p7_only", "p8_only", "p9_only"])]
+    p5_only: bool,
+    /// With --p5-only: only these engines (etcd, zookeeper, postgres, mariadb, memcached;
+    /// repeat the flag for more).
+    #[arg(long, value_name = "NAME", requires = "p5_only")]
+    engine: Vec<String>,
+    /// Only P1 over TLS beside TCP (each beside its raw redis-rs floor), for a quick
+    /// before/after: prints its table.
+    #[arg(long, conflicts_with_all = ["p1_only", "p7_only", "p8_only", "p9_only", "p5_only"])]
+    tls_only: bool,
 }
 
 /// What every contending worker process is told (see `common::spawn_workers`).
@@ -351,6 +363,28 @@ fn main() {
             let json = serde_json::json!({ "pinning": pinning, "p7": p7.json() });
             std::fs::write(path, serde_json::to_string_pretty(&json).expect("json"))
                 .expect("write the JSON");
+        }
+        return;
+    }
+    if cli.p5_only {
+        let p5 = p5::p5_of(
+            &rt,
+            rounds,
+            if cli.quick { cycles } else { cycles / 2 },
+            !cli.no_pin,
+            &cli.engine,
+        );
+        println!("P5 ({pinning}; {rounds} round(s), medians)");
+        print!("{}", p5::render(&p5));
+        return;
+    }
+    if cli.tls_only {
+        match rt.block_on(p1::measure_tls(rounds, cycles, !cli.no_pin)) {
+            Some(t) => print!("({pinning})\n{}", p1::render_tls(&t, rounds, cycles)),
+            None => {
+                eprintln!("distlock-bench --tls-only: no TLS server could be started");
+                std::process::exit(1);
+            }
         }
         return;
     }

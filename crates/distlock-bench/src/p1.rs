@@ -133,6 +133,27 @@ pub(crate) struct TlsFigures {
     pub(crate) tls_ours: f64,
 }
 
+/// P1 over TLS beside TCP, as the report shows it.
+pub(crate) fn render_tls(t: &TlsFigures, rounds: usize, cycles: usize) -> String {
+    format!(
+        "P1 over TLS: another redis-server listening both ways, rediss:// checking its \
+         certificate (CA and name), {rounds} round(s) × {cycles} cycles, alternating, medians\n\
+         | transport | async floor cycles/s | distlock cycles/s | distlock vs floor |\n\
+         |---|---:|---:|---:|\n\
+         | TCP | {:.0} | {:.0} | {:.2} |\n\
+         | TLS | {:.0} | {:.0} | {:.2} |\n\
+         | TLS / TCP | {:.2} | {:.2} | |\n",
+        t.tcp_floor,
+        t.tcp_ours,
+        t.tcp_ours / t.tcp_floor,
+        t.tls_floor,
+        t.tls_ours,
+        t.tls_ours / t.tls_floor,
+        t.tls_floor / t.tcp_floor,
+        t.tls_ours / t.tcp_ours
+    )
+}
+
 /// Starts a redis-server that listens both in clear text and with TLS (a certificate from a
 /// CA made now; clients checked against it, as `rediss://` does by default), and measures P1
 /// over each, alternating.

@@ -73,16 +73,46 @@ pub(crate) async fn zk_floor(client: &zookeeper_client::Client, cycles: usize) -
     cycles as f64 / t0.elapsed().as_secs_f64()
 }
 
-/// P5: etcd and ZooKeeper (started here, pinned like the rest), each beside its raw floor, in
-/// interleaved rounds.
+/// P5's table (as the report shows it).
+pub(crate) fn render(rows: &[P5Row]) -> String {
+    let mut out = String::from(
+        "| engine | raw floor | floor cycles/s | distlock cycles/s | vs floor |\n|---|---|---:|---:|---:|\n",
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "| {} | {} | {:.0} | {:.0} | {:.2} |\n",
+            r.engine,
+            r.floor_name,
+            r.floor,
+            r.ours,
+            r.ours / r.floor
+        ));
+    }
+    out
+}
+
+/// P5: etcd, ZooKeeper, PostgreSQL, MariaDB and memcached (started here, pinned like the
+/// rest), each beside its raw floor, in interleaved rounds.
 pub(crate) fn p5(
     rt: &tokio::runtime::Runtime,
     rounds: usize,
     cycles: usize,
     pin: bool,
 ) -> Vec<P5Row> {
+    p5_of(rt, rounds, cycles, pin, &[])
+}
+
+/// [`p5`] on the engines named in `only` (all when empty).
+pub(crate) fn p5_of(
+    rt: &tokio::runtime::Runtime,
+    rounds: usize,
+    cycles: usize,
+    pin: bool,
+    only: &[String],
+) -> Vec<P5Row> {
+    let on = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     let mut rows = Vec::new();
-    if let Some(etcd) = distlock_testkit::Etcd::start() {
+    if let Some(etcd) = on("etcd").then(distlock_testkit::Etcd::start).flatten() {
         if pin {
             etcd.members()[0].pin_to_cpu(0);
         }
@@ -111,7 +141,10 @@ pub(crate) fn p5(
             }
         }));
     }
-    if let Some(zk) = distlock_testkit::ZooKeeper::start() {
+    if let Some(zk) = on("zookeeper")
+        .then(distlock_testkit::ZooKeeper::start)
+        .flatten()
+    {
         if pin {
             zk.servers()[0].pin_to_cpu(0);
         }
@@ -135,7 +168,10 @@ pub(crate) fn p5(
             }
         }));
     }
-    if let Some(pg) = distlock_testkit::Postgres::start() {
+    if let Some(pg) = on("postgres")
+        .then(distlock_testkit::Postgres::start)
+        .flatten()
+    {
         if pin {
             pg.pin_to_cpu(0);
         }
@@ -179,7 +215,10 @@ pub(crate) fn p5(
             }
         }));
     }
-    if let Some(db) = distlock_testkit::MariaDb::start() {
+    if let Some(db) = on("mariadb")
+        .then(distlock_testkit::MariaDb::start)
+        .flatten()
+    {
         if pin {
             db.pin_to_cpu(0);
         }
@@ -223,7 +262,10 @@ pub(crate) fn p5(
             }
         }));
     }
-    if let Some(mc) = distlock_testkit::Memcached::start() {
+    if let Some(mc) = on("memcached")
+        .then(distlock_testkit::Memcached::start)
+        .flatten()
+    {
         if pin {
             mc.pin_to_cpu(0);
         }

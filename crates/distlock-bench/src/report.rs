@@ -144,29 +144,7 @@ pub(crate) fn write(results: Results<'_>) {
     outln!();
     outln!();
     if let Some(t) = &p1_tls {
-        outln!(
-            "P1 over TLS: another redis-server listening both ways, rediss:// checking its \
-             certificate (CA and name), {rounds} round(s) × {cycles} cycles, alternating, medians"
-        );
-        outln!("| transport | async floor cycles/s | distlock cycles/s | distlock vs floor |");
-        outln!("|---|---:|---:|---:|");
-        outln!(
-            "| TCP | {:.0} | {:.0} | {:.2} |",
-            t.tcp_floor,
-            t.tcp_ours,
-            t.tcp_ours / t.tcp_floor
-        );
-        outln!(
-            "| TLS | {:.0} | {:.0} | {:.2} |",
-            t.tls_floor,
-            t.tls_ours,
-            t.tls_ours / t.tls_floor
-        );
-        outln!(
-            "| TLS / TCP | {:.2} | {:.2} | |",
-            t.tls_floor / t.tcp_floor,
-            t.tls_ours / t.tcp_ours
-        );
+        out!("{}", crate::p1::render_tls(t, rounds, cycles));
         outln!();
     }
     outln!("P1 one cycle's time (µs), {cycles} cycles of each, alternating");
@@ -234,18 +212,7 @@ pub(crate) fn write(results: Results<'_>) {
     );
     outln!();
     outln!("P5 other engines, uncontended acquire+release, one client, {rounds} round(s), medians");
-    outln!("| engine | raw floor | floor cycles/s | distlock cycles/s | vs floor |");
-    outln!("|---|---|---:|---:|---:|");
-    for r in &p5 {
-        outln!(
-            "| {} | {} | {:.0} | {:.0} | {:.2} |",
-            r.engine,
-            r.floor_name,
-            r.floor,
-            r.ours,
-            r.ours / r.floor
-        );
-    }
+    out!("{}", crate::p5::render(&p5));
     outln!();
     outln!(
         "PING round trip: {rtt:.1} µs (median of 1000 back to back); {idle_rtt:.1} µs (each after a 2 ms pause: median of the P3 rounds' medians of 150)"
