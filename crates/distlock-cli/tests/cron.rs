@@ -189,22 +189,32 @@ fn the_period_outlives_the_process(tmp: &Path, url: &str) {
 }
 
 #[test]
-fn a_cron_lock_outlives_its_process_on_engines_that_can() {
+fn a_cron_lock_outlives_its_process_on_the_file_engine() {
     let tmp = tempfile::tempdir().unwrap();
-    the_period_outlives_the_process(
-        tmp.path(),
-        &format!("file://{}/locks", tmp.path().display()),
-    );
-    let redis = RedisServer::start();
-    if let Some(r) = &redis {
+    let url = format!("file://{}/locks", tmp.path().display());
+    the_period_outlives_the_process(tmp.path(), &url);
+}
+
+#[test]
+fn a_cron_lock_outlives_its_process_on_redis() {
+    let tmp = tempfile::tempdir().unwrap();
+    if let Some(r) = RedisServer::start() {
         the_period_outlives_the_process(tmp.path(), &r.url());
     }
-    let etcd = Etcd::start();
-    if let Some(e) = &etcd {
+}
+
+#[test]
+fn a_cron_lock_outlives_its_process_on_etcd() {
+    let tmp = tempfile::tempdir().unwrap();
+    if let Some(e) = Etcd::start() {
         the_period_outlives_the_process(tmp.path(), &e.url(""));
     }
-    let mc = Memcached::start();
-    if let Some(m) = &mc {
+}
+
+#[test]
+fn a_cron_lock_outlives_its_process_on_memcached() {
+    let tmp = tempfile::tempdir().unwrap();
+    if let Some(m) = Memcached::start() {
         the_period_outlives_the_process(tmp.path(), &m.url(""));
     }
 }
@@ -223,18 +233,25 @@ fn the_runner_stays_for_the_period(tmp: &Path, url: &str) {
 }
 
 #[test]
-fn a_cron_lock_on_a_session_engine_keeps_its_process() {
+fn a_cron_lock_on_zookeeper_keeps_its_process() {
     let tmp = tempfile::tempdir().unwrap();
-    let zk = ZooKeeper::start();
-    if let Some(z) = &zk {
+    if let Some(z) = ZooKeeper::start() {
         the_runner_stays_for_the_period(tmp.path(), &z.url(""));
     }
-    let pg = Postgres::start();
-    if let Some(p) = &pg {
+}
+
+#[test]
+fn a_cron_lock_on_postgres_keeps_its_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    if let Some(p) = Postgres::start() {
         the_runner_stays_for_the_period(tmp.path(), &p.url(""));
     }
-    let db = MariaDb::start();
-    if let Some(d) = &db {
+}
+
+#[test]
+fn a_cron_lock_on_mariadb_keeps_its_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    if let Some(d) = MariaDb::start() {
         the_runner_stays_for_the_period(tmp.path(), &d.url(""));
     }
 }

@@ -236,6 +236,18 @@ impl SentinelBackend {
             .clone()
     }
 
+    /// Runs `call` on the master in use now; after an error that says the master may have
+    /// moved, follows it (see [`follow`](Self::follow)).
+    async fn on_master<T>(
+        &self,
+        call: impl AsyncFnOnce(&RedisBackend) -> Result<T, LockError>,
+    ) -> Result<T, LockError> {
+        let cur = self.current();
+        let r = call(&cur.backend).await;
+        self.follow(&cur, r.as_ref().err()).await;
+        r
+    }
+
     /// After a request to `used` failed with `result`'s error: if the error means the master
     /// may have moved, asks the sentinels and moves with it.
     async fn follow(&self, used: &Current, error: Option<&LockError>) {
@@ -389,31 +401,19 @@ impl Backend for SentinelBackend {
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        let cur = self.current();
-        let r = cur.backend.acquire(req).await;
-        self.follow(&cur, r.as_ref().err()).await;
-        r
+        self.on_master(async |b| b.acquire(req).await).await
     }
 
     async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
-        let cur = self.current();
-        let r = cur.backend.renew(lease, ttl).await;
-        self.follow(&cur, r.as_ref().err()).await;
-        r
+        self.on_master(async |b| b.renew(lease, ttl).await).await
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
-        let cur = self.current();
-        let r = cur.backend.release(lease).await;
-        self.follow(&cur, r.as_ref().err()).await;
-        r
+        self.on_master(async |b| b.release(lease).await).await
     }
 
     async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
-        let cur = self.current();
-        let r = cur.backend.inspect(key).await;
-        self.follow(&cur, r.as_ref().err()).await;
-        r
+        self.on_master(async |b| b.inspect(key).await).await
     }
 
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {
@@ -452,10 +452,8 @@ impl Linger for SentinelBackend {
         ttl: std::time::Duration,
     ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
         Box::pin(async move {
-            let cur = self.current();
-            let r = Linger::linger(&cur.backend, lease, ttl).await;
-            self.follow(&cur, r.as_ref().err()).await;
-            r
+            self.on_master(async |b| Linger::linger(b, lease, ttl).await)
+                .await
         })
     }
 }
@@ -467,10 +465,8 @@ impl Lister for SentinelBackend {
         budget: usize,
     ) -> BoxFuture<'a, Result<Names, LockError>> {
         Box::pin(async move {
-            let cur = self.current();
-            let r = Lister::names(&cur.backend, prefix, budget).await;
-            self.follow(&cur, r.as_ref().err()).await;
-            r
+            self.on_master(async |b| Lister::names(b, prefix, budget).await)
+                .await
         })
     }
 }
@@ -499,12 +495,7 @@ impl WakeSource for SentinelBackend {
         &'a self,
         key: &'a str,
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        Box::pin(async move {
-            let cur = self.current();
-            let r = cur.backend.subscribe(key).await;
-            self.follow(&cur, r.as_ref().err()).await;
-            r
-        })
+        Box::pin(async move { self.on_master(async |b| b.subscribe(key).await).await })
     }
 
     fn subscribe_as<'a>(
@@ -513,10 +504,8 @@ impl WakeSource for SentinelBackend {
         kind: LeaseKind,
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
         Box::pin(async move {
-            let cur = self.current();
-            let r = cur.backend.subscribe_as(key, kind).await;
-            self.follow(&cur, r.as_ref().err()).await;
-            r
+            self.on_master(async |b| b.subscribe_as(key, kind).await)
+                .await
         })
     }
 
@@ -531,10 +520,8 @@ impl WakeSource for SentinelBackend {
         token: &'a str,
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
         Box::pin(async move {
-            let cur = self.current();
-            let r = cur.backend.subscribe_for(key, kind, token).await;
-            self.follow(&cur, r.as_ref().err()).await;
-            r
+            self.on_master(async |b| b.subscribe_for(key, kind, token).await)
+                .await
         })
     }
 }
@@ -546,22 +533,15 @@ impl Handover for SentinelBackend {
         next: &'a NextWaiter<'a>,
     ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
         Box::pin(async move {
-            let cur = self.current();
-            let r = cur.backend.release_requeue(lease, next).await;
-            self.follow(&cur, r.as_ref().err()).await;
-            r
+            self.on_master(async |b| b.release_requeue(lease, next).await)
+                .await
         })
     }
 }
 
 impl Breaker for SentinelBackend {
     fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
-        Box::pin(async move {
-            let cur = self.current();
-            let r = cur.backend.break_once(key).await;
-            self.follow(&cur, r.as_ref().err()).await;
-            r
-        })
+        Box::pin(async move { self.on_master(async |b| b.break_once(key).await).await })
     }
 }
 
@@ -572,10 +552,8 @@ impl Downgrade for SentinelBackend {
         ttl: std::time::Duration,
     ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
         Box::pin(async move {
-            let cur = self.current();
-            let r = Downgrade::downgrade(&cur.backend, lease, ttl).await;
-            self.follow(&cur, r.as_ref().err()).await;
-            r
+            self.on_master(async |b| Downgrade::downgrade(b, lease, ttl).await)
+                .await
         })
     }
 }
