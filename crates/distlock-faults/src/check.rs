@@ -729,6 +729,16 @@ impl Figures {
         self.ck1 + self.ck2 + self.ck3 + self.ck5 + self.ck6 + self.ck7 + self.ck8 + self.ck9
     }
 
+    /// The violations that no event recorded later can undo, so that a history cut short shows
+    /// them as the whole one would (a control may end once it sees one): fenced writes out of
+    /// order (CK1), a token below an earlier one (CK3), an acquisition before the previous
+    /// holder's deadline (CK5), a foreign renewal or release (CK6), a check past its own
+    /// deadline (CK9). Lost updates (CK2), liveness (CK7) and loss detection (CK8) are judged
+    /// on the whole run only.
+    pub(crate) fn settled_violations(&self) -> u64 {
+        self.ck1 + self.ck3 + self.ck5 + self.ck6 + self.ck9
+    }
+
     /// Lost acknowledged updates of the unfenced control, in percent of its accepted writes.
     pub(crate) fn unfenced_lost_pct(&self) -> f64 {
         let r = &self.unfenced;

@@ -49,6 +49,9 @@ enum Msg {
 }
 
 /// Runs `scenario` with `seed`, writing the history under `out_dir`.
+/// How often a control looks at its history so far.
+const LOOK_EVERY_NS: i64 = 1_000_000_000;
+
 pub(crate) async fn run(
     scenario: &Scenario,
     seed: u64,
@@ -123,7 +126,7 @@ pub(crate) async fn run(
         .collect();
     let injector_rng = StdRng::seed_from_u64(seed ^ 0x5eed_fa17);
     let started = mono::now_ns();
-    let stop_at = started + duration.as_nanos() as i64;
+    let mut stop_at = started + duration.as_nanos() as i64;
     lock(&shared)
         .history
         .record(json!({"ev": "start", "t": started,
@@ -144,11 +147,49 @@ pub(crate) async fn run(
     };
     let auditor = tokio::spawn(audit(shared.clone(), ports.clone(), ttl / 5));
     let mut incs = vec![0u64; scenario.workers];
+    let renew = ttl / 3;
+    let bounds = Bounds {
+        free_within_ns: (ttl + Duration::from_millis(2500)).as_nanos() as i64,
+        detect_within_ns: (renew
+            + lock(&shared).engine.request_timeout()
+            + Duration::from_millis(100))
+        .as_nanos() as i64,
+        caveat_window_ns: (2 * ttl).as_nanos() as i64,
+        split_brain: scenario.engine.fails_over_async(),
+    };
+    // A control (a seeded bug switched on) looks at its history so far once a second, and ends
+    // early once a check that no later event can undo has fired (see
+    // `Figures::settled_violations`): the verdict is still the whole history's, checked below.
+    let mut next_look = started + LOOK_EVERY_NS;
     // The loop ends when the time is up and every worker finished its operation, or at the
     // hard deadline.
     let hard_stop = stop_at + (scenario.max_op_time().as_nanos() as i64) + 15_000_000_000;
     loop {
         let now = mono::now_ns();
+        if seeded_bug.is_some() && now >= next_look && now < stop_at {
+            next_look = now + LOOK_EVERY_NS;
+            // The events of a second ago and before: every worker's have arrived by now (the
+            // pipes carry them in microseconds; a paused worker writes before it acts).
+            let cut = now - LOOK_EVERY_NS;
+            let s = lock(&shared);
+            let before: Vec<Value> = s
+                .history
+                .events
+                .iter()
+                .filter(|e| e.get("t").and_then(Value::as_i64).is_some_and(|t| t <= cut))
+                .cloned()
+                .collect();
+            let so_far = check::check(
+                &before,
+                fenced_engine.then_some(&s.fenced),
+                &s.unfenced,
+                bounds,
+                cut,
+            );
+            if so_far.settled_violations() > 0 {
+                stop_at = now;
+            }
+        }
         if now >= stop_at {
             let mut s = lock(&shared);
             s.stopping = true;
@@ -315,14 +356,6 @@ pub(crate) async fn run(
     }
     s.history.record(json!({"ev": "end", "t": run_end}));
     let _ = s.history.out.flush();
-    let renew = ttl / 3;
-    let bounds = Bounds {
-        free_within_ns: (ttl + Duration::from_millis(2500)).as_nanos() as i64,
-        detect_within_ns: (renew + s.engine.request_timeout() + Duration::from_millis(100))
-            .as_nanos() as i64,
-        caveat_window_ns: (2 * ttl).as_nanos() as i64,
-        split_brain: scenario.engine.fails_over_async(),
-    };
     let figures = check::check(
         &s.history.events,
         fenced_engine.then_some(&s.fenced),
