@@ -32,6 +32,10 @@ pub struct RedisConfig {
     /// The CA and client certificate of `rediss://`, read when the URL was parsed.
     #[cfg(feature = "tls")]
     pub(crate) certs: Option<redis::TlsCertificates>,
+    /// The same files for the direct connection (see `direct`), which speaks TLS itself:
+    /// `Some` for `rediss://` and `valkeys://`.
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<distlock_tls::TlsSettings>,
     pub(crate) layout: KeyLayout,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
@@ -95,6 +99,8 @@ impl RedisConfig {
             wait: None,
             #[cfg(feature = "tls")]
             certs: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         };
         let mut files: Vec<(String, String)> = Vec::new();
         let mut replicas = None;
@@ -178,6 +184,7 @@ impl RedisConfig {
             }
             return Ok(());
         }
+        self.tls = Some(settings.clone());
         if settings.ca.is_none() && settings.cert.is_none() {
             return Ok(());
         }

@@ -13,7 +13,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 
 use crate::config::{RedisConfig, WaitReplicas};
-use crate::direct::DirectConnection;
+use crate::direct::{DirectConnection, Endpoint};
 use crate::error::map_err;
 use crate::replies::ScriptReply;
 use crate::scripts::{LuaScript, ttl_ms};
@@ -72,6 +72,8 @@ enum Transport {
     Single {
         multiplexed: ConnectionManager,
         direct: DirectConnection,
+        /// Where direct connections go (this one's, and the subscriber's).
+        endpoint: Option<Endpoint>,
     },
     /// A Cluster: redis-rs routes each request (one slot per pipeline) to the slot's master,
     /// following `MOVED` and `ASK`.
@@ -135,6 +137,14 @@ impl ServerConnection {
         Ok(node)
     }
 
+    /// Where a direct connection to this server goes (`None` for a Cluster).
+    pub(crate) fn endpoint(&self) -> Option<Endpoint> {
+        match &self.transport {
+            Transport::Single { endpoint, .. } => endpoint.clone(),
+            Transport::Cluster(_) => None,
+        }
+    }
+
     async fn open_direct(&self) {
         if let Transport::Single { direct, .. } = &self.transport {
             direct.open().await;
@@ -174,11 +184,13 @@ impl ServerConnection {
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), cm)
             .map_err(|e| map_err(e, &format!("connecting to {target}")))?;
-        let direct = DirectConnection::new(client.get_connection_info(), config.connect_timeout);
+        let endpoint = Endpoint::of(client.get_connection_info(), config);
+        let direct = DirectConnection::new(endpoint.clone(), config.connect_timeout);
         let node = ServerConnection {
             transport: Transport::Single {
                 multiplexed: conn,
                 direct,
+                endpoint,
             },
             sent: Arc::new(AtomicU64::new(0)),
             response_timeout: config.response_timeout,

@@ -7,7 +7,18 @@
 //! more connection, driven by the caller's own future: write the request, read the reply, nothing
 //! in between. A request that finds the direct connection in use (another task is mid round trip)
 //! goes to the multiplexed connection, as before; so does everything when the direct connection
-//! cannot be opened (TLS, which it does not speak) or is reconnecting.
+//! cannot be opened or is reconnecting.
+//!
+//! It speaks TCP, a Unix socket, or TLS over TCP (`rediss://`, `valkeys://`, with the `tls`
+//! feature) through `distlock-tls`, with the checks redis-rs's connection makes on the same
+//! URL: the CA of `tls_ca` (else the system's roots), the host name, our certificate when
+//! `tls_cert` and `tls_key` name one; `#insecure` checks no certificate and sends no SNI, as in
+//! redis-rs (it still checks that the server signs the handshake with the key of the
+//! certificate it shows, which redis-rs does not). The TLS configuration is built once per
+//! connection target and kept for reconnections. A handshake that fails (a refused
+//! certificate is `Auth`, see `distlock_tls::classify_text`) is a direct connection that
+//! could not be opened: requests take the multiplexed connection, which reports the error
+//! itself.
 //!
 //! A request owns the connection for its round trip. If its future is dropped half way (a timeout,
 //! a cancelled acquire), the connection goes with it: a reply still on its way can never be read as
@@ -46,6 +57,8 @@ use futures_util::task::AtomicWaker;
 use redis::{ConnectionAddr, ConnectionInfo, RedisError, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::config::RedisConfig;
+
 /// Deeper nesting than any of our replies has is a protocol error, not recursion.
 const MAX_DEPTH: usize = 8;
 /// Our replies are small; a larger bulk or array is a protocol error, not an allocation.
@@ -65,14 +78,85 @@ pub(crate) struct Endpoint {
 #[derive(Clone)]
 enum Addr {
     Tcp(String, u16),
+    /// TLS over TCP to host and port.
+    #[cfg(feature = "tls")]
+    Tls(String, u16, Tls),
     #[cfg(unix)]
     Unix(PathBuf),
 }
 
+/// How a TLS connection is opened: the rustls configuration (built once, so reconnections
+/// may resume the session) and the name the server's certificate must show.
+#[cfg(feature = "tls")]
+#[derive(Clone)]
+struct Tls {
+    connector: distlock_tls::TlsConnector,
+    name: distlock_tls::rustls::pki_types::ServerName<'static>,
+}
+
+#[cfg(feature = "tls")]
+impl Tls {
+    /// The configuration redis-rs's connection would use for `host` with these settings:
+    /// every check, or with `insecure` (the URL's `#insecure`) none and no SNI.
+    fn new(
+        settings: &distlock_tls::TlsSettings,
+        host: &str,
+        insecure: bool,
+    ) -> Result<Tls, distlock_core::LockError> {
+        let mut settings = settings.clone();
+        if insecure {
+            settings.verify = distlock_tls::Verify::EncryptOnly;
+        }
+        let mut config = settings.client_config()?;
+        if insecure {
+            std::sync::Arc::make_mut(&mut config).enable_sni = false;
+        }
+        Ok(Tls {
+            connector: distlock_tls::TlsConnector::from(config),
+            name: settings.server_name_for(host)?,
+        })
+    }
+}
+
 enum Stream {
     Tcp(tokio::net::TcpStream),
+    /// Boxed: a TLS session is large, and the connection moves in and out of its slot at
+    /// every request.
+    #[cfg(feature = "tls")]
+    Tls(Box<distlock_tls::TlsStream<tokio::net::TcpStream>>),
     #[cfg(unix)]
     Unix(tokio::net::UnixStream),
+}
+
+impl Stream {
+    /// Writes all of `buf` (over TLS, flushed to the socket).
+    async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.write_all(buf).await,
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => {
+                s.write_all(buf).await?;
+                s.flush().await
+            }
+            #[cfg(unix)]
+            Stream::Unix(s) => s.write_all(buf).await,
+        }
+    }
+
+    /// Reads what has come into `buf`'s spare capacity; 0 when the server closed.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: bytes are appended only when it returns (over TLS, records read before a
+    /// cancellation stay in the session).
+    async fn read_buf(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read_buf(buf).await,
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.read_buf(buf).await,
+            #[cfg(unix)]
+            Stream::Unix(s) => s.read_buf(buf).await,
+        }
+    }
 }
 
 /// One open direct connection and its buffers.
@@ -183,21 +267,55 @@ pub(crate) fn switched_off(path: &str) -> bool {
 }
 
 impl Endpoint {
-    /// Where `info` points, unless it is TLS (which direct connections do not speak).
-    pub(crate) fn of(info: &ConnectionInfo) -> Option<Endpoint> {
+    /// Where `info` (a client of `config`'s) points, with `config`'s TLS files for `rediss://`.
+    /// `None` when the direct connection cannot go there: TLS in a build without the `tls`
+    /// feature, or TLS settings that do not make a configuration (the multiplexed connection
+    /// reports that).
+    pub(crate) fn of(info: &ConnectionInfo, config: &RedisConfig) -> Option<Endpoint> {
         let settings = info.redis_settings();
         let addr = match info.addr() {
             ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
+            #[cfg(feature = "tls")]
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                ..
+            } => {
+                let tls = config.tls.as_ref()?;
+                match Tls::new(tls, host, *insecure) {
+                    Ok(tls) => Addr::Tls(host.clone(), *port, tls),
+                    Err(e) => {
+                        tracing::debug!(target: "distlock", error = %e,
+                            "no direct TLS connection; using the shared one");
+                        return None;
+                    }
+                }
+            }
             #[cfg(unix)]
             ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
             _ => return None,
         };
+        #[cfg(not(feature = "tls"))]
+        let _ = config;
         Some(Endpoint {
             addr,
             username: settings.username().map(str::to_owned),
             password: settings.password().map(str::to_owned),
             db: settings.db(),
         })
+    }
+
+    /// Whether connections to it speak TLS.
+    pub(crate) fn is_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        {
+            matches!(self.addr, Addr::Tls(..))
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            false
+        }
     }
 }
 
@@ -208,12 +326,12 @@ pub(crate) struct DirectConnection {
 }
 
 impl DirectConnection {
-    /// A direct connection to the server `info` names; disabled (every request takes the
-    /// multiplexed connection) for TLS.
-    pub(crate) fn new(info: &ConnectionInfo, connect_timeout: Duration) -> DirectConnection {
+    /// A direct connection to `target`; without one (see [`Endpoint::of`]), disabled: every
+    /// request takes the multiplexed connection.
+    pub(crate) fn new(target: Option<Endpoint>, connect_timeout: Duration) -> DirectConnection {
         DirectConnection {
             inner: Arc::new(Inner {
-                target: Endpoint::of(info).filter(|_| !switched_off("commands")),
+                target: target.filter(|_| !switched_off("commands")),
                 state: Mutex::new(State::default()),
                 connect_timeout,
                 timer: Timer {
@@ -290,10 +408,12 @@ pub(crate) async fn connect(
 ) -> Result<RespConnection, RedisError> {
     let opening = async {
         let stream = match &target.addr {
-            Addr::Tcp(host, port) => {
-                let s = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
-                s.set_nodelay(true)?;
-                Stream::Tcp(s)
+            Addr::Tcp(host, port) => Stream::Tcp(tcp(host, *port).await?),
+            #[cfg(feature = "tls")]
+            Addr::Tls(host, port, tls) => {
+                let s = tcp(host, *port).await?;
+                let s = tls.connector.connect(tls.name.clone(), s).await?;
+                Stream::Tls(Box::new(s))
             }
             #[cfg(unix)]
             Addr::Unix(path) => Stream::Unix(tokio::net::UnixStream::connect(path).await?),
@@ -317,6 +437,12 @@ pub(crate) async fn connect(
             select.arg(target.db);
             hello.push(select);
         }
+        if target.is_tls() {
+            // TLS 1.3 ends our side of the handshake before the server has checked our
+            // certificate: a refusal comes with the first reply, so take one now (a failed
+            // open leaves requests on the multiplexed connection; a failed request fails).
+            hello.push(redis::cmd("PING"));
+        }
         if !hello.is_empty() {
             let replies = direct.round_trip(hello.iter()).await?;
             if let Some(Value::ServerError(e)) =
@@ -331,6 +457,12 @@ pub(crate) async fn connect(
         Ok(r) => r,
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connecting").into()),
     }
+}
+
+async fn tcp(host: &str, port: u16) -> io::Result<tokio::net::TcpStream> {
+    let s = tokio::net::TcpStream::connect((host, port)).await?;
+    s.set_nodelay(true)?;
+    Ok(s)
 }
 
 /// The direct connection's connection, lent to one request.
@@ -410,11 +542,7 @@ impl RespConnection {
         for cmd in cmds {
             cmd.write_packed_command(&mut self.out);
         }
-        match &mut self.stream {
-            Stream::Tcp(s) => s.write_all(&self.out).await,
-            #[cfg(unix)]
-            Stream::Unix(s) => s.write_all(&self.out).await,
-        }
+        self.stream.write_all(&self.out).await
     }
 
     /// The next reply or push the server sends (pub/sub).
@@ -436,12 +564,7 @@ impl RespConnection {
         if self.input.capacity() - self.input.len() < 256 {
             self.input.reserve(4096);
         }
-        let read = match &mut self.stream {
-            Stream::Tcp(s) => s.read_buf(&mut self.input).await?,
-            #[cfg(unix)]
-            Stream::Unix(s) => s.read_buf(&mut self.input).await?,
-        };
-        if read == 0 {
+        if self.stream.read_buf(&mut self.input).await? == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the server closed the connection",
@@ -461,11 +584,7 @@ impl RespConnection {
             cmd.write_packed_command(&mut self.out);
             n += 1;
         }
-        match &mut self.stream {
-            Stream::Tcp(s) => s.write_all(&self.out).await?,
-            #[cfg(unix)]
-            Stream::Unix(s) => s.write_all(&self.out).await?,
-        }
+        self.stream.write_all(&self.out).await?;
         let mut replies = Vec::with_capacity(n);
         let mut start = 0;
         while replies.len() < n {
@@ -571,6 +690,105 @@ fn frame(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, RedisError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "tls")]
+    mod tls {
+        use super::*;
+        use distlock_core::ErrorKind;
+        use distlock_testkit::{Pki, RedisServer};
+
+        fn endpoint(url: &str) -> Endpoint {
+            let config = RedisConfig::from_url(url).unwrap();
+            let info = redis::Client::open(config.url.as_str()).unwrap();
+            Endpoint::of(info.get_connection_info(), &config).expect("a direct target")
+        }
+
+        /// Opens a direct connection to `url`, and the kind and words of its failure.
+        async fn refusal(url: &str) -> (ErrorKind, String) {
+            let Err(e) = connect(&endpoint(url), Duration::from_secs(5)).await else {
+                panic!("{url}: the direct connection opened");
+            };
+            let e = crate::error::map_err(e, "opening");
+            (e.kind(), e.to_string())
+        }
+
+        #[tokio::test]
+        async fn the_direct_connection_checks_certificates_as_redis_rs_does() {
+            let pki = Pki::generate();
+            let Some(server) = RedisServer::start_tls(&pki, true, &[]) else {
+                return;
+            };
+            let base = format!("rediss://127.0.0.1:{}/", server.tls_port());
+            let (ca, other) = (pki.ca.display(), pki.other_ca.display());
+            let ours = format!(
+                "tls_cert={}&tls_key={}",
+                pki.client.cert.display(),
+                pki.client.key.display()
+            );
+            // Our certificate, to a server that demands one from its CA; the name checked.
+            let mut direct = connect(
+                &endpoint(&format!("{base}?tls_ca={ca}&{ours}")),
+                Duration::from_secs(5),
+            )
+            .await
+            .expect("TLS with a client certificate");
+            let cmd = redis::cmd("PING");
+            let replies = direct.round_trip(std::iter::once(&cmd)).await.unwrap();
+            assert_eq!(replies, [Value::SimpleString("PONG".into())]);
+            // `#insecure`: no check of the server's certificate, ours still shown.
+            connect(
+                &endpoint(&format!("{base}?tls_ca={other}&{ours}#insecure")),
+                Duration::from_secs(5),
+            )
+            .await
+            .expect("#insecure");
+            // A server certificate from a CA we do not trust.
+            let (kind, words) = refusal(&format!("{base}?tls_ca={other}&{ours}")).await;
+            assert_eq!(kind, ErrorKind::Auth, "{words}");
+            assert!(
+                words.contains("the server's certificate was refused"),
+                "{words}"
+            );
+            // No client certificate, or one from another CA: the server refuses.
+            let stranger = format!(
+                "tls_cert={}&tls_key={}",
+                pki.stranger.cert.display(),
+                pki.stranger.key.display()
+            );
+            for url in [
+                format!("{base}?tls_ca={ca}"),
+                format!("{base}?tls_ca={ca}&{stranger}"),
+            ] {
+                let (kind, words) = refusal(&url).await;
+                assert_eq!(kind, ErrorKind::Auth, "{url}: {words}");
+                assert!(words.contains("refused our client certificate"), "{words}");
+            }
+        }
+
+        #[tokio::test]
+        async fn a_refused_handshake_leaves_requests_on_the_multiplexed_connection() {
+            let pki = Pki::generate();
+            let Some(server) = RedisServer::start_tls(&pki, false, &[]) else {
+                return;
+            };
+            let url = format!(
+                "rediss://127.0.0.1:{}/?tls_ca={}",
+                server.tls_port(),
+                pki.other_ca.display()
+            );
+            let direct = DirectConnection::new(Some(endpoint(&url)), Duration::from_secs(5));
+            direct.open().await;
+            assert!(direct.checkout().is_none(), "no direct connection to lend");
+            let good = format!(
+                "rediss://127.0.0.1:{}/?tls_ca={}",
+                server.tls_port(),
+                pki.ca.display()
+            );
+            let direct = DirectConnection::new(Some(endpoint(&good)), Duration::from_secs(5));
+            direct.open().await;
+            assert!(direct.checkout().is_some(), "the direct connection is lent");
+        }
+    }
 
     fn one(bytes: &[u8]) -> Value {
         let (v, used) = frame(bytes, 0).unwrap().unwrap();

@@ -135,6 +135,7 @@ impl SentinelConfig {
         #[cfg(feature = "tls")]
         {
             cfg.certs.clone_from(&self.master.certs);
+            cfg.tls.clone_from(&self.master.tls);
         }
         Ok(cfg)
     }

@@ -23,10 +23,11 @@
 //! When it breaks, it is reopened with back-off, every channel is subscribed again, and every
 //! waiter is woken (an event may have been missed in between).
 //!
-//! It is a direct connection (see [`crate::direct`]) read by this task itself: a wake-up reaches
-//! the waiter with one task hand-off, where redis-rs's pub/sub connection adds a driver task
-//! and a channel (about a tenth of a hand-off between processes on one CPU). Over TLS, which
-//! direct connections do not speak, it is redis-rs's.
+//! It is a direct connection (see [`crate::direct`]) read by this task itself, over TCP, a Unix
+//! socket or TLS: a wake-up reaches the waiter with one task hand-off, where redis-rs's pub/sub
+//! connection adds a driver task and a channel (about a tenth of a hand-off between processes
+//! on one CPU). Over TLS, an attempt whose direct connection cannot be opened (its handshake
+//! failed) uses redis-rs's.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -80,7 +81,8 @@ pub(crate) struct Subscriber {
 struct SubscriberTask {
     rx: mpsc::UnboundedReceiver<Cmd>,
     client: redis::Client,
-    /// Where a direct connection goes; `None` over TLS.
+    /// Where a direct connection goes (`None` on a Cluster, or when the direct connection
+    /// cannot go there).
     target: Option<Endpoint>,
     /// Requests (leaving a queue) go through the engine's connections.
     conn: ServerConnection,
@@ -123,8 +125,7 @@ impl Subscriber {
             },
         );
         let db = client.get_connection_info().redis_settings().db();
-        let target =
-            Endpoint::of(client.get_connection_info()).filter(|_| !direct::switched_off("events"));
+        let target = conn.endpoint().filter(|_| !direct::switched_off("events"));
         let (stop, stopped) = oneshot::channel();
         Subscriber {
             _stop: stop,
@@ -264,7 +265,8 @@ enum Conn {
         io: RespConnection,
         early: VecDeque<Msg>,
     },
-    /// redis-rs's pub/sub connection (TLS, which the direct connection does not speak).
+    /// redis-rs's pub/sub connection: where the direct connection cannot go, or over TLS when
+    /// it could not be opened.
     RedisRs {
         sink: redis::aio::PubSubSink,
         stream: redis::aio::PubSubStream,
@@ -298,13 +300,22 @@ impl Conn {
             };
         }
         if let Some(target) = &start.target {
-            return match direct::connect(target, start.connect_timeout).await {
-                Ok(io) => Ok(Conn::Direct {
-                    io,
-                    early: VecDeque::new(),
-                }),
-                Err(e) => Err(e.to_string()),
-            };
+            match direct::connect(target, start.connect_timeout).await {
+                Ok(io) => {
+                    return Ok(Conn::Direct {
+                        io,
+                        early: VecDeque::new(),
+                    });
+                }
+                // Over TLS, any failure (a handshake, or an unreachable server) is tried again
+                // with redis-rs's connection: a handshake only the direct connection fails
+                // must not leave the waiters without events.
+                Err(e) if target.is_tls() => {
+                    tracing::debug!(target: "distlock", error = %e,
+                        "the direct pub/sub connection could not be opened; trying redis-rs's");
+                }
+                Err(e) => return Err(e.to_string()),
+            }
         }
         match tokio::time::timeout(start.connect_timeout, start.client.get_async_pubsub()).await {
             Ok(Ok(c)) => {
@@ -722,9 +733,14 @@ mod tests {
     use super::*;
     use distlock_testkit::RedisServer;
 
+    fn endpoint(url: &str) -> Endpoint {
+        let config = RedisConfig::from_url(url).unwrap();
+        let info = redis::Client::open(url).unwrap();
+        Endpoint::of(info.get_connection_info(), &config).expect("a direct target")
+    }
+
     async fn direct(server: &RedisServer) -> RespConnection {
-        let info = redis::Client::open(server.url()).unwrap();
-        let target = Endpoint::of(info.get_connection_info()).expect("a TCP target");
+        let target = endpoint(&server.url());
         direct::connect(&target, Duration::from_secs(5))
             .await
             .unwrap()
@@ -778,8 +794,7 @@ mod tests {
             "&ok",
         ]);
         let url = format!("redis://deaf:pw@127.0.0.1:{}", server.port());
-        let info = redis::Client::open(url).unwrap();
-        let target = Endpoint::of(info.get_connection_info()).unwrap();
+        let target = endpoint(&url);
         let mut conn = Conn::Direct {
             io: direct::connect(&target, Duration::from_secs(5))
                 .await
@@ -792,6 +807,46 @@ mod tests {
         assert_eq!(server.cli(&["PUBLISH", "ok", "x"]), "1");
         let m = conn.next().await.expect("a message");
         assert_eq!(m.payload, b"x".to_vec());
+    }
+
+    /// Over TLS the subscriber reads a direct connection too; one whose handshake fails
+    /// (`target`, a CA that does not sign the server's certificate) gives way to redis-rs's.
+    #[cfg(feature = "tls")]
+    #[tokio::test]
+    async fn over_tls_the_pub_sub_connection_is_direct_or_redis_rs_when_refused() {
+        let pki = distlock_testkit::Pki::generate();
+        let Some(server) = RedisServer::start_tls(&pki, false, &[]) else {
+            return;
+        };
+        let base = format!("rediss://127.0.0.1:{}/", server.tls_port());
+        let good = RedisConfig::from_url(&format!("{base}?tls_ca={}", pki.ca.display())).unwrap();
+        let stranger = format!("{base}?tls_ca={}", pki.other_ca.display());
+        let (conn, client) = ServerConnection::connect(&good).await.unwrap();
+        for (target, direct) in [(conn.endpoint(), true), (Some(endpoint(&stranger)), false)] {
+            let (_tx, rx) = mpsc::unbounded_channel();
+            let task = SubscriberTask {
+                rx,
+                client: client.clone(),
+                target,
+                conn: conn.clone(),
+                scripts: Arc::new(Scripts::new()),
+                wake: WakeChannel::new(&good.layout, "tls", false),
+                cluster: None,
+                config: good.clone(),
+                handovers: Handovers::default(),
+                layout: good.layout.clone(),
+                db: 0,
+                connect_timeout: Duration::from_secs(5),
+                response_timeout: Duration::from_secs(5),
+            };
+            let mut opened = Conn::open(&task).await.expect("a pub/sub connection");
+            assert_eq!(matches!(opened, Conn::Direct { .. }), direct);
+            let t = Duration::from_secs(5);
+            assert!(matches!(opened.request("c", true, t).await, Reply::Done));
+            assert_eq!(server.cli(&["PUBLISH", "c", "over tls"]), "1");
+            let m = opened.next().await.expect("a message");
+            assert_eq!(m.payload, b"over tls".to_vec());
+        }
     }
 
     #[test]
