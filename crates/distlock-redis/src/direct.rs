@@ -45,8 +45,6 @@
 
 use std::future::Future;
 use std::io;
-#[cfg(unix)]
-use std::path::PathBuf;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -54,110 +52,17 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures_util::task::AtomicWaker;
-use redis::{ConnectionAddr, ConnectionInfo, RedisError, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use redis::{RedisError, Value};
 
-use crate::config::RedisConfig;
+mod endpoint;
+mod resp;
 
-/// Deeper nesting than any of our replies has is a protocol error, not recursion.
-const MAX_DEPTH: usize = 8;
-/// Our replies are small; a larger bulk or array is a protocol error, not an allocation.
-const MAX_LEN: usize = 16 << 20;
+pub(crate) use endpoint::Endpoint;
+use endpoint::Stream;
+use resp::frame;
+
 /// How long after a failed connection attempt the direct connection is tried again.
 const RETRY: Duration = Duration::from_secs(1);
-
-/// Where and how a direct connection connects (the direct connection's, and the subscriber's).
-#[derive(Clone)]
-pub(crate) struct Endpoint {
-    addr: Addr,
-    username: Option<String>,
-    password: Option<String>,
-    db: i64,
-}
-
-#[derive(Clone)]
-enum Addr {
-    Tcp(String, u16),
-    /// TLS over TCP to host and port.
-    #[cfg(feature = "tls")]
-    Tls(String, u16, Tls),
-    #[cfg(unix)]
-    Unix(PathBuf),
-}
-
-/// How a TLS connection is opened: the rustls configuration (built once, so reconnections
-/// may resume the session) and the name the server's certificate must show.
-#[cfg(feature = "tls")]
-#[derive(Clone)]
-struct Tls {
-    connector: distlock_tls::TlsConnector,
-    name: distlock_tls::rustls::pki_types::ServerName<'static>,
-}
-
-#[cfg(feature = "tls")]
-impl Tls {
-    /// The configuration redis-rs's connection would use for `host` with these settings:
-    /// every check, or with `insecure` (the URL's `#insecure`) none and no SNI.
-    fn new(
-        settings: &distlock_tls::TlsSettings,
-        host: &str,
-        insecure: bool,
-    ) -> Result<Tls, distlock_core::LockError> {
-        let mut settings = settings.clone();
-        if insecure {
-            settings.verify = distlock_tls::Verify::EncryptOnly;
-        }
-        let mut config = settings.client_config()?;
-        if insecure {
-            std::sync::Arc::make_mut(&mut config).enable_sni = false;
-        }
-        Ok(Tls {
-            connector: distlock_tls::TlsConnector::from(config),
-            name: settings.server_name_for(host)?,
-        })
-    }
-}
-
-enum Stream {
-    Tcp(tokio::net::TcpStream),
-    /// Boxed: a TLS session is large, and the connection moves in and out of its slot at
-    /// every request.
-    #[cfg(feature = "tls")]
-    Tls(Box<distlock_tls::TlsStream<tokio::net::TcpStream>>),
-    #[cfg(unix)]
-    Unix(tokio::net::UnixStream),
-}
-
-impl Stream {
-    /// Writes all of `buf` (over TLS, flushed to the socket).
-    async fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.write_all(buf).await,
-            #[cfg(feature = "tls")]
-            Stream::Tls(s) => {
-                s.write_all(buf).await?;
-                s.flush().await
-            }
-            #[cfg(unix)]
-            Stream::Unix(s) => s.write_all(buf).await,
-        }
-    }
-
-    /// Reads what has come into `buf`'s spare capacity; 0 when the server closed.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: bytes are appended only when it returns (over TLS, records read before a
-    /// cancellation stay in the session).
-    async fn read_buf(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.read_buf(buf).await,
-            #[cfg(feature = "tls")]
-            Stream::Tls(s) => s.read_buf(buf).await,
-            #[cfg(unix)]
-            Stream::Unix(s) => s.read_buf(buf).await,
-        }
-    }
-}
 
 /// One open direct connection and its buffers.
 pub(crate) struct RespConnection {
@@ -266,59 +171,6 @@ pub(crate) fn switched_off(path: &str) -> bool {
     }
 }
 
-impl Endpoint {
-    /// Where `info` (a client of `config`'s) points, with `config`'s TLS files for `rediss://`.
-    /// `None` when the direct connection cannot go there: TLS in a build without the `tls`
-    /// feature, or TLS settings that do not make a configuration (the multiplexed connection
-    /// reports that).
-    pub(crate) fn of(info: &ConnectionInfo, config: &RedisConfig) -> Option<Endpoint> {
-        let settings = info.redis_settings();
-        let addr = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
-            #[cfg(feature = "tls")]
-            ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure,
-                ..
-            } => {
-                let tls = config.tls.as_ref()?;
-                match Tls::new(tls, host, *insecure) {
-                    Ok(tls) => Addr::Tls(host.clone(), *port, tls),
-                    Err(e) => {
-                        tracing::debug!(target: "distlock", error = %e,
-                            "no direct TLS connection; using the shared one");
-                        return None;
-                    }
-                }
-            }
-            #[cfg(unix)]
-            ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
-            _ => return None,
-        };
-        #[cfg(not(feature = "tls"))]
-        let _ = config;
-        Some(Endpoint {
-            addr,
-            username: settings.username().map(str::to_owned),
-            password: settings.password().map(str::to_owned),
-            db: settings.db(),
-        })
-    }
-
-    /// Whether connections to it speak TLS.
-    pub(crate) fn is_tls(&self) -> bool {
-        #[cfg(feature = "tls")]
-        {
-            matches!(self.addr, Addr::Tls(..))
-        }
-        #[cfg(not(feature = "tls"))]
-        {
-            false
-        }
-    }
-}
-
 /// The direct connection; clones share it.
 #[derive(Clone)]
 pub(crate) struct DirectConnection {
@@ -407,17 +259,7 @@ pub(crate) async fn connect(
     timeout: Duration,
 ) -> Result<RespConnection, RedisError> {
     let opening = async {
-        let stream = match &target.addr {
-            Addr::Tcp(host, port) => Stream::Tcp(tcp(host, *port).await?),
-            #[cfg(feature = "tls")]
-            Addr::Tls(host, port, tls) => {
-                let s = tcp(host, *port).await?;
-                let s = tls.connector.connect(tls.name.clone(), s).await?;
-                Stream::Tls(Box::new(s))
-            }
-            #[cfg(unix)]
-            Addr::Unix(path) => Stream::Unix(tokio::net::UnixStream::connect(path).await?),
-        };
+        let stream = target.open().await?;
         let mut direct = RespConnection {
             stream,
             out: Vec::with_capacity(512),
@@ -457,12 +299,6 @@ pub(crate) async fn connect(
         Ok(r) => r,
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connecting").into()),
     }
-}
-
-async fn tcp(host: &str, port: u16) -> io::Result<tokio::net::TcpStream> {
-    let s = tokio::net::TcpStream::connect((host, port)).await?;
-    s.set_nodelay(true)?;
-    Ok(s)
 }
 
 /// The direct connection's connection, lent to one request.
@@ -608,92 +444,11 @@ impl RespConnection {
     }
 }
 
-fn parse_err(what: &'static str) -> RedisError {
-    RedisError::from((redis::ErrorKind::Parse, what))
-}
-
-/// One complete RESP2 reply at the start of `buf` and its length, or `None` if more bytes are
-/// needed.
-fn frame(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, RedisError> {
-    let Some(end) = buf.windows(2).position(|w| w == b"\r\n") else {
-        return Ok(None);
-    };
-    let Some((&kind, line)) = buf[..end].split_first() else {
-        return Err(parse_err("an empty reply line"));
-    };
-    let after = end + 2;
-    let number = || -> Result<i64, RedisError> {
-        std::str::from_utf8(line)
-            .ok()
-            .and_then(|s| s.parse::<i64>().ok())
-            .ok_or_else(|| parse_err("a malformed number in a reply"))
-    };
-    match kind {
-        b'+' if line == b"OK" => Ok(Some((Value::Okay, after))),
-        b'+' => Ok(Some((
-            Value::SimpleString(String::from_utf8_lossy(line).into_owned()),
-            after,
-        ))),
-        b'-' => {
-            // redis-rs builds its server errors (code, kind) from the line itself.
-            let value = redis::parse_redis_value(&buf[..after])?;
-            Ok(Some((value, after)))
-        }
-        b':' => Ok(Some((Value::Int(number()?), after))),
-        b'$' => {
-            let len = number()?;
-            if len < 0 {
-                return Ok(Some((Value::Nil, after)));
-            }
-            let len = usize::try_from(len).map_err(|_| parse_err("a bulk length"))?;
-            if len > MAX_LEN {
-                return Err(parse_err("a bulk reply larger than any lock reply"));
-            }
-            if buf.len() < after + len + 2 {
-                return Ok(None);
-            }
-            if &buf[after + len..after + len + 2] != b"\r\n" {
-                return Err(parse_err("a bulk reply without its terminator"));
-            }
-            Ok(Some((
-                Value::BulkString(buf[after..after + len].to_vec()),
-                after + len + 2,
-            )))
-        }
-        b'*' => {
-            let len = number()?;
-            if len < 0 {
-                return Ok(Some((Value::Nil, after)));
-            }
-            if depth >= MAX_DEPTH || len as u64 > MAX_LEN as u64 {
-                return Err(parse_err(
-                    "an array reply deeper or longer than any lock reply",
-                ));
-            }
-            let mut items = Vec::with_capacity((len as usize).min(64));
-            let mut at = after;
-            for _ in 0..len {
-                match frame(&buf[at..], depth + 1)? {
-                    Some((v, used)) => {
-                        items.push(v);
-                        at += used;
-                    }
-                    None => return Ok(None),
-                }
-            }
-            Ok(Some((Value::Array(items), at)))
-        }
-        _ => Err(parse_err("a reply of a type RESP2 does not have")),
-    }
-}
-
-#[cfg(test)]
+#[cfg(all(test, feature = "tls"))]
 mod tests {
-    use super::*;
-
-    #[cfg(feature = "tls")]
     mod tls {
-        use super::*;
+        use super::super::*;
+        use crate::config::RedisConfig;
         use distlock_core::ErrorKind;
         use distlock_testkit::{Pki, RedisServer};
 
@@ -787,61 +542,6 @@ mod tests {
             let direct = DirectConnection::new(Some(endpoint(&good)), Duration::from_secs(5));
             direct.open().await;
             assert!(direct.checkout().is_some(), "the direct connection is lent");
-        }
-    }
-
-    fn one(bytes: &[u8]) -> Value {
-        let (v, used) = frame(bytes, 0).unwrap().unwrap();
-        assert_eq!(used, bytes.len(), "{bytes:?}");
-        v
-    }
-
-    #[test]
-    fn replies_are_framed_as_redis_rs_parses_them() {
-        for bytes in [
-            &b"+OK\r\n"[..],
-            b"+QUEUED\r\n",
-            b":-42\r\n",
-            b"$-1\r\n",
-            b"$0\r\n\r\n",
-            b"$5\r\nab\r\nc\r\n",
-            b"*-1\r\n",
-            b"*0\r\n",
-            b"*3\r\n:1\r\n$3\r\nabc\r\n*2\r\n:0\r\n$-1\r\n",
-            b"-NOSCRIPT No matching script.\r\n",
-            b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n",
-        ] {
-            assert_eq!(
-                one(bytes),
-                redis::parse_redis_value(bytes).unwrap(),
-                "{bytes:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_partial_reply_asks_for_more_at_every_cut() {
-        let bytes = b"*3\r\n:1\r\n$3\r\nabc\r\n*2\r\n:0\r\n$-1\r\n";
-        for cut in 0..bytes.len() {
-            assert!(frame(&bytes[..cut], 0).unwrap().is_none(), "cut at {cut}");
-        }
-        // Two replies back to back: the first is framed alone.
-        let (v, used) = frame(b":7\r\n+OK\r\n", 0).unwrap().unwrap();
-        assert_eq!((v, used), (Value::Int(7), 4));
-    }
-
-    #[test]
-    fn junk_is_a_parse_error_not_a_panic() {
-        for bytes in [
-            &b"?what\r\n"[..],
-            b"\r\n",
-            b":12x\r\n",
-            b"$3\r\nabcd\r\n",
-            b"$99999999999\r\n",
-            b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
-        ] {
-            let e = frame(bytes, 0).unwrap_err();
-            assert_eq!(e.kind(), redis::ErrorKind::Parse, "{bytes:?}");
         }
     }
 }
