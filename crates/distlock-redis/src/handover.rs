@@ -5,9 +5,11 @@
 //! `<wake channel> <ttl ms> <seq> <token> <owner>`, what a release writes when it hands the
 //! lock to us and where it tells us. A release that finds clients queued writes the lock for the
 //! first live one and tells it on its own channel with a *grant*:
-//! `\t<fence> <seq> <token> <lock key>`; or it tells a client to try again with the bare lock
-//! key. The subscriber hears grants; the next attempt of the waiting task takes the lock from
-//! here, without a round trip.
+//! `\t<fence> <seq> <token> <lock key>`. A reader it lets in is told by its token,
+//! `\n<token> <lock key>` (the client's other registrations stay queued); a client it takes
+//! out of the queue without the lock is told to try again with the bare lock key. The
+//! subscriber hears grants; the next attempt of the waiting task takes the lock from here,
+//! without a round trip.
 //!
 //! What the backend and the subscriber know of this, under one mutex, changed only through the
 //! methods of [`Handovers`]: grants not yet taken, the registration we believe queued, the
@@ -60,7 +62,8 @@ pub(crate) fn parse_grant(payload: &[u8]) -> Option<(u64, u64, &str, &str)> {
 }
 
 /// A message telling one waiter by its token to try, `\n<token> <lock key>` (a permit's
-/// release tells the next waiters in line this way): the token and the lock key.
+/// release tells the next waiters in line this way, and a release that lets readers in tells
+/// each of them): the token and the lock key.
 pub(crate) fn parse_told(payload: &[u8]) -> Option<(&str, &str)> {
     let text = std::str::from_utf8(payload.strip_prefix(b"\n")?).ok()?;
     text.split_once(' ')

@@ -648,8 +648,10 @@ async fn run(hub: WakeHub, mut start: SubscriberTask) {
                             && let Some(name) = routes.locks.get(lock_key)
                             && !lingering.contains_key(name)
                         {
-                            // One waiter told by its token that a permit may be its own: that
-                            // task alone tries (every waiter of the name, if it is not here).
+                            // One waiter told by its token that a permit may be its own, or
+                            // that its reader's share is written: that task alone tries if it
+                            // waits by its token (a permit's), else every waiter of the name.
+                            // Our other registrations are still queued: none is forgotten.
                             hub.notify_token(name, token);
                         } else if let Ok(lock_key) = std::str::from_utf8(payload)
                             && let Some(name) = routes.locks.get(lock_key)

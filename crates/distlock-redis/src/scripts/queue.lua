@@ -32,8 +32,11 @@ end
 -- If the fence counter is not a sorted set, the lock is freed instead and the waiter woken
 -- with the bare lock key, to try itself (and get the error).
 -- A reader at the head is let in with every reader right behind it, up to the next writer,
--- which stays at the head: readers and writers are served in arrival order. Each is told with
--- the bare lock key, and its next attempt finds its share.
+-- which stays at the head: readers and writers are served in arrival order. Each is told by
+-- its token, '\n<token> <lock key>' (as a semaphore's waiters are), and its next attempt finds
+-- its share. Not with the bare lock key: that says the client's registration left the queue,
+-- and a writer of the same client, still queued behind the readers, would then queue its
+-- token a second time (a later release hands the lock to that copy, which nobody takes).
 -- `only_readers` (a writer turned reader, see downgrade.lua) lets in the readers at the head
 -- and never a writer.
 -- Every call after the lock may be written uses pcall: junk under the queue key, or an ACL
@@ -63,7 +66,7 @@ local function pass_on(lock, meta, fkey, queue, self_chan, now, first, only_read
       -- clock; the lock key holds the readers' marker, which lives as long as the longest
       -- share. (Written here, not as a helper: every function defined in a script is made
       -- anew at each call, releases included.)
-      local heard = tell(chan, lock)
+      local heard = tell(chan, '\n' .. tok .. ' ' .. lock)
       if type(heard) == 'number' and heard > 0 then
         local t = redis.call('TIME')
         local snow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
