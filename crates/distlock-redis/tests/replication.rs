@@ -64,7 +64,9 @@ async fn with_a_replica_the_lock_is_copied_before_it_is_reported_and_renewals_wa
         return;
     };
     let replica = RedisServer::replica_of(&master).expect("replica");
-    let url = format!("{}?wait_replicas=1&wait_timeout=200ms", master.url());
+    // A second for the replica's acknowledgement: on a loaded machine (tests side by side on
+    // two CPUs) 200 ms was sometimes too short for a replica that is there.
+    let url = format!("{}?wait_replicas=1&wait_timeout=1s", master.url());
     let c = redis_client(&url).await;
     let backend = RedisBackend::connect(&url).await.unwrap();
     let key = backend.lock_key("copied");
