@@ -201,8 +201,6 @@ pub(crate) struct PgConn {
     unlock_shared: Statement,
     ping: Statement,
     status: Statement,
-    /// `SELECT 1`, sent right behind an acquire: its answer comes after the acquire's commit.
-    committed: Statement,
     task: tokio::task::AbortHandle,
     /// Held while a statement that sets the idle timeout computes it and is sent.
     order: tokio::sync::Mutex<()>,
@@ -274,45 +272,14 @@ impl PgOps {
             Some(Taking::Permit(base, n, owner, seq)) => vec![base, n, &keep_text, owner, seq],
             None => vec![&keep_text],
         };
-        // An acquire's row (and its fence) arrives before its transaction commits. A statement
-        // sent right behind it, in the same round trip, is answered only after that commit,
-        // which (with synchronous_commit on, see open_session) flushed the sequence's WAL: a
-        // fence is reported only once a crash can no longer give it again.
-        let both = async {
-            let mut row = std::pin::pin!(conn.client.query_opt(statement, &params));
-            let mut committed = std::pin::pin!(async {
-                if lock.is_some() {
-                    conn.client.query_one(&conn.committed, &[]).await.map(drop)
-                } else {
-                    Ok(())
-                }
-            });
-            // Polled in this order, so sent in this order.
-            let (mut got_row, mut got_committed) = (None, None);
-            std::future::poll_fn(|cx| {
-                if got_row.is_none()
-                    && let Poll::Ready(r) = row.as_mut().poll(cx)
-                {
-                    got_row = Some(r);
-                }
-                if got_committed.is_none()
-                    && let Poll::Ready(r) = committed.as_mut().poll(cx)
-                {
-                    got_committed = Some(r);
-                }
-                if got_row.is_some() && got_committed.is_some() {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
-                }
-            })
-            .await;
-            let row = got_row.expect("polled to the end")?;
-            got_committed.expect("polled to the end")?;
-            Ok::<_, tokio_postgres::Error>(row)
-        };
-        let mut query = std::pin::pin!(tokio::time::timeout(limit, both));
-        // The first poll sends the statements (tokio-postgres queues them on the connection).
+        // An acquire's row (and its fence) arrives before its transaction commits, but
+        // `query_opt` answers only at the `ReadyForQuery` sent after that commit, which (with
+        // synchronous_commit on, see open_session) flushed the sequence's WAL: a fence is
+        // reported only once a crash can no longer give it again (tests/postgres.rs
+        // a_statement_answers_only_after_its_commit).
+        let row = conn.client.query_opt(statement, &params);
+        let mut query = std::pin::pin!(tokio::time::timeout(limit, row));
+        // The first poll sends the statement (tokio-postgres queues it on the connection).
         let first = std::future::poll_fn(|cx| Poll::Ready(query.as_mut().poll(cx))).await;
         drop(order);
         let answer = match first {
@@ -402,11 +369,10 @@ impl PgOps {
                 client.prepare(&unlock_shared).await?,
                 client.prepare(ping).await?,
                 client.prepare(&status).await?,
-                client.prepare("SELECT 1").await?,
             ))
         };
         match prepared.await {
-            Ok((acquire, acquire_shared, unlock, unlock_shared, ping, status, committed)) => {
+            Ok((acquire, acquire_shared, unlock, unlock_shared, ping, status)) => {
                 Ok(PgConn {
                     client,
                     acquire,
@@ -415,7 +381,6 @@ impl PgOps {
                     unlock_shared,
                     ping,
                     status,
-                    committed,
                     task,
                     order: tokio::sync::Mutex::new(()),
                     permit_sql: tokio::sync::OnceCell::new(),

@@ -539,6 +539,42 @@ async fn fences_keep_rising_across_a_crash_and_restart() {
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
 
+/// An acquire's fence counts once its transaction committed (with `synchronous_commit = on`,
+/// once nextval's WAL is flushed). The server sends the row before it commits (at the Sync
+/// that ends the statement) and `ReadyForQuery` after; tokio-postgres's `query_opt`, which the
+/// engine's statements use, answers only at `ReadyForQuery`. So a failure at commit is that
+/// call's error, and a fence is never reported before its commit. Shown with a deferred
+/// unique check, which runs at commit: the row comes back, then the commit fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_answers_only_after_its_commit() {
+    let Some(pg) = Postgres::start() else { return };
+    let (raw, conn) = tokio_postgres::connect(&pg.url(""), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    raw.batch_execute(
+        "CREATE TABLE committed_once (k int UNIQUE DEFERRABLE INITIALLY DEFERRED); \
+         INSERT INTO committed_once VALUES (1)",
+    )
+    .await
+    .unwrap();
+    let insert = raw
+        .prepare("INSERT INTO committed_once VALUES ($1) RETURNING k")
+        .await
+        .unwrap();
+    let e = raw
+        .query_opt(&insert, &[&1i32])
+        .await
+        .expect_err("the commit's failure, not the row sent before it");
+    assert_eq!(
+        e.code(),
+        Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION),
+        "{e}"
+    );
+    let row = raw.query_opt(&insert, &[&2i32]).await.unwrap();
+    assert_eq!(row.map(|r| r.get::<_, i32>(0)), Some(2));
+}
+
 /// `force_release` on a semaphore's name is refused with a clear reason; its permits stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_semaphore_is_not_broken() {
