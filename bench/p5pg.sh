@@ -2,6 +2,8 @@
 # P5 on PostgreSQL taken apart (bench/p5pg/main.rs): the raw floor, the engine's statements
 # with one part taken away at a time, and distlock's cycle.
 #   bash bench/p5pg.sh time [ROUNDS] [N] [MODE...]   pinned wall clock, interleaved, medians
+#   bash bench/p5pg.sh statements [N]                the statements the server ran for N
+#       cycles of distlock's (pg_stat_statements), with their calls a cycle
 #   bash bench/p5pg.sh count [N] [MODE...]           instructions a cycle under callgrind: the
 #       server's client backends (postgres runs under callgrind; N and N/5 cycles, the
 #       difference), and the client process's (the probe under callgrind, the same way).
@@ -71,6 +73,19 @@ time)
   start
   echo "PostgreSQL $("$bin/postgres" -V | awk '{print $3}'), server and probe pinned to CPU 0, $rounds interleaved rounds of $n cycles, medians"
   taskset -c 0 "$probe" time "$url" "$rounds" "$n" "${modes[@]}"
+  ;;
+statements)
+  n="${1:-1000}"
+  opts+=(-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track_utility=on)
+  start
+  psql=("${as_pg[@]}" psql -h "$dir" -p "$port" -U postgres -X -q -At)
+  "${psql[@]}" -c 'CREATE EXTENSION pg_stat_statements'
+  "$probe" count "$url" distlock 50 >/dev/null
+  "${psql[@]}" -c 'SELECT pg_stat_statements_reset()' >/dev/null
+  "$probe" count "$url" distlock "$n" >/dev/null
+  echo "statements the server ran for $n cycles of distlock's (calls a cycle, the statement):"
+  "${psql[@]}" -F ' | ' -c "SELECT round(calls / $n.0, 2), left(regexp_replace(query, '\s+', ' ', 'g'), 110)
+    FROM pg_stat_statements WHERE calls >= $n / 2 ORDER BY calls DESC"
   ;;
 count)
   n="${1:-1000}"; shift || true
