@@ -10,6 +10,7 @@ use distlock_core::engine::{
 };
 use tokio_postgres::Statement;
 
+use super::settings::Fast;
 use super::{
     APP_TAG, PgBackend, PgConn, PgOps, SHARED_PREFIX, Taking, confirmed, holder_of, lock_id,
 };
@@ -87,11 +88,12 @@ impl PgOps {
                                  left('{APP_TAG} - ' || $3::text || ' ' || $4::text, 63), false) \
                      FROM t WHERE got"
                 );
-                // Its waiters' tickets name the semaphore's base id, `$4`.
+                // Its waiters' tickets and marker name the semaphore's base id: `$4`, `$5` its
+                // marker, `$6` its channel.
                 let unlock = format!(
                     "SELECT pg_advisory_unlock($1::bigint), \
                             pg_advisory_unlock_shared($2::int, $3::int), {}",
-                    super::listen::notify_sql(s, "$4")
+                    super::listen::notify_sql("$4", "$5", "$6")
                 );
                 let (size, take, unlock) = tokio::try_join!(
                     conn.client.prepare(size),
@@ -121,11 +123,20 @@ impl PgOps {
             return Ok(false);
         };
         let sql = self.permit_sql(conn).await?;
+        let (k1, k2) = super::marker::key(base);
+        let channel = format!("{}{base}", super::listen::CHANNEL);
         let row = self
             .query_one(
                 conn,
                 &sql.unlock,
-                &[&hold.slot, &hold.size_key, &hold.permits, &base],
+                &[
+                    &hold.slot,
+                    &hold.size_key,
+                    &hold.permits,
+                    &k1,
+                    &k2,
+                    &channel,
+                ],
                 DOING,
             )
             .await?;
@@ -299,7 +310,7 @@ impl PgBackend {
             .get(0);
             let unlocked: bool = pool
                 .ops()
-                .query_one(conn, &conn.unlock, &[&id], DOING)
+                .unlock_notifying(conn, &conn.unlock, id, DOING)
                 .await?
                 .get(0);
             Ok::<_, LockError>(shared && unlocked)
@@ -404,21 +415,36 @@ impl PgBackend {
             let conn = session.conn();
             let sent = tokio::time::Instant::now();
             let keep = || pool.keep_for(session, req.ttl);
-            let statement = if shared {
-                &conn.acquire_shared
+            let (statement, fast) = if shared {
+                (&conn.acquire_shared, &conn.acquire_shared_fast)
             } else {
-                &conn.acquire
+                (&conn.acquire, &conn.acquire_fast)
             };
-            let row = pool
-                .ops()
-                .query_keeping(
-                    conn,
-                    statement,
-                    &keep,
-                    Some(Taking::Lock(id, req.owner, seq)),
-                    DOING,
-                )
-                .await;
+            // An attempt without a ticket tries the fast statement first: it decides when
+            // nobody waits and the session's settings stay (see `settings`).
+            let fast = match seq {
+                None => {
+                    pool.ops()
+                        .query_fast(conn, fast, &keep, id, req.owner, DOING)
+                        .await
+                }
+                Some(_) => Ok(Fast::Full),
+            };
+            let row = match fast {
+                Ok(Fast::Answered(row)) => Ok(Some(row)),
+                Ok(Fast::Full) => {
+                    pool.ops()
+                        .query_keeping(
+                            conn,
+                            statement,
+                            &keep,
+                            Some(Taking::Lock(id, req.owner, seq)),
+                            DOING,
+                        )
+                        .await
+                }
+                Err(e) => Err(e),
+            };
             let fence: Option<i64> = match row {
                 Ok(Some(row)) => row.get(0),
                 Ok(None) => {
