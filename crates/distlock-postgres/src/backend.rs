@@ -773,8 +773,10 @@ impl Backend for PgBackend {
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        // For `distlock list` (the server knows the lock by its id only).
-        self.record_name(req.name, req.kind);
+        // The id a waiter's ticket names (see `order`): the lock's, or the semaphore's base;
+        // recorded with the name for `distlock list` (the server knows the lock by its id
+        // only).
+        let id = self.record_name(req.name, req.kind);
         let pool = &self.inner.pool;
         let token = req.token.as_str();
         if req.retry
@@ -788,13 +790,9 @@ impl Backend for PgBackend {
                 fence: self.recorded_fence(token),
             });
         }
-        // The id a waiter's ticket names (see `order`): the lock's, or the semaphore's base.
-        let (id, seq) = match req.kind {
-            LeaseKind::Permit { .. } => (kinds::permit_base(req.name), self.ticket_seq(token)),
-            _ => (lock_id(req.name), self.ticket_seq(token)),
-        };
+        let seq = self.ticket_seq(token);
         let attempt = match req.kind {
-            LeaseKind::Permit { permits } => self.acquire_permit(req, permits, seq).await?,
+            LeaseKind::Permit { permits } => self.acquire_permit(req, permits, id, seq).await?,
             _ => self.try_lock(req, id, seq).await?,
         };
         if let (true, LeaseKind::Exclusive, Attempt::Acquired { fence: Some(fence) }) =

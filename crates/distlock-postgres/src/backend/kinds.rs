@@ -161,13 +161,15 @@ impl Downgrade for PgBackend {
 }
 
 impl PgBackend {
-    /// One of `permits` permits of the semaphore `req.name`: on a pooled session that holds no
-    /// other permit of it, the size hold (the number of permits, which other holders check),
-    /// then the first free slot, its fence, the session's timeout and label, in one statement.
+    /// One of `permits` permits of the semaphore `req.name` (whose base id is `base`): on a
+    /// pooled session that holds no other permit of it, the size hold (the number of permits,
+    /// which other holders check), then the first free slot, its fence, the session's timeout
+    /// and label, in one statement.
     pub(super) async fn acquire_permit(
         &self,
         req: &AcquireRequest<'_>,
         permits: u32,
+        base: i64,
         seq: Option<i64>,
     ) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a PostgreSQL semaphore permit";
@@ -175,7 +177,6 @@ impl PgBackend {
         let token = req.token.as_str();
         let n = i32::try_from(permits)
             .map_err(|_| LockError::new(ErrorKind::Config, "too many permits"))?;
-        let base = permit_base(req.name);
         let size = size_key(base);
         let key = format!("{PERMIT_PREFIX}{base}");
         let mut tries = 0;
