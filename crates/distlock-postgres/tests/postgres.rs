@@ -575,6 +575,46 @@ async fn a_statement_answers_only_after_its_commit() {
     assert_eq!(row.map(|r| r.get::<_, i32>(0)), Some(2));
 }
 
+/// A permit's attempt dropped half-way, after its statement took a slot and before its answer
+/// came, gives that slot back: its clean-up finds which slot the session holds. (It gave back
+/// only the size hold, and the slot stayed taken, by nobody, while the session lived.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_attempt_dropped_half_way_gives_its_slot_back() {
+    use distlock_testkit::{FaultProxy, LinkMode};
+    let Some(pg) = Postgres::start() else { return };
+    let proxy = FaultProxy::start(([127, 0, 0, 1], pg.port()).into())
+        .await
+        .expect("proxy");
+    let slow = client(
+        &format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port()),
+        Duration::from_secs(10),
+    )
+    .await;
+    // The session is open and the semaphore's statements prepared.
+    let g = slow.semaphore("dropped", 1).try_acquire().await.unwrap();
+    assert!(g.expect("free").release().await.unwrap().was_held());
+    // The size hold's answer comes at 200 ms, the slot's at 400 ms: the attempt is dropped
+    // in between, its slot taken on the server.
+    proxy.set(LinkMode::DelayReplies(Duration::from_millis(200)));
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(300),
+        slow.semaphore("dropped", 1).try_acquire(),
+    )
+    .await;
+    assert!(dropped.is_err(), "the attempt was answered in time");
+    proxy.set(LinkMode::Pass);
+    let next = client(&pg.url(""), Duration::from_secs(10)).await;
+    let g = next
+        .semaphore("dropped", 1)
+        .wait_timeout(Duration::from_secs(3))
+        .acquire()
+        .await
+        .expect("the dropped attempt's slot came back");
+    assert!(g.release().await.unwrap().was_held());
+    // (`slow` lives on: its session, had it kept the slot, would still hold it.)
+    drop(slow);
+}
+
 /// `force_release` on a semaphore's name is refused with a clear reason; its permits stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_semaphore_is_not_broken() {

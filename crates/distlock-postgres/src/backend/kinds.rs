@@ -40,7 +40,8 @@ pub(super) struct PermitSql {
     pub(super) size: Statement,
     /// The first free slot of `$2` (`$1 # i`), its fence, the timeout and the label.
     pub(super) take: Statement,
-    /// Gives back slot `$1` and the size hold `($2, $3)`.
+    /// Gives back slot `$1` and the size hold `($2, $3)`; notifies when it gave back a slot
+    /// and somebody may wait (the semaphore's marker `($4, $5)`, channel `$6`).
     pub(super) unlock: Statement,
 }
 
@@ -51,6 +52,9 @@ pub(super) struct PermitHold {
     pub(super) slot: Option<i64>,
     pub(super) size_key: i32,
     pub(super) permits: i32,
+    /// The statement that takes a slot was sent and its answer not read (the attempt was
+    /// dropped half-way): the session may hold a slot that `slot` does not name.
+    pub(super) taking: bool,
 }
 
 impl PgOps {
@@ -90,10 +94,12 @@ impl PgOps {
                 );
                 // Its waiters' tickets and marker name the semaphore's base id: `$4`, `$5` its
                 // marker, `$6` its channel.
+                // (A busy attempt gives back only its size hold, which frees no permit: it
+                // notified its own waiter, which tried again at once, a busy loop.)
                 let unlock = format!(
                     "SELECT pg_advisory_unlock($1::bigint), \
                             pg_advisory_unlock_shared($2::int, $3::int), {}",
-                    super::listen::notify_sql("$4", "$5", "$6")
+                    super::listen::notify_sql("$1::bigint IS NOT NULL", "$4", "$5", "$6")
                 );
                 let (size, take, unlock) = tokio::try_join!(
                     conn.client.prepare(size),
@@ -123,6 +129,17 @@ impl PgOps {
             return Ok(false);
         };
         let sql = self.permit_sql(conn).await?;
+        let hold = match hold {
+            PermitHold {
+                slot: None,
+                taking: true,
+                ..
+            } => PermitHold {
+                slot: self.slot_held(conn, base, hold.permits).await?,
+                ..hold
+            },
+            _ => hold,
+        };
         let (k1, k2) = super::marker::key(base);
         let channel = format!("{}{base}", super::listen::CHANNEL);
         let row = self
@@ -144,6 +161,38 @@ impl PgOps {
         // (A slot of NULL: only the size hold was taken; the slot's unlock answers NULL.)
         let (slot, size): (Option<bool>, bool) = (row.get(0), row.get(1));
         Ok(slot.unwrap_or(false) && size)
+    }
+}
+
+impl PgOps {
+    /// The slot of the semaphore `base` (of `permits`) that this session holds, if any: after
+    /// an attempt dropped half-way, whose statement took the first free slot (or none) with
+    /// nobody to read which. (Rare: it reads `pg_locks`.)
+    async fn slot_held(
+        &self,
+        conn: &PgConn,
+        base: i64,
+        permits: i32,
+    ) -> Result<Option<i64>, LockError> {
+        const DOING: &str = "finding the slot a PostgreSQL permit took";
+        let limit = self.config.response_timeout;
+        let row = tokio::time::timeout(
+            limit,
+            conn.client.query_opt(
+                "SELECT s.slot FROM (SELECT $1::bigint # i::bigint AS slot \
+                                     FROM generate_series(0, $2::int - 1) i) s \
+                 JOIN pg_locks l ON l.pid = pg_backend_pid() AND l.locktype = 'advisory' \
+                   AND l.objsubid = 1 AND l.granted \
+                   AND l.classid = ((s.slot >> 32) & 4294967295)::oid \
+                   AND l.objid = (s.slot & 4294967295)::oid \
+                 LIMIT 1",
+                &[&base, &permits],
+            ),
+        )
+        .await
+        .map_err(|_| super::marker::timeout(DOING, limit))?
+        .map_err(|e| map_err(e, DOING))?;
+        Ok(row.map(|r| r.get(0)))
     }
 }
 
@@ -203,6 +252,7 @@ impl PgBackend {
                     slot: None,
                     size_key: size,
                     permits: n,
+                    taking: false,
                 },
             );
             let give_back = || async {
@@ -237,6 +287,12 @@ impl PgBackend {
                 ));
             }
             let keep = || pool.keep_for(session, req.ttl);
+            let taking = |on: bool| {
+                if let Some(h) = conn.permits.locked().get_mut(&base) {
+                    h.taking = on;
+                }
+            };
+            taking(true);
             let taken = pool
                 .ops()
                 .query_keeping(
@@ -247,6 +303,7 @@ impl PgBackend {
                     DOING,
                 )
                 .await;
+            taking(false);
             let row = match taken {
                 Ok(Some(row)) => row,
                 Ok(None) => {
