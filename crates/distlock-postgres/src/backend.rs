@@ -377,11 +377,11 @@ impl PgOps {
         // its marker, `$4` its channel.
         let unlock = format!(
             "SELECT pg_advisory_unlock($1::bigint), {}",
-            listen::notify_sql("true", "$2", "$3", "$4")
+            listen::notify_sql(None, "$2", "$3", "$4")
         );
         let unlock_shared = format!(
             "SELECT pg_advisory_unlock_shared($1::bigint), {}",
-            listen::notify_sql("true", "$2", "$3", "$4")
+            listen::notify_sql(None, "$2", "$3", "$4")
         );
         let ping = "SELECT set_config('idle_session_timeout', $1::text, false)";
         let status = format!(

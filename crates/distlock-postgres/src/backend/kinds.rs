@@ -99,7 +99,7 @@ impl PgOps {
                 let unlock = format!(
                     "SELECT pg_advisory_unlock($1::bigint), \
                             pg_advisory_unlock_shared($2::int, $3::int), {}",
-                    super::listen::notify_sql("$1::bigint IS NOT NULL", "$4", "$5", "$6")
+                    super::listen::notify_sql(Some("$1::bigint IS NOT NULL"), "$4", "$5", "$6")
                 );
                 let (size, take, unlock) = tokio::try_join!(
                     conn.client.prepare(size),

@@ -31,13 +31,14 @@ use crate::error::map_err;
 /// The prefix of a lock's notification channel; the lock id follows, in decimal.
 pub(super) const CHANNEL: &str = "distlock:";
 
-/// The part of a release statement that notifies the channel `{channel}` when `freed` (what it
-/// released frees the lock for somebody) and the marker `({k1}, {k2})` is held (somebody may
-/// wait: see `marker`). The channel is a parameter, so that the statement has no expression to
-/// set up for it.
-pub(super) fn notify_sql(freed: &str, k1: &str, k2: &str, channel: &str) -> String {
+/// The part of a release statement that notifies the channel `{channel}` when the marker
+/// `({k1}, {k2})` is held (somebody may wait: see `marker`), and `freed` where given (what it
+/// released frees the lock for somebody). The channel is a parameter, so that the statement
+/// has no expression to set up for it.
+pub(super) fn notify_sql(freed: Option<&str>, k1: &str, k2: &str, channel: &str) -> String {
+    let freed = freed.map(|f| format!("{f} AND ")).unwrap_or_default();
     format!(
-        "CASE WHEN {freed} AND {} THEN pg_notify({channel}::text, '') END",
+        "CASE WHEN {freed}{} THEN pg_notify({channel}::text, '') END",
         marker::waiting_sql(k1, k2)
     )
 }
