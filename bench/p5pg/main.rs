@@ -5,6 +5,14 @@
 //! `p5pg time URL ROUNDS N MODE...`: interleaved rounds of N cycles of each mode, medians (µs
 //! a cycle). `p5pg count URL MODE N`: N cycles of one mode, then the pids of the server's
 //! client backends (for the callgrind counts).
+//!
+//! Modes: `floor`; `nextval` (the floor with the fence); `engine`, the statements of
+//! `73ecd8a` (the tickets' checks, the settings, a `SELECT 1` behind the acquire), then
+//! `no-select1`, `no-check` (the acquire's check), `no-notify` (the release's), `no-label` (the
+//! two `set_config`), `no-fence`, each without one part more; `m-bare`, `m-flat`, `m-sub`, the
+//! marker's probe in place of the checks (bare, then with the settings as NULL parameters, flat
+//! or in a subquery: the forms weighed for the fast statement); `distlock`, the engine of this
+//! checkout through `LockClient`.
 
 use std::time::Instant;
 
