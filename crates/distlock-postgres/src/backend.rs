@@ -25,9 +25,11 @@ use crate::error::map_err;
 
 mod kinds;
 mod listen;
+mod marker;
 mod names;
 mod order;
 mod recorded;
+mod settings;
 
 use kinds::{PERMIT_PREFIX, PermitHold, PermitSql};
 
@@ -194,18 +196,23 @@ where
 /// A session of the pool, with its statements prepared.
 pub(crate) struct PgConn {
     client: Client,
+    /// A writer's, behind the waiters' tickets, setting the session's timeout and label.
     acquire: Statement,
     /// A reader's: a shared hold, whose fence is the sequence as the last writer left it.
     acquire_shared: Statement,
+    /// A writer's when nobody waits and the settings stay (see `settings`).
+    acquire_fast: Statement,
+    /// A reader's when nobody waits and the settings stay.
+    acquire_shared_fast: Statement,
     unlock: Statement,
     unlock_shared: Statement,
     ping: Statement,
     status: Statement,
-    /// `SELECT 1`, sent right behind an acquire: its answer comes after the acquire's commit.
-    committed: Statement,
     task: tokio::task::AbortHandle,
     /// Held while a statement that sets the idle timeout computes it and is sent.
     order: tokio::sync::Mutex<()>,
+    /// The timeout and label the session's statements left (see `settings`).
+    settings: settings::Settings,
     /// The semaphore statements, prepared on this session's first permit.
     permit_sql: tokio::sync::OnceCell<PermitSql>,
     /// The permits held on this session, by their semaphore's base id (the pool keeps one per
@@ -252,9 +259,10 @@ impl PgOps {
     }
 
     /// Runs a statement that sets the session's idle timeout: `$1` is the timeout (`keep()`,
-    /// in ms), or with `lock`, the parameters of [`Taking`] around it. `keep` is
-    /// called and the statement sent under the session's order lock, so statements run in the
-    /// order their timeouts were computed (see `SessionPool::keep_for`).
+    /// in ms), or with `lock`, the parameters of [`Taking`] around it (a lease taken sets the
+    /// label too). `keep` is called and the statement sent under the session's order lock, so
+    /// statements run in the order their timeouts were computed (see `SessionPool::keep_for`);
+    /// the session's [`settings::Settings`] learn what it left in effect.
     async fn query_keeping(
         &self,
         conn: &PgConn,
@@ -263,56 +271,52 @@ impl PgOps {
         lock: Option<Taking<'_>>,
         doing: &str,
     ) -> Result<Option<tokio_postgres::Row>, LockError> {
-        use std::future::Future;
-        use std::task::Poll;
-        let limit = self.config.response_timeout;
         // The timeout is computed, and the statement sent, under the order lock.
         let order = conn.order.lock().await;
-        let keep_text = ttl_ms(keep()).to_string();
+        let keep_ms = ttl_ms(keep());
+        let keep_text = keep_ms.to_string();
         let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match &lock {
             Some(Taking::Lock(id, owner, seq)) => vec![id, &keep_text, owner, seq],
             Some(Taking::Permit(base, n, owner, seq)) => vec![base, n, &keep_text, owner, seq],
             None => vec![&keep_text],
         };
-        // An acquire's row (and its fence) arrives before its transaction commits. A statement
-        // sent right behind it, in the same round trip, is answered only after that commit,
-        // which (with synchronous_commit on, see open_session) flushed the sequence's WAL: a
-        // fence is reported only once a crash can no longer give it again.
-        let both = async {
-            let mut row = std::pin::pin!(conn.client.query_opt(statement, &params));
-            let mut committed = std::pin::pin!(async {
-                if lock.is_some() {
-                    conn.client.query_one(&conn.committed, &[]).await.map(drop)
-                } else {
-                    Ok(())
-                }
-            });
-            // Polled in this order, so sent in this order.
-            let (mut got_row, mut got_committed) = (None, None);
-            std::future::poll_fn(|cx| {
-                if got_row.is_none()
-                    && let Poll::Ready(r) = row.as_mut().poll(cx)
-                {
-                    got_row = Some(r);
-                }
-                if got_committed.is_none()
-                    && let Poll::Ready(r) = committed.as_mut().poll(cx)
-                {
-                    got_committed = Some(r);
-                }
-                if got_row.is_some() && got_committed.is_some() {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
-                }
-            })
-            .await;
-            let row = got_row.expect("polled to the end")?;
-            got_committed.expect("polled to the end")?;
-            Ok::<_, tokio_postgres::Error>(row)
+        let sending = conn.settings.sending();
+        // An acquire's row (and its fence) arrives before its transaction commits, but
+        // `query_opt` answers only at the `ReadyForQuery` sent after that commit, which (with
+        // synchronous_commit on, see open_session) flushed the sequence's WAL: a fence is
+        // reported only once a crash can no longer give it again (tests/postgres.rs
+        // a_statement_answers_only_after_its_commit).
+        let row = conn.client.query_opt(statement, &params);
+        let answer = self.sent_in_order(order, row, doing).await;
+        let owner = match &lock {
+            Some(Taking::Lock(_, owner, _) | Taking::Permit(_, _, owner, _)) => Some(*owner),
+            None => None,
         };
-        let mut query = std::pin::pin!(tokio::time::timeout(limit, both));
-        // The first poll sends the statements (tokio-postgres queues them on the connection).
+        match (&answer, owner) {
+            (Err(_), _) => sending.unknown(),
+            (Ok(_), None) => sending.timeout_set(keep_ms),
+            // A lock's row says whether it was taken (its fence), a permit's comes only then:
+            // the settings are set with the lease, and only then.
+            (Ok(Some(row)), Some(owner)) if row.get::<_, Option<i64>>(0).is_some() => {
+                sending.both_set(keep_ms, owner);
+            }
+            (Ok(_), Some(_)) => sending.unchanged(),
+        }
+        answer
+    }
+
+    /// Sends `query` (its first poll queues it on the connection) while `order` is held, then
+    /// awaits its answer within the response timeout.
+    async fn sent_in_order<T>(
+        &self,
+        order: tokio::sync::MutexGuard<'_, ()>,
+        query: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+        doing: &str,
+    ) -> Result<T, LockError> {
+        use std::future::Future;
+        use std::task::Poll;
+        let limit = self.config.response_timeout;
+        let mut query = std::pin::pin!(tokio::time::timeout(limit, query));
         let first = std::future::poll_fn(|cx| Poll::Ready(query.as_mut().poll(cx))).await;
         drop(order);
         let answer = match first {
@@ -354,29 +358,30 @@ impl PgOps {
                                    WHEN {lock}($1::bigint) THEN {fence} END AS fence) g"
             )
         };
-        let acquire = acquire_sql(
-            "pg_try_advisory_lock",
-            &format!("nextval('{s}.distlock_fence')"),
-            LeaseKind::Exclusive,
-        );
+        let next_fence = format!("nextval('{s}.distlock_fence')");
+        let acquire = acquire_sql("pg_try_advisory_lock", &next_fence, LeaseKind::Exclusive);
+        let acquire_fast = settings::fast_sql("pg_try_advisory_lock", &next_fence);
         // A reader's fence: the last value the sequence gave (0 before any), read once the
         // shared hold is ours: every writer before it had a lower or equal value, every writer
         // after it gets a higher one.
+        let last_fence = format!(
+            "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {s}.distlock_fence)"
+        );
         let acquire_shared = acquire_sql(
             "pg_try_advisory_lock_shared",
-            &format!(
-                "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {s}.distlock_fence)"
-            ),
+            &last_fence,
             LeaseKind::Shared,
         );
-        // A release tells the lock's waiters, where it has any (see `listen`).
+        let acquire_shared_fast = settings::fast_sql("pg_try_advisory_lock_shared", &last_fence);
+        // A release tells the lock's waiters, where it may have any (see `listen`): `$2`, `$3`
+        // its marker, `$4` its channel.
         let unlock = format!(
             "SELECT pg_advisory_unlock($1::bigint), {}",
-            listen::notify_sql(s, "$1")
+            listen::notify_sql(None, "$2", "$3", "$4")
         );
         let unlock_shared = format!(
             "SELECT pg_advisory_unlock_shared($1::bigint), {}",
-            listen::notify_sql(s, "$1")
+            listen::notify_sql(None, "$2", "$3", "$4")
         );
         let ping = "SELECT set_config('idle_session_timeout', $1::text, false)";
         let status = format!(
@@ -395,33 +400,44 @@ impl PgOps {
             // A fence is durable when its acquire commits, whatever the server's default (a
             // crash under synchronous_commit=off gave fences again, from 1, in the tests).
             client.batch_execute("SET synchronous_commit = on").await?;
-            Ok::<_, tokio_postgres::Error>((
-                client.prepare(&acquire).await?,
-                client.prepare(&acquire_shared).await?,
-                client.prepare(&unlock).await?,
-                client.prepare(&unlock_shared).await?,
-                client.prepare(ping).await?,
-                client.prepare(&status).await?,
-                client.prepare("SELECT 1").await?,
-            ))
+            // In one round trip.
+            tokio::try_join!(
+                client.prepare(&acquire),
+                client.prepare(&acquire_shared),
+                client.prepare(&acquire_fast),
+                client.prepare(&acquire_shared_fast),
+                client.prepare(&unlock),
+                client.prepare(&unlock_shared),
+                client.prepare(ping),
+                client.prepare(&status),
+            )
         };
         match prepared.await {
-            Ok((acquire, acquire_shared, unlock, unlock_shared, ping, status, committed)) => {
-                Ok(PgConn {
-                    client,
-                    acquire,
-                    acquire_shared,
-                    unlock,
-                    unlock_shared,
-                    ping,
-                    status,
-                    committed,
-                    task,
-                    order: tokio::sync::Mutex::new(()),
-                    permit_sql: tokio::sync::OnceCell::new(),
-                    permits: Mutex::new(HashMap::new()),
-                })
-            }
+            Ok((
+                acquire,
+                acquire_shared,
+                acquire_fast,
+                acquire_shared_fast,
+                unlock,
+                unlock_shared,
+                ping,
+                status,
+            )) => Ok(PgConn {
+                client,
+                acquire,
+                acquire_shared,
+                acquire_fast,
+                acquire_shared_fast,
+                unlock,
+                unlock_shared,
+                ping,
+                status,
+                task,
+                order: tokio::sync::Mutex::new(()),
+                settings: settings::Settings::default(),
+                permit_sql: tokio::sync::OnceCell::new(),
+                permits: Mutex::new(HashMap::new()),
+            }),
             Err(e) => {
                 task.abort();
                 Err(map_err(e, DOING))
@@ -459,12 +475,7 @@ impl SessionOps for PgOps {
                 LockError::new(ErrorKind::Protocol, format!("not a lock id: {key:?}"))
             })?;
             let row = self
-                .query_one(
-                    conn,
-                    statement,
-                    &[&id],
-                    "releasing a PostgreSQL advisory lock",
-                )
+                .unlock_notifying(conn, statement, id, "releasing a PostgreSQL advisory lock")
                 .await?;
             Ok(row.get(0))
         })
@@ -489,16 +500,23 @@ impl SessionOps for PgOps {
     }
 }
 
-/// A session of its own (a transaction-scoped lock, breaking a lock, the first checks).
+/// A session of its own (a transaction-scoped lock, breaking a lock, the first checks, the
+/// waiters' queue).
 pub(crate) struct Conn {
     pub(crate) client: Client,
     /// Set when the session ends.
     ended: watch::Receiver<Option<LostReason>>,
+    task: tokio::task::AbortHandle,
 }
 
 impl Conn {
     fn is_closed(&self) -> bool {
         self.client.is_closed() || self.ended.borrow().is_some()
+    }
+
+    /// Ends the session.
+    fn close(&self) {
+        self.task.abort();
     }
 }
 
@@ -508,6 +526,8 @@ struct Inner {
     dedicated: Mutex<Vec<Conn>>,
     /// The tickets of this client's waiters (see `order`).
     tickets: order::Tickets,
+    /// The session that writes them and holds their markers (see `marker`).
+    queue: marker::Queue,
     /// This client's holders recorded in `distlock_holders` (see `recorded`).
     recorded: recorded::Recorded,
     /// This client's listening session (see `listen`).
@@ -588,6 +608,7 @@ impl PgBackend {
                 ),
                 dedicated: Mutex::new(Vec::new()),
                 tickets: order::Tickets::default(),
+                queue: marker::Queue::new(),
                 recorded: recorded::Recorded::default(),
                 listener: listen::Listener::new(),
                 names: names::Recorded::default(),
@@ -683,7 +704,7 @@ impl PgBackend {
     /// Opens a session of its own.
     async fn open(&self) -> Result<Conn, LockError> {
         let (tx, rx) = watch::channel(None);
-        let (client, _task) = connect(
+        let (client, task) = connect(
             self.config(),
             self.tls(),
             move |why| {
@@ -692,7 +713,11 @@ impl PgBackend {
             None,
         )
         .await?;
-        Ok(Conn { client, ended: rx })
+        Ok(Conn {
+            client,
+            ended: rx,
+            task,
+        })
     }
 
     /// An idle session of its own, or a new one.
@@ -748,8 +773,10 @@ impl Backend for PgBackend {
     }
 
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        // For `distlock list` (the server knows the lock by its id only).
-        self.record_name(req.name, req.kind);
+        // The id a waiter's ticket names (see `order`): the lock's, or the semaphore's base;
+        // recorded with the name for `distlock list` (the server knows the lock by its id
+        // only).
+        let id = self.record_name(req.name, req.kind);
         let pool = &self.inner.pool;
         let token = req.token.as_str();
         if req.retry
@@ -763,13 +790,9 @@ impl Backend for PgBackend {
                 fence: self.recorded_fence(token),
             });
         }
-        // The id a waiter's ticket names (see `order`): the lock's, or the semaphore's base.
-        let (id, seq) = match req.kind {
-            LeaseKind::Permit { .. } => (kinds::permit_base(req.name), self.ticket_seq(token)),
-            _ => (lock_id(req.name), self.ticket_seq(token)),
-        };
+        let seq = self.ticket_seq(token);
         let attempt = match req.kind {
-            LeaseKind::Permit { permits } => self.acquire_permit(req, permits, seq).await?,
+            LeaseKind::Permit { permits } => self.acquire_permit(req, permits, id, seq).await?,
             _ => self.try_lock(req, id, seq).await?,
         };
         if let (true, LeaseKind::Exclusive, Attempt::Acquired { fence: Some(fence) }) =

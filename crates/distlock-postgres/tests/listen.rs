@@ -156,3 +156,45 @@ async fn a_dead_holders_waiter_still_gets_in() {
     // Its back-off, not the one-second fallback of an engine whose events cover deaths.
     assert!(started.elapsed() < Duration::from_millis(800));
 }
+
+/// A permit waiter's busy attempt gives back the size hold it took, which frees no permit: it
+/// notifies nobody (it used to wake its own waiter, which tried again at once, a busy loop).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waiters_busy_attempts_notify_nobody() {
+    let Some(pg) = Postgres::start() else { return };
+    let url = pg.url("");
+    let holder = client(&url, Duration::from_millis(50), true).await;
+    let waiter = client(&url, Duration::from_millis(50), true).await;
+    let (spy, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("spy");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut conn = conn;
+        while let Some(Ok(m)) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.channel().to_owned());
+            }
+        }
+    });
+    // A semaphore's waiters listen on its base id's channel (see the README).
+    let base = distlock_postgres::lock_id("busy\0permits");
+    spy.batch_execute(&format!("LISTEN \"distlock:{base}\""))
+        .await
+        .unwrap();
+    let g = holder.semaphore("busy", 1).acquire().await.unwrap();
+    let e = waiter
+        .semaphore("busy", 1)
+        .wait_timeout(Duration::from_millis(500))
+        .acquire()
+        .await
+        .expect_err("the permit is held");
+    assert_eq!(e.kind(), distlock_core::ErrorKind::Timeout, "{e}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut heard = 0;
+    while rx.try_recv().is_ok() {
+        heard += 1;
+    }
+    assert_eq!(heard, 0, "busy attempts notified");
+    assert!(g.release().await.unwrap().was_held());
+}

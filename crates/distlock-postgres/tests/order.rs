@@ -137,3 +137,62 @@ async fn a_writer_that_gives_up_holds_readers_back_briefly() {
     assert!(r2.release().await.unwrap().was_held());
     assert!(r.release().await.unwrap().was_held());
 }
+
+/// The waiters' markers on the server: shared advisory locks on two int4 keys, the first with
+/// its top bit set (see the engine's `marker` module).
+fn markers(pg: &Postgres) -> usize {
+    pg.psql(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
+         AND granted AND classid >= 2147483648",
+    )
+    .parse()
+    .expect("a count")
+}
+
+/// An attempt on a session whose timeout and label are already what it would set sends the
+/// fast statement, which probes the waiters' marker instead of reading their tickets: it does
+/// not pass a waiting writer either. Once nobody waits, no marker is left and it gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_session_does_not_pass_a_waiting_writer() {
+    let Some(pg) = Postgres::start() else { return };
+    let url = pg.url("");
+    let reader = client(&url).await;
+    let r = reader
+        .read_lock("warm")
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    // A reader's session that has taken a lease already: its settings are known.
+    let late = client(&url).await;
+    let g = late.read_lock("warm").try_acquire().await.unwrap().unwrap();
+    assert!(g.release().await.unwrap().was_held());
+    let writer = client(&url).await;
+    let w = tokio::spawn(async move {
+        let g = writer.lock("warm").acquire().await.expect("the writer");
+        assert!(g.release().await.unwrap().was_held());
+    });
+    let t0 = std::time::Instant::now();
+    while reader.status("warm").await.unwrap().waiters != Some(1) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the writer never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(markers(&pg), 1, "the waiting writer's marker");
+    // Without the marker's probe (or the tickets' check behind it) it shares the reader's hold.
+    assert!(
+        late.read_lock("warm")
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "a reader passed a waiting writer"
+    );
+    assert!(r.release().await.unwrap().was_held());
+    w.await.unwrap();
+    assert_eq!(markers(&pg), 0, "a marker outlived its ticket");
+    let g = late.read_lock("warm").try_acquire().await.unwrap();
+    assert!(g.expect("nobody waits").release().await.unwrap().was_held());
+}

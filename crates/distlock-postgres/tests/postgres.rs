@@ -539,6 +539,82 @@ async fn fences_keep_rising_across_a_crash_and_restart() {
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
 
+/// An acquire's fence counts once its transaction committed (with `synchronous_commit = on`,
+/// once nextval's WAL is flushed). The server sends the row before it commits (at the Sync
+/// that ends the statement) and `ReadyForQuery` after; tokio-postgres's `query_opt`, which the
+/// engine's statements use, answers only at `ReadyForQuery`. So a failure at commit is that
+/// call's error, and a fence is never reported before its commit. Shown with a deferred
+/// unique check, which runs at commit: the row comes back, then the commit fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_answers_only_after_its_commit() {
+    let Some(pg) = Postgres::start() else { return };
+    let (raw, conn) = tokio_postgres::connect(&pg.url(""), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    raw.batch_execute(
+        "CREATE TABLE committed_once (k int UNIQUE DEFERRABLE INITIALLY DEFERRED); \
+         INSERT INTO committed_once VALUES (1)",
+    )
+    .await
+    .unwrap();
+    let insert = raw
+        .prepare("INSERT INTO committed_once VALUES ($1) RETURNING k")
+        .await
+        .unwrap();
+    let e = raw
+        .query_opt(&insert, &[&1i32])
+        .await
+        .expect_err("the commit's failure, not the row sent before it");
+    assert_eq!(
+        e.code(),
+        Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION),
+        "{e}"
+    );
+    let row = raw.query_opt(&insert, &[&2i32]).await.unwrap();
+    assert_eq!(row.map(|r| r.get::<_, i32>(0)), Some(2));
+}
+
+/// A permit's attempt dropped half-way, after its statement took a slot and before its answer
+/// came, gives that slot back: its clean-up finds which slot the session holds. (It gave back
+/// only the size hold, and the slot stayed taken, by nobody, while the session lived.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_attempt_dropped_half_way_gives_its_slot_back() {
+    use distlock_testkit::{FaultProxy, LinkMode};
+    let Some(pg) = Postgres::start() else { return };
+    let proxy = FaultProxy::start(([127, 0, 0, 1], pg.port()).into())
+        .await
+        .expect("proxy");
+    let slow = client(
+        &format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port()),
+        Duration::from_secs(10),
+    )
+    .await;
+    // The session is open and the semaphore's statements prepared.
+    let g = slow.semaphore("dropped", 1).try_acquire().await.unwrap();
+    assert!(g.expect("free").release().await.unwrap().was_held());
+    // The size hold's answer comes at 200 ms, the slot's at 400 ms: the attempt is dropped
+    // in between, its slot taken on the server.
+    proxy.set(LinkMode::DelayReplies(Duration::from_millis(200)));
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(300),
+        slow.semaphore("dropped", 1).try_acquire(),
+    )
+    .await;
+    assert!(dropped.is_err(), "the attempt was answered in time");
+    proxy.set(LinkMode::Pass);
+    let next = client(&pg.url(""), Duration::from_secs(10)).await;
+    let g = next
+        .semaphore("dropped", 1)
+        .wait_timeout(Duration::from_secs(3))
+        .acquire()
+        .await
+        .expect("the dropped attempt's slot came back");
+    assert!(g.release().await.unwrap().was_held());
+    // (`slow` lives on: its session, had it kept the slot, would still hold it.)
+    drop(slow);
+}
+
 /// `force_release` on a semaphore's name is refused with a clear reason; its permits stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_semaphore_is_not_broken() {

@@ -10,6 +10,7 @@ use distlock_core::engine::{
 };
 use tokio_postgres::Statement;
 
+use super::settings::Fast;
 use super::{
     APP_TAG, PgBackend, PgConn, PgOps, SHARED_PREFIX, Taking, confirmed, holder_of, lock_id,
 };
@@ -39,7 +40,8 @@ pub(super) struct PermitSql {
     pub(super) size: Statement,
     /// The first free slot of `$2` (`$1 # i`), its fence, the timeout and the label.
     pub(super) take: Statement,
-    /// Gives back slot `$1` and the size hold `($2, $3)`.
+    /// Gives back slot `$1` and the size hold `($2, $3)`; notifies when it gave back a slot
+    /// and somebody may wait (the semaphore's marker `($4, $5)`, channel `$6`).
     pub(super) unlock: Statement,
 }
 
@@ -50,6 +52,9 @@ pub(super) struct PermitHold {
     pub(super) slot: Option<i64>,
     pub(super) size_key: i32,
     pub(super) permits: i32,
+    /// The statement that takes a slot was sent and its answer not read (the attempt was
+    /// dropped half-way): the session may hold a slot that `slot` does not name.
+    pub(super) taking: bool,
 }
 
 impl PgOps {
@@ -87,11 +92,14 @@ impl PgOps {
                                  left('{APP_TAG} - ' || $3::text || ' ' || $4::text, 63), false) \
                      FROM t WHERE got"
                 );
-                // Its waiters' tickets name the semaphore's base id, `$4`.
+                // Its waiters' tickets and marker name the semaphore's base id: `$4`, `$5` its
+                // marker, `$6` its channel.
+                // (A busy attempt gives back only its size hold, which frees no permit: it
+                // notified its own waiter, which tried again at once, a busy loop.)
                 let unlock = format!(
                     "SELECT pg_advisory_unlock($1::bigint), \
                             pg_advisory_unlock_shared($2::int, $3::int), {}",
-                    super::listen::notify_sql(s, "$4")
+                    super::listen::notify_sql(Some("$1::bigint IS NOT NULL"), "$4", "$5", "$6")
                 );
                 let (size, take, unlock) = tokio::try_join!(
                     conn.client.prepare(size),
@@ -121,11 +129,31 @@ impl PgOps {
             return Ok(false);
         };
         let sql = self.permit_sql(conn).await?;
+        let hold = match hold {
+            PermitHold {
+                slot: None,
+                taking: true,
+                ..
+            } => PermitHold {
+                slot: self.slot_held(conn, base, hold.permits).await?,
+                ..hold
+            },
+            _ => hold,
+        };
+        let (k1, k2) = super::marker::key(base);
+        let channel = format!("{}{base}", super::listen::CHANNEL);
         let row = self
             .query_one(
                 conn,
                 &sql.unlock,
-                &[&hold.slot, &hold.size_key, &hold.permits, &base],
+                &[
+                    &hold.slot,
+                    &hold.size_key,
+                    &hold.permits,
+                    &k1,
+                    &k2,
+                    &channel,
+                ],
                 DOING,
             )
             .await?;
@@ -133,6 +161,38 @@ impl PgOps {
         // (A slot of NULL: only the size hold was taken; the slot's unlock answers NULL.)
         let (slot, size): (Option<bool>, bool) = (row.get(0), row.get(1));
         Ok(slot.unwrap_or(false) && size)
+    }
+}
+
+impl PgOps {
+    /// The slot of the semaphore `base` (of `permits`) that this session holds, if any: after
+    /// an attempt dropped half-way, whose statement took the first free slot (or none) with
+    /// nobody to read which. (Rare: it reads `pg_locks`.)
+    async fn slot_held(
+        &self,
+        conn: &PgConn,
+        base: i64,
+        permits: i32,
+    ) -> Result<Option<i64>, LockError> {
+        const DOING: &str = "finding the slot a PostgreSQL permit took";
+        let limit = self.config.response_timeout;
+        let row = tokio::time::timeout(
+            limit,
+            conn.client.query_opt(
+                "SELECT s.slot FROM (SELECT $1::bigint # i::bigint AS slot \
+                                     FROM generate_series(0, $2::int - 1) i) s \
+                 JOIN pg_locks l ON l.pid = pg_backend_pid() AND l.locktype = 'advisory' \
+                   AND l.objsubid = 1 AND l.granted \
+                   AND l.classid = ((s.slot >> 32) & 4294967295)::oid \
+                   AND l.objid = (s.slot & 4294967295)::oid \
+                 LIMIT 1",
+                &[&base, &permits],
+            ),
+        )
+        .await
+        .map_err(|_| super::marker::timeout(DOING, limit))?
+        .map_err(|e| map_err(e, DOING))?;
+        Ok(row.map(|r| r.get(0)))
     }
 }
 
@@ -150,13 +210,15 @@ impl Downgrade for PgBackend {
 }
 
 impl PgBackend {
-    /// One of `permits` permits of the semaphore `req.name`: on a pooled session that holds no
-    /// other permit of it, the size hold (the number of permits, which other holders check),
-    /// then the first free slot, its fence, the session's timeout and label, in one statement.
+    /// One of `permits` permits of the semaphore `req.name` (whose base id is `base`): on a
+    /// pooled session that holds no other permit of it, the size hold (the number of permits,
+    /// which other holders check), then the first free slot, its fence, the session's timeout
+    /// and label, in one statement.
     pub(super) async fn acquire_permit(
         &self,
         req: &AcquireRequest<'_>,
         permits: u32,
+        base: i64,
         seq: Option<i64>,
     ) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a PostgreSQL semaphore permit";
@@ -164,7 +226,6 @@ impl PgBackend {
         let token = req.token.as_str();
         let n = i32::try_from(permits)
             .map_err(|_| LockError::new(ErrorKind::Config, "too many permits"))?;
-        let base = permit_base(req.name);
         let size = size_key(base);
         let key = format!("{PERMIT_PREFIX}{base}");
         let mut tries = 0;
@@ -191,6 +252,7 @@ impl PgBackend {
                     slot: None,
                     size_key: size,
                     permits: n,
+                    taking: false,
                 },
             );
             let give_back = || async {
@@ -225,6 +287,12 @@ impl PgBackend {
                 ));
             }
             let keep = || pool.keep_for(session, req.ttl);
+            let taking = |on: bool| {
+                if let Some(h) = conn.permits.locked().get_mut(&base) {
+                    h.taking = on;
+                }
+            };
+            taking(true);
             let taken = pool
                 .ops()
                 .query_keeping(
@@ -235,6 +303,7 @@ impl PgBackend {
                     DOING,
                 )
                 .await;
+            taking(false);
             let row = match taken {
                 Ok(Some(row)) => row,
                 Ok(None) => {
@@ -299,7 +368,7 @@ impl PgBackend {
             .get(0);
             let unlocked: bool = pool
                 .ops()
-                .query_one(conn, &conn.unlock, &[&id], DOING)
+                .unlock_notifying(conn, &conn.unlock, id, DOING)
                 .await?
                 .get(0);
             Ok::<_, LockError>(shared && unlocked)
@@ -404,21 +473,36 @@ impl PgBackend {
             let conn = session.conn();
             let sent = tokio::time::Instant::now();
             let keep = || pool.keep_for(session, req.ttl);
-            let statement = if shared {
-                &conn.acquire_shared
+            let (statement, fast) = if shared {
+                (&conn.acquire_shared, &conn.acquire_shared_fast)
             } else {
-                &conn.acquire
+                (&conn.acquire, &conn.acquire_fast)
             };
-            let row = pool
-                .ops()
-                .query_keeping(
-                    conn,
-                    statement,
-                    &keep,
-                    Some(Taking::Lock(id, req.owner, seq)),
-                    DOING,
-                )
-                .await;
+            // An attempt without a ticket tries the fast statement first: it decides when
+            // nobody waits and the session's settings stay (see `settings`).
+            let fast = match seq {
+                None => {
+                    pool.ops()
+                        .query_fast(conn, fast, &keep, id, req.owner, DOING)
+                        .await
+                }
+                Some(_) => Ok(Fast::Full),
+            };
+            let row = match fast {
+                Ok(Fast::Answered(row)) => Ok(Some(row)),
+                Ok(Fast::Full) => {
+                    pool.ops()
+                        .query_keeping(
+                            conn,
+                            statement,
+                            &keep,
+                            Some(Taking::Lock(id, req.owner, seq)),
+                            DOING,
+                        )
+                        .await
+                }
+                Err(e) => Err(e),
+            };
             let fence: Option<i64> = match row {
                 Ok(Some(row)) => row.get(0),
                 Ok(None) => {

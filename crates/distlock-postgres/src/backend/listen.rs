@@ -1,10 +1,12 @@
 //! Release events: `LISTEN` on a session of its own, `NOTIFY` from the release statements.
 //!
 //! A release (`pg_advisory_unlock`, a reader's or a permit's, a downgrade's) sends
-//! `pg_notify('distlock:<lock id>', '')` in its own statement when the lock has a waiter's
-//! ticket in `distlock_waiters` (see `order`): only a waiter that tried once and found the lock
-//! busy takes a ticket, so an uncontended cycle sends no notification. PostgreSQL delivers a
-//! notification when its transaction commits, so a waiter that hears it finds the lock free.
+//! `pg_notify('distlock:<lock id>', '')` in its own statement when somebody may wait for the
+//! lock: when a waiter's marker is held (see `marker`), which a waiter takes with its ticket in
+//! `distlock_waiters` (see `order`). Only a waiter that tried once and found the lock busy
+//! takes a ticket, so an uncontended cycle sends no notification, and its check is one probe of
+//! the lock table. PostgreSQL delivers a notification when its transaction commits, so a
+//! waiter that hears it finds the lock free.
 //!
 //! Each client listens on one session that it opens when its first waiter subscribes, with one
 //! channel per lock id that has waiters here ([`WakeHub`] multiplexes them). The session is
@@ -23,19 +25,48 @@ use distlock_core::engine::WakeSource;
 use distlock_core::engine::{BoxFuture, LeaseKind, LockError, MutexExt, Subscription, WakeHub};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Inner, PgBackend, connect, kinds, lock_id};
+use super::{Inner, PgBackend, PgConn, PgOps, connect, kinds, lock_id, marker};
+use crate::error::map_err;
 
 /// The prefix of a lock's notification channel; the lock id follows, in decimal.
 pub(super) const CHANNEL: &str = "distlock:";
 
-/// The part of a release statement that notifies the lock id `{id}`'s waiters, if it has any.
-pub(super) fn notify_sql(schema: &str, id: &str) -> String {
+/// The part of a release statement that notifies the channel `{channel}` when the marker
+/// `({k1}, {k2})` is held (somebody may wait: see `marker`), and `freed` where given (what it
+/// released frees the lock for somebody). The channel is a parameter, so that the statement
+/// has no expression to set up for it.
+pub(super) fn notify_sql(freed: Option<&str>, k1: &str, k2: &str, channel: &str) -> String {
+    let freed = freed.map(|f| format!("{f} AND ")).unwrap_or_default();
     format!(
-        "CASE WHEN EXISTS (SELECT 1 FROM {schema}.distlock_waiters w \
-                           WHERE w.lock_id = {id}::bigint \
-                             AND w.until > now() - interval '1 minute') \
-              THEN pg_notify('{CHANNEL}' || {id}::bigint::text, '') END"
+        "CASE WHEN {freed}{} THEN pg_notify({channel}::text, '') END",
+        marker::waiting_sql(k1, k2)
     )
+}
+
+impl PgOps {
+    /// Runs a release statement for the lock id `id` (`$1`, then its marker and channel, see
+    /// [`notify_sql`]).
+    ///
+    /// # Errors
+    /// The server's, or `Timeout`.
+    pub(super) async fn unlock_notifying(
+        &self,
+        conn: &PgConn,
+        statement: &tokio_postgres::Statement,
+        id: i64,
+        doing: &str,
+    ) -> Result<tokio_postgres::Row, LockError> {
+        let (k1, k2) = marker::key(id);
+        let channel = format!("{CHANNEL}{id}");
+        let limit = self.config.response_timeout;
+        tokio::time::timeout(
+            limit,
+            conn.client.query_one(statement, &[&id, &k1, &k2, &channel]),
+        )
+        .await
+        .map_err(|_| marker::timeout(doing, limit))?
+        .map_err(|e| map_err(e, doing))
+    }
 }
 
 /// What the listening task is asked to do, in the order the hub asked.

@@ -7,7 +7,7 @@
 //! lock is granted to some session (for a semaphore: its size hold), or a live ticket waits
 //! for it. The table is `UNLOGGED`; after a crash the names come back as clients use them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 use distlock_core::engine::{BoxFuture, LeaseKind, LockError, MutexExt, Names};
@@ -18,7 +18,7 @@ use super::{Inner, PgBackend, kinds, lock_id};
 use crate::error::map_err;
 
 /// How many names a client remembers having recorded before it starts over (a client that
-/// uses ever new names records each once per so many).
+/// uses ever new names records each once per so many, and hashes it again).
 const REMEMBERED: usize = 65_536;
 
 /// The code of a name's kind in the table: a lock (mutex, readers and writers, elections), or
@@ -47,30 +47,45 @@ type Name = (i64, i16, String);
 /// The most names one statement records.
 const BATCH: usize = 500;
 
-/// The ids this client has recorded a name for, and its writer: one task, on one session of
-/// its own, one statement per batch, so that a burst of new names (a thousand locks taken at
-/// once) costs a few statements on one connection, not a connection each.
+/// The names this client has recorded, with their ids, and its writer: one task, on one
+/// session of its own, one statement per batch, so that a burst of new names (a thousand locks
+/// taken at once) costs a few statements on one connection, not a connection each.
 #[derive(Debug, Default)]
 pub(super) struct Recorded {
-    seen: std::sync::Mutex<HashSet<(i64, i16)>>,
+    /// By kind: a lock's id, or a semaphore's base id (each a SHA-256 of the name, which cost
+    /// an uncontended acquire more than this map's lookup).
+    seen: std::sync::Mutex<[Ids; 2]>,
     writer: std::sync::Mutex<Option<mpsc::UnboundedSender<Name>>>,
 }
 
+/// Names and their ids (foldhash: looked up at every acquire).
+type Ids = HashMap<Box<str>, i64, foldhash::fast::RandomState>;
+
+/// The index of a kind's map in [`Recorded::seen`].
+fn slot(code: i16) -> usize {
+    usize::from(code == kind_code(LeaseKind::Permit { permits: 1 }))
+}
+
 impl PgBackend {
-    /// Records `name` for `kind` in the background, the first time this client uses it.
-    pub(super) fn record_name(&self, name: &str, kind: LeaseKind) {
+    /// The id of `name` for `kind` (a lock's, or a semaphore's base id), recorded in the
+    /// background the first time this client uses it.
+    pub(super) fn record_name(&self, name: &str, kind: LeaseKind) -> i64 {
         let code = kind_code(kind);
+        if let Some(id) = self.inner.names.seen.locked()[slot(code)].get(name) {
+            return *id;
+        }
         let id = match kind {
             LeaseKind::Permit { .. } => kinds::permit_base(name),
             _ => lock_id(name),
         };
         {
             let mut seen = self.inner.names.seen.locked();
-            if seen.len() >= REMEMBERED {
-                seen.clear();
+            if seen.iter().map(HashMap::len).sum::<usize>() >= REMEMBERED {
+                seen.iter_mut().for_each(HashMap::clear);
             }
-            if !seen.insert((id, code)) {
-                return;
+            if seen[slot(code)].insert(name.into(), id).is_some() {
+                // Another task of this client recorded it meanwhile.
+                return id;
             }
         }
         let mut writer = self.inner.names.writer.locked();
@@ -80,6 +95,7 @@ impl PgBackend {
             tx
         });
         let _ = tx.send((id, code, name.to_owned()));
+        id
     }
 }
 
@@ -136,8 +152,8 @@ async fn write_names(engine: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Name>)
         if let Err(e) = written.await {
             // Tried again at the next use of each name.
             let mut seen = me.inner.names.seen.locked();
-            for key in batch.keys() {
-                seen.remove(key);
+            for ((_, code), name) in &batch {
+                seen[slot(*code)].remove(name.as_str());
             }
             tracing::debug!(target: "distlock", error = %e, "cannot record the locks' names");
         }

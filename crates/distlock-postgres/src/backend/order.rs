@@ -16,16 +16,20 @@
 //! attempt after a lapse each delete or ignore it. Rows whose `until` passed long ago are
 //! swept by the next ticket of the same lock.
 //!
+//! A client writes its tickets on a session of its own, its queue session, which also holds
+//! each live ticket's marker (see `marker`): an attempt without a ticket reads the table only
+//! when a marker says that somebody may wait.
+//!
 //! The table is `UNLOGGED`: tickets are about waiters of the moment, which a server crash
 //! ends anyway.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use distlock_core::engine::{AcquireRequest, ErrorKind, LeaseKind, LockError, MutexExt};
+use distlock_core::engine::{AcquireRequest, LeaseKind, LockError, MutexExt};
 use tokio::time::Instant;
 
-use super::{PgBackend, ttl_ms};
+use super::{PgBackend, marker, ttl_ms};
 use crate::error::map_err;
 
 /// The least time a ticket outlives its waiter's last attempt.
@@ -74,6 +78,10 @@ pub(super) struct Ticket {
     seq: i64,
     /// When the waiter last tried.
     tried: Instant,
+    /// When its row lapses, as this client reckons it.
+    until: Instant,
+    /// The queue session (its generation) that holds the ticket's marker (see `marker`).
+    marked: Option<u64>,
 }
 
 /// This client's tickets, by their waiter's token.
@@ -102,7 +110,8 @@ impl PgBackend {
             .map(|t| t.seq)
     }
 
-    /// After a busy waiting attempt: takes a ticket for it, or keeps its ticket alive.
+    /// After a busy waiting attempt: takes a ticket for it (and its marker first, see
+    /// `marker`), or keeps its ticket alive; on the client's queue session.
     ///
     /// # Errors
     /// The server's; the attempt is then busy all the same (an attempt without a ticket only
@@ -116,89 +125,147 @@ impl PgBackend {
         let token = req.token.as_str();
         let now = Instant::now();
         let known = self.inner.tickets.by_token.locked().get(token).copied();
-        let s = &self.config().schema;
-        let session = self.inner.pool.any_session().await?;
-        let client = &session.conn().client;
+        let q = self.queue_session().await?;
+        let client = &q.conn.client;
         let limit = self.config().response_timeout;
+        let marked = known.is_some_and(|t| t.marked == Some(q.generation));
+        let (k1, k2) = marker::key(lock_id);
+        let keep = known.map_or(GRACE_MIN, |t| grace(now.duration_since(t.tried), req.ttl));
+        // Until the ticket is recorded with its marker.
+        let unsure = (!marked).then(|| marker::Unsure::new(&q));
         let run = async {
-            match known {
+            if !marked {
+                client.execute(&q.sql.mark, &[&k1, &k2]).await?;
+            }
+            let kept = match known {
                 Some(t) => {
-                    let keep = ttl_ms(grace(now.duration_since(t.tried), req.ttl));
                     let n = client
-                        .execute(
-                            &format!(
-                                "UPDATE {s}.distlock_waiters \
-                                 SET until = now() + $3::bigint * interval '1 millisecond' \
-                                 WHERE lock_id = $1 AND seq = $2"
-                            ),
-                            &[&t.lock_id, &t.seq, &keep],
-                        )
+                        .execute(&q.sql.keep, &[&t.lock_id, &t.seq, &ttl_ms(keep)])
                         .await?;
-                    Ok::<_, tokio_postgres::Error>((n > 0).then_some(t.seq))
+                    (n > 0).then_some(t.seq)
                 }
-                None => Ok(None),
-            }
+                None => None,
+            };
+            let lives = match kept {
+                Some(seq) => (seq, keep),
+                // A new ticket (or one swept after a long lapse): at the back. Tickets long
+                // lapsed of the same lock go.
+                None => {
+                    let code = kind_code(req.kind);
+                    let row = client
+                        .query_one(&q.sql.insert, &[&lock_id, &code, &ttl_ms(GRACE_MIN)])
+                        .await?;
+                    (row.get(0), GRACE_MIN)
+                }
+            };
+            Ok::<_, tokio_postgres::Error>(lives)
         };
-        let kept = tokio::time::timeout(limit, run)
+        // (Failed, a marker taken for no ticket would hold others back for nothing: `unsure`
+        // closes the session.)
+        let (seq, lives) = tokio::time::timeout(limit, run)
             .await
-            .map_err(|_| timeout(DOING, limit))?
+            .map_err(|_| marker::timeout(DOING, limit))?
             .map_err(|e| map_err(e, DOING))?;
-        let seq = match kept {
-            Some(seq) => seq,
-            // A new ticket (or one swept after a long lapse): at the back. Tickets long
-            // lapsed of the same lock go.
-            None => {
-                let keep = ttl_ms(GRACE_MIN);
-                let insert = format!(
-                    "WITH gone AS (DELETE FROM {s}.distlock_waiters \
-                                   WHERE lock_id = $1 AND until < now() - interval '1 minute') \
-                     INSERT INTO {s}.distlock_waiters (lock_id, kind, until) \
-                     VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond') \
-                     RETURNING seq"
-                );
-                let code = kind_code(req.kind);
-                let row = tokio::time::timeout(
-                    limit,
-                    client.query_one(&insert, &[&lock_id, &code, &keep]),
-                )
-                .await
-                .map_err(|_| timeout(DOING, limit))?
-                .map_err(|e| map_err(e, DOING))?;
-                row.get(0)
-            }
+        let forgotten: Vec<(i32, i32)> = {
+            let mut tickets = self.inner.tickets.by_token.locked();
+            let mut forgotten = Vec::new();
+            tickets.retain(|_, t| {
+                let keep = now.duration_since(t.tried) < FORGET_AFTER;
+                if !keep && t.marked == Some(q.generation) {
+                    forgotten.push(marker::key(t.lock_id));
+                }
+                keep
+            });
+            tickets.insert(
+                token.to_owned(),
+                Ticket {
+                    lock_id,
+                    seq,
+                    tried: now,
+                    until: now + lives,
+                    marked: Some(q.generation),
+                },
+            );
+            forgotten
         };
-        let mut tickets = self.inner.tickets.by_token.locked();
-        tickets.retain(|_, t| now.duration_since(t.tried) < FORGET_AFTER);
-        tickets.insert(
-            token.to_owned(),
-            Ticket {
-                lock_id,
-                seq,
-                tried: now,
-            },
-        );
+        if let Some(unsure) = unsure {
+            unsure.answered();
+        }
+        self.inner.queue.changed();
+        if !forgotten.is_empty() {
+            self.unmark(&q, &forgotten).await;
+        }
         Ok(())
     }
 
-    /// Deletes `token`'s ticket, if it has one (its waiter got the lock or gave up). A delete
-    /// that fails leaves the row to lapse.
+    /// Deletes `token`'s ticket, if it has one (its waiter got the lock or gave up), and gives
+    /// back its marker. A delete that fails leaves the row to lapse.
     pub(super) async fn drop_ticket(&self, token: &str) {
+        if !self.inner.tickets.by_token.locked().contains_key(token) {
+            return;
+        }
+        let limit = self.config().response_timeout;
+        let q = self.queue_if_open().await;
         let Some(t) = self.inner.tickets.by_token.locked().remove(token) else {
             return;
         };
-        let Ok(session) = self.inner.pool.any_session().await else {
-            return;
-        };
-        let s = &self.config().schema;
-        let delete = format!("DELETE FROM {s}.distlock_waiters WHERE lock_id = $1 AND seq = $2");
-        let _ = tokio::time::timeout(
-            self.config().response_timeout,
-            session
-                .conn()
-                .client
-                .execute(&delete, &[&t.lock_id, &t.seq]),
-        )
-        .await;
+        match q {
+            Some(q) if t.marked == Some(q.generation) => {
+                let unsure = marker::Unsure::new(&q);
+                let (k1, k2) = marker::key(t.lock_id);
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                    [&t.lock_id, &t.seq, &k1, &k2];
+                let left = q.conn.client.execute(&q.sql.leave, &params);
+                if matches!(tokio::time::timeout(limit, left).await, Ok(Ok(_))) {
+                    unsure.answered();
+                }
+            }
+            // Its marker was given back after a lapse, or ended with an earlier queue
+            // session: the row alone.
+            Some(q) => {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&t.lock_id, &t.seq];
+                let deleted = q.conn.client.execute(&q.sql.delete, &params);
+                let _ = tokio::time::timeout(limit, deleted).await;
+            }
+            None => {
+                let Ok(session) = self.inner.pool.any_session().await else {
+                    return;
+                };
+                let s = &self.config().schema;
+                let delete =
+                    format!("DELETE FROM {s}.distlock_waiters WHERE lock_id = $1 AND seq = $2");
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&t.lock_id, &t.seq];
+                let deleted = session.conn().client.execute(&delete, &params);
+                let _ = tokio::time::timeout(limit, deleted).await;
+            }
+        }
+    }
+
+    /// The markers of tickets whose rows lapsed [`marker::LINGER`] ago: no longer marked (their
+    /// waiter takes its marker again if it tries again), with the queue session that held
+    /// each.
+    pub(super) fn lapsed_markers(&self, now: Instant) -> Vec<(u64, (i32, i32))> {
+        let mut tickets = self.inner.tickets.by_token.locked();
+        let mut due = Vec::new();
+        for t in tickets.values_mut() {
+            if let Some(generation) = t.marked
+                && t.until + marker::LINGER <= now
+            {
+                t.marked = None;
+                due.push((generation, marker::key(t.lock_id)));
+            }
+        }
+        due
+    }
+
+    /// When the next marked ticket lapses.
+    pub(super) fn next_lapse(&self) -> Option<Instant> {
+        let tickets = self.inner.tickets.by_token.locked();
+        tickets
+            .values()
+            .filter(|t| t.marked.is_some())
+            .map(|t| t.until)
+            .min()
     }
 
     /// The live tickets of the lock id `id` (its waiters).
@@ -212,18 +279,11 @@ impl PgBackend {
         let limit = self.config().response_timeout;
         let row = tokio::time::timeout(limit, session.conn().client.query_one(&count, &[&id]))
             .await
-            .map_err(|_| timeout(DOING, limit))?
+            .map_err(|_| marker::timeout(DOING, limit))?
             .map_err(|e| map_err(e, DOING))?;
         let n: i64 = row.get(0);
         Ok(u64::try_from(n).unwrap_or(0))
     }
-}
-
-fn timeout(doing: &str, limit: Duration) -> LockError {
-    LockError::new(
-        ErrorKind::Timeout,
-        format!("{doing}: no answer within {limit:?}"),
-    )
 }
 
 #[cfg(test)]
