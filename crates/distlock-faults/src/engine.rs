@@ -306,6 +306,27 @@ impl Engine {
         self.paused = None;
     }
 
+    /// Starts again every server a [`kill`](Self::kill) left down: the end of a run that
+    /// stopped between a kill and its restart (a control that has already failed) heals as a
+    /// finished schedule would.
+    pub(crate) fn restart_killed(&mut self) {
+        match &mut self.servers {
+            Servers::Redis(v) => v
+                .iter_mut()
+                .filter(|s| !s.is_running())
+                .for_each(RedisServer::restart),
+            Servers::Etcd(e) => {
+                for m in e.members_mut().iter_mut().filter(|m| !m.is_running()) {
+                    m.restart();
+                }
+            }
+            Servers::My(m) if !m.is_running() => m.restart(),
+            Servers::Mc(m) if !m.is_running() => m.restart(),
+            Servers::Sentinel(..) | Servers::Cluster(_) => self.restart(0),
+            _ => {}
+        }
+    }
+
     /// Whether [`kill`](Self::kill) and [`restart`](Self::restart) are supported.
     pub(crate) fn restartable(&self) -> bool {
         !matches!(self.servers, Servers::Zk(_) | Servers::Pg(_))

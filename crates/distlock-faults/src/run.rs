@@ -298,6 +298,7 @@ pub(crate) async fn run(
         for i in 0..s.engine.len() {
             s.engine.resume(i);
         }
+        s.engine.restart_killed();
         for w in &mut s.workers {
             let _ = kill(Pid::from_raw(w.pid), Signal::SIGCONT);
             for p in &w.proxies {

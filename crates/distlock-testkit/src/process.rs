@@ -101,9 +101,14 @@ macro_rules! process_controls {
                 self.$field.pause();
             }
 
-            /// Thaws it (SIGCONT).
+            /// Thaws it (SIGCONT); nothing when it is not running (killed).
             pub fn resume(&self) {
                 self.$field.resume();
+            }
+
+            /// Whether the process runs (false after a kill, until a restart).
+            pub fn is_running(&self) -> bool {
+                self.$field.is_running()
             }
 
             /// The CPU time the server process (and its children) has used so far, in seconds.
@@ -155,9 +160,11 @@ impl Daemon {
         }
     }
 
-    /// SIGCONT.
+    /// SIGCONT; nothing when the process was killed (there is nothing to thaw).
     pub(crate) fn resume(&self) {
-        nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+        if self.is_running() {
+            nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+        }
     }
 
     /// The CPU time the process and its live children have used so far (user and system), in

@@ -306,9 +306,11 @@ impl RedisServer {
         kill(self.pid(), Signal::SIGSTOP).expect("SIGSTOP");
     }
 
-    /// Thaws a paused server (SIGCONT).
+    /// Thaws a paused server (SIGCONT); nothing when it was killed (nothing to thaw).
     pub fn resume(&self) {
-        kill(self.pid(), Signal::SIGCONT).expect("SIGCONT");
+        if self.is_running() {
+            kill(self.pid(), Signal::SIGCONT).expect("SIGCONT");
+        }
     }
 
     /// Kills the server with SIGKILL and reaps it. Without persistence its data is gone.
