@@ -13,8 +13,12 @@ use tokio::time::Instant as TokioInstant;
 
 use crate::driver::Driver;
 use crate::engine::{Backend, LeaseCheck, RenewItem};
-use crate::lease::{LeaseEnd, LeaseShared, LostReason, Renewal};
+use crate::lease::{LeaseEnd, LeaseShared, LostReason};
 use crate::sync::MutexExt;
+
+mod schedule;
+
+use schedule::{Item, RenewOutcome, Schedule, renew_after_loss};
 
 /// The client's handle on its watchdog task (started at the first lease that needs it).
 ///
@@ -112,46 +116,12 @@ impl Drop for StoppedOnExit {
     }
 }
 
-struct Entry {
-    id: u64,
-    lease: Arc<LeaseShared>,
-    due: TokioInstant,
-    interval: Duration,
-    renewals: u32,
-    in_flight: bool,
-    /// The hold limit is reached: no more renewals.
-    retired: bool,
-}
-
-enum RenewOutcome {
-    Renewed,
-    Failed,
-    Ended,
-}
-
-/// Seeded bug `renew-after-loss`: ended leases stay in the watchdog and are renewed for as long
-/// as the engine still has their token.
-fn renew_after_loss() -> bool {
-    crate::seeded::on(crate::seeded::SeededBug::RenewAfterLoss)
-}
-
-/// Why a lease left the watchdog without being renewed again.
-fn retire(e: &Entry) -> bool {
-    if e.retired || (e.lease.snapshot().end.is_some() && !renew_after_loss()) {
-        return true;
-    }
-    e.lease
-        .options()
-        .max_renewals()
-        .is_some_and(|max| e.renewals >= max)
-}
-
 async fn run<B: Backend>(driver: Weak<Driver<B>>, inbox: Arc<Inbox>) {
     let running = StoppedOnExit(inbox);
     let inbox = &running.0;
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut next_id = 0u64;
+    let mut schedule = Schedule::default();
     let mut in_flight = FuturesUnordered::new();
+    let mut left_off = Vec::new();
     loop {
         let next_due = {
             let mut state = inbox.state();
@@ -162,30 +132,13 @@ async fn run<B: Backend>(driver: Weak<Driver<B>>, inbox: Arc<Inbox>) {
                 if lease.snapshot().end.is_some() && !renew_after_loss() {
                     continue;
                 }
-                next_id += 1;
-                entries.push(Entry {
-                    id: next_id,
-                    interval: lease.options().renew_interval(),
-                    lease,
-                    due,
-                    renewals: 0,
-                    in_flight: false,
-                    retired: false,
-                });
+                schedule.add(lease, due);
             }
-            let mut left_off = Vec::new();
-            entries.retain(|e| {
-                let keep = e.in_flight || !retire(e);
-                if !keep {
-                    left_off.push(e.lease.clone());
-                }
-                keep
-            });
-            detach_unrenewed(&driver, left_off);
-            let next_due = entries.iter().filter(|e| !e.in_flight).map(|e| e.due).min();
+            let next_due = schedule.next_due(&mut left_off);
             state.armed = next_due;
             next_due
         };
+        detach_unrenewed(&driver, std::mem::take(&mut left_off));
         let sleep = async {
             match next_due {
                 Some(t) => tokio::time::sleep_until(t).await,
@@ -198,28 +151,13 @@ async fn run<B: Backend>(driver: Weak<Driver<B>>, inbox: Arc<Inbox>) {
                 let results: Vec<(u64, RenewOutcome)> = results;
                 let now = TokioInstant::now();
                 for (id, outcome) in results {
-                    let Some(e) = entries.iter_mut().find(|e| e.id == id) else { continue };
-                    e.in_flight = false;
-                    match outcome {
-                        RenewOutcome::Renewed => {
-                            e.renewals = e.renewals.saturating_add(1);
-                            e.due = now + e.interval;
-                        }
-                        RenewOutcome::Failed => {
-                            // Try again sooner, but not in a tight loop, and before the deadline.
-                            let left = e.lease.snapshot().valid_until
-                                .saturating_duration_since(e.lease.now());
-                            let retry = (e.interval / 4).max(Duration::from_millis(5));
-                            e.due = now + retry.min(left);
-                        }
-                        RenewOutcome::Ended => e.retired = true,
-                    }
+                    schedule.settle(id, outcome, now, &mut left_off);
                 }
             }
             () = inbox.wake.notified() => {}
             () = sleep => {
                 let Some(driver) = driver.upgrade() else { return };
-                let batch = collect(&mut entries);
+                let batch = schedule.collect(TokioInstant::now(), &mut left_off);
                 if !batch.is_empty() {
                     in_flight.push(send(driver, batch));
                 }
@@ -252,57 +190,6 @@ fn detach_unrenewed<B: Backend>(driver: &Weak<Driver<B>>, leases: Vec<Arc<LeaseS
         let driver = driver.clone();
         tokio::spawn(async move { driver.detach(&lease.engine_ref(), ttl).await });
     }
-}
-
-/// One lease in a batch, its renewal in flight until the reply is processed.
-struct Item {
-    id: u64,
-    renewal: Renewal,
-    ttl: Duration,
-}
-
-/// Takes every lease that is due, or due within half its interval (renewing a little early
-/// aligns leases, so they share later ticks).
-fn collect(entries: &mut [Entry]) -> Vec<Item> {
-    let now = TokioInstant::now();
-    let mut batch = Vec::new();
-    for e in entries.iter_mut() {
-        if e.in_flight || e.due > now + e.interval / 2 {
-            continue;
-        }
-        // A release has closed the gate: skip, the lease is going away.
-        let Some(renewal) = e.lease.begin_renewal() else {
-            e.due = now + e.interval / 4;
-            continue;
-        };
-        let lease = &e.lease;
-        let st = lease.snapshot();
-        if st.end.is_some() && !renew_after_loss() {
-            continue;
-        }
-        let mut ttl = st.ttl;
-        if let Some(max_hold) = lease.options().max_hold() {
-            let left = (lease.acquired_at() + max_hold).saturating_duration_since(lease.now());
-            // Whole milliseconds, as engines want them.
-            let left = Duration::from_millis(left.as_millis() as u64);
-            if left.is_zero() {
-                // Hold limit reached: stop renewing, the lease runs out.
-                e.retired = true;
-                continue;
-            }
-            ttl = ttl.min(left);
-        }
-        if lease.end_if_past_deadline().is_some() && !renew_after_loss() {
-            continue;
-        }
-        e.in_flight = true;
-        batch.push(Item {
-            id: e.id,
-            renewal,
-            ttl,
-        });
-    }
-    batch
 }
 
 async fn send<B: Backend>(driver: Arc<Driver<B>>, batch: Vec<Item>) -> Vec<(u64, RenewOutcome)> {
