@@ -40,6 +40,7 @@ use distlock_testkit::RedisServer;
 
 mod common;
 mod p1;
+mod p10;
 mod p2;
 mod p3;
 mod p4;
@@ -116,14 +117,21 @@ struct Cli {
     /// prints its table. `--engine` narrows it.
     #[arg(long, conflicts_with_all = ["p1_only", "p7_only", "p8_only", "p9_only"])]
     p5_only: bool,
-    /// With --p5-only: only these engines (etcd, zookeeper, postgres, mariadb, memcached;
-    /// repeat the flag for more).
-    #[arg(long, value_name = "NAME", requires = "p5_only")]
+    /// With --p5-only or --p10-only: only these engines (redis (P10), etcd, zookeeper,
+    /// postgres, mariadb, memcached; repeat the flag for more).
+    #[arg(long, value_name = "NAME")]
     engine: Vec<String>,
     /// Only P1 over TLS beside TCP (each beside its raw redis-rs floor), for a quick
     /// before/after: prints its table.
     #[arg(long, conflicts_with_all = ["p1_only", "p7_only", "p8_only", "p9_only", "p5_only"])]
     tls_only: bool,
+    /// Only P10 (many locks held by one client, on every engine): prints its table and bars,
+    /// and writes its figures with --json. `--engine` narrows it, `--names` sets the sizes.
+    #[arg(long, conflicts_with_all = ["p1_only", "p7_only", "p8_only", "p9_only", "p5_only", "tls_only"])]
+    p10_only: bool,
+    /// With --p10-only: the numbers of names one client holds, one run each.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+    names: Vec<usize>,
 }
 
 /// What every contending worker process is told (see `common::spawn_workers`).
@@ -196,6 +204,18 @@ enum Cmd {
         #[arg(long)]
         pin: bool,
     },
+    /// Internal: one client of P10 (takes N names, holds them for three TTLs, reports).
+    #[command(hide = true)]
+    P10Client {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        names: usize,
+        #[arg(long)]
+        ttl_ms: u64,
+        #[arg(long)]
+        pin: bool,
+    },
     /// Internal: the raw floor's waiting client (a bare subscriber).
     #[command(hide = true)]
     RawWaiter {
@@ -220,6 +240,19 @@ fn main() {
     let cli = Cli::parse();
     match &cli.cmd {
         Some(Cmd::RawWaiter { url, count }) => return raw_waiter(url, *count),
+        Some(Cmd::P10Client {
+            url,
+            names,
+            ttl_ms,
+            pin,
+        }) => {
+            return p10::client::run(&p10::client::Ask {
+                url,
+                names: *names,
+                ttl: Duration::from_millis(*ttl_ms),
+                pin: *pin,
+            });
+        }
         Some(Cmd::ObservedCycles {
             url,
             cycles,
@@ -275,6 +308,9 @@ fn main() {
             (hold_us, gap_us),
         ));
         return;
+    }
+    if cli.p10_only {
+        return run_p10(&cli);
     }
     if !cli.no_pin {
         pin_self(0);
@@ -768,4 +804,29 @@ fn runtime(threads: usize) -> tokio::runtime::Runtime {
             .build()
     }
     .expect("runtime")
+}
+
+/// `--p10-only`: P10 on every engine (or those of `--engine`), its table and bars.
+fn run_p10(cli: &Cli) {
+    let pin = !cli.no_pin;
+    let sizes: Vec<usize> = if cli.quick {
+        vec![100, 1000]
+    } else {
+        cli.names.clone()
+    };
+    let rows = p10::engines::run(&sizes, pin, &cli.engine);
+    let pinning = if pin {
+        "pinned: each server and its client process on CPU 0"
+    } else {
+        "unpinned"
+    };
+    print!("{}", p10::render(&rows, pinning));
+    if let Some(path) = &cli.json {
+        let json = serde_json::json!({
+            "pinning": pinning,
+            "p10": rows.iter().map(p10::Row::json).collect::<Vec<_>>(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json).expect("json"))
+            .expect("write the JSON");
+    }
 }

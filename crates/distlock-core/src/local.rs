@@ -1,7 +1,7 @@
 //! In-process singleflight and hand-off: the tasks of one client that wait for the same key
 //! queue here in FIFO order, and only the head of the queue talks to the engine.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -14,7 +14,6 @@ use crate::sync::MutexExt;
 use crate::token::Token;
 
 struct Waiter<T> {
-    id: u64,
     turn: Arc<Notify>,
     options: LockOptions,
     /// Its own holder label, when not the client's (an election's).
@@ -25,12 +24,14 @@ struct Waiter<T> {
 struct KeyQueue<T> {
     /// The lease a task of this client holds on the key, if any.
     holder: Option<Arc<LeaseShared>>,
-    waiters: VecDeque<Waiter<T>>,
+    /// By id: ids are handed out in order, so the first is the head (FIFO), and a waiter that
+    /// leaves from the middle costs O(log n), not a shift of the others.
+    waiters: BTreeMap<u64, Waiter<T>>,
     /// Waiters taken out of the queue by a releasing holder that is trying to hand off to them.
     offered: usize,
     /// The release-event subscription, kept here between two heads so that it is not closed and
     /// reopened at every turn. Dropped with the entry, when nobody waits or holds any more.
-    parked: Option<Subscription>,
+    parked: Option<Box<Subscription>>,
     /// The token this client's current wait for the key uses, shared by its successive heads:
     /// the engine may hand the lock to it (a grant) after the head that registered it has gone.
     /// Retired (replaced at next use) once an acquisition with it completes or its outcome is
@@ -42,7 +43,7 @@ impl<T> Default for KeyQueue<T> {
     fn default() -> Self {
         KeyQueue {
             holder: None,
-            waiters: VecDeque::new(),
+            waiters: BTreeMap::new(),
             offered: 0,
             parked: None,
             wait_token: None,
@@ -56,7 +57,7 @@ impl<T> KeyQueue<T> {
     }
 
     fn wake_head(&self) {
-        if let Some(w) = self.waiters.front() {
+        if let Some((_, w)) = self.waiters.first_key_value() {
             w.turn.notify_one();
         }
     }
@@ -126,13 +127,15 @@ impl<T> LocalQueues<T> {
             .entry(key.to_owned())
             .or_default()
             .waiters
-            .push_back(Waiter {
+            .insert(
                 id,
-                turn: turn.clone(),
-                options,
-                label: label.map(Arc::from),
-                handoff: tx,
-            });
+                Waiter {
+                    turn: turn.clone(),
+                    options,
+                    label: label.map(Arc::from),
+                    handoff: tx,
+                },
+            );
         QueuePlace {
             queues: self,
             key,
@@ -158,7 +161,7 @@ impl<T> LocalQueues<T> {
     ) -> Option<(Token, std::time::Duration, Option<Arc<str>>)> {
         let mut map = self.lock();
         let q = map.get_mut(key)?;
-        let head = q.waiters.front()?;
+        let (_, head) = q.waiters.first_key_value()?;
         let (ttl, label) = (head.options.ttl(), head.label.clone());
         let token = q.wait_token.get_or_insert_with(Token::generate).clone();
         Some((token, ttl, label))
@@ -180,13 +183,16 @@ impl<T> LocalQueues<T> {
         if let Some(q) = map.get_mut(key)
             && q.parked.is_none()
         {
-            q.parked = Some(sub);
+            q.parked = Some(Box::new(sub));
         }
     }
 
     /// The subscription a previous head left for `key`, if any.
     pub(crate) fn take_parked(&self, key: &str) -> Option<Subscription> {
-        self.lock().get_mut(key).and_then(|q| q.parked.take())
+        self.lock()
+            .get_mut(key)
+            .and_then(|q| q.parked.take())
+            .map(|sub| *sub)
     }
 
     /// Records that a task of this client now holds `key` with `lease`.
@@ -225,13 +231,13 @@ impl<T> LocalQueues<T> {
         }
         // A waiter with a label of its own is not handed a lease written with another: it
         // takes it through the engine, which writes its label.
-        if q.waiters.front()?.label.is_some() {
+        if q.waiters.first_key_value()?.1.label.is_some() {
             return None;
         }
-        let w = q.waiters.pop_front()?;
+        let (id, w) = q.waiters.pop_first()?;
         q.offered += 1;
         Some(HandoffOffer {
-            id: w.id,
+            id,
             turn: w.turn,
             options: w.options,
             label: w.label,
@@ -277,13 +283,16 @@ impl<T> LocalQueues<T> {
             return;
         }
         offer.turn.notify_one();
-        q.waiters.push_front(Waiter {
-            id: offer.id,
-            turn: offer.turn,
-            options: offer.options,
-            label: offer.label,
-            handoff: offer.handoff,
-        });
+        // Its id is older than every waiter's that joined since: it is the head again.
+        q.waiters.insert(
+            offer.id,
+            Waiter {
+                turn: offer.turn,
+                options: offer.options,
+                label: offer.label,
+                handoff: offer.handoff,
+            },
+        );
     }
 }
 
@@ -300,8 +309,12 @@ impl<T> QueuePlace<'_, T> {
         let Some(q) = map.get(self.key) else {
             return QueuePosition::Head;
         };
-        match q.waiters.iter().position(|w| w.id == self.id) {
-            Some(0) => match &q.holder {
+        let is_head = q
+            .waiters
+            .first_key_value()
+            .is_some_and(|(id, _)| *id == self.id);
+        if is_head {
+            return match &q.holder {
                 Some(h) if h.is_held() => QueuePosition::Behind(Some(h.clone())),
                 // Released, and the release is on its way: wait for it to complete (the holder
                 // then clears itself and nudges us), or our attempt would only race it (and,
@@ -309,11 +322,14 @@ impl<T> QueuePlace<'_, T> {
                 Some(h) if h.is_released() => QueuePosition::Behind(None),
                 // Lost while its guard lives: the lock may be free, go and ask.
                 _ => QueuePosition::Head,
-            },
-            Some(_) => QueuePosition::Behind(None),
-            // Offered a hand-off: the releasing holder will deliver it or put us back.
-            None if self.rx.is_some() => QueuePosition::Behind(None),
-            None => QueuePosition::Head,
+            };
+        }
+        // Behind others, or offered a hand-off: the releasing holder will deliver it or put us
+        // back.
+        if q.waiters.contains_key(&self.id) || self.rx.is_some() {
+            QueuePosition::Behind(None)
+        } else {
+            QueuePosition::Head
         }
     }
 
@@ -364,11 +380,12 @@ impl<T> Drop for QueuePlace<'_, T> {
         let Some(q) = map.get_mut(self.key) else {
             return;
         };
-        if let Some(pos) = q.waiters.iter().position(|w| w.id == self.id) {
-            q.waiters.remove(pos);
-            if pos == 0 {
-                q.wake_head();
-            }
+        let was_head = q
+            .waiters
+            .first_key_value()
+            .is_some_and(|(id, _)| *id == self.id);
+        if q.waiters.remove(&self.id).is_some() && was_head {
+            q.wake_head();
         }
         if q.is_idle() {
             map.remove(self.key);

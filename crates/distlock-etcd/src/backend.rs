@@ -166,9 +166,9 @@ impl EtcdBackend {
         let held = self
             .inner
             .recipe
-            .held_entries()
+            .held_of(name)
             .into_iter()
-            .find(|(_, e)| e.name == name && e.entry.seq == rev);
+            .find(|(_, e)| e.entry.seq == rev);
         let Some((_, e)) = held else {
             return refused();
         };

@@ -115,6 +115,12 @@ macro_rules! process_controls {
             pub fn cpu_seconds(&self) -> f64 {
                 self.$field.cpu_seconds()
             }
+
+            /// The memory the server holds, in bytes (its resident set, and its children's
+            /// anonymous memory).
+            pub fn memory_bytes(&self) -> u64 {
+                self.$field.memory_bytes()
+            }
         }
     };
     ($ty:ty, $field:ident, kill = $doc:literal) => {
@@ -167,48 +173,59 @@ impl Daemon {
         }
     }
 
-    /// The CPU time the process and its live children have used so far (user and system), in
-    /// seconds: PostgreSQL serves each session in a process of its own.
-    pub(crate) fn cpu_seconds(&self) -> f64 {
+    /// The process and its live children (PostgreSQL serves each session in a process of its
+    /// own): their pids, the root first.
+    fn tree(&self) -> Vec<i32> {
         let root = self.pid().as_raw();
-        // Every process's parent and CPU ticks, from /proc/<pid>/stat: the fields after the
-        // command (in parentheses, and it may hold spaces) start with the state (field 3);
-        // ppid is field 4, utime and stime fields 14 and 15.
-        let mut procs: Vec<(i32, i32, f64)> = Vec::new();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-                continue;
-            };
-            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-            let fields: Vec<&str> = after.split_whitespace().collect();
+        // Every process's parent, from /proc/<pid>/stat: the fields after the command (in
+        // parentheses, and it may hold spaces) start with the state (field 3); ppid is field 4.
+        let mut parents: Vec<(i32, i32)> = Vec::new();
+        for (pid, fields) in proc_stats() {
             let ppid = fields.get(1).and_then(|f| f.parse().ok()).unwrap_or(0);
-            let ticks: f64 = [11, 12]
-                .iter()
-                .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
-                .sum();
-            procs.push((pid, ppid, ticks));
+            parents.push((pid, ppid));
         }
         let mut tree = vec![root];
         let mut i = 0;
         while i < tree.len() {
             let parent = tree[i];
-            tree.extend(procs.iter().filter(|p| p.1 == parent).map(|p| p.0));
+            tree.extend(parents.iter().filter(|p| p.1 == parent).map(|p| p.0));
             i += 1;
         }
-        let ticks: f64 = procs
-            .iter()
-            .filter(|p| tree.contains(&p.0))
-            .map(|p| p.2)
+        tree
+    }
+
+    /// The CPU time the process and its live children have used so far (user and system), in
+    /// seconds.
+    pub(crate) fn cpu_seconds(&self) -> f64 {
+        let tree = self.tree();
+        // utime and stime are fields 14 and 15 of /proc/<pid>/stat.
+        let ticks: f64 = proc_stats()
+            .filter(|(pid, _)| tree.contains(pid))
+            .flat_map(|(_, f)| {
+                [11, 12]
+                    .into_iter()
+                    .filter_map(move |i| f.get(i)?.parse::<f64>().ok())
+            })
             .sum();
         // In USER_HZ, which Linux fixes at 100 for what it shows user space.
         ticks / 100.0
+    }
+
+    /// The memory the server holds, in bytes: the process's resident set, and its children's
+    /// anonymous resident memory (their shared memory and mapped files are the parent's too,
+    /// and are counted once).
+    pub(crate) fn memory_bytes(&self) -> u64 {
+        let field = |pid: i32, name: &str| -> u64 {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024
+        };
+        let tree = self.tree();
+        field(tree[0], "VmRSS:") + tree[1..].iter().map(|&p| field(p, "RssAnon:")).sum::<u64>()
     }
 
     /// Pins every thread of the process to one CPU (`taskset -acp`).
@@ -271,4 +288,18 @@ fn all_stopped(pid: nix::unistd::Pid) -> bool {
                 .is_some_and(|state| state == 'T' || state == 't')
         })
     })
+}
+
+/// Every process's pid and the fields of its /proc/<pid>/stat after the command.
+fn proc_stats() -> impl Iterator<Item = (i32, Vec<String>)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            Some((pid, after.split_whitespace().map(str::to_owned).collect()))
+        })
 }

@@ -201,8 +201,79 @@ pub struct Entry<Id> {
     pub held: bool,
 }
 
+/// Our entries by token, and their tokens by name: what [`leave`] and a fenced write look
+/// at, without going through every entry this client has.
 struct RecipeState<Id> {
     entries: HashMap<String, Entry<Id>>,
+    by_name: HashMap<String, Vec<String>>,
+}
+
+impl<Id> RecipeState<Id> {
+    fn new() -> Self {
+        RecipeState {
+            entries: HashMap::new(),
+            by_name: HashMap::new(),
+        }
+    }
+
+    fn insert(&mut self, token: String, e: Entry<Id>) {
+        self.remove(&token);
+        self.by_name
+            .entry(e.name.clone())
+            .or_default()
+            .push(token.clone());
+        self.entries.insert(token, e);
+    }
+
+    fn remove(&mut self, token: &str) -> Option<Entry<Id>> {
+        let e = self.entries.remove(token)?;
+        self.unindex(&e.name, token);
+        Some(e)
+    }
+
+    fn unindex(&mut self, name: &str, token: &str) {
+        if let Some(tokens) = self.by_name.get_mut(name) {
+            tokens.retain(|t| t != token);
+            if tokens.is_empty() {
+                self.by_name.remove(name);
+            }
+        }
+    }
+
+    /// Changes `token`'s entry, keeping the index in step.
+    fn update(&mut self, token: &str, f: impl FnOnce(&mut Entry<Id>)) {
+        let Some(mut e) = self.remove(token) else {
+            return;
+        };
+        f(&mut e);
+        self.insert(token.to_owned(), e);
+    }
+
+    /// The tokens of `name`'s entries.
+    fn of_name(&self, name: &str) -> &[String] {
+        self.by_name.get(name).map_or(&[], Vec::as_slice)
+    }
+
+    /// Takes out the entries of `name` that [`leave`] removes: queued (not held) and exclusive.
+    /// A reader or a permit waits on its own (no local queue) and removes its entry itself when
+    /// it stops waiting; another task's entry may be queued right now while this client's last
+    /// subscription goes.
+    fn take_waiting(&mut self, name: &str) -> Vec<(String, Entry<Id>)> {
+        let tokens: Vec<String> = self
+            .of_name(name)
+            .iter()
+            .filter(|t| {
+                self.entries
+                    .get(*t)
+                    .is_some_and(|e| !e.held && e.entry.kind == LeaseKind::Exclusive)
+            })
+            .cloned()
+            .collect();
+        tokens
+            .into_iter()
+            .filter_map(|t| self.remove(&t).map(|e| (t, e)))
+            .collect()
+    }
 }
 
 /// The recipe over a store: our entries by token, the decisions, the predecessor watches and
@@ -225,9 +296,7 @@ impl<S: QueueStore> Debug for QueueRecipe<S> {
 impl<S: QueueStore> QueueRecipe<S> {
     /// A recipe over `store`.
     pub fn new(store: Arc<S>) -> Self {
-        let state = Arc::new(Mutex::new(RecipeState {
-            entries: HashMap::new(),
-        }));
+        let state = Arc::new(Mutex::new(RecipeState::new()));
         let watches = Arc::new(PredecessorWatches::default());
         // When the last waiter of this client for a lock goes, its queued entries go too.
         let (weak_state, weak_watches, weak_store): (Weak<_>, Weak<_>, Weak<S>) = (
@@ -273,7 +342,7 @@ impl<S: QueueStore> QueueRecipe<S> {
             None => match self.store.join(req).await? {
                 JoinOutcome::Busy => return Ok(Attempt::Busy { holder_ttl: None }),
                 JoinOutcome::Joined(j) => {
-                    self.state.locked().entries.insert(
+                    self.state.locked().insert(
                         token.to_owned(),
                         Entry {
                             name: req.name.to_owned(),
@@ -291,7 +360,7 @@ impl<S: QueueStore> QueueRecipe<S> {
             None => match self.store.ahead(req.name, &entry, req.kind).await? {
                 Some(a) => a,
                 None => {
-                    self.state.locked().entries.remove(token);
+                    self.state.locked().remove(token);
                     return Err(LockError::new(
                         ErrorKind::Lost,
                         format!(
@@ -310,9 +379,7 @@ impl<S: QueueStore> QueueRecipe<S> {
                 return Err(super::kind_conflict(req.name, req.kind, theirs));
             }
             Decision::Holds => {
-                if let Some(e) = self.state.locked().entries.get_mut(token) {
-                    e.held = true;
-                }
+                self.state.locked().update(token, |e| e.held = true);
                 // Measured now, not when the entry was written (the queue may have been read
                 // since), and for an entry that waited too: its lease is the store's, refreshed
                 // on the store's schedule, not by this attempt.
@@ -375,20 +442,22 @@ impl<S: QueueStore> QueueRecipe<S> {
         self.entry(token).filter(|e| e.held && e.name == name)
     }
 
-    /// Our entries that hold their lease.
-    pub fn held_entries(&self) -> Vec<(String, Entry<S::Id>)> {
-        self.state
-            .locked()
-            .entries
+    /// Our entries of `name` that hold their lease (by token), found without going through
+    /// the other names' entries.
+    pub fn held_of(&self, name: &str) -> Vec<(String, Entry<S::Id>)> {
+        let st = self.state.locked();
+        st.of_name(name)
             .iter()
-            .filter(|(_, e)| e.held)
-            .map(|(t, e)| (t.clone(), e.clone()))
+            .filter_map(|t| {
+                let e = st.entries.get(t).filter(|e| e.held)?;
+                Some((t.clone(), e.clone()))
+            })
             .collect()
     }
 
     /// Forgets `token`'s entry (released, or moved) and returns it; the caller deletes it.
     pub fn forget(&self, token: &str) -> Option<Entry<S::Id>> {
-        let e = self.state.locked().entries.remove(token)?;
+        let e = self.state.locked().remove(token)?;
         if e.entry.kind != LeaseKind::Exclusive {
             self.watches.stop(&watch_slot(&e.name, e.entry.kind, token));
         }
@@ -404,9 +473,7 @@ impl<S: QueueStore> QueueRecipe<S> {
 
     /// Changes our record of `token`'s entry (its id after a move, say).
     pub fn update(&self, token: &str, f: impl FnOnce(&mut Entry<S::Id>)) {
-        if let Some(e) = self.state.locked().entries.get_mut(token) {
-            f(e);
-        }
+        self.state.locked().update(token, f);
     }
 }
 
@@ -428,22 +495,7 @@ fn leave<S: QueueStore>(
     name: &str,
 ) {
     watches.stop(name);
-    let gone: Vec<(String, Entry<S::Id>)> = {
-        let mut st = state.locked();
-        let tokens: Vec<String> = st
-            .entries
-            .iter()
-            // Exclusive entries only: a reader or a permit waits on its own (no local queue)
-            // and removes its entry itself when it stops waiting; another task's entry may be
-            // queued right now while this client's last subscription goes.
-            .filter(|(_, e)| e.name == name && !e.held && e.entry.kind == LeaseKind::Exclusive)
-            .map(|(t, _)| t.clone())
-            .collect();
-        tokens
-            .into_iter()
-            .filter_map(|t| st.entries.remove(&t).map(|e| (t, e)))
-            .collect()
-    };
+    let gone = state.locked().take_waiting(name);
     for (token, e) in gone {
         watches.stop(&watch_slot(name, e.entry.kind, &token));
         store.remove_later(&e.entry.id);

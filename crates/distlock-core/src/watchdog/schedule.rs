@@ -165,7 +165,10 @@ impl Schedule {
                 done |= left.is_zero();
                 ttl = ttl.min(left);
             }
-            done |= lease.end_if_past_deadline().is_some() && !renew_after_loss();
+            // At the hold limit the lease is left to run out: it is not ended here, so that
+            // `detach_unrenewed` still hands it to the engine (a session's key must leave the
+            // session to expire).
+            done = done || (lease.end_if_past_deadline().is_some() && !renew_after_loss());
             if done {
                 drop(renewal);
                 if let Some(e) = self.entries.remove(&id) {
@@ -341,5 +344,35 @@ mod tests {
         drop(held);
         let batch = s.collect(t0 + Duration::from_millis(250), &mut left_off);
         assert_eq!(batch.len(), 1);
+    }
+
+    /// A lease at its hold limit leaves the schedule still unended, even past its deadline:
+    /// the engine is then told to let it run out (an etcd key leaves its session), which it
+    /// skips for a lease already ended.
+    #[test]
+    fn a_lease_at_its_hold_limit_leaves_unended() {
+        let options = LockOptions::builder()
+            .ttl(Duration::from_millis(20))
+            .max_hold(Duration::from_millis(5))
+            .build()
+            .expect("options");
+        let spec = LeaseSpec {
+            key: "k".into(),
+            token: Token::generate(),
+            kind: LeaseKind::Exclusive,
+            fence: None,
+            clock: Arc::new(SystemClock),
+            options,
+            recorded: false,
+            engine: "test",
+        };
+        let l = Arc::new(LeaseShared::new(spec, std::time::Instant::now()));
+        let mut s = Schedule::default();
+        s.add(l.clone(), TokioInstant::now());
+        std::thread::sleep(Duration::from_millis(40));
+        let mut left_off = Vec::new();
+        assert!(s.collect(TokioInstant::now(), &mut left_off).is_empty());
+        assert_eq!(left_off.len(), 1);
+        assert!(l.snapshot().end.is_none(), "ended by the watchdog");
     }
 }
