@@ -268,7 +268,7 @@ pub(crate) async fn attempt<B: Backend>(
         sent
     };
     let spec = LeaseSpec {
-        key: key.to_owned(),
+        key: Arc::from(key),
         token,
         kind,
         fence,

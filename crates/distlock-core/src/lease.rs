@@ -62,7 +62,7 @@ pub(crate) struct LeaseState {
 
 /// What a new lease is: its name, token, kind and fence, the clock and options it lives by.
 pub(crate) struct LeaseSpec {
-    pub(crate) key: String,
+    pub(crate) key: Arc<str>,
     pub(crate) token: Token,
     pub(crate) kind: LeaseKind,
     pub(crate) fence: Option<u64>,
@@ -75,14 +75,17 @@ pub(crate) struct LeaseSpec {
 }
 
 pub(crate) struct LeaseShared {
-    key: String,
+    /// Shared with the client's local queue of the name (one copy of a name a lease).
+    key: Arc<str>,
     token: Token,
     kind: LeaseKind,
     fence: Option<u64>,
     recorded: bool,
     engine: &'static str,
     clock: Arc<dyn Clock>,
-    options: LockOptions,
+    /// Shared by the leases taken with the same options (see [`shared_options`]): 150 bytes a
+    /// lease otherwise, for a client that holds 100,000.
+    options: Arc<LockOptions>,
     state: Mutex<LeaseState>,
     /// Woken when the lease ends or its deadline moves, and when a renewal lets go of the gate.
     changed: Notify,
@@ -125,6 +128,26 @@ impl Drop for Renewal {
     }
 }
 
+/// `options` behind an `Arc` that the leases taken with the same options share: the last one
+/// used on this thread is reused when equal (a client's leases mostly share its defaults).
+fn shared_options(options: LockOptions) -> Arc<LockOptions> {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<Arc<LockOptions>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        match &*last {
+            Some(o) if **o == options => o.clone(),
+            _ => {
+                let o = Arc::new(options);
+                *last = Some(o.clone());
+                o
+            }
+        }
+    })
+}
+
 impl LeaseShared {
     /// A lease whose request was sent at `sent_at`, valid for the options' validity from then.
     pub(crate) fn new(spec: LeaseSpec, sent_at: Instant) -> Self {
@@ -158,7 +181,7 @@ impl LeaseShared {
             recorded: spec.recorded,
             engine: spec.engine,
             clock: spec.clock,
-            options: spec.options,
+            options: shared_options(spec.options),
             state: Mutex::new(state),
             changed: Notify::new(),
             acquired_at: sent_at,
@@ -184,6 +207,11 @@ impl LeaseShared {
     }
 
     pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The key, shared (the local queue keeps its record of the holder under it).
+    pub(crate) fn key_arc(&self) -> &Arc<str> {
         &self.key
     }
 

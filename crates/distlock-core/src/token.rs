@@ -13,13 +13,35 @@ pub const MAX_TOKEN_LEN: usize = 256;
 ///
 /// Release and extend compare it with the stored value, so a holder can never delete or renew a
 /// lock that is not its own. A retried acquire reuses it, which makes the retry idempotent.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Token(String);
+#[derive(Clone)]
+pub struct Token(Repr);
+
+/// A generated token's 32 hex digits are kept inline (no allocation: a client holding 100,000
+/// locks holds as many tokens); a token read from elsewhere may be any length.
+#[derive(Clone)]
+enum Repr {
+    Hex([u8; 32]),
+    Other(Box<str>),
+}
+
+impl PartialEq for Token {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Token {}
+
+impl std::hash::Hash for Token {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
 
 impl Token {
     /// A fresh random token.
     pub fn generate() -> Self {
-        Token(hex128(rand::random()))
+        Token(Repr::Hex(hex128(rand::random())))
     }
 
     /// A token read from elsewhere (another process, a command line).
@@ -33,26 +55,30 @@ impl Token {
                 "a token must be 1 to 256 printable ASCII characters",
             ));
         }
-        Ok(Token(s.to_owned()))
+        Ok(Token(Repr::Other(s.into())))
     }
 
     /// The token as stored by the engine.
     pub fn as_str(&self) -> &str {
-        &self.0
+        match &self.0 {
+            // Written by `hex128` only: ASCII hex digits.
+            Repr::Hex(b) => std::str::from_utf8(b).unwrap_or_default(),
+            Repr::Other(s) => s,
+        }
     }
 }
 
 impl fmt::Debug for Token {
     // Tokens are capabilities: show only a prefix in logs.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let end = self.0.len().min(8);
-        write!(f, "Token({}…)", &self.0[..end])
+        let s = self.as_str();
+        write!(f, "Token({}…)", &s[..s.len().min(8)])
     }
 }
 
 impl fmt::Display for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
@@ -66,13 +92,13 @@ pub fn unix_ms() -> u128 {
 
 /// `bits` as 32 lower-case hex digits, written by hand: `format!` costs several times as much,
 /// and a token is made for every acquisition.
-fn hex128(bits: u128) -> String {
+fn hex128(bits: u128) -> [u8; 32] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(32);
-    for i in (0..32).rev() {
-        s.push(char::from(HEX[((bits >> (4 * i)) & 0xf) as usize]));
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = HEX[((bits >> (4 * (31 - i))) & 0xf) as usize];
     }
-    s
+    out
 }
 
 /// The value engines store for a holder: `<token> <since, unix ms> <owner label>` (tokens and
@@ -156,7 +182,10 @@ mod tests {
             u128::MAX,
             0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
         ] {
-            assert_eq!(hex128(bits), format!("{bits:032x}"));
+            assert_eq!(
+                std::str::from_utf8(&hex128(bits)).unwrap(),
+                format!("{bits:032x}")
+            );
         }
         let v = HolderValue {
             token: "t0k",

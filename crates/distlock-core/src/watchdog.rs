@@ -18,7 +18,7 @@ use crate::sync::MutexExt;
 
 mod schedule;
 
-use schedule::{Item, RenewOutcome, Schedule, renew_after_loss};
+use schedule::{Item, RenewOutcome, Schedule, Settled, renew_after_loss};
 
 /// The client's handle on its watchdog task (started at the first lease that needs it).
 ///
@@ -148,10 +148,10 @@ async fn run<B: Backend>(driver: Weak<Driver<B>>, inbox: Arc<Inbox>) {
         tokio::select! {
             biased;
             Some(results) = in_flight.next(), if !in_flight.is_empty() => {
-                let results: Vec<(u64, RenewOutcome)> = results;
+                let results: Vec<Settled> = results;
                 let now = TokioInstant::now();
-                for (id, outcome) in results {
-                    schedule.settle(id, outcome, now, &mut left_off);
+                for settled in results {
+                    schedule.settle(settled, now, &mut left_off);
                 }
             }
             () = inbox.wake.notified() => {}
@@ -192,7 +192,10 @@ fn detach_unrenewed<B: Backend>(driver: &Weak<Driver<B>>, leases: Vec<Arc<LeaseS
     }
 }
 
-async fn send<B: Backend>(driver: Arc<Driver<B>>, batch: Vec<Item>) -> Vec<(u64, RenewOutcome)> {
+/// Leases renewed in one call of the engine, at most.
+const RENEW_CHUNK: usize = 1024;
+
+async fn send<B: Backend>(driver: Arc<Driver<B>>, batch: Vec<Item>) -> Vec<Settled> {
     let sent = driver.now();
     let budget = batch
         .iter()
@@ -220,17 +223,23 @@ async fn send<B: Backend>(driver: Arc<Driver<B>>, batch: Vec<Item>) -> Vec<(u64,
     for i in &batch {
         i.renewal.lease().renew_sent();
     }
-    let items: Vec<RenewItem<'_>> = batch
-        .iter()
-        .map(|i| RenewItem::new(i.renewal.lease().engine_ref(), i.ttl))
-        .collect();
-    let span = crate::trace::renew(driver.backend().name(), items.len());
-    let replies = tracing::Instrument::instrument(
-        tokio::time::timeout(budget, driver.renew_many(&items)),
-        span,
-    )
-    .await;
-    drop(items);
+    let span = crate::trace::renew(driver.backend().name(), batch.len());
+    // In chunks, one after another: what the engine builds for a renewal (requests, replies)
+    // is then bounded by a chunk, not by every lease held (a client holding 100,000 locks
+    // would otherwise keep the memory of 100,000 requests after its first tick).
+    let renew_all = async {
+        let mut replies = Vec::with_capacity(batch.len());
+        for chunk in batch.chunks(RENEW_CHUNK) {
+            let items: Vec<RenewItem<'_>> = chunk
+                .iter()
+                .map(|i| RenewItem::new(i.renewal.lease().engine_ref(), i.ttl))
+                .collect();
+            replies.extend(driver.renew_many(&items).await);
+        }
+        replies
+    };
+    let replies =
+        tracing::Instrument::instrument(tokio::time::timeout(budget, renew_all), span).await;
     let mut out = Vec::with_capacity(batch.len());
     match replies {
         Ok(replies) => {
@@ -274,7 +283,11 @@ async fn send<B: Backend>(driver: Arc<Driver<B>>, batch: Vec<Item>) -> Vec<(u64,
                         RenewOutcome::Failed
                     }
                 };
-                out.push((item.id, outcome));
+                out.push(Settled {
+                    lease: lease.clone(),
+                    renewals: item.renewals,
+                    outcome,
+                });
             }
         }
         Err(_elapsed) => {
@@ -285,7 +298,11 @@ async fn send<B: Backend>(driver: Arc<Driver<B>>, batch: Vec<Item>) -> Vec<(u64,
                 if lease.end_if_past_deadline().is_none() {
                     lease.lose(LostReason::Unreachable);
                 }
-                out.push((item.id, RenewOutcome::Ended));
+                out.push(Settled {
+                    lease: lease.clone(),
+                    renewals: item.renewals,
+                    outcome: RenewOutcome::Ended,
+                });
             }
         }
     }

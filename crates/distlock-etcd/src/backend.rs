@@ -23,6 +23,14 @@ use crate::wire::{
     SortOrder, SortTarget, TxnRequest,
 };
 
+/// Keys whose lease one renewal transaction checks: etcd takes at most 128 compares in one
+/// transaction (its `--max-txn-ops` default).
+const KEYS_PER_CHECK: usize = 128;
+
+/// A renewal lists the session's keys when the keys due are at least a quarter of them (a
+/// listing then costs at most four times the keys due); fewer are checked by transactions.
+const LISTED_WHEN_DUE: usize = 4;
+
 /// The items of one batch on one session: the session, and each item's place and key.
 type SessionItems = (Arc<Session>, Vec<(usize, String)>);
 
@@ -302,67 +310,43 @@ impl EtcdBackend {
         Ok(LeaseCheck::Ours)
     }
 
-    /// Renews the given held keys, all on one session: one keep-alive of its lease and one read
-    /// of the keys still attached to it. Keys on it that we do not know are deleted (see
-    /// [`EtcdStore::orphans`]).
+    /// Renews the given held keys, all on one session: one keep-alive of its lease, and a check
+    /// that each key is still attached to it. When the keys due are a good part of the
+    /// session's, one listing of the session's keys answers for all; otherwise read-only
+    /// transactions check the keys due, 128 each. Either way the work follows the keys due,
+    /// not every key on the session. The listing also finds keys on the session that we do not
+    /// know, and deletes them (see [`EtcdStore::orphans`]); without a listing, the session is
+    /// listed for them now and then, and after a request was given up.
     async fn renew_session(
         &self,
         session: &Session,
         keys: &[&str],
     ) -> Vec<Result<LeaseCheck, LockError>> {
-        const DOING: &str = "renewing etcd locks";
         let lease = session.lease;
-        let attached = self
-            .store()
-            .members
-            .retry(|c| async move { c.lease_time_to_live(lease, true).await });
-        let (alive, attached) = tokio::join!(session.keep_alive(), attached);
-        let result = match (alive, attached) {
+        let listing = keys.len().saturating_mul(LISTED_WHEN_DUE) >= session.key_count();
+        let present = async {
+            if listing {
+                self.attached_by_listing(keys, lease).await
+            } else {
+                if self.store().sweep_due(lease) {
+                    self.sweep_orphans(lease);
+                }
+                self.attached_by_txn(keys, lease).await
+            }
+        };
+        let (alive, present) = tokio::join!(session.keep_alive(), present);
+        let result = match (alive, present) {
             (Err(e), _) if e.kind() == ErrorKind::Lost => {
                 return keys.iter().map(|_| Ok(LeaseCheck::Missing)).collect();
             }
-            (Err(e), _) => Err(e),
-            (_, Err(e)) => Err(map_err(e, DOING)),
-            // The TTL left is in whole seconds (0 in the last one); -1 for a lease gone. The
-            // keep-alive just found it alive, so "gone" here is a leader that has not applied
-            // its grant yet (etcd#13675): the keys are read back, as below, instead.
-            (Ok(_), Ok(r)) => {
-                let listed = if r.ttl < 0 { Vec::new() } else { r.keys };
-                for orphan in self.store().orphans(&listed) {
-                    self.store().delete_if_on(orphan, lease);
-                }
-                let mut present = listed.into_iter().collect::<HashSet<Vec<u8>>>();
-                // A leader just elected answers from its lease table before it has applied
-                // every committed write: a key put just before the election may not be listed
-                // yet. A key not listed is read back (a linearizable read) before it is called
-                // gone.
-                let unlisted: Vec<&str> = keys
-                    .iter()
-                    .copied()
-                    .filter(|k| !present.contains(k.as_bytes()))
-                    .collect();
-                for key in unlisted {
-                    match self.read(RangeRequest::key(key), DOING).await {
-                        Ok(read) if read.kvs.iter().any(|kv| kv.lease == lease) => {
-                            present.insert(key.as_bytes().to_vec());
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            return keys
-                                .iter()
-                                .map(|_| Err(LockError::new(e.kind(), e.message().to_owned())))
-                                .collect();
-                        }
-                    }
-                }
-                Ok(present)
-            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            (Ok(_), Ok(present)) => Ok(present),
         };
         match result {
-            Ok(present) => keys
-                .iter()
-                .map(|k| {
-                    Ok(if present.contains(k.as_bytes()) {
+            Ok(present) => present
+                .into_iter()
+                .map(|p| {
+                    Ok(if p {
                         LeaseCheck::Ours
                     } else {
                         LeaseCheck::Missing
@@ -374,6 +358,114 @@ impl EtcdBackend {
                 .map(|_| Err(LockError::new(e.kind(), e.message().to_owned())))
                 .collect(),
         }
+    }
+
+    /// Whether each of `keys` is attached to `lease`, from one listing of the lease's keys.
+    /// Keys we do not know found on it are deleted when a sweep is due.
+    async fn attached_by_listing(&self, keys: &[&str], lease: i64) -> Result<Vec<bool>, LockError> {
+        const DOING: &str = "renewing etcd locks";
+        let r = self
+            .store()
+            .members
+            .retry(|c| async move { c.lease_time_to_live(lease, true).await })
+            .await
+            .map_err(|e| map_err(e, DOING))?;
+        // The TTL left is in whole seconds (0 in the last one); -1 for a lease gone. The
+        // keep-alive sent alongside tells whether it is; "gone" with a live lease is a leader
+        // that has not applied its grant yet (etcd#13675): every key is checked as below.
+        let listed: Vec<Vec<u8>> = if r.ttl < 0 { Vec::new() } else { r.keys };
+        if !listed.is_empty() && self.store().sweep_due(lease) {
+            for orphan in self.store().orphans(&listed) {
+                self.store().delete_if_on(orphan, lease);
+            }
+        }
+        let set: HashSet<&[u8], foldhash::fast::RandomState> =
+            listed.iter().map(Vec::as_slice).collect();
+        let mut present: Vec<bool> = keys.iter().map(|k| set.contains(k.as_bytes())).collect();
+        // A leader just elected answers from its lease table before it has applied every
+        // committed write: a key put just before the election may not be listed yet. A key
+        // not listed is checked by a linearizable read before it is called gone.
+        let unlisted: Vec<(usize, &str)> = keys
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !present[*i])
+            .map(|(i, k)| (i, *k))
+            .collect();
+        if !unlisted.is_empty() {
+            let names: Vec<&str> = unlisted.iter().map(|(_, k)| *k).collect();
+            let checked = self.attached_by_txn(&names, lease).await?;
+            for ((i, _), p) in unlisted.into_iter().zip(checked) {
+                present[i] = p;
+            }
+        }
+        Ok(present)
+    }
+
+    /// Whether each of `keys` is attached to `lease`, by read-only transactions of 128 keys.
+    async fn attached_by_txn(&self, keys: &[&str], lease: i64) -> Result<Vec<bool>, LockError> {
+        let checks = futures_util::future::try_join_all(
+            keys.chunks(KEYS_PER_CHECK)
+                .map(|chunk| self.still_attached(chunk, lease)),
+        )
+        .await?;
+        Ok(checks.into_iter().flatten().collect())
+    }
+
+    /// Whether each of `keys` is still attached to `lease`: one read-only transaction that
+    /// compares every key's lease, and reads them only when one differs. Linearizable, so a
+    /// leader just elected answers after applying every committed write.
+    async fn still_attached(&self, keys: &[&str], lease: i64) -> Result<Vec<bool>, LockError> {
+        const DOING: &str = "renewing etcd locks";
+        let txn = TxnRequest::new(
+            keys.iter()
+                .map(|k| Compare::lease(*k, CompareResult::Equal, lease))
+                .collect(),
+            vec![],
+            keys.iter()
+                .map(|k| RequestOp::range(RangeRequest::key(*k)))
+                .collect(),
+        );
+        let r = self
+            .store()
+            .members
+            .retry(|c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map_err(|e| map_err(e, DOING))?;
+        if r.succeeded {
+            return Ok(vec![true; keys.len()]);
+        }
+        Ok((0..keys.len())
+            .map(|i| {
+                r.responses
+                    .get(i)
+                    .and_then(|resp| resp.range())
+                    .is_some_and(|read| read.kvs.iter().any(|kv| kv.lease == lease))
+            })
+            .collect())
+    }
+
+    /// Lists the keys attached to `lease`, in the background, and deletes those we do not
+    /// know (see [`EtcdStore::orphans`]).
+    fn sweep_orphans(&self, lease: i64) {
+        let store = self.inner.recipe.store().clone();
+        tokio::spawn(async move {
+            let listed = store
+                .members
+                .retry(|c| async move { c.lease_time_to_live(lease, true).await })
+                .await;
+            // The TTL left is -1 for a lease gone, or for a leader that has not applied its
+            // grant yet (etcd#13675): nothing to go by then.
+            if let Ok(r) = listed
+                && r.ttl >= 0
+            {
+                for orphan in store.orphans(&r.keys) {
+                    store.delete_if_on(orphan, lease);
+                }
+            }
+        });
     }
 
     async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {

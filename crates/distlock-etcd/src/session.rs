@@ -82,6 +82,11 @@ impl Session {
         }
     }
 
+    /// How many keys of ours are on it.
+    pub(crate) fn key_count(&self) -> usize {
+        self.keys.load(Ordering::Acquire)
+    }
+
     /// A key of ours left it (deleted, or moved to another lease).
     pub(crate) fn remove_key(&self) {
         let _ = self

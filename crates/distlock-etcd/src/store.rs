@@ -18,7 +18,7 @@ use distlock_core::engine::{
     AcquireRequest, BoxFuture, ErrorKind, HolderValue, LeaseKind, LockError, LostReason, MutexExt,
     Token, kind_conflict, tag_value, untag_value,
 };
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tonic::Status;
 
 use crate::error::{lease_missing, map_err};
@@ -29,6 +29,13 @@ use crate::wire::{
     SortOrder, SortTarget, TxnRequest, TxnResponse, WatchCreateRequest, revision,
 };
 
+/// The session one of our keys lives on, and the signal of its moves for the watch of its
+/// session's end (made when that watch starts).
+struct OnSession {
+    session: Arc<Session>,
+    moved: Option<Arc<Notify>>,
+}
+
 /// etcd as a store of lock queues.
 pub(crate) struct EtcdStore {
     pub(crate) members: Arc<Members>,
@@ -38,11 +45,7 @@ pub(crate) struct EtcdStore {
     /// it is sent, and leaves when it is deleted: a key attached to one of our sessions that is
     /// not here was written by a request given up before its reply (see
     /// [`EtcdStore::orphans`]).
-    on: Mutex<HashMap<String, Arc<Session>>>,
-    /// Bumped whenever a key moves to another session, so that a watch on the session a key
-    /// lives on follows it. (Not when a key leaves: that would wake the watch of every lock
-    /// held at each release.)
-    moves: watch::Sender<u64>,
+    on: Mutex<HashMap<String, OnSession, foldhash::fast::RandomState>>,
     /// Keys of ours released while etcd could not be reached (an acquire given up during an
     /// election, say): until their delete is answered, a first attempt that finds one of them
     /// holding its lock deletes it rather than report the lock busy.
@@ -51,7 +54,25 @@ pub(crate) struct EtcdStore {
     names: Arc<Mutex<KeyNames>>,
     /// This backend's part of its key names.
     client: String,
+    /// When to list a session's keys for orphans (see [`EtcdStore::sweep_due`]).
+    sweeps: Mutex<Sweeps>,
 }
+
+/// When a request of ours was last given up (a write whose reply never came may still land:
+/// an orphan), and when each session's keys were last listed to find orphans.
+#[derive(Default)]
+struct Sweeps {
+    gave_up: Option<Instant>,
+    last: HashMap<i64, Instant>,
+}
+
+/// For this long after a request was given up, each renewal of a session lists its keys for
+/// orphans (a write queued at a follower during an election may land that late).
+const ORPHAN_WINDOW: Duration = Duration::from_secs(60);
+
+/// Otherwise a session's keys are listed this often at most: a listing costs in proportion to
+/// every key on the session (6 MB for 100,000 locks), and a renewal checks only the keys due.
+const SWEEP_BACKSTOP: Duration = Duration::from_secs(60);
 
 /// Key names in use: an acquisition keeps its name from its first write until its key is known
 /// to be gone (its delete answered, or nothing written), so that no other acquisition of this
@@ -63,11 +84,15 @@ pub(crate) struct EtcdStore {
 /// nobody's, a stale key that the next first attempt deletes, not a later acquisition's.
 #[derive(Default)]
 struct KeyNames {
-    by_token: HashMap<String, String>,
-    used: HashSet<String>,
+    by_token: HashMap<Token, String>,
+    /// Every name in use, with the token it belongs to (none once the token let it go while
+    /// the name stays out of use): a name freed finds its token at once.
+    used: HashMap<String, Option<Token>>,
     /// Given-up acquisitions' names, oldest first: never given out again (the oldest are let
     /// go past [`BURNED_KEPT`]).
     burned: std::collections::VecDeque<String>,
+    /// The same names, to look up.
+    burned_set: HashSet<String>,
     /// Names of keys left to run out by themselves (see `Linger`), soonest end first: in use
     /// until then.
     lingering: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, String)>>,
@@ -83,8 +108,23 @@ const REMOVE_TRIES: u32 = 120;
 
 impl KeyNames {
     fn free_key(&mut self, key: &str) {
-        if self.used.remove(key) {
-            self.by_token.retain(|_, k| k != key);
+        if let Some(Some(token)) = self.used.remove(key) {
+            self.forget_token_of(&token, key);
+        }
+    }
+
+    /// Forgets that `token` has `key` (if that is still its key).
+    fn forget_token_of(&mut self, token: &Token, key: &str) {
+        if self.by_token.get(token).is_some_and(|k| k == key) {
+            self.by_token.remove(token);
+        }
+    }
+
+    /// `key` stays out of use, but its token no longer has it (its next attempt takes another
+    /// name).
+    fn release_token_of(&mut self, key: &str) {
+        if let Some(Some(token)) = self.used.get_mut(key).map(Option::take) {
+            self.forget_token_of(&token, key);
         }
     }
 
@@ -106,11 +146,11 @@ impl EtcdStore {
             members,
             sessions,
             prefix,
-            on: Mutex::new(HashMap::new()),
-            moves: watch::channel(0).0,
+            on: Mutex::new(HashMap::default()),
             abandoned: Arc::default(),
             names: Arc::default(),
             client: Token::generate().as_str().chars().take(16).collect(),
+            sweeps: Mutex::default(),
         }
     }
 
@@ -122,7 +162,7 @@ impl EtcdStore {
     /// The key of `token`'s acquisition of `name`: the one it has, or the lowest free one.
     fn key_for(&self, name: &str, token: &Token) -> String {
         let mut names = self.names.locked();
-        if let Some(key) = names.by_token.get(token.as_str()) {
+        if let Some(key) = names.by_token.get(token) {
             return key.clone();
         }
         if !names.lingering.is_empty() {
@@ -130,25 +170,23 @@ impl EtcdStore {
         }
         let key = (0u32..)
             .map(|n| format!("{}{name}/{}-{n}", self.prefix, self.client))
-            .find(|k| !names.used.contains(k) && !names.burned.contains(k))
+            .find(|k| !names.used.contains_key(k) && !names.burned_set.contains(k))
             .unwrap_or_default();
-        names.used.insert(key.clone());
-        names
-            .by_token
-            .insert(token.as_str().to_owned(), key.clone());
+        names.used.insert(key.clone(), Some(token.clone()));
+        names.by_token.insert(token.clone(), key.clone());
         key
     }
 
     /// The key of `token`'s acquisition, if it may have one on the server.
     pub(crate) fn key_of(&self, token: &Token) -> Option<String> {
-        self.names.locked().by_token.get(token.as_str()).cloned()
+        self.names.locked().by_token.get(token).cloned()
     }
 
     /// `token`'s acquisition has no key on the server (nothing was written, or its delete was
     /// answered): its name is free for the next acquisition.
     pub(crate) fn free_name(&self, token: &Token) {
         let mut names = self.names.locked();
-        if let Some(key) = names.by_token.remove(token.as_str()) {
+        if let Some(key) = names.by_token.remove(token) {
             names.used.remove(&key);
         }
     }
@@ -157,7 +195,10 @@ impl EtcdStore {
     /// clock): its name stays out of use until then, and the token is forgotten.
     pub(crate) fn linger_name(&self, token: &Token, until: Instant) {
         let mut names = self.names.locked();
-        if let Some(key) = names.by_token.remove(token.as_str()) {
+        if let Some(key) = names.by_token.remove(token) {
+            if let Some(owner) = names.used.get_mut(&key) {
+                *owner = None;
+            }
             names.lingering.push(std::cmp::Reverse((until, key)));
         }
     }
@@ -166,33 +207,50 @@ impl EtcdStore {
     /// and never given out again (see [`KeyNames`]).
     pub(crate) fn burn_name(&self, token: &Token) {
         let mut names = self.names.locked();
-        if let Some(key) = names.by_token.remove(token.as_str()) {
+        if let Some(key) = names.by_token.remove(token) {
             names.used.remove(&key);
+            names.burned_set.insert(key.clone());
             names.burned.push_back(key);
-            if names.burned.len() > BURNED_KEPT {
-                names.burned.pop_front();
+            if names.burned.len() > BURNED_KEPT
+                && let Some(oldest) = names.burned.pop_front()
+            {
+                names.burned_set.remove(&oldest);
             }
         }
     }
 
     /// The session `key` lives on.
     pub(crate) fn session_of(&self, key: &str) -> Option<Arc<Session>> {
-        self.on.locked().get(key).cloned()
+        self.on.locked().get(key).map(|o| o.session.clone())
     }
 
     /// Records that `key` now lives on `session` (or is about to be written on it).
     pub(crate) fn set_session(&self, key: &str, session: Arc<Session>) {
         // Ours again (a later attempt with the same token): not to be cleared out of the way.
         self.abandoned.locked().remove(key);
-        let before = self.on.locked().insert(key.to_owned(), session.clone());
-        match before {
-            Some(b) if Arc::ptr_eq(&b, &session) => {}
-            Some(b) => {
-                b.remove_key();
+        let mut on = self.on.locked();
+        match on.get_mut(key) {
+            Some(o) if Arc::ptr_eq(&o.session, &session) => {}
+            Some(o) => {
+                o.session.remove_key();
                 session.add_key();
-                self.moves.send_modify(|n| *n += 1);
+                o.session = session;
+                // Only the watch on this key's session follows it: a move costs the same
+                // however many locks this client holds.
+                if let Some(moved) = &o.moved {
+                    moved.notify_waiters();
+                }
             }
-            None => session.add_key(),
+            None => {
+                session.add_key();
+                on.insert(
+                    key.to_owned(),
+                    OnSession {
+                        session,
+                        moved: None,
+                    },
+                );
+            }
         }
     }
 
@@ -201,19 +259,49 @@ impl EtcdStore {
     /// sees its session end checks that the key is still on it.
     pub(crate) fn forget(&self, key: &str) {
         if let Some(before) = self.on.locked().remove(key) {
-            before.remove_key();
+            before.session.remove_key();
         }
     }
 
     /// Notes whether releasing `key` was answered (a key not deleted may be in the way of a
     /// later first attempt: see [`EtcdStore::clear_abandoned`]).
     pub(crate) fn released(&self, key: &str, answered: bool) {
-        let mut abandoned = self.abandoned.locked();
         if answered {
-            abandoned.remove(key);
+            self.abandoned.locked().remove(key);
         } else {
-            abandoned.insert(key.to_owned());
+            self.abandoned.locked().insert(key.to_owned());
+            self.note_given_up();
         }
+    }
+
+    /// A request of ours was given up: its write may still land, an orphan, for a while.
+    fn note_given_up(&self) {
+        self.sweeps.locked().gave_up = Some(Instant::now());
+    }
+
+    /// Whether this renewal of the session on `lease` lists its keys for orphans (see
+    /// [`EtcdStore::orphans`]): at each renewal for a while after a request was given up,
+    /// otherwise once a minute.
+    pub(crate) fn sweep_due(&self, lease: i64) -> bool {
+        let now = Instant::now();
+        let mut sweeps = self.sweeps.locked();
+        let lately = sweeps
+            .gave_up
+            .is_some_and(|g| now.saturating_duration_since(g) < ORPHAN_WINDOW);
+        let due = lately
+            || sweeps
+                .last
+                .get(&lease)
+                .is_none_or(|t| now.saturating_duration_since(*t) >= SWEEP_BACKSTOP);
+        if due {
+            if sweeps.last.len() >= 1024 {
+                sweeps
+                    .last
+                    .retain(|_, t| now.saturating_duration_since(*t) < SWEEP_BACKSTOP);
+            }
+            sweeps.last.insert(lease, now);
+        }
+        due
     }
 
     /// Notes that `key` is being released by an acquisition that never held it (a given-up
@@ -221,6 +309,7 @@ impl EtcdStore {
     /// rather than report the lock busy, even while this release is still in flight.
     pub(crate) fn abandon(&self, key: &str) {
         self.abandoned.locked().insert(key.to_owned());
+        self.note_given_up();
     }
 
     /// Whether `key` is one of this client's key names.
@@ -261,7 +350,8 @@ impl EtcdStore {
     /// The delete's: the lock is then not known to be busy.
     async fn clear_stale(&self, key: &str, create_revision: i64) -> Result<bool, LockError> {
         let stale = self.is_ours(key)
-            && (self.abandoned.locked().contains(key) || !self.names.locked().used.contains(key));
+            && (self.abandoned.locked().contains(key)
+                || !self.names.locked().used.contains_key(key));
         if stale {
             self.delete_at(key, create_revision).await?;
         }
@@ -285,6 +375,18 @@ impl EtcdStore {
             .map_err(|e| map_err(e, "deleting a stale etcd lock key of ours"))
     }
 
+    /// The session `key` lives on, and the signal of its moves to another (made at the first
+    /// call).
+    fn watch_session(&self, key: &str) -> Option<(Arc<Session>, Arc<Notify>)> {
+        let mut on = self.on.locked();
+        let o = on.get_mut(key)?;
+        let moved = o
+            .moved
+            .get_or_insert_with(|| Arc::new(Notify::new()))
+            .clone();
+        Some((o.session.clone(), moved))
+    }
+
     /// Resolves with the reason when the session `key` lives on ends while the key is on it;
     /// never when the key leaves our sessions (deleted) first.
     pub(crate) fn session_end(
@@ -292,28 +394,32 @@ impl EtcdStore {
         key: String,
     ) -> impl std::future::Future<Output = LostReason> + Send + 'static {
         let store = Arc::downgrade(self);
-        let mut moves = self.moves.subscribe();
         async move {
             loop {
-                moves.borrow_and_update();
-                let Some(session) = store.upgrade().and_then(|s| s.session_of(&key)) else {
+                let Some((session, moved)) = store.upgrade().and_then(|s| s.watch_session(&key))
+                else {
                     return std::future::pending().await;
                 };
+                let on_move = moved.notified();
+                tokio::pin!(on_move);
+                on_move.as_mut().enable();
+                let still_on = |session: &Arc<Session>| {
+                    store
+                        .upgrade()
+                        .and_then(|s| s.session_of(&key))
+                        .is_some_and(|now| Arc::ptr_eq(&now, session))
+                };
+                // Moved between the read and the signal's registration: read again.
+                if !still_on(&session) {
+                    continue;
+                }
                 tokio::select! {
                     why = session.ended() => {
-                        let still = store
-                            .upgrade()
-                            .and_then(|s| s.session_of(&key))
-                            .is_some_and(|now| Arc::ptr_eq(&now, &session));
-                        if still {
+                        if still_on(&session) {
                             return why;
                         }
                     }
-                    changed = moves.changed() => {
-                        if changed.is_err() {
-                            return std::future::pending().await;
-                        }
-                    }
+                    () = on_move => {}
                 }
             }
         }
@@ -691,7 +797,7 @@ impl QueueStore for EtcdStore {
         // another name: this one may still be there when it is sent, and be deleted after.
         // Until the delete is answered, the key is abandoned (a first attempt that finds it in
         // its way deletes it, rather than call the lock busy), and its name is not given out.
-        self.names.locked().by_token.retain(|_, k| k != id);
+        self.names.locked().release_token_of(id);
         self.abandoned.locked().insert(id.clone());
         let (members, names, abandoned) = (
             self.members.clone(),

@@ -96,6 +96,8 @@ async fn hold(ask: &Ask<'_>) -> serde_json::Value {
     tokio::time::sleep(hold).await;
     let hold_cpu = cpu_seconds() - cpu0;
     let hold_s = t1.elapsed().as_secs_f64();
+    // Before the other client below adds its own connection and buffers.
+    let rss_end = rss_bytes();
     let held = guards.iter().filter(|g| g.is_held()).count();
     // The server's view, from another client: a sample of names spread over all must be
     // refused to it.
@@ -110,7 +112,6 @@ async fn hold(ask: &Ask<'_>) -> serde_json::Value {
             let _ = g.release().await;
         }
     }
-    let rss_end = rss_bytes();
     let t2 = Instant::now();
     for g in guards {
         let _ = g.release().await;

@@ -1,10 +1,12 @@
-//! The watchdog's schedule: every lease it renews, and when each is due, in a min-heap. A tick
-//! costs in proportion to the leases due then, never to all the leases held: the next due time
-//! is the heap's top, a batch is taken off the top, and an answer finds its lease by id. A
+//! The watchdog's schedule: every lease it renews, in a min-heap by due time. A tick costs in
+//! proportion to the leases due then, never to all the leases held: the next due time is the
+//! heap's top, a batch is taken off the top, and an answer comes back with its lease. A
 //! released lease is not looked for: it leaves when it comes up (its lease says it ended).
+//!
+//! A lease costs one heap slot (its due time, its renewals so far, and the lease): 32 bytes.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,14 +14,31 @@ use tokio::time::Instant as TokioInstant;
 
 use crate::lease::{LeaseShared, Renewal};
 
-/// A lease the watchdog renews.
-struct Entry {
-    lease: Arc<LeaseShared>,
-    due: TokioInstant,
-    interval: Duration,
+/// A lease the watchdog renews, at its place in the heap.
+struct Due {
+    at: TokioInstant,
     renewals: u32,
-    /// A renewal of it is in flight (it is not in the heap then).
-    in_flight: bool,
+    lease: Arc<LeaseShared>,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for Due {}
+
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.at.cmp(&other.at)
+    }
 }
 
 /// How a renewal ended, for [`Schedule::settle`].
@@ -31,19 +50,25 @@ pub(super) enum RenewOutcome {
 
 /// One lease in a batch, its renewal in flight until the reply is settled.
 pub(super) struct Item {
-    pub(super) id: u64,
     pub(super) renewal: Renewal,
     pub(super) ttl: Duration,
+    pub(super) renewals: u32,
 }
 
-/// The leases and their due times. Every entry not in flight has exactly one place in the heap,
-/// at its due time.
+/// A settled renewal's lease and its count, for [`Schedule::settle`].
+pub(super) struct Settled {
+    pub(super) lease: Arc<LeaseShared>,
+    pub(super) renewals: u32,
+    pub(super) outcome: RenewOutcome,
+}
+
+/// The leases and their due times. Every lease the watchdog renews is in the heap once, or in
+/// flight (out of the heap until its reply is settled).
 #[derive(Default)]
 pub(super) struct Schedule {
-    entries: HashMap<u64, Entry, foldhash::fast::RandomState>,
-    heap: BinaryHeap<Reverse<(TokioInstant, u64)>>,
-    next_id: u64,
-    /// Entries looked at, for the tests that count the work a tick does.
+    heap: BinaryHeap<Reverse<Due>>,
+    in_flight: usize,
+    /// Heap slots looked at, for the tests that count the work a tick does.
     #[cfg(test)]
     visits: u64,
 }
@@ -55,65 +80,43 @@ pub(super) fn renew_after_loss() -> bool {
 }
 
 impl Schedule {
-    /// Leases in the schedule (released ones that have not come up yet included).
+    /// Leases in the schedule (released ones that have not come up yet, and those in flight,
+    /// included).
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.entries.len()
+        self.heap.len() + self.in_flight
     }
 
     /// Adds a lease whose first renewal is due at `due`.
     pub(super) fn add(&mut self, lease: Arc<LeaseShared>, due: TokioInstant) {
-        self.next_id += 1;
-        let id = self.next_id;
-        self.entries.insert(
-            id,
-            Entry {
-                interval: lease.options().renew_interval(),
-                lease,
-                due,
-                renewals: 0,
-                in_flight: false,
-            },
-        );
-        self.heap.push(Reverse((due, id)));
+        self.heap.push(Reverse(Due {
+            at: due,
+            renewals: 0,
+            lease,
+        }));
     }
 
     /// When the first lease is due (`None`: nothing to renew), after taking off the top the
-    /// leases that need no more renewals: ended (released or lost), or at their hold limit.
-    /// Those whose holder may still have them go to `left_off` (see `detach_unrenewed`).
+    /// leases that need no more renewals: ended (released or lost), or at their limit of
+    /// renewals. Those whose holder may still have them go to `left_off` (see
+    /// `detach_unrenewed`).
     pub(super) fn next_due(
         &mut self,
         left_off: &mut Vec<Arc<LeaseShared>>,
     ) -> Option<TokioInstant> {
-        while let Some(&Reverse((due, id))) = self.heap.peek() {
+        while let Some(Reverse(top)) = self.heap.peek() {
             #[cfg(test)]
             {
                 self.visits += 1;
             }
-            let Some(e) = self.entries.get(&id) else {
-                self.heap.pop();
-                continue;
-            };
-            if !Self::finished(e) {
-                return Some(due);
+            if !finished(top) {
+                return Some(top.at);
             }
-            self.heap.pop();
-            if let Some(e) = self.entries.remove(&id) {
-                left_off.push(e.lease);
+            if let Some(Reverse(d)) = self.heap.pop() {
+                left_off.push(d.lease);
             }
         }
         None
-    }
-
-    /// Whether a lease needs no more renewals: ended, or at its limit of renewals.
-    fn finished(e: &Entry) -> bool {
-        if e.lease.snapshot().end.is_some() && !renew_after_loss() {
-            return true;
-        }
-        e.lease
-            .options()
-            .max_renewals()
-            .is_some_and(|max| e.renewals >= max)
     }
 
     /// Takes off every lease due by `now`, or due within half its interval (renewing a little
@@ -128,32 +131,28 @@ impl Schedule {
         // Leases put back for later go in after the loop, which would otherwise meet them
         // again at the top.
         let mut later = Vec::new();
-        while let Some(&Reverse((due, id))) = self.heap.peek() {
+        while let Some(Reverse(top)) = self.heap.peek() {
             #[cfg(test)]
             {
                 self.visits += 1;
             }
-            let Some(e) = self.entries.get_mut(&id) else {
-                self.heap.pop();
-                continue;
-            };
-            if due > now + e.interval / 2 {
+            if top.at > now + top.lease.options().renew_interval() / 2 {
                 break;
             }
-            self.heap.pop();
-            if Self::finished(e) {
-                if let Some(e) = self.entries.remove(&id) {
-                    left_off.push(e.lease);
-                }
+            let Some(Reverse(mut d)) = self.heap.pop() else {
+                break;
+            };
+            if finished(&d) {
+                left_off.push(d.lease);
                 continue;
             }
             // A release has closed the gate: the lease is going away; look again later.
-            let Some(renewal) = e.lease.begin_renewal() else {
-                e.due = now + e.interval / 4;
-                later.push(Reverse((e.due, id)));
+            let Some(renewal) = d.lease.begin_renewal() else {
+                d.at = now + d.lease.options().renew_interval() / 4;
+                later.push(Reverse(d));
                 continue;
             };
-            let lease = &e.lease;
+            let lease = &d.lease;
             let st = lease.snapshot();
             let mut ttl = st.ttl;
             let mut done = st.end.is_some() && !renew_after_loss();
@@ -171,13 +170,15 @@ impl Schedule {
             done = done || (lease.end_if_past_deadline().is_some() && !renew_after_loss());
             if done {
                 drop(renewal);
-                if let Some(e) = self.entries.remove(&id) {
-                    left_off.push(e.lease);
-                }
+                left_off.push(d.lease);
                 continue;
             }
-            e.in_flight = true;
-            batch.push(Item { id, renewal, ttl });
+            self.in_flight += 1;
+            batch.push(Item {
+                renewal,
+                ttl,
+                renewals: d.renewals,
+            });
         }
         self.heap.extend(later);
         batch
@@ -187,8 +188,7 @@ impl Schedule {
     /// leaves the schedule (to `left_off`).
     pub(super) fn settle(
         &mut self,
-        id: u64,
-        outcome: RenewOutcome,
+        settled: Settled,
         now: TokioInstant,
         left_off: &mut Vec<Arc<LeaseShared>>,
     ) {
@@ -196,34 +196,46 @@ impl Schedule {
         {
             self.visits += 1;
         }
-        let Some(e) = self.entries.get_mut(&id) else {
-            return;
-        };
-        e.in_flight = false;
-        match outcome {
-            RenewOutcome::Renewed => {
-                e.renewals = e.renewals.saturating_add(1);
-                e.due = now + e.interval;
-            }
+        self.in_flight = self.in_flight.saturating_sub(1);
+        let Settled {
+            lease,
+            renewals,
+            outcome,
+        } = settled;
+        let interval = lease.options().renew_interval();
+        let (at, renewals) = match outcome {
+            RenewOutcome::Renewed => (now + interval, renewals.saturating_add(1)),
             RenewOutcome::Failed => {
                 // Try again sooner, but not in a tight loop, and before the deadline.
-                let left = e
-                    .lease
+                let left = lease
                     .snapshot()
                     .valid_until
-                    .saturating_duration_since(e.lease.now());
-                let retry = (e.interval / 4).max(Duration::from_millis(5));
-                e.due = now + retry.min(left);
+                    .saturating_duration_since(lease.now());
+                let retry = (interval / 4).max(Duration::from_millis(5));
+                (now + retry.min(left), renewals)
             }
             RenewOutcome::Ended => {
-                if let Some(e) = self.entries.remove(&id) {
-                    left_off.push(e.lease);
-                }
+                left_off.push(lease);
                 return;
             }
-        }
-        self.heap.push(Reverse((e.due, id)));
+        };
+        self.heap.push(Reverse(Due {
+            at,
+            renewals,
+            lease,
+        }));
     }
+}
+
+/// Whether a lease needs no more renewals: ended, or at its limit of renewals.
+fn finished(d: &Due) -> bool {
+    if d.lease.snapshot().end.is_some() && !renew_after_loss() {
+        return true;
+    }
+    d.lease
+        .options()
+        .max_renewals()
+        .is_some_and(|max| d.renewals >= max)
 }
 
 #[cfg(test)]
@@ -271,8 +283,14 @@ mod tests {
                 break;
             }
             for item in s.collect(now, &mut left_off) {
+                let lease = item.renewal.lease().clone();
                 drop(item.renewal);
-                s.settle(item.id, RenewOutcome::Renewed, now, &mut left_off);
+                let settled = Settled {
+                    lease,
+                    renewals: item.renewals,
+                    outcome: RenewOutcome::Renewed,
+                };
+                s.settle(settled, now, &mut left_off);
                 renewed += 1;
             }
         }
@@ -318,11 +336,18 @@ mod tests {
         assert_eq!(batch.len(), 1);
         // In flight: nothing due until it is answered.
         assert_eq!(s.next_due(&mut left_off), None);
-        let id = batch[0].id;
+        let settled = |outcome| Settled {
+            lease: kept.clone(),
+            renewals: 0,
+            outcome,
+        };
         drop(batch);
-        s.settle(id, RenewOutcome::Renewed, t0, &mut left_off);
+        s.settle(settled(RenewOutcome::Renewed), t0, &mut left_off);
         assert_eq!(s.next_due(&mut left_off), Some(t0 + Duration::from_secs(1)));
-        s.settle(id, RenewOutcome::Ended, t0, &mut left_off);
+        let batch = s.collect(t0 + Duration::from_secs(1), &mut left_off);
+        assert_eq!(batch.len(), 1);
+        drop(batch);
+        s.settle(settled(RenewOutcome::Ended), t0, &mut left_off);
         assert_eq!(s.len(), 0);
     }
 
