@@ -1,7 +1,9 @@
 """Plots of a distlock-bench run: throughput against waiters, and one cycle's latency.
 
 Usage: python plot.py BENCH.json OUT_DIR  (bench/run.sh runs it with the peers' venv, which has
-matplotlib). Writes OUT_DIR/throughput-vs-waiters.png and OUT_DIR/p1-latency.png.
+matplotlib). Writes OUT_DIR/throughput-vs-waiters.png and OUT_DIR/p1-latency.png; for the JSON
+of `distlock-bench --p10-only --json`, OUT_DIR/p10-scale.png (client CPU and memory against the
+locks one client holds).
 """
 
 import json
@@ -59,6 +61,28 @@ def latency(data, out):
     fig.savefig(os.path.join(out, "p1-latency.png"))
 
 
+def scale(data, out):
+    fig, (cpu, mem) = plt.subplots(1, 2, figsize=(10, 4.2), dpi=110)
+    rows = data["p10"]
+    for engine in dict.fromkeys(r["engine"] for r in rows):
+        mine = sorted((r for r in rows if r["engine"] == engine), key=lambda r: r["names"])
+        n = [r["names"] for r in mine]
+        cpu.plot(n, [100 * r["client_cpu"] for r in mine], marker="o", label=engine)
+        mem.plot(n, [r["client_bytes_per_lock"] for r in mine], marker="o", label=engine)
+    cpu.axhline(15, color="grey", linestyle="--", linewidth=0.8)
+    mem.axhline(512, color="grey", linestyle="--", linewidth=0.8)
+    for ax, label in ((cpu, "client CPU holding (% of a core)"), (mem, "client bytes per held lock")):
+        ax.set_xscale("log")
+        ax.set_xlabel("locks held by one client (TTL 3 s)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    cpu.set_yscale("log")
+    cpu.legend(fontsize=8)
+    fig.suptitle(f"P10 many locks held by one client ({data['pinning']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "p10-scale.png"))
+
+
 def main():
     path, out = sys.argv[1], sys.argv[2]
     if not os.path.exists(path):
@@ -66,6 +90,10 @@ def main():
         return
     with open(path) as f:
         data = json.load(f)
+    if "p10" in data:
+        os.makedirs(out, exist_ok=True)
+        scale(data, out)
+        return
     if "contention" not in data or "p1_latency_us" not in data:
         print("plot.py: not a full run (--p1-only or --p7-only): no plots")
         return

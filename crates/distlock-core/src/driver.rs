@@ -8,10 +8,13 @@ use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
 use crate::engine::{
-    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, LeaseCheck, LeaseKind, LeaseRef,
-    LockStatus, LostReason, NextWaiter, RenewItem, Subscription,
+    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, LeaseCheck, LeaseKind,
+    LeaseRef, LockStatus, LostReason, NextWaiter, RenewItem, Subscription,
 };
 use crate::error::{ErrorKind, LockError};
+
+/// Renewals in flight at once on an engine that renews each lease with its own request.
+const RENEWALS_IN_FLIGHT: usize = 16;
 use crate::token::Token;
 
 /// How many times a forced release reads the holder again when the lock changed hands under it.
@@ -142,17 +145,34 @@ impl<B: Backend> Driver<B> {
 
     /// Renews every item: in one round trip where the engine can, else one renewal each, all at
     /// once.
+    /// Leases one [`renew_many`](Self::renew_many) call carries at most.
+    pub(crate) fn renew_chunk(&self) -> usize {
+        self.backend
+            .batch_renew()
+            .map_or(1024, BatchRenew::max_batch)
+            .max(1)
+    }
+
     pub(crate) async fn renew_many(
         &self,
         items: &[RenewItem<'_>],
     ) -> Vec<Result<LeaseCheck, LockError>> {
         match self.backend.batch_renew() {
             Some(batch) => batch.renew_many(items).await,
+            // One request per lease, a few at a time: an engine without a batch command
+            // (memcached) would otherwise get a connection per lease due at once, and refuse
+            // them past its limit (1,024 by default).
             None => {
-                futures_util::future::join_all(
-                    items.iter().map(|i| self.backend.renew(&i.lease, i.ttl)),
-                )
-                .await
+                let mut out = Vec::with_capacity(items.len());
+                for group in items.chunks(RENEWALS_IN_FLIGHT) {
+                    out.extend(
+                        futures_util::future::join_all(
+                            group.iter().map(|i| self.backend.renew(&i.lease, i.ttl)),
+                        )
+                        .await,
+                    );
+                }
+                out
             }
         }
     }

@@ -192,9 +192,6 @@ fn detach_unrenewed<B: Backend>(driver: &Weak<Driver<B>>, leases: Vec<Arc<LeaseS
     }
 }
 
-/// Leases renewed in one call of the engine, at most.
-const RENEW_CHUNK: usize = 1024;
-
 async fn send<B: Backend>(driver: Arc<Driver<B>>, batch: Vec<Item>) -> Vec<Settled> {
     let sent = driver.now();
     let budget = batch
@@ -227,9 +224,10 @@ async fn send<B: Backend>(driver: Arc<Driver<B>>, batch: Vec<Item>) -> Vec<Settl
     // In chunks, one after another: what the engine builds for a renewal (requests, replies)
     // is then bounded by a chunk, not by every lease held (a client holding 100,000 locks
     // would otherwise keep the memory of 100,000 requests after its first tick).
+    let chunk = driver.renew_chunk();
     let renew_all = async {
         let mut replies = Vec::with_capacity(batch.len());
-        for chunk in batch.chunks(RENEW_CHUNK) {
+        for chunk in batch.chunks(chunk) {
             let items: Vec<RenewItem<'_>> = chunk
                 .iter()
                 .map(|i| RenewItem::new(i.renewal.lease().engine_ref(), i.ttl))

@@ -475,11 +475,10 @@ impl EtcdBackend {
         let mut groups: HashMap<i64, SessionItems> = HashMap::new();
         for (i, item) in items.iter().enumerate() {
             let lease = &item.lease;
-            let Some(entry) = self.inner.recipe.held(lease.name, lease.token.as_str()) else {
+            let Some(key) = self.inner.recipe.held_id(lease.name, lease.token.as_str()) else {
                 out[i] = Some(Ok(LeaseCheck::Missing));
                 continue;
             };
-            let key = entry.entry.id;
             let Some(session) = self.store().session_of(&key) else {
                 out[i] = Some(Ok(LeaseCheck::Missing));
                 continue;
@@ -809,12 +808,19 @@ impl EtcdBackend {
 }
 
 impl BatchRenew for EtcdBackend {
-    /// One keep-alive and one read per session, however many locks are on it.
+    /// One keep-alive per session, however many locks are on it, and a check of the keys.
     fn renew_many<'a>(
         &'a self,
         items: &'a [RenewItem<'a>],
     ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
         Box::pin(self.renew_batch(items))
+    }
+
+    /// The whole batch: a session's keys due together are checked by one listing of the
+    /// session (cheaper for the server than reading each key), which chunks would split into
+    /// transactions.
+    fn max_batch(&self) -> usize {
+        usize::MAX
     }
 }
 

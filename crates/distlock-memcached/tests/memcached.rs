@@ -120,3 +120,27 @@ async fn a_paused_server_times_out_and_its_late_replies_are_not_misread() {
     assert_eq!(g.release().await.unwrap(), Released::Held);
     assert!(!c.status("p").await.unwrap().held);
 }
+
+/// Ten thousand locks held by one client stay held: their renewals (one request each, as
+/// memcached has no batch command) go out a few at a time on the client's connections, not on a
+/// connection per lock, which memcached refuses past its limit (1,024 by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_held_locks_are_renewed_within_the_servers_connections() {
+    let Some(mc) = Memcached::start() else { return };
+    let c = client(&mc.url(""), Duration::from_secs(3)).await;
+    let mut guards = Vec::new();
+    for i in 0..10_000 {
+        guards.push(c.acquire(&format!("many-{i}")).await.unwrap());
+    }
+    // Two TTLs: every lock renewed several times.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let lost = guards.iter().filter(|g| !g.is_held()).count();
+    assert_eq!(lost, 0, "{lost} of 10,000 locks lost");
+    assert_eq!(
+        mc.stat("rejected_connections"),
+        Some(0),
+        "connections refused to the client's renewals"
+    );
+    let other = client(&mc.url(""), Duration::from_secs(5)).await;
+    assert!(other.try_acquire("many-5678").await.unwrap().is_none());
+}

@@ -52,6 +52,12 @@ pub(crate) fn run(ask: &Ask<'_>) {
     if ask.pin {
         pin_self(0);
     }
+    // A renewal that fails says so (the run's figures would hide it).
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -101,15 +107,27 @@ async fn hold(ask: &Ask<'_>) -> serde_json::Value {
     let held = guards.iter().filter(|g| g.is_held()).count();
     // The server's view, from another client: a sample of names spread over all must be
     // refused to it.
-    let other = LockClient::builder(distlock::open_backend(ask.url).await.expect("connect"))
-        .options(options)
-        .build();
     let sample: Vec<usize> = (0..100).map(|k| k * ask.names / 100).collect();
     let mut taken_by_other = 0;
-    for &i in &sample {
-        if let Ok(Some(g)) = other.try_acquire(&name(i)).await {
-            taken_by_other += 1;
-            let _ = g.release().await;
+    let mut sample_error = None;
+    match distlock::open_backend(ask.url).await {
+        Ok(backend) => {
+            let other = LockClient::builder(backend).options(options).build();
+            for &i in &sample {
+                match other.try_acquire(&name(i)).await {
+                    Ok(Some(g)) => {
+                        taken_by_other += 1;
+                        let _ = g.release().await;
+                    }
+                    Ok(None) => {}
+                    Err(e) => sample_error = Some(e.to_string()),
+                }
+            }
+        }
+        // Not refused either: the check could not be made (say, a server out of connections).
+        Err(e) => {
+            taken_by_other = sample.len();
+            sample_error = Some(e.to_string());
         }
     }
     let t2 = Instant::now();
@@ -126,6 +144,7 @@ async fn hold(ask: &Ask<'_>) -> serde_json::Value {
         "held_after": held,
         "sample": sample.len(),
         "sample_taken_by_other": taken_by_other,
+        "sample_error": sample_error,
         "rss_before": rss_before,
         "rss_held": rss_held,
         "rss_end": rss_end,

@@ -21,6 +21,14 @@ pub trait BatchRenew: Send + Sync {
         &'a self,
         items: &'a [RenewItem<'a>],
     ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>>;
+
+    /// Leases one call should carry at most: the watchdog sends a larger batch in chunks of
+    /// this size, one after another, so that what the engine builds for each lease (requests,
+    /// replies) stays bounded however many locks the client holds. An engine whose call costs
+    /// mostly per session, not per lease (etcd: one keep-alive, one listing), takes more.
+    fn max_batch(&self) -> usize {
+        1024
+    }
 }
 
 /// Release events, so that a waiter sleeps until the lock is free instead of polling.

@@ -376,6 +376,17 @@ impl<O: SessionOps> SessionPool<O> {
             .count()
     }
 
+    /// The most locks one open session carries (for the tests of how the pool spreads them).
+    #[cfg(test)]
+    pub(crate) fn most_keys_on_a_session(&self) -> usize {
+        let st = self.state.locked();
+        st.sessions
+            .values()
+            .map(|s| s.keys.len())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Finds a session for a lease of `ttl` on server name `key` (lock `name`, our `token`),
     /// opening one if needed, and reserves the name on it.
     ///

@@ -204,15 +204,15 @@ pub struct Entry<Id> {
 /// Our entries by token, and their tokens by name: what [`leave`] and a fenced write look
 /// at, without going through every entry this client has.
 struct RecipeState<Id> {
-    entries: HashMap<String, Entry<Id>>,
-    by_name: HashMap<String, Vec<String>>,
+    entries: HashMap<String, Entry<Id>, foldhash::fast::RandomState>,
+    by_name: HashMap<String, Vec<String>, foldhash::fast::RandomState>,
 }
 
 impl<Id> RecipeState<Id> {
     fn new() -> Self {
         RecipeState {
-            entries: HashMap::new(),
-            by_name: HashMap::new(),
+            entries: HashMap::default(),
+            by_name: HashMap::default(),
         }
     }
 
@@ -435,6 +435,14 @@ impl<S: QueueStore> QueueRecipe<S> {
     /// Our entry for `token`, if we have one.
     pub fn entry(&self, token: &str) -> Option<Entry<S::Id>> {
         self.state.locked().entries.get(token).cloned()
+    }
+
+    /// The id of our held entry for `token` on `name`, if we have one (the renewal's lookup:
+    /// no copy of the rest of the entry).
+    pub fn held_id(&self, name: &str, token: &str) -> Option<S::Id> {
+        let st = self.state.locked();
+        let e = st.entries.get(token).filter(|e| e.held && e.name == name)?;
+        Some(e.entry.id.clone())
     }
 
     /// Our held entry for `token` on `name`, if we have one.

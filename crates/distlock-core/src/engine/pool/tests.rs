@@ -85,6 +85,21 @@ async fn one_after_another_share_one_session() {
     assert_eq!(p.open_sessions(), 1);
 }
 
+/// Past `SPREAD_AT` locks on a session, the next go to a new one while the cap allows, and the
+/// sessions then fill evenly: a server whose every statement walks its session's locks
+/// (PostgreSQL) pays for an eighth of them, not all.
+#[tokio::test]
+async fn many_locks_spread_over_the_sessions_the_cap_allows() {
+    let (fake, p) = pool(4);
+    let n = 4 * super::place::SPREAD_AT + 100;
+    for i in 0..n {
+        take(&p, &format!("k{i}"), &format!("t{i}")).await;
+    }
+    assert_eq!(fake.opened.load(Ordering::SeqCst), 4);
+    let most = p.most_keys_on_a_session();
+    assert!(most <= n / 4 + 1, "{most} of {n} locks on one session");
+}
+
 #[tokio::test]
 async fn a_held_name_is_busy_here_and_never_placed_twice() {
     let (_, p) = pool(4);
