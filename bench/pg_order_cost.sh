@@ -6,16 +6,8 @@
 # evaluating it as its statement does: see crates/distlock-postgres/src/backend/listen.rs). The server is pinned to CPU 0. Usage: bash bench/pg_order_cost.sh [ROUNDS]
 set -euo pipefail
 rounds="${1:-5}"
-bin="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
-dir="$(mktemp -d)"
-port=$((20000 + RANDOM % 20000))
-as_pg=()
-if [ "$(id -u)" = 0 ]; then chown postgres "$dir"; as_pg=(runuser -u postgres --); fi
-cleanup() { "${as_pg[@]}" "$bin/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true; rm -rf "$dir"; }
-trap cleanup EXIT
-"${as_pg[@]}" "$bin/initdb" -D "$dir/data" -U postgres >/dev/null 2>&1
-"${as_pg[@]}" taskset -c 0 "$bin/pg_ctl" -D "$dir/data" -o "-p $port -k $dir -c listen_addresses=''" -l "$dir/log" -w start >/dev/null
-psql=("${as_pg[@]}" psql -h "$dir" -p "$port" -U postgres -X -q -At)
+. "$(dirname "$0")/pg_scratch.sh"
+PG_SCRATCH_PIN=0 pg_scratch_start
 "${psql[@]}" -c "CREATE UNLOGGED TABLE distlock_waiters (lock_id bigint NOT NULL,
   seq bigint GENERATED ALWAYS AS IDENTITY, kind smallint NOT NULL, until timestamptz NOT NULL,
   PRIMARY KEY (lock_id, seq))"

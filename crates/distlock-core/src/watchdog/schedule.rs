@@ -248,13 +248,17 @@ mod tests {
     use crate::token::Token;
 
     fn lease(ttl: Duration) -> Arc<LeaseShared> {
+        lease_with(LockOptions::builder().ttl(ttl).build().expect("options"))
+    }
+
+    fn lease_with(options: LockOptions) -> Arc<LeaseShared> {
         let spec = LeaseSpec {
             key: "k".into(),
             token: Token::generate(),
             kind: LeaseKind::Exclusive,
             fence: None,
             clock: Arc::new(SystemClock),
-            options: LockOptions::builder().ttl(ttl).build().expect("options"),
+            options,
             recorded: false,
             engine: "test",
         };
@@ -381,17 +385,7 @@ mod tests {
             .max_hold(Duration::from_millis(5))
             .build()
             .expect("options");
-        let spec = LeaseSpec {
-            key: "k".into(),
-            token: Token::generate(),
-            kind: LeaseKind::Exclusive,
-            fence: None,
-            clock: Arc::new(SystemClock),
-            options,
-            recorded: false,
-            engine: "test",
-        };
-        let l = Arc::new(LeaseShared::new(spec, std::time::Instant::now()));
+        let l = lease_with(options);
         let mut s = Schedule::default();
         s.add(l.clone(), TokioInstant::now());
         std::thread::sleep(Duration::from_millis(40));
