@@ -5,6 +5,9 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// Idle connections kept for the next requests.
+const IDLE_KEPT: usize = 32;
+
 use distlock_core::engine::MutexExt;
 use distlock_core::{ErrorKind, LockError};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -345,7 +348,9 @@ impl Pool {
         let conn = flight.conn.take().expect("a connection in flight");
         let reply = result?; // On an error the connection is closed here.
         let mut idle = self.idle.locked();
-        if idle.len() < 8 {
+        // Room for every renewal the watchdog has in flight at once (16, see the core's
+        // driver) and some requests beside: a connection is reused, not opened per request.
+        if idle.len() < IDLE_KEPT {
             idle.push(conn);
         }
         Ok(reply)
