@@ -132,6 +132,25 @@ struct Cli {
     /// With --p10-only: the numbers of names one client holds, one run each.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
     names: Vec<usize>,
+    /// With --p10-only: which parts to run (held: many locks by one client; stampede: many
+    /// `distlock run` processes on one name).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "held,stampede"
+    )]
+    part: Vec<P10Part>,
+    /// With --p10-only: the processes of the stampede (16 with --quick).
+    #[arg(long, default_value_t = 256)]
+    processes: usize,
+}
+
+/// The parts of P10.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum P10Part {
+    Held,
+    Stampede,
 }
 
 /// What every contending worker process is told (see `common::spawn_workers`).
@@ -814,19 +833,31 @@ fn run_p10(cli: &Cli) {
     } else {
         cli.names.clone()
     };
-    let rows = p10::engines::run(&sizes, pin, &cli.engine);
     let pinning = if pin {
         "pinned: each server and its client process on CPU 0"
     } else {
         "unpinned"
     };
-    print!("{}", p10::render(&rows, pinning));
+    let mut json = serde_json::json!({ "pinning": pinning });
+    let mut ok = true;
+    if cli.part.contains(&P10Part::Held) {
+        let rows = p10::engines::run(&sizes, pin, &cli.engine);
+        print!("{}", p10::render(&rows, pinning));
+        json["p10"] = rows.iter().map(p10::Row::json).collect();
+    }
+    if cli.part.contains(&P10Part::Stampede) {
+        let processes = if cli.quick { 16 } else { cli.processes };
+        let rows = p10::stampede::run(processes, &cli.engine);
+        print!("\n{}", p10::stampede::render(&rows));
+        json["stampede"] = rows.iter().map(p10::stampede::Stampede::json).collect();
+        ok &= rows.iter().all(p10::stampede::Stampede::ok);
+    }
     if let Some(path) = &cli.json {
-        let json = serde_json::json!({
-            "pinning": pinning,
-            "p10": rows.iter().map(p10::Row::json).collect::<Vec<_>>(),
-        });
         std::fs::write(path, serde_json::to_string_pretty(&json).expect("json"))
             .expect("write the JSON");
+    }
+    if !ok {
+        // A broken rule of exclusion is a failure, not a figure.
+        std::process::exit(1);
     }
 }

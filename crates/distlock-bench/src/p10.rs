@@ -16,6 +16,7 @@ use serde_json::Value;
 
 pub(crate) mod client;
 pub(crate) mod engines;
+pub(crate) mod stampede;
 
 /// The TTL the issue fixes for these runs.
 pub(crate) const TTL: Duration = Duration::from_secs(3);

@@ -42,7 +42,8 @@ pub enum ErrorKind {
     /// A local I/O error (the file engine).
     Io,
     /// A limit was reached: every session of the engine's pool is in use for this request
-    /// (raise `sessions=` in the URL), or the server's lock table is full.
+    /// (raise `sessions=` in the URL), the server's lock table is full, or every connection
+    /// the server allows is taken (PostgreSQL's and MySQL's `max_connections`).
     Exhausted,
     /// The name is in use as another kind of lock: a semaphore asked for as a lock, or a
     /// semaphore opened with another number of permits than its current holders'. Nothing was

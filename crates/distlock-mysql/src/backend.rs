@@ -86,6 +86,9 @@ fn map_err(e: mysql_async::Error, doing: &str) -> LockError {
             // server requires secure transport.
             1044 | 1045 | 1095 | 1142 | 1227 | 1698 | 3159 => ErrorKind::Auth,
             1049 => ErrorKind::Config,
+            // Too many connections (the server's max_connections, or the account's
+            // max_user_connections): nothing was opened; a wait tries again.
+            1040 | 1203 => ErrorKind::Exhausted,
             _ => ErrorKind::Protocol,
         },
         mysql_async::Error::Io(_) => ErrorKind::Connection,

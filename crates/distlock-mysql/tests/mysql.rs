@@ -216,6 +216,63 @@ async fn a_pool_at_its_limit_waits_then_fails_clearly() {
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
 
+/// Every connection the server allows is taken (a stampede of `distlock run` processes):
+/// an attempt that may not wait says so with `Exhausted`, and one that may wait tries again
+/// and takes the lock once a connection is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_outlasts_a_server_out_of_connections() {
+    use mysql_async::prelude::Queryable;
+    let Some(db) = MariaDb::start() else { return };
+    let url = db.url("");
+    let waiter = distlock_testkit::client_of(
+        MysqlBackend::connect(&url).await.expect("connect"),
+        Duration::from_secs(3),
+        Some(Duration::from_secs(20)),
+    );
+    let quick = client(&url, Duration::from_secs(3)).await;
+    db.sql("SET GLOBAL max_connections = 4");
+    // Every slot taken (the account's extra one for an administrator too).
+    let mut fillers = Vec::new();
+    let refused = loop {
+        match mysql_async::Conn::from_url(url.as_str()).await {
+            Ok(c) => fillers.push(c),
+            Err(e) => break e,
+        }
+        assert!(fillers.len() < 64, "the server kept accepting connections");
+    };
+    assert!(
+        refused.to_string().contains("Too many connections"),
+        "{refused}"
+    );
+    let e = quick
+        .try_acquire("crowded")
+        .await
+        .expect_err("no connection for it");
+    assert_eq!(e.kind(), ErrorKind::Exhausted, "{e}");
+    assert!(e.to_string().contains("Too many connections"), "{e}");
+    let waiting = tokio::spawn(async move {
+        let g = waiter.acquire("crowded").await;
+        (waiter, g)
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the wait ended while no connection was free"
+    );
+    let mut last = fillers.pop().unwrap();
+    last.query_drop("SET GLOBAL max_connections = 151")
+        .await
+        .unwrap();
+    drop(last);
+    drop(fillers);
+    let (_waiter, g) = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("taken once a connection was free")
+        .unwrap();
+    let g = g.expect("the lock, after waiting");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
 /// MariaDB's fences come from a cached sequence, read in the acquiring statement: they keep
 /// strictly increasing across a kill -9 and a restart of the server (which loses the cache
 /// and skips ahead), and for clients that used the counter table before.

@@ -237,8 +237,10 @@ impl PgBackend {
                 names: names::Recorded::default(),
             }),
         };
-        let conn = backend.setup().await?;
-        backend.put_back(conn);
+        // Closed once the objects exist: a client that holds one lock (`distlock run`) keeps
+        // one connection, its pool session, and a stampede of them uses as few of the
+        // server's `max_connections` as it can.
+        drop(backend.setup().await?);
         Ok(backend)
     }
 
@@ -399,7 +401,7 @@ impl Backend for PgBackend {
         // The id a waiter's ticket names (see `order`): the lock's, or the semaphore's base;
         // recorded with the name for `distlock list` (the server knows the lock by its id
         // only).
-        let id = self.record_name(req.name, req.kind);
+        let (id, new_name) = self.name_id(req.name, req.kind);
         let pool = &self.inner.pool;
         let token = req.token.as_str();
         if req.retry
@@ -415,9 +417,13 @@ impl Backend for PgBackend {
         }
         let seq = self.ticket_seq(token);
         let attempt = match req.kind {
-            LeaseKind::Permit { permits } => self.acquire_permit(req, permits, id, seq).await?,
-            _ => self.try_lock(req, id, seq).await?,
+            LeaseKind::Permit { permits } => self.acquire_permit(req, permits, id, seq).await,
+            _ => self.try_lock(req, id, seq).await,
         };
+        if new_name {
+            self.send_name(req.name, req.kind, id);
+        }
+        let attempt = attempt?;
         if let (true, LeaseKind::Exclusive, Attempt::Acquired { fence: Some(fence) }) =
             (req.recorded, req.kind, attempt)
             && let Err(e) = self.record(req, fence).await

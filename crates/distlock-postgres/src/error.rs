@@ -27,7 +27,9 @@ pub(crate) fn map_err(e: tokio_postgres::Error, doing: &str) -> LockError {
             ErrorKind::Connection
         }
         Some(c) if *c == SqlState::IDLE_SESSION_TIMEOUT => ErrorKind::Lost,
-        Some(c) if *c == SqlState::TOO_MANY_CONNECTIONS => ErrorKind::Connection,
+        // The server's connection slots are all taken ("sorry, too many clients already"):
+        // nothing was opened, so nothing is ambiguous; a wait tries again.
+        Some(c) if *c == SqlState::TOO_MANY_CONNECTIONS => ErrorKind::Exhausted,
         Some(_) => ErrorKind::Protocol,
         // No server code. TLS asked for (require, verify-*) and the server has none: a
         // deployment that does not match its configuration, never a silent downgrade.

@@ -683,3 +683,74 @@ async fn short_lease_after_status(url: &str) {
         assert_eq!(g.release().await.unwrap(), Released::Held);
     }
 }
+
+/// Every connection the server allows is taken: an attempt that may not wait says so with
+/// `Exhausted`, one that may wait tries again and takes the lock once a connection is free;
+/// and a client that holds one lock keeps one session open, no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_outlasts_a_server_out_of_connections() {
+    let Some(mut pg) = Postgres::start() else {
+        return;
+    };
+    pg.psql("ALTER SYSTEM SET max_connections = 8");
+    pg.psql("ALTER SYSTEM SET superuser_reserved_connections = 0");
+    pg.restart();
+    let url = pg.url("");
+    let sessions = || {
+        pg.psql("SELECT count(*) - 1 FROM pg_stat_activity WHERE backend_type = 'client backend'")
+            .parse::<usize>()
+            .unwrap()
+    };
+    let holder = client(&url, Duration::from_secs(3)).await;
+    let g = holder.acquire("crowded").await.unwrap();
+    assert_eq!(
+        sessions(),
+        1,
+        "a client holding one lock keeps one session: {}",
+        pg.psql(
+            "SELECT string_agg(application_name || ': ' || left(query, 60), ' | ') \
+             FROM pg_stat_activity WHERE backend_type = 'client backend'"
+        )
+    );
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let waiter = client(&url, Duration::from_secs(3)).await;
+    let quick = LockClient::new(PgBackend::connect(&url).await.expect("connect"));
+    let mut fillers = Vec::new();
+    let refused = loop {
+        match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+            Ok((c, conn)) => {
+                fillers.push((c, tokio::spawn(conn)));
+            }
+            Err(e) => break e,
+        }
+        assert!(fillers.len() < 64, "the server kept accepting connections");
+    };
+    assert!(
+        format!("{refused:?}").contains("too many clients"),
+        "{refused:?}"
+    );
+    let e = quick
+        .try_acquire("crowded/2")
+        .await
+        .expect_err("no connection for it");
+    assert_eq!(e.kind(), ErrorKind::Exhausted, "{e}");
+    let waiting = tokio::spawn(async move {
+        let g = waiter.acquire("crowded/2").await;
+        (waiter, g)
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the wait ended while no connection was free"
+    );
+    for (c, task) in fillers {
+        drop(c);
+        let _ = task.await;
+    }
+    let (_waiter, g) = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("taken once a connection was free")
+        .unwrap();
+    let g = g.expect("the lock, after waiting");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}

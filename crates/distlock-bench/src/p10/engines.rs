@@ -12,15 +12,21 @@ const PG_LOCKS_PER_TRANSACTION: u32 = 2048;
 /// Runs every size on every engine named in `only` (all when empty): redis, etcd, zookeeper,
 /// postgres, mariadb, memcached.
 pub(crate) fn run(sizes: &[usize], pin: bool, only: &[String]) -> Vec<Row> {
-    let on = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     let mut rows = Vec::new();
-    let mut each = |server: Server<'_>| {
+    each(pin, only, |server| {
         for &n in sizes {
             let row = measure(&server, n, pin);
             eprintln!("p10: {} N={n}: {}", row.engine, row.client);
             rows.push(row);
         }
-    };
+    });
+    rows
+}
+
+/// Starts each server named in `only` (all when empty), one after another, and hands it to
+/// `each` (pinned to CPU 0 first when `pin`); each stops when `each` returns.
+pub(crate) fn each(pin: bool, only: &[String], mut each: impl FnMut(Server<'_>)) {
+    let on = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     if on("redis")
         && let Some(s) = RedisServer::start()
     {
@@ -104,5 +110,4 @@ pub(crate) fn run(sizes: &[usize], pin: bool, only: &[String]) -> Vec<Row> {
             cpu: Box::new(|| m.cpu_seconds()),
         });
     }
-    rows
 }

@@ -47,8 +47,8 @@ type Name = (i64, i16, String);
 /// The most names one statement records.
 const BATCH: usize = 500;
 
-/// The names this client has recorded, with their ids, and its writer: one task, on one
-/// session of its own, one statement per batch, so that a burst of new names (a thousand locks
+/// The names this client has recorded, with their ids, and its writer: one task, on a session
+/// of the pool, one statement per batch, so that a burst of new names (a thousand locks
 /// taken at once) costs a few statements on one connection, not a connection each.
 #[derive(Debug, Default)]
 pub(super) struct Recorded {
@@ -67,35 +67,36 @@ fn slot(code: i16) -> usize {
 }
 
 impl PgBackend {
-    /// The id of `name` for `kind` (a lock's, or a semaphore's base id), recorded in the
-    /// background the first time this client uses it.
-    pub(super) fn record_name(&self, name: &str, kind: LeaseKind) -> i64 {
+    /// The id of `name` for `kind` (a lock's, or a semaphore's base id), and whether this
+    /// client has yet to record it: then [`send_name`](Self::send_name) once the attempt
+    /// has its session (the writer uses one of the pool's, and would open one otherwise).
+    pub(super) fn name_id(&self, name: &str, kind: LeaseKind) -> (i64, bool) {
         let code = kind_code(kind);
         if let Some(id) = self.inner.names.seen.locked()[slot(code)].get(name) {
-            return *id;
+            return (*id, false);
         }
         let id = match kind {
             LeaseKind::Permit { .. } => kinds::permit_base(name),
             _ => lock_id(name),
         };
-        {
-            let mut seen = self.inner.names.seen.locked();
-            if seen.iter().map(HashMap::len).sum::<usize>() >= REMEMBERED {
-                seen.iter_mut().for_each(HashMap::clear);
-            }
-            if seen[slot(code)].insert(name.into(), id).is_some() {
-                // Another task of this client recorded it meanwhile.
-                return id;
-            }
+        let mut seen = self.inner.names.seen.locked();
+        if seen.iter().map(HashMap::len).sum::<usize>() >= REMEMBERED {
+            seen.iter_mut().for_each(HashMap::clear);
         }
+        // false: another task of this client records it.
+        let new = seen[slot(code)].insert(name.into(), id).is_none();
+        (id, new)
+    }
+
+    /// Records `name` (with its id from [`name_id`](Self::name_id)) in the background.
+    pub(super) fn send_name(&self, name: &str, kind: LeaseKind, id: i64) {
         let mut writer = self.inner.names.writer.locked();
         let tx = writer.get_or_insert_with(|| {
             let (tx, rx) = mpsc::unbounded_channel();
             tokio::spawn(write_names(Arc::downgrade(&self.inner), rx));
             tx
         });
-        let _ = tx.send((id, code, name.to_owned()));
-        id
+        let _ = tx.send((id, kind_code(kind), name.to_owned()));
     }
 }
 
@@ -123,10 +124,12 @@ async fn write_names(engine: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Name>)
             codes.push(*code);
             names.push(name.as_str());
         }
-        // On a session of its own: the pool's sessions are placed by lease and TTL, and a
-        // write that is no lease has no business there.
+        // On a session of the pool (the least busy): a session of its own would be one more
+        // connection for every client, and a stampede of `distlock run` processes counts
+        // against the server's `max_connections`.
         let written = async {
-            let conn = me.take().await?;
+            let session = me.inner.pool.any_session().await?;
+            let conn = session.conn();
             let s = &me.config().schema;
             let sql = format!(
                 "INSERT INTO {s}.distlock_names (lock_id, kind, name) \
@@ -146,7 +149,6 @@ async fn write_names(engine: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Name>)
                 )
             })?
             .map_err(|e| map_err(e, DOING))?;
-            me.put_back(conn);
             Ok::<_, LockError>(())
         };
         if let Err(e) = written.await {
