@@ -141,6 +141,10 @@ struct Cli {
         default_value = "held,stampede"
     )]
     part: Vec<P10Part>,
+    /// With --p10-only: the names held across the Redis Cluster, by 4 clients (2,000 by 2
+    /// with --quick).
+    #[arg(long, default_value_t = 1_000_000)]
+    cluster_names: usize,
     /// With --p10-only: the processes of the stampede (16 with --quick).
     #[arg(long, default_value_t = 256)]
     processes: usize,
@@ -151,6 +155,8 @@ struct Cli {
 enum P10Part {
     Held,
     Stampede,
+    Waiters,
+    Cluster,
 }
 
 /// What every contending worker process is told (see `common::spawn_workers`).
@@ -234,6 +240,9 @@ enum Cmd {
         ttl_ms: u64,
         #[arg(long)]
         pin: bool,
+        /// The names' prefix (clients of one run take names of their own).
+        #[arg(long, default_value = "p10")]
+        prefix: String,
     },
     /// Internal: the raw floor's waiting client (a bare subscriber).
     #[command(hide = true)]
@@ -264,12 +273,14 @@ fn main() {
             names,
             ttl_ms,
             pin,
+            prefix,
         }) => {
             return p10::client::run(&p10::client::Ask {
                 url,
                 names: *names,
                 ttl: Duration::from_millis(*ttl_ms),
                 pin: *pin,
+                prefix,
             });
         }
         Some(Cmd::ObservedCycles {
@@ -851,6 +862,30 @@ fn run_p10(cli: &Cli) {
         print!("\n{}", p10::stampede::render(&rows));
         json["stampede"] = rows.iter().map(p10::stampede::Stampede::json).collect();
         ok &= rows.iter().all(p10::stampede::Stampede::ok);
+    }
+    if cli.part.contains(&P10Part::Waiters) {
+        let (rounds, millis) = if cli.quick {
+            (1, 300)
+        } else {
+            (cli.rounds.max(1), cli.millis.max(100))
+        };
+        let crowds = p10::waiters::run(rounds, millis, pin);
+        print!(
+            "\n{}",
+            p10::waiters::render(&crowds, rounds, millis, pinning)
+        );
+        json["waiters"] = crowds.iter().map(p10::waiters::Crowd::json).collect();
+    }
+    if cli.part.contains(&P10Part::Cluster) {
+        let (clients, each) = if cli.quick {
+            (2, 1000)
+        } else {
+            (4, cli.cluster_names / 4)
+        };
+        if let Some(d) = p10::cluster::run(clients, each) {
+            print!("\n{}", p10::cluster::render(&d));
+            json["cluster"] = d.json();
+        }
     }
     if let Some(path) = &cli.json {
         std::fs::write(path, serde_json::to_string_pretty(&json).expect("json"))

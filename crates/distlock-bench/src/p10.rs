@@ -7,6 +7,10 @@
 //!
 //! One client process per engine and size, pinned with the server to CPU 0 unless `--no-pin`;
 //! the bars compare sizes of the same run.
+//!
+//! The other parts of P10 (`--part`): `cluster.rs` (a million locks over a Redis Cluster by
+//! four clients), `waiters.rs` (1,024 waiters on one hot name beside 64), `stampede.rs` (many
+//! `distlock run` processes on one name, on every engine).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -15,8 +19,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub(crate) mod client;
+pub(crate) mod cluster;
 pub(crate) mod engines;
 pub(crate) mod stampede;
+pub(crate) mod waiters;
 
 /// The TTL the issue fixes for these runs.
 pub(crate) const TTL: Duration = Duration::from_secs(3);

@@ -102,16 +102,30 @@ pub(crate) struct Contention {
     pub(crate) cross_count: u64,
 }
 
+/// `waiters` on the hot key, spread over at most 4 processes.
 pub(crate) async fn contention(
     server: &RedisServer,
     mode: Mode,
     waiters: usize,
     millis: u64,
     threads: usize,
-    (hold_us, gap_us): (u64, u64),
+    hold_gap: (u64, u64),
 ) -> Contention {
     let processes = waiters.clamp(1, 4);
-    let tasks = waiters / processes;
+    let shape = (processes, waiters / processes);
+    contention_shaped(server, mode, shape, millis, threads, hold_gap).await
+}
+
+/// `processes` × `tasks` waiters on the hot key.
+pub(crate) async fn contention_shaped(
+    server: &RedisServer,
+    mode: Mode,
+    (processes, tasks): (usize, usize),
+    millis: u64,
+    threads: usize,
+    (hold_us, gap_us): (u64, u64),
+) -> Contention {
+    let waiters = processes * tasks;
     let calls_before = total_calls(server);
     let start_ns = mono_ns() + 400_000_000;
     let (hold, gap) = (hold_us.to_string(), gap_us.to_string());

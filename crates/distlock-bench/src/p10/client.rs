@@ -17,6 +17,8 @@ pub(crate) struct Ask<'a> {
     pub(crate) names: usize,
     pub(crate) ttl: Duration,
     pub(crate) pin: bool,
+    /// The names' prefix.
+    pub(crate) prefix: &'a str,
 }
 
 /// The process's resident memory, in bytes (`/proc/self/statm`, in pages).
@@ -43,8 +45,8 @@ fn cpu_seconds() -> f64 {
 }
 
 /// The name of lock `i` (short, as a user's would be).
-pub(crate) fn name(i: usize) -> String {
-    format!("p10/{i}")
+pub(crate) fn name(prefix: &str, i: usize) -> String {
+    format!("{prefix}/{i}")
 }
 
 /// Runs the client (a current-thread runtime: one core's worth of work, as pinned).
@@ -76,7 +78,10 @@ async fn hold(ask: &Ask<'_>) -> serde_json::Value {
         .build();
     // Warm the connection, the scripts and the allocator before the baseline.
     for _ in 0..20 {
-        let g = client.acquire("p10/warm").await.expect("warm-up acquire");
+        let g = client
+            .acquire(&format!("{}/warm", ask.prefix))
+            .await
+            .expect("warm-up acquire");
         let _ = g.release().await.expect("warm-up release");
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -84,6 +89,7 @@ async fn hold(ask: &Ask<'_>) -> serde_json::Value {
     let cpu_before = cpu_seconds();
     let t0 = Instant::now();
     let mut guards = Vec::with_capacity(ask.names);
+    let name = |i| name(ask.prefix, i);
     for i in 0..ask.names {
         match client.try_acquire(&name(i)).await {
             Ok(Some(g)) => guards.push(g),
