@@ -133,12 +133,13 @@ struct Cli {
     #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
     names: Vec<usize>,
     /// With --p10-only: which parts to run (held: many locks by one client; stampede: many
-    /// `distlock run` processes on one name).
+    /// `distlock run` processes on one name; waiters: 64 and 1,024 waiters on one hot name;
+    /// cluster: a million locks over a Redis Cluster of 3 masters, by 4 client processes).
     #[arg(
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "held,stampede"
+        default_value = "held,stampede,waiters,cluster"
     )]
     part: Vec<P10Part>,
     /// With --p10-only: the names held across the Redis Cluster, by 4 clients (2,000 by 2
