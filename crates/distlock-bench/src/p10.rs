@@ -24,13 +24,14 @@ pub(crate) mod engines;
 pub(crate) mod stampede;
 pub(crate) mod waiters;
 
-/// The TTL the issue fixes for these runs.
+/// The TTL the issue fixes for these runs (`--p10-ttl` changes it, for probes).
 pub(crate) const TTL: Duration = Duration::from_secs(3);
 
 /// One engine at one size.
 pub(crate) struct Row {
     pub(crate) engine: &'static str,
     pub(crate) names: usize,
+    pub(crate) ttl: Duration,
     /// The client's own figures (see `client.rs`).
     pub(crate) client: Value,
     /// Server memory with every name held, over the server's before the client came.
@@ -68,6 +69,7 @@ impl Row {
         serde_json::json!({
             "engine": self.engine,
             "names": self.names,
+            "ttl_ms": self.ttl.as_millis() as u64,
             "client": self.client,
             "client_cpu": self.client_cpu(),
             "client_bytes_per_lock": self.client_bytes_per_lock(),
@@ -86,7 +88,7 @@ pub(crate) struct Server<'a> {
 }
 
 /// Runs one client of `names` locks against `server` and collects its row.
-pub(crate) fn measure(server: &Server<'_>, names: usize, pin: bool) -> Row {
+pub(crate) fn measure(server: &Server<'_>, names: usize, pin: bool, ttl: Duration) -> Row {
     let exe = std::env::current_exe().expect("own path");
     let mut cmd = Command::new(exe);
     cmd.args([
@@ -96,7 +98,7 @@ pub(crate) fn measure(server: &Server<'_>, names: usize, pin: bool) -> Row {
         "--names",
         &names.to_string(),
         "--ttl-ms",
-        &TTL.as_millis().to_string(),
+        &ttl.as_millis().to_string(),
     ]);
     if pin {
         cmd.arg("--pin");
@@ -123,6 +125,7 @@ pub(crate) fn measure(server: &Server<'_>, names: usize, pin: bool) -> Row {
     Row {
         engine: server.engine,
         names,
+        ttl,
         client,
         server_bytes: held_memory as i64 - before as i64,
         server_cpu,
@@ -162,13 +165,14 @@ fn bytes_shown(bytes: f64) -> String {
 
 /// The table, and the bars of each engine (its largest size against 10,000).
 pub(crate) fn render(rows: &[Row], pinning: &str) -> String {
+    let ttl = rows.first().map_or(TTL, |r| r.ttl);
     let mut out = format!(
         "P10 many locks held by one client: N names taken one by one, TTL {} s, held {} s \
          while the watchdog renews them; one client process per row ({pinning})\n\n\
          | engine | N | acquire all | client CPU holding | held after 3 TTLs | refused to another client | client bytes/lock | server bytes/lock | server CPU holding |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-        TTL.as_secs(),
-        TTL.as_secs() * 3
+        ttl.as_secs_f64(),
+        ttl.as_secs_f64() * 3.0
     );
     for r in rows {
         let sample = r.client["sample"].as_u64().unwrap_or(0);

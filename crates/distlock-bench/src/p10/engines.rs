@@ -1,5 +1,7 @@
 //! The servers of P10, started one after another, each pinned with its clients.
 
+use std::time::Duration;
+
 use distlock_testkit::{Etcd, MariaDb, Memcached, Postgres, RedisServer, ZooKeeper};
 
 use super::{Row, Server, cpu_of, measure, rss_of};
@@ -11,11 +13,11 @@ const PG_LOCKS_PER_TRANSACTION: u32 = 2048;
 
 /// Runs every size on every engine named in `only` (all when empty): redis, etcd, zookeeper,
 /// postgres, mariadb, memcached.
-pub(crate) fn run(sizes: &[usize], pin: bool, only: &[String]) -> Vec<Row> {
+pub(crate) fn run(sizes: &[usize], pin: bool, only: &[String], ttl: Duration) -> Vec<Row> {
     let mut rows = Vec::new();
     each(pin, only, |server| {
         for &n in sizes {
-            let row = measure(&server, n, pin);
+            let row = measure(&server, n, pin, ttl);
             eprintln!("p10: {} N={n}: {}", row.engine, row.client);
             rows.push(row);
         }

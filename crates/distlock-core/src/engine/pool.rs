@@ -228,10 +228,14 @@ impl<C> Session<C> {
 
 /// A lease on a pooled session: being taken (between [`SessionPool::place`] and
 /// [`SessionPool::confirm`]) or held.
+///
+/// Its strings are shared: the server name with the session's set of names (and with the
+/// lock's name when they are the same), the token with the pool's map of leases. A client
+/// holding 100,000 locks keeps one copy of each.
 pub struct PoolLease<C> {
-    name: String,
-    key: String,
-    token: String,
+    name: Arc<str>,
+    key: Arc<str>,
+    token: Arc<str>,
     session: Arc<Session<C>>,
 }
 
@@ -265,7 +269,7 @@ struct SessionState<C> {
     /// The TTL of the leases it was opened for: later leases of that TTL prefer it.
     ttl: Duration,
     /// The server names on it, held (`true`) or being taken (`false`).
-    keys: HashMap<String, bool, Hasher>,
+    keys: HashMap<Arc<str>, bool, Hasher>,
     /// Requests placing a lease on it right now.
     placing: usize,
     /// The server must keep the session at least until then (the latest deadline any lease on
@@ -292,7 +296,7 @@ struct State<C> {
     sessions: HashMap<u64, SessionState<C>, Hasher>,
     /// Sessions being opened (they count towards the cap).
     opening: usize,
-    leases: HashMap<String, Tracked<C>, Hasher>,
+    leases: HashMap<Arc<str>, Tracked<C>, Hasher>,
 }
 
 /// The items of one renewal batch on one session, and the longest TTL they ask.
@@ -608,7 +612,7 @@ impl<O: SessionOps> SessionPool<O> {
         let st = self.state.locked();
         st.leases
             .get(token)
-            .filter(|t| t.held && t.lease.name == name)
+            .filter(|t| t.held && *t.lease.name == *name)
             .map(|t| t.lease.clone())
     }
 
@@ -620,20 +624,21 @@ impl<O: SessionOps> SessionPool<O> {
         let Some(t) = st
             .leases
             .get_mut(token)
-            .filter(|t| t.held && t.lease.name == name)
+            .filter(|t| t.held && *t.lease.name == *name)
         else {
             return false;
         };
+        let key: Arc<str> = Arc::from(key);
         let new = Arc::new(PoolLease {
-            name: name.to_owned(),
-            key: key.to_owned(),
-            token: token.to_owned(),
+            name: t.lease.name.clone(),
+            key: key.clone(),
+            token: t.lease.token.clone(),
             session: t.lease.session.clone(),
         });
         let old = std::mem::replace(&mut t.lease, new);
         if let Some(s) = st.sessions.get_mut(&old.session.id) {
-            s.keys.remove(old.key.as_str());
-            s.keys.insert(key.to_owned(), true);
+            s.keys.remove(&*old.key);
+            s.keys.insert(key, true);
         }
         true
     }
@@ -647,7 +652,7 @@ impl<O: SessionOps> SessionPool<O> {
         let tracked = {
             let mut st = self.state.locked();
             match st.leases.get(token) {
-                Some(t) if t.lease.name == name => st.leases.remove(token),
+                Some(t) if *t.lease.name == *name => st.leases.remove(token),
                 _ => None,
             }
         };
@@ -685,7 +690,7 @@ impl<O: SessionOps> SessionPool<O> {
                 Some(false)
             }
             Err(e) => {
-                tracing::warn!(target: "distlock", key = lease.name, error = %e,
+                tracing::warn!(target: "distlock", key = &*lease.name, error = %e,
                     "could not unlock on a shared session: closing it, and every lock on it");
                 self.close(session, LostReason::Unreachable);
                 None
@@ -726,7 +731,7 @@ impl<O: SessionOps> SessionPool<O> {
                 let lease = &item.lease;
                 match st.leases.get(lease.token.as_str()) {
                     Some(t)
-                        if t.held && t.lease.name == lease.name && !t.lease.session.is_over() =>
+                        if t.held && *t.lease.name == *lease.name && !t.lease.session.is_over() =>
                     {
                         let g = groups.entry(t.lease.session.id).or_insert_with(|| {
                             (t.lease.session.clone(), Vec::new(), Duration::ZERO)
@@ -854,7 +859,7 @@ impl<O: SessionOps> SessionPool<O> {
         let lease = {
             let mut st = self.state.locked();
             match st.leases.get_mut(token) {
-                Some(t) if t.held && t.lease.name == name => {
+                Some(t) if t.held && *t.lease.name == *name => {
                     let at = t.release_at.map_or(at, |r| r.min(at));
                     t.release_at = Some(at);
                     Some((t.lease.clone(), at))

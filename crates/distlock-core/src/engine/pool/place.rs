@@ -93,18 +93,24 @@ pub(super) fn reserve<C>(
         .expect("chosen under the same lock");
     s.placing += 1;
     s.empty_since = None;
+    let name: Arc<str> = Arc::from(name);
+    let key: Arc<str> = if *key == *name {
+        name.clone()
+    } else {
+        Arc::from(key)
+    };
     if !key.is_empty() {
-        s.keys.insert(key.to_owned(), false);
+        s.keys.insert(key.clone(), false);
     }
     let lease = Arc::new(PoolLease {
-        name: name.to_owned(),
-        key: key.to_owned(),
-        token: token.to_owned(),
+        name,
+        key,
+        token: Arc::from(token),
         session: s.session.clone(),
     });
     if !token.is_empty() {
         st.leases.insert(
-            token.to_owned(),
+            lease.token.clone(),
             Tracked {
                 lease: lease.clone(),
                 held: false,

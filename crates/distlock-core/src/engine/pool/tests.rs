@@ -255,3 +255,22 @@ async fn a_lease_released_at_its_deadline_does_not_hear_its_session_end() {
     let heard = tokio::time::timeout(Duration::from_secs(5), end).await;
     assert!(heard.is_err(), "{heard:?}");
 }
+
+/// A held lock's strings are kept once: its name is its server name (an exclusive hold) and
+/// the key of its session's set, and its token the key of the pool's map of leases.
+#[tokio::test]
+async fn a_held_lock_keeps_one_copy_of_its_name_and_of_its_token() {
+    let (_, p) = pool(1);
+    let lease = take(&p, "once", "t-once").await;
+    assert!(Arc::ptr_eq(&lease.name, &lease.key));
+    let st = p.state.locked();
+    let (token, _) = st.leases.get_key_value("t-once").unwrap();
+    assert!(Arc::ptr_eq(token, &lease.token));
+    let s = st.sessions.values().next().unwrap();
+    let (key, held) = s.keys.get_key_value("once").unwrap();
+    assert!(*held);
+    assert!(Arc::ptr_eq(key, &lease.key));
+    // Name, token, the lease and the copies above: no other owner.
+    assert_eq!(Arc::strong_count(&lease.name), 3);
+    assert_eq!(Arc::strong_count(&lease.token), 2);
+}
