@@ -53,6 +53,8 @@ pub(crate) struct Holding<B: Backend> {
     driver: Arc<Driver<B>>,
     local: Option<LocalQueues<Handoff<B>>>,
     watchdog: Watchdog,
+    /// The engine's word that a lease's session ended, for every lease of the client.
+    losses: crate::lease::losses::Losses,
 }
 
 impl<B: Backend> Holding<B> {
@@ -61,6 +63,7 @@ impl<B: Backend> Holding<B> {
             driver: Arc::new(driver),
             local: local_queue.then(LocalQueues::new),
             watchdog: Watchdog::new(),
+            losses: crate::lease::losses::Losses::new(),
         }
     }
 
@@ -91,7 +94,7 @@ impl<B: Backend> Holding<B> {
             self.watchdog.watch(&self.driver, lease.clone());
         }
         if let Some(end) = self.driver.session_end(&lease.engine_ref()) {
-            lease.watch_loss(end);
+            self.losses.watch(&lease, end);
         }
         LockGuard {
             holding: self.clone(),

@@ -16,6 +16,8 @@ use crate::options::LockOptions;
 use crate::sync::MutexExt;
 use crate::token::Token;
 
+pub(crate) mod losses;
+
 /// How a lease ended: released by its holder, or lost.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -96,9 +98,9 @@ pub(crate) struct LeaseShared {
     /// `RENEWING` while the watchdog has a renewal of this lease in flight; `CLOSED` once a
     /// release has ended the lease and waits for that renewal: no renewal starts after that.
     gate: AtomicU8,
-    /// The task that waits for the engine's own word that the lease is lost (engines with
-    /// `loss_events`); stopped when the lease ends.
-    loss_watch: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Where the lease tells the client's loss watcher (see `losses`) that it ended, when it
+    /// is watched: its future there is then swept out.
+    loss_counter: std::sync::OnceLock<Arc<std::sync::atomic::AtomicUsize>>,
     /// Set once a writer has been turned into a reader ([`kind`](Self::kind) says `Shared`
     /// from then on): a lease changes kind only that way, and only once.
     downgraded: AtomicBool,
@@ -187,7 +189,7 @@ impl LeaseShared {
             acquired_at: sent_at,
             streak,
             gate: AtomicU8::new(0),
-            loss_watch: Mutex::new(None),
+            loss_counter: std::sync::OnceLock::new(),
             downgraded: AtomicBool::new(false),
         }
     }
@@ -370,24 +372,9 @@ impl LeaseShared {
         crate::metrics::renew_failed(self.engine);
     }
 
-    /// Ends the lease when `lost` resolves (the engine's own word that it is lost).
-    pub(crate) fn watch_loss(
-        self: &Arc<Self>,
-        lost: impl std::future::Future<Output = LostReason> + Send + 'static,
-    ) {
-        let lease = Arc::downgrade(self);
-        let task = tokio::spawn(async move {
-            let reason = lost.await;
-            if let Some(lease) = lease.upgrade() {
-                lease.lose(reason);
-            }
-        });
-        let mut slot = self.loss_watch.locked();
-        if self.lock().end.is_some() {
-            task.abort();
-        } else {
-            *slot = Some(task.abort_handle());
-        }
+    /// Watched by a client's loss watcher (see `losses`), which `counter` tells of the end.
+    pub(crate) fn set_loss_counter(&self, counter: &Arc<std::sync::atomic::AtomicUsize>) {
+        let _ = self.loss_counter.set(counter.clone());
     }
 
     /// Ends the lease as lost, unless it already ended. Returns how it ended.
@@ -408,8 +395,8 @@ impl LeaseShared {
             }
             st.end = Some(end);
         }
-        if let Some(watch) = self.loss_watch.locked().take() {
-            watch.abort();
+        if let Some(counter) = self.loss_counter.get() {
+            counter.fetch_add(1, Ordering::Relaxed);
         }
         self.changed.notify_waiters();
         crate::metrics::held(self.engine, self.kind(), -1.0);

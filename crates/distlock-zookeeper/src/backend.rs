@@ -122,7 +122,7 @@ impl Backend for ZkBackend {
         let Some(entry) = self
             .recipe
             .forget(lease.token.as_str())
-            .filter(|e| e.name == lease.name)
+            .filter(|e| *e.name == *lease.name)
         else {
             // An acquire cancelled while its create was in flight: the node may exist without
             // our knowing its name. Its token finds it (the create was sent first, and ZooKeeper

@@ -191,8 +191,8 @@ pub fn holding(kinds: impl IntoIterator<Item = LeaseKind>) -> usize {
 /// An entry of ours, by token.
 #[derive(Debug, Clone)]
 pub struct Entry<Id> {
-    /// The lock's name.
-    pub name: String,
+    /// The lock's name (one copy, shared with the client's index of its entries by name).
+    pub name: Arc<str>,
     /// The entry.
     pub entry: QueuedEntry<Id>,
     /// Its fencing token.
@@ -204,8 +204,9 @@ pub struct Entry<Id> {
 /// Our entries by token, and their tokens by name: what [`leave`] and a fenced write look
 /// at, without going through every entry this client has.
 struct RecipeState<Id> {
-    entries: HashMap<String, Entry<Id>, foldhash::fast::RandomState>,
-    by_name: HashMap<String, Vec<String>, foldhash::fast::RandomState>,
+    /// By token; the token's one copy is shared with `by_name`.
+    entries: HashMap<Arc<str>, Entry<Id>, foldhash::fast::RandomState>,
+    by_name: HashMap<Arc<str>, Vec<Arc<str>>, foldhash::fast::RandomState>,
 }
 
 impl<Id> RecipeState<Id> {
@@ -216,11 +217,12 @@ impl<Id> RecipeState<Id> {
         }
     }
 
-    fn insert(&mut self, token: String, e: Entry<Id>) {
+    fn insert(&mut self, token: Arc<str>, e: Entry<Id>) {
         self.remove(&token);
         self.by_name
             .entry(e.name.clone())
-            .or_default()
+            // Most names have one entry of this client: room for one, not Vec's first four.
+            .or_insert_with(|| Vec::with_capacity(1))
             .push(token.clone());
         self.entries.insert(token, e);
     }
@@ -233,7 +235,7 @@ impl<Id> RecipeState<Id> {
 
     fn unindex(&mut self, name: &str, token: &str) {
         if let Some(tokens) = self.by_name.get_mut(name) {
-            tokens.retain(|t| t != token);
+            tokens.retain(|t| **t != *token);
             if tokens.is_empty() {
                 self.by_name.remove(name);
             }
@@ -242,15 +244,19 @@ impl<Id> RecipeState<Id> {
 
     /// Changes `token`'s entry, keeping the index in step.
     fn update(&mut self, token: &str, f: impl FnOnce(&mut Entry<Id>)) {
-        let Some(mut e) = self.remove(token) else {
+        let Some((token, _)) = self.entries.get_key_value(token) else {
+            return;
+        };
+        let token = token.clone();
+        let Some(mut e) = self.remove(&token) else {
             return;
         };
         f(&mut e);
-        self.insert(token.to_owned(), e);
+        self.insert(token, e);
     }
 
     /// The tokens of `name`'s entries.
-    fn of_name(&self, name: &str) -> &[String] {
+    fn of_name(&self, name: &str) -> &[Arc<str>] {
         self.by_name.get(name).map_or(&[], Vec::as_slice)
     }
 
@@ -258,13 +264,13 @@ impl<Id> RecipeState<Id> {
     /// A reader or a permit waits on its own (no local queue) and removes its entry itself when
     /// it stops waiting; another task's entry may be queued right now while this client's last
     /// subscription goes.
-    fn take_waiting(&mut self, name: &str) -> Vec<(String, Entry<Id>)> {
-        let tokens: Vec<String> = self
+    fn take_waiting(&mut self, name: &str) -> Vec<(Arc<str>, Entry<Id>)> {
+        let tokens: Vec<Arc<str>> = self
             .of_name(name)
             .iter()
             .filter(|t| {
                 self.entries
-                    .get(*t)
+                    .get(&**t)
                     .is_some_and(|e| !e.held && e.entry.kind == LeaseKind::Exclusive)
             })
             .cloned()
@@ -343,9 +349,9 @@ impl<S: QueueStore> QueueRecipe<S> {
                 JoinOutcome::Busy => return Ok(Attempt::Busy { holder_ttl: None }),
                 JoinOutcome::Joined(j) => {
                     self.state.locked().insert(
-                        token.to_owned(),
+                        token.into(),
                         Entry {
-                            name: req.name.to_owned(),
+                            name: req.name.into(),
                             entry: j.entry.clone(),
                             fence: j.fence,
                             held: false,
@@ -441,13 +447,16 @@ impl<S: QueueStore> QueueRecipe<S> {
     /// no copy of the rest of the entry).
     pub fn held_id(&self, name: &str, token: &str) -> Option<S::Id> {
         let st = self.state.locked();
-        let e = st.entries.get(token).filter(|e| e.held && e.name == name)?;
+        let e = st
+            .entries
+            .get(token)
+            .filter(|e| e.held && *e.name == *name)?;
         Some(e.entry.id.clone())
     }
 
     /// Our held entry for `token` on `name`, if we have one.
     pub fn held(&self, name: &str, token: &str) -> Option<Entry<S::Id>> {
-        self.entry(token).filter(|e| e.held && e.name == name)
+        self.entry(token).filter(|e| e.held && *e.name == *name)
     }
 
     /// Our entries of `name` that hold their lease (by token), found without going through
@@ -458,7 +467,7 @@ impl<S: QueueStore> QueueRecipe<S> {
             .iter()
             .filter_map(|t| {
                 let e = st.entries.get(t).filter(|e| e.held)?;
-                Some((t.clone(), e.clone()))
+                Some((t.to_string(), e.clone()))
             })
             .collect()
     }
