@@ -644,6 +644,11 @@ fn markdown_report(report: &str, pinning: &str, cli: &Cli) -> String {
         page.push('\n');
         prev_table = table;
     }
+    // P10's figures (its own command, not part of this run), kept in bench/p10.md.
+    if let Ok(p10) = std::fs::read_to_string("bench/p10.md") {
+        page.push('\n');
+        page.push_str(&p10);
+    }
     // The hand-written notes on the misses, when run from the repository's root.
     if let Ok(notes) = std::fs::read_to_string("bench/notes.md") {
         page.push('\n');
