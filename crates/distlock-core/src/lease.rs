@@ -100,7 +100,7 @@ pub(crate) struct LeaseShared {
     gate: AtomicU8,
     /// Where the lease tells the client's loss watcher (see `losses`) that it ended, when it
     /// is watched: its future there is then swept out.
-    loss_counter: std::sync::OnceLock<Arc<std::sync::atomic::AtomicUsize>>,
+    loss_counter: std::sync::OnceLock<Arc<losses::LossCounter>>,
     /// Set once a writer has been turned into a reader ([`kind`](Self::kind) says `Shared`
     /// from then on): a lease changes kind only that way, and only once.
     downgraded: AtomicBool,
@@ -373,7 +373,7 @@ impl LeaseShared {
     }
 
     /// Watched by a client's loss watcher (see `losses`), which `counter` tells of the end.
-    pub(crate) fn set_loss_counter(&self, counter: &Arc<std::sync::atomic::AtomicUsize>) {
+    pub(crate) fn set_loss_counter(&self, counter: &Arc<losses::LossCounter>) {
         let _ = self.loss_counter.set(counter.clone());
     }
 
@@ -396,7 +396,7 @@ impl LeaseShared {
             st.end = Some(end);
         }
         if let Some(counter) = self.loss_counter.get() {
-            counter.fetch_add(1, Ordering::Relaxed);
+            counter.note_end();
         }
         self.changed.notify_waiters();
         crate::metrics::held(self.engine, self.kind(), -1.0);

@@ -402,6 +402,14 @@ impl Backend for PgBackend {
         // recorded with the name for `distlock list` (the server knows the lock by its id
         // only).
         let (id, new_name) = self.name_id(req.name, req.kind);
+        // Sent when this call ends, or is dropped half-way: the writer's connection is not
+        // opened beside the attempt's.
+        let _name = new_name.then(|| names::NameToSend {
+            backend: self,
+            name: req.name,
+            kind: req.kind,
+            id,
+        });
         let pool = &self.inner.pool;
         let token = req.token.as_str();
         if req.retry
@@ -417,13 +425,9 @@ impl Backend for PgBackend {
         }
         let seq = self.ticket_seq(token);
         let attempt = match req.kind {
-            LeaseKind::Permit { permits } => self.acquire_permit(req, permits, id, seq).await,
-            _ => self.try_lock(req, id, seq).await,
+            LeaseKind::Permit { permits } => self.acquire_permit(req, permits, id, seq).await?,
+            _ => self.try_lock(req, id, seq).await?,
         };
-        if new_name {
-            self.send_name(req.name, req.kind, id);
-        }
-        let attempt = attempt?;
         if let (true, LeaseKind::Exclusive, Attempt::Acquired { fence: Some(fence) }) =
             (req.recorded, req.kind, attempt)
             && let Err(e) = self.record(req, fence).await

@@ -43,7 +43,7 @@ impl Deployment {
         self.clients.iter().fold((0, 0), |(r, s), c| {
             let sample = c["sample"].as_u64().unwrap_or(0);
             let taken = c["sample_taken_by_other"].as_u64().unwrap_or(sample);
-            (r + sample - taken, s + sample)
+            (r + sample.saturating_sub(taken), s + sample)
         })
     }
 

@@ -240,6 +240,13 @@ pub struct PoolLease<C> {
 }
 
 impl<C> PoolLease<C> {
+    /// Whether `other` stands for the same lease: the same placement (its token's one copy)
+    /// on the same session. A downgrade's [`rekey`](SessionPool::rekey) makes a new record
+    /// of the same lease, which stays the same.
+    fn same(&self, other: &PoolLease<C>) -> bool {
+        Arc::ptr_eq(&self.token, &other.token) && Arc::ptr_eq(&self.session, &other.session)
+    }
+
     /// The session it is on.
     pub fn session(&self) -> &Arc<Session<C>> {
         &self.session
@@ -518,7 +525,7 @@ impl<O: SessionOps> SessionPool<O> {
         let mut st = self.state.locked();
         let release_at = (!renewed).then_some(sent + ttl);
         let tracked = match st.leases.get_mut(&lease.token) {
-            Some(t) if Arc::ptr_eq(&t.lease, lease) => {
+            Some(t) if t.lease.same(lease) => {
                 t.held = true;
                 t.release_at = release_at;
                 true
@@ -843,7 +850,7 @@ impl<O: SessionOps> SessionPool<O> {
                     .locked()
                     .leases
                     .get(&lease.token)
-                    .is_some_and(|t| Arc::ptr_eq(&t.lease, &lease))
+                    .is_some_and(|t| t.lease.same(&lease))
             });
             if !tracked {
                 return std::future::pending().await;
@@ -883,9 +890,9 @@ impl<O: SessionOps> SessionPool<O> {
             let Some(pool) = pool.upgrade() else { return };
             let due = {
                 let st = pool.state.locked();
-                st.leases.get(&lease.token).is_some_and(|t| {
-                    Arc::ptr_eq(&t.lease, &lease) && t.release_at.is_some_and(|r| r <= at)
-                })
+                st.leases
+                    .get(&lease.token)
+                    .is_some_and(|t| t.lease.same(&lease) && t.release_at.is_some_and(|r| r <= at))
             };
             if due {
                 let _ = pool.release(&lease.name, &lease.token).await;

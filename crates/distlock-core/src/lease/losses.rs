@@ -6,19 +6,25 @@
 //! polled only when its engine wakes it: about 100 bytes a lease.
 //!
 //! A lease that ends by itself (released) leaves its future behind: nothing wakes it. The task
-//! counts such ends (`ended`, told by the lease) and, once they outnumber the leases still
-//! watched, keeps only the futures of live leases: each end costs O(1) amortized, and the
-//! futures left behind are never more than the live ones.
+//! counts such ends ([`LossCounter`], told by the lease, which wakes the task every
+//! [`SWEEP_AFTER`] of them) and, once they outnumber the futures it holds by half, keeps only
+//! the futures of live leases: each end costs O(1) amortized, and the futures left behind are
+//! never many more than the live ones.
+//!
+//! A future that panics ends its lease as lost (`Unreachable`: nothing says it is still ours)
+//! and nothing else; a task that is gone (its runtime shut down) is started again by the next
+//! watch.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 use super::LeaseShared;
 use crate::engine::{BoxFuture, LostReason};
+use crate::sync::MutexExt;
 
 /// Fewer ends than this never cause a sweep (a client with few leases sweeps rarely).
 const SWEEP_AFTER: usize = 64;
@@ -36,10 +42,15 @@ impl std::future::Future for Watched {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        self.lost
-            .as_mut()
-            .poll(cx)
-            .map(|why| (self.lease.clone(), why))
+        let lost = &mut self.lost;
+        let polled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lost.as_mut().poll(cx)));
+        let polled = polled.unwrap_or_else(|_| {
+            tracing::error!(target: "distlock",
+                "the engine's watch for a lease's session end panicked: the lease is lost");
+            std::task::Poll::Ready(LostReason::Unreachable)
+        });
+        polled.map(|why| (self.lease.clone(), why))
     }
 }
 
@@ -51,44 +62,74 @@ impl Watched {
     }
 }
 
+/// The ends of watched leases since the last sweep, and the task's wake-up for a sweep.
+#[derive(Default)]
+pub(crate) struct LossCounter {
+    ended: AtomicUsize,
+    wake: Notify,
+}
+
+impl LossCounter {
+    /// A watched lease ended.
+    pub(crate) fn note_end(&self) {
+        if (self.ended.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(SWEEP_AFTER) {
+            self.wake.notify_one();
+        }
+    }
+
+    fn take(&self, n: usize) {
+        let _ = self
+            .ended
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |e| {
+                Some(e.saturating_sub(n))
+            });
+    }
+}
+
 /// The client's watcher: a channel to its task, started with the first watch.
 pub(crate) struct Losses {
-    tx: std::sync::OnceLock<mpsc::UnboundedSender<Watched>>,
-    /// Leases watched that ended by themselves since the last sweep.
-    ended: Arc<AtomicUsize>,
+    tx: Mutex<Option<mpsc::UnboundedSender<Watched>>>,
+    counter: Arc<LossCounter>,
 }
 
 impl Losses {
     pub(crate) fn new() -> Self {
         Losses {
-            tx: std::sync::OnceLock::new(),
-            ended: Arc::new(AtomicUsize::new(0)),
+            tx: Mutex::new(None),
+            counter: Arc::new(LossCounter::default()),
         }
     }
 
     /// Ends `lease` as lost when `lost` resolves (unless it ended before).
     pub(crate) fn watch(&self, lease: &Arc<LeaseShared>, lost: BoxFuture<'static, LostReason>) {
-        lease.set_loss_counter(&self.ended);
-        let tx = self.tx.get_or_init(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(run(rx, self.ended.clone()));
-            tx
-        });
-        let _ = tx.send(Watched {
+        lease.set_loss_counter(&self.counter);
+        let mut w = Watched {
             lease: Arc::downgrade(lease),
             lost,
-        });
+        };
+        let mut tx = self.tx.locked();
+        if let Some(t) = tx.as_ref() {
+            match t.send(w) {
+                Ok(()) => return,
+                // The task is gone (its runtime shut down): another one takes it.
+                Err(mpsc::error::SendError(back)) => w = back,
+            }
+        }
+        let (t, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(rx, self.counter.clone()));
+        let _ = t.send(w);
+        *tx = Some(t);
     }
 
     #[cfg(test)]
     pub(crate) fn ended(&self) -> usize {
-        self.ended.load(Ordering::Relaxed)
+        self.counter.ended.load(Ordering::Relaxed)
     }
 }
 
 /// The task: until the client is dropped, takes new watches and ends the leases whose futures
 /// resolve; sweeps out the futures of leases that ended by themselves.
-async fn run(mut rx: mpsc::UnboundedReceiver<Watched>, ended: Arc<AtomicUsize>) {
+async fn run(mut rx: mpsc::UnboundedReceiver<Watched>, counter: Arc<LossCounter>) {
     let mut watched: FuturesUnordered<Watched> = FuturesUnordered::new();
     loop {
         tokio::select! {
@@ -99,24 +140,22 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Watched>, ended: Arc<AtomicUsize>) 
                 }
                 // Its end was counted (now, or when it ended before): its future is gone
                 // already, so it does not count towards a sweep.
-                let _ = ended.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                    Some(n.saturating_sub(1))
-                });
+                counter.take(1);
             }
+            () = counter.wake.notified() => {}
             w = rx.recv() => match w {
-                Some(w) => {
-                    watched.push(w);
-                    // All that came meanwhile, before the sweep below counts the futures.
-                    while let Ok(w) = rx.try_recv() {
-                        watched.push(w);
-                    }
-                }
+                Some(w) => watched.push(w),
                 None => return,
             },
         }
-        let gone = ended.load(Ordering::Relaxed);
+        // All that came meanwhile, before the sweep below counts the futures (an end counted
+        // may be of a lease whose watch is still on its way).
+        while let Ok(w) = rx.try_recv() {
+            watched.push(w);
+        }
+        let gone = counter.ended.load(Ordering::Relaxed);
         if gone >= SWEEP_AFTER && gone * 2 >= watched.len() {
-            ended.fetch_sub(gone, Ordering::Relaxed);
+            counter.take(gone);
             watched = sweep(std::mem::take(&mut watched));
         }
     }
@@ -219,9 +258,7 @@ mod tests {
             let _ = l.mark_released();
         }
         assert_eq!(losses.ended(), 300);
-        // The next watch wakes the task, which sweeps.
-        let one_more = Arc::new(lease_named("one-more"));
-        losses.watch(&one_more, never(&dropped));
+        // The ends wake the task (every 64 of them), which sweeps: no new watch is needed.
         for _ in 0..100 {
             if dropped.load(Ordering::SeqCst) >= 300 {
                 break;
@@ -235,5 +272,39 @@ mod tests {
         );
         assert_eq!(losses.ended(), 0);
         assert!(live.iter().all(|l| l.snapshot().end.is_none()));
+    }
+
+    /// A future that panics loses its own lease, and the others are still heard.
+    #[tokio::test]
+    async fn a_panicking_future_loses_only_its_lease() {
+        let losses = Losses::new();
+        let bad = Arc::new(lease_named("bad"));
+        losses.watch(&bad, Box::pin(async { panic!("an engine's bug") }));
+        let good = Arc::new(lease_named("good"));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        losses.watch(
+            &good,
+            Box::pin(async move {
+                let _ = rx.await;
+                LostReason::Stolen
+            }),
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            bad.snapshot().end.is_some(),
+            "the panicking future's lease is lost"
+        );
+        assert!(good.snapshot().end.is_none());
+        let _ = tx.send(());
+        for _ in 0..100 {
+            if good.snapshot().end.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(
+            good.snapshot().end.is_some(),
+            "the other lease still hears its loss"
+        );
     }
 }

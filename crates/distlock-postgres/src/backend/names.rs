@@ -48,7 +48,7 @@ type Name = (i64, i16, String);
 const BATCH: usize = 500;
 
 /// The names this client has recorded, with their ids, and its writer: one task, on a session
-/// of the pool, one statement per batch, so that a burst of new names (a thousand locks
+/// of its own (closed when no name waits), one statement per batch, so that a burst of new names (a thousand locks
 /// taken at once) costs a few statements on one connection, not a connection each.
 #[derive(Debug, Default)]
 pub(super) struct Recorded {
@@ -68,8 +68,8 @@ fn slot(code: i16) -> usize {
 
 impl PgBackend {
     /// The id of `name` for `kind` (a lock's, or a semaphore's base id), and whether this
-    /// client has yet to record it: then [`send_name`](Self::send_name) once the attempt
-    /// has its session (the writer uses one of the pool's, and would open one otherwise).
+    /// client has yet to record it: then a [`NameToSend`] for the attempt, which sends it
+    /// once the attempt is over (or given up).
     pub(super) fn name_id(&self, name: &str, kind: LeaseKind) -> (i64, bool) {
         let code = kind_code(kind);
         if let Some(id) = self.inner.names.seen.locked()[slot(code)].get(name) {
@@ -89,14 +89,38 @@ impl PgBackend {
     }
 
     /// Records `name` (with its id from [`name_id`](Self::name_id)) in the background.
-    pub(super) fn send_name(&self, name: &str, kind: LeaseKind, id: i64) {
+    fn send_name(&self, name: &str, kind: LeaseKind, id: i64) {
+        let code = kind_code(kind);
         let mut writer = self.inner.names.writer.locked();
-        let tx = writer.get_or_insert_with(|| {
+        if writer.is_none() {
+            // Dropped outside a runtime (an attempt given up there): recorded at the next use.
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                drop(writer);
+                self.inner.names.seen.locked()[slot(code)].remove(name);
+                return;
+            };
             let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(write_names(Arc::downgrade(&self.inner), rx));
-            tx
-        });
-        let _ = tx.send((id, kind_code(kind), name.to_owned()));
+            rt.spawn(write_names(Arc::downgrade(&self.inner), rx));
+            *writer = Some(tx);
+        }
+        if let Some(tx) = writer.as_ref() {
+            let _ = tx.send((id, code, name.to_owned()));
+        }
+    }
+}
+
+/// A name this client has yet to record: sent to the writer when dropped (the attempt that
+/// uses it ended, or was given up half-way: either way the name is sent, once).
+pub(super) struct NameToSend<'a> {
+    pub(super) backend: &'a PgBackend,
+    pub(super) name: &'a str,
+    pub(super) kind: LeaseKind,
+    pub(super) id: i64,
+}
+
+impl Drop for NameToSend<'_> {
+    fn drop(&mut self) {
+        self.backend.send_name(self.name, self.kind, self.id);
     }
 }
 
@@ -118,18 +142,22 @@ async fn write_names(engine: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Name>)
             return;
         };
         let me = PgBackend { inner };
+        // In key order: two clients writing overlapping names lock their rows in the same
+        // order, so they cannot deadlock (an upsert locks the row even when it changes nothing).
+        let mut rows: Vec<(&(i64, i16), &String)> = batch.iter().collect();
+        rows.sort_unstable_by_key(|(k, _)| **k);
         let (mut ids, mut codes, mut names) = (Vec::new(), Vec::new(), Vec::new());
-        for ((id, code), name) in &batch {
+        for ((id, code), name) in rows {
             ids.push(*id);
             codes.push(*code);
             names.push(name.as_str());
         }
-        // On a session of the pool (the least busy): a session of its own would be one more
-        // connection for every client, and a stampede of `distlock run` processes counts
-        // against the server's `max_connections`.
+        // On a session of its own, never one of the pool: a statement in flight on a session
+        // that holds locks when the server ends it takes the server's word for why (the lost
+        // reason) with it. Closed once no name waits, so that a client holding one lock
+        // (`distlock run`) keeps one connection.
         let written = async {
-            let session = me.inner.pool.any_session().await?;
-            let conn = session.conn();
+            let conn = me.take().await?;
             let s = &me.config().schema;
             let sql = format!(
                 "INSERT INTO {s}.distlock_names (lock_id, kind, name) \
@@ -149,6 +177,9 @@ async fn write_names(engine: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Name>)
                 )
             })?
             .map_err(|e| map_err(e, DOING))?;
+            if !rx.is_empty() {
+                me.put_back(conn);
+            }
             Ok::<_, LockError>(())
         };
         if let Err(e) = written.await {

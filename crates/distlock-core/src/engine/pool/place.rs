@@ -126,7 +126,7 @@ pub(super) fn forget<C>(st: &mut State<C>, lease: &Arc<PoolLease<C>>) {
     if st
         .leases
         .get(&lease.token)
-        .is_some_and(|t| Arc::ptr_eq(&t.lease, lease))
+        .is_some_and(|t| t.lease.same(lease))
     {
         st.leases.remove(&lease.token);
     }

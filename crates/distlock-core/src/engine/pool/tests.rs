@@ -274,3 +274,27 @@ async fn a_held_lock_keeps_one_copy_of_its_name_and_of_its_token() {
     assert_eq!(Arc::strong_count(&lease.name), 3);
     assert_eq!(Arc::strong_count(&lease.token), 2);
 }
+
+/// A downgraded lease (its server name changed on the same session) is the same lease: it
+/// still hears its session end, and a release at its deadline still comes.
+#[tokio::test(start_paused = true)]
+async fn a_rekeyed_lease_still_hears_its_session_end_and_its_deadline() {
+    let (_, p) = pool(1);
+    let Placement::On(l) = p.place("a", "a", "t1", TTL).await.unwrap() else {
+        panic!()
+    };
+    assert!(p.confirm(&l, Instant::now(), TTL, true));
+    let end = p.session_end("t1");
+    assert!(p.rekey("a", "t1", "s:a"));
+    l.session().end().end(LostReason::Unreachable);
+    let heard = tokio::time::timeout(Duration::from_secs(5), end).await;
+    assert_eq!(heard.ok(), Some(LostReason::Unreachable));
+
+    let Placement::On(l) = p.place("b", "b", "t2", TTL).await.unwrap() else {
+        panic!()
+    };
+    assert!(p.confirm(&l, Instant::now(), Duration::from_secs(1), false));
+    assert!(p.rekey("b", "t2", "s:b"));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(p.held("b", "t2").is_none(), "released at its deadline");
+}
