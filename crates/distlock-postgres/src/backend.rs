@@ -237,10 +237,8 @@ impl PgBackend {
                 names: names::Recorded::default(),
             }),
         };
-        // Closed once the objects exist: a client that holds one lock (`distlock run`) keeps
-        // one connection, its pool session, and a stampede of them uses as few of the
-        // server's `max_connections` as it can.
-        drop(backend.setup().await?);
+        let conn = backend.setup().await?;
+        backend.put_back(conn);
         Ok(backend)
     }
 

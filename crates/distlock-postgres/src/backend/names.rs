@@ -48,7 +48,7 @@ type Name = (i64, i16, String);
 const BATCH: usize = 500;
 
 /// The names this client has recorded, with their ids, and its writer: one task, on a session
-/// of its own (closed when no name waits), one statement per batch, so that a burst of new names (a thousand locks
+/// of its own, one statement per batch, so that a burst of new names (a thousand locks
 /// taken at once) costs a few statements on one connection, not a connection each.
 #[derive(Debug, Default)]
 pub(super) struct Recorded {
@@ -154,8 +154,7 @@ async fn write_names(engine: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Name>)
         }
         // On a session of its own, never one of the pool: a statement in flight on a session
         // that holds locks when the server ends it takes the server's word for why (the lost
-        // reason) with it. Closed once no name waits, so that a client holding one lock
-        // (`distlock run`) keeps one connection.
+        // reason) with it.
         let written = async {
             let conn = me.take().await?;
             let s = &me.config().schema;
@@ -177,9 +176,7 @@ async fn write_names(engine: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Name>)
                 )
             })?
             .map_err(|e| map_err(e, DOING))?;
-            if !rx.is_empty() {
-                me.put_back(conn);
-            }
+            me.put_back(conn);
             Ok::<_, LockError>(())
         };
         if let Err(e) = written.await {
