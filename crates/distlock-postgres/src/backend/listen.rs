@@ -25,7 +25,7 @@ use distlock_core::engine::WakeSource;
 use distlock_core::engine::{BoxFuture, LeaseKind, LockError, MutexExt, Subscription, WakeHub};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Inner, PgBackend, PgConn, PgOps, connect, kinds, lock_id, marker};
+use super::{Inner, PgBackend, PgConn, PgOps, connect, kinds, lock_id, marker, order};
 use crate::error::map_err;
 
 /// The prefix of a lock's notification channel; the lock id follows, in decimal.
@@ -217,8 +217,9 @@ async fn run(engine: Weak<Inner>, hub: WakeHub, mut cmds: mpsc::UnboundedReceive
 }
 
 impl PgBackend {
-    /// A subscription to the lock id `id`'s release events, once the server listens.
-    async fn subscribe_id(&self, id: i64) -> Subscription {
+    /// A subscription to the lock id `id`'s release events, once the server listens; for the
+    /// waiter `waiter` (its token and kind), with its ticket taken meanwhile.
+    async fn subscribe_id(&self, id: i64, waiter: Option<(&str, LeaseKind)>) -> Subscription {
         let listener = &self.inner.listener;
         let start = listener.start.locked().take();
         if let Some((cmds, stopped)) = start {
@@ -231,11 +232,34 @@ impl PgBackend {
             });
         }
         let mut sub = listener.hub.subscribe(&key_of(id));
-        if !sub.confirmed(self.config().response_timeout).await {
+        // A waiter subscribes after a busy attempt, and takes its place in the queue while the
+        // server sets up the LISTEN, not after it: a fresh client's first waiter otherwise paid
+        // two connects in a row (the listening session's, then the queue session's) before it
+        // had a place, and a waiter that came later, on a client with both open, went ahead.
+        // No release is missed meanwhile: the waiter tries again once this returns. A failure
+        // is met again, and reported, by the ticket's call at that attempt.
+        let place = async {
+            if let Some((token, kind)) = waiter
+                && self.ticket_seq(token).is_none()
+            {
+                let _ = self.ticket(token, kind, order::GRACE_MIN, id).await;
+            }
+        };
+        let (confirmed, ()) = tokio::join!(sub.confirmed(self.config().response_timeout), place);
+        if !confirmed {
             tracing::debug!(target: "distlock", id,
                 "LISTEN not confirmed in time; the wait backs off as without events");
         }
         sub
+    }
+}
+
+/// The id a waiter of `kind` on `name` listens on and takes its ticket for: a permit's, its
+/// semaphore's base id.
+fn waited_id(name: &str, kind: LeaseKind) -> i64 {
+    match kind {
+        LeaseKind::Permit { .. } => kinds::permit_base(name),
+        _ => lock_id(name),
     }
 }
 
@@ -244,7 +268,7 @@ impl WakeSource for PgBackend {
         &'a self,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        Box::pin(async move { Ok(Some(self.subscribe_id(lock_id(name)).await)) })
+        Box::pin(async move { Ok(Some(self.subscribe_id(lock_id(name), None).await)) })
     }
 
     /// A permit's waiter listens on its semaphore's base id, which its ticket names.
@@ -253,11 +277,18 @@ impl WakeSource for PgBackend {
         name: &'a str,
         kind: LeaseKind,
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        let id = match kind {
-            LeaseKind::Permit { .. } => kinds::permit_base(name),
-            _ => lock_id(name),
-        };
-        Box::pin(async move { Ok(Some(self.subscribe_id(id).await)) })
+        Box::pin(async move { Ok(Some(self.subscribe_id(waited_id(name, kind), None).await)) })
+    }
+
+    /// A waiter takes its ticket while the server sets up the LISTEN (see `subscribe_id`).
+    fn subscribe_for<'a>(
+        &'a self,
+        name: &'a str,
+        kind: LeaseKind,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        let id = waited_id(name, kind);
+        Box::pin(async move { Ok(Some(self.subscribe_id(id, Some((token, kind))).await)) })
     }
 
     fn watching(&self, name: &str) -> bool {

@@ -128,7 +128,9 @@ impl PgBackend {
             return Ok(s.clone());
         }
         *session = None;
-        let conn = self.open().await?;
+        // An idle session of the client's own (its first checks' one, say) saves a connect:
+        // the first waiter of a client waits for this session before it has a place.
+        let conn = self.take().await?;
         let s = &self.config().schema;
         let insert = format!(
             "WITH gone AS (DELETE FROM {s}.distlock_waiters \

@@ -121,8 +121,20 @@ impl PgBackend {
         req: &AcquireRequest<'_>,
         lock_id: i64,
     ) -> Result<(), LockError> {
+        self.ticket(req.token.as_str(), req.kind, req.ttl, lock_id)
+            .await
+    }
+
+    /// A ticket for the waiter `token` (of `kind`, for a lease of `ttl`), new or kept alive:
+    /// see [`keep_ticket`](Self::keep_ticket).
+    pub(super) async fn ticket(
+        &self,
+        token: &str,
+        kind: LeaseKind,
+        ttl: Duration,
+        lock_id: i64,
+    ) -> Result<(), LockError> {
         const DOING: &str = "queueing for a PostgreSQL lock";
-        let token = req.token.as_str();
         let now = Instant::now();
         let known = self.inner.tickets.by_token.locked().get(token).copied();
         let q = self.queue_session().await?;
@@ -130,7 +142,7 @@ impl PgBackend {
         let limit = self.config().response_timeout;
         let marked = known.is_some_and(|t| t.marked == Some(q.generation));
         let (k1, k2) = marker::key(lock_id);
-        let keep = known.map_or(GRACE_MIN, |t| grace(now.duration_since(t.tried), req.ttl));
+        let keep = known.map_or(GRACE_MIN, |t| grace(now.duration_since(t.tried), ttl));
         // Until the ticket is recorded with its marker.
         let unsure = (!marked).then(|| marker::Unsure::new(&q));
         let run = async {
@@ -151,7 +163,7 @@ impl PgBackend {
                 // A new ticket (or one swept after a long lapse): at the back. Tickets long
                 // lapsed of the same lock go.
                 None => {
-                    let code = kind_code(req.kind);
+                    let code = kind_code(kind);
                     let row = client
                         .query_one(&q.sql.insert, &[&lock_id, &code, &ttl_ms(GRACE_MIN)])
                         .await?;
