@@ -363,7 +363,8 @@ impl LeaseShared {
 
     /// A renewal is on its way: until it is confirmed, a deadline passing means `Unreachable`.
     pub(crate) fn renew_sent(&self) {
-        self.renew_failed();
+        // Not a failure: none is counted.
+        self.lock().renew_failing = true;
     }
 
     pub(crate) fn renew_failed(&self) {
