@@ -711,28 +711,11 @@ async fn a_wait_outlasts_a_server_out_of_connections() {
         format!("{refused:?}").contains("too many clients"),
         "{refused:?}"
     );
-    let e = quick
-        .try_acquire("crowded/2")
-        .await
-        .expect_err("no connection for it");
-    assert_eq!(e.kind(), ErrorKind::Exhausted, "{e}");
-    let waiting = tokio::spawn(async move {
-        let g = waiter.acquire("crowded/2").await;
-        (waiter, g)
-    });
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    assert!(
-        !waiting.is_finished(),
-        "the wait ended while no connection was free"
-    );
-    for (c, task) in fillers {
-        drop(c);
-        let _ = task.await;
-    }
-    let (_waiter, g) = tokio::time::timeout(Duration::from_secs(15), waiting)
-        .await
-        .expect("taken once a connection was free")
-        .unwrap();
-    let g = g.expect("the lock, after waiting");
-    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let free = async move {
+        for (c, task) in fillers {
+            drop(c);
+            let _ = task.await;
+        }
+    };
+    distlock_testkit::a_wait_outlasts_exhaustion(&quick, waiter, "crowded/2", free).await;
 }

@@ -4,6 +4,7 @@
 mod cluster;
 pub mod conformance;
 mod etcd;
+mod exhausted;
 pub mod failover;
 mod logs;
 mod mariadb;
@@ -19,6 +20,7 @@ mod zookeeper;
 
 pub use cluster::RedisCluster;
 pub use etcd::{Etcd, EtcdMember};
+pub use exhausted::a_wait_outlasts_exhaustion;
 pub use logs::Logs;
 pub use mariadb::{MARIADB_CERT_USER, MARIADB_PASSWORD_USER, MariaDb};
 pub use memcached::Memcached;

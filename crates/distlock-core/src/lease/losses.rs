@@ -212,6 +212,18 @@ mod tests {
         })
     }
 
+    /// Whether `done` comes true within half a second (the watcher's task runs beside the
+    /// test's, so what it does shows after a few turns).
+    async fn soon(done: impl Fn() -> bool) -> bool {
+        for _ in 0..100 {
+            if done() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        done()
+    }
+
     #[tokio::test]
     async fn a_lost_future_ends_its_lease() {
         let losses = Losses::new();
@@ -227,13 +239,10 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(lease.snapshot().end.is_none());
         let _ = tx.send(());
-        for _ in 0..100 {
-            if lease.snapshot().end.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        assert!(lease.snapshot().end.is_some(), "the lease heard its loss");
+        assert!(
+            soon(|| lease.snapshot().end.is_some()).await,
+            "the lease heard its loss"
+        );
     }
 
     /// Leases released by their holders leave their futures behind until the ends outnumber
@@ -259,12 +268,7 @@ mod tests {
         }
         assert_eq!(losses.ended(), 300);
         // The ends wake the task (every 64 of them), which sweeps: no new watch is needed.
-        for _ in 0..100 {
-            if dropped.load(Ordering::SeqCst) >= 300 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        soon(|| dropped.load(Ordering::SeqCst) >= 300).await;
         assert_eq!(
             dropped.load(Ordering::SeqCst),
             300,
@@ -296,14 +300,8 @@ mod tests {
         );
         assert!(good.snapshot().end.is_none());
         let _ = tx.send(());
-        for _ in 0..100 {
-            if good.snapshot().end.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
         assert!(
-            good.snapshot().end.is_some(),
+            soon(|| good.snapshot().end.is_some()).await,
             "the other lease still hears its loss"
         );
     }

@@ -1,0 +1,42 @@
+//! A server out of connections, as a database engine's tests meet it: a wait outlasts it.
+
+use std::time::Duration;
+
+use distlock_core::{Backend, ErrorKind, LockClient, LockError, Released};
+
+/// With the server refusing new connections (the test took every slot): `quick`'s attempt on
+/// `name` fails as `Exhausted` at once, while `waiter`'s wait for it goes on; once `free`
+/// resolves (the test gave slots back), the wait takes the lock. Returns `quick`'s error, for
+/// the engine's own checks of its message.
+///
+/// # Panics
+/// When any of that does not happen.
+pub async fn a_wait_outlasts_exhaustion<B: Backend + 'static>(
+    quick: &LockClient<B>,
+    waiter: LockClient<B>,
+    name: &'static str,
+    free: impl std::future::Future<Output = ()>,
+) -> LockError {
+    let refused = quick
+        .try_acquire(name)
+        .await
+        .expect_err("no connection for it");
+    assert_eq!(refused.kind(), ErrorKind::Exhausted, "{refused}");
+    let waiting = tokio::spawn(async move {
+        let g = waiter.acquire(name).await;
+        (waiter, g)
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the wait ended while no connection was free"
+    );
+    free.await;
+    let (_waiter, g) = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("taken once a connection was free")
+        .unwrap();
+    let g = g.expect("the lock, after waiting");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    refused
+}
