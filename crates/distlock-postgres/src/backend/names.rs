@@ -111,6 +111,11 @@ impl PgBackend {
 
 /// A name this client has yet to record: sent to the writer when dropped (the attempt that
 /// uses it ended, or was given up half-way: either way the name is sent, once).
+///
+/// A guard, not a call after the attempt: an attempt given up after the server took the lock
+/// (its future dropped) still holds it until its clean-up, and `distlock list` must be able to
+/// name it meanwhile. Not a call before the attempt either: the writer would open its session
+/// beside the attempt's, one connect more on the first acquire's path.
 pub(super) struct NameToSend<'a> {
     pub(super) backend: &'a PgBackend,
     pub(super) name: &'a str,
