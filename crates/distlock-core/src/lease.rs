@@ -83,11 +83,9 @@ pub(crate) struct LeaseShared {
     kind: LeaseKind,
     fence: Option<u64>,
     recorded: bool,
-    engine: &'static str,
-    clock: Arc<dyn Clock>,
-    /// Shared by the leases taken with the same options (see [`shared_options`]): 150 bytes a
-    /// lease otherwise, for a client that holds 100,000.
-    options: Arc<LockOptions>,
+    /// The options, clock and engine name, shared by the leases taken with the same ones (see
+    /// [`shared_context`]): 180 bytes a lease otherwise, for a client that holds 100,000.
+    ctx: Arc<LeaseContext>,
     state: Mutex<LeaseState>,
     /// Woken when the lease ends or its deadline moves, and when a renewal lets go of the gate.
     changed: Notify,
@@ -130,21 +128,44 @@ impl Drop for Renewal {
     }
 }
 
-/// `options` behind an `Arc` that the leases taken with the same options share: the last one
-/// used on this thread is reused when equal (a client's leases mostly share its defaults).
-fn shared_options(options: LockOptions) -> Arc<LockOptions> {
+/// What the leases taken with the same options, on the same clock and engine, share.
+pub(crate) struct LeaseContext {
+    options: LockOptions,
+    clock: Arc<dyn Clock>,
+    /// The engine's name, for the metrics.
+    engine: &'static str,
+}
+
+/// A lease's options, clock and engine behind an `Arc` that the leases taken with the same ones
+/// share: the last one made on this thread is reused when equal (a client's leases mostly share
+/// its defaults).
+fn shared_context(
+    options: LockOptions,
+    clock: Arc<dyn Clock>,
+    engine: &'static str,
+) -> Arc<LeaseContext> {
     thread_local! {
-        static LAST: std::cell::RefCell<Option<Arc<LockOptions>>> =
+        static LAST: std::cell::RefCell<Option<Arc<LeaseContext>>> =
             const { std::cell::RefCell::new(None) };
     }
     LAST.with(|last| {
         let mut last = last.borrow_mut();
         match &*last {
-            Some(o) if **o == options => o.clone(),
+            Some(c)
+                if c.options == options
+                    && std::ptr::addr_eq(Arc::as_ptr(&c.clock), Arc::as_ptr(&clock))
+                    && c.engine == engine =>
+            {
+                c.clone()
+            }
             _ => {
-                let o = Arc::new(options);
-                *last = Some(o.clone());
-                o
+                let c = Arc::new(LeaseContext {
+                    options,
+                    clock,
+                    engine,
+                });
+                *last = Some(c.clone());
+                c
             }
         }
     })
@@ -181,9 +202,7 @@ impl LeaseShared {
             kind: spec.kind,
             fence: spec.fence,
             recorded: spec.recorded,
-            engine: spec.engine,
-            clock: spec.clock,
-            options: shared_options(spec.options),
+            ctx: shared_context(spec.options, spec.clock, spec.engine),
             state: Mutex::new(state),
             changed: Notify::new(),
             acquired_at: sent_at,
@@ -201,10 +220,10 @@ impl LeaseShared {
             token: self.token.clone(),
             kind: self.kind(),
             fence: self.fence,
-            clock: self.clock.clone(),
+            clock: self.ctx.clock.clone(),
             options,
             recorded: self.recorded,
-            engine: self.engine,
+            engine: self.ctx.engine,
         }
     }
 
@@ -228,8 +247,8 @@ impl LeaseShared {
     /// Records that the engine has turned this writer into a reader.
     pub(crate) fn set_downgraded(&self) {
         if !self.downgraded.swap(true, Ordering::AcqRel) && self.kind == LeaseKind::Exclusive {
-            crate::metrics::held(self.engine, LeaseKind::Exclusive, -1.0);
-            crate::metrics::held(self.engine, LeaseKind::Shared, 1.0);
+            crate::metrics::held(self.ctx.engine, LeaseKind::Exclusive, -1.0);
+            crate::metrics::held(self.ctx.engine, LeaseKind::Shared, 1.0);
         }
     }
 
@@ -242,11 +261,11 @@ impl LeaseShared {
     }
 
     pub(crate) fn options(&self) -> &LockOptions {
-        &self.options
+        &self.ctx.options
     }
 
     pub(crate) fn now(&self) -> Instant {
-        self.clock.now()
+        self.ctx.clock.now()
     }
 
     /// When this holder's acquire (or the hand-off renewal) was sent.
@@ -320,7 +339,7 @@ impl LeaseShared {
 
     pub(crate) fn is_held(&self) -> bool {
         let st = self.snapshot();
-        st.end.is_none() && self.clock.now() < st.valid_until
+        st.end.is_none() && self.ctx.clock.now() < st.valid_until
     }
 
     /// Whether the holder released the lease (its release may still be on its way).
@@ -332,12 +351,20 @@ impl LeaseShared {
     /// including when its deadline passed before the reply came: once `is_held` has turned
     /// false it never turns true again.
     pub(crate) fn renewed(&self, sent_at: Instant, ttl: Duration, validity: Duration) -> bool {
-        if self.end_if_past_deadline().is_some() {
-            return false;
-        }
         {
+            // One lock: the deadline, then the renewal (as `end_if_past_deadline` would).
             let mut st = self.lock();
             if st.end.is_some() {
+                return false;
+            }
+            if self.ctx.clock.now() >= st.valid_until {
+                let reason = if st.renew_failing {
+                    LostReason::Unreachable
+                } else {
+                    LostReason::Expired
+                };
+                drop(st);
+                self.lose(reason);
                 return false;
             }
             st.renew_failing = false;
@@ -354,7 +381,7 @@ impl LeaseShared {
     /// Why the lease is lost when the engine no longer has our key: before our deadline, it
     /// cannot have run out, so somebody removed it; after, it expired.
     pub(crate) fn missing_reason(&self) -> LostReason {
-        if self.clock.now() < self.snapshot().valid_until {
+        if self.ctx.clock.now() < self.snapshot().valid_until {
             LostReason::Stolen
         } else {
             LostReason::Expired
@@ -370,7 +397,7 @@ impl LeaseShared {
     pub(crate) fn renew_failed(&self) {
         // Only the reason for a deadline that passes changes: nobody waits for this.
         self.lock().renew_failing = true;
-        crate::metrics::renew_failed(self.engine);
+        crate::metrics::renew_failed(self.ctx.engine);
     }
 
     /// Watched by a client's loss watcher (see `losses`), which `counter` tells of the end.
@@ -400,9 +427,9 @@ impl LeaseShared {
             counter.note_end();
         }
         self.changed.notify_waiters();
-        crate::metrics::held(self.engine, self.kind(), -1.0);
+        crate::metrics::held(self.ctx.engine, self.kind(), -1.0);
         if let LeaseEnd::Lost(reason) = end {
-            crate::metrics::lost(self.engine, reason);
+            crate::metrics::lost(self.ctx.engine, reason);
             tracing::warn!(
                 target: "distlock",
                 key = %self.key,
@@ -426,7 +453,7 @@ impl LeaseShared {
         if let Some(r) = st.end {
             return Some(r);
         }
-        if self.clock.now() < st.valid_until {
+        if self.ctx.clock.now() < st.valid_until {
             return None;
         }
         let reason = if st.renew_failing {
@@ -456,7 +483,7 @@ impl LeaseShared {
             if let Some(r) = st.end {
                 return r;
             }
-            let now = self.clock.now();
+            let now = self.ctx.clock.now();
             if now >= st.valid_until {
                 if let Some(r) = self.end_if_past_deadline() {
                     return r;

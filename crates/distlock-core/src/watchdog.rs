@@ -158,8 +158,8 @@ async fn run<B: Backend>(driver: Weak<Driver<B>>, inbox: Arc<Inbox>) {
             () = sleep => {
                 let Some(driver) = driver.upgrade() else { return };
                 let batch = schedule.collect(TokioInstant::now(), &mut left_off);
-                if !batch.is_empty() {
-                    in_flight.push(send(driver, batch));
+                if let Some(deadline) = schedule.batch_deadline() {
+                    in_flight.push(send(driver, batch, deadline));
                 }
             }
         }
@@ -192,19 +192,14 @@ fn detach_unrenewed<B: Backend>(driver: &Weak<Driver<B>>, leases: Vec<Arc<LeaseS
     }
 }
 
-async fn send<B: Backend>(driver: Arc<Driver<B>>, batch: Vec<Item>) -> Vec<Settled> {
+/// Renews `batch`, whose leases' latest deadline is `deadline`.
+async fn send<B: Backend>(
+    driver: Arc<Driver<B>>,
+    batch: Vec<Item>,
+    deadline: std::time::Instant,
+) -> Vec<Settled> {
     let sent = driver.now();
-    let budget = batch
-        .iter()
-        .map(|i| {
-            i.renewal
-                .lease()
-                .snapshot()
-                .valid_until
-                .saturating_duration_since(sent)
-        })
-        .max()
-        .unwrap_or_default();
+    let budget = deadline.saturating_duration_since(sent);
     // Seeded bug `renew-after-loss`: an ended lease's deadline no longer moves; give the
     // renewal its TTL instead.
     let budget = if renew_after_loss() {
@@ -217,92 +212,98 @@ async fn send<B: Backend>(driver: Arc<Driver<B>>, batch: Vec<Item>) -> Vec<Settl
     } else {
         budget
     };
-    for i in &batch {
-        i.renewal.lease().renew_sent();
-    }
     let span = crate::trace::renew(driver.backend().name(), batch.len());
     // In chunks, one after another: what the engine builds for a renewal (requests, replies)
     // is then bounded by a chunk, not by every lease held (a client holding 100,000 locks
     // would otherwise keep the memory of 100,000 requests after its first tick).
     let chunk = driver.renew_chunk();
+    // Each chunk's replies are settled as they come: a batch's replies are never all kept at
+    // once (64 bytes a lease).
+    let mut out = Vec::with_capacity(batch.len());
     let renew_all = async {
-        let mut replies = Vec::with_capacity(batch.len());
         for chunk in batch.chunks(chunk) {
             let items: Vec<RenewItem<'_>> = chunk
                 .iter()
                 .map(|i| RenewItem::new(i.renewal.lease().engine_ref(), i.ttl))
                 .collect();
-            replies.extend(driver.renew_many(&items).await);
+            let replies = driver.renew_many(&items).await;
+            drop(items);
+            settle_replies(chunk, replies, sent, &mut out);
         }
-        replies
     };
-    let replies =
+    let finished =
         tracing::Instrument::instrument(tokio::time::timeout(budget, renew_all), span).await;
-    let mut out = Vec::with_capacity(batch.len());
-    match replies {
-        Ok(replies) => {
-            let mut replies = replies.into_iter();
-            for item in &batch {
-                let lease = item.renewal.lease();
-                let outcome = match replies.next() {
-                    Some(Ok(LeaseCheck::Ours)) => {
-                        let validity = item.ttl.saturating_sub(lease.options().drift_for(item.ttl));
-                        if lease.renewed(sent, item.ttl, validity) || renew_after_loss() {
-                            tracing::debug!(target: "distlock", key = %lease.key(),
-                                fence = ?lease.fence(), valid_for_ms = validity.as_millis() as u64,
-                                "lock renewed");
-                            RenewOutcome::Renewed
-                        } else {
-                            RenewOutcome::Ended
-                        }
-                    }
-                    Some(Ok(LeaseCheck::Missing)) => {
-                        lease.lose(lease.missing_reason());
-                        RenewOutcome::Ended
-                    }
-                    Some(Ok(LeaseCheck::Foreign)) => {
-                        lease.lose(LostReason::Stolen);
-                        RenewOutcome::Ended
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(target: "distlock", key = %lease.key(), error = %e,
-                            "renewal failed");
-                        lease.renew_failed();
-                        if lease.end_if_past_deadline().is_some() {
-                            RenewOutcome::Ended
-                        } else {
-                            RenewOutcome::Failed
-                        }
-                    }
-                    None => {
-                        tracing::warn!(target: "distlock", key = %lease.key(),
-                            "the engine gave no reply for this renewal");
-                        lease.renew_failed();
-                        RenewOutcome::Failed
-                    }
-                };
-                out.push(Settled {
-                    lease: lease.clone(),
-                    renewals: item.renewals,
-                    outcome,
-                });
+    if finished.is_err() {
+        // No answer before the last deadline of the batch: none of those left is known to be
+        // ours.
+        for item in &batch[out.len()..] {
+            let lease = item.renewal.lease();
+            lease.renew_failed();
+            if lease.end_if_past_deadline().is_none() {
+                lease.lose(LostReason::Unreachable);
             }
-        }
-        Err(_elapsed) => {
-            // No answer before the last deadline of the batch: none of them is known to be ours.
-            for item in &batch {
-                let lease = item.renewal.lease();
-                lease.renew_failed();
-                if lease.end_if_past_deadline().is_none() {
-                    lease.lose(LostReason::Unreachable);
-                }
-                out.push(Settled {
-                    lease: lease.clone(),
-                    renewals: item.renewals,
-                    outcome: RenewOutcome::Ended,
-                });
-            }
+            out.push(Settled {
+                lease: lease.clone(),
+                renewals: item.renewals,
+                outcome: RenewOutcome::Ended,
+            });
         }
     }
     out
+}
+
+/// What the engine answered for each of `chunk`'s leases (renewals sent at `sent`): each
+/// lease renewed or ended, in `out`.
+fn settle_replies(
+    chunk: &[Item],
+    replies: Vec<Result<LeaseCheck, crate::engine::LockError>>,
+    sent: std::time::Instant,
+    out: &mut Vec<Settled>,
+) {
+    let mut replies = replies.into_iter();
+    for item in chunk {
+        let lease = item.renewal.lease();
+        let outcome = match replies.next() {
+            Some(Ok(LeaseCheck::Ours)) => {
+                let validity = item.ttl.saturating_sub(lease.options().drift_for(item.ttl));
+                if lease.renewed(sent, item.ttl, validity) || renew_after_loss() {
+                    tracing::debug!(target: "distlock", key = %lease.key(),
+                        fence = ?lease.fence(), valid_for_ms = validity.as_millis() as u64,
+                        "lock renewed");
+                    RenewOutcome::Renewed
+                } else {
+                    RenewOutcome::Ended
+                }
+            }
+            Some(Ok(LeaseCheck::Missing)) => {
+                lease.lose(lease.missing_reason());
+                RenewOutcome::Ended
+            }
+            Some(Ok(LeaseCheck::Foreign)) => {
+                lease.lose(LostReason::Stolen);
+                RenewOutcome::Ended
+            }
+            Some(Err(e)) => {
+                tracing::warn!(target: "distlock", key = %lease.key(), error = %e,
+                    "renewal failed");
+                lease.renew_failed();
+                if lease.end_if_past_deadline().is_some() {
+                    RenewOutcome::Ended
+                } else {
+                    RenewOutcome::Failed
+                }
+            }
+            None => {
+                tracing::warn!(target: "distlock", key = %lease.key(),
+                    "the engine gave no reply for this renewal");
+                lease.renew_failed();
+                RenewOutcome::Failed
+            }
+        };
+        out.push(Settled {
+            lease: lease.clone(),
+            renewals: item.renewals,
+            outcome,
+        });
+    }
 }

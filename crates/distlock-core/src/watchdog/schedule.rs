@@ -68,6 +68,8 @@ pub(super) struct Settled {
 pub(super) struct Schedule {
     heap: BinaryHeap<Reverse<Due>>,
     in_flight: usize,
+    /// The latest deadline of the last batch's leases (its time budget; see `collect`).
+    batch_deadline: Option<std::time::Instant>,
     /// Heap slots looked at, for the tests that count the work a tick does.
     #[cfg(test)]
     visits: u64,
@@ -128,6 +130,7 @@ impl Schedule {
         left_off: &mut Vec<Arc<LeaseShared>>,
     ) -> Vec<Item> {
         let mut batch = Vec::new();
+        self.batch_deadline = None;
         // Leases put back for later go in after the loop, which would otherwise meet them
         // again at the top.
         let mut later = Vec::new();
@@ -174,14 +177,24 @@ impl Schedule {
                 continue;
             }
             self.in_flight += 1;
+            // On its way from here (one visit of the lease a tick, while it is in the cache:
+            // a batch of 50,000 leases does not fit, and each pass over it misses again).
+            lease.renew_sent();
             batch.push(Item {
                 renewal,
                 ttl,
                 renewals: d.renewals,
             });
+            self.batch_deadline = self.batch_deadline.max(Some(st.valid_until));
         }
         self.heap.extend(later);
         batch
+    }
+
+    /// The latest deadline of the leases of the batch that [`collect`](Self::collect) returned
+    /// last: its renewal has until then (read there, while each lease was in the cache).
+    pub(super) fn batch_deadline(&self) -> Option<std::time::Instant> {
+        self.batch_deadline
     }
 
     /// Records how a lease's renewal ended, and when it is due again. A lease that ended
