@@ -64,14 +64,89 @@ impl<T> KeyQueue<T> {
     }
 }
 
-type Map<T> = HashMap<Arc<str>, KeyQueue<T>, foldhash::fast::RandomState>;
+/// A key's entry: its holder alone while no task here waits for the key and nothing is kept
+/// for its waiters (a held lock's usual state: 16 bytes, where a queue is 56 more), or its
+/// whole queue.
+enum Slot<T> {
+    Held(Arc<LeaseShared>),
+    Queue(Box<KeyQueue<T>>),
+}
+
+impl<T> Slot<T> {
+    fn holder(&self) -> Option<&Arc<LeaseShared>> {
+        match self {
+            Slot::Held(h) => Some(h),
+            Slot::Queue(q) => q.holder.as_ref(),
+        }
+    }
+
+    /// The queue, if the key has more than a holder.
+    fn queue(&self) -> Option<&KeyQueue<T>> {
+        match self {
+            Slot::Held(_) => None,
+            Slot::Queue(q) => Some(q),
+        }
+    }
+
+    /// The queue, made from the holder alone if need be.
+    fn queue_mut(&mut self) -> &mut KeyQueue<T> {
+        if let Slot::Held(h) = self {
+            *self = Slot::Queue(Box::new(KeyQueue {
+                holder: Some(h.clone()),
+                ..KeyQueue::default()
+            }));
+        }
+        match self {
+            Slot::Queue(q) => q,
+            Slot::Held(_) => unreachable!("made a queue just above"),
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.queue().is_some_and(KeyQueue::is_idle)
+    }
+
+    /// Back to the holder alone once the queue keeps nothing else.
+    fn compact(&mut self) {
+        if let Slot::Queue(q) = self
+            && q.waiters.is_empty()
+            && q.offered == 0
+            && q.parked.is_none()
+            && q.wait_token.is_none()
+            && let Some(h) = q.holder.take()
+        {
+            *self = Slot::Held(h);
+        }
+    }
+}
+
+type Map<T> = HashMap<Arc<str>, Slot<T>, foldhash::fast::RandomState>;
 
 /// `key`'s queue, made if it has none (with a copy of the name).
 fn entry<'m, T>(map: &'m mut Map<T>, key: &str) -> &'m mut KeyQueue<T> {
     if !map.contains_key(key) {
-        map.insert(Arc::from(key), KeyQueue::default());
+        map.insert(Arc::from(key), Slot::Queue(Box::default()));
     }
-    map.get_mut(key).expect("just inserted")
+    map.get_mut(key).expect("just inserted").queue_mut()
+}
+
+/// `key`'s queue, if it has more than a holder.
+fn queue_of<'m, T>(map: &'m mut Map<T>, key: &str) -> Option<&'m mut KeyQueue<T>> {
+    match map.get_mut(key)? {
+        Slot::Queue(q) => Some(q),
+        Slot::Held(_) => None,
+    }
+}
+
+/// Drops `key`'s entry once idle, or brings it back to its holder alone.
+fn tidy<T>(map: &mut Map<T>, key: &str) {
+    if let Some(slot) = map.get_mut(key) {
+        if slot.is_idle() {
+            map.remove(key);
+        } else {
+            slot.compact();
+        }
+    }
 }
 
 /// The per-key local queues of one client. `T` is what a hand-off delivers.
@@ -157,7 +232,7 @@ impl<T> LocalQueues<T> {
     pub(crate) fn live_holder(&self, key: &str) -> Option<Arc<LeaseShared>> {
         self.lock()
             .get(key)
-            .and_then(|q| q.holder.clone())
+            .and_then(|s| s.holder().cloned())
             .filter(|h| h.is_held())
     }
 
@@ -168,7 +243,7 @@ impl<T> LocalQueues<T> {
         key: &str,
     ) -> Option<(Token, std::time::Duration, Option<Arc<str>>)> {
         let mut map = self.lock();
-        let q = map.get_mut(key)?;
+        let q = queue_of(&mut map, key)?;
         let (_, head) = q.waiters.first_key_value()?;
         let (ttl, label) = (head.options.ttl(), head.label.clone());
         let token = Token::clone(
@@ -181,29 +256,34 @@ impl<T> LocalQueues<T> {
     /// Retires `token` as `key`'s wait token (its acquisition completed, or may have): the
     /// next attempt uses a fresh one, so a token never serves two leases.
     pub(crate) fn retire_token(&self, key: &str, token: &Token) {
-        if let Some(q) = self.lock().get_mut(key)
+        let mut map = self.lock();
+        if let Some(q) = queue_of(&mut map, key)
             && q.wait_token.as_deref() == Some(token)
         {
             q.wait_token = None;
+            tidy(&mut map, key);
         }
     }
 
     /// Keeps `sub` for the next head of `key`'s queue (dropped at once if the key has no entry).
     pub(crate) fn park(&self, key: &str, sub: Subscription) {
         let mut map = self.lock();
-        if let Some(q) = map.get_mut(key)
-            && q.parked.is_none()
-        {
-            q.parked = Some(Box::new(sub));
+        if let Some(slot) = map.get_mut(key) {
+            let q = slot.queue_mut();
+            if q.parked.is_none() {
+                q.parked = Some(Box::new(sub));
+            }
         }
     }
 
     /// The subscription a previous head left for `key`, if any.
     pub(crate) fn take_parked(&self, key: &str) -> Option<Subscription> {
-        self.lock()
-            .get_mut(key)
-            .and_then(|q| q.parked.take())
-            .map(|sub| *sub)
+        let mut map = self.lock();
+        let sub = queue_of(&mut map, key).and_then(|q| q.parked.take());
+        if sub.is_some() {
+            tidy(&mut map, key);
+        }
+        sub.map(|sub| *sub)
     }
 
     /// Records that a task of this client now holds `key` with `lease`.
@@ -211,25 +291,40 @@ impl<T> LocalQueues<T> {
         let mut map = self.lock();
         // The entry is kept under the lease's own copy of the name: a held lock costs one copy
         // of it (the waiter that made the entry had its own).
-        let q = match map.remove(key) {
-            Some(q) => map.entry(lease.key_arc().clone()).or_insert(q),
-            None => map.entry(lease.key_arc().clone()).or_default(),
-        };
-        q.holder = Some(lease.clone());
-        // A head waiting on the engine now waits locally instead.
-        q.wake_head();
+        match map.remove(key) {
+            Some(Slot::Queue(mut q)) => {
+                q.holder = Some(lease.clone());
+                // A head waiting on the engine now waits locally instead.
+                q.wake_head();
+                let mut slot = Slot::Queue(q);
+                slot.compact();
+                map.insert(lease.key_arc().clone(), slot);
+            }
+            Some(Slot::Held(_)) | None => {
+                map.insert(lease.key_arc().clone(), Slot::Held(lease.clone()));
+            }
+        }
     }
 
     /// Records that `lease` no longer holds `key`, and lets the head of the queue go.
     pub(crate) fn clear_holder(&self, key: &str, lease: &Arc<LeaseShared>) {
         let mut map = self.lock();
-        let Some(q) = map.get_mut(key) else { return };
-        if q.holder.as_ref().is_some_and(|h| Arc::ptr_eq(h, lease)) {
-            q.holder = None;
-            q.wake_head();
-        }
-        if q.is_idle() {
-            map.remove(key);
+        let Some(slot) = map.get_mut(key) else { return };
+        match slot {
+            Slot::Held(h) => {
+                if Arc::ptr_eq(h, lease) {
+                    map.remove(key);
+                }
+            }
+            Slot::Queue(q) => {
+                if q.holder.as_ref().is_some_and(|h| Arc::ptr_eq(h, lease)) {
+                    q.holder = None;
+                    q.wake_head();
+                }
+                if q.is_idle() {
+                    map.remove(key);
+                }
+            }
         }
     }
 
@@ -237,7 +332,7 @@ impl<T> LocalQueues<T> {
     /// holder and somebody waits.
     pub(crate) fn offer(&self, key: &str, lease: &Arc<LeaseShared>) -> Option<HandoffOffer<T>> {
         let mut map = self.lock();
-        let q = map.get_mut(key)?;
+        let q = queue_of(&mut map, key)?;
         if !q.holder.as_ref().is_some_and(|h| Arc::ptr_eq(h, lease)) {
             return None;
         }
@@ -272,12 +367,11 @@ impl<T> LocalQueues<T> {
         match offer.handoff.send(value) {
             Ok(()) => {
                 q.holder = Some(new_lease.clone());
+                tidy(&mut map, key);
                 Ok(())
             }
             Err(v) => {
-                if q.is_idle() {
-                    map.remove(key);
-                }
+                tidy(&mut map, key);
                 Err(v)
             }
         }
@@ -289,9 +383,7 @@ impl<T> LocalQueues<T> {
         let q = entry(&mut map, key);
         q.offered = q.offered.saturating_sub(1);
         if offer.handoff.is_closed() {
-            if q.is_idle() {
-                map.remove(key);
-            }
+            tidy(&mut map, key);
             return;
         }
         offer.turn.notify_one();
@@ -318,15 +410,15 @@ impl<T> QueuePlace<'_, T> {
             return QueuePosition::Handed(v);
         }
         let map = self.queues.lock();
-        let Some(q) = map.get(self.key) else {
+        let Some(slot) = map.get(self.key) else {
             return QueuePosition::Head;
         };
+        let q = slot.queue();
         let is_head = q
-            .waiters
-            .first_key_value()
+            .and_then(|q| q.waiters.first_key_value())
             .is_some_and(|(id, _)| *id == self.id);
         if is_head {
-            return match &q.holder {
+            return match slot.holder() {
                 Some(h) if h.is_held() => QueuePosition::Behind(Some(h.clone())),
                 // Released, and the release is on its way: wait for it to complete (the holder
                 // then clears itself and nudges us), or our attempt would only race it (and,
@@ -338,7 +430,7 @@ impl<T> QueuePlace<'_, T> {
         }
         // Behind others, or offered a hand-off: the releasing holder will deliver it or put us
         // back.
-        if q.waiters.contains_key(&self.id) || self.rx.is_some() {
+        if q.is_some_and(|q| q.waiters.contains_key(&self.id)) || self.rx.is_some() {
             QueuePosition::Behind(None)
         } else {
             QueuePosition::Head
@@ -375,8 +467,9 @@ impl<T> QueuePlace<'_, T> {
     /// The token for this waiter's next attempt: the queue's wait token (see `KeyQueue`).
     pub(crate) fn wait_token(&self) -> Token {
         match self.queues.lock().get_mut(self.key) {
-            Some(q) => Token::clone(
-                q.wait_token
+            Some(slot) => Token::clone(
+                slot.queue_mut()
+                    .wait_token
                     .get_or_insert_with(|| Box::new(Token::generate())),
             ),
             None => Token::generate(),
@@ -392,7 +485,7 @@ impl<T> QueuePlace<'_, T> {
 impl<T> Drop for QueuePlace<'_, T> {
     fn drop(&mut self) {
         let mut map = self.queues.lock();
-        let Some(q) = map.get_mut(self.key) else {
+        let Some(q) = queue_of(&mut map, self.key) else {
             return;
         };
         let was_head = q
@@ -402,13 +495,85 @@ impl<T> Drop for QueuePlace<'_, T> {
         if q.waiters.remove(&self.id).is_some() && was_head {
             q.wake_head();
         }
-        if q.is_idle() {
-            map.remove(self.key);
-        }
+        tidy(&mut map, self.key);
         // A hand-off delivered but never taken: dropping the receiver drops the value, whose own
         // Drop releases the lease.
     }
 }
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{LocalQueues, Slot};
+    use crate::clock::SystemClock;
+    use crate::engine::LeaseKind;
+    use crate::lease::{LeaseShared, LeaseSpec};
+    use crate::options::LockOptions;
+    use crate::token::Token;
+
+    fn lease(name: &str) -> Arc<LeaseShared> {
+        let spec = LeaseSpec {
+            key: name.into(),
+            token: Token::generate(),
+            kind: LeaseKind::Exclusive,
+            fence: None,
+            clock: Arc::new(SystemClock),
+            options: opts(),
+            recorded: false,
+            engine: "test",
+        };
+        Arc::new(LeaseShared::new(spec, std::time::Instant::now()))
+    }
+
+    fn opts() -> LockOptions {
+        LockOptions::builder()
+            .ttl(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    }
+
+    fn held_alone(q: &LocalQueues<u8>, key: &str) -> Option<bool> {
+        q.lock().get(key).map(|s| matches!(s, Slot::Held(_)))
+    }
+
+    /// A held name nobody here waits for keeps its holder alone; a waiter makes it a queue,
+    /// which goes back to the holder alone when the waiter leaves.
+    #[test]
+    fn a_held_name_without_waiters_keeps_its_holder_alone() {
+        let q = LocalQueues::<u8>::new();
+        let l = lease("a");
+        q.set_holder("a", &l);
+        assert_eq!(held_alone(&q, "a"), Some(true));
+        assert!(q.live_holder("a").is_some_and(|h| Arc::ptr_eq(&h, &l)));
+        let place = q.join("a", opts(), None);
+        assert_eq!(held_alone(&q, "a"), Some(false));
+        let (token, _, _) = q.next_waiter("a").expect("a waiter");
+        drop(place);
+        // The wait token the waiter was given stays for the next one until it is retired.
+        assert_eq!(held_alone(&q, "a"), Some(false));
+        q.retire_token("a", &token);
+        assert_eq!(held_alone(&q, "a"), Some(true));
+        q.clear_holder("a", &l);
+        assert_eq!(held_alone(&q, "a"), None, "nothing left for the name");
+    }
+
+    /// A hand-off to the head waiter leaves the new holder alone once nobody else waits.
+    #[test]
+    fn a_handoff_to_the_last_waiter_leaves_its_holder_alone() {
+        let q = LocalQueues::<u8>::new();
+        let (first, second) = (lease("b"), lease("b"));
+        q.set_holder("b", &first);
+        let mut place = q.join("b", opts(), None);
+        let offer = q.offer("b", &first).expect("a waiter to offer");
+        q.deliver("b", offer, &second, 7).expect("delivered");
+        assert_eq!(held_alone(&q, "b"), Some(true));
+        assert!(matches!(place.position(), super::QueuePosition::Handed(7)));
+        drop(place);
+        assert!(q.live_holder("b").is_some_and(|h| Arc::ptr_eq(&h, &second)));
+    }
+}
+
 /// What a held lock costs the client in its structures: the lease, and its name's entry here
 /// (a client holds 100,000 locks; P10 of distlock-bench measures the whole process).
 #[cfg(all(test, target_pointer_width = "64"))]
@@ -416,8 +581,10 @@ mod size {
     #[test]
     fn a_held_lock_stays_small() {
         let lease = std::mem::size_of::<crate::lease::LeaseShared>();
-        let entry = std::mem::size_of::<super::KeyQueue<u64>>();
+        let queue = std::mem::size_of::<super::KeyQueue<u64>>();
+        let entry = std::mem::size_of::<super::Slot<u64>>();
         assert!(lease <= 224, "a lease is {lease} bytes");
-        assert!(entry <= 56, "a local queue entry is {entry} bytes");
+        assert!(queue <= 56, "a local queue is {queue} bytes");
+        assert!(entry <= 16, "a held name's entry is {entry} bytes");
     }
 }
