@@ -29,12 +29,12 @@ fn item_ttl(ttl: Duration) -> u64 {
     ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0) + 1
 }
 
-/// A lock we hold: its key and item, the value we wrote (renewals write it again) and the
-/// item's CAS.
+/// A lock we hold: its key, the value we wrote (renewals write it again) and the item's CAS.
+/// The item's name is made again from the key when needed (a copy of it cost every lock about
+/// 80 bytes more, for a concatenation at each renewal).
 struct Held {
-    key: String,
-    item: String,
-    value: String,
+    key: Box<str>,
+    value: Box<str>,
     cas: u64,
 }
 
@@ -42,7 +42,7 @@ struct Inner {
     config: MemcachedConfig,
     pool: Pool,
     /// By token. foldhash rather than SipHash: touched at every acquisition and release.
-    held: Mutex<HashMap<String, Held, foldhash::fast::RandomState>>,
+    held: Mutex<HashMap<Box<str>, Held, foldhash::fast::RandomState>>,
 }
 
 /// A lock engine on memcached, as seed 000 builds it, with its repairs and its limits:
@@ -214,11 +214,10 @@ impl Backend for MemcachedBackend {
             && HolderValue::parse(&value).token == req.token.as_str()
         {
             self.inner.held.locked().insert(
-                req.token.as_str().to_owned(),
+                req.token.as_str().into(),
                 Held {
-                    key: req.name.to_owned(),
-                    item,
-                    value,
+                    key: req.name.into(),
+                    value: value.into(),
                     cas,
                 },
             );
@@ -242,11 +241,10 @@ impl Backend for MemcachedBackend {
             "HD" => {
                 let cas = r.cas.ok_or_else(|| unexpected(DOING, &r))?;
                 self.inner.held.locked().insert(
-                    req.token.as_str().to_owned(),
+                    req.token.as_str().into(),
                     Held {
-                        key: req.name.to_owned(),
-                        item,
-                        value,
+                        key: req.name.into(),
+                        value: value.into(),
                         cas,
                     },
                 );
@@ -270,16 +268,17 @@ impl Backend for MemcachedBackend {
     async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
         let (key, token) = (lease.name, lease.token);
         self.settle(token.as_str()).await?;
-        let Some((item, value, cas)) = self
+        let Some((value, cas)) = self
             .inner
             .held
             .locked()
             .get(token.as_str())
-            .filter(|h| h.key == key)
-            .map(|h| (h.item.clone(), h.value.clone(), h.cas))
+            .filter(|h| *h.key == *key)
+            .map(|h| (h.value.clone(), h.cas))
         else {
             return Ok(LeaseCheck::Missing);
         };
+        let item = self.item(key);
         let line = [
             Arg::Word("ms"),
             Arg::Word(&item),
@@ -316,12 +315,12 @@ impl Backend for MemcachedBackend {
         let held = {
             let mut map = self.inner.held.locked();
             match map.get(token.as_str()) {
-                Some(h) if h.key == key => map.remove(token.as_str()),
+                Some(h) if *h.key == *key => map.remove(token.as_str()),
                 _ => None,
             }
         };
         let (item, cas) = match held {
-            Some(h) => (h.item, h.cas),
+            Some(h) => (self.item(key), h.cas),
             None => {
                 // No record: an acquire cancelled after its add was sent (the core cleans up
                 // with its token). Ours if the item carries our token: delete it by the CAS
@@ -386,7 +385,7 @@ impl Linger for MemcachedBackend {
             let mut held = self.inner.held.locked();
             if held
                 .get(lease.token.as_str())
-                .is_some_and(|h| h.key == lease.name)
+                .is_some_and(|h| *h.key == *lease.name)
             {
                 held.remove(lease.token.as_str());
             }
