@@ -389,6 +389,9 @@ async fn wait_in<B: Backend>(
             // round trip, so it comes first, and the first attempt can take its place in the
             // engine's queue (no attempt more after subscribing).
             let token = own.token.get_or_insert_with(Token::generate).clone();
+            // The engine may queue the token as it subscribes (PostgreSQL takes its ticket
+            // then): given up from here, it is cleaned up as after a waiting attempt.
+            own.queued = true;
             if let Ok(Some(s)) = holding.driver().subscribe(key, kind, &token).await {
                 *sub = Some(s);
                 subscribed = true;
@@ -442,7 +445,11 @@ async fn wait_in<B: Backend>(
             // (The token the next attempts carry: the engine may tell this waiter by it.)
             let token = match ticket.as_ref() {
                 Some(t) => t.wait_token(),
-                None => own.token.get_or_insert_with(Token::generate).clone(),
+                None => {
+                    // As above: the engine may queue the token as it subscribes.
+                    own.queued = true;
+                    own.token.get_or_insert_with(Token::generate).clone()
+                }
             };
             match holding.driver().subscribe(key, kind, &token).await {
                 Ok(Some(s)) => {

@@ -58,6 +58,10 @@ struct Fake {
     linger: Option<bool>,
     /// The leases left, with the time each was left for.
     lingered: Mutex<Vec<(String, Duration)>>,
+    /// The leases of one renewal call.
+    max_batch: usize,
+    /// From this renewal call on (counting from 1; 0: never), calls never answer.
+    hang_batches_from: AtomicU32,
 }
 
 impl Fake {
@@ -77,6 +81,8 @@ impl Fake {
             taken_ago: Mutex::new(None),
             linger: None,
             lingered: Mutex::default(),
+            max_batch: 1024,
+            hang_batches_from: AtomicU32::new(0),
         }
     }
     fn timeout() -> LockError {
@@ -202,12 +208,20 @@ impl Linger for FakeEngine {
 }
 
 impl BatchRenew for FakeEngine {
+    fn max_batch(&self) -> usize {
+        self.0.max_batch
+    }
+
     fn renew_many<'a>(
         &'a self,
         items: &'a [RenewItem<'a>],
     ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
         Box::pin(async move {
-            self.0.batches.fetch_add(1, Ordering::SeqCst);
+            let call = self.0.batches.fetch_add(1, Ordering::SeqCst) + 1;
+            let hang_from = self.0.hang_batches_from.load(Ordering::SeqCst);
+            if hang_from > 0 && call >= hang_from {
+                return std::future::pending().await;
+            }
             // A busy client: the batch leaves a little after the watchdog decided to send it.
             tokio::time::sleep(Duration::from_millis(1)).await;
             let mut out = Vec::new();
@@ -479,6 +493,42 @@ async fn renewals_of_many_leases_go_out_in_one_batch_per_tick() {
     for g in guards {
         assert_eq!(g.release().await.unwrap(), Released::Held);
     }
+}
+
+/// A batch goes out in chunks, one after another. The engine answers the first chunk and
+/// never the second: the first chunk's leases are renewed (their answer came), the second's
+/// are lost as unreachable when the batch runs out of time.
+#[tokio::test]
+async fn a_chunk_answered_before_the_batch_times_out_keeps_its_leases() {
+    let mut fake = Fake::new();
+    fake.max_batch = 2;
+    fake.hang_batches_from = AtomicU32::new(2);
+    let fake = Arc::new(fake);
+    let client = LockClient::builder(FakeEngine(fake.clone()))
+        .options(
+            ttl_opts(3000)
+                .renew_interval(Duration::from_millis(1000))
+                .build()
+                .unwrap(),
+        )
+        .build();
+    let mut guards = Vec::new();
+    for i in 0..4 {
+        guards.push(client.try_acquire(&format!("c{i}")).await.unwrap().unwrap());
+    }
+    // One tick at about 1 s sends the four in two chunks; the second never comes back, and
+    // the batch gives up at the leases' deadline (3 s, less drift).
+    let lost = tokio::time::timeout(Duration::from_secs(5), guards[2].lost())
+        .await
+        .expect("the unanswered chunk's leases are lost");
+    assert_eq!(lost, LostReason::Unreachable);
+    assert_eq!(guards[3].lost().await, LostReason::Unreachable);
+    assert!(
+        guards[0].is_held() && guards[1].is_held(),
+        "the answered chunk's leases were renewed, and are still held"
+    );
+    assert!(fake.batches.load(Ordering::SeqCst) >= 2);
+    drop(guards);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

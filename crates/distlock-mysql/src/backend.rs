@@ -794,6 +794,12 @@ impl BatchRenew for MysqlBackend {
                 .renew_many_seeded(items, SeededBug::MysqlSessionHeld),
         )
     }
+
+    /// See [`RENEW_CHUNK`](distlock_core::engine::pool::RENEW_CHUNK): a chunk costs a
+    /// statement per session it touches, whatever its size.
+    fn max_batch(&self) -> usize {
+        distlock_core::engine::pool::RENEW_CHUNK
+    }
 }
 
 impl Sessions for MysqlBackend {

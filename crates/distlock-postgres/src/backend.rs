@@ -564,6 +564,12 @@ impl BatchRenew for PgBackend {
     ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
         Box::pin(self.renew_batch(items))
     }
+
+    /// See [`RENEW_CHUNK`](distlock_core::engine::pool::RENEW_CHUNK): a chunk costs a
+    /// statement per session it touches, whatever its size.
+    fn max_batch(&self) -> usize {
+        distlock_core::engine::pool::RENEW_CHUNK
+    }
 }
 
 impl Breaker for PgBackend {

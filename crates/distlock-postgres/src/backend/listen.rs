@@ -241,8 +241,10 @@ impl PgBackend {
         let place = async {
             if let Some((token, kind)) = waiter
                 && self.ticket_seq(token).is_none()
+                && let Err(e) = self.ticket(token, kind, order::GRACE_MIN, id).await
             {
-                let _ = self.ticket(token, kind, order::GRACE_MIN, id).await;
+                tracing::debug!(target: "distlock", id, error = %e,
+                    "no ticket for a PostgreSQL waiter as it subscribed: its next attempt tries");
             }
         };
         let (confirmed, ()) = tokio::join!(sub.confirmed(self.config().response_timeout), place);
