@@ -568,3 +568,25 @@ impl fmt::Debug for LeaseHandle {
             .finish()
     }
 }
+
+#[cfg(test)]
+impl LeaseShared {
+    /// An exclusive lease on `name` for the core's unit tests: a fresh token, a 30 s TTL, the
+    /// system clock, taken now.
+    pub(crate) fn for_test(name: &str) -> LeaseShared {
+        let spec = LeaseSpec {
+            key: name.into(),
+            token: Token::generate(),
+            kind: LeaseKind::Exclusive,
+            fence: None,
+            clock: Arc::new(crate::clock::SystemClock),
+            options: LockOptions::builder()
+                .ttl(Duration::from_secs(30))
+                .build()
+                .expect("options"),
+            recorded: false,
+            engine: "test",
+        };
+        LeaseShared::new(spec, Instant::now())
+    }
+}

@@ -501,78 +501,7 @@ impl<T> Drop for QueuePlace<'_, T> {
     }
 }
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use super::{LocalQueues, Slot};
-    use crate::clock::SystemClock;
-    use crate::engine::LeaseKind;
-    use crate::lease::{LeaseShared, LeaseSpec};
-    use crate::options::LockOptions;
-    use crate::token::Token;
-
-    fn lease(name: &str) -> Arc<LeaseShared> {
-        let spec = LeaseSpec {
-            key: name.into(),
-            token: Token::generate(),
-            kind: LeaseKind::Exclusive,
-            fence: None,
-            clock: Arc::new(SystemClock),
-            options: opts(),
-            recorded: false,
-            engine: "test",
-        };
-        Arc::new(LeaseShared::new(spec, std::time::Instant::now()))
-    }
-
-    fn opts() -> LockOptions {
-        LockOptions::builder()
-            .ttl(Duration::from_secs(30))
-            .build()
-            .unwrap()
-    }
-
-    fn held_alone(q: &LocalQueues<u8>, key: &str) -> Option<bool> {
-        q.lock().get(key).map(|s| matches!(s, Slot::Held(_)))
-    }
-
-    /// A held name nobody here waits for keeps its holder alone; a waiter makes it a queue,
-    /// which goes back to the holder alone when the waiter leaves.
-    #[test]
-    fn a_held_name_without_waiters_keeps_its_holder_alone() {
-        let q = LocalQueues::<u8>::new();
-        let l = lease("a");
-        q.set_holder("a", &l);
-        assert_eq!(held_alone(&q, "a"), Some(true));
-        assert!(q.live_holder("a").is_some_and(|h| Arc::ptr_eq(&h, &l)));
-        let place = q.join("a", opts(), None);
-        assert_eq!(held_alone(&q, "a"), Some(false));
-        let (token, _, _) = q.next_waiter("a").expect("a waiter");
-        drop(place);
-        // The wait token the waiter was given stays for the next one until it is retired.
-        assert_eq!(held_alone(&q, "a"), Some(false));
-        q.retire_token("a", &token);
-        assert_eq!(held_alone(&q, "a"), Some(true));
-        q.clear_holder("a", &l);
-        assert_eq!(held_alone(&q, "a"), None, "nothing left for the name");
-    }
-
-    /// A hand-off to the head waiter leaves the new holder alone once nobody else waits.
-    #[test]
-    fn a_handoff_to_the_last_waiter_leaves_its_holder_alone() {
-        let q = LocalQueues::<u8>::new();
-        let (first, second) = (lease("b"), lease("b"));
-        q.set_holder("b", &first);
-        let mut place = q.join("b", opts(), None);
-        let offer = q.offer("b", &first).expect("a waiter to offer");
-        q.deliver("b", offer, &second, 7).expect("delivered");
-        assert_eq!(held_alone(&q, "b"), Some(true));
-        assert!(matches!(place.position(), super::QueuePosition::Handed(7)));
-        drop(place);
-        assert!(q.live_holder("b").is_some_and(|h| Arc::ptr_eq(&h, &second)));
-    }
-}
+mod tests;
 
 /// What a held lock costs the client in its structures: the lease, and its name's entry here
 /// (a client holds 100,000 locks; P10 of distlock-bench measures the whole process).

@@ -172,27 +172,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::clock::SystemClock;
-    use crate::engine::LeaseKind;
-    use crate::lease::LeaseSpec;
-    use crate::options::LockOptions;
-    use crate::token::Token;
 
     fn lease_named(name: &str) -> LeaseShared {
-        let spec = LeaseSpec {
-            key: name.into(),
-            token: Token::generate(),
-            kind: LeaseKind::Exclusive,
-            fence: None,
-            clock: Arc::new(SystemClock),
-            options: LockOptions::builder()
-                .ttl(Duration::from_secs(30))
-                .build()
-                .expect("options"),
-            recorded: false,
-            engine: "test",
-        };
-        LeaseShared::new(spec, std::time::Instant::now())
+        LeaseShared::for_test(name)
     }
 
     /// Counts the futures dropped.
