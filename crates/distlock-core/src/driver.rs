@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
 use crate::engine::{
-    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, LeaseCheck, LeaseKind,
-    LeaseRef, LockStatus, LostReason, NextWaiter, RenewItem, Subscription,
+    AcquireRequest, Attempt, Backend, BatchRenew, BreakOutcome, LeaseCheck, LeaseKind, LeaseRef,
+    LockStatus, NextWaiter, RenewItem, SessionWatch, Subscription,
 };
 use crate::error::{ErrorKind, LockError};
 
@@ -232,11 +232,16 @@ impl<B: Backend> Driver<B> {
     }
 
     /// The engine's word that the session holding `lease` ended, if it has sessions.
-    pub(crate) fn session_end(
-        &self,
-        lease: &LeaseRef<'_>,
-    ) -> Option<BoxFuture<'static, LostReason>> {
+    pub(crate) fn session_end(&self, lease: &LeaseRef<'_>) -> Option<SessionWatch> {
         self.backend.sessions().map(|s| s.session_end(lease))
+    }
+
+    /// Whether `lease` was still on the shared `session` when it ended (see
+    /// [`Sessions::still_on`](crate::engine::Sessions::still_on)).
+    pub(crate) fn still_on(&self, lease: &LeaseRef<'_>, session: u64) -> bool {
+        self.backend
+            .sessions()
+            .is_none_or(|s| s.still_on(lease, session))
     }
 
     /// Takes a lease that is no longer renewed off its session, where the engine shares

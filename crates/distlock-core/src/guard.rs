@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::driver::Driver;
-use crate::engine::{Backend, LeaseCheck, LeaseKind};
+use crate::engine::{Backend, LeaseCheck, LeaseKind, LeaseRef};
 use crate::error::{ErrorKind, LockError};
 use crate::lease::{LeaseEnd, LeaseHandle, LeaseShared, LostReason};
 use crate::local::LocalQueues;
@@ -59,11 +59,16 @@ pub(crate) struct Holding<B: Backend> {
 
 impl<B: Backend> Holding<B> {
     pub(crate) fn new(driver: Driver<B>, local_queue: bool) -> Self {
+        let driver = Arc::new(driver);
+        let engine = Arc::downgrade(&driver);
+        let still_on = Box::new(move |lease: &LeaseRef<'_>, session: u64| {
+            engine.upgrade().is_some_and(|d| d.still_on(lease, session))
+        });
         Holding {
-            driver: Arc::new(driver),
+            driver,
             local: local_queue.then(LocalQueues::new),
             watchdog: Watchdog::new(),
-            losses: crate::lease::losses::Losses::new(),
+            losses: crate::lease::losses::Losses::new(still_on),
         }
     }
 

@@ -157,9 +157,8 @@ async fn run<B: Backend>(driver: Weak<Driver<B>>, inbox: Arc<Inbox>) {
             () = inbox.wake.notified() => {}
             () = sleep => {
                 let Some(driver) = driver.upgrade() else { return };
-                let batch = schedule.collect(TokioInstant::now(), &mut left_off);
-                if let Some(deadline) = schedule.batch_deadline() {
-                    in_flight.push(send(driver, batch, deadline));
+                if let Some(batch) = schedule.collect(TokioInstant::now(), &mut left_off) {
+                    in_flight.push(send(driver, batch.items, batch.deadline));
                 }
             }
         }

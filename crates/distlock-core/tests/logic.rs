@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, BatchRenew, BoxFuture, Capabilities, Fencing, LeaseCheck, LeaseRef,
-    Linger, RenewItem, Sessions,
+    Linger, RenewItem, SessionEnd, SessionWatch, Sessions,
 };
 use distlock_core::{
     Backend, ErrorKind, LockClient, LockError, LockOptions, LockStatus, LostReason, ManualClock,
@@ -50,7 +50,7 @@ struct Fake {
     /// How far the manual clock moves while an acquire is in flight.
     latency: Duration,
     /// Set: the engine tells of lost leases itself (`loss_events`), when this says so.
-    loss: Option<tokio::sync::watch::Sender<Option<LostReason>>>,
+    loss: Option<SessionEnd>,
     /// Set: acquisitions are answered as taken this long ago (`AcquiredEarlier`).
     taken_ago: Mutex<Option<Duration>>,
     /// Set: leases can be left to run out by themselves (`Linger`); `Some(true)`: leaving one
@@ -234,21 +234,20 @@ impl BatchRenew for FakeEngine {
 }
 
 impl Sessions for FakeEngine {
-    fn session_end(&self, _lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason> {
-        let rx = self.0.loss.as_ref().map(|tx| tx.subscribe());
-        Box::pin(async move {
-            let Some(mut rx) = rx else {
-                return std::future::pending().await;
-            };
-            loop {
-                if let Some(reason) = *rx.borrow_and_update() {
-                    return reason;
-                }
-                if rx.changed().await.is_err() {
-                    return std::future::pending().await;
-                }
-            }
-        })
+    /// Every lease on one session.
+    fn session_end(&self, _lease: &LeaseRef<'_>) -> SessionWatch {
+        match &self.0.loss {
+            Some(end) => SessionWatch::Shared {
+                session: 1,
+                end: end.clone(),
+            },
+            None => SessionWatch::Never,
+        }
+    }
+
+    /// A lock named `moved` has left the session (as an etcd key moves to a lease of its own).
+    fn still_on(&self, lease: &LeaseRef<'_>, session: u64) -> bool {
+        session == 1 && lease.name != "moved"
     }
 }
 
@@ -741,22 +740,28 @@ async fn a_short_lease_taken_while_the_watchdog_sleeps_long_is_renewed_in_time()
 
 #[tokio::test]
 async fn an_engine_that_tells_of_a_loss_ends_the_lease_at_once() {
-    let (tx, _rx) = tokio::sync::watch::channel(None);
+    let end = SessionEnd::new();
     let mut fake = Fake::new();
-    fake.loss = Some(tx.clone());
+    fake.loss = Some(end.clone());
     let client = LockClient::builder(FakeEngine(Arc::new(fake)))
         .options(ttl_opts(60_000).build().unwrap())
         .build();
     let g = client.try_acquire("k").await.unwrap().expect("free");
+    let other = client.try_acquire("k2").await.unwrap().expect("free");
+    let moved = client.try_acquire("moved").await.unwrap().expect("free");
     assert!(g.is_held());
     // The engine says so (a ZooKeeper session suspended): no renewal is due for 20 s.
-    tx.send_replace(Some(LostReason::Unreachable));
+    end.end(LostReason::Unreachable);
     let reason = tokio::time::timeout(Duration::from_secs(2), g.lost())
         .await
         .expect("lost fires at once");
     assert_eq!(reason, LostReason::Unreachable);
     assert!(!g.is_held());
     assert!(matches!(g.release().await.unwrap(), Released::Lost(_)));
+    assert!(!other.is_held(), "every lease on the session hears it");
+    // The engine says the lease had left the session: it is still held.
+    assert!(moved.is_held());
+    assert!(matches!(moved.release().await.unwrap(), Released::Held));
 }
 
 /// Options with a 5 s TTL and a wait budget of `d`.

@@ -9,8 +9,8 @@ use distlock_core::engine::queue::QueueRecipe;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     Downgrade, ErrorKind, Fencing, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
-    Linger, LockError, LockStatus, LostReason, RenewItem, Sessions, Subscription, WakeSource,
-    tag_value, untag_value,
+    Linger, LockError, LockStatus, LostReason, RenewItem, SessionWatch, Sessions, Subscription,
+    WakeSource, tag_value, untag_value,
 };
 
 use crate::config::EtcdConfig;
@@ -841,22 +841,22 @@ impl Sessions for EtcdBackend {
     ///
     /// A recorded holder (an election's leader) also watches its own key: a revoked lease, or
     /// an operator's delete, ends it at once rather than at the next keep-alive.
-    fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason> {
+    fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch {
         let Some(key) = self.store().key_of(lease.token) else {
-            return Box::pin(std::future::pending());
+            return SessionWatch::Never;
         };
         let session = self.inner.recipe.store().session_end(key.clone());
         let held = self.inner.recipe.held(lease.name, lease.token.as_str());
         let Some(held) = held.filter(|_| lease.recorded) else {
-            return Box::pin(session);
+            return SessionWatch::Own(Box::pin(session));
         };
         let me = self.clone();
-        Box::pin(async move {
+        SessionWatch::Own(Box::pin(async move {
             tokio::select! {
                 why = session => why,
                 () = me.key_gone(key, held.entry) => LostReason::Stolen,
             }
-        })
+        }))
     }
 
     /// Moves the key to a private lease of `ttl` (deletes it when `ttl` is zero), unless it is

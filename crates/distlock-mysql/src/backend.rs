@@ -17,7 +17,7 @@ use distlock_core::engine::pool::{PoolLimits, SHARED_PREFIX, SessionEnd, Session
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
-    LostReason, MutexExt, RenewItem, Sessions, shares_unbreakable,
+    LostReason, MutexExt, RenewItem, SessionWatch, Sessions, shares_unbreakable,
 };
 use distlock_core::seeded::SeededBug;
 use mysql_async::prelude::Queryable;
@@ -804,10 +804,15 @@ impl BatchRenew for MysqlBackend {
 
 impl Sessions for MysqlBackend {
     /// The end of the session the lock is on, as its next statement finds it.
-    fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason> {
+    fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch {
         self.inner
             .pool
             .session_end_seeded(lease.token.as_str(), SeededBug::MysqlSessionHeld)
+    }
+
+    /// Unless the client released it at its deadline meanwhile (nobody renewed it).
+    fn still_on(&self, lease: &LeaseRef<'_>, session: u64) -> bool {
+        self.inner.pool.still_on(lease.token.as_str(), session)
     }
 
     /// The client releases it when `ttl` has passed: a named lock cannot move to a session of

@@ -8,7 +8,7 @@ use distlock_core::engine::pool::{PoolLease, PoolLimits, SHARED_PREFIX, SessionP
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     Downgrade, ErrorKind, Fencing, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
-    LockError, LockStatus, LostReason, MutexExt, RenewItem, Sessions, WakeSource,
+    LockError, LockStatus, LostReason, MutexExt, RenewItem, SessionWatch, Sessions, WakeSource,
     shares_unbreakable,
 };
 use distlock_core::seeded::SeededBug;
@@ -625,10 +625,15 @@ impl PgBackend {
 impl Sessions for PgBackend {
     /// The end of the session the lock is on (the server closed it, an idle timeout, a
     /// termination): every lock on that session hears it.
-    fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason> {
+    fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch {
         self.inner
             .pool
             .session_end_seeded(lease.token.as_str(), SeededBug::PgSessionHeld)
+    }
+
+    /// Unless the client released it at its deadline meanwhile (nobody renewed it).
+    fn still_on(&self, lease: &LeaseRef<'_>, session: u64) -> bool {
+        self.inner.pool.still_on(lease.token.as_str(), session)
     }
 
     /// The client unlocks it when `ttl` has passed: an advisory lock cannot move to a session

@@ -8,7 +8,7 @@ use distlock_core::engine::queue::QueueRecipe;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     Downgrade, ErrorKind, Fencing, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
-    LockError, LockStatus, LostReason, RenewItem, Sessions, Subscription, WakeSource, tag_value,
+    LockError, LockStatus, RenewItem, SessionWatch, Sessions, Subscription, WakeSource, tag_value,
     untag_value,
 };
 use zookeeper_client::{Error, MultiReadResult};
@@ -418,10 +418,10 @@ impl Breaker for ZkBackend {
 
 impl Sessions for ZkBackend {
     /// The session suspended (disconnected) or expired since the lease was taken.
-    fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason> {
+    fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch {
         match self.recipe.entry(lease.token.as_str()) {
-            Some(e) => Box::pin(self.sessions().lost_after(e.entry.id.since)),
-            None => Box::pin(std::future::pending()),
+            Some(e) => self.sessions().session_watch(e.entry.id.since),
+            None => SessionWatch::Never,
         }
     }
 }

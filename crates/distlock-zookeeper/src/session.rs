@@ -3,10 +3,10 @@
 //! Curator's standard policy, since the server may expire the session meanwhile. After an
 //! expiry a new session is opened.
 
-use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
-use distlock_core::engine::{ErrorKind, LockError, LostReason};
+use distlock_core::engine::{ErrorKind, LockError, LostReason, MutexExt, SessionEnd, SessionWatch};
 use tokio::sync::watch;
 use zookeeper_client::{Client, Error, SessionState};
 
@@ -25,6 +25,9 @@ pub(crate) struct ZkSessions {
     current: RwLock<Arc<Session>>,
     /// How many times the session was suspended or expired, and why the last time.
     losses: watch::Sender<(u64, LostReason)>,
+    /// The end of the locks taken since the last loss: the next loss. Every lock taken
+    /// between two losses hears it through this one end.
+    epoch: Mutex<SessionEnd>,
 }
 
 pub(crate) fn map_err(e: Error, doing: &str) -> LockError {
@@ -195,6 +198,7 @@ impl ZkSessions {
             config,
             current: RwLock::new(session.clone()),
             losses,
+            epoch: Mutex::new(SessionEnd::new()),
         });
         monitor(Arc::downgrade(&sessions), &session);
         Ok(sessions)
@@ -232,9 +236,25 @@ impl ZkSessions {
         }
     }
 
+    /// How the lock taken after `since` losses hears the next one: with every lock taken since
+    /// the same loss, or at once when one came meanwhile.
+    pub(crate) fn session_watch(&self, since: u64) -> SessionWatch {
+        let epoch = self.epoch.locked();
+        if self.losses() == since {
+            return SessionWatch::Shared {
+                session: since,
+                end: epoch.clone(),
+            };
+        }
+        SessionWatch::Own(Box::pin(self.lost_after(since)))
+    }
+
     fn count_loss(&self, why: LostReason) {
+        let mut epoch = self.epoch.locked();
         self.losses
             .send_modify(|(n, reason)| (*n, *reason) = (*n + 1, why));
+        epoch.end(why);
+        *epoch = SessionEnd::new();
     }
 }
 

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::{
-    BoxFuture, LeaseCheck, LeaseKind, LeaseRef, LockStatus, LostReason, RenewItem, Subscription,
+    BoxFuture, LeaseCheck, LeaseKind, LeaseRef, LockStatus, RenewItem, SessionWatch, Subscription,
 };
 use crate::error::LockError;
 use crate::token::Token;
@@ -98,9 +98,18 @@ pub trait WakeSource: Send + Sync {
 /// session ended (or can no longer be trusted), every lease on it is lost at once, not at its
 /// next renewal.
 pub trait Sessions: Send + Sync {
-    /// Resolves, with the reason, when the session that holds `lease` (just acquired) ends.
-    /// Called once per lease; the future is dropped when the lease ends.
-    fn session_end(&self, lease: &LeaseRef<'_>) -> BoxFuture<'static, LostReason>;
+    /// How to hear that the session holding `lease` (just acquired) ends: the session it
+    /// shares with other leases, watched once for all of them, or a watch of its own. Called
+    /// once per lease.
+    fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch;
+
+    /// Whether `lease` was still on the shared `session` when that session ended (see
+    /// [`SessionWatch::Shared`]): only then is it lost. One the client released by itself
+    /// meanwhile, or moved to another session, is not. The default says yes.
+    fn still_on(&self, lease: &LeaseRef<'_>, session: u64) -> bool {
+        let _ = (lease, session);
+        true
+    }
 
     /// Takes a held lease off the session it shares with other leases: its holder stopped
     /// renewing it (a leaked guard, a hold limit reached, a lease the core gave up as lost)

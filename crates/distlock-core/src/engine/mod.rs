@@ -22,6 +22,7 @@ mod capability;
 mod dynamic;
 pub mod pool;
 pub mod queue;
+mod session;
 mod wake;
 
 use std::fmt;
@@ -34,6 +35,7 @@ pub use capability::{
     Sessions, WakeSource,
 };
 pub use dynamic::{AnyBackend, BoxFuture, DynBackend};
+pub use session::{SessionEnd, SessionWatch};
 pub use wake::{PredecessorWatches, Subscription, WakeHub};
 
 pub use crate::clock::Clock;

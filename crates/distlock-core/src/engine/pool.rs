@@ -34,10 +34,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{BoxFuture, LeaseCheck, LostReason, RenewItem};
+pub use super::SessionEnd;
+use super::{BoxFuture, LeaseCheck, LostReason, RenewItem, SessionWatch};
 use crate::error::{ErrorKind, LockError};
 use crate::sync::MutexExt;
 
@@ -58,14 +59,6 @@ const ENDING_GRACE: Duration = Duration::from_millis(100);
 
 /// How long a session with no timeout set may stay empty before the pool closes it.
 const EMPTY_UNTIMED: Duration = Duration::from_secs(60);
-
-impl std::fmt::Debug for SessionEnd {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("SessionEnd")
-            .field(&*self.0.borrow())
-            .finish()
-    }
-}
 
 impl<C> std::fmt::Debug for Session<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -152,55 +145,6 @@ impl Default for PoolLimits {
             sessions: 8,
             wait: Duration::from_secs(5),
         }
-    }
-}
-
-/// Where a session's end is reported: the engine's reader of the connection tells it, and every
-/// lease on the session hears it.
-#[derive(Clone)]
-pub struct SessionEnd(Arc<watch::Sender<Option<LostReason>>>);
-
-impl Default for SessionEnd {
-    fn default() -> Self {
-        SessionEnd::new()
-    }
-}
-
-impl SessionEnd {
-    /// A session that has not ended.
-    pub fn new() -> Self {
-        SessionEnd(Arc::new(watch::channel(None).0))
-    }
-
-    /// The session ended, for `why` (the first reason given stays).
-    pub fn end(&self, why: LostReason) {
-        self.0.send_if_modified(|e| {
-            if e.is_some() {
-                return false;
-            }
-            *e = Some(why);
-            true
-        });
-    }
-
-    /// Whether the session has ended.
-    pub fn is_over(&self) -> bool {
-        self.0.borrow().is_some()
-    }
-
-    /// Resolves with the reason when the session ends.
-    pub fn wait(&self) -> BoxFuture<'static, LostReason> {
-        let mut rx = self.0.subscribe();
-        Box::pin(async move {
-            loop {
-                if let Some(why) = *rx.borrow_and_update() {
-                    return why;
-                }
-                if rx.changed().await.is_err() {
-                    return std::future::pending().await;
-                }
-            }
-        })
     }
 }
 
@@ -806,14 +750,10 @@ impl<O: SessionOps> SessionPool<O> {
         out
     }
 
-    /// [`session_end`](Self::session_end), or never when the seeded bug `bug` is on.
-    pub fn session_end_seeded(
-        &self,
-        token: &str,
-        bug: crate::seeded::SeededBug,
-    ) -> BoxFuture<'static, LostReason> {
+    /// [`session_end`](Self::session_end), or nothing when the seeded bug `bug` is on.
+    pub fn session_end_seeded(&self, token: &str, bug: crate::seeded::SeededBug) -> SessionWatch {
         if crate::seeded::on(bug) {
-            return Box::pin(std::future::pending());
+            return SessionWatch::Never;
         }
         self.session_end(token)
     }
@@ -835,36 +775,28 @@ impl<O: SessionOps> SessionPool<O> {
         }
     }
 
-    /// Resolves when the session holding the lease of `token` ends; never if there is none.
-    ///
-    /// Only while the pool still tracks the lease: one the client released by itself at its
-    /// deadline (nobody renewed it) ended then, as expired, whatever its session does after.
-    pub fn session_end(&self, token: &str) -> BoxFuture<'static, LostReason> {
-        let lease = self
-            .state
+    /// The session holding the lease of `token`, shared with the other leases on it; nothing
+    /// if there is none.
+    pub fn session_end(&self, token: &str) -> SessionWatch {
+        match self.state.locked().leases.get(token) {
+            Some(t) => SessionWatch::Shared {
+                session: t.lease.session.id,
+                end: t.lease.session.end.clone(),
+            },
+            None => SessionWatch::Never,
+        }
+    }
+
+    /// Whether the lease of `token` is on `session` (see
+    /// [`Sessions::still_on`](super::Sessions::still_on)). Only while the pool still tracks
+    /// it: one the client released by itself at its deadline (nobody renewed it) ended then, as
+    /// expired, whatever its session does after.
+    pub fn still_on(&self, token: &str, session: u64) -> bool {
+        self.state
             .locked()
             .leases
             .get(token)
-            .map(|t| t.lease.clone());
-        let Some(lease) = lease else {
-            return Box::pin(std::future::pending());
-        };
-        let ended = lease.session.end.wait();
-        let pool = self.me.clone();
-        Box::pin(async move {
-            let why = ended.await;
-            let tracked = pool.upgrade().is_some_and(|p| {
-                p.state
-                    .locked()
-                    .leases
-                    .get(&lease.token)
-                    .is_some_and(|t| t.lease.same(&lease))
-            });
-            if !tracked {
-                return std::future::pending().await;
-            }
-            why
-        })
+            .is_some_and(|t| t.lease.session.id == session)
     }
 
     /// Its holder no longer renews the lease of `token` on `name`: the client releases it

@@ -1,20 +1,24 @@
 //! The engine's word that a lease is lost (its session ended), heard for every lease of a
 //! client by one task.
 //!
-//! A task per lease cost 257 bytes of task alone (a client holding 100,000 locks on etcd,
-//! ZooKeeper or a database: 25 MB). Here each lease's future sits in one `FuturesUnordered`,
-//! polled only when its engine wakes it: about 100 bytes a lease.
+//! A session carries many leases, so its end is waited for once ([`SessionWatch::Shared`]): the
+//! task keeps, per session, the leases on it (a weak reference each, 8 bytes), and when the
+//! session ends asks the engine which of them were still on it. A lease whose engine watches it
+//! alone ([`SessionWatch::Own`]) has its future in one `FuturesUnordered`, polled only when its
+//! engine wakes it. (A task per lease cost 257 bytes of task alone, and a future per lease about
+//! 580 bytes with its waiter.)
 //!
-//! A lease that ends by itself (released) leaves its future behind: nothing wakes it. The task
+//! A lease that ends by itself (released) leaves its entry behind: nothing wakes it. The task
 //! counts such ends ([`LossCounter`], told by the lease, which wakes the task every
-//! [`SWEEP_AFTER`] of them) and, once they outnumber the futures it holds by half, keeps only
-//! the futures of live leases: each end costs O(1) amortized, and the futures left behind are
+//! [`SWEEP_AFTER`] of them) and, once they outnumber the entries it holds by half, keeps only
+//! the entries of live leases: each end costs O(1) amortized, and the entries left behind are
 //! never many more than the live ones.
 //!
-//! A future that panics ends its lease as lost (`Unreachable`: nothing says it is still ours)
-//! and nothing else; a task that is gone (its runtime shut down) is started again by the next
-//! watch.
+//! A future that panics ends its lease (or its session's leases) as lost (`Unreachable`: nothing
+//! says they are still ours) and nothing else; a task that is gone (its runtime shut down) is
+//! started again by the next watch, which gives it every session's watch again.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -23,43 +27,67 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::{Notify, mpsc};
 
 use super::LeaseShared;
-use crate::engine::{BoxFuture, LostReason};
+use crate::engine::{BoxFuture, LeaseRef, LostReason, SessionEnd, SessionWatch};
 use crate::sync::MutexExt;
 
 /// Fewer ends than this never cause a sweep (a client with few leases sweeps rarely).
 const SWEEP_AFTER: usize = 64;
 
-/// One lease's watch: the engine's future, and the lease it ends.
-struct Watched {
-    lease: Weak<LeaseShared>,
-    lost: BoxFuture<'static, LostReason>,
+/// What a watch waits for: one lease's own future, or a shared session's end.
+enum Watched {
+    Lease {
+        lease: Weak<LeaseShared>,
+        lost: BoxFuture<'static, LostReason>,
+    },
+    Session {
+        session: u64,
+        end: BoxFuture<'static, LostReason>,
+    },
+}
+
+/// What a watch heard.
+enum Heard {
+    Lease(Weak<LeaseShared>, LostReason),
+    Session(u64, LostReason),
 }
 
 impl std::future::Future for Watched {
-    type Output = (Weak<LeaseShared>, LostReason);
+    type Output = Heard;
 
     fn poll(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        let lost = &mut self.lost;
+        let fut = match &mut *self {
+            Watched::Lease { lost, .. } => lost,
+            Watched::Session { end, .. } => end,
+        };
         let polled =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lost.as_mut().poll(cx)));
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(cx)));
         let polled = polled.unwrap_or_else(|_| {
             tracing::error!(target: "distlock",
-                "the engine's watch for a lease's session end panicked: the lease is lost");
+                "the engine's watch for a session's end panicked: its leases are lost");
             std::task::Poll::Ready(LostReason::Unreachable)
         });
-        polled.map(|why| (self.lease.clone(), why))
+        polled.map(|why| match &*self {
+            Watched::Lease { lease, .. } => Heard::Lease(lease.clone(), why),
+            Watched::Session { session, .. } => Heard::Session(*session, why),
+        })
     }
 }
 
 impl Watched {
+    /// Whether to keep it in a sweep: a session's end always (its leases are swept apart).
     fn live(&self) -> bool {
-        self.lease
-            .upgrade()
-            .is_some_and(|l| l.snapshot().end.is_none())
+        match self {
+            Watched::Lease { lease, .. } => live(lease),
+            Watched::Session { .. } => true,
+        }
     }
+}
+
+fn live(lease: &Weak<LeaseShared>) -> bool {
+    lease.upgrade().is_some_and(|l| l.snapshot().end.is_none())
 }
 
 /// The ends of watched leases since the last sweep, and the task's wake-up for a sweep.
@@ -86,84 +114,217 @@ impl LossCounter {
     }
 }
 
-/// The client's watcher: a channel to its task, started with the first watch.
-pub(crate) struct Losses {
-    tx: Mutex<Option<mpsc::UnboundedSender<Watched>>>,
+/// The leases on one shared session, and its end (to watch it again if the task starts over).
+struct Group {
+    end: SessionEnd,
+    leases: Vec<Weak<LeaseShared>>,
+}
+
+/// Whether a lease was still on a shared session when it ended: the engine's
+/// [`Sessions::still_on`](crate::engine::Sessions::still_on).
+pub(crate) type StillOn = Box<dyn Fn(&LeaseRef<'_>, u64) -> bool + Send + Sync>;
+
+/// What the client's side and the task share.
+struct Shared {
+    inner: Mutex<Inner>,
     counter: Arc<LossCounter>,
+    still_on: StillOn,
+}
+
+struct Inner {
+    /// The task's channel, from the first watch.
+    tx: Option<mpsc::UnboundedSender<Watched>>,
+    /// The leases of each shared session whose end is watched.
+    sessions: HashMap<u64, Group>,
+    /// How many leases the groups hold, ended or not.
+    grouped: usize,
+}
+
+/// The client's watcher.
+pub(crate) struct Losses {
+    shared: Arc<Shared>,
 }
 
 impl Losses {
-    pub(crate) fn new() -> Self {
+    /// A watcher that asks `still_on` which leases of a shared session were on it at its end.
+    pub(crate) fn new(still_on: StillOn) -> Self {
         Losses {
-            tx: Mutex::new(None),
-            counter: Arc::new(LossCounter::default()),
+            shared: Arc::new(Shared {
+                inner: Mutex::new(Inner {
+                    tx: None,
+                    sessions: HashMap::new(),
+                    grouped: 0,
+                }),
+                counter: Arc::new(LossCounter::default()),
+                still_on,
+            }),
         }
     }
 
-    /// Ends `lease` as lost when `lost` resolves (unless it ended before).
-    pub(crate) fn watch(&self, lease: &Arc<LeaseShared>, lost: BoxFuture<'static, LostReason>) {
-        lease.set_loss_counter(&self.counter);
-        let mut w = Watched {
-            lease: Arc::downgrade(lease),
-            lost,
-        };
-        let mut tx = self.tx.locked();
-        if let Some(t) = tx.as_ref() {
-            match t.send(w) {
-                Ok(()) => return,
-                // The task is gone (its runtime shut down): another one takes it.
-                Err(mpsc::error::SendError(back)) => w = back,
+    /// Ends `lease` as lost when what `watch` waits for comes (unless it ended before).
+    pub(crate) fn watch(&self, lease: &Arc<LeaseShared>, watch: SessionWatch) {
+        let w = match watch {
+            SessionWatch::Never => return,
+            SessionWatch::Own(lost) => Watched::Lease {
+                lease: Arc::downgrade(lease),
+                lost,
+            },
+            SessionWatch::Shared { session, end } => {
+                lease.set_loss_counter(&self.shared.counter);
+                let mut inner = self.shared.inner.locked();
+                inner.grouped += 1;
+                if let Some(g) = inner.sessions.get_mut(&session) {
+                    g.leases.push(Arc::downgrade(lease));
+                    return;
+                }
+                let w = Watched::Session {
+                    session,
+                    end: end.wait(),
+                };
+                inner.sessions.insert(
+                    session,
+                    Group {
+                        end,
+                        leases: vec![Arc::downgrade(lease)],
+                    },
+                );
+                self.send(&mut inner, w);
+                return;
             }
-        }
+        };
+        lease.set_loss_counter(&self.shared.counter);
+        let mut inner = self.shared.inner.locked();
+        self.send(&mut inner, w);
+    }
+
+    /// Gives the task `w`, starting the task if there is none (or it is gone: its runtime shut
+    /// down); a new task is given every shared session's end again, with `w`.
+    fn send(&self, inner: &mut Inner, w: Watched) {
+        let w = match &inner.tx {
+            Some(t) => match t.send(w) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(back)) => back,
+            },
+            None => w,
+        };
         let (t, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, self.counter.clone()));
+        tokio::spawn(run(rx, self.shared.clone()));
+        // `w` may be the end of a session just entered: it is not sent twice.
+        let fresh = match &w {
+            Watched::Session { session, .. } => Some(*session),
+            Watched::Lease { .. } => None,
+        };
         let _ = t.send(w);
-        *tx = Some(t);
+        for (session, g) in &inner.sessions {
+            if fresh == Some(*session) {
+                continue;
+            }
+            let _ = t.send(Watched::Session {
+                session: *session,
+                end: g.end.wait(),
+            });
+        }
+        inner.tx = Some(t);
     }
 
     #[cfg(test)]
     pub(crate) fn ended(&self) -> usize {
-        self.counter.ended.load(Ordering::Relaxed)
+        self.shared.counter.ended.load(Ordering::Relaxed)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn grouped(&self) -> usize {
+        self.shared.inner.locked().grouped
     }
 }
 
 /// The task: until the client is dropped, takes new watches and ends the leases whose futures
-/// resolve; sweeps out the futures of leases that ended by themselves.
-async fn run(mut rx: mpsc::UnboundedReceiver<Watched>, counter: Arc<LossCounter>) {
+/// (or sessions) end; sweeps out the entries of leases that ended by themselves.
+async fn run(mut rx: mpsc::UnboundedReceiver<Watched>, shared: Arc<Shared>) {
+    let counter = shared.counter.clone();
     let mut watched: FuturesUnordered<Watched> = FuturesUnordered::new();
+    let mut own = 0usize;
     loop {
         tokio::select! {
             biased;
-            Some((lease, why)) = watched.next(), if !watched.is_empty() => {
-                if let Some(lease) = lease.upgrade() {
-                    lease.lose(why);
+            Some(heard) = watched.next(), if !watched.is_empty() => match heard {
+                Heard::Lease(lease, why) => {
+                    own -= 1;
+                    if let Some(lease) = lease.upgrade() {
+                        lease.lose(why);
+                    }
+                    // Its end was counted (now, or when it ended before): its future is gone
+                    // already, so it does not count towards a sweep.
+                    counter.take(1);
                 }
-                // Its end was counted (now, or when it ended before): its future is gone
-                // already, so it does not count towards a sweep.
-                counter.take(1);
-            }
+                Heard::Session(session, why) => session_ended(&shared, session, why),
+            },
             () = counter.wake.notified() => {}
             w = rx.recv() => match w {
-                Some(w) => watched.push(w),
+                Some(w) => {
+                    own += usize::from(matches!(w, Watched::Lease { .. }));
+                    watched.push(w);
+                }
                 None => return,
             },
         }
-        // All that came meanwhile, before the sweep below counts the futures (an end counted
+        // All that came meanwhile, before the sweep below counts the entries (an end counted
         // may be of a lease whose watch is still on its way).
         while let Ok(w) = rx.try_recv() {
+            own += usize::from(matches!(w, Watched::Lease { .. }));
             watched.push(w);
         }
         let gone = counter.ended.load(Ordering::Relaxed);
-        if gone >= SWEEP_AFTER && gone * 2 >= watched.len() {
-            counter.take(gone);
-            watched = sweep(std::mem::take(&mut watched));
+        if gone >= SWEEP_AFTER {
+            let mut inner = shared.inner.locked();
+            if gone * 2 >= own + inner.grouped {
+                counter.take(gone);
+                watched = std::mem::take(&mut watched)
+                    .into_iter()
+                    .filter(Watched::live)
+                    .collect();
+                own = watched
+                    .iter()
+                    .filter(|w| matches!(w, Watched::Lease { .. }))
+                    .count();
+                sweep(&mut inner);
+            }
         }
     }
 }
 
-/// The futures of the leases still live.
-fn sweep(all: FuturesUnordered<Watched>) -> FuturesUnordered<Watched> {
-    all.into_iter().filter(Watched::live).collect()
+/// The leases of `session`, which ended for `why`: those still on it are lost.
+fn session_ended(shared: &Shared, session: u64, why: LostReason) {
+    let group = {
+        let mut inner = shared.inner.locked();
+        let group = inner.sessions.remove(&session);
+        if let Some(g) = &group {
+            inner.grouped -= g.leases.len();
+        }
+        group
+    };
+    let Some(group) = group else { return };
+    for lease in group.leases.iter().filter_map(Weak::upgrade) {
+        if lease.snapshot().end.is_none() && (shared.still_on)(&lease.engine_ref(), session) {
+            lease.lose(why);
+        }
+    }
+    // The ends among them were counted (now, or before), and their entries are gone.
+    let ended = group.leases.iter().filter(|l| !live(l)).count();
+    shared.counter.take(ended);
+}
+
+/// Keeps only the live leases of every session.
+fn sweep(inner: &mut Inner) {
+    let mut grouped = 0;
+    for g in inner.sessions.values_mut() {
+        g.leases.retain(live);
+        if g.leases.capacity() > 2 * g.leases.len() + 16 {
+            g.leases.shrink_to_fit();
+        }
+        grouped += g.leases.len();
+    }
+    inner.grouped = grouped;
 }
 
 #[cfg(test)]
@@ -175,6 +336,10 @@ mod tests {
 
     fn lease_named(name: &str) -> LeaseShared {
         LeaseShared::for_test(name)
+    }
+
+    fn always_on() -> Losses {
+        Losses::new(Box::new(|_, _| true))
     }
 
     /// Counts the futures dropped.
@@ -208,15 +373,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_lost_future_ends_its_lease() {
-        let losses = Losses::new();
+        let losses = always_on();
         let lease = Arc::new(lease_named("lost"));
         let (tx, rx) = tokio::sync::oneshot::channel();
         losses.watch(
             &lease,
-            Box::pin(async move {
+            SessionWatch::Own(Box::pin(async move {
                 let _ = rx.await;
                 LostReason::Stolen
-            }),
+            })),
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(lease.snapshot().end.is_none());
@@ -231,19 +396,19 @@ mod tests {
     /// the live leases; then only the live ones' are kept.
     #[tokio::test]
     async fn the_futures_of_ended_leases_are_swept_and_the_live_ones_kept() {
-        let losses = Losses::new();
+        let losses = always_on();
         let dropped = Arc::new(AtomicUsize::new(0));
         let live: Vec<Arc<LeaseShared>> = (0..100)
             .map(|i| Arc::new(lease_named(&format!("live/{i}"))))
             .collect();
         for l in &live {
-            losses.watch(l, never(&dropped));
+            losses.watch(l, SessionWatch::Own(never(&dropped)));
         }
         let ended: Vec<Arc<LeaseShared>> = (0..300)
             .map(|i| Arc::new(lease_named(&format!("ended/{i}"))))
             .collect();
         for l in &ended {
-            losses.watch(l, never(&dropped));
+            losses.watch(l, SessionWatch::Own(never(&dropped)));
         }
         for l in &ended {
             let _ = l.mark_released();
@@ -263,17 +428,20 @@ mod tests {
     /// A future that panics loses its own lease, and the others are still heard.
     #[tokio::test]
     async fn a_panicking_future_loses_only_its_lease() {
-        let losses = Losses::new();
+        let losses = always_on();
         let bad = Arc::new(lease_named("bad"));
-        losses.watch(&bad, Box::pin(async { panic!("an engine's bug") }));
+        losses.watch(
+            &bad,
+            SessionWatch::Own(Box::pin(async { panic!("an engine's bug") })),
+        );
         let good = Arc::new(lease_named("good"));
         let (tx, rx) = tokio::sync::oneshot::channel();
         losses.watch(
             &good,
-            Box::pin(async move {
+            SessionWatch::Own(Box::pin(async move {
                 let _ = rx.await;
                 LostReason::Stolen
-            }),
+            })),
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(
@@ -286,5 +454,113 @@ mod tests {
             soon(|| good.snapshot().end.is_some()).await,
             "the other lease still hears its loss"
         );
+    }
+
+    /// The leases on one shared session hear its end through one watch; a lease the engine
+    /// says had left the session is not lost.
+    #[tokio::test]
+    async fn a_shared_session_s_end_loses_the_leases_still_on_it() {
+        let losses = Losses::new(Box::new(|lease, _| lease.name != "moved"));
+        let one = SessionEnd::new();
+        let two = SessionEnd::new();
+        let on = |session: u64, end: &SessionEnd| SessionWatch::Shared {
+            session,
+            end: end.clone(),
+        };
+        let a: Vec<Arc<LeaseShared>> = (0..50)
+            .map(|i| Arc::new(lease_named(&format!("a/{i}"))))
+            .collect();
+        for l in &a {
+            losses.watch(l, on(1, &one));
+        }
+        let moved = Arc::new(lease_named("moved"));
+        losses.watch(&moved, on(1, &one));
+        let b = Arc::new(lease_named("b"));
+        losses.watch(&b, on(2, &two));
+        assert_eq!(losses.grouped(), 52);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        one.end(LostReason::Unreachable);
+        assert!(
+            soon(|| a.iter().all(|l| l.snapshot().end.is_some())).await,
+            "every lease still on the session is lost"
+        );
+        assert_eq!(
+            a[0].snapshot().end,
+            Some(crate::lease::LeaseEnd::Lost(LostReason::Unreachable))
+        );
+        assert!(
+            moved.snapshot().end.is_none(),
+            "a lease that left it is not"
+        );
+        assert!(b.snapshot().end.is_none(), "nor one on another session");
+        assert_eq!(losses.grouped(), 1);
+        // A lease that comes to a session that has ended hears it at once.
+        let late = Arc::new(lease_named("late"));
+        losses.watch(&late, on(1, &one));
+        assert!(soon(|| late.snapshot().end.is_some()).await);
+        two.end(LostReason::Expired);
+        assert!(soon(|| b.snapshot().end.is_some()).await);
+    }
+
+    /// Leases released on a shared session leave their entries until they outnumber the live
+    /// ones; then only the live ones stay, and the live ones still hear the session's end.
+    #[tokio::test]
+    async fn the_entries_of_ended_leases_on_a_shared_session_are_swept() {
+        let losses = always_on();
+        let end = SessionEnd::new();
+        let on = || SessionWatch::Shared {
+            session: 7,
+            end: end.clone(),
+        };
+        let live: Vec<Arc<LeaseShared>> = (0..100)
+            .map(|i| Arc::new(lease_named(&format!("live/{i}"))))
+            .collect();
+        let ended: Vec<Arc<LeaseShared>> = (0..300)
+            .map(|i| Arc::new(lease_named(&format!("ended/{i}"))))
+            .collect();
+        for l in live.iter().chain(&ended) {
+            losses.watch(l, on());
+        }
+        assert_eq!(losses.grouped(), 400);
+        for l in &ended {
+            let _ = l.mark_released();
+        }
+        assert!(
+            soon(|| losses.grouped() == 100).await,
+            "{}",
+            losses.grouped()
+        );
+        assert_eq!(losses.ended(), 0);
+        end.end(LostReason::Unreachable);
+        assert!(soon(|| live.iter().all(|l| l.snapshot().end.is_some())).await);
+        assert!(
+            ended
+                .iter()
+                .all(|l| l.snapshot().end == Some(crate::lease::LeaseEnd::Released))
+        );
+    }
+
+    /// Work per watch does not grow with the leases held: a shared session keeps one future,
+    /// and a lease on it one entry, however many there are.
+    #[tokio::test]
+    async fn a_shared_session_is_waited_for_once() {
+        let losses = always_on();
+        let end = SessionEnd::new();
+        let leases: Vec<Arc<LeaseShared>> = (0..1000)
+            .map(|i| Arc::new(lease_named(&format!("k/{i}"))))
+            .collect();
+        for l in &leases {
+            losses.watch(
+                l,
+                SessionWatch::Shared {
+                    session: 3,
+                    end: end.clone(),
+                },
+            );
+        }
+        assert_eq!(losses.shared.inner.locked().sessions.len(), 1);
+        // The end's channel has one receiver: the task's one watch.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(end.receivers(), 1);
     }
 }

@@ -62,14 +62,19 @@ pub(super) struct Settled {
     pub(super) outcome: RenewOutcome,
 }
 
+/// The leases of one renewal call, and the latest of their deadlines: the call has until then
+/// (read by [`Schedule::collect`] while each lease was in the cache).
+pub(super) struct Batch {
+    pub(super) items: Vec<Item>,
+    pub(super) deadline: std::time::Instant,
+}
+
 /// The leases and their due times. Every lease the watchdog renews is in the heap once, or in
 /// flight (out of the heap until its reply is settled).
 #[derive(Default)]
 pub(super) struct Schedule {
     heap: BinaryHeap<Reverse<Due>>,
     in_flight: usize,
-    /// The latest deadline of the last batch's leases (its time budget; see `collect`).
-    batch_deadline: Option<std::time::Instant>,
     /// Heap slots looked at, for the tests that count the work a tick does.
     #[cfg(test)]
     visits: u64,
@@ -123,14 +128,15 @@ impl Schedule {
 
     /// Takes off every lease due by `now`, or due within half its interval (renewing a little
     /// early aligns leases, so they share later ticks): the batch to send. A lease that ended
-    /// or reached its hold limit leaves the schedule (to `left_off`).
+    /// or reached its hold limit leaves the schedule (to `left_off`). `None` when no lease is
+    /// to be renewed.
     pub(super) fn collect(
         &mut self,
         now: TokioInstant,
         left_off: &mut Vec<Arc<LeaseShared>>,
-    ) -> Vec<Item> {
+    ) -> Option<Batch> {
         let mut batch = Vec::new();
-        self.batch_deadline = None;
+        let mut deadline = None;
         // Leases put back for later go in after the loop, which would otherwise meet them
         // again at the top.
         let mut later = Vec::new();
@@ -185,16 +191,13 @@ impl Schedule {
                 ttl,
                 renewals: d.renewals,
             });
-            self.batch_deadline = self.batch_deadline.max(Some(st.valid_until));
+            deadline = deadline.max(Some(st.valid_until));
         }
         self.heap.extend(later);
-        batch
-    }
-
-    /// The latest deadline of the leases of the batch that [`collect`](Self::collect) returned
-    /// last: its renewal has until then (read there, while each lease was in the cache).
-    pub(super) fn batch_deadline(&self) -> Option<std::time::Instant> {
-        self.batch_deadline
+        deadline.map(|deadline| Batch {
+            items: batch,
+            deadline,
+        })
     }
 
     /// Records how a lease's renewal ended, and when it is due again. A lease that ended
@@ -299,7 +302,10 @@ mod tests {
             if now > end {
                 break;
             }
-            for item in s.collect(now, &mut left_off) {
+            for item in s
+                .collect(now, &mut left_off)
+                .map_or(Vec::new(), |b| b.items)
+            {
                 let lease = item.renewal.lease().clone();
                 drop(item.renewal);
                 let settled = Settled {
@@ -350,7 +356,7 @@ mod tests {
         assert_eq!(left_off.len(), 1);
         assert_eq!(s.len(), 1);
         let batch = s.collect(t0 + Duration::from_millis(10), &mut left_off);
-        assert_eq!(batch.len(), 1);
+        assert_eq!(batch.as_ref().map(|b| b.items.len()), Some(1));
         // In flight: nothing due until it is answered.
         assert_eq!(s.next_due(&mut left_off), None);
         let settled = |outcome| Settled {
@@ -362,7 +368,7 @@ mod tests {
         s.settle(settled(RenewOutcome::Renewed), t0, &mut left_off);
         assert_eq!(s.next_due(&mut left_off), Some(t0 + Duration::from_secs(1)));
         let batch = s.collect(t0 + Duration::from_secs(1), &mut left_off);
-        assert_eq!(batch.len(), 1);
+        assert_eq!(batch.as_ref().map(|b| b.items.len()), Some(1));
         drop(batch);
         s.settle(settled(RenewOutcome::Ended), t0, &mut left_off);
         assert_eq!(s.len(), 0);
@@ -378,14 +384,14 @@ mod tests {
         s.add(l.clone(), t0);
         let held = l.begin_renewal().expect("the gate is open");
         let mut left_off = Vec::new();
-        assert!(s.collect(t0, &mut left_off).is_empty());
+        assert!(s.collect(t0, &mut left_off).is_none());
         assert_eq!(
             s.next_due(&mut left_off),
             Some(t0 + Duration::from_millis(250))
         );
         drop(held);
         let batch = s.collect(t0 + Duration::from_millis(250), &mut left_off);
-        assert_eq!(batch.len(), 1);
+        assert_eq!(batch.map(|b| b.items.len()), Some(1));
     }
 
     /// A lease at its hold limit leaves the schedule still unended, even past its deadline:
@@ -403,7 +409,7 @@ mod tests {
         s.add(l.clone(), TokioInstant::now());
         std::thread::sleep(Duration::from_millis(40));
         let mut left_off = Vec::new();
-        assert!(s.collect(TokioInstant::now(), &mut left_off).is_empty());
+        assert!(s.collect(TokioInstant::now(), &mut left_off).is_none());
         assert_eq!(left_off.len(), 1);
         assert!(l.snapshot().end.is_none(), "ended by the watchdog");
     }

@@ -65,6 +65,22 @@ fn pool(sessions: usize) -> (Arc<Fake>, Arc<SessionPool<Arc<Fake>>>) {
 
 const TTL: Duration = Duration::from_secs(10);
 
+/// What the core's loss watcher makes of the pool's answers for the lease of `token`: the end
+/// of its session, if the lease is still on it then.
+fn end_of(p: &Arc<SessionPool<Arc<Fake>>>, token: &str) -> BoxFuture<'static, LostReason> {
+    let (p, token) = (p.clone(), token.to_owned());
+    let SessionWatch::Shared { session, end } = p.session_end(&token) else {
+        return Box::pin(std::future::pending());
+    };
+    Box::pin(async move {
+        let why = end.wait().await;
+        if !p.still_on(&token, session) {
+            return std::future::pending().await;
+        }
+        why
+    })
+}
+
 async fn take(p: &SessionPool<Arc<Fake>>, name: &str, token: &str) -> Arc<PoolLease<usize>> {
     match p.place(name, name, token, TTL).await.unwrap() {
         Placement::On(l) => {
@@ -206,7 +222,7 @@ async fn a_session_that_cannot_unlock_is_closed_and_its_leases_hear_it() {
     let (fake, p) = pool(1);
     take(&p, "a", "t1").await;
     take(&p, "b", "t2").await;
-    let end = p.session_end("t2");
+    let end = end_of(&p, "t2");
     fake.fail_unlock.store(true, Ordering::SeqCst);
     // Closing the session freed the lock, which it held.
     assert_eq!(p.release("a", "t1").await.unwrap(), LeaseCheck::Ours);
@@ -246,7 +262,7 @@ async fn a_lease_released_at_its_deadline_does_not_hear_its_session_end() {
         panic!()
     };
     assert!(p.confirm(&l, Instant::now(), Duration::from_secs(1), false));
-    let end = p.session_end("t1");
+    let end = end_of(&p, "t1");
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(p.held("a", "t1").is_none(), "released at its deadline");
     // Its session ends afterwards (the server's idle timeout, say): the lease had ended
@@ -284,7 +300,7 @@ async fn a_rekeyed_lease_still_hears_its_session_end_and_its_deadline() {
         panic!()
     };
     assert!(p.confirm(&l, Instant::now(), TTL, true));
-    let end = p.session_end("t1");
+    let end = end_of(&p, "t1");
     assert!(p.rekey("a", "t1", "s:a"));
     l.session().end().end(LostReason::Unreachable);
     let heard = tokio::time::timeout(Duration::from_secs(5), end).await;
