@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::driver::Driver;
-use crate::engine::{Backend, LeaseCheck, LeaseKind, LeaseRef};
+use crate::engine::{Backend, LeaseCheck, LeaseKind, LeaseRef, SessionWatch};
 use crate::error::{ErrorKind, LockError};
 use crate::lease::{LeaseEnd, LeaseHandle, LeaseShared, LostReason};
 use crate::local::LocalQueues;
@@ -105,6 +105,26 @@ impl<B: Backend> Holding<B> {
             holding: self.clone(),
             lease,
             done: false,
+        }
+    }
+
+    /// The shared session `lease` is on, if the engine has one.
+    fn shared_session(&self, lease: &LeaseShared) -> Option<u64> {
+        match self.driver.session_end(&lease.engine_ref()) {
+            Some(SessionWatch::Shared { session, .. }) => Some(session),
+            _ => None,
+        }
+    }
+
+    /// After a renewal to another TTL: an engine may have moved the lease from shared session
+    /// `before` to a shared session of that TTL, whose end it now hears too (at the old one's
+    /// end, the engine says it left).
+    fn rewatch(&self, lease: &Arc<LeaseShared>, before: Option<u64>) {
+        if let Some(w @ SessionWatch::Shared { session, .. }) =
+            self.driver.session_end(&lease.engine_ref())
+            && Some(session) != before
+        {
+            self.losses.watch(lease, w);
         }
     }
 }
@@ -357,6 +377,9 @@ impl<B: Backend> LockGuard<B> {
             return Err(lost_error(lease.key(), end));
         }
         let sent = lease.now();
+        // A renewal to another TTL may move the lease to another session (etcd).
+        let moves = ttl != lease.snapshot().ttl;
+        let session_before = moves.then(|| self.holding.shared_session(lease)).flatten();
         let check = self
             .holding
             .driver()
@@ -371,6 +394,9 @@ impl<B: Backend> LockGuard<B> {
                 }
                 tracing::debug!(target: "distlock", key = %lease.key(), fence = ?lease.fence(),
                     valid_for_ms = validity.as_millis() as u64, "lock renewed");
+                if moves {
+                    self.holding.rewatch(lease, session_before);
+                }
                 Ok(())
             }
             LeaseCheck::Missing => Err(lost_error(lease.key(), lease.lose(lease.missing_reason()))),

@@ -51,6 +51,10 @@ struct Fake {
     latency: Duration,
     /// Set: the engine tells of lost leases itself (`loss_events`), when this says so.
     loss: Option<SessionEnd>,
+    /// The session a renewal to more than a minute moves a lease to (as etcd moves a key to
+    /// a lease of the longer TTL), and the names moved there.
+    longer: SessionEnd,
+    moved: Mutex<Vec<String>>,
     /// Set: acquisitions are answered as taken this long ago (`AcquiredEarlier`).
     taken_ago: Mutex<Option<Duration>>,
     /// Set: leases can be left to run out by themselves (`Linger`); `Some(true)`: leaving one
@@ -78,6 +82,8 @@ impl Fake {
             clock: None,
             latency: Duration::ZERO,
             loss: None,
+            longer: SessionEnd::new(),
+            moved: Mutex::default(),
             taken_ago: Mutex::new(None),
             linger: None,
             lingered: Mutex::default(),
@@ -143,8 +149,11 @@ impl Backend for FakeEngine {
             (outcome, _) => outcome,
         })
     }
-    async fn renew(&self, _lease: &LeaseRef<'_>, _ttl: Duration) -> Result<LeaseCheck, LockError> {
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
         self.0.extends.fetch_add(1, Ordering::SeqCst);
+        if ttl > Duration::from_secs(60) {
+            self.0.moved.lock().unwrap().push(lease.name.to_owned());
+        }
         tokio::task::yield_now().await;
         match *self.0.renew.lock().unwrap() {
             Renew::Ok => Ok(LeaseCheck::Ours),
@@ -234,20 +243,37 @@ impl BatchRenew for FakeEngine {
 }
 
 impl Sessions for FakeEngine {
-    /// Every lease on one session.
-    fn session_end(&self, _lease: &LeaseRef<'_>) -> SessionWatch {
-        match &self.0.loss {
-            Some(end) => SessionWatch::Shared {
-                session: 1,
-                end: end.clone(),
-            },
-            None => SessionWatch::Never,
+    /// Every lease on session 1, unless a longer renewal moved it to session 2.
+    fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch {
+        let Some(end) = &self.0.loss else {
+            return SessionWatch::Never;
+        };
+        if self.session_of(lease) == 2 {
+            return SessionWatch::Shared {
+                session: 2,
+                end: self.0.longer.clone(),
+            };
+        }
+        SessionWatch::Shared {
+            session: 1,
+            end: end.clone(),
         }
     }
 
     /// A lock named `moved` has left the session (as an etcd key moves to a lease of its own).
     fn still_on(&self, lease: &LeaseRef<'_>, session: u64) -> bool {
-        session == 1 && lease.name != "moved"
+        session == self.session_of(lease) && lease.name != "moved"
+    }
+}
+
+impl FakeEngine {
+    fn session_of(&self, lease: &LeaseRef<'_>) -> u64 {
+        let moved = self.0.moved.lock().unwrap();
+        if moved.iter().any(|n| n == lease.name) {
+            2
+        } else {
+            1
+        }
     }
 }
 
@@ -762,6 +788,33 @@ async fn an_engine_that_tells_of_a_loss_ends_the_lease_at_once() {
     // The engine says the lease had left the session: it is still held.
     assert!(moved.is_held());
     assert!(matches!(moved.release().await.unwrap(), Released::Held));
+}
+
+/// A renewal to a longer TTL that moves the lease to another session (etcd's shared session
+/// of that TTL): the lease hears the new session's end, and no longer the old one's.
+#[tokio::test]
+async fn a_lease_extended_onto_another_session_hears_that_session_end() {
+    let first = SessionEnd::new();
+    let mut fake = Fake::new();
+    fake.loss = Some(first.clone());
+    let fake = Arc::new(fake);
+    let client = LockClient::builder(FakeEngine(fake.clone()))
+        .options(ttl_opts(60_000).build().unwrap())
+        .build();
+    let stays = client.try_acquire("stays").await.unwrap().expect("free");
+    let g = client.try_acquire("k").await.unwrap().expect("free");
+    g.extend(Duration::from_secs(120)).await.unwrap();
+    first.end(LostReason::Unreachable);
+    let reason = tokio::time::timeout(Duration::from_secs(2), stays.lost())
+        .await
+        .expect("the lease left on the first session hears its end");
+    assert_eq!(reason, LostReason::Unreachable);
+    assert!(g.is_held(), "the moved lease does not");
+    fake.longer.end(LostReason::Stolen);
+    let reason = tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect("the moved lease hears the end of the session it is on now");
+    assert_eq!(reason, LostReason::Stolen);
 }
 
 /// Options with a 5 s TTL and a wait budget of `d`.

@@ -841,13 +841,25 @@ impl Sessions for EtcdBackend {
     ///
     /// A recorded holder (an election's leader) also watches its own key: a revoked lease, or
     /// an operator's delete, ends it at once rather than at the next keep-alive.
+    ///
+    /// Any other lease shares its session's one watch. Its key moves to another session only
+    /// when a renewal asks a TTL longer than the session's (`extend`), after which the core asks
+    /// again; at the old session's end, [`still_on`](Sessions::still_on) says it left.
     fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch {
         let Some(key) = self.store().key_of(lease.token) else {
             return SessionWatch::Never;
         };
+        if !lease.recorded {
+            return match self.store().session_of(&key) {
+                Some(s) => SessionWatch::Shared {
+                    session: s.lease as u64,
+                    end: s.ended.clone(),
+                },
+                None => SessionWatch::Never,
+            };
+        }
         let session = self.inner.recipe.store().session_end(key.clone());
-        let held = self.inner.recipe.held(lease.name, lease.token.as_str());
-        let Some(held) = held.filter(|_| lease.recorded) else {
+        let Some(held) = self.inner.recipe.held(lease.name, lease.token.as_str()) else {
             return SessionWatch::Own(Box::pin(session));
         };
         let me = self.clone();
@@ -857,6 +869,14 @@ impl Sessions for EtcdBackend {
                 () = me.key_gone(key, held.entry) => LostReason::Stolen,
             }
         }))
+    }
+
+    /// Whether the lock's key was on the session of that lease when it ended.
+    fn still_on(&self, lease: &LeaseRef<'_>, session: u64) -> bool {
+        self.store()
+            .key_of(lease.token)
+            .and_then(|key| self.store().session_of(&key))
+            .is_some_and(|s| s.lease as u64 == session)
     }
 
     /// Moves the key to a private lease of `ttl` (deletes it when `ttl` is zero), unless it is

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use distlock_core::engine::{Clock, ErrorKind, LockError, LostReason, MutexExt};
-use tokio::sync::{Notify, mpsc, oneshot, watch};
+use distlock_core::engine::{Clock, ErrorKind, LockError, LostReason, MutexExt, SessionEnd};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tonic::Status;
 
 use crate::error::map_err;
@@ -48,8 +48,8 @@ pub(crate) struct Session {
     keys: AtomicUsize,
     /// Told when the first key is attached, so the keeper resumes its schedule.
     joined: Arc<Notify>,
-    /// Set when the session ended, with why.
-    ended: watch::Sender<Option<LostReason>>,
+    /// Set when the session ended, with why: every key on it hears it there.
+    pub(crate) ended: SessionEnd,
     /// Asks the keeper for a keep-alive sent from now on; the reply is when it was sent.
     refresh: mpsc::UnboundedSender<RefreshRequest>,
 }
@@ -67,7 +67,7 @@ impl Session {
 
     /// Whether the session has ended.
     pub(crate) fn is_over(&self) -> bool {
-        self.ended.borrow().is_some()
+        self.ended.is_over()
     }
 
     /// How many of our keys are attached to it.
@@ -114,13 +114,7 @@ impl Session {
 
     /// Marks the session ended (once).
     fn end(&self, why: LostReason) {
-        self.ended.send_if_modified(|e| {
-            if e.is_some() {
-                return false;
-            }
-            *e = Some(why);
-            true
-        });
+        self.ended.end(why);
     }
 
     /// A keep-alive of the lease sent after this call (several callers share one): when it was
@@ -137,7 +131,7 @@ impl Session {
     }
 
     fn over_error(&self) -> LockError {
-        let why = self.ended.borrow().unwrap_or(LostReason::Expired);
+        let why = self.ended.reason().unwrap_or(LostReason::Expired);
         LockError::new(
             ErrorKind::Lost,
             format!("the etcd session (lease {:016x}) ended: {why}", self.lease),
@@ -146,17 +140,7 @@ impl Session {
 
     /// Resolves with the reason when the session ends.
     pub(crate) fn ended(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
-        let mut rx = self.ended.subscribe();
-        async move {
-            loop {
-                if let Some(why) = *rx.borrow_and_update() {
-                    return why;
-                }
-                if rx.changed().await.is_err() {
-                    return std::future::pending().await;
-                }
-            }
-        }
+        self.ended.wait()
     }
 }
 
@@ -247,7 +231,6 @@ impl Sessions {
                 format!("granting an etcd session lease: {}", granted.error),
             ));
         }
-        let (ended, _) = watch::channel(None);
         let (refresh, requests) = mpsc::unbounded_channel();
         let joined = Arc::new(Notify::new());
         let session = Arc::new(Session {
@@ -258,7 +241,7 @@ impl Sessions {
             refreshed: Mutex::new(sent),
             keys: AtomicUsize::new(0),
             joined: joined.clone(),
-            ended,
+            ended: SessionEnd::new(),
             refresh,
         });
         tokio::spawn(keep(

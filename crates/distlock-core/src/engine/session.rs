@@ -52,6 +52,11 @@ impl SessionEnd {
         self.0.borrow().is_some()
     }
 
+    /// Why the session ended, once it has.
+    pub fn reason(&self) -> Option<LostReason> {
+        *self.0.borrow()
+    }
+
     /// How many wait for its end.
     #[cfg(test)]
     pub(crate) fn receivers(&self) -> usize {
