@@ -108,24 +108,31 @@ impl<B: Backend> Holding<B> {
         }
     }
 
-    /// The shared session `lease` is on, if the engine has one.
-    fn shared_session(&self, lease: &LeaseShared) -> Option<u64> {
-        match self.driver.session_end(&lease.engine_ref()) {
-            Some(SessionWatch::Shared { session, .. }) => Some(session),
-            _ => None,
+    /// After a renewal to another TTL (answered or not: a move may have been made before the
+    /// call failed or was cancelled): an engine may have moved the lease to another shared
+    /// session, whose end it hears from now (at the old one's end, the engine says it left).
+    fn rewatch(&self, lease: &Arc<LeaseShared>) {
+        if lease.snapshot().end.is_some() {
+            return;
         }
-    }
-
-    /// After a renewal to another TTL: an engine may have moved the lease from shared session
-    /// `before` to a shared session of that TTL, whose end it now hears too (at the old one's
-    /// end, the engine says it left).
-    fn rewatch(&self, lease: &Arc<LeaseShared>, before: Option<u64>) {
         if let Some(w @ SessionWatch::Shared { session, .. }) =
             self.driver.session_end(&lease.engine_ref())
-            && Some(session) != before
+            && lease.watched_session() != Some(session)
         {
             self.losses.watch(lease, w);
         }
+    }
+}
+
+/// Looks at a lease's session again when dropped (see [`Holding::rewatch`]).
+struct Rewatch<'a, B: Backend> {
+    holding: &'a Holding<B>,
+    lease: &'a Arc<LeaseShared>,
+}
+
+impl<B: Backend> Drop for Rewatch<'_, B> {
+    fn drop(&mut self) {
+        self.holding.rewatch(self.lease);
     }
 }
 
@@ -377,9 +384,12 @@ impl<B: Backend> LockGuard<B> {
             return Err(lost_error(lease.key(), end));
         }
         let sent = lease.now();
-        // A renewal to another TTL may move the lease to another session (etcd).
-        let moves = ttl != lease.snapshot().ttl;
-        let session_before = moves.then(|| self.holding.shared_session(lease)).flatten();
+        // A renewal to another TTL may move the lease to another session (etcd): however the
+        // call ends, its session is looked at again.
+        let _rewatch = (ttl != lease.snapshot().ttl).then(|| Rewatch {
+            holding: &*self.holding,
+            lease,
+        });
         let check = self
             .holding
             .driver()
@@ -394,9 +404,6 @@ impl<B: Backend> LockGuard<B> {
                 }
                 tracing::debug!(target: "distlock", key = %lease.key(), fence = ?lease.fence(),
                     valid_for_ms = validity.as_millis() as u64, "lock renewed");
-                if moves {
-                    self.holding.rewatch(lease, session_before);
-                }
                 Ok(())
             }
             LeaseCheck::Missing => Err(lost_error(lease.key(), lease.lose(lease.missing_reason()))),

@@ -3,7 +3,7 @@
 //! layer of the core: it knows nothing of engines, guards or clients.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -102,7 +102,14 @@ pub(crate) struct LeaseShared {
     /// Set once a writer has been turned into a reader ([`kind`](Self::kind) says `Shared`
     /// from then on): a lease changes kind only that way, and only once.
     downgraded: AtomicBool,
+    /// The shared session whose end the client's loss watcher waits for with this lease in
+    /// its group ([`NO_SESSION`] before any): an `extend` that moved the lease to another
+    /// session has it watched there too.
+    watched_session: AtomicU64,
 }
+
+/// [`LeaseShared::watched_session`] before a shared session is watched for the lease.
+const NO_SESSION: u64 = u64::MAX;
 
 /// [`LeaseShared::gate`]: a renewal is in flight.
 const RENEWING: u8 = 1;
@@ -210,6 +217,7 @@ impl LeaseShared {
             gate: AtomicU8::new(0),
             loss_counter: std::sync::OnceLock::new(),
             downgraded: AtomicBool::new(false),
+            watched_session: AtomicU64::new(NO_SESSION),
         }
     }
 
@@ -398,6 +406,16 @@ impl LeaseShared {
         // Only the reason for a deadline that passes changes: nobody waits for this.
         self.lock().renew_failing = true;
         crate::metrics::renew_failed(self.ctx.engine);
+    }
+
+    /// The shared session whose end the loss watcher waits for with this lease, if any.
+    pub(crate) fn watched_session(&self) -> Option<u64> {
+        Some(self.watched_session.load(Ordering::Acquire)).filter(|s| *s != NO_SESSION)
+    }
+
+    /// The loss watcher waits for the end of shared `session` with this lease.
+    pub(crate) fn set_watched_session(&self, session: u64) {
+        self.watched_session.store(session, Ordering::Release);
     }
 
     /// Watched by a client's loss watcher (see `losses`), which `counter` tells of the end.

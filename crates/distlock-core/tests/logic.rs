@@ -817,6 +817,27 @@ async fn a_lease_extended_onto_another_session_hears_that_session_end() {
     assert_eq!(reason, LostReason::Stolen);
 }
 
+/// The same when the renewal that moved the lease then failed (etcd moves the key, then its
+/// keep-alive of the new session fails): the lease is watched where it is now.
+#[tokio::test]
+async fn a_lease_moved_by_a_failed_extend_hears_its_new_session_end() {
+    let mut fake = Fake::new();
+    fake.loss = Some(SessionEnd::new());
+    let fake = Arc::new(fake);
+    let client = LockClient::builder(FakeEngine(fake.clone()))
+        .options(ttl_opts(60_000).build().unwrap())
+        .build();
+    let g = client.try_acquire("k").await.unwrap().expect("free");
+    *fake.renew.lock().unwrap() = Renew::Fail;
+    assert!(g.extend(Duration::from_secs(120)).await.is_err());
+    *fake.renew.lock().unwrap() = Renew::Ok;
+    fake.longer.end(LostReason::Stolen);
+    let reason = tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect("the moved lease hears the end of the session it is on now");
+    assert_eq!(reason, LostReason::Stolen);
+}
+
 /// Options with a 5 s TTL and a wait budget of `d`.
 fn budget(d: Duration) -> LockOptions {
     ttl_opts(5000).wait_timeout(d).build().unwrap()

@@ -842,9 +842,11 @@ impl Sessions for EtcdBackend {
     /// A recorded holder (an election's leader) also watches its own key: a revoked lease, or
     /// an operator's delete, ends it at once rather than at the next keep-alive.
     ///
-    /// Any other lease shares its session's one watch. Its key moves to another session only
-    /// when a renewal asks a TTL longer than the session's (`extend`), after which the core asks
-    /// again; at the old session's end, [`still_on`](Sessions::still_on) says it left.
+    /// Any other lease shares its session's one watch. A held key moves to another session
+    /// when a renewal asks a TTL longer than its session's, which follows an `extend` (the core
+    /// then asks again), and when the core stops renewing it (`detach`: it runs out on a lease
+    /// of its own, and its loss shows at its deadline); at the old session's end,
+    /// [`still_on`](Sessions::still_on) says it left.
     fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch {
         let Some(key) = self.store().key_of(lease.token) else {
             return SessionWatch::Never;

@@ -100,7 +100,9 @@ pub trait WakeSource: Send + Sync {
 pub trait Sessions: Send + Sync {
     /// How to hear that the session holding `lease` (just acquired) ends: the session it
     /// shares with other leases, watched once for all of them, or a watch of its own. Called
-    /// once per lease.
+    /// when the lease is taken, and again after an `extend` to another TTL (which may move a
+    /// lease to another session): a lease the engine moves at other times is heard on its old
+    /// session only, so its loss shows at its next renewal.
     fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch;
 
     /// Whether `lease` was still on the shared `session` when that session ended (see

@@ -11,12 +11,14 @@
 //! A lease that ends by itself (released) leaves its entry behind: nothing wakes it. The task
 //! counts such ends ([`LossCounter`], told by the lease, which wakes the task every
 //! [`SWEEP_AFTER`] of them) and, once they outnumber the entries it holds by half, keeps only
-//! the entries of live leases: each end costs O(1) amortized, and the entries left behind are
-//! never many more than the live ones.
+//! the entries of live leases, and the sessions that still have one (a session that is dropped
+//! without ending, an etcd lease of one lock, leaves nothing behind): each end costs O(1)
+//! amortized, and the entries left behind are never many more than the live ones. Dropping the
+//! client's watcher ends its task.
 //!
 //! A future that panics ends its lease (or its session's leases) as lost (`Unreachable`: nothing
 //! says they are still ours) and nothing else; a task that is gone (its runtime shut down) is
-//! started again by the next watch, which gives it every session's watch again.
+//! started again by the next watch, which gives it every shared session's end again.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,7 +35,8 @@ use crate::sync::MutexExt;
 /// Fewer ends than this never cause a sweep (a client with few leases sweeps rarely).
 const SWEEP_AFTER: usize = 64;
 
-/// What a watch waits for: one lease's own future, or a shared session's end.
+/// What a watch waits for: one lease's own future, or a shared session's end (for the group
+/// of its leases made when the session was first watched).
 enum Watched {
     Lease {
         lease: Weak<LeaseShared>,
@@ -41,6 +44,7 @@ enum Watched {
     },
     Session {
         session: u64,
+        group: u64,
         end: BoxFuture<'static, LostReason>,
     },
 }
@@ -48,7 +52,11 @@ enum Watched {
 /// What a watch heard.
 enum Heard {
     Lease(Weak<LeaseShared>, LostReason),
-    Session(u64, LostReason),
+    Session {
+        session: u64,
+        group: u64,
+        why: LostReason,
+    },
 }
 
 impl std::future::Future for Watched {
@@ -71,17 +79,24 @@ impl std::future::Future for Watched {
         });
         polled.map(|why| match &*self {
             Watched::Lease { lease, .. } => Heard::Lease(lease.clone(), why),
-            Watched::Session { session, .. } => Heard::Session(*session, why),
+            Watched::Session { session, group, .. } => Heard::Session {
+                session: *session,
+                group: *group,
+                why,
+            },
         })
     }
 }
 
 impl Watched {
-    /// Whether to keep it in a sweep: a session's end always (its leases are swept apart).
-    fn live(&self) -> bool {
+    /// Whether to keep it in a sweep: a lease's while it lives, a session's while its group
+    /// has live leases (the sweep removes the others).
+    fn keep(&self, inner: &Inner) -> bool {
         match self {
             Watched::Lease { lease, .. } => live(lease),
-            Watched::Session { .. } => true,
+            Watched::Session { session, group, .. } => {
+                inner.sessions.get(session).is_some_and(|g| g.id == *group)
+            }
         }
     }
 }
@@ -115,7 +130,10 @@ impl LossCounter {
 }
 
 /// The leases on one shared session, and its end (to watch it again if the task starts over).
+/// `id` tells this group from a later one of the same session (made after a sweep removed this
+/// one), whose end is another future.
 struct Group {
+    id: u64,
     end: SessionEnd,
     leases: Vec<Weak<LeaseShared>>,
 }
@@ -132,17 +150,26 @@ struct Shared {
 }
 
 struct Inner {
-    /// The task's channel, from the first watch.
+    /// The task's channel, from the first watch until the client is dropped.
     tx: Option<mpsc::UnboundedSender<Watched>>,
     /// The leases of each shared session whose end is watched.
     sessions: HashMap<u64, Group>,
     /// How many leases the groups hold, ended or not.
     grouped: usize,
+    /// The next group's id.
+    next_group: u64,
 }
 
-/// The client's watcher.
+/// The client's watcher. Dropping it ends its task.
 pub(crate) struct Losses {
     shared: Arc<Shared>,
+}
+
+impl Drop for Losses {
+    fn drop(&mut self) {
+        // The task's only sender: it ends, and with it every future and group.
+        self.shared.inner.locked().tx = None;
+    }
 }
 
 impl Losses {
@@ -154,6 +181,7 @@ impl Losses {
                     tx: None,
                     sessions: HashMap::new(),
                     grouped: 0,
+                    next_group: 0,
                 }),
                 counter: Arc::new(LossCounter::default()),
                 still_on,
@@ -163,42 +191,50 @@ impl Losses {
 
     /// Ends `lease` as lost when what `watch` waits for comes (unless it ended before).
     pub(crate) fn watch(&self, lease: &Arc<LeaseShared>, watch: SessionWatch) {
-        let w = match watch {
+        let (session, end) = match watch {
             SessionWatch::Never => return,
-            SessionWatch::Own(lost) => Watched::Lease {
-                lease: Arc::downgrade(lease),
-                lost,
-            },
-            SessionWatch::Shared { session, end } => {
+            SessionWatch::Own(lost) => {
                 lease.set_loss_counter(&self.shared.counter);
-                let mut inner = self.shared.inner.locked();
-                inner.grouped += 1;
-                if let Some(g) = inner.sessions.get_mut(&session) {
-                    g.leases.push(Arc::downgrade(lease));
-                    return;
-                }
-                let w = Watched::Session {
-                    session,
-                    end: end.wait(),
+                let w = Watched::Lease {
+                    lease: Arc::downgrade(lease),
+                    lost,
                 };
-                inner.sessions.insert(
-                    session,
-                    Group {
-                        end,
-                        leases: vec![Arc::downgrade(lease)],
-                    },
-                );
-                self.send(&mut inner, w);
+                self.send(&mut self.shared.inner.locked(), w);
                 return;
             }
+            SessionWatch::Shared { session, end } => (session, end),
         };
         lease.set_loss_counter(&self.shared.counter);
+        lease.set_watched_session(session);
         let mut inner = self.shared.inner.locked();
+        inner.grouped += 1;
+        if let Some(g) = inner.sessions.get_mut(&session) {
+            g.leases.push(Arc::downgrade(lease));
+            // The task may be gone (its runtime shut down): a new one hears this session too.
+            if inner.tx.as_ref().is_none_or(|t| t.is_closed()) {
+                self.restart(&mut inner, None);
+            }
+            return;
+        }
+        let id = inner.next_group;
+        inner.next_group += 1;
+        let w = Watched::Session {
+            session,
+            group: id,
+            end: end.wait(),
+        };
+        inner.sessions.insert(
+            session,
+            Group {
+                id,
+                end,
+                leases: vec![Arc::downgrade(lease)],
+            },
+        );
         self.send(&mut inner, w);
     }
 
-    /// Gives the task `w`, starting the task if there is none (or it is gone: its runtime shut
-    /// down); a new task is given every shared session's end again, with `w`.
+    /// Gives the task `w`, starting the task if there is none (or it is gone).
     fn send(&self, inner: &mut Inner, w: Watched) {
         let w = match &inner.tx {
             Some(t) => match t.send(w) {
@@ -207,20 +243,30 @@ impl Losses {
             },
             None => w,
         };
+        self.restart(inner, Some(w));
+    }
+
+    /// Starts the task (again: the last one's runtime shut down), and gives it `w` and every
+    /// shared session's end. The lost futures of leases watched alone are gone with the last
+    /// task: their leases hear their end at their next renewal.
+    fn restart(&self, inner: &mut Inner, w: Option<Watched>) {
         let (t, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(rx, self.shared.clone()));
-        // `w` may be the end of a session just entered: it is not sent twice.
+        // `w` may be the end of a group just made: it is not sent twice.
         let fresh = match &w {
-            Watched::Session { session, .. } => Some(*session),
-            Watched::Lease { .. } => None,
+            Some(Watched::Session { group, .. }) => Some(*group),
+            _ => None,
         };
-        let _ = t.send(w);
+        if let Some(w) = w {
+            let _ = t.send(w);
+        }
         for (session, g) in &inner.sessions {
-            if fresh == Some(*session) {
+            if fresh == Some(g.id) {
                 continue;
             }
             let _ = t.send(Watched::Session {
                 session: *session,
+                group: g.id,
                 end: g.end.wait(),
             });
         }
@@ -236,10 +282,16 @@ impl Losses {
     pub(crate) fn grouped(&self) -> usize {
         self.shared.inner.locked().grouped
     }
+
+    #[cfg(test)]
+    fn groups(&self) -> usize {
+        self.shared.inner.locked().sessions.len()
+    }
 }
 
 /// The task: until the client is dropped, takes new watches and ends the leases whose futures
-/// (or sessions) end; sweeps out the entries of leases that ended by themselves.
+/// (or sessions) end; sweeps out the entries of leases that ended by themselves, and the groups
+/// left with none.
 async fn run(mut rx: mpsc::UnboundedReceiver<Watched>, shared: Arc<Shared>) {
     let counter = shared.counter.clone();
     let mut watched: FuturesUnordered<Watched> = FuturesUnordered::new();
@@ -257,7 +309,9 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Watched>, shared: Arc<Shared>) {
                     // already, so it does not count towards a sweep.
                     counter.take(1);
                 }
-                Heard::Session(session, why) => session_ended(&shared, session, why),
+                Heard::Session { session, group, why } => {
+                    session_ended(&shared, session, group, why);
+                }
             },
             () = counter.wake.notified() => {}
             w = rx.recv() => match w {
@@ -279,29 +333,32 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Watched>, shared: Arc<Shared>) {
             let mut inner = shared.inner.locked();
             if gone * 2 >= own + inner.grouped {
                 counter.take(gone);
+                sweep(&mut inner);
                 watched = std::mem::take(&mut watched)
                     .into_iter()
-                    .filter(Watched::live)
+                    .filter(|w| w.keep(&inner))
                     .collect();
                 own = watched
                     .iter()
                     .filter(|w| matches!(w, Watched::Lease { .. }))
                     .count();
-                sweep(&mut inner);
             }
         }
     }
 }
 
-/// The leases of `session`, which ended for `why`: those still on it are lost.
-fn session_ended(shared: &Shared, session: u64, why: LostReason) {
+/// The leases of `session`'s group `group`, which ended for `why`: those still on it are lost.
+fn session_ended(shared: &Shared, session: u64, group: u64, why: LostReason) {
     let group = {
         let mut inner = shared.inner.locked();
-        let group = inner.sessions.remove(&session);
-        if let Some(g) = &group {
+        if inner.sessions.get(&session).is_none_or(|g| g.id != group) {
+            return;
+        }
+        let g = inner.sessions.remove(&session);
+        if let Some(g) = &g {
             inner.grouped -= g.leases.len();
         }
-        group
+        g
     };
     let Some(group) = group else { return };
     for lease in group.leases.iter().filter_map(Weak::upgrade) {
@@ -314,16 +371,17 @@ fn session_ended(shared: &Shared, session: u64, why: LostReason) {
     shared.counter.take(ended);
 }
 
-/// Keeps only the live leases of every session.
+/// Keeps only the live leases of every session, and the groups that still have some.
 fn sweep(inner: &mut Inner) {
     let mut grouped = 0;
-    for g in inner.sessions.values_mut() {
+    inner.sessions.retain(|_, g| {
         g.leases.retain(live);
         if g.leases.capacity() > 2 * g.leases.len() + 16 {
             g.leases.shrink_to_fit();
         }
         grouped += g.leases.len();
-    }
+        !g.leases.is_empty()
+    });
     inner.grouped = grouped;
 }
 
@@ -533,11 +591,101 @@ mod tests {
         assert_eq!(losses.ended(), 0);
         end.end(LostReason::Unreachable);
         assert!(soon(|| live.iter().all(|l| l.snapshot().end.is_some())).await);
+    }
+
+    /// A session that is dropped without ending (an etcd lease of one lock, released) leaves
+    /// nothing behind once its leases ended: its group and its end's watch go at a sweep.
+    #[tokio::test]
+    async fn the_groups_of_sessions_whose_leases_all_ended_are_swept() {
+        let losses = always_on();
+        let ends: Vec<SessionEnd> = (0..200).map(|_| SessionEnd::new()).collect();
+        let leases: Vec<Arc<LeaseShared>> = (0..200)
+            .map(|i| Arc::new(lease_named(&format!("one/{i}"))))
+            .collect();
+        for (i, (l, end)) in leases.iter().zip(&ends).enumerate() {
+            let session = i as u64;
+            losses.watch(
+                l,
+                SessionWatch::Shared {
+                    session,
+                    end: end.clone(),
+                },
+            );
+        }
+        assert!(soon(|| ends.iter().all(|e| e.receivers() == 1)).await);
+        assert_eq!(losses.groups(), 200);
+        for l in &leases[..150] {
+            let _ = l.mark_released();
+        }
+        assert!(soon(|| losses.groups() == 50).await, "{}", losses.groups());
         assert!(
-            ended
-                .iter()
-                .all(|l| l.snapshot().end == Some(crate::lease::LeaseEnd::Released))
+            soon(|| ends[..150].iter().all(|e| e.receivers() == 0)).await,
+            "the swept sessions' ends are no longer waited for"
         );
+        assert!(ends[150..].iter().all(|e| e.receivers() == 1));
+        // A session swept, then used again: a new group hears its end.
+        let again = Arc::new(lease_named("again"));
+        losses.watch(
+            &again,
+            SessionWatch::Shared {
+                session: 0,
+                end: ends[0].clone(),
+            },
+        );
+        ends[0].end(LostReason::Expired);
+        assert!(soon(|| again.snapshot().end.is_some()).await);
+    }
+
+    /// Dropping the watcher (the client) ends its task: nothing waits for a session's end.
+    #[tokio::test]
+    async fn dropping_the_watcher_ends_its_task() {
+        let losses = always_on();
+        let end = SessionEnd::new();
+        let lease = Arc::new(lease_named("held"));
+        losses.watch(
+            &lease,
+            SessionWatch::Shared {
+                session: 1,
+                end: end.clone(),
+            },
+        );
+        assert!(soon(|| end.receivers() == 1).await);
+        drop(losses);
+        assert!(soon(|| end.receivers() == 0).await, "the task ended");
+    }
+
+    /// A task whose runtime shut down is started again by the next watch, even of a session
+    /// already watched, and hears that session's end for every lease on it.
+    #[test]
+    fn a_task_gone_with_its_runtime_is_started_again() {
+        let losses = always_on();
+        let end = SessionEnd::new();
+        let first = Arc::new(lease_named("first"));
+        let second = Arc::new(lease_named("second"));
+        let on = || SessionWatch::Shared {
+            session: 1,
+            end: end.clone(),
+        };
+        let rt = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime")
+        };
+        let old = rt();
+        old.block_on(async {
+            losses.watch(&first, on());
+            assert!(soon(|| end.receivers() == 1).await);
+        });
+        drop(old);
+        assert_eq!(end.receivers(), 0, "the task went with its runtime");
+        rt().block_on(async {
+            losses.watch(&second, on());
+            assert!(soon(|| end.receivers() == 1).await, "started again");
+            end.end(LostReason::Unreachable);
+            assert!(soon(|| first.snapshot().end.is_some()).await);
+            assert!(second.snapshot().end.is_some());
+        });
     }
 
     /// Work per watch does not grow with the leases held: a shared session keeps one future,
