@@ -30,11 +30,20 @@ pub(crate) struct ZkSessions {
     epoch: Mutex<SessionEnd>,
 }
 
+/// Whether a request failed because its connection did (its effect, if it had one, unknown).
+pub(crate) fn connection_lost(e: &Error) -> bool {
+    matches!(e, Error::ConnectionLoss | Error::Custom(_))
+}
+
 pub(crate) fn map_err(e: Error, doing: &str) -> LockError {
     let kind = match &e {
-        Error::ConnectionLoss | Error::SessionExpired | Error::ClientClosed | Error::NoHosts => {
-            ErrorKind::Connection
-        }
+        // `Custom` is how the client fails the requests of a connection that broke under them
+        // ("no response from connection in 800ms", an I/O error): the connection's loss.
+        Error::ConnectionLoss
+        | Error::SessionExpired
+        | Error::ClientClosed
+        | Error::NoHosts
+        | Error::Custom(_) => ErrorKind::Connection,
         Error::Timeout => ErrorKind::Timeout,
         Error::NoAuth | Error::AuthFailed => ErrorKind::Auth,
         Error::BadArguments(_) => ErrorKind::InvalidKey,

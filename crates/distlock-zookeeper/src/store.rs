@@ -15,7 +15,7 @@ use distlock_core::engine::{
 };
 use zookeeper_client::{Acls, Client, CreateMode, Error};
 
-use crate::session::{ZkSessions, map_err};
+use crate::session::{ZkSessions, connection_lost, map_err};
 
 /// One node of ours: its path, its creation zxid (the fencing token), and the session loss
 /// count when it was created (a loss since means it can no longer be trusted).
@@ -146,7 +146,7 @@ impl ZkStore {
                         Err(e) => return Err(map_err(e, DOING)),
                     }
                 }
-                Ok(Err(e @ Error::ConnectionLoss)) => {
+                Ok(Err(e)) if connection_lost(&e) => {
                     // The create may have happened: look for it by our token.
                     if let Some(found) = self.find_own(client, parent, token).await? {
                         return Ok(found);
@@ -200,7 +200,7 @@ impl ZkStore {
                 listed.ok(),
             )),
             Ok((Err(Error::NoNode), _)) => Ok((None, None)),
-            Ok((Err(e @ Error::ConnectionLoss), _)) => {
+            Ok((Err(e), _)) if connection_lost(&e) => {
                 // The create may have happened: look for it by our token.
                 match self.find_own(client, parent, token).await? {
                     Some(found) => Ok((Some(found), None)),

@@ -152,6 +152,41 @@ async fn a_session_that_expires_under_a_held_lock_fires_lost() {
     assert_eq!(g3.release().await.unwrap(), Released::Held);
 }
 
+/// A request whose connection stops answering fails as the connection's loss, which a wait
+/// tries again (the create may have happened, and is looked for), not as an unexpected reply:
+/// the client fails such requests with the connection's own error ("no response from
+/// connection in 800ms"), and a `distlock lead` paused past it gave up campaigning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_on_a_connection_that_stopped_answering_fails_as_a_connection_error() {
+    let Some(zk) = ZooKeeper::start() else { return };
+    let url = zk.url("?session_timeout=6s&connect_timeout=800ms&response_timeout=5s");
+    let a = client(&url).await;
+    zk.servers()[0].pause();
+    let err = a
+        .try_acquire("frozen")
+        .await
+        .expect_err("no answer while the server is frozen");
+    zk.servers()[0].resume();
+    assert!(
+        err.is_retryable(),
+        "{err} ({:?}): a connection that stopped answering",
+        err.kind()
+    );
+    assert_ne!(err.kind(), ErrorKind::Protocol, "{err}");
+    // Thawed: the client talks to the server again and takes the lock.
+    let t0 = Instant::now();
+    let g = loop {
+        match a.try_acquire("frozen").await {
+            Ok(Some(g)) => break g,
+            Ok(None) => {}
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "never taken");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_a_holder_talks_to_killed_in_an_ensemble_of_three() {
     let Some(mut zk) = ZooKeeper::start_ensemble(3) else {
