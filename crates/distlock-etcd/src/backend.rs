@@ -17,7 +17,7 @@ use crate::config::EtcdConfig;
 use crate::error::map_err;
 use crate::members::Members;
 use crate::session::{self, Session};
-use crate::store::EtcdStore;
+use crate::store::{EtcdStore, Key};
 use crate::wire::{
     Compare, CompareResult, DeleteRangeRequest, KeyValue, RangeRequest, RangeResponse, RequestOp,
     SortOrder, SortTarget, TxnRequest,
@@ -32,7 +32,7 @@ const KEYS_PER_CHECK: usize = 128;
 const LISTED_WHEN_DUE: usize = 4;
 
 /// The items of one batch on one session: the session, and each item's place and key.
-type SessionItems = (Arc<Session>, Vec<(usize, String)>);
+type SessionItems = (Arc<Session>, Vec<(usize, Key)>);
 
 struct Inner {
     recipe: QueueRecipe<EtcdStore>,
@@ -182,7 +182,7 @@ impl EtcdBackend {
         };
         let txn = TxnRequest::new(
             vec![Compare::create_revision(
-                e.entry.id,
+                &*e.entry.id,
                 CompareResult::Equal,
                 rev,
             )],
@@ -255,12 +255,8 @@ impl EtcdBackend {
         };
         let (key, seq) = (entry.entry.id, entry.entry.seq);
         let txn = TxnRequest::new(
-            vec![Compare::create_revision(
-                key.as_str(),
-                CompareResult::Equal,
-                seq,
-            )],
-            vec![RequestOp::move_to_lease(key.as_str(), target.lease)],
+            vec![Compare::create_revision(&*key, CompareResult::Equal, seq)],
+            vec![RequestOp::move_to_lease(&*key, target.lease)],
             vec![],
         );
         let moved = self
@@ -498,7 +494,7 @@ impl EtcdBackend {
                 .push((i, key));
         }
         let renewals = groups.into_values().map(|(session, members)| async move {
-            let keys: Vec<&str> = members.iter().map(|(_, k)| k.as_str()).collect();
+            let keys: Vec<&str> = members.iter().map(|(_, k)| &**k).collect();
             let checks = self.renew_session(&session, &keys).await;
             members
                 .into_iter()
@@ -520,15 +516,11 @@ impl EtcdBackend {
 impl EtcdBackend {
     /// Resolves once our key `key` is gone from the store: a watch on it, and, whenever the
     /// watch ends (a delete, or a member that failed), a read to tell which.
-    async fn key_gone(
-        &self,
-        key: String,
-        entry: distlock_core::engine::queue::QueuedEntry<String>,
-    ) {
+    async fn key_gone(&self, key: Key, entry: distlock_core::engine::queue::QueuedEntry<Key>) {
         const DOING: &str = "reading a leader's own etcd key";
         loop {
             distlock_core::engine::queue::QueueStore::watch_gone(self.store(), &entry).await;
-            match self.read(RangeRequest::key(key.as_str()), DOING).await {
+            match self.read(RangeRequest::key(&*key), DOING).await {
                 Ok(r) if r.kvs.iter().all(|kv| kv.create_revision != entry.seq) => return,
                 Ok(_) => {}
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -600,7 +592,7 @@ impl Backend for EtcdBackend {
             self.store().abandon(&key);
         }
         let delete = DeleteRangeRequest {
-            key: key.into_bytes(),
+            key: key.as_bytes().to_vec(),
             prev_kv: true,
             ..Default::default()
         };
@@ -741,12 +733,8 @@ impl EtcdBackend {
         // another session changes it).
         for _ in 0..3 {
             let read = TxnRequest::new(
-                vec![Compare::create_revision(
-                    key.as_str(),
-                    CompareResult::Equal,
-                    seq,
-                )],
-                vec![RequestOp::range(RangeRequest::key(key.as_str()))],
+                vec![Compare::create_revision(&*key, CompareResult::Equal, seq)],
+                vec![RequestOp::range(RangeRequest::key(&*key))],
                 vec![],
             );
             let reply = self
@@ -776,12 +764,12 @@ impl EtcdBackend {
             }
             let write = TxnRequest::new(
                 vec![Compare::mod_revision(
-                    key.as_str(),
+                    &*key,
                     CompareResult::Equal,
                     kv.mod_revision,
                 )],
                 vec![RequestOp::put(
-                    key.as_str(),
+                    &*key,
                     tag_value(LeaseKind::Shared, holder.to_owned()),
                     kv.lease,
                 )],

@@ -29,6 +29,10 @@ use crate::wire::{
     SortOrder, SortTarget, TxnRequest, TxnResponse, WatchCreateRequest, revision,
 };
 
+/// One of our key names: one copy, shared by the queue recipe's entry, the map of sessions and
+/// the names in use (a client holding 100,000 locks kept four copies of each).
+pub(crate) type Key = Arc<str>;
+
 /// The session one of our keys lives on, and the signal of its moves for the watch of its
 /// session's end (made when that watch starts).
 struct OnSession {
@@ -45,7 +49,7 @@ pub(crate) struct EtcdStore {
     /// it is sent, and leaves when it is deleted: a key attached to one of our sessions that is
     /// not here was written by a request given up before its reply (see
     /// [`EtcdStore::orphans`]).
-    on: Mutex<HashMap<String, OnSession, foldhash::fast::RandomState>>,
+    on: Mutex<HashMap<Key, OnSession, foldhash::fast::RandomState>>,
     /// Keys of ours released while etcd could not be reached (an acquire given up during an
     /// election, say): until their delete is answered, a first attempt that finds one of them
     /// holding its lock deletes it rather than report the lock busy.
@@ -84,18 +88,18 @@ const SWEEP_BACKSTOP: Duration = Duration::from_secs(60);
 /// nobody's, a stale key that the next first attempt deletes, not a later acquisition's.
 #[derive(Default)]
 struct KeyNames {
-    by_token: HashMap<Token, String>,
+    by_token: HashMap<Token, Key>,
     /// Every name in use, with the token it belongs to (none once the token let it go while
     /// the name stays out of use): a name freed finds its token at once.
-    used: HashMap<String, Option<Token>>,
+    used: HashMap<Key, Option<Token>>,
     /// Given-up acquisitions' names, oldest first: never given out again (the oldest are let
     /// go past [`BURNED_KEPT`]).
-    burned: std::collections::VecDeque<String>,
+    burned: std::collections::VecDeque<Key>,
     /// The same names, to look up.
-    burned_set: HashSet<String>,
+    burned_set: HashSet<Key>,
     /// Names of keys left to run out by themselves (see `Linger`), soonest end first: in use
     /// until then.
-    lingering: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, String)>>,
+    lingering: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, Key)>>,
 }
 
 /// How many given-up key names a client keeps out of use (each one an acquisition whose reply
@@ -115,7 +119,7 @@ impl KeyNames {
 
     /// Forgets that `token` has `key` (if that is still its key).
     fn forget_token_of(&mut self, token: &Token, key: &str) {
-        if self.by_token.get(token).is_some_and(|k| k == key) {
+        if self.by_token.get(token).is_some_and(|k| **k == *key) {
             self.by_token.remove(token);
         }
     }
@@ -160,7 +164,7 @@ impl EtcdStore {
     }
 
     /// The key of `token`'s acquisition of `name`: the one it has, or the lowest free one.
-    fn key_for(&self, name: &str, token: &Token) -> String {
+    fn key_for(&self, name: &str, token: &Token) -> Key {
         let mut names = self.names.locked();
         if let Some(key) = names.by_token.get(token) {
             return key.clone();
@@ -170,15 +174,18 @@ impl EtcdStore {
         }
         let key = (0u32..)
             .map(|n| format!("{}{name}/{}-{n}", self.prefix, self.client))
-            .find(|k| !names.used.contains_key(k) && !names.burned_set.contains(k))
+            .find(|k| {
+                !names.used.contains_key(k.as_str()) && !names.burned_set.contains(k.as_str())
+            })
             .unwrap_or_default();
+        let key = Key::from(key);
         names.used.insert(key.clone(), Some(token.clone()));
         names.by_token.insert(token.clone(), key.clone());
         key
     }
 
     /// The key of `token`'s acquisition, if it may have one on the server.
-    pub(crate) fn key_of(&self, token: &Token) -> Option<String> {
+    pub(crate) fn key_of(&self, token: &Token) -> Option<Key> {
         self.names.locked().by_token.get(token).cloned()
     }
 
@@ -225,9 +232,9 @@ impl EtcdStore {
     }
 
     /// Records that `key` now lives on `session` (or is about to be written on it).
-    pub(crate) fn set_session(&self, key: &str, session: Arc<Session>) {
+    pub(crate) fn set_session(&self, key: &Key, session: Arc<Session>) {
         // Ours again (a later attempt with the same token): not to be cleared out of the way.
-        self.abandoned.locked().remove(key);
+        self.abandoned.locked().remove(&**key);
         let mut on = self.on.locked();
         match on.get_mut(key) {
             Some(o) if Arc::ptr_eq(&o.session, &session) => {}
@@ -244,7 +251,7 @@ impl EtcdStore {
             None => {
                 session.add_key();
                 on.insert(
-                    key.to_owned(),
+                    key.clone(),
                     OnSession {
                         session,
                         moved: None,
@@ -391,7 +398,7 @@ impl EtcdStore {
     /// never when the key leaves our sessions (deleted) first.
     pub(crate) fn session_end(
         self: &Arc<Self>,
-        key: String,
+        key: Key,
     ) -> impl std::future::Future<Output = LostReason> + Send + 'static {
         let store = Arc::downgrade(self);
         async move {
@@ -479,7 +486,7 @@ impl EtcdStore {
         }
     }
 
-    async fn join_inner(&self, req: &AcquireRequest<'_>) -> Result<JoinOutcome<String>, LockError> {
+    async fn join_inner(&self, req: &AcquireRequest<'_>) -> Result<JoinOutcome<Key>, LockError> {
         let key = self.key_for(req.name, req.token);
         // A session can run out just as it is used (idle, near its deadline): one more try, on a
         // session granted for it.
@@ -522,9 +529,10 @@ impl EtcdStore {
     async fn join_on(
         &self,
         req: &AcquireRequest<'_>,
-        key: &str,
+        id: &Key,
         session: &Arc<Session>,
-    ) -> Result<Option<JoinOutcome<String>>, LockError> {
+    ) -> Result<Option<JoinOutcome<Key>>, LockError> {
+        let key: &str = id;
         // The lock lasts from the session's last refresh (its grant, for a new one, which may
         // have waited for an election): say how long ago that was.
         let age = Some(
@@ -592,7 +600,7 @@ impl EtcdStore {
             let rev = revision(reply.header.as_ref());
             return Ok(Some(JoinOutcome::Joined(Joined {
                 entry: QueuedEntry {
-                    id: key.to_owned(),
+                    id: id.clone(),
                     seq: rev,
                     kind: req.kind,
                     seen_at: rev,
@@ -642,7 +650,7 @@ impl EtcdStore {
         }
         Ok(Some(JoinOutcome::Joined(Joined {
             entry: QueuedEntry {
-                id: key.to_owned(),
+                id: id.clone(),
                 seq,
                 kind: req.kind,
                 seen_at: at,
@@ -656,9 +664,9 @@ impl EtcdStore {
     async fn ahead_inner(
         &self,
         name: &str,
-        mine: &QueuedEntry<String>,
+        mine: &QueuedEntry<Key>,
         kind: LeaseKind,
-    ) -> Result<Ahead<String>, LockError> {
+    ) -> Result<Ahead<Key>, LockError> {
         let mut read = RangeRequest::prefix(self.lock_prefix(name))
             .sorted(SortTarget::Create, SortOrder::Descend)
             .max_create_revision(mine.seq - 1);
@@ -672,7 +680,7 @@ impl EtcdStore {
         // Our key must still be there, with its place.
         let txn = TxnRequest::new(
             vec![Compare::create_revision(
-                mine.id.as_str(),
+                &*mine.id,
                 CompareResult::Equal,
                 mine.seq,
             )],
@@ -697,11 +705,11 @@ impl EtcdStore {
                     "reading an etcd lock's queue: no read in the reply",
                 ));
             };
-            let mut ahead: Vec<QueuedEntry<String>> = range
+            let mut ahead: Vec<QueuedEntry<Key>> = range
                 .kvs
                 .iter()
                 .map(|kv| QueuedEntry {
-                    id: String::from_utf8_lossy(&kv.key).into_owned(),
+                    id: Key::from(String::from_utf8_lossy(&kv.key)),
                     seq: kv.create_revision,
                     kind: untag_value(&String::from_utf8_lossy(&kv.value)).0,
                     seen_at: at,
@@ -723,31 +731,31 @@ impl EtcdStore {
 }
 
 impl QueueStore for EtcdStore {
-    type Id = String;
+    type Id = Key;
 
     fn join<'a>(
         &'a self,
         req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<JoinOutcome<String>, LockError>> {
+    ) -> BoxFuture<'a, Result<JoinOutcome<Key>, LockError>> {
         Box::pin(self.join_inner(req))
     }
 
     fn ahead<'a>(
         &'a self,
         name: &'a str,
-        mine: &'a QueuedEntry<String>,
+        mine: &'a QueuedEntry<Key>,
         kind: LeaseKind,
-    ) -> BoxFuture<'a, Result<Ahead<String>, LockError>> {
+    ) -> BoxFuture<'a, Result<Ahead<Key>, LockError>> {
         Box::pin(self.ahead_inner(name, mine, kind))
     }
 
     /// A watch on the key for its deletion, or a change of its kind (a writer downgraded to a
     /// reader), from the revision after the one it was seen at (an event between the read and
     /// the watch is not missed).
-    fn watch_gone(&self, entry: &QueuedEntry<String>) -> BoxFuture<'static, ()> {
+    fn watch_gone(&self, entry: &QueuedEntry<Key>) -> BoxFuture<'static, ()> {
         let members = self.members.clone();
         let create = WatchCreateRequest {
-            key: entry.id.clone().into_bytes(),
+            key: entry.id.as_bytes().to_vec(),
             start_revision: entry.seen_at + 1,
             ..Default::default()
         };
@@ -784,21 +792,21 @@ impl QueueStore for EtcdStore {
     /// was sent.
     fn lease_age(
         &self,
-        id: &String,
+        id: &Key,
         clock: &Arc<dyn distlock_core::engine::Clock>,
     ) -> Option<Duration> {
         let session = self.session_of(id)?;
         Some(clock.now().saturating_duration_since(session.refreshed()))
     }
 
-    fn remove_later(&self, id: &String) {
+    fn remove_later(&self, id: &Key) {
         self.forget(id);
         // The next attempt of the same token (a waiter after a first attempt) writes a key of
         // another name: this one may still be there when it is sent, and be deleted after.
         // Until the delete is answered, the key is abandoned (a first attempt that finds it in
         // its way deletes it, rather than call the lock busy), and its name is not given out.
         self.names.locked().release_token_of(id);
-        self.abandoned.locked().insert(id.clone());
+        self.abandoned.locked().insert(id.to_string());
         let (members, names, abandoned) = (
             self.members.clone(),
             self.names.clone(),
@@ -813,14 +821,14 @@ impl QueueStore for EtcdStore {
                 let deleted = members
                     .write(|c| {
                         let delete = DeleteRangeRequest {
-                            key: key.clone().into_bytes(),
+                            key: key.as_bytes().to_vec(),
                             ..Default::default()
                         };
                         async move { c.delete_range(delete).await }
                     })
                     .await;
                 if deleted.is_ok() {
-                    abandoned.locked().remove(&key);
+                    abandoned.locked().remove(&*key);
                     names.locked().free_key(&key);
                     return;
                 }
