@@ -53,6 +53,9 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// session's locks (PostgreSQL). What a call builds is about 100 bytes a lease.
 pub const RENEW_CHUNK: usize = 16_384;
 
+/// How many leases a renewal call looks up under one hold of the pool's lock.
+const LOOKUPS_PER_LOCK: usize = 1024;
+
 /// How long a failed unlock waits for the session's reader to report that the session ended,
 /// before the pool closes it itself.
 const ENDING_GRACE: Duration = Duration::from_millis(100);
@@ -684,9 +687,12 @@ impl<O: SessionOps> SessionPool<O> {
             (0..items.len()).map(|_| None).collect();
         // Per session: the items on it and the longest TTL asked.
         let mut groups: HashMap<u64, Group<O::Conn>> = HashMap::new();
-        {
+        // The pool's lock is taken per step, not for the whole call (16,384 lookups, a
+        // millisecond or two): an acquire or a release in between waits for one step at most.
+        for (step, chunk) in items.chunks(LOOKUPS_PER_LOCK).enumerate() {
             let st = self.state.locked();
-            for (i, item) in items.iter().enumerate() {
+            for (j, item) in chunk.iter().enumerate() {
+                let i = step * LOOKUPS_PER_LOCK + j;
                 let lease = &item.lease;
                 match st.leases.get(lease.token.as_str()) {
                     Some(t)

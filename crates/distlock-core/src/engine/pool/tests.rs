@@ -255,6 +255,40 @@ async fn renewals_send_one_statement_per_session() {
     assert_eq!(fake.pings.load(Ordering::SeqCst), p.open_sessions());
 }
 
+/// A call larger than one hold of the pool's lock answers each lease at its own place: the
+/// leases looked up in later steps too, and one it does not know, past the first step.
+#[tokio::test]
+async fn a_renewal_call_of_many_steps_answers_each_lease_in_place() {
+    let (fake, p) = pool(2);
+    let n = 2 * LOOKUPS_PER_LOCK + 500;
+    let tokens: Vec<Token> = (0..n)
+        .map(|i| Token::parse(&format!("t{i}")).unwrap())
+        .collect();
+    let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+    let unknown = LOOKUPS_PER_LOCK + 7;
+    for (i, (t, name)) in tokens.iter().zip(&names).enumerate() {
+        if i != unknown {
+            take(&p, name, t.as_str()).await;
+        }
+    }
+    let items: Vec<RenewItem<'_>> = tokens
+        .iter()
+        .zip(&names)
+        .map(|(t, n)| RenewItem::new(LeaseRef::new(n, t, LeaseKind::Exclusive), TTL))
+        .collect();
+    let r = p.renew_many(&items).await;
+    assert_eq!(r.len(), n);
+    for (i, r) in r.iter().enumerate() {
+        let want = if i == unknown {
+            LeaseCheck::Missing
+        } else {
+            LeaseCheck::Ours
+        };
+        assert_eq!(r.as_ref().ok(), Some(&want), "lease {i}");
+    }
+    assert_eq!(fake.pings.load(Ordering::SeqCst), p.open_sessions());
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lease_released_at_its_deadline_does_not_hear_its_session_end() {
     let (_, p) = pool(1);
