@@ -235,22 +235,31 @@ async fn a_session_that_cannot_unlock_is_closed_and_its_leases_hear_it() {
     assert_eq!(r[0].as_ref().ok(), Some(&LeaseCheck::Missing));
 }
 
+/// Tokens `t0`.. and names `k0`.., `n` of each.
+fn tokens_and_names(n: usize) -> (Vec<Token>, Vec<String>) {
+    let tokens = (0..n)
+        .map(|i| Token::parse(&format!("t{i}")).unwrap())
+        .collect();
+    (tokens, (0..n).map(|i| format!("k{i}")).collect())
+}
+
+/// A renewal of each name with its token, exclusive, for `TTL`.
+fn renew_items<'a>(tokens: &'a [Token], names: &'a [String]) -> Vec<RenewItem<'a>> {
+    tokens
+        .iter()
+        .zip(names)
+        .map(|(t, n)| RenewItem::new(LeaseRef::new(n, t, LeaseKind::Exclusive), TTL))
+        .collect()
+}
+
 #[tokio::test]
 async fn renewals_send_one_statement_per_session() {
     let (fake, p) = pool(2);
-    let tokens: Vec<Token> = (0..10)
-        .map(|i| Token::parse(&format!("t{i}")).unwrap())
-        .collect();
-    for (i, t) in tokens.iter().enumerate() {
-        take(&p, &format!("k{i}"), t.as_str()).await;
+    let (tokens, names) = tokens_and_names(10);
+    for (t, name) in tokens.iter().zip(&names) {
+        take(&p, name, t.as_str()).await;
     }
-    let names: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
-    let items: Vec<RenewItem<'_>> = tokens
-        .iter()
-        .zip(&names)
-        .map(|(t, n)| RenewItem::new(LeaseRef::new(n, t, LeaseKind::Exclusive), TTL))
-        .collect();
-    let r = p.renew_many(&items).await;
+    let r = p.renew_many(&renew_items(&tokens, &names)).await;
     assert!(r.iter().all(|r| r.as_ref().ok() == Some(&LeaseCheck::Ours)));
     assert_eq!(fake.pings.load(Ordering::SeqCst), p.open_sessions());
 }
@@ -261,22 +270,14 @@ async fn renewals_send_one_statement_per_session() {
 async fn a_renewal_call_of_many_steps_answers_each_lease_in_place() {
     let (fake, p) = pool(2);
     let n = 2 * LOOKUPS_PER_LOCK + 500;
-    let tokens: Vec<Token> = (0..n)
-        .map(|i| Token::parse(&format!("t{i}")).unwrap())
-        .collect();
-    let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+    let (tokens, names) = tokens_and_names(n);
     let unknown = LOOKUPS_PER_LOCK + 7;
     for (i, (t, name)) in tokens.iter().zip(&names).enumerate() {
         if i != unknown {
             take(&p, name, t.as_str()).await;
         }
     }
-    let items: Vec<RenewItem<'_>> = tokens
-        .iter()
-        .zip(&names)
-        .map(|(t, n)| RenewItem::new(LeaseRef::new(n, t, LeaseKind::Exclusive), TTL))
-        .collect();
-    let r = p.renew_many(&items).await;
+    let r = p.renew_many(&renew_items(&tokens, &names)).await;
     assert_eq!(r.len(), n);
     for (i, r) in r.iter().enumerate() {
         let want = if i == unknown {
