@@ -58,6 +58,17 @@ impl Token {
         Ok(Token(Repr::Other(s.into())))
     }
 
+    /// A copy of a token met as a string (a request's), which a map keeps: inline when it is
+    /// a generated one (32 lower-case hex digits), so that keeping it allocates nothing.
+    pub(crate) fn kept(s: &str) -> Self {
+        match <[u8; 32]>::try_from(s.as_bytes()) {
+            Ok(b) if b.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) => {
+                Token(Repr::Hex(b))
+            }
+            _ => Token(Repr::Other(s.into())),
+        }
+    }
+
     /// The token as stored by the engine.
     pub fn as_str(&self) -> &str {
         match &self.0 {
@@ -65,6 +76,14 @@ impl Token {
             Repr::Hex(b) => std::str::from_utf8(b).unwrap_or_default(),
             Repr::Other(s) => s,
         }
+    }
+}
+
+/// A map keyed by tokens is looked up with a request's `&str` (hashed and compared as the
+/// string, like the token itself).
+impl std::borrow::Borrow<str> for Token {
+    fn borrow(&self) -> &str {
+        self.as_str()
     }
 }
 
@@ -215,5 +234,22 @@ mod tests {
             Token::parse("abc").map(|t| t.to_string()).ok().as_deref(),
             Some("abc")
         );
+    }
+
+    /// A kept copy is the same token, inline for a generated one only (upper-case digits, or
+    /// another length, are kept as written).
+    #[test]
+    fn a_kept_copy_is_inline_only_for_a_generated_token() {
+        let a = Token::generate();
+        let kept = Token::kept(a.as_str());
+        assert_eq!(kept, a);
+        assert!(matches!(kept.0, Repr::Hex(_)));
+        for other in ["ABCDEF0123456789ABCDEF0123456789", "abc", ""] {
+            let kept = Token::kept(other);
+            assert_eq!(kept.as_str(), other);
+            assert!(matches!(kept.0, Repr::Other(_)), "{other}");
+        }
+        let map: std::collections::HashSet<Token> = [a.clone()].into();
+        assert!(map.contains(a.as_str()));
     }
 }

@@ -92,7 +92,7 @@ fn holder_of(kind: LeaseKind, app: Option<String>, idle: Option<i64>) -> HolderS
 /// meanwhile).
 fn confirmed(
     pool: &SessionPool<PgOps>,
-    lease: &Arc<PoolLease<PgConn>>,
+    lease: &PoolLease<PgConn>,
     sent: tokio::time::Instant,
     req: &AcquireRequest<'_>,
     fence: i64,

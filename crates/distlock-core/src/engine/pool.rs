@@ -41,6 +41,8 @@ pub use super::SessionEnd;
 use super::{BoxFuture, LeaseCheck, LostReason, RenewItem, SessionWatch};
 use crate::error::{ErrorKind, LockError};
 use crate::sync::MutexExt;
+use crate::token::Token;
+use std::hash::BuildHasher;
 
 /// How often the pool looks for sessions that have stayed empty, to close them before the
 /// server's idle timeout does (a clean close, not a server-side error in its log).
@@ -75,10 +77,21 @@ impl<C> std::fmt::Debug for Session<C> {
 impl<C> std::fmt::Debug for PoolLease<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PoolLease")
-            .field("name", &self.name)
             .field("key", &self.key)
             .field("session", &self.session.id)
+            .field("serial", &self.serial)
             .finish_non_exhaustive()
+    }
+}
+
+impl<C> Clone for PoolLease<C> {
+    fn clone(&self) -> Self {
+        PoolLease {
+            token: self.token.clone(),
+            key: self.key.clone(),
+            session: self.session.clone(),
+            serial: self.serial,
+        }
     }
 }
 
@@ -180,27 +193,20 @@ impl<C> Session<C> {
     }
 }
 
-/// A lease on a pooled session: being taken (between [`SessionPool::place`] and
-/// [`SessionPool::confirm`]) or held.
-///
-/// Its strings are shared: the server name with the session's set of names (and with the
-/// lock's name when they are the same), the token with the pool's map of leases. A client
-/// holding 100,000 locks keeps one copy of each.
+/// A lease on a pooled session, as the pool hands it to the engine: being taken (between
+/// [`SessionPool::place`] and [`SessionPool::confirm`]) or held. A copy of the pool's record,
+/// made for a request: the pool keeps no `PoolLease` itself.
 pub struct PoolLease<C> {
-    name: Arc<str>,
+    token: Token,
     key: Arc<str>,
-    token: Arc<str>,
     session: Arc<Session<C>>,
+    /// The placement's number, unique within the pool: the pool's record of the token stands
+    /// for this lease while it carries the same number (a downgrade's
+    /// [`rekey`](SessionPool::rekey) keeps it).
+    serial: u64,
 }
 
 impl<C> PoolLease<C> {
-    /// Whether `other` stands for the same lease: the same placement (its token's one copy)
-    /// on the same session. A downgrade's [`rekey`](SessionPool::rekey) makes a new record
-    /// of the same lease, which stays the same.
-    fn same(&self, other: &PoolLease<C>) -> bool {
-        Arc::ptr_eq(&self.token, &other.token) && Arc::ptr_eq(&self.session, &other.session)
-    }
-
     /// The session it is on.
     pub fn session(&self) -> &Arc<Session<C>> {
         &self.session
@@ -219,7 +225,7 @@ pub const PLACE_TRIES: u32 = 3;
 /// Where a new lease goes.
 pub enum Placement<C> {
     /// On this session, reserved for the request until it is confirmed or withdrawn.
-    On(Arc<PoolLease<C>>),
+    On(PoolLease<C>),
     /// One of our own sessions holds this server name already: the lock is busy.
     HeldHere,
 }
@@ -242,12 +248,33 @@ struct SessionState<C> {
     empty_since: Option<Instant>,
 }
 
-/// A lease the pool tracks, by token.
+/// A lease the pool tracks, under its token: one record a lease, in the map itself (about 110
+/// bytes with its token, in a map of 100,000).
 struct Tracked<C> {
-    lease: Arc<PoolLease<C>>,
+    /// Its server name, shared with its session's set of names (and, while the map of
+    /// [`Names`](super::Names) has it, nothing else).
+    key: Arc<str>,
+    session: Arc<Session<C>>,
+    /// See [`PoolLease::serial`].
+    serial: u64,
+    /// Its lock's name, hashed with the map's hasher: a call that gives the token with another
+    /// lock's name does not reach the lease (a check, the token being the lease's identity).
+    name: u64,
     held: bool,
     /// The client releases it then (its holder does not renew it).
     release_at: Option<Instant>,
+}
+
+impl<C> Tracked<C> {
+    /// The engine's copy of the lease of `token`.
+    fn lease(&self, token: &Token) -> PoolLease<C> {
+        PoolLease {
+            token: token.clone(),
+            key: self.key.clone(),
+            session: self.session.clone(),
+            serial: self.serial,
+        }
+    }
 }
 
 /// foldhash rather than SipHash: these maps are touched on every acquire and release.
@@ -257,7 +284,17 @@ struct State<C> {
     sessions: HashMap<u64, SessionState<C>, Hasher>,
     /// Sessions being opened (they count towards the cap).
     opening: usize,
-    leases: HashMap<Arc<str>, Tracked<C>, Hasher>,
+    leases: HashMap<Token, Tracked<C>, Hasher>,
+    /// The last placement's number.
+    serial: u64,
+}
+
+impl<C> State<C> {
+    /// The record of `token` if it is on the lock `name`.
+    fn tracked(&self, name: &str, token: &str) -> Option<&Tracked<C>> {
+        let name = self.leases.hasher().hash_one(name);
+        self.leases.get(token).filter(|t| t.name == name)
+    }
 }
 
 /// The items of one renewal batch on one session, and the longest TTL they ask.
@@ -305,6 +342,7 @@ impl<O: SessionOps> SessionPool<O> {
                 sessions: HashMap::default(),
                 opening: 0,
                 leases: HashMap::default(),
+                serial: 0,
             }),
             room: Notify::new(),
             next_id: AtomicU64::new(1),
@@ -471,15 +509,15 @@ impl<O: SessionOps> SessionPool<O> {
     /// name already (the acquire's caller is gone then).
     pub fn confirm(
         &self,
-        lease: &Arc<PoolLease<O::Conn>>,
+        lease: &PoolLease<O::Conn>,
         sent: Instant,
         ttl: Duration,
         renewed: bool,
     ) -> bool {
         let mut st = self.state.locked();
         let release_at = (!renewed).then_some(sent + ttl);
-        let tracked = match st.leases.get_mut(&lease.token) {
-            Some(t) if t.lease.same(lease) => {
+        let tracked = match st.leases.get_mut(lease.token.as_str()) {
+            Some(t) if t.serial == lease.serial => {
                 t.held = true;
                 t.release_at = release_at;
                 true
@@ -494,7 +532,7 @@ impl<O: SessionOps> SessionPool<O> {
         }
         drop(st);
         if tracked && let Some(at) = release_at {
-            self.release_at(lease.clone(), at);
+            self.release_at(lease.token.clone(), lease.serial, at);
         }
         tracked
     }
@@ -513,7 +551,7 @@ impl<O: SessionOps> SessionPool<O> {
         (name, key, token): (&str, &str, &str),
         ttl: Duration,
         doing: &str,
-    ) -> Result<Option<Arc<PoolLease<O::Conn>>>, LockError> {
+    ) -> Result<Option<PoolLease<O::Conn>>, LockError> {
         if *tries >= PLACE_TRIES {
             return Err(LockError::new(
                 ErrorKind::Connection,
@@ -534,11 +572,7 @@ impl<O: SessionOps> SessionPool<O> {
     ///
     /// # Errors
     /// `e`, as said.
-    pub async fn failed(
-        &self,
-        lease: &Arc<PoolLease<O::Conn>>,
-        e: LockError,
-    ) -> Result<(), LockError> {
+    pub async fn failed(&self, lease: &PoolLease<O::Conn>, e: LockError) -> Result<(), LockError> {
         if lease.session.is_over() {
             self.withdraw(lease);
             Ok(())
@@ -550,7 +584,7 @@ impl<O: SessionOps> SessionPool<O> {
 
     /// The request did not take the lock (busy, or the session ended under it): its name is
     /// free on the session again.
-    pub fn withdraw(&self, lease: &Arc<PoolLease<O::Conn>>) {
+    pub fn withdraw(&self, lease: &PoolLease<O::Conn>) {
         {
             let mut st = self.state.locked();
             if let Some(s) = st.sessions.get_mut(&lease.session.id) {
@@ -563,18 +597,19 @@ impl<O: SessionOps> SessionPool<O> {
 
     /// The request's statement failed, and may have taken the lock: unlock it on the session,
     /// or, if that fails too, close the session (which frees it, with everything else on it).
-    pub async fn withdraw_unknown(&self, lease: &Arc<PoolLease<O::Conn>>) {
-        self.unlock_or_close(lease).await;
+    pub async fn withdraw_unknown(&self, lease: &PoolLease<O::Conn>) {
+        self.unlock_or_close(&lease.session, &lease.key).await;
         self.withdraw(lease);
     }
 
     /// The lease of `token` on `name`, if the pool holds it.
-    pub fn held(&self, name: &str, token: &str) -> Option<Arc<PoolLease<O::Conn>>> {
+    pub fn held(&self, name: &str, token: &str) -> Option<PoolLease<O::Conn>> {
         let st = self.state.locked();
+        let name = st.leases.hasher().hash_one(name);
         st.leases
-            .get(token)
-            .filter(|t| t.held && *t.lease.name == *name)
-            .map(|t| t.lease.clone())
+            .get_key_value(token)
+            .filter(|(_, t)| t.held && t.name == name)
+            .map(|(token, t)| t.lease(token))
     }
 
     /// Records that the held lease of `token` on `name` now holds the server name `key` on the
@@ -582,23 +617,19 @@ impl<O: SessionOps> SessionPool<O> {
     /// the exclusive one back on that session). `false` when the pool has no such lease.
     pub fn rekey(&self, name: &str, token: &str, key: &str) -> bool {
         let mut st = self.state.locked();
+        let name = st.leases.hasher().hash_one(name);
         let Some(t) = st
             .leases
             .get_mut(token)
-            .filter(|t| t.held && *t.lease.name == *name)
+            .filter(|t| t.held && t.name == name)
         else {
             return false;
         };
         let key: Arc<str> = Arc::from(key);
-        let new = Arc::new(PoolLease {
-            name: t.lease.name.clone(),
-            key: key.clone(),
-            token: t.lease.token.clone(),
-            session: t.lease.session.clone(),
-        });
-        let old = std::mem::replace(&mut t.lease, new);
-        if let Some(s) = st.sessions.get_mut(&old.session.id) {
-            s.keys.remove(&*old.key);
+        let old = std::mem::replace(&mut t.key, key.clone());
+        let session = t.session.id;
+        if let Some(s) = st.sessions.get_mut(&session) {
+            s.keys.remove(&*old);
             s.keys.insert(key, true);
         }
         true
@@ -612,33 +643,37 @@ impl<O: SessionOps> SessionPool<O> {
     pub async fn release(&self, name: &str, token: &str) -> Result<LeaseCheck, LockError> {
         let tracked = {
             let mut st = self.state.locked();
-            match st.leases.get(token) {
-                Some(t) if *t.lease.name == *name => st.leases.remove(token),
-                _ => None,
+            match st.tracked(name, token) {
+                Some(_) => st.leases.remove(token),
+                None => None,
             }
         };
-        let Some(Tracked { lease, held, .. }) = tracked else {
+        let Some(tracked) = tracked else {
             return Ok(LeaseCheck::Missing);
         };
-        let was = self.unlock_or_close(&lease).await;
-        self.unreserve(&lease);
-        Ok(match was {
+        Ok(self.release_tracked(tracked).await)
+    }
+
+    /// Unlocks a record the pool has let go of: what [`release`](Self::release) answers.
+    async fn release_tracked(&self, t: Tracked<O::Conn>) -> LeaseCheck {
+        let was = self.unlock_or_close(&t.session, &t.key).await;
+        self.unreserve(&t.session, &t.key);
+        match was {
             Some(true) => LeaseCheck::Ours,
             // Closed because the unlock failed: the lock went with the session, which held it
             // while it lived.
-            None if held => LeaseCheck::Ours,
+            None if t.held => LeaseCheck::Ours,
             _ => LeaseCheck::Missing,
-        })
+        }
     }
 
-    /// Unlocks the lease's name on its session: whether it was held there, `None` when the
+    /// Unlocks the server name `key` on `session`: whether it was held there, `None` when the
     /// session had to be closed instead (or had ended).
-    async fn unlock_or_close(&self, lease: &PoolLease<O::Conn>) -> Option<bool> {
-        let session = &lease.session;
+    async fn unlock_or_close(&self, session: &Session<O::Conn>, key: &str) -> Option<bool> {
         if session.is_over() {
             return Some(false);
         }
-        match self.ops.unlock(&session.conn, &lease.key).await {
+        match self.ops.unlock(&session.conn, key).await {
             Ok(was) => Some(was),
             Err(_) if session.is_over() => Some(false),
             // The session may be ending right now (the server timed it out, or terminated it),
@@ -651,7 +686,7 @@ impl<O: SessionOps> SessionPool<O> {
                 Some(false)
             }
             Err(e) => {
-                tracing::warn!(target: "distlock", key = &*lease.name, error = %e,
+                tracing::warn!(target: "distlock", key, error = %e,
                     "could not unlock on a shared session: closing it, and every lock on it");
                 self.close(session, LostReason::Unreachable);
                 None
@@ -667,11 +702,11 @@ impl<O: SessionOps> SessionPool<O> {
         self.room.notify_waiters();
     }
 
-    fn unreserve(&self, lease: &PoolLease<O::Conn>) {
+    fn unreserve(&self, session: &Session<O::Conn>, key: &str) {
         {
             let mut st = self.state.locked();
-            if let Some(s) = st.sessions.get_mut(&lease.session.id) {
-                s.keys.remove(&lease.key);
+            if let Some(s) = st.sessions.get_mut(&session.id) {
+                s.keys.remove(key);
                 if s.keys.is_empty() {
                     s.empty_since = Some(Instant::now());
                 }
@@ -694,13 +729,11 @@ impl<O: SessionOps> SessionPool<O> {
             for (j, item) in chunk.iter().enumerate() {
                 let i = step * LOOKUPS_PER_LOCK + j;
                 let lease = &item.lease;
-                match st.leases.get(lease.token.as_str()) {
-                    Some(t)
-                        if t.held && *t.lease.name == *lease.name && !t.lease.session.is_over() =>
-                    {
-                        let g = groups.entry(t.lease.session.id).or_insert_with(|| {
-                            (t.lease.session.clone(), Vec::new(), Duration::ZERO)
-                        });
+                match st.tracked(lease.name, lease.token.as_str()) {
+                    Some(t) if t.held && !t.session.is_over() => {
+                        let g = groups
+                            .entry(t.session.id)
+                            .or_insert_with(|| (t.session.clone(), Vec::new(), Duration::ZERO));
                         g.1.push(i);
                         g.2 = g.2.max(item.ttl);
                     }
@@ -771,13 +804,13 @@ impl<O: SessionOps> SessionPool<O> {
             match st.leases.get_mut(item.lease.token.as_str()) {
                 Some(t) if t.release_at.is_some() => {
                     t.release_at = Some(sent + item.ttl);
-                    Some(t.lease.clone())
+                    Some(t.serial)
                 }
                 _ => None,
             }
         };
-        if let Some(lease) = moved {
-            self.release_at(lease, sent + item.ttl);
+        if let Some(serial) = moved {
+            self.release_at(item.lease.token.clone(), serial, sent + item.ttl);
         }
     }
 
@@ -786,8 +819,8 @@ impl<O: SessionOps> SessionPool<O> {
     pub fn session_end(&self, token: &str) -> SessionWatch {
         match self.state.locked().leases.get(token) {
             Some(t) => SessionWatch::Shared {
-                session: t.lease.session.id,
-                end: t.lease.session.end.clone(),
+                session: t.session.id,
+                end: t.session.end.clone(),
             },
             None => SessionWatch::Never,
         }
@@ -802,7 +835,7 @@ impl<O: SessionOps> SessionPool<O> {
             .locked()
             .leases
             .get(token)
-            .is_some_and(|t| t.lease.session.id == session)
+            .is_some_and(|t| t.session.id == session)
     }
 
     /// Its holder no longer renews the lease of `token` on `name`: the client releases it
@@ -811,22 +844,24 @@ impl<O: SessionOps> SessionPool<O> {
         let at = Instant::now() + ttl;
         let lease = {
             let mut st = self.state.locked();
+            let name = st.leases.hasher().hash_one(name);
             match st.leases.get_mut(token) {
-                Some(t) if t.held && *t.lease.name == *name => {
+                Some(t) if t.held && t.name == name => {
                     let at = t.release_at.map_or(at, |r| r.min(at));
                     t.release_at = Some(at);
-                    Some((t.lease.clone(), at))
+                    Some((t.serial, at))
                 }
                 _ => None,
             }
         };
-        if let Some((lease, at)) = lease {
-            self.release_at(lease, at);
+        if let Some((serial, at)) = lease {
+            self.release_at(Token::kept(token), serial, at);
         }
     }
 
-    /// Releases `lease` at `at`, unless it is released or its release moves before.
-    fn release_at(&self, lease: Arc<PoolLease<O::Conn>>, at: Instant) {
+    /// Releases the lease of `token` (placement `serial`) at `at`, unless it is released or
+    /// its release moves before.
+    fn release_at(&self, token: Token, serial: u64, at: Instant) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -835,13 +870,19 @@ impl<O: SessionOps> SessionPool<O> {
             tokio::time::sleep_until(at).await;
             let Some(pool) = pool.upgrade() else { return };
             let due = {
-                let st = pool.state.locked();
-                st.leases
-                    .get(&lease.token)
-                    .is_some_and(|t| t.lease.same(&lease) && t.release_at.is_some_and(|r| r <= at))
+                let mut st = pool.state.locked();
+                let due = st
+                    .leases
+                    .get(token.as_str())
+                    .is_some_and(|t| t.serial == serial && t.release_at.is_some_and(|r| r <= at));
+                if due {
+                    st.leases.remove(token.as_str())
+                } else {
+                    None
+                }
             };
-            if due {
-                let _ = pool.release(&lease.name, &lease.token).await;
+            if let Some(t) = due {
+                pool.release_tracked(t).await;
             }
         });
     }

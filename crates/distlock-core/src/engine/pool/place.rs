@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use std::hash::BuildHasher;
+
 use super::{PoolLease, State, Tracked};
+use crate::token::Token;
 
 pub(super) enum Choice {
     HeldHere,
@@ -86,49 +89,49 @@ pub(super) fn reserve<C>(
     name: &str,
     key: &str,
     token: &str,
-) -> Arc<PoolLease<C>> {
+) -> PoolLease<C> {
     let s = st
         .sessions
         .get_mut(&id)
         .expect("chosen under the same lock");
     s.placing += 1;
     s.empty_since = None;
-    let name: Arc<str> = Arc::from(name);
-    let key: Arc<str> = if *key == *name {
-        name.clone()
-    } else {
-        Arc::from(key)
-    };
+    let key: Arc<str> = Arc::from(key);
     if !key.is_empty() {
         s.keys.insert(key.clone(), false);
     }
-    let lease = Arc::new(PoolLease {
-        name,
-        key,
-        token: Arc::from(token),
-        session: s.session.clone(),
-    });
-    if !token.is_empty() {
-        st.leases.insert(
-            lease.token.clone(),
-            Tracked {
-                lease: lease.clone(),
-                held: false,
-                release_at: None,
-            },
-        );
+    let session = s.session.clone();
+    st.serial += 1;
+    let token = Token::kept(token);
+    if !token.as_str().is_empty() {
+        let name = st.leases.hasher().hash_one(name);
+        let tracked = Tracked {
+            key: key.clone(),
+            session: session.clone(),
+            serial: st.serial,
+            name,
+            held: false,
+            release_at: None,
+        };
+        st.leases.insert(token.clone(), tracked);
     }
-    lease
+    PoolLease {
+        token,
+        key,
+        session,
+        serial: st.serial,
+    }
 }
 
 /// Drops the lease's tracking and its name's reservation (if they are still this lease's).
-pub(super) fn forget<C>(st: &mut State<C>, lease: &Arc<PoolLease<C>>) {
+pub(super) fn forget<C>(st: &mut State<C>, lease: &PoolLease<C>) {
+    let token = lease.token.as_str();
     if st
         .leases
-        .get(&lease.token)
-        .is_some_and(|t| t.lease.same(lease))
+        .get(token)
+        .is_some_and(|t| t.serial == lease.serial)
     {
-        st.leases.remove(&lease.token);
+        st.leases.remove(token);
     }
     if let Some(s) = st.sessions.get_mut(&lease.session.id) {
         if s.keys.get(&lease.key) == Some(&false) {

@@ -81,7 +81,7 @@ fn end_of(p: &Arc<SessionPool<Arc<Fake>>>, token: &str) -> BoxFuture<'static, Lo
     })
 }
 
-async fn take(p: &SessionPool<Arc<Fake>>, name: &str, token: &str) -> Arc<PoolLease<usize>> {
+async fn take(p: &SessionPool<Arc<Fake>>, name: &str, token: &str) -> PoolLease<usize> {
     match p.place(name, name, token, TTL).await.unwrap() {
         Placement::On(l) => {
             assert!(p.confirm(&l, Instant::now(), TTL, true));
@@ -307,23 +307,42 @@ async fn a_lease_released_at_its_deadline_does_not_hear_its_session_end() {
     assert!(heard.is_err(), "{heard:?}");
 }
 
-/// A held lock's strings are kept once: its name is its server name (an exclusive hold) and
-/// the key of its session's set, and its token the key of the pool's map of leases.
+/// A held lock is one record in the pool's map: its server name kept once (shared with its
+/// session's set of names), its token inline (a generated one), and no copy of the lease
+/// that the engine was handed.
 #[tokio::test]
-async fn a_held_lock_keeps_one_copy_of_its_name_and_of_its_token() {
+async fn a_held_lock_is_one_record_with_its_server_name_kept_once() {
     let (_, p) = pool(1);
-    let lease = take(&p, "once", "t-once").await;
-    assert!(Arc::ptr_eq(&lease.name, &lease.key));
-    let st = p.state.locked();
-    let (token, _) = st.leases.get_key_value("t-once").unwrap();
-    assert!(Arc::ptr_eq(token, &lease.token));
-    let s = st.sessions.values().next().unwrap();
-    let (key, held) = s.keys.get_key_value("once").unwrap();
-    assert!(*held);
-    assert!(Arc::ptr_eq(key, &lease.key));
-    // Name, token, the lease and the copies above: no other owner.
-    assert_eq!(Arc::strong_count(&lease.name), 3);
-    assert_eq!(Arc::strong_count(&lease.token), 2);
+    let token = Token::generate();
+    let lease = take(&p, "once", token.as_str()).await;
+    {
+        let st = p.state.locked();
+        let (kept, t) = st.leases.get_key_value(token.as_str()).unwrap();
+        assert_eq!(*kept, token);
+        assert_eq!(t.serial, lease.serial);
+        assert!(Arc::ptr_eq(&t.key, &lease.key));
+        let s = st.sessions.values().next().unwrap();
+        let (key, held) = s.keys.get_key_value("once").unwrap();
+        assert!(*held);
+        assert!(Arc::ptr_eq(key, &lease.key));
+    }
+    // The record, the session's set and the engine's copy: no other owner.
+    assert_eq!(Arc::strong_count(&lease.key), 3);
+    drop(lease);
+    let held = p.held("once", token.as_str()).unwrap();
+    assert_eq!(Arc::strong_count(&held.key), 3);
+    // The token with another lock's name is not this lease.
+    assert!(p.held("twice", token.as_str()).is_none());
+    assert!(!p.rekey("twice", token.as_str(), "s:twice"));
+    assert_eq!(
+        p.release("twice", token.as_str()).await.unwrap(),
+        LeaseCheck::Missing
+    );
+    assert_eq!(
+        p.release("once", token.as_str()).await.unwrap(),
+        LeaseCheck::Ours
+    );
+    assert_eq!(Arc::strong_count(&held.key), 1);
 }
 
 /// A downgraded lease (its server name changed on the same session) is the same lease: it
