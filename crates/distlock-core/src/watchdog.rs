@@ -18,7 +18,7 @@ use crate::sync::MutexExt;
 
 mod schedule;
 
-use schedule::{Item, RenewOutcome, Schedule, Settled, renew_after_loss};
+use schedule::{Item, RenewOutcome, Schedule, renew_after_loss};
 
 /// The client's handle on its watchdog task (started at the first lease that needs it).
 ///
@@ -147,11 +147,11 @@ async fn run<B: Backend>(driver: Weak<Driver<B>>, inbox: Arc<Inbox>) {
         };
         tokio::select! {
             biased;
-            Some(results) = in_flight.next(), if !in_flight.is_empty() => {
-                let results: Vec<Settled> = results;
+            Some(items) = in_flight.next(), if !in_flight.is_empty() => {
+                let items: Vec<Item> = items;
                 let now = TokioInstant::now();
-                for settled in results {
-                    schedule.settle(settled, now, &mut left_off);
+                for item in items {
+                    schedule.settle(item, now, &mut left_off);
                 }
             }
             () = inbox.wake.notified() => {}
@@ -191,12 +191,12 @@ fn detach_unrenewed<B: Backend>(driver: &Weak<Driver<B>>, leases: Vec<Arc<LeaseS
     }
 }
 
-/// Renews `batch`, whose leases' latest deadline is `deadline`.
+/// Renews `batch`, whose leases' latest deadline is `deadline`: each item with its outcome.
 async fn send<B: Backend>(
     driver: Arc<Driver<B>>,
-    batch: Vec<Item>,
+    mut batch: Vec<Item>,
     deadline: std::time::Instant,
-) -> Vec<Settled> {
+) -> Vec<Item> {
     let sent = driver.now();
     let budget = deadline.saturating_duration_since(sent);
     // Seeded bug `renew-after-loss`: an ended lease's deadline no longer moves; give the
@@ -204,7 +204,7 @@ async fn send<B: Backend>(
     let budget = if renew_after_loss() {
         batch
             .iter()
-            .map(|i| i.ttl)
+            .map(Item::ttl)
             .max()
             .unwrap_or(budget)
             .max(budget)
@@ -216,18 +216,17 @@ async fn send<B: Backend>(
     // is then bounded by a chunk, not by every lease held (a client holding 100,000 locks
     // would otherwise keep the memory of 100,000 requests after its first tick).
     let chunk = driver.renew_chunk();
-    // Each chunk's replies are settled as they come: a batch's replies are never all kept at
-    // once (64 bytes a lease).
-    let mut out = Vec::with_capacity(batch.len());
+    // Each chunk's replies are settled as they come, into the batch's items: a batch's replies
+    // are never all kept at once (64 bytes a lease).
     let renew_all = async {
-        for chunk in batch.chunks(chunk) {
+        for chunk in batch.chunks_mut(chunk) {
             let items: Vec<RenewItem<'_>> = chunk
                 .iter()
-                .map(|i| RenewItem::new(i.renewal.lease().engine_ref(), i.ttl))
+                .map(|i| RenewItem::new(i.renewal.lease().engine_ref(), i.ttl()))
                 .collect();
             let replies = driver.renew_many(&items).await;
             drop(items);
-            settle_replies(chunk, replies, sent, &mut out);
+            settle_replies(chunk, replies, sent);
         }
     };
     let finished =
@@ -235,37 +234,33 @@ async fn send<B: Backend>(
     if finished.is_err() {
         // No answer before the last deadline of the batch: none of those left is known to be
         // ours.
-        for item in &batch[out.len()..] {
+        for item in batch.iter_mut().filter(|i| i.outcome.is_none()) {
             let lease = item.renewal.lease();
             lease.renew_failed();
             if lease.end_if_past_deadline().is_none() {
                 lease.lose(LostReason::Unreachable);
             }
-            out.push(Settled {
-                lease: lease.clone(),
-                renewals: item.renewals,
-                outcome: RenewOutcome::Ended,
-            });
+            item.outcome = Some(RenewOutcome::Ended);
         }
     }
-    out
+    batch
 }
 
 /// What the engine answered for each of `chunk`'s leases (renewals sent at `sent`): each
-/// lease renewed or ended, in `out`.
+/// lease renewed or ended, in its item.
 fn settle_replies(
-    chunk: &[Item],
+    chunk: &mut [Item],
     replies: Vec<Result<LeaseCheck, crate::engine::LockError>>,
     sent: std::time::Instant,
-    out: &mut Vec<Settled>,
 ) {
     let mut replies = replies.into_iter();
     for item in chunk {
         let lease = item.renewal.lease();
+        let ttl = item.ttl();
         let outcome = match replies.next() {
             Some(Ok(LeaseCheck::Ours)) => {
-                let validity = item.ttl.saturating_sub(lease.options().drift_for(item.ttl));
-                if lease.renewed(sent, item.ttl, validity) || renew_after_loss() {
+                let validity = ttl.saturating_sub(lease.options().drift_for(ttl));
+                if lease.renewed(sent, ttl, validity) || renew_after_loss() {
                     tracing::debug!(target: "distlock", key = %lease.key(),
                         fence = ?lease.fence(), valid_for_ms = validity.as_millis() as u64,
                         "lock renewed");
@@ -299,10 +294,6 @@ fn settle_replies(
                 RenewOutcome::Failed
             }
         };
-        out.push(Settled {
-            lease: lease.clone(),
-            renewals: item.renewals,
-            outcome,
-        });
+        item.outcome = Some(outcome);
     }
 }
