@@ -24,6 +24,9 @@ pub(crate) struct Driver<B> {
     backend: B,
     clock: Arc<dyn Clock>,
     owner: String,
+    /// The renewals in flight at once on an engine without a batch command (see
+    /// [`renew_many`](Self::renew_many)).
+    renew_slots: tokio::sync::Semaphore,
 }
 
 impl<B: Backend> Driver<B> {
@@ -32,6 +35,7 @@ impl<B: Backend> Driver<B> {
             backend,
             clock,
             owner,
+            renew_slots: tokio::sync::Semaphore::new(RENEWALS_IN_FLIGHT),
         }
     }
 
@@ -143,8 +147,6 @@ impl<B: Backend> Driver<B> {
         }
     }
 
-    /// Renews every item: in one round trip where the engine can, else one renewal each, all at
-    /// once.
     /// Leases one [`renew_many`](Self::renew_many) call carries at most.
     pub(crate) fn renew_chunk(&self) -> usize {
         self.backend
@@ -153,28 +155,45 @@ impl<B: Backend> Driver<B> {
             .max(1)
     }
 
+    /// Renews every item: in one round trip where the engine can, else one renewal each, a
+    /// few at a time.
     pub(crate) async fn renew_many(
         &self,
         items: &[RenewItem<'_>],
     ) -> Vec<Result<LeaseCheck, LockError>> {
+        use futures_util::StreamExt;
         match self.backend.batch_renew() {
             Some(batch) => batch.renew_many(items).await,
-            // One request per lease, a few at a time: an engine without a batch command
-            // (memcached) would otherwise get a connection per lease due at once, and refuse
-            // them past its limit (1,024 by default).
+            // One request per lease, at most RENEWALS_IN_FLIGHT at once for the whole client:
+            // an engine without a batch command (memcached) would otherwise get a connection
+            // per renewal in flight, and refuse them past its limit (1,024 by default). The
+            // limit is the client's, not the call's: when renewals are slower than they come
+            // due, the watchdog has several batches in flight, and a limit per call let a
+            // client holding 100,000 locks open more than a thousand connections.
             None => {
                 let mut out = Vec::with_capacity(items.len());
-                for group in items.chunks(RENEWALS_IN_FLIGHT) {
-                    out.extend(
-                        futures_util::future::join_all(
-                            group.iter().map(|i| self.backend.renew(&i.lease, i.ttl)),
-                        )
-                        .await,
-                    );
+                let mut running = futures_util::stream::FuturesOrdered::new();
+                let mut next = items.iter();
+                loop {
+                    while running.len() < RENEWALS_IN_FLIGHT
+                        && let Some(item) = next.next()
+                    {
+                        running.push_back(self.renew_one(item));
+                    }
+                    match running.next().await {
+                        Some(r) => out.push(r),
+                        None => return out,
+                    }
                 }
-                out
             }
         }
+    }
+
+    /// One lease's renewal, once one of the client's renewal slots is free.
+    async fn renew_one(&self, item: &RenewItem<'_>) -> Result<LeaseCheck, LockError> {
+        // Never closed: an error cannot happen, and would only lift the limit.
+        let _slot = self.renew_slots.acquire().await;
+        self.backend.renew(&item.lease, item.ttl).await
     }
 
     /// Releases `lease`. `next` is this client's next waiter for the same name, if any (its

@@ -66,6 +66,11 @@ struct Fake {
     max_batch: usize,
     /// From this renewal call on (counting from 1; 0: never), calls never answer.
     hang_batches_from: AtomicU32,
+    /// Set: no batch command (one renewal a lease, as memcached), each answered this late.
+    per_lease: Option<Duration>,
+    /// Renewals in flight now, and the most at once.
+    renewing: AtomicU32,
+    most_renewing: AtomicU32,
 }
 
 impl Fake {
@@ -89,6 +94,9 @@ impl Fake {
             lingered: Mutex::default(),
             max_batch: 1024,
             hang_batches_from: AtomicU32::new(0),
+            per_lease: None,
+            renewing: AtomicU32::new(0),
+            most_renewing: AtomicU32::new(0),
         }
     }
     fn timeout() -> LockError {
@@ -154,6 +162,12 @@ impl Backend for FakeEngine {
         if ttl > Duration::from_secs(60) {
             self.0.moved.lock().unwrap().push(lease.name.to_owned());
         }
+        if let Some(late) = self.0.per_lease {
+            let now = self.0.renewing.fetch_add(1, Ordering::SeqCst) + 1;
+            self.0.most_renewing.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(late).await;
+            self.0.renewing.fetch_sub(1, Ordering::SeqCst);
+        }
         tokio::task::yield_now().await;
         match *self.0.renew.lock().unwrap() {
             Renew::Ok => Ok(LeaseCheck::Ours),
@@ -182,7 +196,10 @@ impl Backend for FakeEngine {
         })
     }
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {
-        Some(self)
+        self.0
+            .per_lease
+            .is_none()
+            .then_some(self as &dyn BatchRenew)
     }
     fn sessions(&self) -> Option<&dyn Sessions> {
         self.0.loss.is_some().then_some(self as &dyn Sessions)
@@ -279,6 +296,9 @@ impl FakeEngine {
 
 #[path = "logic/sessions.rs"]
 mod sessions;
+
+#[path = "logic/renewals.rs"]
+mod renewals;
 
 fn ttl_opts(ttl_ms: u64) -> distlock_core::LockOptionsBuilder {
     LockOptions::builder().ttl(Duration::from_millis(ttl_ms))
