@@ -8,6 +8,7 @@ use std::time::Duration;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
     Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError, LockStatus, MutexExt,
+    Token,
 };
 use sha2::{Digest, Sha256};
 
@@ -29,20 +30,53 @@ fn item_ttl(ttl: Duration) -> u64 {
     ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0) + 1
 }
 
-/// A lock we hold: its key, the value we wrote (renewals write it again) and the item's CAS.
-/// The item's name is made again from the key when needed (a copy of it cost every lock about
-/// 80 bytes more, for a concatenation at each renewal).
+/// A lock we hold: its key, what its value says besides the token (renewals write the value
+/// again, made from these) and the item's CAS. The item's name is made again from the key when
+/// needed (a copy of it cost every lock about 80 bytes more, for a concatenation at each
+/// renewal), and so is the value (a copy, about 100 bytes more).
 struct Held {
     key: Box<str>,
-    value: Box<str>,
+    since_ms: u64,
+    /// The owner label, one copy for the locks taken with the same one (see `Inner::owner`).
+    owner: Arc<str>,
     cas: u64,
+}
+
+impl Held {
+    /// The value we wrote for `token`.
+    fn value(&self, token: &str) -> String {
+        HolderValue {
+            token,
+            since_ms: Some(self.since_ms),
+            owner: Some(&self.owner),
+        }
+        .encode()
+    }
 }
 
 struct Inner {
     config: MemcachedConfig,
     pool: Pool,
-    /// By token. foldhash rather than SipHash: touched at every acquisition and release.
-    held: Mutex<HashMap<Box<str>, Held, foldhash::fast::RandomState>>,
+    /// By token (kept inline: a generated token allocates nothing). foldhash rather than
+    /// SipHash: touched at every acquisition and release.
+    held: Mutex<HashMap<Token, Held, foldhash::fast::RandomState>>,
+    /// The owner label last used, shared by the locks taken with it.
+    owner: Mutex<Option<Arc<str>>>,
+}
+
+impl Inner {
+    /// `owner` as a shared copy (the last one used, when it is the same).
+    fn owner(&self, owner: &str) -> Arc<str> {
+        let mut last = self.owner.locked();
+        match &*last {
+            Some(o) if **o == *owner => o.clone(),
+            _ => {
+                let o: Arc<str> = Arc::from(owner);
+                *last = Some(o.clone());
+                o
+            }
+        }
+    }
 }
 
 /// A lock engine on memcached, as seed 000 builds it, with its repairs and its limits:
@@ -114,6 +148,7 @@ impl MemcachedBackend {
                 config,
                 pool,
                 held: Mutex::new(HashMap::default()),
+                owner: Mutex::new(None),
             }),
         };
         // A meta no-op answers `MN`... which our reader does not take; a miss does: `EN`.
@@ -213,17 +248,19 @@ impl Backend for MemcachedBackend {
             && let Some((value, cas, _)) = self.read(&item).await?
             && HolderValue::parse(&value).token == req.token.as_str()
         {
-            self.inner.held.locked().insert(
-                req.token.as_str().into(),
-                Held {
-                    key: req.name.into(),
-                    value: value.into(),
-                    cas,
-                },
-            );
+            // Written by this client: its time and label, which renewals write again.
+            let ours = HolderValue::parse(&value);
+            let held = Held {
+                key: req.name.into(),
+                since_ms: ours.since_ms.unwrap_or(0),
+                owner: self.inner.owner(ours.owner.unwrap_or(req.owner)),
+                cas,
+            };
+            self.inner.held.locked().insert(req.token.clone(), held);
             return Ok(Attempt::Acquired { fence: None });
         }
-        let value = HolderValue::now(req.token.as_str(), req.owner).encode();
+        let holder = HolderValue::now(req.token.as_str(), req.owner);
+        let value = holder.encode();
         let line = [
             Arg::Word("ms"),
             Arg::Word(&item),
@@ -240,14 +277,13 @@ impl Backend for MemcachedBackend {
         match r.code {
             "HD" => {
                 let cas = r.cas.ok_or_else(|| unexpected(DOING, &r))?;
-                self.inner.held.locked().insert(
-                    req.token.as_str().into(),
-                    Held {
-                        key: req.name.into(),
-                        value: value.into(),
-                        cas,
-                    },
-                );
+                let held = Held {
+                    key: req.name.into(),
+                    since_ms: holder.since_ms.unwrap_or(0),
+                    owner: self.inner.owner(req.owner),
+                    cas,
+                };
+                self.inner.held.locked().insert(req.token.clone(), held);
                 Ok(Attempt::Acquired { fence: None })
             }
             "NS" => {
@@ -274,7 +310,7 @@ impl Backend for MemcachedBackend {
             .locked()
             .get(token.as_str())
             .filter(|h| *h.key == *key)
-            .map(|h| (h.value.clone(), h.cas))
+            .map(|h| (h.value(token.as_str()), h.cas))
         else {
             return Ok(LeaseCheck::Missing);
         };

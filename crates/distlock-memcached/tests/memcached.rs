@@ -144,3 +144,21 @@ async fn ten_thousand_held_locks_are_renewed_within_the_servers_connections() {
     let other = client(&mc.url(""), Duration::from_secs(5)).await;
     assert!(other.try_acquire("many-5678").await.unwrap().is_none());
 }
+
+/// A renewal writes the holder's value again as it was (the client keeps its parts, not a copy
+/// of it): the label and the time the lock was taken stay what `status` showed.
+#[tokio::test]
+async fn a_renewal_writes_the_same_holder_value_again() {
+    let Some(mc) = Memcached::start() else { return };
+    let c = client(&mc.url(""), Duration::from_secs(3)).await;
+    let g = c.acquire("same-value").await.unwrap();
+    let before = c.status("same-value").await.unwrap();
+    assert!(before.owner.as_deref().is_some_and(|o| o.contains(" since ")));
+    // An explicit renewal, then one of the watchdog's (a third of the TTL).
+    g.extend(Duration::from_secs(3)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let after = c.status("same-value").await.unwrap();
+    assert!(after.held);
+    assert_eq!(before.owner, after.owner);
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}
