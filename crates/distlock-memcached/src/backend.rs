@@ -181,11 +181,14 @@ impl MemcachedBackend {
     /// Reads the replies of this token's given-up requests (an add or a renewal whose reply
     /// was lost or never awaited): the server has carried them out once this returns. A stored
     /// one gave the item a CAS that our record must now carry.
+    ///
+    /// A renewal given up in a pipeline is read with the pipeline's other replies: each gives
+    /// its own lock's record its CAS.
     async fn settle(&self, token: &str) -> Result<(), LockError> {
-        for r in self.inner.pool.settle(token).await? {
+        for (tag, r) in self.inner.pool.settle(token).await? {
             if r.code == "HD"
                 && let Some(cas) = r.cas
-                && let Some(h) = self.inner.held.locked().get_mut(token)
+                && let Some(h) = self.inner.held.locked().get_mut(tag.as_str())
             {
                 h.cas = cas;
             }
@@ -242,7 +245,7 @@ impl Backend for MemcachedBackend {
         // A resend: the add may have been stored before its reply was lost, and is ours if it
         // carries our token. The given-up add is settled first: the read must see its effect.
         if req.retry {
-            self.inner.pool.settle(req.token.as_str()).await?;
+            self.settle(req.token.as_str()).await?;
         }
         if req.retry
             && let Some((value, cas, _)) = self.read(&item).await?
@@ -302,47 +305,18 @@ impl Backend for MemcachedBackend {
     }
 
     async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
-        let (key, token) = (lease.name, lease.token);
-        self.settle(token.as_str()).await?;
-        let Some((value, cas)) = self
-            .inner
-            .held
-            .locked()
-            .get(token.as_str())
-            .filter(|h| *h.key == *key)
-            .map(|h| (h.value(token.as_str()), h.cas))
-        else {
+        let token = lease.token.as_str();
+        self.settle(token).await?;
+        let Some(renewal) = self.renewal(lease.name, token) else {
             return Ok(LeaseCheck::Missing);
         };
-        let item = self.item(key);
-        let line = [
-            Arg::Word("ms"),
-            Arg::Word(&item),
-            Arg::Num(value.len() as u64),
-            Arg::Flag('T', item_ttl(ttl)),
-            Arg::Flag('C', cas),
-            Arg::Word("c"),
-        ];
+        let line = renewal.line(ttl);
         let r = self
             .inner
             .pool
-            .call_tagged(&line, Some(value.as_bytes()), Some(token.as_str()))
+            .call_tagged(&line, Some(renewal.value.as_bytes()), Some(token))
             .await?;
-        match r.code {
-            "HD" => {
-                if let Some(new) = r.cas
-                    && let Some(h) = self.inner.held.locked().get_mut(token.as_str())
-                {
-                    h.cas = new;
-                }
-                Ok(LeaseCheck::Ours)
-            }
-            "NF" => Ok(LeaseCheck::Missing),
-            "EX" => Ok(LeaseCheck::Foreign),
-            // Not stored: gone between the compare and the store.
-            "NS" => Ok(LeaseCheck::Missing),
-            _ => Err(unexpected("renewing a memcached lock", &r)),
-        }
+        self.renewed(token, &r)
     }
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
@@ -402,6 +376,10 @@ impl Backend for MemcachedBackend {
         Some(self)
     }
 
+    fn batch_renew(&self) -> Option<&dyn distlock_core::engine::BatchRenew> {
+        Some(self)
+    }
+
     fn linger(&self) -> Option<&dyn Linger> {
         Some(self)
     }
@@ -455,6 +433,67 @@ impl Breaker for MemcachedBackend {
         })
     }
 }
+
+/// A renewal to send: the compare-and-touch of our item (`ms … C<cas>`, writing our value
+/// again with the new expiry).
+struct Renewal {
+    item: String,
+    value: String,
+    cas: u64,
+}
+
+impl Renewal {
+    /// Its command line, for a TTL of `ttl`.
+    fn line(&self, ttl: Duration) -> Vec<Arg<'_>> {
+        vec![
+            Arg::Word("ms"),
+            Arg::Word(&self.item),
+            Arg::Num(self.value.len() as u64),
+            Arg::Flag('T', item_ttl(ttl)),
+            Arg::Flag('C', self.cas),
+            Arg::Word("c"),
+        ]
+    }
+}
+
+impl MemcachedBackend {
+    /// The renewal of our lock `key` (our `token`); `None` when we hold no such lock.
+    fn renewal(&self, key: &str, token: &str) -> Option<Renewal> {
+        let (value, cas) = self
+            .inner
+            .held
+            .locked()
+            .get(token)
+            .filter(|h| *h.key == *key)
+            .map(|h| (h.value(token), h.cas))?;
+        Some(Renewal {
+            item: self.item(key),
+            value,
+            cas,
+        })
+    }
+
+    /// What a renewal's reply says; a renewal that took records the item's new CAS.
+    fn renewed(&self, token: &str, r: &Reply) -> Result<LeaseCheck, LockError> {
+        match r.code {
+            "HD" => {
+                if let Some(new) = r.cas
+                    && let Some(h) = self.inner.held.locked().get_mut(token)
+                {
+                    h.cas = new;
+                }
+                Ok(LeaseCheck::Ours)
+            }
+            "NF" => Ok(LeaseCheck::Missing),
+            "EX" => Ok(LeaseCheck::Foreign),
+            // Not stored: gone between the compare and the store.
+            "NS" => Ok(LeaseCheck::Missing),
+            _ => Err(unexpected("renewing a memcached lock", r)),
+        }
+    }
+}
+
+mod batch;
 
 /// `status` of a stored holder value and the item's remaining seconds.
 fn holder_status(value: &str, ttl: Option<i64>) -> LockStatus {

@@ -1,6 +1,8 @@
 //! The few meta-protocol commands the engine needs (`ms`, `md`, `mg`), over one TCP
-//! connection per request in flight, with a small pool.
+//! connection per request in flight, with a small pool; and a pipeline of many requests on one
+//! connection (the watchdog's renewals: memcached answers a connection's requests in order).
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -164,11 +166,26 @@ pub(crate) struct Pool {
     idle: Mutex<Vec<Conn>>,
     #[cfg(feature = "tls")]
     tls: Option<Tls>,
-    /// Connections whose request was given up before its reply came (cancelled, or no answer
-    /// in time), by the tag of the request. The server may still carry such a request out
-    /// after any request sent later on another connection: [`Pool::settle`] reads its reply
-    /// first, so that what comes next sees its effect.
-    orphans: Mutex<Vec<(String, Conn)>>,
+    /// Connections whose requests were given up before their replies came (cancelled, or no
+    /// answer in time). The server may still carry such a request out after any request sent
+    /// later on another connection: [`Pool::settle`] reads its reply first, so that what comes
+    /// next sees its effect.
+    orphans: Mutex<Vec<Orphan>>,
+}
+
+/// A connection given up with replies still to read: the tags of their requests, in order (one
+/// for a request alone, one a request of a pipeline).
+struct Orphan {
+    tags: VecDeque<String>,
+    conn: Conn,
+}
+
+/// One request of a pipeline: its line, its data (for `ms`), and its tag (see
+/// [`Pool::call_tagged`]).
+pub(crate) struct Request<'a> {
+    pub(crate) args: Vec<Arg<'a>>,
+    pub(crate) data: Option<&'a [u8]>,
+    pub(crate) tag: &'a str,
 }
 
 fn io_err(doing: &str, e: std::io::Error) -> LockError {
@@ -183,24 +200,33 @@ fn io_err(doing: &str, e: std::io::Error) -> LockError {
 /// The largest value the engine ever reads back (a holder label); a bigger one is not ours.
 const MAX_VALUE: usize = 64 * 1024;
 
-/// A connection with a request on it. Dropped before its reply was read, it becomes an orphan
-/// under its tag (if it has one), else it is closed: a late reply must never be read as the
-/// answer to the next request.
+/// A connection with requests on it. Dropped before their replies were read, it becomes an
+/// orphan under their tags (if they have them), else it is closed: a late reply must never be
+/// read as the answer to the next request.
 struct InFlight<'a> {
     pool: &'a Pool,
     conn: Option<Conn>,
+    /// A request alone: its tag.
     tag: Option<&'a str>,
+    /// A pipeline: the tags of the replies still to read, in order.
+    tags: VecDeque<String>,
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if let (Some(conn), Some(tag)) = (self.conn.take(), self.tag) {
-            let mut orphans = self.pool.orphans.locked();
-            if orphans.len() >= MAX_ORPHANS {
-                orphans.remove(0);
-            }
-            orphans.push((tag.to_owned(), conn));
+        let Some(conn) = self.conn.take() else { return };
+        let tags = match self.tag {
+            Some(tag) if self.tags.is_empty() => VecDeque::from([tag.to_owned()]),
+            _ => std::mem::take(&mut self.tags),
+        };
+        if tags.is_empty() {
+            return;
         }
+        let mut orphans = self.pool.orphans.locked();
+        if orphans.len() >= MAX_ORPHANS {
+            orphans.remove(0);
+        }
+        orphans.push(Orphan { tags, conn });
     }
 }
 
@@ -280,6 +306,7 @@ impl Pool {
             pool: self,
             conn: Some(conn),
             tag,
+            tags: VecDeque::new(),
         };
         let conn = flight.conn.as_mut().expect("set above");
         conn.out.clear();
@@ -294,65 +321,163 @@ impl Pool {
         self.finish(flight).await
     }
 
-    /// Reads the replies of the requests tagged `tag` that were given up, oldest first: once
-    /// it returns, the server has carried them out, and what is sent next sees their effect.
-    /// Their replies, in that order.
+    /// Whether a request was given up with its reply unread (then [`settle`](Self::settle)
+    /// has something to read).
+    pub(crate) fn has_orphans(&self) -> bool {
+        !self.orphans.locked().is_empty()
+    }
+
+    /// Reads the replies of the given-up requests tagged `tag`, oldest first, with the replies
+    /// of the other requests of their pipelines: once it returns, the server has carried them
+    /// out, and what is sent next sees their effect. Every reply read, with its request's tag,
+    /// in the order read.
     ///
     /// # Errors
-    /// As [`call`](Self::call) (the request stays to settle on a timeout).
-    pub(crate) async fn settle(&self, tag: &str) -> Result<Vec<Reply>, LockError> {
+    /// As [`call`](Self::call) (the requests left stay to settle on a timeout).
+    pub(crate) async fn settle(&self, tag: &str) -> Result<Vec<(String, Reply)>, LockError> {
         let mut replies = Vec::new();
         loop {
-            let conn = {
+            let orphan = {
                 let mut orphans = self.orphans.locked();
-                match orphans.iter().position(|(t, _)| t == tag) {
-                    Some(i) => orphans.remove(i).1,
+                match orphans.iter().position(|o| o.tags.iter().any(|t| t == tag)) {
+                    Some(i) => orphans.remove(i),
                     None => return Ok(replies),
                 }
             };
-            let flight = InFlight {
+            let mut flight = InFlight {
                 pool: self,
-                conn: Some(conn),
-                tag: Some(tag),
+                conn: Some(orphan.conn),
+                tag: None,
+                tags: orphan.tags,
             };
-            replies.push(self.finish(flight).await?);
+            while !flight.tags.is_empty() {
+                let reply = self.next_reply(&mut flight).await?;
+                let tag = flight.tags.pop_front().unwrap_or_default();
+                replies.push((tag, reply));
+            }
+            self.keep(flight);
+        }
+    }
+
+    /// Sends `requests` on one connection, all at once, and reads their replies in order (a
+    /// pipeline: one write and a few reads for hundreds of requests, where a request each costs
+    /// a round trip). A request whose reply cannot be read gets the error, and so do those after
+    /// it. Given up half-way (its future dropped, or no answer in time), the replies still to
+    /// read are left to [`settle`](Self::settle) under their tags.
+    pub(crate) async fn call_many(
+        &self,
+        requests: &[Request<'_>],
+    ) -> Vec<Result<Reply, LockError>> {
+        let mut out = Vec::with_capacity(requests.len());
+        if requests.is_empty() {
+            return out;
+        }
+        let pooled = self.idle.locked().pop();
+        let conn = match pooled {
+            Some(c) => c,
+            None => match self.connect().await {
+                Ok(c) => c,
+                Err(e) => {
+                    out.extend(
+                        requests
+                            .iter()
+                            .map(|_| Err(LockError::new(e.kind(), e.message().to_owned()))),
+                    );
+                    return out;
+                }
+            },
+        };
+        let mut flight = InFlight {
+            pool: self,
+            conn: Some(conn),
+            tag: None,
+            tags: requests.iter().map(|r| r.tag.to_owned()).collect(),
+        };
+        let conn = flight.conn.as_mut().expect("set above");
+        conn.out.clear();
+        for r in requests {
+            write_line(&mut conn.out, &r.args);
+            conn.out.extend_from_slice(b"\r\n");
+            if let Some(d) = r.data {
+                conn.out.extend_from_slice(d);
+                conn.out.extend_from_slice(b"\r\n");
+            }
+        }
+        conn.sent = 0;
+        conn.head.clear();
+        while !flight.tags.is_empty() {
+            match self.next_reply(&mut flight).await {
+                Ok(reply) => {
+                    flight.tags.pop_front();
+                    out.push(Ok(reply));
+                }
+                Err(e) => {
+                    // A timeout leaves the connection to `settle`; any other error closes it.
+                    if e.kind() != ErrorKind::Timeout {
+                        flight.conn = None;
+                    }
+                    drop(flight);
+                    while out.len() < requests.len() {
+                        out.push(Err(LockError::new(e.kind(), e.message().to_owned())));
+                    }
+                    return out;
+                }
+            }
+        }
+        self.keep(flight);
+        out
+    }
+
+    /// Sends what is left of `flight`'s requests and reads the next reply (its deadline counts
+    /// from now). On an error other than a timeout the connection is closed.
+    async fn next_reply(&self, flight: &mut InFlight<'_>) -> Result<Reply, LockError> {
+        let conn = flight.conn.as_mut().expect("a connection in flight");
+        conn.deadline
+            .as_mut()
+            .reset(Instant::now() + self.response_timeout);
+        let Conn {
+            io,
+            deadline,
+            out,
+            sent,
+            head,
+        } = conn;
+        let result = tokio::select! {
+            biased;
+            r = exchange(io, out, sent, head) => r,
+            () = deadline.as_mut() => {
+                return Err(LockError::new(
+                    ErrorKind::Timeout,
+                    format!("memcached at {}: no answer to {:?}", self.host, request_text(out)),
+                ));
+            }
+        };
+        if result.is_err() {
+            flight.conn = None;
+        } else {
+            head.clear();
+        }
+        result
+    }
+
+    /// Keeps `flight`'s connection, its replies all read, for the next requests.
+    fn keep(&self, mut flight: InFlight<'_>) {
+        if let Some(conn) = flight.conn.take() {
+            let mut idle = self.idle.locked();
+            // Room for the requests a client has in flight at once (its renewals go out 16 at
+            // a time, or as a pipeline on one connection, see the core's driver): a connection
+            // is reused, not opened per request.
+            if idle.len() < IDLE_KEPT {
+                idle.push(conn);
+            }
         }
     }
 
     /// Sends what is left of the request on `flight` and reads its reply.
     async fn finish(&self, mut flight: InFlight<'_>) -> Result<Reply, LockError> {
-        let conn = flight.conn.as_mut().expect("a connection in flight");
-        conn.deadline
-            .as_mut()
-            .reset(Instant::now() + self.response_timeout);
-        let result = {
-            let Conn {
-                io,
-                deadline,
-                out,
-                sent,
-                head,
-            } = conn;
-            tokio::select! {
-                biased;
-                r = exchange(io, out, sent, head) => r,
-                () = deadline.as_mut() => {
-                    // Dropping `flight` keeps the connection for `settle` if it is tagged.
-                    return Err(LockError::new(
-                        ErrorKind::Timeout,
-                        format!("memcached at {}: no answer to {:?}", self.host, request_text(out)),
-                    ));
-                }
-            }
-        };
-        let conn = flight.conn.take().expect("a connection in flight");
-        let reply = result?; // On an error the connection is closed here.
-        let mut idle = self.idle.locked();
-        // Room for every renewal the watchdog has in flight at once (16, see the core's
-        // driver) and some requests beside: a connection is reused, not opened per request.
-        if idle.len() < IDLE_KEPT {
-            idle.push(conn);
-        }
+        // On a timeout, dropping `flight` keeps the connection for `settle` if it is tagged.
+        let reply = self.next_reply(&mut flight).await?;
+        self.keep(flight);
         Ok(reply)
     }
 }
