@@ -194,15 +194,17 @@ impl Daemon {
         tree
     }
 
-    /// The CPU time the process and its live children have used so far (user and system), in
-    /// seconds.
+    /// The CPU time the process and its children have used so far (user and system), in
+    /// seconds: the live ones', and the time of those that ended, which their parent counts
+    /// once it has reaped them (a PostgreSQL backend that exits during a measurement would
+    /// otherwise take its time out of it, and the figure could go down).
     pub(crate) fn cpu_seconds(&self) -> f64 {
         let tree = self.tree();
-        // utime and stime are fields 14 and 15 of /proc/<pid>/stat.
+        // utime, stime, cutime and cstime are fields 14 to 17 of /proc/<pid>/stat.
         let ticks: f64 = proc_stats()
             .filter(|(pid, _)| tree.contains(pid))
             .flat_map(|(_, f)| {
-                [11, 12]
+                [11, 12, 13, 14]
                     .into_iter()
                     .filter_map(move |i| f.get(i)?.parse::<f64>().ok())
             })
