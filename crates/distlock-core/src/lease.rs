@@ -82,7 +82,8 @@ pub(crate) struct LeaseShared {
     token: Token,
     kind: LeaseKind,
     /// The fence, [`NO_FENCE`] for none (8 bytes where an `Option` takes 16: every engine's
-    /// fence is a non-negative 64-bit signed integer, so the value is never a fence).
+    /// fence is at most `i64::MAX`, a server's signed 64-bit counter or the file engine's,
+    /// which stops there, so the value is never a fence).
     fence: u64,
     recorded: bool,
     /// The options, clock and engine name, shared by the leases taken with the same ones (see

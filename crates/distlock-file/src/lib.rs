@@ -356,13 +356,19 @@ fn write_record(file: &mut File, path: &Path, body: &str) -> Result<(), LockErro
         .map_err(|e| io_err("writing", path, e))
 }
 
+/// The next fence after the record's: at most `i64::MAX`, as every engine's (a counter that
+/// someone set higher by hand is refused, not wrapped).
 fn next_fence(rec: &Record, path: &Path) -> Result<u64, LockError> {
-    rec.fence.checked_add(1).ok_or_else(|| {
-        LockError::new(
-            ErrorKind::Protocol,
-            format!("{}: fence counter overflow", path.display()),
-        )
-    })
+    let max = u64::try_from(i64::MAX).unwrap_or(u64::MAX);
+    rec.fence
+        .checked_add(1)
+        .filter(|f| *f <= max)
+        .ok_or_else(|| {
+            LockError::new(
+                ErrorKind::Protocol,
+                format!("{}: fence counter overflow", path.display()),
+            )
+        })
 }
 
 fn now_ms() -> u128 {
@@ -782,6 +788,27 @@ mod tests {
         assert!(file_name(&"k".repeat(1024)).len() < 64);
         // Known FNV-1a 128 value of the empty input is the offset basis.
         assert_eq!(fnv1a_128(b""), 0x6c62272e07bb014262b821756295c58d);
+    }
+
+    /// The fence stops at `i64::MAX` (every engine's most): a counter set past it by hand is
+    /// refused, never wrapped, nor read back as no fence.
+    #[test]
+    fn the_fence_counter_stops_at_the_largest_signed_64_bit_value() {
+        let path = Path::new("x.lock");
+        let at = |fence| Record {
+            fence,
+            owner: None,
+            since: None,
+            permits: None,
+            until: None,
+            lingered: None,
+        };
+        let max = u64::try_from(i64::MAX).unwrap();
+        assert_eq!(next_fence(&at(max - 1), path).ok(), Some(max));
+        for past in [max, u64::MAX - 1, u64::MAX] {
+            let e = next_fence(&at(past), path).expect_err("past the last fence");
+            assert_eq!(e.kind(), ErrorKind::Protocol);
+        }
     }
 
     #[test]

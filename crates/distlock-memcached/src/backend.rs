@@ -22,13 +22,20 @@ const NO_FENCING: &str = "memcached has no counter that survives an eviction, a 
 /// memcached's longest key.
 const MAX_ITEM_KEY: usize = 250;
 
-/// The item's expiry for a lock TTL, in whole seconds: rounded up, plus one. memcached's clock
-/// ticks once a second and an item expires when the tick reaches its expiry, so an item can go
-/// up to a second before its seconds are up; the extra second keeps the server's copy at least
-/// as long as the holder trusts its lease.
+/// The item's expiry for a lock TTL, in whole seconds: rounded up, plus [`CLOCK_SLACK`].
+/// memcached's clock ticks once a second and an item expires when the tick reaches its expiry,
+/// so an item can go up to a second before its seconds are up; and the tick is a timer of the
+/// server's event loop, which runs late when the server is short of CPU: an item set just
+/// before a late tick is a second older still at once. The two seconds keep the server's copy
+/// at least as long as the holder trusts its lease with the clock up to a second late (with
+/// one, a server starved of CPU let another client take a lock whose lease of 300 ms was still
+/// held, in the conformance suite under CI's load).
 fn item_ttl(ttl: Duration) -> u64 {
-    ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0) + 1
+    ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0) + CLOCK_SLACK
 }
+
+/// The seconds [`item_ttl`] adds to a lease's.
+const CLOCK_SLACK: u64 = 2;
 
 /// A lock we hold: its key, what its value says besides the token (renewals write the value
 /// again, made from these) and the item's CAS. The item's name is made again from the key when
@@ -185,15 +192,59 @@ impl MemcachedBackend {
     /// A renewal given up in a pipeline is read with the pipeline's other replies: each gives
     /// its own lock's record its CAS.
     async fn settle(&self, token: &str) -> Result<(), LockError> {
-        for (tag, r) in self.inner.pool.settle(token).await? {
+        let held = &self.inner.held;
+        let mut apply = |tag: &str, r: &Reply| {
             if r.code == "HD"
                 && let Some(cas) = r.cas
-                && let Some(h) = self.inner.held.locked().get_mut(tag.as_str())
+                && let Some(h) = held.locked().get_mut(tag)
             {
                 h.cas = cas;
             }
+        };
+        self.inner.pool.settle(token, &mut apply).await
+    }
+
+    /// The CAS of `item` if it still carries our `token` (read now); `None` when it is gone or
+    /// another holder's.
+    async fn cas_if_ours(&self, item: &str, token: &str) -> Result<Option<u64>, LockError> {
+        Ok(match self.read(item).await? {
+            Some((value, cas, _)) if HolderValue::parse(&value).token == token => Some(cas),
+            _ => None,
+        })
+    }
+
+    /// A renewal of our lock `key` refused for its CAS (`EX`). The item may still be ours with a
+    /// CAS this client has not learned: a request given up before its reply whose effect came
+    /// late (a pipeline's, read by another settle meanwhile, or one whose connection broke).
+    /// Read it: if it carries our token, take its CAS and renew once more; otherwise it is
+    /// another holder's.
+    pub(super) async fn renew_again(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<LeaseCheck, LockError> {
+        let item = self.item(key);
+        let Some(cas) = self.cas_if_ours(&item, token).await? else {
+            return Ok(LeaseCheck::Foreign);
+        };
+        match self.inner.held.locked().get_mut(token) {
+            Some(h) if *h.key == *key => h.cas = cas,
+            _ => return Ok(LeaseCheck::Missing),
         }
-        Ok(())
+        let Some(renewal) = self.renewal(key, token) else {
+            return Ok(LeaseCheck::Missing);
+        };
+        let r = self
+            .inner
+            .pool
+            .call_tagged(
+                &renewal.line(ttl),
+                Some(renewal.value.as_bytes()),
+                Some(token),
+            )
+            .await?;
+        self.renewed(token, &r)
     }
 
     /// Reads the item: our token's value and CAS, if it is there.
@@ -316,6 +367,9 @@ impl Backend for MemcachedBackend {
             .pool
             .call_tagged(&line, Some(renewal.value.as_bytes()), Some(token))
             .await?;
+        if r.code == "EX" {
+            return self.renew_again(lease.name, token, ttl).await;
+        }
         self.renewed(token, &r)
     }
 
@@ -344,19 +398,14 @@ impl Backend for MemcachedBackend {
                 }
             }
         };
-        let by_cas = [Arg::Word("md"), Arg::Word(&item), Arg::Flag('C', cas)];
-        // The seeded bug (test-only): the delete forgets the CAS.
-        let blind = distlock_core::seeded::on(distlock_core::seeded::SeededBug::BlindDelete);
-        let r = self
-            .inner
-            .pool
-            .call(if blind { &by_cas[..2] } else { &by_cas[..] }, None)
-            .await?;
-        match r.code {
-            "HD" => Ok(LeaseCheck::Ours),
-            "NF" => Ok(LeaseCheck::Missing),
-            "EX" => Ok(LeaseCheck::Foreign),
-            _ => Err(unexpected("releasing a memcached lock", &r)),
+        let r = self.delete(&item, cas).await?;
+        if r.code != "EX" {
+            return released(&r);
+        }
+        // Refused for its CAS: ours with a CAS not learned (see `renew_again`)? Read it, once.
+        match self.cas_if_ours(&item, token.as_str()).await? {
+            Some(cas) => released(&self.delete(&item, cas).await?),
+            None => Ok(LeaseCheck::Foreign),
         }
     }
 
@@ -434,6 +483,29 @@ impl Breaker for MemcachedBackend {
     }
 }
 
+impl MemcachedBackend {
+    /// Deletes `item` if it still has `cas` (`md … C<cas>`).
+    async fn delete(&self, item: &str, cas: u64) -> Result<Reply, LockError> {
+        let by_cas = [Arg::Word("md"), Arg::Word(item), Arg::Flag('C', cas)];
+        // The seeded bug (test-only): the delete forgets the CAS.
+        let blind = distlock_core::seeded::on(distlock_core::seeded::SeededBug::BlindDelete);
+        self.inner
+            .pool
+            .call(if blind { &by_cas[..2] } else { &by_cas[..] }, None)
+            .await
+    }
+}
+
+/// What a release's delete answered.
+fn released(r: &Reply) -> Result<LeaseCheck, LockError> {
+    match r.code {
+        "HD" => Ok(LeaseCheck::Ours),
+        "NF" => Ok(LeaseCheck::Missing),
+        "EX" => Ok(LeaseCheck::Foreign),
+        _ => Err(unexpected("releasing a memcached lock", r)),
+    }
+}
+
 /// A renewal to send: the compare-and-touch of our item (`ms … C<cas>`, writing our value
 /// again with the new expiry).
 struct Renewal {
@@ -498,10 +570,11 @@ mod batch;
 /// `status` of a stored holder value and the item's remaining seconds.
 fn holder_status(value: &str, ttl: Option<i64>) -> LockStatus {
     let owner = HolderValue::parse(value).label();
-    // Less the second `item_ttl` adds: what the holder itself counts on.
+    // Less the seconds `item_ttl` adds: what the holder itself counts on.
+    let slack = i64::try_from(CLOCK_SLACK).unwrap_or(0);
     let ttl = ttl
         .filter(|&t| t >= 0)
-        .map(|t| Duration::from_secs(u64::try_from(t - 1).unwrap_or(0)));
+        .map(|t| Duration::from_secs(u64::try_from(t - slack).unwrap_or(0)));
     LockStatus::held(Some(owner), None, ttl)
 }
 
@@ -511,8 +584,8 @@ mod tests {
 
     #[test]
     fn expiries_cover_the_clock_tick() {
-        assert_eq!(item_ttl(Duration::from_secs(10)), 11);
-        assert_eq!(item_ttl(Duration::from_millis(300)), 2);
-        assert_eq!(item_ttl(Duration::from_millis(1500)), 3);
+        assert_eq!(item_ttl(Duration::from_secs(10)), 12);
+        assert_eq!(item_ttl(Duration::from_millis(300)), 3);
+        assert_eq!(item_ttl(Duration::from_millis(1500)), 4);
     }
 }

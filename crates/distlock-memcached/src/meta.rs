@@ -327,21 +327,37 @@ impl Pool {
         !self.orphans.locked().is_empty()
     }
 
+    /// The tags of the requests given up with their replies unread.
+    pub(crate) fn orphaned_tags(&self) -> std::collections::HashSet<String> {
+        let orphans = self.orphans.locked();
+        orphans
+            .iter()
+            .flat_map(|o| o.tags.iter().cloned())
+            .collect()
+    }
+
     /// Reads the replies of the given-up requests tagged `tag`, oldest first, with the replies
-    /// of the other requests of their pipelines: once it returns, the server has carried them
-    /// out, and what is sent next sees their effect. Every reply read, with its request's tag,
-    /// in the order read.
+    /// of the other requests of their pipelines, and hands each to `apply` with its request's
+    /// tag as it is read: once it returns, the server has carried them out, and what is sent
+    /// next sees their effect.
+    ///
+    /// Another call for a tag of the same pipeline, meanwhile, finds nothing to read and
+    /// returns at once: its request may then be refused for a CAS it has not learned yet,
+    /// which the engine mends by reading the item (see the backend's `renew_again`).
     ///
     /// # Errors
     /// As [`call`](Self::call) (the requests left stay to settle on a timeout).
-    pub(crate) async fn settle(&self, tag: &str) -> Result<Vec<(String, Reply)>, LockError> {
-        let mut replies = Vec::new();
+    pub(crate) async fn settle(
+        &self,
+        tag: &str,
+        apply: &mut (dyn FnMut(&str, &Reply) + Send),
+    ) -> Result<(), LockError> {
         loop {
             let orphan = {
                 let mut orphans = self.orphans.locked();
                 match orphans.iter().position(|o| o.tags.iter().any(|t| t == tag)) {
                     Some(i) => orphans.remove(i),
-                    None => return Ok(replies),
+                    None => return Ok(()),
                 }
             };
             let mut flight = InFlight {
@@ -350,10 +366,16 @@ impl Pool {
                 tag: None,
                 tags: orphan.tags,
             };
-            while !flight.tags.is_empty() {
-                let reply = self.next_reply(&mut flight).await?;
-                let tag = flight.tags.pop_front().unwrap_or_default();
-                replies.push((tag, reply));
+            while let Some(front) = flight.tags.front().cloned() {
+                match self.next_reply(&mut flight).await {
+                    Ok(reply) => apply(&front, &reply),
+                    // That request's own error line: the next replies follow.
+                    Err(e) if e.kind() != ErrorKind::Timeout && flight.conn.is_some() => {}
+                    // A timeout keeps the rest to settle (dropping `flight`); any other error
+                    // has closed the connection.
+                    Err(e) => return Err(e),
+                }
+                flight.tags.pop_front();
             }
             self.keep(flight);
         }
@@ -361,8 +383,9 @@ impl Pool {
 
     /// Sends `requests` on one connection, all at once, and reads their replies in order (a
     /// pipeline: one write and a few reads for hundreds of requests, where a request each costs
-    /// a round trip). A request whose reply cannot be read gets the error, and so do those after
-    /// it. Given up half-way (its future dropped, or no answer in time), the replies still to
+    /// a round trip). A request the server refuses (an error line) gets its error, and the
+    /// others their replies; when the connection breaks, the request and those after it get
+    /// the error. Given up half-way (its future dropped, or no answer in time), the replies still to
     /// read are left to [`settle`](Self::settle) under their tags.
     pub(crate) async fn call_many(
         &self,
@@ -411,11 +434,15 @@ impl Pool {
                     flight.tags.pop_front();
                     out.push(Ok(reply));
                 }
+                // That request's own error line (the server refused it): the next replies
+                // follow on the same connection.
+                Err(e) if e.kind() != ErrorKind::Timeout && flight.conn.is_some() => {
+                    flight.tags.pop_front();
+                    out.push(Err(e));
+                }
                 Err(e) => {
-                    // A timeout leaves the connection to `settle`; any other error closes it.
-                    if e.kind() != ErrorKind::Timeout {
-                        flight.conn = None;
-                    }
+                    // A timeout leaves the connection to `settle`; any other error has closed
+                    // it.
                     drop(flight);
                     while out.len() < requests.len() {
                         out.push(Err(LockError::new(e.kind(), e.message().to_owned())));
@@ -429,7 +456,8 @@ impl Pool {
     }
 
     /// Sends what is left of `flight`'s requests and reads the next reply (its deadline counts
-    /// from now). On an error other than a timeout the connection is closed.
+    /// from now). On an error other than a timeout or an error line read whole (the request's
+    /// own answer), the connection is closed.
     async fn next_reply(&self, flight: &mut InFlight<'_>) -> Result<Reply, LockError> {
         let conn = flight.conn.as_mut().expect("a connection in flight");
         conn.deadline
@@ -452,10 +480,13 @@ impl Pool {
                 ));
             }
         };
-        if result.is_err() {
-            flight.conn = None;
-        } else {
-            head.clear();
+        match &result {
+            Ok(_) => head.clear(),
+            // An error line read whole (`CLIENT_ERROR …`, `SERVER_ERROR …`): the request's own
+            // answer, and the connection is still in step with its requests.
+            Err(_) if refused(head) => head.clear(),
+            // Anything else may leave part of a reply unread: the connection goes.
+            Err(_) => flight.conn = None,
         }
         result
     }
@@ -475,11 +506,25 @@ impl Pool {
 
     /// Sends what is left of the request on `flight` and reads its reply.
     async fn finish(&self, mut flight: InFlight<'_>) -> Result<Reply, LockError> {
-        // On a timeout, dropping `flight` keeps the connection for `settle` if it is tagged.
-        let reply = self.next_reply(&mut flight).await?;
-        self.keep(flight);
-        Ok(reply)
+        match self.next_reply(&mut flight).await {
+            // Dropping `flight` keeps the connection for `settle` if the request is tagged.
+            Err(e) if e.kind() == ErrorKind::Timeout => Err(e),
+            // Answered (or closed, on a broken connection).
+            r => {
+                self.keep(flight);
+                r
+            }
+        }
     }
+}
+
+/// Whether `head` is an error line read whole: the server refused one request, and what it
+/// sends next answers the next request.
+fn refused(head: &[u8]) -> bool {
+    head.ends_with(b"\n")
+        && [&b"CLIENT_ERROR"[..], b"SERVER_ERROR", b"ERROR"]
+            .iter()
+            .any(|w| head.starts_with(w))
 }
 
 /// Writes what is left of `out` and reads the reply, into `head` after what it already holds.

@@ -193,3 +193,54 @@ async fn a_pipeline_of_renewals_given_up_is_read_before_the_next() {
         assert_eq!(g.release().await.unwrap(), Released::Held);
     }
 }
+
+/// The item's value, read on a connection of our own (`mg <item> v`).
+fn raw_value(port: u16, item: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s.write_all(format!("mg {item} v\r\n").as_bytes()).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.windows(2).filter(|w| *w == b"\r\n").count() < 2 {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "the server closed the connection");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8(got).expect("text");
+    text.split("\r\n").nth(1).expect("a value").to_owned()
+}
+
+/// The item's CAS changes behind the client with its value the same (as a renewal given up
+/// whose effect came late, its reply never read): the next renewal, the watchdog's pipeline or
+/// an `extend`, is refused for its CAS, reads the item, finds our token and renews by the CAS
+/// read; a release does the same. The lock is never reported taken by another holder.
+#[tokio::test]
+async fn a_cas_not_learned_is_read_from_the_item_when_it_still_carries_our_token() {
+    let Some(mc) = Memcached::start() else { return };
+    let url = mc.url("");
+    let c = client(&url, Duration::from_secs(3)).await;
+    let g = c.acquire("recas").await.unwrap();
+    let item = MemcachedBackend::connect(&url)
+        .await
+        .expect("connect")
+        .item("recas");
+    let rewrite = || {
+        let value = raw_value(mc.port(), &item);
+        let line = format!("ms {item} {} T30\r\n{value}", value.len());
+        assert_eq!(mc.command(&line), "HD");
+    };
+    // The watchdog's next renewal (a third of the TTL), in a pipeline.
+    rewrite();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(g.is_held(), "the watchdog's renewal lost the lock");
+    // An extend, alone.
+    rewrite();
+    g.extend(Duration::from_secs(3))
+        .await
+        .expect("renewed by the CAS read");
+    // The release.
+    rewrite();
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    assert!(!c.status("recas").await.unwrap().held);
+}

@@ -33,8 +33,12 @@ impl MemcachedBackend {
         // Renewals given up earlier (a pipeline with no answer in time) are read first, so that
         // each record has the CAS its item has now.
         if self.inner.pool.has_orphans() {
+            let orphaned = self.inner.pool.orphaned_tags();
             for (i, item) in items.iter().enumerate() {
-                if let Err(e) = self.settle(item.lease.token.as_str()).await {
+                let token = item.lease.token.as_str();
+                if orphaned.contains(token)
+                    && let Err(e) = self.settle(token).await
+                {
                     out[i] = Some(Err(e));
                 }
             }
@@ -66,8 +70,14 @@ impl MemcachedBackend {
         let replies = self.inner.pool.call_many(&requests).await;
         drop(requests);
         for (&i, reply) in sent.iter().zip(replies) {
-            let token = items[i].lease.token.as_str();
-            out[i] = Some(reply.and_then(|r| self.renewed(token, &r)));
+            let lease = &items[i].lease;
+            let token = lease.token.as_str();
+            out[i] = Some(match reply {
+                // Refused for its CAS: read the item, it may still be ours (see `renew_again`).
+                Ok(r) if r.code == "EX" => self.renew_again(lease.name, token, items[i].ttl).await,
+                Ok(r) => self.renewed(token, &r),
+                Err(e) => Err(e),
+            });
         }
         out.into_iter()
             .map(|r| r.unwrap_or(Ok(LeaseCheck::Missing)))
