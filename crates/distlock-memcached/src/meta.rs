@@ -639,3 +639,6 @@ async fn exchange(
 fn number<T: std::str::FromStr>(digits: &[u8]) -> Option<T> {
     std::str::from_utf8(digits).ok()?.parse().ok()
 }
+
+#[cfg(test)]
+mod tests;
