@@ -234,23 +234,8 @@ async fn a_wait_outlasts_a_server_out_of_connections() {
     // Every slot taken (the account's extra one for an administrator too). The clients'
     // setup connections close in the background: a slot one frees after the first refusal is
     // taken too (once, under CI's load, `quick` found it and took the lock).
-    let mut fillers = Vec::new();
-    let mut refused = None;
-    for _ in 0..10 {
-        let before = fillers.len();
-        refused = Some(loop {
-            match mysql_async::Conn::from_url(url.as_str()).await {
-                Ok(c) => fillers.push(c),
-                Err(e) => break e,
-            }
-            assert!(fillers.len() < 64, "the server kept accepting connections");
-        });
-        if fillers.len() == before && before > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let refused = refused.expect("refused");
+    let (mut fillers, refused) =
+        distlock_testkit::fill_every_slot(|| mysql_async::Conn::from_url(url.as_str())).await;
     assert!(
         refused.to_string().contains("Too many connections"),
         "{refused}"

@@ -699,25 +699,11 @@ async fn a_wait_outlasts_a_server_out_of_connections() {
     let quick = LockClient::new(PgBackend::connect(&url).await.expect("connect"));
     // Every slot taken; a slot that a client's setup connection frees late (it closes in the
     // background) is taken too.
-    let mut fillers = Vec::new();
-    let mut refused = None;
-    for _ in 0..10 {
-        let before = fillers.len();
-        refused = Some(loop {
-            match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
-                Ok((c, conn)) => {
-                    fillers.push((c, tokio::spawn(conn)));
-                }
-                Err(e) => break e,
-            }
-            assert!(fillers.len() < 64, "the server kept accepting connections");
-        });
-        if fillers.len() == before && before > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let refused = refused.expect("refused");
+    let (fillers, refused) = distlock_testkit::fill_every_slot(|| async {
+        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+        Ok::<_, tokio_postgres::Error>((c, tokio::spawn(conn)))
+    })
+    .await;
     assert!(
         format!("{refused:?}").contains("too many clients"),
         "{refused:?}"

@@ -40,3 +40,32 @@ pub async fn a_wait_outlasts_exhaustion<B: Backend + 'static>(
     assert_eq!(g.release().await.unwrap(), Released::Held);
     refused
 }
+
+/// Takes every connection slot of a server: opens connections with `connect` until the server
+/// refuses one, then again after a pause for as long as a round takes any (a client's setup
+/// connection closes in the background, and the slot it frees late would let a request that
+/// should find none through). The connections, and the last refusal.
+///
+/// # Panics
+/// When the server accepts 64 connections, or keeps freeing slots for ten rounds.
+pub async fn fill_every_slot<C, E, Fut>(mut connect: impl FnMut() -> Fut) -> (Vec<C>, E)
+where
+    Fut: std::future::Future<Output = Result<C, E>>,
+{
+    let mut fillers = Vec::new();
+    for _ in 0..10 {
+        let before = fillers.len();
+        let refused = loop {
+            match connect().await {
+                Ok(c) => fillers.push(c),
+                Err(e) => break e,
+            }
+            assert!(fillers.len() < 64, "the server kept accepting connections");
+        };
+        if fillers.len() == before && before > 0 {
+            return (fillers, refused);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the server kept freeing connection slots");
+}

@@ -20,7 +20,7 @@ mod zookeeper;
 
 pub use cluster::RedisCluster;
 pub use etcd::{Etcd, EtcdMember};
-pub use exhausted::a_wait_outlasts_exhaustion;
+pub use exhausted::{a_wait_outlasts_exhaustion, fill_every_slot};
 pub use logs::Logs;
 pub use mariadb::{MARIADB_CERT_USER, MARIADB_PASSWORD_USER, MariaDb};
 pub use memcached::Memcached;
