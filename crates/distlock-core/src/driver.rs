@@ -165,11 +165,12 @@ impl<B: Backend> Driver<B> {
         match self.backend.batch_renew() {
             Some(batch) => batch.renew_many(items).await,
             // One request per lease, at most RENEWALS_IN_FLIGHT at once for the whole client:
-            // an engine without a batch command (memcached) would otherwise get a connection
-            // per renewal in flight, and refuse them past its limit (1,024 by default). The
-            // limit is the client's, not the call's: when renewals are slower than they come
-            // due, the watchdog has several batches in flight, and a limit per call let a
-            // client holding 100,000 locks open more than a thousand connections.
+            // an engine without a batch command (the file engine; memcached before its
+            // pipeline) would otherwise get a connection per renewal in flight, and refuse them
+            // past its limit (memcached's 1,024 as it comes). The limit is the client's, not
+            // the call's: when renewals are slower than they come due, the watchdog has several
+            // batches in flight, and a limit per call let a client holding 100,000 locks on
+            // memcached open more than a thousand connections.
             None => {
                 let mut out = Vec::with_capacity(items.len());
                 let mut running = futures_util::stream::FuturesOrdered::new();

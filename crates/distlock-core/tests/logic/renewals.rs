@@ -1,4 +1,4 @@
-//! Renewals on an engine without a batch command (one request a lease, as memcached): the
+//! Renewals on an engine without a batch command (one request a lease, as the file engine): the
 //! client keeps a few in flight at once, however many batches its watchdog has going.
 
 use super::*;
