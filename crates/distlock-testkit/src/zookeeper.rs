@@ -184,6 +184,16 @@ impl ZooKeeper {
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
+            // The TLS port is Netty's second listener: the plain port answering does not say
+            // it is bound yet (a client's first connect over TLS once found nobody there).
+            while let Some(port) = s.secure_port
+                && std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+            {
+                if Instant::now() >= deadline {
+                    return Err(format!("the TLS port {port} was never bound"));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
         Ok(())
     }

@@ -367,7 +367,7 @@ async fn a_wait_budget_rides_through_a_server_kill() {
     // The client's default options wait 30 s at most.
     let g = c.acquire("ride").await.expect("rode through");
     eprintln!("taken {:?} after the kill", t0.elapsed());
-    assert!(g.is_held());
+    // Not `is_held()` here: the guard may already be marked lost (below), at once.
     match g.release().await.unwrap() {
         Released::Held => {}
         // Taken on the new server before the engine had counted the disconnection from the
