@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::clock::Clock;
+use crate::clock::{Clock, pack, unpack};
 pub use crate::engine::LostReason;
 use crate::engine::{LeaseKind, LeaseRef};
 use crate::options::LockOptions;
@@ -62,6 +62,40 @@ pub(crate) struct LeaseState {
     pub(crate) renew_failing: bool,
 }
 
+/// [`LeaseState`] as the lease keeps it: its instants packed in 8 bytes each (see
+/// [`clock::pack`](crate::clock::pack)), 32 bytes where the other takes 56.
+#[derive(Clone, Copy)]
+struct Packed {
+    valid_until: u64,
+    sent_at: u64,
+    /// In nanoseconds.
+    ttl: u64,
+    end: Option<LeaseEnd>,
+    renew_failing: bool,
+}
+
+impl Packed {
+    fn new(st: &LeaseState) -> Self {
+        Packed {
+            valid_until: pack(st.valid_until),
+            sent_at: pack(st.sent_at),
+            ttl: u64::try_from(st.ttl.as_nanos()).unwrap_or(u64::MAX),
+            end: st.end,
+            renew_failing: st.renew_failing,
+        }
+    }
+
+    fn unpacked(&self) -> LeaseState {
+        LeaseState {
+            valid_until: unpack(self.valid_until),
+            sent_at: unpack(self.sent_at),
+            ttl: Duration::from_nanos(self.ttl),
+            end: self.end,
+            renew_failing: self.renew_failing,
+        }
+    }
+}
+
 /// What a new lease is: its name, token, kind and fence, the clock and options it lives by.
 pub(crate) struct LeaseSpec {
     pub(crate) key: Arc<str>,
@@ -89,11 +123,12 @@ pub(crate) struct LeaseShared {
     /// The options, clock and engine name, shared by the leases taken with the same ones (see
     /// [`shared_context`]): 180 bytes a lease otherwise, for a client that holds 100,000.
     ctx: Arc<LeaseContext>,
-    state: Mutex<LeaseState>,
+    state: Mutex<Packed>,
     /// Woken when the lease ends or its deadline moves, and when a renewal lets go of the gate.
     changed: Notify,
-    /// When this holder's acquire (or the hand-off renewal) was sent: `max_hold` counts from here.
-    acquired_at: Instant,
+    /// When this holder's acquire (or the hand-off renewal) was sent: `max_hold` counts from here
+    /// (packed, see [`Packed`]).
+    acquired_at: u64,
     /// How many local hand-offs in a row led to this lease (0 for a fresh acquire).
     streak: u32,
     /// How many times the watchdog renewed it (for `max_renewals`; the watchdog's own count,
@@ -220,9 +255,9 @@ impl LeaseShared {
             fence: spec.fence.unwrap_or(NO_FENCE),
             recorded: spec.recorded,
             ctx: shared_context(spec.options, spec.clock, spec.engine),
-            state: Mutex::new(state),
+            state: Mutex::new(Packed::new(&state)),
             changed: Notify::new(),
-            acquired_at: sent_at,
+            acquired_at: pack(sent_at),
             streak,
             renewals: std::sync::atomic::AtomicU32::new(0),
             gate: AtomicU8::new(0),
@@ -289,7 +324,7 @@ impl LeaseShared {
 
     /// When this holder's acquire (or the hand-off renewal) was sent.
     pub(crate) fn acquired_at(&self) -> Instant {
-        self.acquired_at
+        unpack(self.acquired_at)
     }
 
     /// How many local hand-offs in a row led to this lease.
@@ -313,12 +348,12 @@ impl LeaseShared {
         LeaseRef::new(&self.key, &self.token, self.kind()).recorded(self.recorded)
     }
 
-    fn lock(&self) -> MutexGuard<'_, LeaseState> {
+    fn lock(&self) -> MutexGuard<'_, Packed> {
         self.state.locked()
     }
 
     pub(crate) fn snapshot(&self) -> LeaseState {
-        *self.lock()
+        self.lock().unpacked()
     }
 
     /// Starts a renewal of this lease, unless a release has closed the gate. The caller checks
@@ -387,7 +422,7 @@ impl LeaseShared {
             if st.end.is_some() {
                 return false;
             }
-            if self.ctx.clock.now() >= st.valid_until {
+            if self.ctx.clock.now() >= unpack(st.valid_until) {
                 let reason = if st.renew_failing {
                     LostReason::Unreachable
                 } else {
@@ -398,10 +433,11 @@ impl LeaseShared {
                 return false;
             }
             st.renew_failing = false;
-            if sent_at >= st.sent_at {
-                st.sent_at = sent_at;
-                st.valid_until = sent_at + validity;
-                st.ttl = ttl;
+            let sent = pack(sent_at);
+            if sent >= st.sent_at {
+                st.sent_at = sent;
+                st.valid_until = pack(sent_at + validity);
+                st.ttl = u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX);
             }
         }
         self.changed.notify_waiters();

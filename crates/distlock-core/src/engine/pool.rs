@@ -261,8 +261,24 @@ struct Tracked<C> {
     /// lock's name does not reach the lease (a check, the token being the lease's identity).
     name: u64,
     held: bool,
-    /// The client releases it then (its holder does not renew it).
-    release_at: Option<Instant>,
+    /// The client releases it then (its holder does not renew it); packed (see
+    /// [`clock::pack`](crate::clock::pack)), 8 bytes where an `Option<Instant>` takes 16.
+    release_at: Option<std::num::NonZeroU64>,
+}
+
+impl<C> Tracked<C> {
+    fn release_at(&self) -> Option<Instant> {
+        let at = self.release_at?;
+        Some(Instant::from_std(crate::clock::unpack(at.get())))
+    }
+
+    fn set_release_at(&mut self, at: Option<Instant>) {
+        // An instant packed as 0 is the clock's base, never a deadline of now: as 1 ns after.
+        self.release_at = at.map(|at| {
+            let at = crate::clock::pack(at.into_std());
+            std::num::NonZeroU64::new(at).unwrap_or(std::num::NonZeroU64::MIN)
+        });
+    }
 }
 
 impl<C> Tracked<C> {
@@ -519,7 +535,7 @@ impl<O: SessionOps> SessionPool<O> {
         let tracked = match st.leases.get_mut(lease.token.as_str()) {
             Some(t) if t.serial == lease.serial => {
                 t.held = true;
-                t.release_at = release_at;
+                t.set_release_at(release_at);
                 true
             }
             _ => false,
@@ -803,7 +819,7 @@ impl<O: SessionOps> SessionPool<O> {
             let mut st = self.state.locked();
             match st.leases.get_mut(item.lease.token.as_str()) {
                 Some(t) if t.release_at.is_some() => {
-                    t.release_at = Some(sent + item.ttl);
+                    t.set_release_at(Some(sent + item.ttl));
                     Some(t.serial)
                 }
                 _ => None,
@@ -847,8 +863,8 @@ impl<O: SessionOps> SessionPool<O> {
             let name = st.leases.hasher().hash_one(name);
             match st.leases.get_mut(token) {
                 Some(t) if t.held && t.name == name => {
-                    let at = t.release_at.map_or(at, |r| r.min(at));
-                    t.release_at = Some(at);
+                    let at = t.release_at().map_or(at, |r| r.min(at));
+                    t.set_release_at(Some(at));
                     Some((t.serial, at))
                 }
                 _ => None,
@@ -874,7 +890,7 @@ impl<O: SessionOps> SessionPool<O> {
                 let due = st
                     .leases
                     .get(token.as_str())
-                    .is_some_and(|t| t.serial == serial && t.release_at.is_some_and(|r| r <= at));
+                    .is_some_and(|t| t.serial == serial && t.release_at().is_some_and(|r| r <= at));
                 if due {
                     st.leases.remove(token.as_str())
                 } else {

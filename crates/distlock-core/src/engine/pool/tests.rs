@@ -368,3 +368,10 @@ async fn a_rekeyed_lease_still_hears_its_session_end_and_its_deadline() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(p.held("b", "t2").is_none(), "released at its deadline");
 }
+
+/// The pool's record of a lease, in its map by token (a client holds 100,000 leases).
+#[cfg(target_pointer_width = "64")]
+#[test]
+fn a_tracked_lease_is_a_record_of_56_bytes() {
+    assert_eq!(std::mem::size_of::<Tracked<()>>(), 56);
+}
