@@ -38,31 +38,36 @@ fn wall_clock_instant() -> Instant {
     }
 }
 
-/// An instant in 8 bytes (a `std` one takes 16): nanoseconds since a base thirty days before the
-/// process first packed one. An instant before the base packs as the base, one past about 584
-/// years after it as the last; in between, [`unpack`] gives back exactly the instant packed.
-/// A lease keeps its deadlines so (a client holds 100,000 leases).
-pub(crate) fn pack(t: Instant) -> u64 {
-    u64::try_from(t.saturating_duration_since(pack_base()).as_nanos()).unwrap_or(u64::MAX)
+/// An instant in 8 bytes (a `std` one takes 16): signed nanoseconds from the instant the process
+/// first packed one, so an instant taken before (an injected clock, a request sent before the
+/// first lease) packs too. Within about 292 years either way, [`unpack`] gives back exactly the
+/// instant packed, and the order of two packed instants is theirs; past that, an instant packs
+/// as the nearest end. A lease keeps its deadlines so (a client holds 100,000 leases).
+pub(crate) fn pack(t: Instant) -> i64 {
+    let base = pack_base();
+    let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+    if t >= base {
+        nanos(t - base)
+    } else {
+        -nanos(base - t)
+    }
 }
 
-/// The instant that [`pack`] made `ns` of.
-pub(crate) fn unpack(ns: u64) -> Instant {
+/// The instant that [`pack`] made `ns` of (one that the platform cannot hold: the nearest it can
+/// on the way, which only an instant never packed can ask for).
+pub(crate) fn unpack(ns: i64) -> Instant {
     let base = pack_base();
-    base.checked_add(Duration::from_nanos(ns)).unwrap_or(base)
+    let d = Duration::from_nanos(ns.unsigned_abs());
+    if ns >= 0 {
+        base.checked_add(d).unwrap_or(base)
+    } else {
+        base.checked_sub(d).unwrap_or(base)
+    }
 }
 
 fn pack_base() -> Instant {
     static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    *BASE.get_or_init(|| {
-        // Before any instant a lease is made with (an injected clock, a request sent before
-        // the first lease): a month back, or less where the platform's instants stop sooner.
-        let now = Instant::now();
-        [30 * 86_400, 86_400, 3_600, 60]
-            .into_iter()
-            .find_map(|s| now.checked_sub(Duration::from_secs(s)))
-            .unwrap_or(now)
-    })
+    *BASE.get_or_init(Instant::now)
 }
 
 /// A clock that only moves when told to, for tests of deadline arithmetic.
@@ -118,11 +123,13 @@ mod tests {
     }
 
     #[test]
-    fn an_instant_before_the_base_packs_as_the_base() {
+    fn an_instant_before_the_first_one_packed_packs_below_it() {
         let base = unpack(0);
-        if let Some(before) = base.checked_sub(Duration::from_secs(1)) {
-            assert_eq!(pack(before), 0);
-        }
         assert_eq!(pack(base), 0);
+        if let Some(before) = base.checked_sub(Duration::from_secs(3_600)) {
+            assert_eq!(pack(before), -3_600_000_000_000);
+            assert_eq!(unpack(pack(before)), before);
+            assert!(pack(before) < pack(base));
+        }
     }
 }

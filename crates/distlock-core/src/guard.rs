@@ -556,8 +556,11 @@ impl<B: Backend> LockGuard<B> {
     /// If cancelled, the lock is released in the background as on drop (without waiting out
     /// the rest of `at_least`).
     pub async fn release_after(mut self, at_least: Duration) -> Result<Released, LockError> {
-        let left =
-            (self.lease.acquired_at() + at_least).saturating_duration_since(self.lease.now());
+        // Past what an instant holds (`Duration::MAX`): all of it, as good as never.
+        let left = match self.lease.acquired_at().checked_add(at_least) {
+            Some(end) => end.saturating_duration_since(self.lease.now()),
+            None => at_least,
+        };
         if left.is_zero() {
             return self.release().await;
         }

@@ -66,9 +66,9 @@ pub(crate) struct LeaseState {
 /// [`clock::pack`](crate::clock::pack)), 32 bytes where the other takes 56.
 #[derive(Clone, Copy)]
 struct Packed {
-    valid_until: u64,
-    sent_at: u64,
-    /// In nanoseconds.
+    valid_until: i64,
+    sent_at: i64,
+    /// In nanoseconds (at most `options::MAX_TTL`).
     ttl: u64,
     end: Option<LeaseEnd>,
     renew_failing: bool,
@@ -128,7 +128,7 @@ pub(crate) struct LeaseShared {
     changed: Notify,
     /// When this holder's acquire (or the hand-off renewal) was sent: `max_hold` counts from here
     /// (packed, see [`Packed`]).
-    acquired_at: u64,
+    acquired_at: i64,
     /// How many local hand-offs in a row led to this lease (0 for a fresh acquire).
     streak: u32,
     /// How many times the watchdog renewed it (for `max_renewals`; the watchdog's own count,

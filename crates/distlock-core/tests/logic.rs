@@ -620,6 +620,26 @@ async fn renewal_limits_let_the_lease_run_out() {
     );
 }
 
+/// A hold limit or a release period past what an instant holds (`Duration::MAX`) is as good as
+/// none: the watchdog renews (its `acquired_at + max_hold` overflowed, a panic in its task) and
+/// a cancelled `release_after` leaves the lock held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_of_duration_max_is_no_limit() {
+    let fake = Arc::new(Fake::new());
+    let client = LockClient::new(FakeEngine(fake.clone()));
+    let opts = ttl_opts(200)
+        .renew_interval(Duration::from_millis(40))
+        .max_hold(Duration::MAX)
+        .build()
+        .unwrap();
+    let g = client.acquire_with("forever", &opts).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(g.is_held(), "renewed past its TTL");
+    assert!(fake.extends.load(Ordering::SeqCst) >= 3);
+    let waiting = tokio::time::timeout(Duration::from_millis(100), g.release_after(Duration::MAX));
+    assert!(waiting.await.is_err(), "still waiting out the period");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_after_keeps_the_lock_for_the_period() {
     let fake = Arc::new(Fake::new());

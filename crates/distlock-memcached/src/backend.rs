@@ -76,9 +76,15 @@ impl HeldLocks {
         std::hash::BuildHasher::hash_one(self.0.hasher(), name)
     }
 
-    /// Records the lock `name` taken with `token`; `held.name` is set here.
-    fn insert(&mut self, token: Token, name: &str, mut held: Held) {
-        held.name = self.hash(name);
+    /// Records the lock `name` taken with `token`: the item's `cas`, and the parts of the value
+    /// written besides the token.
+    fn insert(&mut self, token: Token, name: &str, since_ms: u64, owner: Arc<Box<str>>, cas: u64) {
+        let held = Held {
+            name: self.hash(name),
+            since_ms,
+            owner,
+            cas,
+        };
         self.0.insert(token, held);
     }
 
@@ -347,14 +353,10 @@ impl Backend for MemcachedBackend {
         {
             // Written by this client: its time and label, which renewals write again.
             let ours = HolderValue::parse(&value);
-            let held = Held {
-                name: 0,
-                since_ms: ours.since_ms.unwrap_or(0),
-                owner: self.inner.owner(ours.owner.unwrap_or(req.owner)),
-                cas,
-            };
+            let owner = self.inner.owner(ours.owner.unwrap_or(req.owner));
+            let since_ms = ours.since_ms.unwrap_or(0);
             let token = req.token.clone();
-            self.inner.held.locked().insert(token, req.name, held);
+            (self.inner.held.locked()).insert(token, req.name, since_ms, owner, cas);
             return Ok(Attempt::Acquired { fence: None });
         }
         let holder = HolderValue::now(req.token.as_str(), req.owner);
@@ -375,14 +377,10 @@ impl Backend for MemcachedBackend {
         match r.code {
             "HD" => {
                 let cas = r.cas.ok_or_else(|| unexpected(DOING, &r))?;
-                let held = Held {
-                    name: 0,
-                    since_ms: holder.since_ms.unwrap_or(0),
-                    owner: self.inner.owner(req.owner),
-                    cas,
-                };
+                let owner = self.inner.owner(req.owner);
+                let since_ms = holder.since_ms.unwrap_or(0);
                 let token = req.token.clone();
-                self.inner.held.locked().insert(token, req.name, held);
+                (self.inner.held.locked()).insert(token, req.name, since_ms, owner, cas);
                 Ok(Attempt::Acquired { fence: None })
             }
             "NS" => {

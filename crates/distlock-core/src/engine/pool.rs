@@ -248,8 +248,8 @@ struct SessionState<C> {
     empty_since: Option<Instant>,
 }
 
-/// A lease the pool tracks, under its token: one record a lease, in the map itself (about 110
-/// bytes with its token, in a map of 100,000).
+/// A lease the pool tracks, under its token: one record a lease, in the map itself (56 bytes and
+/// its token's 40, in a map of 100,000).
 struct Tracked<C> {
     /// Its server name, shared with its session's set of names (and, while the map of
     /// [`Names`](super::Names) has it, nothing else).
@@ -263,7 +263,7 @@ struct Tracked<C> {
     held: bool,
     /// The client releases it then (its holder does not renew it); packed (see
     /// [`clock::pack`](crate::clock::pack)), 8 bytes where an `Option<Instant>` takes 16.
-    release_at: Option<std::num::NonZeroU64>,
+    release_at: Option<std::num::NonZeroI64>,
 }
 
 impl<C> Tracked<C> {
@@ -273,12 +273,21 @@ impl<C> Tracked<C> {
     }
 
     fn set_release_at(&mut self, at: Option<Instant>) {
-        // An instant packed as 0 is the clock's base, never a deadline of now: as 1 ns after.
-        self.release_at = at.map(|at| {
-            let at = crate::clock::pack(at.into_std());
-            std::num::NonZeroU64::new(at).unwrap_or(std::num::NonZeroU64::MIN)
-        });
+        self.release_at = at.map(packed_release);
     }
+
+    /// Whether its release is due at `at` (compared packed, as kept).
+    fn release_due(&self, at: Instant) -> bool {
+        self.release_at.is_some_and(|r| r <= packed_release(at))
+    }
+}
+
+/// `at` packed for [`Tracked::release_at`]: the instant the clock's packing starts from (0) is
+/// kept as 1 ns after (the `Option` takes its `None` from the zero), on both sides of a
+/// comparison.
+fn packed_release(at: Instant) -> std::num::NonZeroI64 {
+    const ONE: std::num::NonZeroI64 = std::num::NonZeroI64::new(1).unwrap();
+    std::num::NonZeroI64::new(crate::clock::pack(at.into_std())).unwrap_or(ONE)
 }
 
 impl<C> Tracked<C> {
@@ -890,7 +899,7 @@ impl<O: SessionOps> SessionPool<O> {
                 let due = st
                     .leases
                     .get(token.as_str())
-                    .is_some_and(|t| t.serial == serial && t.release_at().is_some_and(|r| r <= at));
+                    .is_some_and(|t| t.serial == serial && t.release_due(at));
                 if due {
                     st.leases.remove(token.as_str())
                 } else {

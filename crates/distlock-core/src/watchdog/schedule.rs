@@ -202,8 +202,13 @@ impl Schedule {
             let st = lease.snapshot();
             let mut ttl = st.ttl;
             let mut done = st.end.is_some() && !renew_after_loss();
-            if let Some(max_hold) = lease.options().max_hold() {
-                let left = (lease.acquired_at() + max_hold).saturating_duration_since(lease.now());
+            // A limit past what an instant holds (`Duration::MAX`) is none.
+            if let Some(end) = lease
+                .options()
+                .max_hold()
+                .and_then(|max_hold| lease.acquired_at().checked_add(max_hold))
+            {
+                let left = end.saturating_duration_since(lease.now());
                 // Whole milliseconds, as engines want them.
                 let left = Duration::from_millis(left.as_millis() as u64);
                 // Hold limit reached: no more renewals, the lease runs out.
