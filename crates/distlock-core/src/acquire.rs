@@ -186,8 +186,12 @@ pub(crate) async fn attempt<B: Backend>(
         holder,
     } = want;
     let ttl = options.ttl();
+    // The lease's copy of the name, made now so that an engine keeps the same one (see
+    // `AcquireRequest::name_arc`).
+    let name: Arc<str> = Arc::from(key);
     let mut req = driver
         .request(key, kind, &token, ttl, options.auto_renew())
+        .shared_name(&name)
         .queue(queue)
         .recorded(holder.recorded);
     if let Some(label) = holder.label {
@@ -268,7 +272,7 @@ pub(crate) async fn attempt<B: Backend>(
         sent
     };
     let spec = LeaseSpec {
-        key: Arc::from(key),
+        key: name,
         token,
         kind,
         fence,

@@ -240,6 +240,8 @@ pub struct AcquireRequest<'a> {
     /// lease (an election's epoch): an engine that records it only on some paths takes one
     /// that does.
     pub recorded: bool,
+    /// `name` as the core keeps it for the lease (see [`name_arc`](Self::name_arc)).
+    shared_name: Option<&'a Arc<str>>,
 }
 
 impl<'a> AcquireRequest<'a> {
@@ -262,6 +264,28 @@ impl<'a> AcquireRequest<'a> {
             renewed: false,
             clock,
             recorded: false,
+            shared_name: None,
+        }
+    }
+
+    /// Gives the name as the core keeps it, for [`name_arc`](Self::name_arc) to share; `name`
+    /// must be that string.
+    #[must_use]
+    pub fn shared_name(mut self, name: &'a Arc<str>) -> Self {
+        debug_assert_eq!(**name, *self.name);
+        self.shared_name = Some(name);
+        self
+    }
+
+    /// The lock's name for an engine to keep: the core's own copy, which its lease and local
+    /// queue share, when the core gave it (one allocation a held lock rather than two), else a
+    /// new one. A name kept so is also the one [`LeaseRef::name`] points to for that lease, so
+    /// a check that a renewal names the lock an entry was made for can compare addresses
+    /// first (see [`same_name`]).
+    pub fn name_arc(&self) -> Arc<str> {
+        match self.shared_name {
+            Some(name) if **name == *self.name => name.clone(),
+            _ => Arc::from(self.name),
         }
     }
 
@@ -312,6 +336,13 @@ impl<'a> AcquireRequest<'a> {
     pub fn lease(&self) -> LeaseRef<'a> {
         LeaseRef::new(self.name, self.token, self.kind).recorded(self.recorded)
     }
+}
+
+/// Whether `kept` (a name an engine kept from [`AcquireRequest::name_arc`]) is `name`: by address
+/// and length when `name` is the core's copy itself (a renewal's, read without touching either
+/// string), else by content.
+pub fn same_name(kept: &Arc<str>, name: &str) -> bool {
+    (std::ptr::eq(kept.as_ptr(), name.as_ptr()) && kept.len() == name.len()) || **kept == *name
 }
 
 /// A lease as renewals and releases name it.
@@ -721,5 +752,28 @@ pub trait Backend: Send + Sync + 'static {
     /// `Unsupported` error shows it.
     fn why_no_list(&self) -> &'static str {
         "this engine cannot list its locks"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_keeps_the_cores_copy_of_the_name_when_given() {
+        let token = Token::generate();
+        let clock: Arc<dyn Clock> = Arc::new(crate::SystemClock);
+        let name: Arc<str> = Arc::from("orders");
+        let req = AcquireRequest::new("orders", &token, Duration::from_secs(1), "me", &clock);
+        let own = req.name_arc();
+        assert!(!Arc::ptr_eq(&own, &name), "a copy of its own without the core's");
+        let kept = req.shared_name(&name).name_arc();
+        assert!(Arc::ptr_eq(&kept, &name));
+        // The lease's name points into the same allocation: compared by address.
+        assert!(same_name(&kept, &name));
+        // Another string with the same text, or another name.
+        assert!(same_name(&kept, &String::from("orders")));
+        assert!(!same_name(&kept, "order"));
+        assert!(!same_name(&kept, &name[..5]), "a prefix at the same address is not the name");
     }
 }

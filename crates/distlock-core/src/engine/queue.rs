@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use super::{
     AcquireRequest, Attempt, BoxFuture, LeaseKind, LockError, PredecessorWatches, Subscription,
-    WakeHub,
+    WakeHub, same_name,
 };
 use crate::error::ErrorKind;
 use crate::sync::MutexExt;
@@ -351,7 +351,7 @@ impl<S: QueueStore> QueueRecipe<S> {
                     self.state.locked().insert(
                         token.into(),
                         Entry {
-                            name: req.name.into(),
+                            name: req.name_arc(),
                             entry: j.entry.clone(),
                             fence: j.fence,
                             held: false,
@@ -450,13 +450,14 @@ impl<S: QueueStore> QueueRecipe<S> {
         let e = st
             .entries
             .get(token)
-            .filter(|e| e.held && *e.name == *name)?;
+            .filter(|e| e.held && same_name(&e.name, name))?;
         Some(e.entry.id.clone())
     }
 
     /// Our held entry for `token` on `name`, if we have one.
     pub fn held(&self, name: &str, token: &str) -> Option<Entry<S::Id>> {
-        self.entry(token).filter(|e| e.held && *e.name == *name)
+        self.entry(token)
+            .filter(|e| e.held && same_name(&e.name, name))
     }
 
     /// Our entries of `name` that hold their lease (by token), found without going through
