@@ -766,7 +766,10 @@ mod tests {
         let name: Arc<str> = Arc::from("orders");
         let req = AcquireRequest::new("orders", &token, Duration::from_secs(1), "me", &clock);
         let own = req.name_arc();
-        assert!(!Arc::ptr_eq(&own, &name), "a copy of its own without the core's");
+        assert!(
+            !Arc::ptr_eq(&own, &name),
+            "a copy of its own without the core's"
+        );
         let kept = req.shared_name(&name).name_arc();
         assert!(Arc::ptr_eq(&kept, &name));
         // The lease's name points into the same allocation: compared by address.
@@ -774,6 +777,9 @@ mod tests {
         // Another string with the same text, or another name.
         assert!(same_name(&kept, &String::from("orders")));
         assert!(!same_name(&kept, "order"));
-        assert!(!same_name(&kept, &name[..5]), "a prefix at the same address is not the name");
+        assert!(
+            !same_name(&kept, &name[..5]),
+            "a prefix at the same address is not the name"
+        );
     }
 }

@@ -38,6 +38,7 @@ use super::{
 };
 use crate::error::ErrorKind;
 use crate::sync::MutexExt;
+use crate::token::Token;
 
 /// One entry of a lock's queue, as the store lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,9 +205,11 @@ pub struct Entry<Id> {
 /// Our entries by token, and their tokens by name: what [`leave`] and a fenced write look
 /// at, without going through every entry this client has.
 struct RecipeState<Id> {
-    /// By token; the token's one copy is shared with `by_name`.
-    entries: HashMap<Arc<str>, Entry<Id>, foldhash::fast::RandomState>,
-    by_name: HashMap<Arc<str>, Vec<Arc<str>>, foldhash::fast::RandomState>,
+    /// By token, kept inline (a generated token allocates nothing): a renewal's lookup compares
+    /// the token in the map's own slot, where a shared copy elsewhere was one more read from
+    /// memory a renewal (8 % of etcd's client at 100,000 locks).
+    entries: HashMap<Token, Entry<Id>, foldhash::fast::RandomState>,
+    by_name: HashMap<Arc<str>, Vec<Token>, foldhash::fast::RandomState>,
 }
 
 impl<Id> RecipeState<Id> {
@@ -217,8 +220,8 @@ impl<Id> RecipeState<Id> {
         }
     }
 
-    fn insert(&mut self, token: Arc<str>, e: Entry<Id>) {
-        self.remove(&token);
+    fn insert(&mut self, token: Token, e: Entry<Id>) {
+        self.remove(token.as_str());
         self.by_name
             .entry(e.name.clone())
             // Most names have one entry of this client: room for one, not Vec's first four.
@@ -235,7 +238,7 @@ impl<Id> RecipeState<Id> {
 
     fn unindex(&mut self, name: &str, token: &str) {
         if let Some(tokens) = self.by_name.get_mut(name) {
-            tokens.retain(|t| **t != *token);
+            tokens.retain(|t| t.as_str() != token);
             if tokens.is_empty() {
                 self.by_name.remove(name);
             }
@@ -248,7 +251,7 @@ impl<Id> RecipeState<Id> {
             return;
         };
         let token = token.clone();
-        let Some(mut e) = self.remove(&token) else {
+        let Some(mut e) = self.remove(token.as_str()) else {
             return;
         };
         f(&mut e);
@@ -256,7 +259,7 @@ impl<Id> RecipeState<Id> {
     }
 
     /// The tokens of `name`'s entries.
-    fn of_name(&self, name: &str) -> &[Arc<str>] {
+    fn of_name(&self, name: &str) -> &[Token] {
         self.by_name.get(name).map_or(&[], Vec::as_slice)
     }
 
@@ -264,20 +267,20 @@ impl<Id> RecipeState<Id> {
     /// A reader or a permit waits on its own (no local queue) and removes its entry itself when
     /// it stops waiting; another task's entry may be queued right now while this client's last
     /// subscription goes.
-    fn take_waiting(&mut self, name: &str) -> Vec<(Arc<str>, Entry<Id>)> {
-        let tokens: Vec<Arc<str>> = self
+    fn take_waiting(&mut self, name: &str) -> Vec<(Token, Entry<Id>)> {
+        let tokens: Vec<Token> = self
             .of_name(name)
             .iter()
             .filter(|t| {
                 self.entries
-                    .get(&**t)
+                    .get(t.as_str())
                     .is_some_and(|e| !e.held && e.entry.kind == LeaseKind::Exclusive)
             })
             .cloned()
             .collect();
         tokens
             .into_iter()
-            .filter_map(|t| self.remove(&t).map(|e| (t, e)))
+            .filter_map(|t| self.remove(t.as_str()).map(|e| (t, e)))
             .collect()
     }
 }
@@ -349,7 +352,7 @@ impl<S: QueueStore> QueueRecipe<S> {
                 JoinOutcome::Busy => return Ok(Attempt::Busy { holder_ttl: None }),
                 JoinOutcome::Joined(j) => {
                     self.state.locked().insert(
-                        token.into(),
+                        req.token.clone(),
                         Entry {
                             name: req.name_arc(),
                             entry: j.entry.clone(),
@@ -467,7 +470,7 @@ impl<S: QueueStore> QueueRecipe<S> {
         st.of_name(name)
             .iter()
             .filter_map(|t| {
-                let e = st.entries.get(t).filter(|e| e.held)?;
+                let e = st.entries.get(t.as_str()).filter(|e| e.held)?;
                 Some((t.to_string(), e.clone()))
             })
             .collect()
@@ -515,7 +518,7 @@ fn leave<S: QueueStore>(
     watches.stop(name);
     let gone = state.locked().take_waiting(name);
     for (token, e) in gone {
-        watches.stop(&watch_slot(name, e.entry.kind, &token));
+        watches.stop(&watch_slot(name, e.entry.kind, token.as_str()));
         store.remove_later(&e.entry.id);
     }
 }
