@@ -74,12 +74,17 @@ struct Packed {
     renew_failing: bool,
 }
 
+/// A TTL as [`Packed`] keeps it (options cap it at a year, far below the most it holds).
+fn ttl_nanos(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl Packed {
     fn new(st: &LeaseState) -> Self {
         Packed {
             valid_until: pack(st.valid_until),
             sent_at: pack(st.sent_at),
-            ttl: u64::try_from(st.ttl.as_nanos()).unwrap_or(u64::MAX),
+            ttl: ttl_nanos(st.ttl),
             end: st.end,
             renew_failing: st.renew_failing,
         }
@@ -437,7 +442,7 @@ impl LeaseShared {
             if sent >= st.sent_at {
                 st.sent_at = sent;
                 st.valid_until = pack(sent_at + validity);
-                st.ttl = u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX);
+                st.ttl = ttl_nanos(ttl);
             }
         }
         self.changed.notify_waiters();

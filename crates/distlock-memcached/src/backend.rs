@@ -356,7 +356,10 @@ impl Backend for MemcachedBackend {
             let owner = self.inner.owner(ours.owner.unwrap_or(req.owner));
             let since_ms = ours.since_ms.unwrap_or(0);
             let token = req.token.clone();
-            (self.inner.held.locked()).insert(token, req.name, since_ms, owner, cas);
+            self.inner
+                .held
+                .locked()
+                .insert(token, req.name, since_ms, owner, cas);
             return Ok(Attempt::Acquired { fence: None });
         }
         let holder = HolderValue::now(req.token.as_str(), req.owner);
@@ -380,7 +383,10 @@ impl Backend for MemcachedBackend {
                 let owner = self.inner.owner(req.owner);
                 let since_ms = holder.since_ms.unwrap_or(0);
                 let token = req.token.clone();
-                (self.inner.held.locked()).insert(token, req.name, since_ms, owner, cas);
+                self.inner
+                    .held
+                    .locked()
+                    .insert(token, req.name, since_ms, owner, cas);
                 Ok(Attempt::Acquired { fence: None })
             }
             "NS" => {
