@@ -268,7 +268,7 @@ impl EtcdBackend {
         if moved {
             self.store().set_session(&key, target);
         } else {
-            self.inner.recipe.forget(lease.token.as_str());
+            self.inner.recipe.forget(lease.name, lease.token.as_str());
             self.store().forget(&key);
         }
         Ok(moved)
@@ -369,14 +369,14 @@ impl EtcdBackend {
         // The TTL left is in whole seconds (0 in the last one); -1 for a lease gone. The
         // keep-alive sent alongside tells whether it is; "gone" with a live lease is a leader
         // that has not applied its grant yet (etcd#13675): every key is checked as below.
-        let listed: Vec<Vec<u8>> = if r.ttl < 0 { Vec::new() } else { r.keys };
+        let listed = if r.ttl < 0 { Vec::new() } else { r.keys };
         if !listed.is_empty() && self.store().sweep_due(lease) {
             for orphan in self.store().orphans(&listed) {
                 self.store().delete_if_on(orphan, lease);
             }
         }
         let set: HashSet<&[u8], foldhash::fast::RandomState> =
-            listed.iter().map(Vec::as_slice).collect();
+            listed.iter().map(|k| &k[..]).collect();
         let mut present: Vec<bool> = keys.iter().map(|k| set.contains(k.as_bytes())).collect();
         // A leader just elected answers from its lease table before it has applied every
         // committed write: a key put just before the election may not be listed yet. A key
@@ -465,18 +465,17 @@ impl EtcdBackend {
     }
 
     async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
-        let mut out: Vec<Option<Result<LeaseCheck, LockError>>> =
-            (0..items.len()).map(|_| None).collect();
+        // Each item's answer, written in place (a lease with no key of ours is missing).
+        let mut out: Vec<Result<LeaseCheck, LockError>> =
+            (0..items.len()).map(|_| Ok(LeaseCheck::Missing)).collect();
         // The items of each session, by lease id.
         let mut groups: HashMap<i64, SessionItems> = HashMap::new();
         for (i, item) in items.iter().enumerate() {
             let lease = &item.lease;
             let Some(key) = self.inner.recipe.held_id(lease.name, lease.token.as_str()) else {
-                out[i] = Some(Ok(LeaseCheck::Missing));
                 continue;
             };
             let Some(session) = self.store().session_of(&key) else {
-                out[i] = Some(Ok(LeaseCheck::Missing));
                 continue;
             };
             // A lease at least as long as asked is renewed by a keep-alive: the server keeps
@@ -484,7 +483,7 @@ impl EtcdBackend {
             // the next holder of a crashed one; the core takes the lease off the session when
             // it stops renewing it).
             if session::ttl_secs(item.ttl) > session.asked_s {
-                out[i] = Some(self.renew_longer(lease, session.shared, item.ttl).await);
+                out[i] = self.renew_longer(lease, session.shared, item.ttl).await;
                 continue;
             }
             groups
@@ -496,20 +495,14 @@ impl EtcdBackend {
         let renewals = groups.into_values().map(|(session, members)| async move {
             let keys: Vec<&str> = members.iter().map(|(_, k)| &**k).collect();
             let checks = self.renew_session(&session, &keys).await;
-            members
-                .into_iter()
-                .map(|(i, _)| i)
-                .zip(checks)
-                .collect::<Vec<_>>()
+            (members, checks)
         });
-        for results in futures_util::future::join_all(renewals).await {
-            for (i, r) in results {
-                out[i] = Some(r);
+        for (members, checks) in futures_util::future::join_all(renewals).await {
+            for ((i, _), r) in members.into_iter().zip(checks) {
+                out[i] = r;
             }
         }
-        out.into_iter()
-            .map(|r| r.unwrap_or(Ok(LeaseCheck::Missing)))
-            .collect()
+        out
     }
 }
 
@@ -561,7 +554,7 @@ impl Backend for EtcdBackend {
             )),
             Err(e) => {
                 // Not left half taken.
-                self.inner.recipe.discard(req.token.as_str());
+                self.inner.recipe.discard(req.name, req.token.as_str());
                 Err(e)
             }
         }
@@ -577,7 +570,7 @@ impl Backend for EtcdBackend {
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "releasing an etcd lock";
-        let entry = self.inner.recipe.forget(lease.token.as_str());
+        let entry = self.inner.recipe.forget(lease.name, lease.token.as_str());
         // The key's name is ours alone (no other acquisition takes it while it may exist), so
         // deleting it can never take another holder's lock; and it can be deleted even when an
         // acquire's reply was lost and we never learned its place.
@@ -697,7 +690,7 @@ impl Linger for EtcdBackend {
             let granted = self.store().session_of(&key).map_or(ttl, |s| {
                 Duration::from_secs(u64::try_from(s.ttl_s).unwrap_or(0))
             });
-            self.inner.recipe.forget(lease.token.as_str());
+            self.inner.recipe.forget(lease.name, lease.token.as_str());
             self.store().forget(&key);
             // A little past the lease's end: the server counts from its own grant.
             self.store()
@@ -756,7 +749,7 @@ impl EtcdBackend {
                 // Done already (a resent request).
                 self.inner
                     .recipe
-                    .update(token, |e| e.entry.kind = LeaseKind::Shared);
+                    .update(lease.name, token, |e| e.entry.kind = LeaseKind::Shared);
                 return Ok(LeaseCheck::Ours);
             }
             if kind != LeaseKind::Exclusive {
@@ -784,7 +777,7 @@ impl EtcdBackend {
             {
                 self.inner
                     .recipe
-                    .update(token, |e| e.entry.kind = LeaseKind::Shared);
+                    .update(lease.name, token, |e| e.entry.kind = LeaseKind::Shared);
                 return Ok(LeaseCheck::Ours);
             }
         }

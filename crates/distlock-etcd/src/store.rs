@@ -436,7 +436,7 @@ impl EtcdStore {
     /// request given up before its reply came (its future dropped, or a lost reply not resent),
     /// after the clean-up's delete. Nobody waits on them and nobody holds them; they would live as
     /// long as the session.
-    pub(crate) fn orphans(&self, attached: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    pub(crate) fn orphans(&self, attached: &[prost::bytes::Bytes]) -> Vec<Vec<u8>> {
         let on = self.on.locked();
         attached
             .iter()
@@ -444,7 +444,7 @@ impl EtcdStore {
                 let k = String::from_utf8_lossy(k);
                 k.starts_with(&self.prefix) && !on.contains_key(k.as_ref())
             })
-            .cloned()
+            .map(|k| k.to_vec())
             .collect()
     }
 

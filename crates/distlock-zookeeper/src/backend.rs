@@ -119,11 +119,7 @@ impl Backend for ZkBackend {
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "releasing a ZooKeeper lock";
         let client = self.sessions().current().client.clone();
-        let Some(entry) = self
-            .recipe
-            .forget(lease.token.as_str())
-            .filter(|e| *e.name == *lease.name)
-        else {
+        let Some(entry) = self.recipe.forget(lease.name, lease.token.as_str()) else {
             // An acquire cancelled while its create was in flight: the node may exist without
             // our knowing its name. Its token finds it (the create was sent first, and ZooKeeper
             // answers one session's requests in order).
@@ -282,7 +278,7 @@ impl ZkBackend {
                 }
             }
             self.recipe
-                .update(token, |e| e.entry.kind = LeaseKind::Shared);
+                .update(lease.name, token, |e| e.entry.kind = LeaseKind::Shared);
             return Ok(LeaseCheck::Ours);
         }
         Err(LockError::new(
@@ -419,7 +415,7 @@ impl Breaker for ZkBackend {
 impl Sessions for ZkBackend {
     /// The session suspended (disconnected) or expired since the lease was taken.
     fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch {
-        match self.recipe.entry(lease.token.as_str()) {
+        match self.recipe.entry(lease.name, lease.token.as_str()) {
             Some(e) => self.sessions().session_watch(e.entry.id.since),
             None => SessionWatch::Never,
         }

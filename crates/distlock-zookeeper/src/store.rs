@@ -18,10 +18,11 @@ use zookeeper_client::{Acls, Client, CreateMode, Error};
 use crate::session::{ZkSessions, connection_lost, map_err};
 
 /// One node of ours: its path, its creation zxid (the fencing token), and the session loss
-/// count when it was created (a loss since means it can no longer be trusted).
+/// count when it was created (a loss since means it can no longer be trusted). The path is
+/// boxed to its length (a `String` from `format!` keeps room to grow, and its capacity).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Node {
-    pub(crate) path: String,
+    pub(crate) path: Box<str>,
     pub(crate) czxid: i64,
     pub(crate) since: u64,
 }
@@ -222,7 +223,11 @@ impl ZkStore {
     fn entry(&self, found: Found, since: u64) -> QueuedEntry<Node> {
         let (path, seq, czxid, kind) = found;
         QueuedEntry {
-            id: Node { path, czxid, since },
+            id: Node {
+                path: path.into_boxed_str(),
+                czxid,
+                since,
+            },
             seq,
             kind,
             seen_at: 0,
@@ -324,7 +329,7 @@ fn queued(parent: &str, names: Vec<(i64, String)>) -> Vec<QueuedEntry<Node>> {
         .map(|(seq, child)| QueuedEntry {
             kind: kind_of(&child),
             id: Node {
-                path: format!("{parent}/{child}"),
+                path: format!("{parent}/{child}").into_boxed_str(),
                 czxid: 0,
                 since: 0,
             },

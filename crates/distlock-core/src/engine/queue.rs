@@ -24,21 +24,22 @@
 //! Jepsen found etcd's own recipe needed, etcd issue 11456).
 //!
 //! An engine implements [`QueueStore`] (join, read what is ahead, watch an entry, remove one)
-//! and keeps a [`QueueRecipe`] over it, which does the rest: the entries by token, the
+//! and keeps a [`QueueRecipe`] over it, which does the rest: our entries (by name), the
 //! decisions, the watches and the wake-ups.
 
-use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use super::{
     AcquireRequest, Attempt, BoxFuture, LeaseKind, LockError, PredecessorWatches, Subscription,
-    WakeHub, same_name,
+    WakeHub,
 };
 use crate::error::ErrorKind;
 use crate::sync::MutexExt;
-use crate::token::Token;
+
+mod state;
+use state::RecipeState;
 
 /// One entry of a lock's queue, as the store lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,10 +190,10 @@ pub fn holding(kinds: impl IntoIterator<Item = LeaseKind>) -> usize {
     }
 }
 
-/// An entry of ours, by token.
+/// An entry of ours.
 #[derive(Debug, Clone)]
 pub struct Entry<Id> {
-    /// The lock's name (one copy, shared with the client's index of its entries by name).
+    /// The lock's name (the core's copy, shared).
     pub name: Arc<str>,
     /// The entry.
     pub entry: QueuedEntry<Id>,
@@ -202,90 +203,7 @@ pub struct Entry<Id> {
     pub held: bool,
 }
 
-/// Our entries by token, and their tokens by name: what [`leave`] and a fenced write look
-/// at, without going through every entry this client has.
-struct RecipeState<Id> {
-    /// By token, kept inline (a generated token allocates nothing): a renewal's lookup compares
-    /// the token in the map's own slot, where a shared copy elsewhere was one more read from
-    /// memory a renewal (8 % of etcd's client at 100,000 locks).
-    entries: HashMap<Token, Entry<Id>, foldhash::fast::RandomState>,
-    by_name: HashMap<Arc<str>, Vec<Token>, foldhash::fast::RandomState>,
-}
-
-impl<Id> RecipeState<Id> {
-    fn new() -> Self {
-        RecipeState {
-            entries: HashMap::default(),
-            by_name: HashMap::default(),
-        }
-    }
-
-    fn insert(&mut self, token: Token, e: Entry<Id>) {
-        self.remove(token.as_str());
-        self.by_name
-            .entry(e.name.clone())
-            // Most names have one entry of this client: room for one, not Vec's first four.
-            .or_insert_with(|| Vec::with_capacity(1))
-            .push(token.clone());
-        self.entries.insert(token, e);
-    }
-
-    fn remove(&mut self, token: &str) -> Option<Entry<Id>> {
-        let e = self.entries.remove(token)?;
-        self.unindex(&e.name, token);
-        Some(e)
-    }
-
-    fn unindex(&mut self, name: &str, token: &str) {
-        if let Some(tokens) = self.by_name.get_mut(name) {
-            tokens.retain(|t| t.as_str() != token);
-            if tokens.is_empty() {
-                self.by_name.remove(name);
-            }
-        }
-    }
-
-    /// Changes `token`'s entry, keeping the index in step.
-    fn update(&mut self, token: &str, f: impl FnOnce(&mut Entry<Id>)) {
-        let Some((token, _)) = self.entries.get_key_value(token) else {
-            return;
-        };
-        let token = token.clone();
-        let Some(mut e) = self.remove(token.as_str()) else {
-            return;
-        };
-        f(&mut e);
-        self.insert(token, e);
-    }
-
-    /// The tokens of `name`'s entries.
-    fn of_name(&self, name: &str) -> &[Token] {
-        self.by_name.get(name).map_or(&[], Vec::as_slice)
-    }
-
-    /// Takes out the entries of `name` that [`leave`] removes: queued (not held) and exclusive.
-    /// A reader or a permit waits on its own (no local queue) and removes its entry itself when
-    /// it stops waiting; another task's entry may be queued right now while this client's last
-    /// subscription goes.
-    fn take_waiting(&mut self, name: &str) -> Vec<(Token, Entry<Id>)> {
-        let tokens: Vec<Token> = self
-            .of_name(name)
-            .iter()
-            .filter(|t| {
-                self.entries
-                    .get(t.as_str())
-                    .is_some_and(|e| !e.held && e.entry.kind == LeaseKind::Exclusive)
-            })
-            .cloned()
-            .collect();
-        tokens
-            .into_iter()
-            .filter_map(|t| self.remove(t.as_str()).map(|e| (t, e)))
-            .collect()
-    }
-}
-
-/// The recipe over a store: our entries by token, the decisions, the predecessor watches and
+/// The recipe over a store: our entries by name, the decisions, the predecessor watches and
 /// the wake-ups of this client's waiters.
 pub struct QueueRecipe<S: QueueStore> {
     store: Arc<S>,
@@ -297,7 +215,7 @@ pub struct QueueRecipe<S: QueueStore> {
 impl<S: QueueStore> Debug for QueueRecipe<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueueRecipe")
-            .field("entries", &self.state.locked().entries.len())
+            .field("entries", &self.state.locked().len())
             .finish_non_exhaustive()
     }
 }
@@ -345,7 +263,7 @@ impl<S: QueueStore> QueueRecipe<S> {
     /// The store's; `Lost` when a waiting entry left the queue (its session ended).
     pub async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         let token = req.token.as_str();
-        let known = self.state.locked().entries.get(token).cloned();
+        let known = self.state.locked().get(req.name, token);
         let (entry, fence, listed, age) = match known {
             Some(e) => (e.entry, e.fence, None, None),
             None => match self.store.join(req).await? {
@@ -369,7 +287,7 @@ impl<S: QueueStore> QueueRecipe<S> {
             None => match self.store.ahead(req.name, &entry, req.kind).await? {
                 Some(a) => a,
                 None => {
-                    self.state.locked().remove(token);
+                    self.state.locked().remove(req.name, token);
                     return Err(LockError::new(
                         ErrorKind::Lost,
                         format!(
@@ -384,11 +302,11 @@ impl<S: QueueStore> QueueRecipe<S> {
         let predecessors = match decide(req.kind, &ahead) {
             Decision::WaitsFor(p) => p,
             Decision::Conflicts(theirs) => {
-                self.discard(token);
+                self.discard(req.name, token);
                 return Err(super::kind_conflict(req.name, req.kind, theirs));
             }
             Decision::Holds => {
-                self.state.locked().update(token, |e| e.held = true);
+                self.state.locked().set_held(req.name, token);
                 // Measured now, not when the entry was written (the queue may have been read
                 // since), and for an entry that waited too: its lease is the store's, refreshed
                 // on the store's schedule, not by this attempt.
@@ -405,7 +323,7 @@ impl<S: QueueStore> QueueRecipe<S> {
         };
         if !req.queue {
             // A first attempt: leave no entry behind.
-            self.discard(token);
+            self.discard(req.name, token);
             return Ok(Attempt::Busy { holder_ttl: None });
         }
         self.watch(req.name, req.kind, token, &predecessors);
@@ -441,60 +359,48 @@ impl<S: QueueStore> QueueRecipe<S> {
         self.hub.subscribe(name)
     }
 
-    /// Our entry for `token`, if we have one.
-    pub fn entry(&self, token: &str) -> Option<Entry<S::Id>> {
-        self.state.locked().entries.get(token).cloned()
+    /// Our entry for `token` on `name`, if we have one.
+    pub fn entry(&self, name: &str, token: &str) -> Option<Entry<S::Id>> {
+        self.state.locked().get(name, token)
     }
 
     /// The id of our held entry for `token` on `name`, if we have one (the renewal's lookup:
     /// no copy of the rest of the entry).
     pub fn held_id(&self, name: &str, token: &str) -> Option<S::Id> {
-        let st = self.state.locked();
-        let e = st
-            .entries
-            .get(token)
-            .filter(|e| e.held && same_name(&e.name, name))?;
-        Some(e.entry.id.clone())
+        self.state.locked().held_id(name, token)
     }
 
     /// Our held entry for `token` on `name`, if we have one.
     pub fn held(&self, name: &str, token: &str) -> Option<Entry<S::Id>> {
-        self.entry(token)
-            .filter(|e| e.held && same_name(&e.name, name))
+        self.entry(name, token).filter(|e| e.held)
     }
 
     /// Our entries of `name` that hold their lease (by token), found without going through
     /// the other names' entries.
     pub fn held_of(&self, name: &str) -> Vec<(String, Entry<S::Id>)> {
-        let st = self.state.locked();
-        st.of_name(name)
-            .iter()
-            .filter_map(|t| {
-                let e = st.entries.get(t.as_str()).filter(|e| e.held)?;
-                Some((t.to_string(), e.clone()))
-            })
-            .collect()
+        self.state.locked().held_of(name)
     }
 
-    /// Forgets `token`'s entry (released, or moved) and returns it; the caller deletes it.
-    pub fn forget(&self, token: &str) -> Option<Entry<S::Id>> {
-        let e = self.state.locked().remove(token)?;
+    /// Forgets `token`'s entry on `name` (released, or moved) and returns it; the caller
+    /// deletes it.
+    pub fn forget(&self, name: &str, token: &str) -> Option<Entry<S::Id>> {
+        let e = self.state.locked().remove(name, token)?;
         if e.entry.kind != LeaseKind::Exclusive {
             self.watches.stop(&watch_slot(&e.name, e.entry.kind, token));
         }
         Some(e)
     }
 
-    /// Forgets `token`'s entry and deletes it in the background.
-    pub fn discard(&self, token: &str) {
-        if let Some(e) = self.forget(token) {
+    /// Forgets `token`'s entry on `name` and deletes it in the background.
+    pub fn discard(&self, name: &str, token: &str) {
+        if let Some(e) = self.forget(name, token) {
             self.store.remove_later(&e.entry.id);
         }
     }
 
-    /// Changes our record of `token`'s entry (its id after a move, say).
-    pub fn update(&self, token: &str, f: impl FnOnce(&mut Entry<S::Id>)) {
-        self.state.locked().update(token, f);
+    /// Changes our record of `token`'s entry on `name` (its id after a move, say).
+    pub fn update(&self, name: &str, token: &str, f: impl FnOnce(&mut Entry<S::Id>)) {
+        self.state.locked().update(name, token, f);
     }
 }
 

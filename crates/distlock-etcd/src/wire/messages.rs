@@ -333,8 +333,10 @@ pub struct LeaseTimeToLiveResponse {
     pub ttl: i64,
     #[prost(int64, tag = "4")]
     pub granted_ttl: i64,
-    #[prost(bytes = "vec", repeated, tag = "5")]
-    pub keys: Vec<Vec<u8>>,
+    /// The keys attached, as slices of the reply's own buffer (a listing of 100,000 keys is
+    /// one allocation, not one a key).
+    #[prost(bytes = "bytes", repeated, tag = "5")]
+    pub keys: Vec<prost::bytes::Bytes>,
 }
 
 /// One message of the `Watch.Watch` stream.

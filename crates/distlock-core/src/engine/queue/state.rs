@@ -1,0 +1,283 @@
+//! The queue recipe's record of this client's entries: one map, by lock name.
+//!
+//! A name is the key (the core's own copy of it, shared, see [`AcquireRequest::name_arc`]),
+//! and its entries sit in the map's slot: most names have one entry of this client, kept inline
+//! with no allocation of its own; a name with several (readers, permits, a holder and the one
+//! task of this client that waits behind it) keeps them in a `Vec`. Every lookup comes with the
+//! lock's name, so no second map by token is needed.
+//!
+//! [`AcquireRequest::name_arc`]: crate::engine::AcquireRequest::name_arc
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{Entry, QueuedEntry};
+use crate::engine::LeaseKind;
+use crate::token::Token;
+
+/// One entry of ours, without its name (the map's key).
+#[derive(Debug, Clone)]
+struct Item<Id> {
+    token: Token,
+    entry: QueuedEntry<Id>,
+    fence: Option<u64>,
+    held: bool,
+}
+
+impl<Id: Clone> Item<Id> {
+    fn to_entry(&self, name: &Arc<str>) -> Entry<Id> {
+        Entry {
+            name: name.clone(),
+            entry: self.entry.clone(),
+            fence: self.fence,
+            held: self.held,
+        }
+    }
+}
+
+/// A name's entries: one inline, or several.
+#[derive(Debug)]
+enum Items<Id> {
+    One(Item<Id>),
+    Many(Vec<Item<Id>>),
+}
+
+impl<Id> Items<Id> {
+    fn as_slice(&self) -> &[Item<Id>] {
+        match self {
+            Items::One(item) => std::slice::from_ref(item),
+            Items::Many(items) => items,
+        }
+    }
+
+    fn find(&self, token: &str) -> Option<&Item<Id>> {
+        self.as_slice().iter().find(|i| i.token.as_str() == token)
+    }
+
+    fn push(&mut self, item: Item<Id>) {
+        match self {
+            Items::Many(items) => items.push(item),
+            Items::One(_) => {
+                let Items::One(first) = std::mem::replace(self, Items::Many(Vec::new())) else {
+                    unreachable!("matched One above")
+                };
+                *self = Items::Many(vec![first, item]);
+            }
+        }
+    }
+}
+
+/// Our entries, by name.
+pub(super) struct RecipeState<Id> {
+    by_name: HashMap<Arc<str>, Items<Id>, foldhash::fast::RandomState>,
+    count: usize,
+}
+
+impl<Id: Clone> RecipeState<Id> {
+    pub(super) fn new() -> Self {
+        RecipeState {
+            by_name: HashMap::default(),
+            count: 0,
+        }
+    }
+
+    /// How many entries of ours there are.
+    pub(super) fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Records `token`'s entry (replacing the one it had).
+    pub(super) fn insert(&mut self, token: Token, e: Entry<Id>) {
+        self.remove(&e.name, token.as_str());
+        let item = Item {
+            token,
+            entry: e.entry,
+            fence: e.fence,
+            held: e.held,
+        };
+        self.count += 1;
+        match self.by_name.get_mut(&*e.name) {
+            Some(items) => items.push(item),
+            None => {
+                self.by_name.insert(e.name, Items::One(item));
+            }
+        }
+    }
+
+    /// Takes out `token`'s entry of `name`.
+    pub(super) fn remove(&mut self, name: &str, token: &str) -> Option<Entry<Id>> {
+        let (key, items) = self.by_name.get_key_value(name)?;
+        let key = key.clone();
+        let at = items
+            .as_slice()
+            .iter()
+            .position(|i| i.token.as_str() == token)?;
+        let item = match self.by_name.get_mut(name)? {
+            Items::One(_) => match self.by_name.remove(name) {
+                Some(Items::One(item)) => item,
+                _ => unreachable!("the slot held one entry"),
+            },
+            Items::Many(items) => {
+                let item = items.swap_remove(at);
+                if items.is_empty() {
+                    self.by_name.remove(name);
+                } else if items.len() == 1 {
+                    // Back to one entry, inline: a name's Vec goes with its crowd.
+                    if let Some(Items::Many(mut rest)) = self.by_name.remove(name)
+                        && let Some(only) = rest.pop()
+                    {
+                        self.by_name.insert(key.clone(), Items::One(only));
+                    }
+                }
+                item
+            }
+        };
+        self.count -= 1;
+        Some(Entry {
+            name: key,
+            entry: item.entry,
+            fence: item.fence,
+            held: item.held,
+        })
+    }
+
+    /// `token`'s entry of `name`.
+    pub(super) fn get(&self, name: &str, token: &str) -> Option<Entry<Id>> {
+        let (key, items) = self.by_name.get_key_value(name)?;
+        items.find(token).map(|i| i.to_entry(key))
+    }
+
+    /// The id of `token`'s entry of `name` if it holds its lease (no copy of the rest).
+    pub(super) fn held_id(&self, name: &str, token: &str) -> Option<Id> {
+        let item = self.by_name.get(name)?.find(token)?;
+        item.held.then(|| item.entry.id.clone())
+    }
+
+    /// Marks `token`'s entry of `name` as holding its lease.
+    pub(super) fn set_held(&mut self, name: &str, token: &str) {
+        let Some(items) = self.by_name.get_mut(name) else {
+            return;
+        };
+        let item = match items {
+            Items::One(item) => Some(item),
+            Items::Many(items) => items.iter_mut().find(|i| i.token.as_str() == token),
+        };
+        if let Some(item) = item.filter(|i| i.token.as_str() == token) {
+            item.held = true;
+        }
+    }
+
+    /// Changes `token`'s entry of `name`, keeping the map in step (the change may give it
+    /// another name).
+    pub(super) fn update(&mut self, name: &str, token: &str, f: impl FnOnce(&mut Entry<Id>)) {
+        let Some(token) = self
+            .by_name
+            .get(name)
+            .and_then(|items| items.find(token))
+            .map(|i| i.token.clone())
+        else {
+            return;
+        };
+        let Some(mut e) = self.remove(name, token.as_str()) else {
+            return;
+        };
+        f(&mut e);
+        self.insert(token, e);
+    }
+
+    /// `name`'s entries that hold their lease, with their tokens.
+    pub(super) fn held_of(&self, name: &str) -> Vec<(String, Entry<Id>)> {
+        let Some((key, items)) = self.by_name.get_key_value(name) else {
+            return Vec::new();
+        };
+        items
+            .as_slice()
+            .iter()
+            .filter(|i| i.held)
+            .map(|i| (i.token.to_string(), i.to_entry(key)))
+            .collect()
+    }
+
+    /// Takes out the entries of `name` that `leave` removes: queued (not held) and exclusive.
+    /// A reader or a permit waits on its own (no local queue) and removes its entry itself when
+    /// it stops waiting; another task's entry may be queued right now while this client's last
+    /// subscription goes.
+    pub(super) fn take_waiting(&mut self, name: &str) -> Vec<(Token, Entry<Id>)> {
+        let tokens: Vec<Token> = self.by_name.get(name).map_or_else(Vec::new, |items| {
+            items
+                .as_slice()
+                .iter()
+                .filter(|i| !i.held && i.entry.kind == LeaseKind::Exclusive)
+                .map(|i| i.token.clone())
+                .collect()
+        });
+        tokens
+            .into_iter()
+            .filter_map(|t| self.remove(name, t.as_str()).map(|e| (t, e)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &Arc<str>, seq: i64, kind: LeaseKind, held: bool) -> Entry<i64> {
+        Entry {
+            name: name.clone(),
+            entry: QueuedEntry {
+                id: seq,
+                seq,
+                kind,
+                seen_at: 0,
+            },
+            fence: Some(seq as u64),
+            held,
+        }
+    }
+
+    #[test]
+    fn entries_are_found_by_name_and_token_and_one_per_name_stays_inline() {
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let mut st = RecipeState::new();
+        let (t1, t2, t3) = (Token::generate(), Token::generate(), Token::generate());
+        st.insert(t1.clone(), entry(&a, 1, LeaseKind::Exclusive, true));
+        st.insert(t2.clone(), entry(&a, 2, LeaseKind::Exclusive, false));
+        st.insert(t3.clone(), entry(&b, 3, LeaseKind::Shared, false));
+        assert_eq!(st.len(), 3);
+        assert!(matches!(st.by_name.get("a"), Some(Items::Many(v)) if v.len() == 2));
+        assert!(matches!(st.by_name.get("b"), Some(Items::One(_))));
+        // A token is looked for under its own name only.
+        assert!(st.get("b", t1.as_str()).is_none());
+        assert_eq!(st.held_id("a", t1.as_str()), Some(1));
+        assert_eq!(st.held_id("a", t2.as_str()), None, "queued, not held");
+        assert_eq!(st.held_of("a").len(), 1);
+        st.set_held("b", t3.as_str());
+        assert_eq!(st.held_id("b", t3.as_str()), Some(3));
+        // The queued exclusive entry goes with its name's last waiter; the held one stays, and
+        // the name is back to one entry inline.
+        let gone = st.take_waiting("a");
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].0, t2);
+        assert!(matches!(st.by_name.get("a"), Some(Items::One(_))));
+        // A change of id keeps the entry where it is; the key stays the core's copy.
+        st.update("a", t1.as_str(), |e| e.entry.id = 10);
+        assert_eq!(st.held_id("a", t1.as_str()), Some(10));
+        assert!(Arc::ptr_eq(&st.get("a", t1.as_str()).unwrap().name, &a));
+        assert!(st.remove("a", t1.as_str()).is_some());
+        assert!(st.remove("a", t1.as_str()).is_none());
+        assert!(st.by_name.get("a").is_none());
+        assert_eq!(st.len(), 1);
+        // Inserting a token again replaces its entry.
+        st.insert(t3.clone(), entry(&b, 4, LeaseKind::Shared, true));
+        assert_eq!(st.len(), 1);
+        assert_eq!(st.held_id("b", t3.as_str()), Some(4));
+    }
+
+    #[test]
+    fn a_name_with_one_entry_of_ours_is_one_map_slot() {
+        // The key (16 bytes) and the entry inline: no Vec, no second map by token.
+        let slot = std::mem::size_of::<(Arc<str>, Items<Arc<str>>)>();
+        assert!(slot <= 120, "{slot}");
+    }
+}
