@@ -369,15 +369,19 @@ impl EtcdBackend {
         // The TTL left is in whole seconds (0 in the last one); -1 for a lease gone. The
         // keep-alive sent alongside tells whether it is; "gone" with a live lease is a leader
         // that has not applied its grant yet (etcd#13675): every key is checked as below.
-        let listed = if r.ttl < 0 { Vec::new() } else { r.keys };
-        if !listed.is_empty() && self.store().sweep_due(lease) {
-            for orphan in self.store().orphans(&listed) {
-                self.store().delete_if_on(orphan, lease);
+        // The listing's keys are slices of the reply's buffer: read in this block, so that the
+        // buffer is let go before any transaction below.
+        let mut present: Vec<bool> = {
+            let listed = if r.ttl < 0 { Vec::new() } else { r.keys };
+            if !listed.is_empty() && self.store().sweep_due(lease) {
+                for orphan in self.store().orphans(&listed) {
+                    self.store().delete_if_on(orphan, lease);
+                }
             }
-        }
-        let set: HashSet<&[u8], foldhash::fast::RandomState> =
-            listed.iter().map(|k| &k[..]).collect();
-        let mut present: Vec<bool> = keys.iter().map(|k| set.contains(k.as_bytes())).collect();
+            let set: HashSet<&[u8], foldhash::fast::RandomState> =
+                listed.iter().map(|k| &k[..]).collect();
+            keys.iter().map(|k| set.contains(k.as_bytes())).collect()
+        };
         // A leader just elected answers from its lease table before it has applied every
         // committed write: a key put just before the election may not be listed yet. A key
         // not listed is checked by a linearizable read before it is called gone.

@@ -333,8 +333,8 @@ pub struct LeaseTimeToLiveResponse {
     pub ttl: i64,
     #[prost(int64, tag = "4")]
     pub granted_ttl: i64,
-    /// The keys attached, as slices of the reply's own buffer (a listing of 100,000 keys is
-    /// one allocation, not one a key).
+    /// The keys attached, as slices of the reply's own buffer (no allocation a key: a listing
+    /// may hold 100,000 of them).
     #[prost(bytes = "bytes", repeated, tag = "5")]
     pub keys: Vec<prost::bytes::Bytes>,
 }
