@@ -279,9 +279,8 @@ impl<'a> AcquireRequest<'a> {
 
     /// The lock's name for an engine to keep: the core's own copy, which its lease and local
     /// queue share, when the core gave it (one allocation a held lock rather than two), else a
-    /// new one. A name kept so is also the one [`LeaseRef::name`] points to for that lease, so
-    /// a check that a renewal names the lock an entry was made for can compare addresses
-    /// first (see [`same_name`]).
+    /// new one. A name kept so is also the one [`LeaseRef::name`] points to for that lease (a
+    /// map keyed by it shares the lease's allocation).
     pub fn name_arc(&self) -> Arc<str> {
         match self.shared_name {
             Some(name) if **name == *self.name => name.clone(),
@@ -336,13 +335,6 @@ impl<'a> AcquireRequest<'a> {
     pub fn lease(&self) -> LeaseRef<'a> {
         LeaseRef::new(self.name, self.token, self.kind).recorded(self.recorded)
     }
-}
-
-/// Whether `kept` (a name an engine kept from [`AcquireRequest::name_arc`]) is `name`: by address
-/// and length when `name` is the core's copy itself (a renewal's, read without touching either
-/// string), else by content.
-pub fn same_name(kept: &Arc<str>, name: &str) -> bool {
-    (std::ptr::eq(kept.as_ptr(), name.as_ptr()) && kept.len() == name.len()) || **kept == *name
 }
 
 /// A lease as renewals and releases name it.
@@ -772,14 +764,5 @@ mod tests {
         );
         let kept = req.shared_name(&name).name_arc();
         assert!(Arc::ptr_eq(&kept, &name));
-        // The lease's name points into the same allocation: compared by address.
-        assert!(same_name(&kept, &name));
-        // Another string with the same text, or another name.
-        assert!(same_name(&kept, &String::from("orders")));
-        assert!(!same_name(&kept, "order"));
-        assert!(
-            !same_name(&kept, &name[..5]),
-            "a prefix at the same address is not the name"
-        );
     }
 }
