@@ -549,6 +549,10 @@ async fn exchange(
         }
         *sent += n;
     }
+    // Over TLS a write may return with the records still in the session's buffer (the socket
+    // was full): without a flush they would go out only with the next write, and the reply
+    // waited for here would never come (a plain socket's flush does nothing).
+    conn.get_mut().flush().await.map_err(|e| io_err(DOING, e))?;
     let n = conn
         .read_until(b'\n', head)
         .await
