@@ -77,7 +77,14 @@ impl fmt::Display for ErrorKind {
 ///
 /// It is opaque: match on [`LockError::kind`], ask [`LockError::is_retryable`], and follow
 /// [`std::error::Error::source`] for the driver's own error. No dependency's type appears in it.
+///
+/// One pointer wide (its parts are boxed): a `Result<T, LockError>` is hardly larger than `T`,
+/// which matters where results are kept by the thousand (a renewal batch has one a lease).
 pub struct LockError {
+    inner: Box<Inner>,
+}
+
+struct Inner {
     kind: ErrorKind,
     message: Cow<'static, str>,
     source: Option<BoxError>,
@@ -87,9 +94,11 @@ impl LockError {
     /// A new error of `kind` with a human-readable message.
     pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
         LockError {
-            kind,
-            message: message.into(),
-            source: None,
+            inner: Box::new(Inner {
+                kind,
+                message: message.into(),
+                source: None,
+            }),
         }
     }
 
@@ -106,18 +115,18 @@ impl LockError {
 
     /// Attaches the lower-level cause, returned by `source()`.
     pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
-        self.source = Some(source.into());
+        self.inner.source = Some(source.into());
         self
     }
 
     /// The coarse kind of this error.
     pub fn kind(&self) -> ErrorKind {
-        self.kind
+        self.inner.kind
     }
 
     /// The message, without the kind or the source.
     pub fn message(&self) -> &str {
-        &self.message
+        &self.inner.message
     }
 
     /// Whether the same call may succeed if tried again later (busy, timeouts, broken
@@ -125,7 +134,7 @@ impl LockError {
     /// lease are not retryable.
     pub fn is_retryable(&self) -> bool {
         matches!(
-            self.kind,
+            self.inner.kind,
             ErrorKind::Busy
                 | ErrorKind::Exhausted
                 | ErrorKind::Timeout
@@ -138,7 +147,7 @@ impl LockError {
     /// An acquire that ends in such an error is retried with the same token, and cleaned up if
     /// it is given up.
     pub fn is_ambiguous(&self) -> bool {
-        matches!(self.kind, ErrorKind::Timeout | ErrorKind::Connection)
+        matches!(self.inner.kind, ErrorKind::Timeout | ErrorKind::Connection)
     }
 
     /// `cause` with `doing` before its words: the same kind, the message `doing: <what cause
@@ -160,13 +169,13 @@ impl LockError {
     /// ```
     pub fn after(doing: impl fmt::Display, cause: LockError) -> Self {
         let chain = error_chain(&cause);
-        let kind = cause.kind.to_string();
+        let kind = cause.inner.kind.to_string();
         let words = chain
             .strip_prefix(kind.as_str())
             .and_then(|rest| rest.strip_prefix(": "))
             .unwrap_or(&chain);
         let message = format!("{doing}: {words}");
-        LockError::new(cause.kind, message).with_source(cause)
+        LockError::new(cause.inner.kind, message).with_source(cause)
     }
 
     pub(crate) fn busy(key: &str) -> Self {
@@ -180,8 +189,9 @@ impl LockError {
 impl fmt::Debug for LockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("LockError");
-        d.field("kind", &self.kind).field("message", &self.message);
-        if let Some(s) = &self.source {
+        d.field("kind", &self.inner.kind)
+            .field("message", &self.inner.message);
+        if let Some(s) = &self.inner.source {
             d.field("source", s);
         }
         d.finish()
@@ -206,9 +216,11 @@ pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
     let mut cause = err.source();
     while let Some(c) = cause {
         let more = match c.downcast_ref::<LockError>() {
-            Some(e) if Some(e.kind) == kind && !e.message.is_empty() => e.message.to_string(),
+            Some(e) if Some(e.inner.kind) == kind && !e.inner.message.is_empty() => {
+                e.inner.message.to_string()
+            }
             Some(e) => {
-                kind = Some(e.kind);
+                kind = Some(e.inner.kind);
                 e.to_string()
             }
             None => c.to_string(),
@@ -229,17 +241,18 @@ pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
 
 impl fmt::Display for LockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.message.is_empty() {
-            write!(f, "{}", self.kind)
+        if self.inner.message.is_empty() {
+            write!(f, "{}", self.inner.kind)
         } else {
-            write!(f, "{}: {}", self.kind, self.message)
+            write!(f, "{}: {}", self.inner.kind, self.inner.message)
         }
     }
 }
 
 impl StdError for LockError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source
+        self.inner
+            .source
             .as_deref()
             .map(|e| e as &(dyn StdError + 'static))
     }
@@ -264,6 +277,13 @@ mod tests {
         assert_eq!(q.to_string(), "quorum not reached (2 of 3 needed)");
         assert!(!LockError::new(ErrorKind::Auth, "x").is_retryable());
         assert!(!LockError::new(ErrorKind::Lost, "x").is_retryable());
+    }
+
+    #[test]
+    fn an_error_is_one_pointer_and_a_result_of_a_check_two_words() {
+        use crate::engine::LeaseCheck;
+        assert_eq!(std::mem::size_of::<LockError>(), 8);
+        assert_eq!(std::mem::size_of::<Result<LeaseCheck, LockError>>(), 16);
     }
 
     /// A driver error whose `Display` leaves the server's words to its source.
