@@ -130,7 +130,10 @@ pub(crate) struct LeaseShared {
     ctx: Arc<LeaseContext>,
     state: Mutex<Packed>,
     /// Woken when the lease ends or its deadline moves, and when a renewal lets go of the gate.
-    changed: Notify,
+    /// Made by the first task that waits (see [`changed`](Self::changed)): most leases are
+    /// never waited on, and 16 bytes here where the `Notify` takes 32 keep the lease in a
+    /// smaller allocation.
+    changed: std::sync::OnceLock<Box<Notify>>,
     /// When this holder's acquire (or the hand-off renewal) was sent: `max_hold` counts from here
     /// (packed, see [`Packed`]).
     acquired_at: i64,
@@ -180,7 +183,7 @@ impl Renewal {
 impl Drop for Renewal {
     fn drop(&mut self) {
         if self.lease.gate.fetch_and(!RENEWING, Ordering::AcqRel) & CLOSED != 0 {
-            self.lease.changed.notify_waiters();
+            self.lease.notify_changed();
         }
     }
 }
@@ -261,7 +264,7 @@ impl LeaseShared {
             recorded: spec.recorded,
             ctx: shared_context(spec.options, spec.clock, spec.engine),
             state: Mutex::new(Packed::new(&state)),
-            changed: Notify::new(),
+            changed: std::sync::OnceLock::new(),
             acquired_at: pack(sent_at),
             streak,
             renewals: std::sync::atomic::AtomicU32::new(0),
@@ -385,8 +388,26 @@ impl LeaseShared {
             }
             // A renewal is in flight: one round trip at most. Its end is not signalled to
             // anybody but a release, so look again shortly.
-            let changed = self.changed.notified();
+            let changed = self.changed().notified();
             let _ = tokio::time::timeout(Duration::from_millis(2), changed).await;
+        }
+    }
+
+    /// The `Notify` a task waits on for a change (made at the first wait).
+    ///
+    /// A waiter gets it, registers, and then reads the state; a change is made, and then
+    /// [`notify_changed`](Self::notify_changed) looks for the `Notify`. A change that finds
+    /// none was made before the waiter read the state, so the waiter sees it: the state is
+    /// read under the lease's mutex (the deadline, the end), whose lock orders the two, or by
+    /// a read-modify-write of the gate (a renewal's end), whose changes are totally ordered.
+    fn changed(&self) -> &Notify {
+        self.changed.get_or_init(|| Box::new(Notify::new()))
+    }
+
+    /// Wakes the tasks waiting for a change, if any task ever waited.
+    fn notify_changed(&self) {
+        if let Some(changed) = self.changed.get() {
+            changed.notify_waiters();
         }
     }
 
@@ -397,10 +418,13 @@ impl LeaseShared {
             return;
         }
         loop {
-            let changed = self.changed.notified();
+            let changed = self.changed().notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            if self.gate.load(Ordering::Acquire) & RENEWING == 0 {
+            // Read by a read-modify-write, not a load: it reads the gate's latest value, so
+            // either the renewal's end is seen here, or the renewal's `fetch_and` comes after
+            // it, reads from it, and so sees the `Notify` made above (see `notify_changed`).
+            if self.gate.fetch_or(CLOSED, Ordering::AcqRel) & RENEWING == 0 {
                 return;
             }
             changed.await;
@@ -445,7 +469,7 @@ impl LeaseShared {
                 st.ttl = ttl_nanos(ttl);
             }
         }
-        self.changed.notify_waiters();
+        self.notify_changed();
         true
     }
 
@@ -507,7 +531,7 @@ impl LeaseShared {
         if let Some(counter) = self.loss_counter.get() {
             counter.note_end();
         }
-        self.changed.notify_waiters();
+        self.notify_changed();
         crate::metrics::held(self.ctx.engine, self.kind(), -1.0);
         if let LeaseEnd::Lost(reason) = end {
             crate::metrics::lost(self.ctx.engine, reason);
@@ -556,7 +580,7 @@ impl LeaseShared {
     /// Resolves when the lease ends, however it ends.
     pub(crate) async fn ended(&self) -> LeaseEnd {
         loop {
-            let changed = self.changed.notified();
+            let changed = self.changed().notified();
             tokio::pin!(changed);
             // Registered before the check: an end or a renewal after it wakes the wait.
             changed.as_mut().enable();
@@ -669,5 +693,51 @@ impl LeaseShared {
             engine: "test",
         };
         LeaseShared::new(spec, Instant::now())
+    }
+}
+
+/// The lease's `Notify` is made by the first waiter, so a change and a wait that race must
+/// still meet: run each race many times on two threads, and require every wait to end.
+#[cfg(test)]
+mod lazy_wakes {
+    use super::*;
+
+    const ROUNDS: usize = 2_000;
+
+    /// A release that closes the gate while a renewal in flight ends on another thread.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_waiting_for_a_renewal_always_hears_it_end() {
+        for _ in 0..ROUNDS {
+            let lease = Arc::new(LeaseShared::for_test("gate"));
+            let renewal = lease.begin_renewal().expect("the gate is open");
+            let ender = std::thread::spawn(move || drop(renewal));
+            let closed = tokio::time::timeout(Duration::from_secs(5), lease.close_gate()).await;
+            assert!(closed.is_ok(), "a release never heard the renewal end");
+            ender.join().expect("the renewal's thread");
+            assert!(lease.begin_renewal().is_none(), "the gate stays closed");
+        }
+    }
+
+    /// A task waiting for the lease's end while another thread ends it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wait_for_the_end_always_hears_it() {
+        for _ in 0..ROUNDS {
+            let lease = Arc::new(LeaseShared::for_test("end"));
+            let other = lease.clone();
+            let ender = std::thread::spawn(move || other.lose(LostReason::Stolen));
+            let ended = tokio::time::timeout(Duration::from_secs(5), lease.ended()).await;
+            assert_eq!(ended.ok(), Some(LeaseEnd::Lost(LostReason::Stolen)));
+            ender.join().expect("the ending thread");
+        }
+    }
+
+    /// A lease nobody waited on has no `Notify`; a wait makes one.
+    #[test]
+    fn the_notify_is_made_by_the_first_wait_only() {
+        let lease = LeaseShared::for_test("lazy");
+        lease.notify_changed();
+        assert!(lease.changed.get().is_none());
+        let _wait = lease.changed().notified();
+        assert!(lease.changed.get().is_some());
     }
 }
