@@ -198,7 +198,7 @@ impl<C> Session<C> {
 /// made for a request: the pool keeps no `PoolLease` itself.
 pub struct PoolLease<C> {
     token: Token,
-    key: Arc<str>,
+    key: Key,
     session: Arc<Session<C>>,
     /// The placement's number, unique within the pool: the pool's record of the token stands
     /// for this lease while it carries the same number (a downgrade's
@@ -236,7 +236,7 @@ struct SessionState<C> {
     /// The TTL of the leases it was opened for: later leases of that TTL prefer it.
     ttl: Duration,
     /// The server names on it, held (`true`) or being taken (`false`).
-    keys: HashMap<Arc<str>, bool, Hasher>,
+    keys: HashMap<Key, bool, Hasher>,
     /// Requests placing a lease on it right now.
     placing: usize,
     /// The server must keep the session at least until then (the latest deadline any lease on
@@ -248,12 +248,11 @@ struct SessionState<C> {
     empty_since: Option<Instant>,
 }
 
-/// A lease the pool tracks, under its token: one record a lease, in the map itself (56 bytes and
-/// its token's 40, in a map of 100,000).
+/// A lease the pool tracks, under its token: one record a lease, in the map itself (64 bytes,
+/// its server name inline, and its token's 40, in a map of 100,000).
 struct Tracked<C> {
-    /// Its server name, shared with its session's set of names (and, while the map of
-    /// [`Names`](super::Names) has it, nothing else).
-    key: Arc<str>,
+    /// Its server name (a copy is in its session's set of names).
+    key: Key,
     session: Arc<Session<C>>,
     /// See [`PoolLease::serial`].
     serial: u64,
@@ -650,7 +649,7 @@ impl<O: SessionOps> SessionPool<O> {
         else {
             return false;
         };
-        let key: Arc<str> = Arc::from(key);
+        let key = Key::new(key);
         let old = std::mem::replace(&mut t.key, key.clone());
         let session = t.session.id;
         if let Some(s) = st.sessions.get_mut(&session) {
@@ -980,7 +979,10 @@ async fn sweep<O: SessionOps>(pool: Weak<SessionPool<O>>) {
     }
 }
 
+mod key;
 mod place;
+
+use key::Key;
 
 pub use place::SHARED_PREFIX;
 use place::{Choice, choose, forget, reserve};

@@ -1,14 +1,13 @@
 //! Where a lease goes in the pool: the choice of a session for a server name, and the
 //! book-keeping of the names on each session.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use std::hash::BuildHasher;
 
-use super::{PoolLease, State, Tracked};
+use super::{Key, PoolLease, State, Tracked};
 use crate::token::Token;
 
 pub(super) enum Choice {
@@ -96,7 +95,7 @@ pub(super) fn reserve<C>(
         .expect("chosen under the same lock");
     s.placing += 1;
     s.empty_since = None;
-    let key: Arc<str> = Arc::from(key);
+    let key = Key::new(key);
     if !key.is_empty() {
         s.keys.insert(key.clone(), false);
     }
