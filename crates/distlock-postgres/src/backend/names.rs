@@ -7,7 +7,7 @@
 //! lock is granted to some session (for a semaphore: its size hold), or a live ticket waits
 //! for it. The table is `UNLOGGED`; after a crash the names come back as clients use them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
 use distlock_core::engine::{BoxFuture, LeaseKind, LockError, MutexExt, Names};
@@ -18,7 +18,7 @@ use super::{Inner, PgBackend, kinds, lock_id};
 use crate::error::map_err;
 
 /// How many names a client remembers having recorded before it starts over (a client that
-/// uses ever new names records each once per so many, and hashes it again).
+/// uses ever new names records each once per so many).
 const REMEMBERED: usize = 65_536;
 
 /// The code of a name's kind in the table: a lock (mutex, readers and writers, elections), or
@@ -52,14 +52,17 @@ const BATCH: usize = 500;
 /// taken at once) costs a few statements on one connection, not a connection each.
 #[derive(Debug, Default)]
 pub(super) struct Recorded {
-    /// By kind: a lock's id, or a semaphore's base id (each a SHA-256 of the name, which cost
-    /// an uncontended acquire more than this map's lookup).
+    /// By kind: the ids recorded (a lock's, or a semaphore's base id). Ids, not names: a
+    /// client holding 100,000 locks kept a copy of each name here besides its id (about 60
+    /// bytes a lock); the id is computed again at each acquire instead (a SHA-256 of a short
+    /// name, well under a microsecond against the round trip's tens), and two names of one
+    /// id are one lock on the server anyway.
     seen: std::sync::Mutex<[Ids; 2]>,
     writer: std::sync::Mutex<Option<mpsc::UnboundedSender<Name>>>,
 }
 
-/// Names and their ids (foldhash: looked up at every acquire).
-type Ids = HashMap<Box<str>, i64, foldhash::fast::RandomState>;
+/// Ids recorded (foldhash: looked up at every acquire).
+type Ids = HashSet<i64, foldhash::fast::RandomState>;
 
 /// The index of a kind's map in [`Recorded::seen`].
 fn slot(code: i16) -> usize {
@@ -72,19 +75,19 @@ impl PgBackend {
     /// once the attempt is over (or given up).
     pub(super) fn name_id(&self, name: &str, kind: LeaseKind) -> (i64, bool) {
         let code = kind_code(kind);
-        if let Some(id) = self.inner.names.seen.locked()[slot(code)].get(name) {
-            return (*id, false);
-        }
         let id = match kind {
             LeaseKind::Permit { .. } => kinds::permit_base(name),
             _ => lock_id(name),
         };
         let mut seen = self.inner.names.seen.locked();
-        if seen.iter().map(HashMap::len).sum::<usize>() >= REMEMBERED {
-            seen.iter_mut().for_each(HashMap::clear);
+        if seen[slot(code)].contains(&id) {
+            return (id, false);
+        }
+        if seen.iter().map(HashSet::len).sum::<usize>() >= REMEMBERED {
+            seen.iter_mut().for_each(HashSet::clear);
         }
         // false: another task of this client records it.
-        let new = seen[slot(code)].insert(name.into(), id).is_none();
+        let new = seen[slot(code)].insert(id);
         (id, new)
     }
 
@@ -96,7 +99,7 @@ impl PgBackend {
             // Dropped outside a runtime (an attempt given up there): recorded at the next use.
             let Ok(rt) = tokio::runtime::Handle::try_current() else {
                 drop(writer);
-                self.inner.names.seen.locked()[slot(code)].remove(name);
+                self.inner.names.seen.locked()[slot(code)].remove(&id);
                 return;
             };
             let (tx, rx) = mpsc::unbounded_channel();
@@ -187,8 +190,8 @@ async fn write_names(engine: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Name>)
         if let Err(e) = written.await {
             // Tried again at the next use of each name.
             let mut seen = me.inner.names.seen.locked();
-            for ((_, code), name) in &batch {
-                seen[slot(*code)].remove(name.as_str());
+            for (id, code) in batch.keys() {
+                seen[slot(*code)].remove(id);
             }
             tracing::debug!(target: "distlock", error = %e, "cannot record the locks' names");
         }
