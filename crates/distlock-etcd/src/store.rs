@@ -799,7 +799,7 @@ impl QueueStore for EtcdStore {
         Some(clock.now().saturating_duration_since(session.refreshed()))
     }
 
-    fn remove_later(&self, id: &Key) {
+    fn remove_later(&self, _name: &str, _token: &str, id: &Key) {
         self.forget(id);
         // The next attempt of the same token (a waiter after a first attempt) writes a key of
         // another name: this one may still be there when it is sent, and be deleted after.

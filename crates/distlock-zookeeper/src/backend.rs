@@ -137,10 +137,8 @@ impl Backend for ZkBackend {
         };
         let node = &entry.entry.id;
         let trusted = entry.held && self.sessions().losses() == node.since;
-        let deleted = self
-            .store()
-            .call(DOING, client.delete(&node.path, None))
-            .await?;
+        let path = self.store().path_of(lease.name, lease.token.as_str(), node);
+        let deleted = self.store().call(DOING, client.delete(&path, None)).await?;
         match deleted {
             Ok(()) if trusted => Ok(LeaseCheck::Ours),
             Ok(()) | Err(Error::NoNode) => Ok(LeaseCheck::Missing),
@@ -244,10 +242,11 @@ impl ZkBackend {
             Some(e) if e.entry.id.since == self.sessions().losses() => e.entry.id,
             _ => return Ok(LeaseCheck::Missing),
         };
+        let path = self.store().path_of(lease.name, token, &node);
         for _ in 0..3 {
             let (data, stat) = match self
                 .store()
-                .call(DOING, session.client.get_data(&node.path))
+                .call(DOING, session.client.get_data(&path))
                 .await?
             {
                 Ok(d) => d,
@@ -267,7 +266,7 @@ impl ZkBackend {
                         DOING,
                         session
                             .client
-                            .set_data(&node.path, tagged.as_bytes(), Some(stat.version)),
+                            .set_data(&path, tagged.as_bytes(), Some(stat.version)),
                     )
                     .await?
                 {
@@ -323,8 +322,12 @@ impl ZkBackend {
             let session = session.clone();
             async move {
                 let mut reader = session.client.new_multi_reader();
-                for (_, node) in chunk {
-                    if let Err(e) = reader.add_get_data(&node.path) {
+                let mut path = String::new();
+                for (i, node) in chunk {
+                    let lease = &items[*i].lease;
+                    self.store()
+                        .write_path(&mut path, lease.name, lease.token.as_str(), node);
+                    if let Err(e) = reader.add_get_data(&path) {
                         return Err(map_err(e, DOING));
                     }
                 }

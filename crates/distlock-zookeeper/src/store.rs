@@ -17,14 +17,36 @@ use zookeeper_client::{Acls, Client, CreateMode, Error};
 
 use crate::session::{ZkSessions, connection_lost, map_err};
 
-/// One node of ours: its path, its creation zxid (the fencing token), and the session loss
-/// count when it was created (a loss since means it can no longer be trusted). The path is
-/// boxed to its length (a `String` from `format!` keeps room to grow, and its capacity).
+/// A lock node: where it is, its creation zxid (the fencing token), and the session loss count
+/// when it was created (a loss since means it can no longer be trusted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Node {
-    pub(crate) path: Box<str>,
+    pub(crate) at: NodeAt,
     pub(crate) czxid: i64,
     pub(crate) since: u64,
+}
+
+/// Where a lock node is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum NodeAt {
+    /// One of ours: `<prefix>/<name>/_c_<token>-[<tag>-]lock-<seq>`, made again from the lock's
+    /// name and token when a request needs it ([`ZkStore::path_of`]). Its path (about 75
+    /// characters, 80 bytes with the allocator's) was kept for each lock a client holds. The
+    /// kind is the one the node was created with, which its name keeps (a writer downgraded to
+    /// a reader is still named a writer).
+    Ours { seq: i64, kind: LeaseKind },
+    /// Another's, ahead of ours in a queue (its name need not be of our making): its path.
+    Other(Box<str>),
+}
+
+impl Node {
+    /// The path of a node that is not ours (ahead of ours in a queue).
+    pub(crate) fn other_path(&self) -> Option<&str> {
+        match &self.at {
+            NodeAt::Other(path) => Some(path),
+            NodeAt::Ours { .. } => None,
+        }
+    }
 }
 
 /// A node found or made: its path, sequence number, creation zxid and kind.
@@ -72,6 +94,19 @@ impl ZkStore {
     /// The parent node under which the lock `name` queues its holders.
     pub(crate) fn lock_path(&self, name: &str) -> String {
         format!("{}/{name}", self.sessions.config.prefix)
+    }
+
+    /// The path of `node`, a node of the lock `name` (ours: taken with `token`).
+    pub(crate) fn path_of(&self, name: &str, token: &str, node: &Node) -> String {
+        let mut path = String::new();
+        self.write_path(&mut path, name, token, node);
+        path
+    }
+
+    /// Writes the path of `node` (see [`path_of`](Self::path_of)) into `out`, which it clears
+    /// first: a renewal reuses one buffer for its thousand nodes.
+    pub(crate) fn write_path(&self, out: &mut String, name: &str, token: &str, node: &Node) {
+        write_path(out, &self.sessions.config.prefix, name, token, node);
     }
 
     pub(crate) async fn call<T>(
@@ -219,15 +254,21 @@ impl ZkStore {
         }
     }
 
-    /// Our entry for a node just found or made.
-    fn entry(&self, found: Found, since: u64) -> QueuedEntry<Node> {
+    /// Our entry for a node just found or made (`name`'s, with `token`). Its path is kept
+    /// only when the one made again from its parts would differ (ZooKeeper writes sequence
+    /// numbers as ten digits, which the parts repeat).
+    fn entry(&self, name: &str, token: &str, found: Found, since: u64) -> QueuedEntry<Node> {
         let (path, seq, czxid, kind) = found;
+        let mut node = Node {
+            at: NodeAt::Ours { seq, kind },
+            czxid,
+            since,
+        };
+        if self.path_of(name, token, &node) != path {
+            node.at = NodeAt::Other(path.into_boxed_str());
+        }
         QueuedEntry {
-            id: Node {
-                path: path.into_boxed_str(),
-                czxid,
-                since,
-            },
+            id: node,
             seq,
             kind,
             seen_at: 0,
@@ -248,7 +289,7 @@ impl ZkStore {
             Some(f) => f,
             None => self.create(&client, &parent, req).await?,
         };
-        let entry = self.entry(found, since);
+        let entry = self.entry(req.name, token, found, since);
         // The listing sent right behind the create includes our node, unless the create was
         // answered otherwise (found again after a lost reply): then it is read again.
         let mut ahead = listed
@@ -305,7 +346,10 @@ impl ZkStore {
             if ahead[i].kind != LeaseKind::Exclusive {
                 continue;
             }
-            match self.call(DOING, client.get_data(&ahead[i].id.path)).await? {
+            let Some(path) = ahead[i].id.other_path() else {
+                continue;
+            };
+            match self.call(DOING, client.get_data(path)).await? {
                 Ok((data, _))
                     if untag_value(&String::from_utf8_lossy(&data)).0 == LeaseKind::Shared =>
                 {
@@ -322,6 +366,29 @@ impl ZkStore {
     }
 }
 
+/// The path of `node` under `prefix` (see [`ZkStore::path_of`]), written into `out`.
+fn write_path(out: &mut String, prefix: &str, name: &str, token: &str, node: &Node) {
+    use std::fmt::Write;
+    out.clear();
+    match &node.at {
+        NodeAt::Other(path) => out.push_str(path),
+        NodeAt::Ours { seq, kind } => {
+            // As `node_prefix` names it, then the sequence number as ZooKeeper writes it: ten
+            // digits, the sign among them; nineteen past 2^31 − 1 (a 64-bit sequence,
+            // ZOOKEEPER-4706). Formatting into a `String` cannot fail.
+            let _ = match kind {
+                LeaseKind::Exclusive => write!(out, "{prefix}/{name}/_c_{token}-lock-"),
+                k => write!(out, "{prefix}/{name}/_c_{token}-{}-lock-", k.tag()),
+            };
+            let _ = if *seq <= i64::from(i32::MAX) {
+                write!(out, "{seq:010}")
+            } else {
+                write!(out, "{seq:019}")
+            };
+        }
+    }
+}
+
 /// Children of `parent` as queue entries (only their paths and places are known).
 fn queued(parent: &str, names: Vec<(i64, String)>) -> Vec<QueuedEntry<Node>> {
     names
@@ -329,7 +396,7 @@ fn queued(parent: &str, names: Vec<(i64, String)>) -> Vec<QueuedEntry<Node>> {
         .map(|(seq, child)| QueuedEntry {
             kind: kind_of(&child),
             id: Node {
-                path: format!("{parent}/{child}").into_boxed_str(),
+                at: NodeAt::Other(format!("{parent}/{child}").into_boxed_str()),
                 czxid: 0,
                 since: 0,
             },
@@ -374,17 +441,20 @@ impl QueueStore for ZkStore {
     /// (a writer downgraded to a reader).
     fn watch_gone(&self, entry: &QueuedEntry<Node>) -> BoxFuture<'static, ()> {
         let client = self.sessions.current().client.clone();
-        let path = entry.id.path.clone();
+        // The entries watched are ahead of ours in a queue: never ours (then the waiter looks
+        // again at once).
+        let path = entry.id.other_path().map(str::to_owned);
         Box::pin(async move {
+            let Some(path) = path else { return };
             if let Ok((Some(_), watcher)) = client.check_and_watch_stat(&path).await {
                 watcher.changed().await;
             }
         })
     }
 
-    fn remove_later(&self, id: &Node) {
+    fn remove_later(&self, name: &str, token: &str, id: &Node) {
         let client = self.sessions.current().client.clone();
-        let path = id.path.clone();
+        let path = self.path_of(name, token, id);
         tokio::spawn(async move {
             let _ = client.delete(&path, None).await;
         });
@@ -406,6 +476,48 @@ mod tests {
         );
         assert_eq!(ahead_of(&children, 1), Some(vec![]));
         assert_eq!(ahead_of(&children, 2), None);
+    }
+
+    /// Our node's path, made again from its parts, is the one its create made: the prefix
+    /// `node_prefix` gave it and the sequence number as ZooKeeper appends it.
+    #[test]
+    fn our_node_path_is_made_again_exactly() {
+        let t = "0123456789abcdef0123456789abcdef";
+        let mut out = String::from("left over");
+        for kind in [
+            LeaseKind::Exclusive,
+            LeaseKind::Shared,
+            LeaseKind::Permit { permits: 7 },
+        ] {
+            // ZooKeeper's `%010d` of the parent's counter: past 2^31 it is negative.
+            for (seq, text) in [
+                (12, "0000000012"),
+                (2_147_483_647, "2147483647"),
+                (2_147_483_648, "0000000002147483648"),
+                (-5, "-000000005"),
+            ] {
+                let node = Node {
+                    at: NodeAt::Ours { seq, kind },
+                    czxid: 1,
+                    since: 0,
+                };
+                write_path(&mut out, "/distlock", "orders", t, &node);
+                let made = format!("{}{text}", node_prefix("/distlock/orders", t, kind));
+                assert_eq!(out, made);
+                let child = made.rsplit_once('/').map(|(_, c)| c).unwrap_or_default();
+                assert_eq!((seq_of(child), kind_of(child)), (Some(seq), kind));
+            }
+        }
+        let other = Node {
+            at: NodeAt::Other("/distlock/orders/_c_x-lock-0000000001".into()),
+            czxid: 0,
+            since: 0,
+        };
+        write_path(&mut out, "/distlock", "orders", t, &other);
+        assert_eq!(out, "/distlock/orders/_c_x-lock-0000000001");
+        assert_eq!(other.other_path(), Some(out.as_str()));
+        // 40 bytes a node, and no path of its own for one of ours.
+        assert_eq!(std::mem::size_of::<Node>(), 40);
     }
 
     #[test]

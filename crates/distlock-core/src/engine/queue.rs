@@ -110,8 +110,9 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Resolves when `entry` is gone, or when the watch fails (the waiter then looks again).
     fn watch_gone(&self, entry: &QueuedEntry<Self::Id>) -> BoxFuture<'static, ()>;
 
-    /// Deletes an entry of ours, in the background (its lease or session frees it anyway).
-    fn remove_later(&self, id: &Self::Id);
+    /// Deletes an entry of ours (`token`'s on `name`), in the background (its lease or session
+    /// frees it anyway).
+    fn remove_later(&self, name: &str, token: &str, id: &Self::Id);
 
     /// How long ago the lease that `id` lives on was granted or last refreshed, on `clock`,
     /// when it lives on a lease that the store refreshes on a schedule of its own (an etcd
@@ -394,7 +395,7 @@ impl<S: QueueStore> QueueRecipe<S> {
     /// Forgets `token`'s entry on `name` and deletes it in the background.
     pub fn discard(&self, name: &str, token: &str) {
         if let Some(e) = self.forget(name, token) {
-            self.store.remove_later(&e.entry.id);
+            self.store.remove_later(name, token, &e.entry.id);
         }
     }
 
@@ -425,7 +426,7 @@ fn leave<S: QueueStore>(
     let gone = state.locked().take_waiting(name);
     for (token, e) in gone {
         watches.stop(&watch_slot(name, e.entry.kind, token.as_str()));
-        store.remove_later(&e.entry.id);
+        store.remove_later(name, token.as_str(), &e.entry.id);
     }
 }
 
