@@ -399,7 +399,9 @@ impl LeaseShared {
     /// [`notify_changed`](Self::notify_changed) looks for the `Notify`. A change that finds
     /// none was made before the waiter read the state, so the waiter sees it: the state is
     /// read under the lease's mutex (the deadline, the end), whose lock orders the two, or by
-    /// a read-modify-write of the gate (a renewal's end), whose changes are totally ordered.
+    /// a read-modify-write of the gate (a renewal's end): the gate's read-modify-writes are
+    /// totally ordered, and the later one reads from the earlier, so it sees what came before
+    /// it (the `Notify` made).
     fn changed(&self) -> &Notify {
         self.changed.get_or_init(|| Box::new(Notify::new()))
     }

@@ -35,12 +35,13 @@ pub(crate) enum NodeAt {
     /// kind is the one the node was created with, which its name keeps (a writer downgraded to
     /// a reader is still named a writer).
     Ours { seq: i64, kind: LeaseKind },
-    /// Another's, ahead of ours in a queue (its name need not be of our making): its path.
+    /// A node known by its path: another's, ahead of ours in a queue (its name need not be of
+    /// our making), or one of ours whose path its parts would not make again.
     Other(Box<str>),
 }
 
 impl Node {
-    /// The path of a node that is not ours (ahead of ours in a queue).
+    /// The path of a node kept by its path (the nodes ahead of ours in a queue are).
     pub(crate) fn other_path(&self) -> Option<&str> {
         match &self.at {
             NodeAt::Other(path) => Some(path),
@@ -441,8 +442,8 @@ impl QueueStore for ZkStore {
     /// (a writer downgraded to a reader).
     fn watch_gone(&self, entry: &QueuedEntry<Node>) -> BoxFuture<'static, ()> {
         let client = self.sessions.current().client.clone();
-        // The entries watched are ahead of ours in a queue: never ours (then the waiter looks
-        // again at once).
+        // The entries watched are ahead of ours in a queue, kept by their paths (were one not,
+        // the waiter would look again at once).
         let path = entry.id.other_path().map(str::to_owned);
         Box::pin(async move {
             let Some(path) = path else { return };

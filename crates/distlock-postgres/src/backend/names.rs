@@ -47,7 +47,7 @@ type Name = (i64, i16, String);
 /// The most names one statement records.
 const BATCH: usize = 500;
 
-/// The names this client has recorded, with their ids, and its writer: one task, on a session
+/// The ids of the names this client has recorded, and its writer: one task, on a session
 /// of its own, one statement per batch, so that a burst of new names (a thousand locks
 /// taken at once) costs a few statements on one connection, not a connection each.
 #[derive(Debug, Default)]
@@ -64,7 +64,7 @@ pub(super) struct Recorded {
 /// Ids recorded (foldhash: looked up at every acquire).
 type Ids = HashSet<i64, foldhash::fast::RandomState>;
 
-/// The index of a kind's map in [`Recorded::seen`].
+/// The index of a kind's set in [`Recorded::seen`].
 fn slot(code: i16) -> usize {
     usize::from(code == kind_code(LeaseKind::Permit { permits: 1 }))
 }
