@@ -522,8 +522,17 @@ pub async fn expired_lease_is_taken_over<B: Backend>(make: &impl MakeClient<B>) 
     if !a.backend().capabilities().expiring {
         return; // Session engines free a lock when its holder dies, not after a TTL.
     }
+    // The waiter's budget covers the slowest expiry: memcached keeps an item the TTL rounded up
+    // to a second and two seconds more, on a clock its event loop ticks once a second, late
+    // when the server is short of CPU (a CI run with every suite's servers on 2 CPUs saw this
+    // 200 ms lease outlast a 3 s budget). The others free it after about 200 ms.
     let b = make
-        .client(opts().wait_timeout(Duration::from_secs(3)).build().unwrap())
+        .client(
+            opts()
+                .wait_timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        )
         .await;
     let k = key("takeover");
     let g = a.acquire(&k).await.unwrap();
