@@ -1,7 +1,7 @@
 //! In-process singleflight and hand-off: the tasks of one client that wait for the same key
 //! queue here in FIFO order, and only the head of the queue talks to the engine.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -22,6 +22,8 @@ struct Waiter<T> {
 }
 
 struct KeyQueue<T> {
+    /// The key (the holder's lease's copy while the queue has a holder).
+    name: Arc<str>,
     /// The lease a task of this client holds on the key, if any.
     holder: Option<Arc<LeaseShared>>,
     /// By id: ids are handed out in order, so the first is the head (FIFO), and a waiter that
@@ -40,9 +42,10 @@ struct KeyQueue<T> {
     wait_token: Option<Box<Token>>,
 }
 
-impl<T> Default for KeyQueue<T> {
-    fn default() -> Self {
+impl<T> KeyQueue<T> {
+    fn new(name: Arc<str>) -> Self {
         KeyQueue {
+            name,
             holder: None,
             waiters: BTreeMap::new(),
             offered: 0,
@@ -65,7 +68,7 @@ impl<T> KeyQueue<T> {
 }
 
 /// A key's entry: its holder alone while no task here waits for the key and nothing is kept
-/// for its waiters (a held lock's usual state: 16 bytes, where a queue is 56 more), or its
+/// for its waiters (a held lock's usual state: 16 bytes, where a queue is 72 more), or its
 /// whole queue.
 enum Slot<T> {
     Held(Arc<LeaseShared>),
@@ -73,6 +76,14 @@ enum Slot<T> {
 }
 
 impl<T> Slot<T> {
+    /// The key it is for (its map's key).
+    fn name(&self) -> &str {
+        match self {
+            Slot::Held(h) => h.key(),
+            Slot::Queue(q) => &q.name,
+        }
+    }
+
     fn holder(&self) -> Option<&Arc<LeaseShared>> {
         match self {
             Slot::Held(h) => Some(h),
@@ -93,7 +104,7 @@ impl<T> Slot<T> {
         if let Slot::Held(h) = self {
             *self = Slot::Queue(Box::new(KeyQueue {
                 holder: Some(h.clone()),
-                ..KeyQueue::default()
+                ..KeyQueue::new(h.key_arc().clone())
             }));
         }
         match self {
@@ -120,12 +131,13 @@ impl<T> Slot<T> {
     }
 }
 
-type Map<T> = HashMap<Arc<str>, Slot<T>, foldhash::fast::RandomState>;
+mod map;
+type Map<T> = map::Slots<T>;
 
 /// `key`'s queue, made if it has none (with a copy of the name).
 fn entry<'m, T>(map: &'m mut Map<T>, key: &str) -> &'m mut KeyQueue<T> {
     if !map.contains_key(key) {
-        map.insert(Arc::from(key), Slot::Queue(Box::default()));
+        map.insert(Slot::Queue(Box::new(KeyQueue::new(Arc::from(key)))));
     }
     map.get_mut(key).expect("just inserted").queue_mut()
 }
@@ -190,7 +202,7 @@ pub(crate) struct HandoffOffer<T> {
 impl<T> LocalQueues<T> {
     pub(crate) fn new() -> Self {
         LocalQueues {
-            map: Mutex::new(HashMap::default()),
+            map: Mutex::new(Map::default()),
             next_id: AtomicU64::new(1),
         }
     }
@@ -294,14 +306,15 @@ impl<T> LocalQueues<T> {
         match map.remove(key) {
             Some(Slot::Queue(mut q)) => {
                 q.holder = Some(lease.clone());
+                q.name = lease.key_arc().clone();
                 // A head waiting on the engine now waits locally instead.
                 q.wake_head();
                 let mut slot = Slot::Queue(q);
                 slot.compact();
-                map.insert(lease.key_arc().clone(), slot);
+                map.insert(slot);
             }
             Some(Slot::Held(_)) | None => {
-                map.insert(lease.key_arc().clone(), Slot::Held(lease.clone()));
+                map.insert(Slot::Held(lease.clone()));
             }
         }
     }
@@ -516,7 +529,7 @@ mod size {
         // and 16-byte steps (224 at 200, before its `Notify` was made at the first wait; 256
         // at 232, before its instants were packed): the next field costs a bigger one.
         assert!(lease <= 184, "a lease is {lease} bytes");
-        assert!(queue <= 56, "a local queue is {queue} bytes");
+        assert!(queue <= 72, "a local queue is {queue} bytes");
         assert!(entry <= 16, "a held name's entry is {entry} bytes");
     }
 }

@@ -4,6 +4,9 @@ use std::fmt;
 
 use crate::error::{ErrorKind, LockError};
 
+mod compact;
+pub use compact::CompactToken;
+
 /// Longest token accepted from outside (a token written by another client or given on a command
 /// line).
 pub const MAX_TOKEN_LEN: usize = 256;

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use distlock_core::engine::queue::{Ahead, JoinOutcome, Joined, QueueStore, QueuedEntry};
 use distlock_core::engine::{
-    AcquireRequest, BoxFuture, ErrorKind, HolderValue, LeaseKind, LockError, LostReason, MutexExt,
-    Token, kind_conflict, tag_value, untag_value,
+    AcquireRequest, BoxFuture, CompactToken, ErrorKind, HolderValue, LeaseKind, LockError,
+    LostReason, MutexExt, Token, kind_conflict, tag_value, untag_value,
 };
 use tokio::sync::Notify;
 use tonic::Status;
@@ -88,10 +88,12 @@ const SWEEP_BACKSTOP: Duration = Duration::from_secs(60);
 /// nobody's, a stale key that the next first attempt deletes, not a later acquisition's.
 #[derive(Default)]
 struct KeyNames {
-    by_token: HashMap<Token, Key>,
+    /// By token, in its compact form (24 bytes where a `Token` takes 40: a map of every lock
+    /// the client holds).
+    by_token: HashMap<CompactToken, Key>,
     /// Every name in use, with the token it belongs to (none once the token let it go while
     /// the name stays out of use): a name freed finds its token at once.
-    used: HashMap<Key, Option<Token>>,
+    used: HashMap<Key, Option<CompactToken>>,
     /// Given-up acquisitions' names, oldest first: never given out again (the oldest are let
     /// go past [`BURNED_KEPT`]).
     burned: std::collections::VecDeque<Key>,
@@ -118,7 +120,7 @@ impl KeyNames {
     }
 
     /// Forgets that `token` has `key` (if that is still its key).
-    fn forget_token_of(&mut self, token: &Token, key: &str) {
+    fn forget_token_of(&mut self, token: &CompactToken, key: &str) {
         if self.by_token.get(token).is_some_and(|k| **k == *key) {
             self.by_token.remove(token);
         }
@@ -166,7 +168,8 @@ impl EtcdStore {
     /// The key of `token`'s acquisition of `name`: the one it has, or the lowest free one.
     fn key_for(&self, name: &str, token: &Token) -> Key {
         let mut names = self.names.locked();
-        if let Some(key) = names.by_token.get(token) {
+        let token = CompactToken::from(token);
+        if let Some(key) = names.by_token.get(&token) {
             return key.clone();
         }
         if !names.lingering.is_empty() {
@@ -180,20 +183,22 @@ impl EtcdStore {
             .unwrap_or_default();
         let key = Key::from(key);
         names.used.insert(key.clone(), Some(token.clone()));
-        names.by_token.insert(token.clone(), key.clone());
+        names.by_token.insert(token, key.clone());
         key
     }
 
     /// The key of `token`'s acquisition, if it may have one on the server.
     pub(crate) fn key_of(&self, token: &Token) -> Option<Key> {
-        self.names.locked().by_token.get(token).cloned()
+        let token = CompactToken::from(token);
+        self.names.locked().by_token.get(&token).cloned()
     }
 
     /// `token`'s acquisition has no key on the server (nothing was written, or its delete was
     /// answered): its name is free for the next acquisition.
     pub(crate) fn free_name(&self, token: &Token) {
+        let token = CompactToken::from(token);
         let mut names = self.names.locked();
-        if let Some(key) = names.by_token.remove(token) {
+        if let Some(key) = names.by_token.remove(&token) {
             names.used.remove(&key);
         }
     }
@@ -201,8 +206,9 @@ impl EtcdStore {
     /// `token`'s key was left on the server to run out by itself at `until` (on the client's
     /// clock): its name stays out of use until then, and the token is forgotten.
     pub(crate) fn linger_name(&self, token: &Token, until: Instant) {
+        let token = CompactToken::from(token);
         let mut names = self.names.locked();
-        if let Some(key) = names.by_token.remove(token) {
+        if let Some(key) = names.by_token.remove(&token) {
             if let Some(owner) = names.used.get_mut(&key) {
                 *owner = None;
             }
@@ -213,8 +219,9 @@ impl EtcdStore {
     /// `token`'s acquisition was given up and its key deleted: its name is nobody's from now,
     /// and never given out again (see [`KeyNames`]).
     pub(crate) fn burn_name(&self, token: &Token) {
+        let token = CompactToken::from(token);
         let mut names = self.names.locked();
-        if let Some(key) = names.by_token.remove(token) {
+        if let Some(key) = names.by_token.remove(&token) {
             names.used.remove(&key);
             names.burned_set.insert(key.clone());
             names.burned.push_back(key);

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
-    Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError, LockStatus, MutexExt,
-    Token,
+    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, CompactToken,
+    ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError,
+    LockStatus, MutexExt, Token,
 };
 use sha2::{Digest, Sha256};
 
@@ -63,13 +63,14 @@ impl Held {
     }
 }
 
-/// Our locks by token (kept inline: a generated token allocates nothing). A record keeps its
+/// Our locks by token (compact: a generated token's 128 bits, 24 bytes with no allocation,
+/// where a `Token` takes 40). A record keeps its
 /// lock's name as a 64-bit hash, not a copy (a key of 24 bytes cost 40 more a lock): a call
 /// whose token is right and name wrong does not reach the lock, and the token, 128 random
 /// bits, is the lease's identity. foldhash rather than SipHash: touched at every acquisition
 /// and release.
 #[derive(Default)]
-struct HeldLocks(HashMap<Token, Held, foldhash::fast::RandomState>);
+struct HeldLocks(HashMap<CompactToken, Held, foldhash::fast::RandomState>);
 
 impl HeldLocks {
     fn hash(&self, name: &str) -> u64 {
@@ -85,30 +86,34 @@ impl HeldLocks {
             owner,
             cas,
         };
-        self.0.insert(token, held);
+        self.0.insert(CompactToken::from(&token), held);
     }
 
     /// The record of `token`, if it was taken for the lock `name`.
     fn get(&self, token: &str, name: &str) -> Option<&Held> {
         let name = self.hash(name);
-        self.0.get(token).filter(|h| h.name == name)
+        self.0
+            .get(&CompactToken::of(token))
+            .filter(|h| h.name == name)
     }
 
     /// See [`get`](Self::get).
     fn get_mut(&mut self, token: &str, name: &str) -> Option<&mut Held> {
         let name = self.hash(name);
-        self.0.get_mut(token).filter(|h| h.name == name)
+        self.0
+            .get_mut(&CompactToken::of(token))
+            .filter(|h| h.name == name)
     }
 
     /// Removes the record of `token`, if it was taken for the lock `name`.
     fn remove(&mut self, token: &str, name: &str) -> Option<Held> {
         self.get(token, name)?;
-        self.0.remove(token)
+        self.0.remove(&CompactToken::of(token))
     }
 
     /// The record of `token`, whatever its lock (a reply tagged with the token).
     fn by_token(&mut self, token: &str) -> Option<&mut Held> {
-        self.0.get_mut(token)
+        self.0.get_mut(&CompactToken::of(token))
     }
 }
 

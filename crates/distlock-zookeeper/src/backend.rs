@@ -238,8 +238,8 @@ impl ZkBackend {
         const DOING: &str = "downgrading a ZooKeeper write lock to a read lock";
         let token = lease.token.as_str();
         let session = self.sessions().current();
-        let node = match self.recipe.held(lease.name, token) {
-            Some(e) if e.entry.id.since == self.sessions().losses() => e.entry.id,
+        let (node, fence) = match self.recipe.held(lease.name, token) {
+            Some(e) if e.entry.id.since == self.sessions().losses() => (e.entry.id, e.fence),
             _ => return Ok(LeaseCheck::Missing),
         };
         let path = self.store().path_of(lease.name, token, &node);
@@ -253,7 +253,7 @@ impl ZkBackend {
                 Err(Error::NoNode) => return Ok(LeaseCheck::Missing),
                 Err(e) => return Err(map_err(e, DOING)),
             };
-            if stat.ephemeral_owner != session.id || stat.czxid != node.czxid {
+            if stat.ephemeral_owner != session.id || u64::try_from(stat.czxid).ok() != fence {
                 return Ok(LeaseCheck::Foreign);
             }
             let value = String::from_utf8_lossy(&data).into_owned();
@@ -314,7 +314,9 @@ impl ZkBackend {
         let mut nodes = Vec::new();
         for (i, item) in items.iter().enumerate() {
             match self.recipe.held(item.lease.name, item.lease.token.as_str()) {
-                Some(entry) if entry.entry.id.since == losses => nodes.push((i, entry.entry.id)),
+                Some(entry) if entry.entry.id.since == losses => {
+                    nodes.push((i, entry.entry.id, entry.fence));
+                }
                 _ => out[i] = Some(Ok(LeaseCheck::Missing)),
             }
         }
@@ -323,7 +325,7 @@ impl ZkBackend {
             async move {
                 let mut reader = session.client.new_multi_reader();
                 let mut path = String::new();
-                for (i, node) in chunk {
+                for (i, node, _) in chunk {
                     let lease = &items[*i].lease;
                     self.store()
                         .write_path(&mut path, lease.name, lease.token.as_str(), node);
@@ -349,11 +351,11 @@ impl ZkBackend {
         for (chunk, answer) in nodes.chunks(CHECKS_PER_READ).zip(answers) {
             match answer {
                 Ok(results) => {
-                    for ((i, node), result) in chunk.iter().zip(results) {
+                    for ((i, _, fence), result) in chunk.iter().zip(results) {
                         out[*i] = Some(match result {
                             MultiReadResult::Data { stat, .. }
                                 if stat.ephemeral_owner == session.id
-                                    && stat.czxid == node.czxid =>
+                                    && u64::try_from(stat.czxid).ok() == *fence =>
                             {
                                 Ok(LeaseCheck::Ours)
                             }
@@ -370,7 +372,7 @@ impl ZkBackend {
                     }
                 }
                 Err(e) => {
-                    for (i, _) in chunk {
+                    for (i, _, _) in chunk {
                         out[*i] = Some(Err(LockError::new(e.kind(), e.message().to_owned())));
                     }
                 }

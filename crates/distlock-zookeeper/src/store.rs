@@ -17,12 +17,12 @@ use zookeeper_client::{Acls, Client, CreateMode, Error};
 
 use crate::session::{ZkSessions, connection_lost, map_err};
 
-/// A lock node: where it is, its creation zxid (the fencing token), and the session loss count
-/// when it was created (a loss since means it can no longer be trusted).
+/// A lock node: where it is, and the session loss count when it was created (a loss since
+/// means it can no longer be trusted). Its creation zxid is its entry's fence (kept once, by
+/// the recipe).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Node {
     pub(crate) at: NodeAt,
-    pub(crate) czxid: i64,
     pub(crate) since: u64,
 }
 
@@ -259,10 +259,9 @@ impl ZkStore {
     /// only when the one made again from its parts would differ (ZooKeeper writes sequence
     /// numbers as ten digits, which the parts repeat).
     fn entry(&self, name: &str, token: &str, found: Found, since: u64) -> QueuedEntry<Node> {
-        let (path, seq, czxid, kind) = found;
+        let (path, seq, _, kind) = found;
         let mut node = Node {
             at: NodeAt::Ours { seq, kind },
-            czxid,
             since,
         };
         if self.path_of(name, token, &node) != path {
@@ -290,6 +289,7 @@ impl ZkStore {
             Some(f) => f,
             None => self.create(&client, &parent, req).await?,
         };
+        let fence = u64::try_from(found.2).ok();
         let entry = self.entry(req.name, token, found, since);
         // The listing sent right behind the create includes our node, unless the create was
         // answered otherwise (found again after a lost reply): then it is read again.
@@ -300,7 +300,7 @@ impl ZkStore {
             self.read_downgrades(&client, ahead).await?;
         }
         Ok(JoinOutcome::Joined(Joined {
-            fence: u64::try_from(entry.id.czxid).ok(),
+            fence,
             entry,
             ahead,
             age: None,
@@ -398,7 +398,6 @@ fn queued(parent: &str, names: Vec<(i64, String)>) -> Vec<QueuedEntry<Node>> {
             kind: kind_of(&child),
             id: Node {
                 at: NodeAt::Other(format!("{parent}/{child}").into_boxed_str()),
-                czxid: 0,
                 since: 0,
             },
             seq,
@@ -499,7 +498,6 @@ mod tests {
             ] {
                 let node = Node {
                     at: NodeAt::Ours { seq, kind },
-                    czxid: 1,
                     since: 0,
                 };
                 write_path(&mut out, "/distlock", "orders", t, &node);
@@ -511,14 +509,13 @@ mod tests {
         }
         let other = Node {
             at: NodeAt::Other("/distlock/orders/_c_x-lock-0000000001".into()),
-            czxid: 0,
             since: 0,
         };
         write_path(&mut out, "/distlock", "orders", t, &other);
         assert_eq!(out, "/distlock/orders/_c_x-lock-0000000001");
         assert_eq!(other.other_path(), Some(out.as_str()));
-        // 40 bytes a node, and no path of its own for one of ours.
-        assert_eq!(std::mem::size_of::<Node>(), 40);
+        // 32 bytes a node, and no path of its own for one of ours.
+        assert_eq!(std::mem::size_of::<Node>(), 32);
     }
 
     #[test]

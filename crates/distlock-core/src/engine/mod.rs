@@ -41,7 +41,7 @@ pub use wake::{PredecessorWatches, Subscription, WakeHub};
 pub use crate::clock::Clock;
 pub use crate::error::{ErrorKind, LockError, error_chain};
 pub use crate::sync::MutexExt;
-pub use crate::token::{HolderValue, Token, unix_ms};
+pub use crate::token::{CompactToken, HolderValue, Token, unix_ms};
 pub use crate::url;
 
 /// Why a lease was lost: it ended while its holder still counted on it.

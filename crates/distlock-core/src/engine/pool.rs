@@ -41,7 +41,7 @@ pub use super::SessionEnd;
 use super::{BoxFuture, LeaseCheck, LostReason, RenewItem, SessionWatch};
 use crate::error::{ErrorKind, LockError};
 use crate::sync::MutexExt;
-use crate::token::Token;
+use crate::token::{CompactToken, Token};
 use std::hash::BuildHasher;
 
 /// How often the pool looks for sessions that have stayed empty, to close them before the
@@ -248,59 +248,6 @@ struct SessionState<C> {
     empty_since: Option<Instant>,
 }
 
-/// A lease the pool tracks, under its token: one record a lease, in the map itself (64 bytes,
-/// its server name inline, and its token's 40, in a map of 100,000).
-struct Tracked<C> {
-    /// Its server name (a copy is in its session's set of names).
-    key: Key,
-    session: Arc<Session<C>>,
-    /// See [`PoolLease::serial`].
-    serial: u64,
-    /// Its lock's name, hashed with the map's hasher: a call that gives the token with another
-    /// lock's name does not reach the lease (a check, the token being the lease's identity).
-    name: u64,
-    held: bool,
-    /// The client releases it then (its holder does not renew it); packed (see
-    /// [`clock::pack`](crate::clock::pack)), 8 bytes where an `Option<Instant>` takes 16.
-    release_at: Option<std::num::NonZeroI64>,
-}
-
-impl<C> Tracked<C> {
-    fn release_at(&self) -> Option<Instant> {
-        let at = self.release_at?;
-        Some(Instant::from_std(crate::clock::unpack(at.get())))
-    }
-
-    fn set_release_at(&mut self, at: Option<Instant>) {
-        self.release_at = at.map(packed_release);
-    }
-
-    /// Whether its release is due at `at` (compared packed, as kept).
-    fn release_due(&self, at: Instant) -> bool {
-        self.release_at.is_some_and(|r| r <= packed_release(at))
-    }
-}
-
-/// `at` packed for [`Tracked::release_at`]: the instant the clock's packing starts from (0) is
-/// kept as 1 ns after (the `Option` takes its `None` from the zero), on both sides of a
-/// comparison.
-fn packed_release(at: Instant) -> std::num::NonZeroI64 {
-    const ONE: std::num::NonZeroI64 = std::num::NonZeroI64::new(1).unwrap();
-    std::num::NonZeroI64::new(crate::clock::pack(at.into_std())).unwrap_or(ONE)
-}
-
-impl<C> Tracked<C> {
-    /// The engine's copy of the lease of `token`.
-    fn lease(&self, token: &Token) -> PoolLease<C> {
-        PoolLease {
-            token: token.clone(),
-            key: self.key.clone(),
-            session: self.session.clone(),
-            serial: self.serial,
-        }
-    }
-}
-
 /// foldhash rather than SipHash: these maps are touched on every acquire and release.
 type Hasher = foldhash::fast::RandomState;
 
@@ -308,7 +255,7 @@ struct State<C> {
     sessions: HashMap<u64, SessionState<C>, Hasher>,
     /// Sessions being opened (they count towards the cap).
     opening: usize,
-    leases: HashMap<Token, Tracked<C>, Hasher>,
+    leases: HashMap<CompactToken, Tracked<C>, Hasher>,
     /// The last placement's number.
     serial: u64,
 }
@@ -316,8 +263,28 @@ struct State<C> {
 impl<C> State<C> {
     /// The record of `token` if it is on the lock `name`.
     fn tracked(&self, name: &str, token: &str) -> Option<&Tracked<C>> {
-        let name = self.leases.hasher().hash_one(name);
-        self.leases.get(token).filter(|t| t.name == name)
+        let name = self.name_hash(name);
+        self.lease(token).filter(|t| t.on(name))
+    }
+
+    /// The hash of a lock's name that its records keep (the lowest bit clear, see
+    /// [`Tracked::name_held`]).
+    fn name_hash(&self, name: &str) -> u64 {
+        self.leases.hasher().hash_one(name) & !1
+    }
+
+    /// The record of `token`.
+    fn lease(&self, token: &str) -> Option<&Tracked<C>> {
+        self.leases.get(&CompactToken::of(token))
+    }
+
+    fn lease_mut(&mut self, token: &str) -> Option<&mut Tracked<C>> {
+        self.leases.get_mut(&CompactToken::of(token))
+    }
+
+    /// Drops the record of `token`.
+    fn forget(&mut self, token: &str) -> Option<Tracked<C>> {
+        self.leases.remove(&CompactToken::of(token))
     }
 }
 
@@ -540,9 +507,9 @@ impl<O: SessionOps> SessionPool<O> {
     ) -> bool {
         let mut st = self.state.locked();
         let release_at = (!renewed).then_some(sent + ttl);
-        let tracked = match st.leases.get_mut(lease.token.as_str()) {
+        let tracked = match st.lease_mut(lease.token.as_str()) {
             Some(t) if t.serial == lease.serial => {
-                t.held = true;
+                t.set_held();
                 t.set_release_at(release_at);
                 true
             }
@@ -556,7 +523,7 @@ impl<O: SessionOps> SessionPool<O> {
         }
         drop(st);
         if tracked && let Some(at) = release_at {
-            self.release_at(lease.token.clone(), lease.serial, at);
+            self.release_at(CompactToken::from(&lease.token), lease.serial, at);
         }
         tracked
     }
@@ -629,10 +596,10 @@ impl<O: SessionOps> SessionPool<O> {
     /// The lease of `token` on `name`, if the pool holds it.
     pub fn held(&self, name: &str, token: &str) -> Option<PoolLease<O::Conn>> {
         let st = self.state.locked();
-        let name = st.leases.hasher().hash_one(name);
+        let name = st.name_hash(name);
         st.leases
-            .get_key_value(token)
-            .filter(|(_, t)| t.held && t.name == name)
+            .get_key_value(&CompactToken::of(token))
+            .filter(|(_, t)| t.held() && t.on(name))
             .map(|(token, t)| t.lease(token))
     }
 
@@ -641,12 +608,8 @@ impl<O: SessionOps> SessionPool<O> {
     /// the exclusive one back on that session). `false` when the pool has no such lease.
     pub fn rekey(&self, name: &str, token: &str, key: &str) -> bool {
         let mut st = self.state.locked();
-        let name = st.leases.hasher().hash_one(name);
-        let Some(t) = st
-            .leases
-            .get_mut(token)
-            .filter(|t| t.held && t.name == name)
-        else {
+        let name = st.name_hash(name);
+        let Some(t) = st.lease_mut(token).filter(|t| t.held() && t.on(name)) else {
             return false;
         };
         let key = Key::new(key);
@@ -668,7 +631,7 @@ impl<O: SessionOps> SessionPool<O> {
         let tracked = {
             let mut st = self.state.locked();
             match st.tracked(name, token) {
-                Some(_) => st.leases.remove(token),
+                Some(_) => st.forget(token),
                 None => None,
             }
         };
@@ -686,7 +649,7 @@ impl<O: SessionOps> SessionPool<O> {
             Some(true) => LeaseCheck::Ours,
             // Closed because the unlock failed: the lock went with the session, which held it
             // while it lived.
-            None if t.held => LeaseCheck::Ours,
+            None if t.held() => LeaseCheck::Ours,
             _ => LeaseCheck::Missing,
         }
     }
@@ -754,7 +717,7 @@ impl<O: SessionOps> SessionPool<O> {
                 let i = step * LOOKUPS_PER_LOCK + j;
                 let lease = &item.lease;
                 match st.tracked(lease.name, lease.token.as_str()) {
-                    Some(t) if t.held && !t.session.is_over() => {
+                    Some(t) if t.held() && !t.session.is_over() => {
                         let g = groups
                             .entry(t.session.id)
                             .or_insert_with(|| (t.session.clone(), Vec::new(), Duration::ZERO));
@@ -825,7 +788,7 @@ impl<O: SessionOps> SessionPool<O> {
     fn renewed(&self, item: &RenewItem<'_>, sent: Instant) {
         let moved = {
             let mut st = self.state.locked();
-            match st.leases.get_mut(item.lease.token.as_str()) {
+            match st.lease_mut(item.lease.token.as_str()) {
                 Some(t) if t.release_at.is_some() => {
                     t.set_release_at(Some(sent + item.ttl));
                     Some(t.serial)
@@ -834,14 +797,18 @@ impl<O: SessionOps> SessionPool<O> {
             }
         };
         if let Some(serial) = moved {
-            self.release_at(item.lease.token.clone(), serial, sent + item.ttl);
+            self.release_at(
+                CompactToken::of(item.lease.token.as_str()),
+                serial,
+                sent + item.ttl,
+            );
         }
     }
 
     /// The session holding the lease of `token`, shared with the other leases on it; nothing
     /// if there is none.
     pub fn session_end(&self, token: &str) -> SessionWatch {
-        match self.state.locked().leases.get(token) {
+        match self.state.locked().lease(token) {
             Some(t) => SessionWatch::Shared {
                 session: t.session.id,
                 end: t.session.end.clone(),
@@ -857,8 +824,7 @@ impl<O: SessionOps> SessionPool<O> {
     pub fn still_on(&self, token: &str, session: u64) -> bool {
         self.state
             .locked()
-            .leases
-            .get(token)
+            .lease(token)
             .is_some_and(|t| t.session.id == session)
     }
 
@@ -868,9 +834,9 @@ impl<O: SessionOps> SessionPool<O> {
         let at = Instant::now() + ttl;
         let lease = {
             let mut st = self.state.locked();
-            let name = st.leases.hasher().hash_one(name);
-            match st.leases.get_mut(token) {
-                Some(t) if t.held && t.name == name => {
+            let name = st.name_hash(name);
+            match st.lease_mut(token) {
+                Some(t) if t.held() && t.on(name) => {
                     let at = t.release_at().map_or(at, |r| r.min(at));
                     t.set_release_at(Some(at));
                     Some((t.serial, at))
@@ -879,13 +845,13 @@ impl<O: SessionOps> SessionPool<O> {
             }
         };
         if let Some((serial, at)) = lease {
-            self.release_at(Token::kept(token), serial, at);
+            self.release_at(CompactToken::of(token), serial, at);
         }
     }
 
     /// Releases the lease of `token` (placement `serial`) at `at`, unless it is released or
     /// its release moves before.
-    fn release_at(&self, token: Token, serial: u64, at: Instant) {
+    fn release_at(&self, token: CompactToken, serial: u64, at: Instant) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -897,13 +863,9 @@ impl<O: SessionOps> SessionPool<O> {
                 let mut st = pool.state.locked();
                 let due = st
                     .leases
-                    .get(token.as_str())
+                    .get(&token)
                     .is_some_and(|t| t.serial == serial && t.release_due(at));
-                if due {
-                    st.leases.remove(token.as_str())
-                } else {
-                    None
-                }
+                if due { st.leases.remove(&token) } else { None }
             };
             if let Some(t) = due {
                 pool.release_tracked(t).await;
@@ -981,6 +943,8 @@ async fn sweep<O: SessionOps>(pool: Weak<SessionPool<O>>) {
 
 mod key;
 mod place;
+mod record;
+use record::Tracked;
 
 use key::Key;
 

@@ -5,10 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use std::hash::BuildHasher;
-
 use super::{Key, PoolLease, State, Tracked};
-use crate::token::Token;
+use crate::token::{CompactToken, Token};
 
 pub(super) enum Choice {
     HeldHere,
@@ -103,16 +101,14 @@ pub(super) fn reserve<C>(
     st.serial += 1;
     let token = Token::kept(token);
     if !token.as_str().is_empty() {
-        let name = st.leases.hasher().hash_one(name);
         let tracked = Tracked {
             key: key.clone(),
             session: session.clone(),
             serial: st.serial,
-            name,
-            held: false,
+            name_held: st.name_hash(name),
             release_at: None,
         };
-        st.leases.insert(token.clone(), tracked);
+        st.leases.insert(CompactToken::from(&token), tracked);
     }
     PoolLease {
         token,
@@ -125,12 +121,8 @@ pub(super) fn reserve<C>(
 /// Drops the lease's tracking and its name's reservation (if they are still this lease's).
 pub(super) fn forget<C>(st: &mut State<C>, lease: &PoolLease<C>) {
     let token = lease.token.as_str();
-    if st
-        .leases
-        .get(token)
-        .is_some_and(|t| t.serial == lease.serial)
-    {
-        st.leases.remove(token);
+    if st.lease(token).is_some_and(|t| t.serial == lease.serial) {
+        st.forget(token);
     }
     if let Some(s) = st.sessions.get_mut(&lease.session.id) {
         if s.keys.get(&lease.key) == Some(&false) {

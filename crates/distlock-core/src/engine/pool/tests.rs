@@ -317,8 +317,12 @@ async fn a_held_lock_is_one_record_with_its_server_name_inline() {
     let lease = take(&p, "once", token.as_str()).await;
     {
         let st = p.state.locked();
-        let (kept, t) = st.leases.get_key_value(token.as_str()).unwrap();
-        assert_eq!(*kept, token);
+        let (kept, t) = st
+            .leases
+            .get_key_value(&CompactToken::of(token.as_str()))
+            .unwrap();
+        assert_eq!(kept.to_token(), token);
+        assert!(t.held());
         assert_eq!(t.serial, lease.serial);
         assert!(matches!(t.key, super::Key::Inline { .. }));
         assert_eq!(t.key, lease.key);
@@ -371,6 +375,7 @@ async fn a_rekeyed_lease_still_hears_its_session_end_and_its_deadline() {
 /// The pool's record of a lease, in its map by token (a client holds 100,000 leases).
 #[cfg(target_pointer_width = "64")]
 #[test]
-fn a_tracked_lease_is_a_record_of_64_bytes() {
-    assert_eq!(std::mem::size_of::<Tracked<()>>(), 64);
+fn a_tracked_lease_is_a_record_of_56_bytes() {
+    assert_eq!(std::mem::size_of::<Tracked<()>>(), 56);
+    assert_eq!(std::mem::size_of::<(CompactToken, Tracked<()>)>(), 80);
 }

@@ -13,34 +13,45 @@ use std::sync::Arc;
 
 use super::{Entry, QueuedEntry};
 use crate::engine::LeaseKind;
-use crate::token::Token;
+use crate::token::{CompactToken, Token};
 
 /// One entry of ours, without its name (the map's key).
 #[derive(Debug, Clone)]
 struct Item<Id> {
-    token: Token,
+    /// Its token (the lease has the token too: the compact form, 24 bytes where a `Token`
+    /// takes 40).
+    token: CompactToken,
     entry: QueuedEntry<Id>,
-    /// Its fence, [`NO_FENCE`] for none (8 bytes where an `Option<u64>` takes 16).
-    fence: u64,
-    held: bool,
+    /// Whether it holds its lease ([`HELD`]), and its fence in the other 63 bits,
+    /// [`NO_FENCE`] for none: 8 bytes where an `Option<u64>` and a `bool` take 24.
+    fence_held: u64,
 }
 
-/// [`Item::fence`] when the store gives no fence (no store gives the largest `u64`: etcd's
-/// revisions and ZooKeeper's zxids are `i64`s).
-const NO_FENCE: u64 = u64::MAX;
+/// The bit of [`Item::fence_held`] set while the entry holds its lease.
+const HELD: u64 = 1 << 63;
+
+/// [`Item::fence_held`]'s fence when the store gives none. Stores give fences below it: etcd's
+/// revisions and ZooKeeper's zxids are positive `i64`s, and `i64::MAX` is never reached (a
+/// fence from it up would read as none).
+const NO_FENCE: u64 = HELD - 1;
 
 impl<Id: Clone> Item<Id> {
-    fn new(token: Token, e: Entry<Id>) -> Self {
+    fn new(token: &Token, e: Entry<Id>) -> Self {
+        let fence = e.fence.map_or(NO_FENCE, |f| f.min(NO_FENCE));
         Item {
-            token,
+            token: CompactToken::from(token),
             entry: e.entry,
-            fence: e.fence.unwrap_or(NO_FENCE),
-            held: e.held,
+            fence_held: fence | if e.held { HELD } else { 0 },
         }
     }
 
     fn fence(&self) -> Option<u64> {
-        (self.fence != NO_FENCE).then_some(self.fence)
+        let fence = self.fence_held & !HELD;
+        (fence != NO_FENCE).then_some(fence)
+    }
+
+    fn held(&self) -> bool {
+        self.fence_held & HELD != 0
     }
 
     fn to_entry(&self, name: &Arc<str>) -> Entry<Id> {
@@ -48,7 +59,7 @@ impl<Id: Clone> Item<Id> {
             name: name.clone(),
             entry: self.entry.clone(),
             fence: self.fence(),
-            held: self.held,
+            held: self.held(),
         }
     }
 }
@@ -69,7 +80,7 @@ impl<Id> Items<Id> {
     }
 
     fn find(&self, token: &str) -> Option<&Item<Id>> {
-        self.as_slice().iter().find(|i| i.token.as_str() == token)
+        self.as_slice().iter().find(|i| i.token.matches(token))
     }
 
     fn push(&mut self, item: Item<Id>) {
@@ -108,7 +119,7 @@ impl<Id: Clone> RecipeState<Id> {
     pub(super) fn insert(&mut self, token: Token, e: Entry<Id>) {
         self.remove(&e.name, token.as_str());
         let name = e.name.clone();
-        let item = Item::new(token, e);
+        let item = Item::new(&token, e);
         self.count += 1;
         match self.by_name.get_mut(&*name) {
             Some(items) => items.push(item),
@@ -125,7 +136,7 @@ impl<Id: Clone> RecipeState<Id> {
         let at = items
             .as_slice()
             .iter()
-            .position(|i| i.token.as_str() == token)?;
+            .position(|i| i.token.matches(token))?;
         let item = match self.by_name.get_mut(name)? {
             Items::One(_) => match self.by_name.remove(name) {
                 Some(Items::One(item)) => item,
@@ -147,12 +158,12 @@ impl<Id: Clone> RecipeState<Id> {
             }
         };
         self.count -= 1;
-        let fence = item.fence();
+        let (fence, held) = (item.fence(), item.held());
         Some(Entry {
             name: key,
             entry: item.entry,
             fence,
-            held: item.held,
+            held,
         })
     }
 
@@ -165,7 +176,7 @@ impl<Id: Clone> RecipeState<Id> {
     /// The id of `token`'s entry of `name` if it holds its lease (no copy of the rest).
     pub(super) fn held_id(&self, name: &str, token: &str) -> Option<Id> {
         let item = self.by_name.get(name)?.find(token)?;
-        item.held.then(|| item.entry.id.clone())
+        item.held().then(|| item.entry.id.clone())
     }
 
     /// Marks `token`'s entry of `name` as holding its lease.
@@ -175,10 +186,10 @@ impl<Id: Clone> RecipeState<Id> {
         };
         let item = match items {
             Items::One(item) => Some(item),
-            Items::Many(items) => items.iter_mut().find(|i| i.token.as_str() == token),
+            Items::Many(items) => items.iter_mut().find(|i| i.token.matches(token)),
         };
-        if let Some(item) = item.filter(|i| i.token.as_str() == token) {
-            item.held = true;
+        if let Some(item) = item.filter(|i| i.token.matches(token)) {
+            item.fence_held |= HELD;
         }
     }
 
@@ -189,7 +200,7 @@ impl<Id: Clone> RecipeState<Id> {
             .by_name
             .get(name)
             .and_then(|items| items.find(token))
-            .map(|i| i.token.clone())
+            .map(|i| i.token.to_token())
         else {
             return;
         };
@@ -208,8 +219,8 @@ impl<Id: Clone> RecipeState<Id> {
         items
             .as_slice()
             .iter()
-            .filter(|i| i.held)
-            .map(|i| (i.token.to_string(), i.to_entry(key)))
+            .filter(|i| i.held())
+            .map(|i| (i.token.to_token().to_string(), i.to_entry(key)))
             .collect()
     }
 
@@ -222,8 +233,8 @@ impl<Id: Clone> RecipeState<Id> {
             items
                 .as_slice()
                 .iter()
-                .filter(|i| !i.held && i.entry.kind == LeaseKind::Exclusive)
-                .map(|i| i.token.clone())
+                .filter(|i| !i.held() && i.entry.kind == LeaseKind::Exclusive)
+                .map(|i| i.token.to_token())
                 .collect()
         });
         tokens
@@ -301,6 +312,20 @@ mod tests {
         // The key (16 bytes) and the entry inline (an etcd key's id: 16 bytes): no Vec, no
         // second map by token.
         let slot = std::mem::size_of::<(Arc<str>, Items<Arc<str>>)>();
-        assert!(slot <= 112, "{slot}");
+        assert!(slot <= 88, "{slot}");
+        // A fence and whether the entry is held share one word, and read back apart.
+        let name: Arc<str> = "n".into();
+        let t = Token::generate();
+        for (fence, held) in [
+            (Some(0), true),
+            (Some(7), false),
+            (None, true),
+            (None, false),
+        ] {
+            let mut e = entry(&name, 1, LeaseKind::Exclusive, held);
+            e.fence = fence;
+            let item = Item::new(&t, e);
+            assert_eq!((item.fence(), item.held()), (fence, held));
+        }
     }
 }
