@@ -204,6 +204,9 @@ pub(crate) async fn attempt<B: Backend>(
         armed: true,
     };
     let mut resent = 0;
+    // Whether an acquisition found from earlier ran out before it was confirmed, and was asked
+    // for again (once).
+    let mut started_over = false;
     let (sent, fence) = loop {
         let sent = driver.now();
         match driver.acquire(&req).await {
@@ -227,6 +230,16 @@ pub(crate) async fn attempt<B: Backend>(
                 let sent = driver.now();
                 match driver.renew(&req.lease(), ttl).await {
                     Ok(LeaseCheck::Ours) => break (sent, fence),
+                    Ok(check) if !started_over && options.acquire_retries() > 0 => {
+                        // It ran out before we could use it (the first send's reply was slow,
+                        // a member was killed under it): that says nothing of anybody else
+                        // holding the lock, so it is asked for once more, as a resend (our
+                        // entry, if it is there after all, is found and renewed).
+                        started_over = true;
+                        req = req.retry(true);
+                        tracing::debug!(target: "distlock", key, ?check, ?age,
+                            "an acquisition counted from earlier ran out unconfirmed; asking again");
+                    }
                     Ok(check) => {
                         tracing::debug!(target: "distlock", key, ?check, ?age,
                             "an acquisition counted from earlier was not confirmed by a renewal");

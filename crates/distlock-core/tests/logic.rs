@@ -19,6 +19,9 @@ use distlock_core::{
 enum Renew {
     Ok,
     Missing,
+    /// Missing, once: the lease ran out (the fake forgets it, and answers later acquisitions
+    /// as taken now); then `Ok`.
+    MissingOnce,
     Foreign,
     Fail,
 }
@@ -169,9 +172,16 @@ impl Backend for FakeEngine {
             self.0.renewing.fetch_sub(1, Ordering::SeqCst);
         }
         tokio::task::yield_now().await;
-        match *self.0.renew.lock().unwrap() {
+        let mut renew = self.0.renew.lock().unwrap();
+        match *renew {
             Renew::Ok => Ok(LeaseCheck::Ours),
             Renew::Missing => Ok(LeaseCheck::Missing),
+            Renew::MissingOnce => {
+                *renew = Renew::Ok;
+                *self.0.taken_ago.lock().unwrap() = None;
+                self.0.state.lock().unwrap().locks.remove(lease.name);
+                Ok(LeaseCheck::Missing)
+            }
             Renew::Foreign => Ok(LeaseCheck::Foreign),
             Renew::Fail => Err(LockError::new(ErrorKind::Connection, "down")),
         }
@@ -300,6 +310,9 @@ mod sessions;
 #[path = "logic/renewals.rs"]
 mod renewals;
 
+#[path = "logic/resends.rs"]
+mod resends;
+
 fn ttl_opts(ttl_ms: u64) -> distlock_core::LockOptionsBuilder {
     LockOptions::builder().ttl(Duration::from_millis(ttl_ms))
 }
@@ -324,111 +337,6 @@ async fn validity_counts_from_when_the_request_was_sent() {
     clock.advance(Duration::from_millis(1));
     assert!(!g.is_held(), "held past send + ttl − drift");
     let _ = g.leak();
-}
-
-#[tokio::test]
-async fn a_lost_reply_is_resent_with_the_same_token_and_counted_once() {
-    let fake = Arc::new(Fake::new());
-    fake.lose_replies.store(2, Ordering::SeqCst);
-    let client = LockClient::new(FakeEngine(fake.clone()));
-    let g = client
-        .try_acquire("k")
-        .await
-        .unwrap()
-        .expect("ours after two lost replies");
-    assert_eq!(g.fence(), Some(1), "the fence was counted once");
-    let seen = fake.state.lock().unwrap().tokens_seen.clone();
-    assert_eq!(seen.len(), 3);
-    assert!(
-        seen.iter().all(|t| t == g.token().as_str()),
-        "resends reuse the token"
-    );
-    assert_eq!(g.release().await.unwrap(), Released::Held);
-}
-
-/// Waits (half a second at most) until the fake holds no lock: a given-up acquire's clean-up
-/// runs in the background.
-async fn until_no_lock_left(fake: &Fake) {
-    for _ in 0..100 {
-        if fake.state.lock().unwrap().locks.is_empty() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-#[tokio::test]
-async fn giving_up_after_ambiguous_errors_releases_what_may_have_been_taken() {
-    let fake = Arc::new(Fake::new());
-    fake.lose_replies.store(10, Ordering::SeqCst);
-    let client = LockClient::new(FakeEngine(fake.clone()));
-    let e = client.try_acquire("k").await.expect_err("every reply lost");
-    assert_eq!(e.kind(), ErrorKind::Timeout);
-    until_no_lock_left(&fake).await;
-    let st = fake.state.lock().unwrap();
-    assert!(
-        st.locks.is_empty(),
-        "a lock taken by a lost request was left behind"
-    );
-    assert_eq!(st.released.len(), 1);
-    assert_eq!(st.released[0], st.tokens_seen[0]);
-}
-
-#[tokio::test]
-async fn a_resend_refused_outright_still_cleans_up_what_the_lost_reply_took() {
-    // The first request took the lock and its reply was lost; the resend was refused (say, no
-    // leader): a clear error, but about the resend only.
-    let fake = Arc::new(Fake::new());
-    fake.lose_replies.store(1, Ordering::SeqCst);
-    fake.refuse_from_attempt.store(2, Ordering::SeqCst);
-    let client = LockClient::new(FakeEngine(fake.clone()));
-    let e = client.try_acquire("k").await.expect_err("refused");
-    assert_eq!(e.kind(), ErrorKind::Protocol);
-    until_no_lock_left(&fake).await;
-    let st = fake.state.lock().unwrap();
-    assert!(
-        st.locks.is_empty(),
-        "the lock the lost reply took was left behind"
-    );
-    assert_eq!(st.released, vec![st.tokens_seen[0].clone()]);
-}
-
-#[tokio::test]
-async fn an_earlier_acquisition_the_engine_denies_is_still_released() {
-    // Taken long ago (a place that came up while the queue was read, say), and the renewal
-    // that should confirm it answers that it is gone: a replica just promoted may answer so
-    // before it has applied the write. The attempt reports the lock busy, and releases the
-    // token all the same, so that a write applied after all is not left to keep the lock.
-    let fake = Arc::new(Fake::new());
-    *fake.taken_ago.lock().unwrap() = Some(Duration::from_secs(25));
-    *fake.renew.lock().unwrap() = Renew::Missing;
-    let client = LockClient::new(FakeEngine(fake.clone()));
-    assert!(client.try_acquire("k").await.unwrap().is_none());
-    until_no_lock_left(&fake).await;
-    let st = fake.state.lock().unwrap();
-    assert!(
-        st.locks.is_empty(),
-        "the denied acquisition was left behind"
-    );
-    assert_eq!(st.released, vec![st.tokens_seen[0].clone()]);
-}
-
-#[tokio::test]
-async fn a_clear_refusal_is_not_resent() {
-    let fake = Arc::new(Fake::new());
-    let client = LockClient::new(FakeEngine(fake.clone()));
-    let other = LockClient::new(FakeEngine(fake.clone()));
-    let holder = client.try_acquire("k").await.unwrap().expect("free");
-    assert!(other.try_acquire("k").await.unwrap().is_none());
-    assert_eq!(
-        fake.state.lock().unwrap().tokens_seen.len(),
-        2,
-        "busy is an answer, not resent"
-    );
-    // The holder's own client knows the lock is taken here: no request at all.
-    assert!(client.try_acquire("k").await.unwrap().is_none());
-    assert_eq!(fake.state.lock().unwrap().tokens_seen.len(), 2);
-    assert_eq!(holder.release().await.unwrap(), Released::Held);
 }
 
 async fn lost_with(renew: Renew) -> (LostReason, Duration) {
