@@ -75,10 +75,24 @@ pub(crate) fn kind_of(child: &str) -> LeaseKind {
 
 /// The name of a lock node before ZooKeeper appends its sequence number.
 fn node_prefix(parent: &str, token: &str, kind: LeaseKind) -> String {
-    match kind {
-        LeaseKind::Exclusive => format!("{parent}/_c_{token}-lock-"),
-        k => format!("{parent}/_c_{token}-{}-lock-", k.tag()),
-    }
+    let mut out = String::new();
+    push_node_prefix(&mut out, parent, token, kind);
+    out
+}
+
+/// [`node_prefix`], appended to `out` (the parent may be given as its parts, unformatted).
+fn push_node_prefix(
+    out: &mut String,
+    parent: impl std::fmt::Display,
+    token: &str,
+    kind: LeaseKind,
+) {
+    use std::fmt::Write;
+    // Formatting into a `String` cannot fail.
+    let _ = match kind {
+        LeaseKind::Exclusive => write!(out, "{parent}/_c_{token}-lock-"),
+        k => write!(out, "{parent}/_c_{token}-{}-lock-", k.tag()),
+    };
 }
 
 impl ZkStore {
@@ -377,10 +391,7 @@ fn write_path(out: &mut String, prefix: &str, name: &str, token: &str, node: &No
             // As `node_prefix` names it, then the sequence number as ZooKeeper writes it: ten
             // digits, the sign among them; nineteen past 2^31 − 1 (a 64-bit sequence,
             // ZOOKEEPER-4706). Formatting into a `String` cannot fail.
-            let _ = match kind {
-                LeaseKind::Exclusive => write!(out, "{prefix}/{name}/_c_{token}-lock-"),
-                k => write!(out, "{prefix}/{name}/_c_{token}-{}-lock-", k.tag()),
-            };
+            push_node_prefix(out, format_args!("{prefix}/{name}"), token, *kind);
             let _ = if *seq <= i64::from(i32::MAX) {
                 write!(out, "{seq:010}")
             } else {

@@ -41,10 +41,6 @@ impl Key {
             Key::Shared(s) => s,
         }
     }
-
-    pub(super) fn is_empty(&self) -> bool {
-        self.as_str().is_empty()
-    }
 }
 
 impl std::ops::Deref for Key {
