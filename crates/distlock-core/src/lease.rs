@@ -119,7 +119,11 @@ pub(crate) struct LeaseShared {
     /// Shared with the client's local queue of the name (one copy of a name a lease).
     key: Arc<str>,
     token: Token,
-    kind: LeaseKind,
+    /// The kind it was taken as, in 5 bytes where a `LeaseKind` takes 8 (see
+    /// [`kind`](Self::kind)): [`KIND_EXCLUSIVE`], [`KIND_SHARED`] or [`KIND_PERMIT`] with
+    /// its `permits`.
+    kind_tag: u8,
+    permits: u32,
     /// The fence, [`NO_FENCE`] for none (8 bytes where an `Option` takes 16: every engine's
     /// fence is at most `i64::MAX`, a server's signed 64-bit counter or the file engine's,
     /// which stops there, so the value is never a fence).
@@ -131,9 +135,10 @@ pub(crate) struct LeaseShared {
     state: Mutex<Packed>,
     /// Woken when the lease ends or its deadline moves, and when a renewal lets go of the gate.
     /// Made by the first task that waits (see [`changed`](Self::changed)): most leases are
-    /// never waited on, and 16 bytes here where the `Notify` takes 32 keep the lease in a
-    /// smaller allocation.
-    changed: std::sync::OnceLock<Box<Notify>>,
+    /// never waited on, and 8 bytes here (a pointer set once; two first waiters may both make
+    /// one, and the loser's goes) where the `Notify` takes 32 keep the lease in a smaller
+    /// allocation.
+    changed: once_cell::race::OnceBox<Notify>,
     /// When this holder's acquire (or the hand-off renewal) was sent: `max_hold` counts from here
     /// (packed, see [`Packed`]).
     acquired_at: i64,
@@ -157,6 +162,11 @@ pub(crate) struct LeaseShared {
     /// session has it watched there too.
     watched_session: AtomicU64,
 }
+
+/// [`LeaseShared::kind_tag`]s.
+const KIND_EXCLUSIVE: u8 = 0;
+const KIND_SHARED: u8 = 1;
+const KIND_PERMIT: u8 = 2;
 
 /// [`LeaseShared::fence`] when the lease has none.
 const NO_FENCE: u64 = u64::MAX;
@@ -259,12 +269,20 @@ impl LeaseShared {
         LeaseShared {
             key: spec.key,
             token: spec.token,
-            kind: spec.kind,
+            kind_tag: match spec.kind {
+                LeaseKind::Exclusive => KIND_EXCLUSIVE,
+                LeaseKind::Shared => KIND_SHARED,
+                LeaseKind::Permit { .. } => KIND_PERMIT,
+            },
+            permits: match spec.kind {
+                LeaseKind::Permit { permits } => permits,
+                _ => 0,
+            },
             fence: spec.fence.unwrap_or(NO_FENCE),
             recorded: spec.recorded,
             ctx: shared_context(spec.options, spec.clock, spec.engine),
             state: Mutex::new(Packed::new(&state)),
-            changed: std::sync::OnceLock::new(),
+            changed: once_cell::race::OnceBox::new(),
             acquired_at: pack(sent_at),
             streak,
             renewals: std::sync::atomic::AtomicU32::new(0),
@@ -299,16 +317,27 @@ impl LeaseShared {
     }
 
     pub(crate) fn kind(&self) -> LeaseKind {
-        if self.kind == LeaseKind::Exclusive && self.downgraded.load(Ordering::Acquire) {
-            LeaseKind::Shared
-        } else {
-            self.kind
+        match self.taken_as() {
+            LeaseKind::Exclusive if self.downgraded.load(Ordering::Acquire) => LeaseKind::Shared,
+            kind => kind,
+        }
+    }
+
+    /// The kind it was taken as (before any downgrade).
+    fn taken_as(&self) -> LeaseKind {
+        match self.kind_tag {
+            KIND_SHARED => LeaseKind::Shared,
+            KIND_PERMIT => LeaseKind::Permit {
+                permits: self.permits,
+            },
+            _ => LeaseKind::Exclusive,
         }
     }
 
     /// Records that the engine has turned this writer into a reader.
     pub(crate) fn set_downgraded(&self) {
-        if !self.downgraded.swap(true, Ordering::AcqRel) && self.kind == LeaseKind::Exclusive {
+        if !self.downgraded.swap(true, Ordering::AcqRel) && self.taken_as() == LeaseKind::Exclusive
+        {
             crate::metrics::held(self.ctx.engine, LeaseKind::Exclusive, -1.0);
             crate::metrics::held(self.ctx.engine, LeaseKind::Shared, 1.0);
         }

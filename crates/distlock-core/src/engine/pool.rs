@@ -235,8 +235,8 @@ struct SessionState<C> {
     session: Arc<Session<C>>,
     /// The TTL of the leases it was opened for: later leases of that TTL prefer it.
     ttl: Duration,
-    /// The server names on it, held (`true`) or being taken (`false`).
-    keys: HashMap<Key, bool, Hasher>,
+    /// The server names on it, held or being taken.
+    keys: Names,
     /// Requests placing a lease on it right now.
     placing: usize,
     /// The server must keep the session at least until then (the latest deadline any lease on
@@ -447,7 +447,7 @@ impl<O: SessionOps> SessionPool<O> {
                     SessionState {
                         session,
                         ttl,
-                        keys: HashMap::default(),
+                        keys: Names::default(),
                         placing: 0,
                         keep_until: None,
                         timeout: None,
@@ -517,8 +517,8 @@ impl<O: SessionOps> SessionPool<O> {
         };
         if let Some(s) = st.sessions.get_mut(&lease.session.id) {
             s.placing = s.placing.saturating_sub(1);
-            if tracked && let Some(held) = s.keys.get_mut(&lease.key) {
-                *held = true;
+            if tracked {
+                s.keys.taken(&lease.key);
             }
         }
         drop(st);
@@ -616,8 +616,7 @@ impl<O: SessionOps> SessionPool<O> {
         let old = std::mem::replace(&mut t.key, key.clone());
         let session = t.session.id;
         if let Some(s) = st.sessions.get_mut(&session) {
-            s.keys.remove(&*old);
-            s.keys.insert(key, true);
+            s.keys.rename(&old, key);
         }
         true
     }
@@ -942,8 +941,10 @@ async fn sweep<O: SessionOps>(pool: Weak<SessionPool<O>>) {
 }
 
 mod key;
+mod names;
 mod place;
 mod record;
+use names::Names;
 use record::Tracked;
 
 use key::Key;

@@ -45,7 +45,7 @@ pub(super) fn choose<C>(st: &mut State<C>, key: &str, ttl: Duration, cap: usize)
     let shared = key.starts_with(SHARED_PREFIX);
     if let Some(other) = &other
         && st.sessions.values().any(|s| {
-            s.keys.get(other.as_str()) == Some(&true) || (!shared && s.keys.get(key) == Some(&true))
+            s.keys.get(other.as_str()) == Some(true) || (!shared && s.keys.get(key) == Some(true))
         })
     {
         return Choice::HeldHere;
@@ -54,7 +54,7 @@ pub(super) fn choose<C>(st: &mut State<C>, key: &str, ttl: Duration, cap: usize)
         st.sessions.iter().filter(|(_, s)| {
             other
                 .as_ref()
-                .is_none_or(|o| !s.keys.contains_key(key) && !s.keys.contains_key(o.as_str()))
+                .is_none_or(|o| !s.keys.contains(key) && !s.keys.contains(o.as_str()))
         })
     };
     let best = |same_ttl: bool| {
@@ -95,7 +95,7 @@ pub(super) fn reserve<C>(
     s.empty_since = None;
     let key = Key::new(key);
     if !key.is_empty() {
-        s.keys.insert(key.clone(), false);
+        s.keys.taking(key.clone());
     }
     let session = s.session.clone();
     st.serial += 1;
@@ -125,9 +125,7 @@ pub(super) fn forget<C>(st: &mut State<C>, lease: &PoolLease<C>) {
         st.forget(token);
     }
     if let Some(s) = st.sessions.get_mut(&lease.session.id) {
-        if s.keys.get(&lease.key) == Some(&false) {
-            s.keys.remove(&lease.key);
-        }
+        s.keys.remove_taking(&lease.key);
         if s.keys.is_empty() {
             s.empty_since = Some(Instant::now());
         }

@@ -327,8 +327,8 @@ async fn a_held_lock_is_one_record_with_its_server_name_inline() {
         assert!(matches!(t.key, super::Key::Inline { .. }));
         assert_eq!(t.key, lease.key);
         let s = st.sessions.values().next().unwrap();
-        let (key, held) = s.keys.get_key_value("once").unwrap();
-        assert!(*held);
+        assert_eq!(s.keys.get("once"), Some(true));
+        let key = s.keys.held_key("once").unwrap();
         assert!(matches!(key, super::Key::Inline { .. }));
     }
     drop(lease);
