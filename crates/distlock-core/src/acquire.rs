@@ -230,14 +230,15 @@ pub(crate) async fn attempt<B: Backend>(
                 let sent = driver.now();
                 match driver.renew(&req.lease(), ttl).await {
                     Ok(LeaseCheck::Ours) => break (sent, fence),
-                    Ok(check) if !started_over && options.acquire_retries() > 0 => {
+                    Ok(LeaseCheck::Missing) if !started_over && options.acquire_retries() > 0 => {
                         // It ran out before we could use it (the first send's reply was slow,
                         // a member was killed under it): that says nothing of anybody else
                         // holding the lock, so it is asked for once more, as a resend (our
-                        // entry, if it is there after all, is found and renewed).
+                        // entry, if it is there after all, is found and renewed). The clean-up
+                        // stays armed whatever that answers (see below).
                         started_over = true;
                         req = req.retry(true);
-                        tracing::debug!(target: "distlock", key, ?check, ?age,
+                        tracing::debug!(target: "distlock", key, ?age,
                             "an acquisition counted from earlier ran out unconfirmed; asking again");
                     }
                     Ok(check) => {
@@ -255,7 +256,10 @@ pub(crate) async fn attempt<B: Backend>(
                 }
             }
             Ok(Attempt::Busy { holder_ttl }) => {
-                cleanup.armed = false;
+                // After an unconfirmed acquisition from earlier, a first attempt still gives
+                // its token back (an answer from a replica just promoted may not list that
+                // write yet); a waiter keeps its place in the queue.
+                cleanup.armed = started_over && !queue;
                 return Ok(Attempted::Busy(holder_ttl));
             }
             Err(e) if e.is_ambiguous() && resent < options.acquire_retries() => {
@@ -268,7 +272,7 @@ pub(crate) async fn attempt<B: Backend>(
                 // Leave cleanup armed only if a request may have taken the lock: this one, or
                 // an earlier send whose reply was lost (a resend refused outright, say for no
                 // leader, says nothing about what the first one did).
-                cleanup.armed = e.is_ambiguous() || resent > 0;
+                cleanup.armed = e.is_ambiguous() || resent > 0 || started_over;
                 return Err(e);
             }
         }

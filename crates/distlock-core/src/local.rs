@@ -22,7 +22,8 @@ struct Waiter<T> {
 }
 
 struct KeyQueue<T> {
-    /// The key (the holder's lease's copy while the queue has a holder).
+    /// The key: the copy of the lease or the waiter that made the queue (see
+    /// [`LocalQueues::set_holder`]).
     name: Arc<str>,
     /// The lease a task of this client holds on the key, if any.
     holder: Option<Arc<LeaseShared>>,
@@ -76,7 +77,7 @@ enum Slot<T> {
 }
 
 impl<T> Slot<T> {
-    /// The key it is for (its map's key).
+    /// The key it is for (its table finds it by this).
     fn name(&self) -> &str {
         match self {
             Slot::Held(h) => h.key(),

@@ -219,12 +219,20 @@ impl Sessions {
         shared: bool,
         clock: &Arc<dyn Clock>,
     ) -> Result<Arc<Session>, LockError> {
-        let sent = clock.now();
+        // When the request that was answered was sent: the lease runs from after that. A try
+        // given up before it (a member killed under it) may have granted a lease too, another
+        // one, which nobody uses; counting from that try instead made a session granted after
+        // a 2 s response timeout look expired at once.
+        let tried = Mutex::new(clock.now());
         let granted = self
             .members
-            .retry(|c| async move { c.lease_grant(asked).await })
+            .retry(|c| {
+                *tried.locked() = clock.now();
+                async move { c.lease_grant(asked).await }
+            })
             .await
             .map_err(|e| map_err(e, "granting an etcd session lease"))?;
+        let sent = *tried.locked();
         if !granted.error.is_empty() {
             return Err(LockError::new(
                 ErrorKind::Protocol,

@@ -490,3 +490,38 @@ async fn a_revoked_lease_ends_leadership_at_once() {
     assert!(at.duration_since(t0) < Duration::from_secs(2));
     assert!(next.resign().await.unwrap().was_held());
 }
+
+/// A resend (after a lost reply, or after an acquisition found from earlier ran out before it
+/// was confirmed) whose key is gone asks for the lock again: it is not told that its place in
+/// a queue was lost (which would end a wait, or report a free lock as unreachable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_whose_key_is_gone_takes_the_lock_again() {
+    let Some(etcd) = Etcd::start() else { return };
+    let backend = EtcdBackend::connect(&etcd.url("")).await.expect("connect");
+    let prefix = backend.lock_prefix("resent");
+    let token = Token::generate();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let req = AcquireRequest::new("resent", &token, Duration::from_secs(5), "test", &clock);
+    let first = backend.acquire(&req).await.unwrap();
+    assert!(matches!(first, Attempt::Acquired { .. }), "{first:?}");
+    // The key goes (its lease ran out, say) while the client still has the entry.
+    let gone = etcd.ctl(&["del", &prefix, "--prefix"]);
+    assert_eq!(gone, "1", "one key deleted");
+    let resend =
+        AcquireRequest::new("resent", &token, Duration::from_secs(5), "test", &clock).retry(true);
+    let again = backend.acquire(&resend).await;
+    assert!(
+        matches!(
+            again,
+            Ok(Attempt::Acquired { .. } | Attempt::AcquiredEarlier { .. })
+        ),
+        "{again:?}"
+    );
+    assert_eq!(keys_under(&etcd, &prefix).len(), 1, "its key is back");
+    let released = backend
+        .release(&LeaseRef::new("resent", &token, LeaseKind::Exclusive))
+        .await
+        .unwrap();
+    assert_eq!(released, distlock_core::engine::LeaseCheck::Ours);
+    assert!(keys_under(&etcd, &prefix).is_empty());
+}

@@ -264,41 +264,52 @@ impl<S: QueueStore> QueueRecipe<S> {
     /// The store's; `Lost` when a waiting entry left the queue (its session ended).
     pub async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         let token = req.token.as_str();
-        let known = self.state.locked().get(req.name, token);
-        let (entry, fence, listed, age) = match known {
-            Some(e) => (e.entry, e.fence, None, None),
-            None => match self.store.join(req).await? {
-                JoinOutcome::Busy => return Ok(Attempt::Busy { holder_ttl: None }),
-                JoinOutcome::Joined(j) => {
-                    self.state.locked().insert(
-                        req.token.clone(),
-                        Entry {
-                            name: req.name_arc(),
-                            entry: j.entry.clone(),
-                            fence: j.fence,
-                            held: false,
-                        },
-                    );
-                    (j.entry, j.fence, j.ahead, j.age)
-                }
-            },
-        };
-        let ahead = match listed {
-            Some(a) => a,
-            None => match self.store.ahead(req.name, &entry, req.kind).await? {
+        let mut known = self.state.locked().get(req.name, token);
+        let (entry, fence, ahead, age) = loop {
+            let from_state = known.is_some();
+            let (entry, fence, listed, age) = match known.take() {
+                Some(e) => (e.entry, e.fence, None, None),
+                None => match self.store.join(req).await? {
+                    JoinOutcome::Busy => return Ok(Attempt::Busy { holder_ttl: None }),
+                    JoinOutcome::Joined(j) => {
+                        self.state.locked().insert(
+                            req.token.clone(),
+                            Entry {
+                                name: req.name_arc(),
+                                entry: j.entry.clone(),
+                                fence: j.fence,
+                                held: false,
+                            },
+                        );
+                        (j.entry, j.fence, j.ahead, j.age)
+                    }
+                },
+            };
+            let ahead = match listed {
                 Some(a) => a,
-                None => {
-                    self.state.locked().remove(req.name, token);
-                    return Err(LockError::new(
-                        ErrorKind::Lost,
-                        format!(
-                            "our place in the queue of {:?} is gone (its session ended or the \
-                             entry was deleted)",
-                            req.name
-                        ),
-                    ));
-                }
-            },
+                None => match self.store.ahead(req.name, &entry, req.kind).await? {
+                    Some(a) => a,
+                    None => {
+                        self.state.locked().remove(req.name, token);
+                        // A resend (a reply was lost, or an acquisition from earlier ran out
+                        // before it was confirmed) whose entry went with its session joins
+                        // again, at the back: `Lost` would end a wait, or report a free lock
+                        // as unreachable.
+                        if from_state && req.retry {
+                            continue;
+                        }
+                        return Err(LockError::new(
+                            ErrorKind::Lost,
+                            format!(
+                                "our place in the queue of {:?} is gone (its session ended or \
+                                 the entry was deleted)",
+                                req.name
+                            ),
+                        ));
+                    }
+                },
+            };
+            break (entry, fence, ahead, age);
         };
         let predecessors = match decide(req.kind, &ahead) {
             Decision::WaitsFor(p) => p,
