@@ -98,7 +98,7 @@ impl<B: Backend> Holding<B> {
         if lease.options().auto_renew() {
             self.watchdog.watch(&self.driver, lease.clone());
         }
-        if let Some(end) = self.driver.session_end(&lease.engine_ref()) {
+        if let Some(end) = self.driver.session_end(&lease.engine_ref(&lease.token())) {
             self.losses.watch(&lease, end);
         }
         LockGuard {
@@ -116,7 +116,7 @@ impl<B: Backend> Holding<B> {
             return;
         }
         if let Some(w @ SessionWatch::Shared { session, .. }) =
-            self.driver.session_end(&lease.engine_ref())
+            self.driver.session_end(&lease.engine_ref(&lease.token()))
             && lease.watched_session() != Some(session)
         {
             self.losses.watch(lease, w);
@@ -217,7 +217,7 @@ async fn finish<B: Backend>(
         let reply = holding
             .driver()
             .release(
-                &lease.engine_ref(),
+                &lease.engine_ref(&lease.token()),
                 next.as_ref()
                     .map(|(token, ttl, label)| (token, *ttl, label.as_deref())),
             )
@@ -247,7 +247,7 @@ async fn hand_off<B: Backend>(
     let mut offer = local.offer(lease.key(), lease)?;
     let ttl = offer.options.ttl();
     let sent = lease.now();
-    let renewed = holding.driver().renew(&lease.engine_ref(), ttl).await;
+    let renewed = holding.driver().renew(&lease.engine_ref(&lease.token()), ttl).await;
     match renewed {
         Ok(LeaseCheck::Ours) => {}
         Ok(check) => {
@@ -319,7 +319,7 @@ impl<B: Backend> LockGuard<B> {
     }
 
     /// The token stored under the key.
-    pub fn token(&self) -> &Token {
+    pub fn token(&self) -> Token {
         self.lease.token()
     }
 
@@ -393,7 +393,7 @@ impl<B: Backend> LockGuard<B> {
         let check = self
             .holding
             .driver()
-            .renew(&lease.engine_ref(), ttl)
+            .renew(&lease.engine_ref(&lease.token()), ttl)
             .await?;
         match check {
             LeaseCheck::Ours => {
@@ -456,7 +456,7 @@ impl<B: Backend> LockGuard<B> {
         let check = self
             .holding
             .driver()
-            .downgrade(&lease.engine_ref(), ttl)
+            .downgrade(&lease.engine_ref(&lease.token()), ttl)
             .await?;
         match check {
             LeaseCheck::Ours => {
@@ -595,7 +595,7 @@ impl<B: Backend> LockGuard<B> {
         let outcome = match self
             .holding
             .driver()
-            .linger(&lease.engine_ref(), left)
+            .linger(&lease.engine_ref(&lease.token()), left)
             .await
         {
             Ok(LeaseCheck::Ours) => Released::Held,
@@ -640,11 +640,11 @@ impl<B: Backend> LockGuard<B> {
         {
             let (driver, lease) = (self.holding.driver().clone(), self.lease.clone());
             let left = valid_until.saturating_duration_since(lease.now());
-            rt.spawn(async move { driver.detach(&lease.engine_ref(), left).await });
+            rt.spawn(async move { driver.detach(&lease.engine_ref(&lease.token()), left).await });
         }
         LeakedLease {
             key: self.lease.key().to_owned(),
-            token: self.lease.token().clone(),
+            token: self.lease.token(),
             fence: self.lease.fence(),
             valid_until,
         }

@@ -14,7 +14,7 @@ pub use crate::engine::LostReason;
 use crate::engine::{LeaseKind, LeaseRef};
 use crate::options::LockOptions;
 use crate::sync::MutexExt;
-use crate::token::Token;
+use crate::token::{CompactToken, Token};
 
 pub(crate) mod losses;
 
@@ -62,41 +62,98 @@ pub(crate) struct LeaseState {
     pub(crate) renew_failing: bool,
 }
 
-/// [`LeaseState`] as the lease keeps it: its instants packed in 8 bytes each (see
-/// [`clock::pack`](crate::clock::pack)), 32 bytes where the other takes 56.
-#[derive(Clone, Copy)]
+/// [`LeaseState`] as the lease keeps it, with the loss watcher's counter (see `losses`): its
+/// instants packed in 8 bytes each (see [`clock::pack`](crate::clock::pack)), and its TTL, end
+/// and failing flag in one more (see [`Packed::ttl_end`]): 32 bytes where the state takes 56
+/// and the counter's own cell 16.
 struct Packed {
     valid_until: i64,
     sent_at: i64,
-    /// In nanoseconds (at most `options::MAX_TTL`).
-    ttl: u64,
-    end: Option<LeaseEnd>,
-    renew_failing: bool,
+    /// The TTL in nanoseconds in the low [`TTL_BITS`] bits (options cap it at a year, 2^55
+    /// nanoseconds), the end above them (see [`end_code`]), and in the top bit whether renewals
+    /// are failing.
+    ttl_end: u64,
+    /// Told when the lease ends, once a loss watcher watches it.
+    loss: Option<Arc<losses::LossCounter>>,
 }
+
+/// Bits of [`Packed::ttl_end`] that keep the TTL.
+const TTL_BITS: u32 = 56;
+const TTL_MASK: u64 = (1 << TTL_BITS) - 1;
+const END_MASK: u64 = 0x7f << TTL_BITS;
+const FAILING: u64 = 1 << 63;
 
 /// A TTL as [`Packed`] keeps it (options cap it at a year, far below the most it holds).
 fn ttl_nanos(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX)
+    u64::try_from(ttl.as_nanos()).map_or(TTL_MASK, |n| n.min(TTL_MASK))
+}
+
+/// An end as [`Packed::ttl_end`] keeps it (0: none yet).
+fn end_code(end: Option<LeaseEnd>) -> u64 {
+    let code = match end {
+        None => 0,
+        Some(LeaseEnd::Released) => 1,
+        Some(LeaseEnd::Lost(LostReason::Expired)) => 2,
+        Some(LeaseEnd::Lost(LostReason::Stolen)) => 3,
+        Some(LeaseEnd::Lost(LostReason::Unreachable)) => 4,
+    };
+    code << TTL_BITS
 }
 
 impl Packed {
     fn new(st: &LeaseState) -> Self {
-        Packed {
+        let mut p = Packed {
             valid_until: pack(st.valid_until),
             sent_at: pack(st.sent_at),
-            ttl: ttl_nanos(st.ttl),
-            end: st.end,
-            renew_failing: st.renew_failing,
+            ttl_end: end_code(st.end),
+            loss: None,
+        };
+        p.set_ttl(st.ttl);
+        p.set_renew_failing(st.renew_failing);
+        p
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_nanos(self.ttl_end & TTL_MASK)
+    }
+
+    fn set_ttl(&mut self, ttl: Duration) {
+        self.ttl_end = (self.ttl_end & !TTL_MASK) | ttl_nanos(ttl);
+    }
+
+    fn end(&self) -> Option<LeaseEnd> {
+        match (self.ttl_end & END_MASK) >> TTL_BITS {
+            0 => None,
+            1 => Some(LeaseEnd::Released),
+            2 => Some(LeaseEnd::Lost(LostReason::Expired)),
+            3 => Some(LeaseEnd::Lost(LostReason::Stolen)),
+            _ => Some(LeaseEnd::Lost(LostReason::Unreachable)),
         }
+    }
+
+    fn set_end(&mut self, end: LeaseEnd) {
+        self.ttl_end = (self.ttl_end & !END_MASK) | end_code(Some(end));
+    }
+
+    fn renew_failing(&self) -> bool {
+        self.ttl_end & FAILING != 0
+    }
+
+    fn set_renew_failing(&mut self, failing: bool) {
+        self.ttl_end = if failing {
+            self.ttl_end | FAILING
+        } else {
+            self.ttl_end & !FAILING
+        };
     }
 
     fn unpacked(&self) -> LeaseState {
         LeaseState {
             valid_until: unpack(self.valid_until),
             sent_at: unpack(self.sent_at),
-            ttl: Duration::from_nanos(self.ttl),
-            end: self.end,
-            renew_failing: self.renew_failing,
+            ttl: self.ttl(),
+            end: self.end(),
+            renew_failing: self.renew_failing(),
         }
     }
 }
@@ -118,7 +175,8 @@ pub(crate) struct LeaseSpec {
 pub(crate) struct LeaseShared {
     /// Shared with the client's local queue of the name (one copy of a name a lease).
     key: Arc<str>,
-    token: Token,
+    /// Compact: 24 bytes where a `Token` takes 40 (see [`engine_ref`](Self::engine_ref)).
+    token: CompactToken,
     /// The kind it was taken as, in 5 bytes where a `LeaseKind` takes 8 (see
     /// [`kind`](Self::kind)): [`KIND_EXCLUSIVE`], [`KIND_SHARED`] or [`KIND_PERMIT`] with
     /// its `permits`.
@@ -151,9 +209,6 @@ pub(crate) struct LeaseShared {
     /// `RENEWING` while the watchdog has a renewal of this lease in flight; `CLOSED` once a
     /// release has ended the lease and waits for that renewal: no renewal starts after that.
     gate: AtomicU8,
-    /// Where the lease tells the client's loss watcher (see `losses`) that it ended, when it
-    /// is watched: its future there is then swept out.
-    loss_counter: std::sync::OnceLock<Arc<losses::LossCounter>>,
     /// Set once a writer has been turned into a reader ([`kind`](Self::kind) says `Shared`
     /// from then on): a lease changes kind only that way, and only once.
     downgraded: AtomicBool,
@@ -268,7 +323,7 @@ impl LeaseShared {
         crate::metrics::held(spec.engine, spec.kind, 1.0);
         LeaseShared {
             key: spec.key,
-            token: spec.token,
+            token: CompactToken::from(&spec.token),
             kind_tag: match spec.kind {
                 LeaseKind::Exclusive => KIND_EXCLUSIVE,
                 LeaseKind::Shared => KIND_SHARED,
@@ -287,7 +342,6 @@ impl LeaseShared {
             streak,
             renewals: std::sync::atomic::AtomicU32::new(0),
             gate: AtomicU8::new(0),
-            loss_counter: std::sync::OnceLock::new(),
             downgraded: AtomicBool::new(false),
             watched_session: AtomicU64::new(NO_SESSION),
         }
@@ -297,7 +351,7 @@ impl LeaseShared {
     pub(crate) fn respec(&self, options: LockOptions) -> LeaseSpec {
         LeaseSpec {
             key: self.key.clone(),
-            token: self.token.clone(),
+            token: self.token.to_token(),
             kind: self.kind(),
             fence: self.fence(),
             clock: self.ctx.clock.clone(),
@@ -343,8 +397,8 @@ impl LeaseShared {
         }
     }
 
-    pub(crate) fn token(&self) -> &Token {
-        &self.token
+    pub(crate) fn token(&self) -> Token {
+        self.token.to_token()
     }
 
     pub(crate) fn fence(&self) -> Option<u64> {
@@ -380,9 +434,11 @@ impl LeaseShared {
         self.renewals.store(n.saturating_add(1), Ordering::Relaxed);
     }
 
-    /// The lease as the engine names it.
-    pub(crate) fn engine_ref(&self) -> LeaseRef<'_> {
-        LeaseRef::new(&self.key, &self.token, self.kind()).recorded(self.recorded)
+    /// The lease as the engine names it, with its `token` spelled out (from
+    /// [`token`](Self::token): the lease keeps it compact, and the engine's `LeaseRef` borrows
+    /// a `Token`).
+    pub(crate) fn engine_ref<'a>(&'a self, token: &'a Token) -> LeaseRef<'a> {
+        LeaseRef::new(&self.key, token, self.kind()).recorded(self.recorded)
     }
 
     fn lock(&self) -> MutexGuard<'_, Packed> {
@@ -479,11 +535,11 @@ impl LeaseShared {
         {
             // One lock: the deadline, then the renewal (as `end_if_past_deadline` would).
             let mut st = self.lock();
-            if st.end.is_some() {
+            if st.end().is_some() {
                 return false;
             }
             if self.ctx.clock.now() >= unpack(st.valid_until) {
-                let reason = if st.renew_failing {
+                let reason = if st.renew_failing() {
                     LostReason::Unreachable
                 } else {
                     LostReason::Expired
@@ -492,12 +548,12 @@ impl LeaseShared {
                 self.lose(reason);
                 return false;
             }
-            st.renew_failing = false;
+            st.set_renew_failing(false);
             let sent = pack(sent_at);
             if sent >= st.sent_at {
                 st.sent_at = sent;
                 st.valid_until = pack(sent_at + validity);
-                st.ttl = ttl_nanos(ttl);
+                st.set_ttl(ttl);
             }
         }
         self.notify_changed();
@@ -517,12 +573,12 @@ impl LeaseShared {
     /// A renewal is on its way: until it is confirmed, a deadline passing means `Unreachable`.
     pub(crate) fn renew_sent(&self) {
         // Not a failure: none is counted.
-        self.lock().renew_failing = true;
+        self.lock().set_renew_failing(true);
     }
 
     pub(crate) fn renew_failed(&self) {
         // Only the reason for a deadline that passes changes: nobody waits for this.
-        self.lock().renew_failing = true;
+        self.lock().set_renew_failing(true);
         crate::metrics::renew_failed(self.ctx.engine);
     }
 
@@ -538,7 +594,10 @@ impl LeaseShared {
 
     /// Watched by a client's loss watcher (see `losses`), which `counter` tells of the end.
     pub(crate) fn set_loss_counter(&self, counter: &Arc<losses::LossCounter>) {
-        let _ = self.loss_counter.set(counter.clone());
+        let mut st = self.lock();
+        if st.loss.is_none() {
+            st.loss = Some(counter.clone());
+        }
     }
 
     /// Ends the lease as lost, unless it already ended. Returns how it ended.
@@ -554,13 +613,13 @@ impl LeaseShared {
     fn finish(&self, end: LeaseEnd) -> LeaseEnd {
         {
             let mut st = self.lock();
-            if let Some(prev) = st.end {
+            if let Some(prev) = st.end() {
                 return prev;
             }
-            st.end = Some(end);
-        }
-        if let Some(counter) = self.loss_counter.get() {
-            counter.note_end();
+            st.set_end(end);
+            if let Some(counter) = &st.loss {
+                counter.note_end();
+            }
         }
         self.notify_changed();
         crate::metrics::held(self.ctx.engine, self.kind(), -1.0);
@@ -660,8 +719,8 @@ impl LeaseHandle {
     }
 
     /// The token stored under the key for this acquisition.
-    pub fn token(&self) -> &Token {
-        &self.shared.token
+    pub fn token(&self) -> Token {
+        self.shared.token()
     }
 
     /// The end of the lease on the monotonic clock, counted from when the acquire (or the last
@@ -770,5 +829,52 @@ mod lazy_wakes {
         assert!(lease.changed.get().is_none());
         let _wait = lease.changed().notified();
         assert!(lease.changed.get().is_some());
+    }
+}
+
+/// The packed state keeps every end, the failing flag and the longest TTL apart.
+#[cfg(test)]
+mod packing {
+    use super::*;
+
+    #[test]
+    fn every_field_of_the_packed_state_reads_back_as_written() {
+        let now = Instant::now();
+        let ends = [
+            None,
+            Some(LeaseEnd::Released),
+            Some(LeaseEnd::Lost(LostReason::Expired)),
+            Some(LeaseEnd::Lost(LostReason::Stolen)),
+            Some(LeaseEnd::Lost(LostReason::Unreachable)),
+        ];
+        let ttls = [
+            Duration::from_millis(1),
+            Duration::from_secs(3),
+            crate::options::MAX_TTL,
+        ];
+        for end in ends {
+            for ttl in ttls {
+                for failing in [false, true] {
+                    let st = LeaseState {
+                        valid_until: now + ttl,
+                        sent_at: now,
+                        ttl,
+                        end,
+                        renew_failing: failing,
+                    };
+                    let mut p = Packed::new(&st);
+                    let back = p.unpacked();
+                    assert_eq!((back.ttl, back.end, back.renew_failing), (ttl, end, failing));
+                    p.set_renew_failing(!failing);
+                    p.set_ttl(Duration::from_secs(7));
+                    let back = p.unpacked();
+                    let moved = (back.ttl, back.end, back.renew_failing);
+                    assert_eq!(moved, (Duration::from_secs(7), end, !failing));
+                    p.set_end(LeaseEnd::Released);
+                    assert_eq!(p.end(), Some(LeaseEnd::Released));
+                    assert_eq!(p.renew_failing(), !failing);
+                }
+            }
+        }
     }
 }

@@ -15,6 +15,7 @@ use crate::driver::Driver;
 use crate::engine::{Backend, LeaseCheck, RenewItem};
 use crate::lease::{LeaseEnd, LeaseShared, LostReason};
 use crate::sync::MutexExt;
+use crate::token::Token;
 
 mod schedule;
 
@@ -187,7 +188,7 @@ fn detach_unrenewed<B: Backend>(driver: &Weak<Driver<B>>, leases: Vec<Arc<LeaseS
             Some(_) => continue,
         };
         let driver = driver.clone();
-        tokio::spawn(async move { driver.detach(&lease.engine_ref(), ttl).await });
+        tokio::spawn(async move { driver.detach(&lease.engine_ref(&lease.token()), ttl).await });
     }
 }
 
@@ -220,12 +221,16 @@ async fn send<B: Backend>(
     // are never all kept at once (64 bytes a lease).
     let renew_all = async {
         for chunk in batch.chunks_mut(chunk) {
+            // The leases keep their tokens compact: spelled out for the chunk's requests.
+            let tokens: Vec<Token> = chunk.iter().map(|i| i.renewal.lease().token()).collect();
             let items: Vec<RenewItem<'_>> = chunk
                 .iter()
-                .map(|i| RenewItem::new(i.renewal.lease().engine_ref(), i.ttl()))
+                .zip(&tokens)
+                .map(|(i, t)| RenewItem::new(i.renewal.lease().engine_ref(t), i.ttl()))
                 .collect();
             let replies = driver.renew_many(&items).await;
             drop(items);
+            drop(tokens);
             settle_replies(chunk, replies, sent);
         }
     };

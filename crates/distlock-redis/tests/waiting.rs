@@ -352,6 +352,7 @@ async fn batched_renewals_answer_each_lock_in_order() {
     let a = c.acquire("b1").await.unwrap();
     let b = c.acquire("b2").await.unwrap();
     let gone = distlock_core::Token::generate();
+    let (ta, tb) = (a.token(), b.token());
     server.cli(&["SET", &c.backend().lock_key("b3"), "theirs", "PX", "60000"]);
     let item = |name, token| {
         RenewItem::new(
@@ -360,10 +361,10 @@ async fn batched_renewals_answer_each_lock_in_order() {
         )
     };
     let items = [
-        item("b1", a.token()),
+        item("b1", &ta),
         item("b9", &gone),
         item("b3", &gone),
-        item("b2", b.token()),
+        item("b2", &tb),
     ];
     // After a script flush too: the pipeline reloads the script and resends.
     server.cli(&["SCRIPT", "FLUSH"]);
