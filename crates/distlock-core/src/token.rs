@@ -116,9 +116,12 @@ pub fn unix_ms() -> u128 {
 /// and a token is made for every acquisition.
 fn hex128(bits: u128) -> [u8; 32] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
+    // A byte at a time (a shift of a `u128` by a varying amount costs several instructions,
+    // and a lease's token is spelled out at each of its renewals).
     let mut out = [0u8; 32];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = HEX[((bits >> (4 * (31 - i))) & 0xf) as usize];
+    for (pair, byte) in out.chunks_exact_mut(2).zip(bits.to_be_bytes()) {
+        pair[0] = HEX[usize::from(byte >> 4)];
+        pair[1] = HEX[usize::from(byte & 0xf)];
     }
     out
 }
