@@ -247,7 +247,10 @@ async fn hand_off<B: Backend>(
     let mut offer = local.offer(lease.key(), lease)?;
     let ttl = offer.options.ttl();
     let sent = lease.now();
-    let renewed = holding.driver().renew(&lease.engine_ref(&lease.token()), ttl).await;
+    let renewed = holding
+        .driver()
+        .renew(&lease.engine_ref(&lease.token()), ttl)
+        .await;
     match renewed {
         Ok(LeaseCheck::Ours) => {}
         Ok(check) => {

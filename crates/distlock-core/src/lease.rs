@@ -864,7 +864,10 @@ mod packing {
                     };
                     let mut p = Packed::new(&st);
                     let back = p.unpacked();
-                    assert_eq!((back.ttl, back.end, back.renew_failing), (ttl, end, failing));
+                    assert_eq!(
+                        (back.ttl, back.end, back.renew_failing),
+                        (ttl, end, failing)
+                    );
                     p.set_renew_failing(!failing);
                     p.set_ttl(Duration::from_secs(7));
                     let back = p.unpacked();

@@ -172,9 +172,7 @@ impl EtcdStore {
         }
         let key = (0u32..)
             .map(|n| format!("{}{name}/{}-{n}", self.prefix, self.client))
-            .find(|k| {
-                !names.used.contains(k.as_str()) && !names.burned_set.contains(k.as_str())
-            })
+            .find(|k| !names.used.contains(k.as_str()) && !names.burned_set.contains(k.as_str()))
             .unwrap_or_default();
         let key = Key::from(key);
         names.used.insert(key.clone());
@@ -356,8 +354,7 @@ impl EtcdStore {
     /// The delete's: the lock is then not known to be busy.
     async fn clear_stale(&self, key: &str, create_revision: i64) -> Result<bool, LockError> {
         let stale = self.is_ours(key)
-            && (self.abandoned.locked().contains(key)
-                || !self.names.locked().used.contains(key));
+            && (self.abandoned.locked().contains(key) || !self.names.locked().used.contains(key));
         if stale {
             self.delete_at(key, create_revision).await?;
         }

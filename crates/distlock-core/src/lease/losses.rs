@@ -362,7 +362,9 @@ fn session_ended(shared: &Shared, session: u64, group: u64, why: LostReason) {
     };
     let Some(group) = group else { return };
     for lease in group.leases.iter().filter_map(Weak::upgrade) {
-        if lease.snapshot().end.is_none() && (shared.still_on)(&lease.engine_ref(&lease.token()), session) {
+        if lease.snapshot().end.is_none()
+            && (shared.still_on)(&lease.engine_ref(&lease.token()), session)
+        {
             lease.lose(why);
         }
     }
