@@ -75,6 +75,25 @@ fn waiter<B: Backend>(
     })
 }
 
+/// Waits until `k` has `n` waiters queued, where the engine counts them (at most 10 s: the
+/// test's own checks then say what is wrong), and a fixed pause where it does not. Waiters
+/// spawned one after the other must queue in that order: on a loaded machine a waiter's set-up
+/// (a TLS connect, say) can outlast a fixed pause, and then the later one goes first.
+async fn queued<B: Backend>(c: &LockClient<B>, k: &str, n: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.status(k).await.map(|st| st.waiters) {
+            Ok(Some(w)) if w >= n => return,
+            Ok(None) => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                return;
+            }
+            _ if tokio::time::Instant::now() >= deadline => return,
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
 /// Readers share a name, a writer excludes them and is excluded by them, and a reader's fence
 /// sits between the writers before and after it.
 pub async fn readers_share_and_writers_exclude<B: Backend>(make: &impl MakeClient<B>) {
@@ -219,9 +238,9 @@ pub async fn a_writer_downgrades_without_a_gap<B: Backend>(make: &impl MakeClien
     let fence = g.fence();
     // Queued behind the writer: a reader, then a writer.
     let reader = waiter(&b, &k, LeaseKind::Shared, 20);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    queued(&a, &k, 1).await;
     let writer = waiter(&w, &k, LeaseKind::Exclusive, 30);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    queued(&a, &k, 2).await;
     assert!(!reader.is_finished() && !writer.is_finished());
     g.downgrade().await.expect("downgrade");
     assert_eq!(g.kind(), LeaseKind::Shared);
