@@ -493,6 +493,9 @@ fn acquire_permit(
     Ok(Attempt::Busy { holder_ttl: None })
 }
 
+/// How many times a status reads a writer's record that is not written yet (2 ms apart).
+const RECORD_TRIES: u32 = 50;
+
 fn status_blocking(me: &FileBackend, key: &str) -> Result<LockStatus, LockError> {
     let path = me.lock_path(key);
     let mut file = match File::open(&path) {
@@ -515,7 +518,16 @@ fn status_blocking(me: &FileBackend, key: &str) -> Result<LockStatus, LockError>
     };
     // Readers block an exclusive probe (taken for an instant).
     let readers = !writer && (ours.is_some() || probe(&file, &path, false)?);
-    let rec = parse(&read_all(&mut file, &path)?, &path)?;
+    let mut rec = parse(&read_all(&mut file, &path)?, &path)?;
+    // Another process's writer that has just created the file writes its record next: read
+    // again for a moment rather than show a holder with no record (no owner, fence 0; a
+    // `leader --watch` printed it as a leader named "" at epoch 0).
+    let mut tries = 0;
+    while writer && ours.is_none() && rec.fence == 0 && tries < RECORD_TRIES {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        rec = parse(&read_all(&mut file, &path)?, &path)?;
+        tries += 1;
+    }
     if !writer && !readers {
         if let Some(left) = linger::left(&rec) {
             // Left to run out by itself: held by whoever left it, for `left`.
