@@ -91,10 +91,9 @@ struct KeyNames {
     /// By token, in its compact form (24 bytes where a `Token` takes 40: a map of every lock
     /// the client holds).
     by_token: HashMap<CompactToken, Key>,
-    /// Every name in use: held by a token (in `by_token`), or let go by its token but out of
-    /// use until its key is known gone. A set (16 bytes a slot, where a map to the token took
-    /// 40): a name's token lets go of it first, so a name freed has no token to forget.
-    used: HashSet<Key>,
+    /// Every name in use, with the token it belongs to (none once the token let it go while
+    /// the name stays out of use): a name freed finds its token at once.
+    used: HashMap<Key, Option<CompactToken>>,
     /// Given-up acquisitions' names, oldest first: never given out again (the oldest are let
     /// go past [`BURNED_KEPT`]).
     burned: std::collections::VecDeque<Key>,
@@ -114,18 +113,24 @@ const BURNED_KEPT: usize = 4096;
 const REMOVE_TRIES: u32 = 120;
 
 impl KeyNames {
-    /// `key` is known gone from the server: free for the next acquisition. Its token let go of
-    /// it before (see [`KeyNames::release_token_of`]).
     fn free_key(&mut self, key: &str) {
-        self.used.remove(key);
+        if let Some(Some(token)) = self.used.remove(key) {
+            self.forget_token_of(&token, key);
+        }
     }
 
-    /// `key` stays out of use, but `token` no longer has it (its next attempt takes another
+    /// Forgets that `token` has `key` (if that is still its key).
+    fn forget_token_of(&mut self, token: &CompactToken, key: &str) {
+        if self.by_token.get(token).is_some_and(|k| **k == *key) {
+            self.by_token.remove(token);
+        }
+    }
+
+    /// `key` stays out of use, but its token no longer has it (its next attempt takes another
     /// name).
-    fn release_token_of(&mut self, token: &str, key: &str) {
-        let token = CompactToken::of(token);
-        if self.by_token.get(&token).is_some_and(|k| **k == *key) {
-            self.by_token.remove(&token);
+    fn release_token_of(&mut self, key: &str) {
+        if let Some(Some(token)) = self.used.get_mut(key).map(Option::take) {
+            self.forget_token_of(&token, key);
         }
     }
 
@@ -172,10 +177,12 @@ impl EtcdStore {
         }
         let key = (0u32..)
             .map(|n| format!("{}{name}/{}-{n}", self.prefix, self.client))
-            .find(|k| !names.used.contains(k.as_str()) && !names.burned_set.contains(k.as_str()))
+            .find(|k| {
+                !names.used.contains_key(k.as_str()) && !names.burned_set.contains(k.as_str())
+            })
             .unwrap_or_default();
         let key = Key::from(key);
-        names.used.insert(key.clone());
+        names.used.insert(key.clone(), Some(token.clone()));
         names.by_token.insert(token, key.clone());
         key
     }
@@ -202,6 +209,9 @@ impl EtcdStore {
         let token = CompactToken::from(token);
         let mut names = self.names.locked();
         if let Some(key) = names.by_token.remove(&token) {
+            if let Some(owner) = names.used.get_mut(&key) {
+                *owner = None;
+            }
             names.lingering.push(std::cmp::Reverse((until, key)));
         }
     }
@@ -354,7 +364,8 @@ impl EtcdStore {
     /// The delete's: the lock is then not known to be busy.
     async fn clear_stale(&self, key: &str, create_revision: i64) -> Result<bool, LockError> {
         let stale = self.is_ours(key)
-            && (self.abandoned.locked().contains(key) || !self.names.locked().used.contains(key));
+            && (self.abandoned.locked().contains(key)
+                || !self.names.locked().used.contains_key(key));
         if stale {
             self.delete_at(key, create_revision).await?;
         }
@@ -795,13 +806,13 @@ impl QueueStore for EtcdStore {
         Some(clock.now().saturating_duration_since(session.refreshed()))
     }
 
-    fn remove_later(&self, _name: &str, token: &str, id: &Key) {
+    fn remove_later(&self, _name: &str, _token: &str, id: &Key) {
         self.forget(id);
         // The next attempt of the same token (a waiter after a first attempt) writes a key of
         // another name: this one may still be there when it is sent, and be deleted after.
         // Until the delete is answered, the key is abandoned (a first attempt that finds it in
         // its way deletes it, rather than call the lock busy), and its name is not given out.
-        self.names.locked().release_token_of(token, id);
+        self.names.locked().release_token_of(id);
         self.abandoned.locked().insert(id.to_string());
         let (members, names, abandoned) = (
             self.members.clone(),
