@@ -196,6 +196,20 @@ async fn metrics_follow_a_scripted_sequence() {
         .expect("lost while the server is frozen");
     redis.resume();
     assert_eq!(why, LostReason::Unreachable);
+    // The lease ends at its deadline, which is also the end of its renewal's budget: the
+    // watchdog counts the failed renewal as that budget runs out, an instant after `lost()`.
+    let counted = tokio::time::timeout(Duration::from_secs(2), async {
+        while counter(
+            rec.now(),
+            "distlock_renew_failures_total",
+            &[("engine", "redis")],
+        ) < 1
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(counted.is_ok(), "no failed renewal counted");
     let s = rec.now();
     assert_eq!(
         counter(
