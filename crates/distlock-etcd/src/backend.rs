@@ -601,8 +601,8 @@ impl Backend for EtcdBackend {
                 async move { c.delete_range(delete).await }
             })
             .await;
-        self.store()
-            .released(&String::from_utf8_lossy(&delete.key), reply.is_ok());
+        // The name before the abandoned mark (see `remove_later`): a first attempt that read
+        // the key before the delete must find it stale at every instant.
         if reply.is_ok() {
             if given_up {
                 // One of its writes may still land: a name for nobody from now.
@@ -611,6 +611,8 @@ impl Backend for EtcdBackend {
                 self.store().free_name(lease.token);
             }
         }
+        self.store()
+            .released(&String::from_utf8_lossy(&delete.key), reply.is_ok());
         let reply = reply.map_err(|e| map_err(e, DOING))?;
         let ours = match (&entry, reply.prev_kvs.first()) {
             (Some(e), Some(kv)) => e.held && kv.create_revision == e.entry.seq,

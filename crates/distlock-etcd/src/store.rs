@@ -835,8 +835,12 @@ impl QueueStore for EtcdStore {
                     })
                     .await;
                 if deleted.is_ok() {
-                    abandoned.locked().remove(&*key);
+                    // The name first: a first attempt that read the key before this delete
+                    // landed then finds it stale either way (abandoned, or no longer in use),
+                    // where the other order left an instant in which it was neither, and the
+                    // attempt called the lock busy with our own gone key.
                     names.locked().free_key(&key);
+                    abandoned.locked().remove(&*key);
                     return;
                 }
                 tokio::time::sleep(pause).await;
