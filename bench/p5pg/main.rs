@@ -210,7 +210,7 @@ async fn raw_cycles(r: &Raw, n: usize) {
     }
 }
 
-type Ours = distlock_core::LockClient<distlock_postgres::PgBackend>;
+type Ours = distlock_core::LockClient;
 
 async fn ours_cycles(c: &Ours, n: usize) {
     for _ in 0..n {

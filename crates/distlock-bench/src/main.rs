@@ -39,7 +39,6 @@ use distlock_redis::RedlockBackend;
 use distlock_testkit::RedisServer;
 
 mod common;
-mod dispatch;
 mod p1;
 mod p10;
 mod p2;
@@ -114,10 +113,6 @@ struct Cli {
     /// Only P9 (what the metrics and spans cost the uncontended cycle): prints its table.
     #[arg(long, conflicts_with_all = ["p1_only", "p7_only", "p8_only"])]
     p9_only: bool,
-    /// Only the cost of an engine chosen at run time: P1's and P9's cycles through
-    /// `RedisBackend` and through `AnyBackend`, interleaved; prints its tables.
-    #[arg(long, conflicts_with_all = ["p1_only", "p7_only", "p8_only", "p9_only"])]
-    dispatch_only: bool,
     /// Only P5 (each other engine beside its raw client floor), for a quick before/after:
     /// prints its table. `--engine` narrows it.
     #[arg(long, conflicts_with_all = ["p1_only", "p7_only", "p8_only", "p9_only"])]
@@ -236,9 +231,6 @@ enum Cmd {
         cycles: usize,
         #[arg(long)]
         observe: bool,
-        /// Through `AnyBackend` (the engine chosen at run time).
-        #[arg(long)]
-        any: bool,
         #[arg(long)]
         pin: bool,
     },
@@ -300,9 +292,8 @@ fn main() {
             url,
             cycles,
             observe,
-            any,
             pin,
-        }) => return p9::child(url, *cycles, *observe, *any, *pin),
+        }) => return p9::child(url, *cycles, *observe, *pin),
         Some(Cmd::RedlockCycles { cycles, urls }) => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -484,17 +475,6 @@ fn main() {
     let mut async_conn = rt
         .block_on(raw.get_multiplexed_async_connection())
         .expect("async connection");
-    if cli.dispatch_only {
-        let figures = rt.block_on(dispatch::measure(
-            &url,
-            &mut async_conn,
-            rounds,
-            cycles,
-            !cli.no_pin,
-        ));
-        print!("{}", figures.render(pinning));
-        return;
-    }
     let p1::Figures {
         sync_floor: p1_sync,
         async_floor: p1_async,

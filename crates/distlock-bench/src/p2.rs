@@ -76,7 +76,10 @@ pub(crate) async fn worker(
     for h in handles {
         all.extend(h.await.expect("task"));
     }
-    let commands = client.backend().commands_sent();
+    let commands = client
+        .engine::<RedisBackend>()
+        .expect("a Redis client")
+        .commands_sent();
     println!(
         "{}",
         serde_json::json!({ "events": all, "commands": commands })

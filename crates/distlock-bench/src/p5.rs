@@ -15,8 +15,8 @@ pub(crate) struct P5Row {
 }
 
 /// A raw floor and our cycle in interleaved rounds (after a warm-up of each): their medians.
-pub(crate) async fn interleaved<B: distlock_core::Backend>(
-    ours: &LockClient<B>,
+pub(crate) async fn interleaved(
+    ours: &LockClient,
     rounds: usize,
     cycles: usize,
     mut floor: impl AsyncFnMut(usize) -> f64,

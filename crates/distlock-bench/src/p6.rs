@@ -29,19 +29,31 @@ impl<B: Backend> Backend for Counting<B> {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        self.inner.acquire(req).await
+    fn acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        Box::pin(async move { self.inner.acquire(req).await })
     }
-    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.renewals.fetch_add(1, Ordering::Relaxed);
-        self.inner.renew(lease, ttl).await
+    fn renew<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            self.renewals.fetch_add(1, Ordering::Relaxed);
+            self.inner.renew(lease, ttl).await
+        })
     }
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
-        self.inner.release(lease).await
+    fn release<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move { self.inner.release(lease).await })
     }
-    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
-        self.inner.inspect(key).await
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
+        Box::pin(async move { self.inner.inspect(key).await })
     }
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {
         self.inner.batch_renew().map(|_| self as &dyn BatchRenew)

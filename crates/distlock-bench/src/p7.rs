@@ -230,7 +230,7 @@ async fn floor_cycles(
 }
 
 /// One uncontended attempt of `kind` with distlock.
-async fn try_once(client: &LockClient<RedisBackend>, kind: Kind) -> LockGuard<RedisBackend> {
+async fn try_once(client: &LockClient, kind: Kind) -> LockGuard {
     let req = match kind {
         Kind::Read => client.read_lock("p7:rw"),
         Kind::Write => client.write_lock("p7:rw"),
@@ -243,7 +243,7 @@ async fn try_once(client: &LockClient<RedisBackend>, kind: Kind) -> LockGuard<Re
 }
 
 /// `cycles` distlock cycles of `kind` (`try_acquire` + `release`): cycles per second.
-async fn ours_cycles(client: &LockClient<RedisBackend>, kind: Kind, cycles: usize) -> f64 {
+async fn ours_cycles(client: &LockClient, kind: Kind, cycles: usize) -> f64 {
     let t0 = Instant::now();
     for _ in 0..cycles {
         let g = try_once(client, kind).await;
@@ -495,11 +495,19 @@ async fn measure_cycles(
         let before = total_calls(server);
         floor_cycles(&mut conn, &f, kind, COUNTED).await;
         let floor_calls = total_calls(server).saturating_sub(before + 1) as f64 / COUNTED as f64;
-        let sent = ours.backend().commands_sent();
+        let sent = ours
+            .engine::<RedisBackend>()
+            .expect("a Redis client")
+            .commands_sent();
         let before = total_calls(server);
         ours_cycles(&ours, kind, COUNTED).await;
         let ours_calls = total_calls(server).saturating_sub(before + 1) as f64 / COUNTED as f64;
-        let ours_cmds = (ours.backend().commands_sent() - sent) as f64 / COUNTED as f64;
+        let ours_cmds = (ours
+            .engine::<RedisBackend>()
+            .expect("a Redis client")
+            .commands_sent()
+            - sent) as f64
+            / COUNTED as f64;
         counts.push((floor_calls, ours_calls, ours_cmds));
     }
     // [kind] -> (floor/s, ours/s, ratio, floor cpu, ours cpu) per round
@@ -651,7 +659,10 @@ pub(crate) async fn worker(url: String, tasks: usize, start_ns: u64, millis: u64
         errors += e;
         longest = longest.max(l);
     }
-    let commands = client.backend().commands_sent();
+    let commands = client
+        .engine::<RedisBackend>()
+        .expect("a Redis client")
+        .commands_sent();
     println!(
         "{}",
         serde_json::json!({

@@ -176,8 +176,7 @@ pub(crate) async fn observing(
     for _ in 0..4 {
         clients.push(make().await);
     }
-    // The observers run in this task (an observer of a client on `AnyBackend` is not `Send`
-    // for every lifetime rustc asks about, so it is not spawned).
+    // The observers run in this task, polled together.
     let mut obs: Vec<_> = (0..observers)
         .map(|i| clients[i % clients.len()].election("p8-observed").observe())
         .collect();

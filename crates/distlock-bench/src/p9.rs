@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use distlock::redis::RedisBackend;
 use distlock_core::LockClient;
-use distlock_core::engine::AnyBackend;
 
 use crate::common::{distlock_cycles, median, pin_self};
 
@@ -104,9 +103,8 @@ pub(crate) fn run(url: &str, rounds: usize, cycles: usize, pin: bool) -> Figures
 }
 
 /// A child: installs the recorder and the subscriber when `observe`, then times `cycles`
-/// uncontended cycles after a warm-up (through `AnyBackend` when `any`), and prints cycles per
-/// second.
-pub(crate) fn child(url: &str, cycles: usize, observe: bool, any: bool, pin: bool) {
+/// uncontended cycles after a warm-up, and prints cycles per second.
+pub(crate) fn child(url: &str, cycles: usize, observe: bool, pin: bool) {
     if pin {
         pin_self(0);
     }
@@ -124,18 +122,10 @@ pub(crate) fn child(url: &str, cycles: usize, observe: bool, any: bool, pin: boo
         .build()
         .expect("runtime");
     let per_sec = rt.block_on(async {
-        let backend = RedisBackend::connect(url).await.expect("connect");
-        if any {
-            let c = LockClient::new(AnyBackend::new(backend));
-            distlock_cycles(&c, "p9", 200).await;
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            distlock_cycles(&c, "p9", cycles).await
-        } else {
-            let c = LockClient::new(backend);
-            distlock_cycles(&c, "p9", 200).await;
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            distlock_cycles(&c, "p9", cycles).await
-        }
+        let c = LockClient::new(RedisBackend::connect(url).await.expect("connect"));
+        distlock_cycles(&c, "p9", 200).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        distlock_cycles(&c, "p9", cycles).await
     });
     println!("{per_sec:.1}");
 }

@@ -4,7 +4,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use distlock::{Backend, LockClient, LockOptions, Wait};
+use distlock::{LockClient, LockOptions, Wait};
 use hdrhistogram::Histogram;
 
 use crate::{crowd, exit, term};
@@ -124,8 +124,8 @@ pub(crate) async fn bench(args: BenchArgs) -> u8 {
 }
 
 /// One task: acquire, hold, release, until the deadline.
-async fn one_task<B: Backend>(
-    client: &LockClient<B>,
+async fn one_task(
+    client: &LockClient,
     key: &str,
     state: &Mutex<KeyState>,
     me: u32,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use distlock::engine::Fencing;
-use distlock::{Backend, LockClient, LockOptions, Released, Wait};
+use distlock::{LockClient, LockOptions, Released, Wait};
 
 use crate::{crowd, exit, term};
 
@@ -208,8 +208,8 @@ pub(crate) async fn check(args: CheckArgs) -> u8 {
     0
 }
 
-async fn worker<B: Backend>(
-    client: &LockClient<B>,
+async fn worker(
+    client: &LockClient,
     key: &str,
     resource: &Mutex<Resource>,
     hold: Duration,

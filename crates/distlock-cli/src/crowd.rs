@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use distlock::{AnyBackend, LockClient, LockOptions};
+use distlock::{LockClient, LockOptions};
 
 use crate::exit;
 
@@ -15,7 +15,7 @@ pub(crate) async fn clients(
     ttl: Duration,
     label: Option<&str>,
     role: &str,
-) -> Result<Vec<LockClient<AnyBackend>>, u8> {
+) -> Result<Vec<LockClient>, u8> {
     let options = LockOptions::builder()
         .ttl(ttl)
         .build()

@@ -192,9 +192,9 @@ type Signals<'a> = (
 );
 
 /// Runs CMD under its keeper while `leading` lasts.
-async fn serve<B: distlock::Backend>(
+async fn serve(
     args: &LeadArgs,
-    leading: &distlock::Leadership<B>,
+    leading: &distlock::Leadership,
     (sigint, sigterm, sighup): Signals<'_>,
 ) -> Served {
     let Some((mut keeper, mut control)) = start(args, leading).await else {
@@ -252,10 +252,7 @@ fn deadline_ns(at: std::time::Instant) -> u128 {
 }
 
 /// Starts CMD under its keeper, and gives it the first deadline.
-async fn start<B: distlock::Backend>(
-    args: &LeadArgs,
-    leading: &distlock::Leadership<B>,
-) -> Option<(Child, UnixStream)> {
+async fn start(args: &LeadArgs, leading: &distlock::Leadership) -> Option<(Child, UnixStream)> {
     let path = std::env::temp_dir().join(format!(
         "distlock-lead-{}-{}.sock",
         std::process::id(),

@@ -160,7 +160,7 @@ impl Engine {
 
 impl Engine {
     /// The engine opened, or the exit status of why it could not be (reported on stderr).
-    async fn open(&self) -> Result<distlock::AnyBackend, u8> {
+    async fn open(&self) -> Result<std::sync::Arc<dyn distlock::Backend>, u8> {
         let url = self.url().map_err(|e| exit::report_open(&e))?;
         distlock::open_backend(&url)
             .await
@@ -168,7 +168,7 @@ impl Engine {
     }
 
     /// A client of the engine with the default options (see [`open`](Self::open)).
-    async fn client(&self) -> Result<distlock::LockClient<distlock::AnyBackend>, u8> {
+    async fn client(&self) -> Result<distlock::LockClient, u8> {
         Ok(distlock::LockClient::new(self.open().await?))
     }
 }

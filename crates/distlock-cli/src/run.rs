@@ -259,10 +259,7 @@ fn options(args: &RunArgs, wait: Wait) -> Result<LockOptions, distlock::LockErro
 
 /// Keeps the lock until `until` (the watchdog renews it meanwhile), or until a signal comes.
 /// `false` when the lock was lost first.
-async fn hold_until<B: distlock::Backend>(
-    guard: &distlock::LockGuard<B>,
-    until: tokio::time::Instant,
-) -> bool {
+async fn hold_until(guard: &distlock::LockGuard, until: tokio::time::Instant) -> bool {
     let mut sigint = signal(SignalKind::interrupt()).ok();
     let mut sigterm = signal(SignalKind::terminate()).ok();
     tokio::select! {
@@ -281,9 +278,9 @@ enum ChildEnd {
 
 /// Waits for the child, forwarding SIGINT/SIGTERM/SIGHUP to it; when the lock is lost, stops
 /// it (or lets it finish) as `on_lost` says.
-async fn supervise<B: distlock::Backend>(
+async fn supervise(
     child: &mut Child,
-    guard: &distlock::LockGuard<B>,
+    guard: &distlock::LockGuard,
     on_lost: OnLost,
     grace: Duration,
     key: &str,

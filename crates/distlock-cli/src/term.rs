@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use distlock::{Backend, LockClient, LockStatus};
+use distlock::{LockClient, LockStatus};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Whether stderr is a terminal (and so may show spinners and bars).
@@ -82,7 +82,7 @@ impl WaitSpinner {
     }
 
     /// The engine is open: the spinner now names the lock's holder, read every second.
-    pub(crate) fn watch<B: Backend>(&mut self, client: &LockClient<B>, key: &str) {
+    pub(crate) fn watch(&mut self, client: &LockClient, key: &str) {
         clear_retry_note();
         set(&self.line, format!("waiting for {key}"));
         let (client, key, line) = (client.clone(), key.to_owned(), self.line.clone());

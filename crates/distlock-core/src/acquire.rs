@@ -9,7 +9,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use crate::driver::Driver;
-use crate::engine::{Attempt, Backend, LeaseCheck, LeaseKind, LeaseRef, Subscription};
+use crate::engine::{Attempt, LeaseCheck, LeaseKind, LeaseRef, Subscription};
 use crate::error::LockError;
 use crate::guard::{Handoff, Holding, LockGuard};
 use crate::lease::{LeaseShared, LeaseSpec};
@@ -19,8 +19,8 @@ use crate::sync::MutexExt;
 use crate::token::Token;
 
 /// What one attempt found.
-pub(crate) enum Attempted<B: Backend> {
-    Taken(LockGuard<B>),
+pub(crate) enum Attempted {
+    Taken(LockGuard),
     Busy(Option<Duration>),
 }
 
@@ -55,13 +55,13 @@ impl<'a> Want<'a> {
 }
 
 /// A waiter's subscription; parked in the local queue for the next head when the waiter goes.
-struct ParkedOnDrop<'a, B: Backend> {
-    local: Option<&'a LocalQueues<Handoff<B>>>,
+struct ParkedOnDrop<'a> {
+    local: Option<&'a LocalQueues<Handoff>>,
     key: &'a str,
     sub: Option<Subscription>,
 }
 
-impl<B: Backend> Drop for ParkedOnDrop<'_, B> {
+impl Drop for ParkedOnDrop<'_> {
     fn drop(&mut self) {
         if let (Some(local), Some(sub)) = (self.local, self.sub.take()) {
             local.park(self.key, sub);
@@ -75,15 +75,15 @@ impl<B: Backend> Drop for ParkedOnDrop<'_, B> {
 /// future, a failed engine) removes that entry in the background, so it holds back nobody
 /// behind it. (An exclusive waiter's entry goes when the client's last waiter for the name
 /// goes: see the engines' wake-ups.)
-struct OwnToken<'a, B: Backend> {
-    holding: &'a Arc<Holding<B>>,
+struct OwnToken<'a> {
+    holding: &'a Arc<Holding>,
     want: Want<'a>,
     token: Option<Token>,
     /// A waiting attempt used the token.
     queued: bool,
 }
 
-impl<B: Backend> OwnToken<'_, B> {
+impl OwnToken<'_> {
     /// The lease was taken with the token: nothing to remove.
     fn taken(&mut self) {
         self.token = None;
@@ -105,7 +105,7 @@ impl<B: Backend> OwnToken<'_, B> {
     }
 }
 
-impl<B: Backend> Drop for OwnToken<'_, B> {
+impl Drop for OwnToken<'_> {
     fn drop(&mut self) {
         self.give_up();
     }
@@ -113,14 +113,14 @@ impl<B: Backend> Drop for OwnToken<'_, B> {
 
 /// Releases a lease taken by a request whose outcome we never learned, if the acquire is given
 /// up or its future is dropped half-way.
-struct PendingCleanup<'a, B: Backend> {
-    holding: &'a Arc<Holding<B>>,
+struct PendingCleanup<'a> {
+    holding: &'a Arc<Holding>,
     want: Want<'a>,
     token: &'a Token,
     armed: bool,
 }
 
-impl<B: Backend> Drop for PendingCleanup<'_, B> {
+impl Drop for PendingCleanup<'_> {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -135,7 +135,7 @@ impl<B: Backend> Drop for PendingCleanup<'_, B> {
 
 /// Runs [`clean_up`] for `token`'s lease of `want` in the background, on the current runtime
 /// (outside one, nothing is sent: the lease or the queued entry ends with its TTL).
-fn spawn_clean_up<B: Backend>(holding: &Arc<Holding<B>>, want: &Want<'_>, token: Token) {
+fn spawn_clean_up(holding: &Arc<Holding>, want: &Want<'_>, token: Token) {
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         let holding = holding.clone();
         let (key, kind, ttl) = (want.key.to_owned(), want.kind, want.options.ttl());
@@ -149,7 +149,7 @@ fn spawn_clean_up<B: Backend>(holding: &Arc<Holding<B>>, want: &Want<'_>, token:
 /// Releases what a given-up request may have taken. The engine may be failing right then (the
 /// reason the request was given up): the release is tried again, backing off, until it is
 /// answered or the lease would have run out by itself.
-async fn clean_up<B: Backend>(driver: &Driver<B>, lease: &LeaseRef<'_>, ttl: Duration) {
+async fn clean_up(driver: &Driver, lease: &LeaseRef<'_>, ttl: Duration) {
     let give_up = driver.now() + ttl;
     let mut pause = Duration::from_millis(20);
     loop {
@@ -172,12 +172,12 @@ async fn clean_up<B: Backend>(driver: &Driver<B>, lease: &LeaseRef<'_>, ttl: Dur
 
 /// One attempt with `token`, resent while replies are lost. `queue`: see
 /// [`AcquireRequest::queue`](crate::engine::AcquireRequest::queue).
-pub(crate) async fn attempt<B: Backend>(
-    holding: &Arc<Holding<B>>,
+pub(crate) async fn attempt(
+    holding: &Arc<Holding>,
     want: Want<'_>,
     queue: bool,
     token: Token,
-) -> Result<Attempted<B>, LockError> {
+) -> Result<Attempted, LockError> {
     let driver = holding.driver();
     let Want {
         key,
@@ -315,11 +315,11 @@ pub(crate) async fn attempt<B: Backend>(
 /// pass (the engine unreachable, a timeout, a missed quorum: a fail-over under way) is tried
 /// again with backoff, and the slot holds the last such error until an attempt gets an
 /// answer; without it, such an error ends the wait.
-pub(crate) async fn wait_for<B: Backend>(
-    holding: &Arc<Holding<B>>,
+pub(crate) async fn wait_for(
+    holding: &Arc<Holding>,
     want: Want<'_>,
     engine_errors: Option<&std::sync::Mutex<Option<LockError>>>,
-) -> Result<LockGuard<B>, LockError> {
+) -> Result<LockGuard, LockError> {
     let timer = crate::metrics::Timer::start();
     let waited = AtomicBool::new(false);
     let got = wait_in(holding, want, engine_errors, &waited).await;
@@ -332,12 +332,12 @@ pub(crate) async fn wait_for<B: Backend>(
 
 /// [`wait_for`]'s loop; `waited` is set once the lock was found busy (or the local queue had
 /// someone ahead).
-async fn wait_in<B: Backend>(
-    holding: &Arc<Holding<B>>,
+async fn wait_in(
+    holding: &Arc<Holding>,
     want: Want<'_>,
     engine_errors: Option<&std::sync::Mutex<Option<LockError>>>,
     waited: &AtomicBool,
-) -> Result<LockGuard<B>, LockError> {
+) -> Result<LockGuard, LockError> {
     let Want {
         key,
         options,

@@ -12,7 +12,7 @@ use tracing::Instrument;
 use crate::acquire::{Attempted, Want, attempt, wait_for};
 use crate::clock::{Clock, SystemClock};
 use crate::driver::Driver;
-use crate::engine::{Backend, LeaseKind, LockStatus};
+use crate::engine::{Backend, IntoBackend, LeaseKind, LockStatus};
 use crate::error::{ErrorKind, LockError};
 use crate::guard::{Holding, LockGuard, Released, lost_error};
 use crate::key::validate_key;
@@ -23,7 +23,7 @@ use crate::token::Token;
 /// A lock client over one engine. Cheap to clone; share one per process.
 ///
 /// ```no_run
-/// # async fn demo<B: distlock_core::Backend>(backend: B) -> Result<(), distlock_core::LockError> {
+/// # async fn demo(backend: impl distlock_core::engine::IntoBackend) -> Result<(), distlock_core::LockError> {
 /// use distlock_core::LockClient;
 /// let client = LockClient::new(backend);
 /// if let Some(guard) = client.try_acquire("reports:daily").await? {
@@ -32,12 +32,12 @@ use crate::token::Token;
 /// }
 /// # Ok(()) }
 /// ```
-pub struct LockClient<B: Backend> {
-    holding: Arc<Holding<B>>,
+pub struct LockClient {
+    holding: Arc<Holding>,
     options: LockOptions,
 }
 
-impl<B: Backend> Clone for LockClient<B> {
+impl Clone for LockClient {
     fn clone(&self) -> Self {
         LockClient {
             holding: self.holding.clone(),
@@ -46,7 +46,7 @@ impl<B: Backend> Clone for LockClient<B> {
     }
 }
 
-impl<B: Backend> fmt::Debug for LockClient<B> {
+impl fmt::Debug for LockClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockClient")
             .field("engine", &self.backend().name())
@@ -58,15 +58,15 @@ impl<B: Backend> fmt::Debug for LockClient<B> {
 
 /// Builder of a [`LockClient`].
 #[must_use]
-pub struct LockClientBuilder<B> {
-    backend: B,
+pub struct LockClientBuilder {
+    backend: Arc<dyn Backend>,
     options: LockOptions,
     clock: Arc<dyn Clock>,
     owner: Option<String>,
     local_queue: bool,
 }
 
-impl<B: Backend> fmt::Debug for LockClientBuilder<B> {
+impl fmt::Debug for LockClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockClientBuilder")
             .field("engine", &self.backend.name())
@@ -74,7 +74,7 @@ impl<B: Backend> fmt::Debug for LockClientBuilder<B> {
     }
 }
 
-impl<B: Backend> LockClientBuilder<B> {
+impl LockClientBuilder {
     /// Default options of every acquisition made through this client (a call can change any of
     /// them: [`LockClient::lock`]).
     pub fn options(mut self, options: LockOptions) -> Self {
@@ -105,7 +105,7 @@ impl<B: Backend> LockClientBuilder<B> {
     }
 
     /// Builds the client.
-    pub fn build(self) -> LockClient<B> {
+    pub fn build(self) -> LockClient {
         let owner = self.owner.unwrap_or_else(default_owner);
         let driver = Driver::new(self.backend, self.clock, owner);
         LockClient {
@@ -125,16 +125,16 @@ pub fn default_owner() -> String {
     format!("{host}/{}", std::process::id())
 }
 
-impl<B: Backend> LockClient<B> {
+impl LockClient {
     /// A client with default options (see [`LockOptions::builder`]).
-    pub fn new(backend: B) -> Self {
+    pub fn new(backend: impl IntoBackend) -> Self {
         Self::builder(backend).build()
     }
 
     /// A builder for options, clock and owner label.
-    pub fn builder(backend: B) -> LockClientBuilder<B> {
+    pub fn builder(backend: impl IntoBackend) -> LockClientBuilder {
         LockClientBuilder {
-            backend,
+            backend: backend.into_backend(),
             options: LockOptions::default(),
             clock: Arc::new(SystemClock),
             owner: None,
@@ -143,8 +143,14 @@ impl<B: Backend> LockClient<B> {
     }
 
     /// The engine.
-    pub fn backend(&self) -> &B {
+    pub fn backend(&self) -> &dyn Backend {
         self.holding.driver().backend()
+    }
+
+    /// The engine, as the type it was built with (`None` for another type): for what only
+    /// that engine offers (its key layout, say).
+    pub fn engine<E: Backend>(&self) -> Option<&E> {
+        (self.backend() as &dyn std::any::Any).downcast_ref()
     }
 
     /// The default options of this client's acquisitions.
@@ -172,8 +178,8 @@ impl<B: Backend> LockClient<B> {
     /// which the engine treats as the same acquisition.
     ///
     /// ```no_run
-    /// # async fn demo<B: distlock_core::Backend>(
-    /// #     locks: distlock_core::LockClient<B>,
+    /// # async fn demo(
+    /// #     locks: distlock_core::LockClient,
     /// # ) -> Result<(), distlock_core::LockError> {
     /// match locks.try_acquire("backup").await? {
     ///     Some(guard) => {
@@ -192,7 +198,7 @@ impl<B: Backend> LockClient<B> {
     /// # Cancel safety
     /// If the future is dropped while a request is in flight, a release of that token is sent in
     /// the background, so nothing stays half taken.
-    pub async fn try_acquire(&self, key: &str) -> Result<Option<LockGuard<B>>, LockError> {
+    pub async fn try_acquire(&self, key: &str) -> Result<Option<LockGuard>, LockError> {
         self.try_lease(key, LeaseKind::Exclusive, &self.options)
             .await
     }
@@ -208,7 +214,7 @@ impl<B: Backend> LockClient<B> {
         &self,
         key: &str,
         options: &LockOptions,
-    ) -> Result<Option<LockGuard<B>>, LockError> {
+    ) -> Result<Option<LockGuard>, LockError> {
         self.try_lease(key, LeaseKind::Exclusive, options).await
     }
 
@@ -224,7 +230,7 @@ impl<B: Backend> LockClient<B> {
     ///   remaining lease.
     ///
     /// ```no_run
-    /// # async fn demo<B: distlock_core::Backend>(backend: B) -> Result<(), distlock_core::LockError> {
+    /// # async fn demo(backend: impl distlock_core::engine::IntoBackend) -> Result<(), distlock_core::LockError> {
     /// use std::time::Duration;
     /// use distlock_core::{ErrorKind, LockClient, LockOptions};
     ///
@@ -251,7 +257,7 @@ impl<B: Backend> LockClient<B> {
     /// # Cancel safety
     /// Cancel-safe: a dropped `acquire` leaves nothing taken, no subscription and no place in
     /// the local queue.
-    pub async fn acquire(&self, key: &str) -> Result<LockGuard<B>, LockError> {
+    pub async fn acquire(&self, key: &str) -> Result<LockGuard, LockError> {
         self.lease(key, LeaseKind::Exclusive, &self.options).await
     }
 
@@ -266,7 +272,7 @@ impl<B: Backend> LockClient<B> {
         &self,
         key: &str,
         options: &LockOptions,
-    ) -> Result<LockGuard<B>, LockError> {
+    ) -> Result<LockGuard, LockError> {
         self.lease(key, LeaseKind::Exclusive, options).await
     }
 
@@ -277,8 +283,8 @@ impl<B: Backend> LockClient<B> {
     /// `lost()` to stop early.
     ///
     /// ```no_run
-    /// # async fn demo<B: distlock_core::Backend>(
-    /// #     locks: distlock_core::LockClient<B>,
+    /// # async fn demo(
+    /// #     locks: distlock_core::LockClient,
     /// # ) -> Result<(), distlock_core::LockError> {
     /// let rows = locks
     ///     .with_lock("reindex", |lease| async move {
@@ -343,7 +349,7 @@ impl<B: Backend> LockClient<B> {
         key: &str,
         kind: LeaseKind,
         options: &LockOptions,
-    ) -> Result<Option<LockGuard<B>>, LockError> {
+    ) -> Result<Option<LockGuard>, LockError> {
         self.try_lease_as(Want::new(key, kind, options)).await
     }
 
@@ -351,7 +357,7 @@ impl<B: Backend> LockClient<B> {
     pub(crate) async fn try_lease_as(
         &self,
         want: Want<'_>,
-    ) -> Result<Option<LockGuard<B>>, LockError> {
+    ) -> Result<Option<LockGuard>, LockError> {
         let timer = crate::metrics::Timer::start();
         let engine = self.backend().name();
         let span = crate::trace::acquire(engine, want.key, want.kind);
@@ -371,7 +377,7 @@ impl<B: Backend> LockClient<B> {
         got
     }
 
-    async fn try_lease_once(&self, want: Want<'_>) -> Result<Option<LockGuard<B>>, LockError> {
+    async fn try_lease_once(&self, want: Want<'_>) -> Result<Option<LockGuard>, LockError> {
         let key = want.key;
         validate_key(key)?;
         if self.held_here(key) {
@@ -393,12 +399,12 @@ impl<B: Backend> LockClient<B> {
         key: &str,
         kind: LeaseKind,
         options: &LockOptions,
-    ) -> Result<LockGuard<B>, LockError> {
+    ) -> Result<LockGuard, LockError> {
         self.lease_as(Want::new(key, kind, options)).await
     }
 
     /// The lease `want` describes, waiting as its options say.
-    pub(crate) async fn lease_as(&self, want: Want<'_>) -> Result<LockGuard<B>, LockError> {
+    pub(crate) async fn lease_as(&self, want: Want<'_>) -> Result<LockGuard, LockError> {
         let timer = crate::metrics::Timer::start();
         let engine = self.backend().name();
         let span = crate::trace::acquire(engine, want.key, want.kind);
@@ -411,7 +417,7 @@ impl<B: Backend> LockClient<B> {
         got
     }
 
-    async fn lease_waiting(&self, want: Want<'_>) -> Result<LockGuard<B>, LockError> {
+    async fn lease_waiting(&self, want: Want<'_>) -> Result<LockGuard, LockError> {
         let (key, options) = (want.key, want.options);
         validate_key(key)?;
         match options.wait() {
@@ -479,7 +485,7 @@ impl<B: Backend> LockClient<B> {
     }
 
     /// What the client's guards and waits share (its engine driver, local queues).
-    pub(crate) fn holding(&self) -> &Arc<Holding<B>> {
+    pub(crate) fn holding(&self) -> &Arc<Holding> {
         &self.holding
     }
 

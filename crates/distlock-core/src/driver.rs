@@ -20,8 +20,8 @@ use crate::token::Token;
 /// How many times a forced release reads the holder again when the lock changed hands under it.
 const BREAK_ATTEMPTS: u32 = 5;
 
-pub(crate) struct Driver<B> {
-    backend: B,
+pub(crate) struct Driver {
+    backend: Arc<dyn Backend>,
     clock: Arc<dyn Clock>,
     owner: String,
     /// The renewals in flight at once on an engine without a batch command (see
@@ -29,8 +29,8 @@ pub(crate) struct Driver<B> {
     renew_slots: tokio::sync::Semaphore,
 }
 
-impl<B: Backend> Driver<B> {
-    pub(crate) fn new(backend: B, clock: Arc<dyn Clock>, owner: String) -> Self {
+impl Driver {
+    pub(crate) fn new(backend: Arc<dyn Backend>, clock: Arc<dyn Clock>, owner: String) -> Self {
         Driver {
             backend,
             clock,
@@ -39,8 +39,8 @@ impl<B: Backend> Driver<B> {
         }
     }
 
-    pub(crate) fn backend(&self) -> &B {
-        &self.backend
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        &*self.backend
     }
 
     pub(crate) fn clock(&self) -> &Arc<dyn Clock> {

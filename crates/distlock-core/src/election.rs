@@ -23,7 +23,7 @@ use futures_util::Stream;
 
 use crate::acquire::{HolderSpec, Want};
 use crate::client::LockClient;
-use crate::engine::{Backend, Fencing, LeaseKind, LockStatus, Subscription};
+use crate::engine::{Fencing, LeaseKind, LockStatus, Subscription};
 use crate::error::{ErrorKind, LockError};
 use crate::guard::{LockGuard, Released};
 use crate::lease::LostReason;
@@ -43,8 +43,8 @@ pub const MAX_VALUE_LEN: usize = 1024;
 ///
 /// ```no_run
 /// # async fn serve() {}
-/// # async fn demo<B: distlock_core::Backend>(
-/// #     locks: distlock_core::LockClient<B>,
+/// # async fn demo(
+/// #     locks: distlock_core::LockClient,
 /// # ) -> Result<(), distlock_core::LockError> {
 /// let election = locks.election("scheduler").value("10.0.0.5:8080");
 /// let leading = election.campaign().await?;
@@ -58,15 +58,15 @@ pub const MAX_VALUE_LEN: usize = 1024;
 /// # Ok(()) }
 /// ```
 #[must_use = "an election does nothing until it campaigns or is read"]
-pub struct Election<B: Backend> {
-    client: LockClient<B>,
+pub struct Election {
+    client: LockClient,
     name: String,
     value: String,
     options: LockOptionsBuilder,
     interval: Duration,
 }
 
-impl<B: Backend> fmt::Debug for Election<B> {
+impl fmt::Debug for Election {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Election")
             .field("name", &self.name)
@@ -75,7 +75,7 @@ impl<B: Backend> fmt::Debug for Election<B> {
     }
 }
 
-impl<B: Backend> Clone for Election<B> {
+impl Clone for Election {
     fn clone(&self) -> Self {
         Election {
             client: self.client.clone(),
@@ -87,10 +87,10 @@ impl<B: Backend> Clone for Election<B> {
     }
 }
 
-impl<B: Backend> LockClient<B> {
+impl LockClient {
     /// The election `name`. Its leader holds the lock `name` (so `distlock status NAME` shows
     /// it), with this client's options; a campaign waits as they say (for ever by default).
-    pub fn election(&self, name: impl Into<String>) -> Election<B> {
+    pub fn election(&self, name: impl Into<String>) -> Election {
         Election {
             client: self.clone(),
             name: name.into(),
@@ -122,7 +122,7 @@ pub struct Leader {
     pub token: Option<String>,
 }
 
-impl<B: Backend> Election<B> {
+impl Election {
     /// The name of the election (and of its lock).
     pub fn name(&self) -> &str {
         &self.name
@@ -171,7 +171,7 @@ impl<B: Backend> Election<B> {
     ///
     /// # Cancel safety
     /// Cancel-safe: a campaign dropped half-way cleans up what it took, as an acquire does.
-    pub async fn campaign(&self) -> Result<Leadership<B>, LockError> {
+    pub async fn campaign(&self) -> Result<Leadership, LockError> {
         let (options, label) = self.prepare()?;
         let guard = self.client.lease_as(self.want(&options, &label)).await?;
         self.leadership(guard).await
@@ -184,7 +184,7 @@ impl<B: Backend> Election<B> {
     ///
     /// # Cancel safety
     /// As [`campaign`](Self::campaign).
-    pub async fn try_campaign(&self) -> Result<Option<Leadership<B>>, LockError> {
+    pub async fn try_campaign(&self) -> Result<Option<Leadership>, LockError> {
         let (options, label) = self.prepare()?;
         let guard = self
             .client
@@ -209,7 +209,7 @@ impl<B: Backend> Election<B> {
     }
 
     /// A follower's view: each change of leader, as it happens (see [`Observer`]).
-    pub fn observe(&self) -> Observer<B> {
+    pub fn observe(&self) -> Observer {
         Observer {
             election: self.clone(),
             last: None,
@@ -257,7 +257,7 @@ impl<B: Backend> Election<B> {
     /// The leadership of `guard`, whose fence is its epoch. An engine with fences gives one
     /// with every lease; one that did not (a resend it could not trace) is no leadership: the
     /// lease goes back.
-    async fn leadership(&self, guard: LockGuard<B>) -> Result<Leadership<B>, LockError> {
+    async fn leadership(&self, guard: LockGuard) -> Result<Leadership, LockError> {
         let Some(epoch) = guard.fence() else {
             let _ = guard.release().await;
             return Err(LockError::new(
@@ -370,13 +370,13 @@ fn parse_leader_label(label: &str) -> Option<(&str, Option<String>)> {
 /// Dropping it resigns (a release spawned on the runtime, as a guard's drop): a follower takes
 /// over within a few round trips, not after the lease.
 #[must_use = "dropping a leadership resigns at once"]
-pub struct Leadership<B: Backend> {
-    guard: LockGuard<B>,
+pub struct Leadership {
+    guard: LockGuard,
     epoch: u64,
     value: String,
 }
 
-impl<B: Backend> fmt::Debug for Leadership<B> {
+impl fmt::Debug for Leadership {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Leadership")
             .field("election", &self.guard.key())
@@ -386,7 +386,7 @@ impl<B: Backend> fmt::Debug for Leadership<B> {
     }
 }
 
-impl<B: Backend> Leadership<B> {
+impl Leadership {
     /// The epoch of this leadership: above every earlier leader's of the election. Pass it
     /// with every write, and have the resource refuse an epoch below the highest it has seen:
     /// a deposed leader that still believes it leads (paused past its lease) is then turned
@@ -427,7 +427,7 @@ impl<B: Backend> Leadership<B> {
     }
 
     /// The lease under it (its key is the election's name, its fence the epoch).
-    pub fn guard(&self) -> &LockGuard<B> {
+    pub fn guard(&self) -> &LockGuard {
         &self.guard
     }
 
@@ -450,8 +450,8 @@ impl<B: Backend> Leadership<B> {
 /// event, every observe interval otherwise, and soon again while nobody leads. Each read is one
 /// status read; a change is a new epoch (or nobody), so one epoch is never reported with two
 /// leaders.
-pub struct Observer<B: Backend> {
-    election: Election<B>,
+pub struct Observer {
+    election: Election,
     /// The last leader reported (its epoch and token), and whether one was.
     last: Option<Option<(Option<u64>, Option<String>)>>,
     started: bool,
@@ -460,7 +460,7 @@ pub struct Observer<B: Backend> {
     sub: Option<Subscription>,
 }
 
-impl<B: Backend> fmt::Debug for Observer<B> {
+impl fmt::Debug for Observer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Observer")
             .field("election", &self.election.name)
@@ -468,7 +468,7 @@ impl<B: Backend> fmt::Debug for Observer<B> {
     }
 }
 
-impl<B: Backend> Observer<B> {
+impl Observer {
     /// The leader now, at the first call; afterwards, waits for the next change (a new leader,
     /// or nobody leading) and returns it.
     ///
@@ -514,10 +514,7 @@ impl<B: Backend> Observer<B> {
     }
 
     /// The changes as a stream (the first item is the leader now).
-    pub fn into_stream(self) -> impl Stream<Item = Result<Option<Leader>, LockError>> + Send
-    where
-        B: Backend,
-    {
+    pub fn into_stream(self) -> impl Stream<Item = Result<Option<Leader>, LockError>> + Send {
         futures_util::stream::unfold(self, |mut o| async move {
             let next = o.changed().await;
             Some((next, o))

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::driver::Driver;
-use crate::engine::{Backend, LeaseCheck, LeaseKind, LeaseRef, SessionWatch};
+use crate::engine::{LeaseCheck, LeaseKind, LeaseRef, SessionWatch};
 use crate::error::{ErrorKind, LockError};
 use crate::lease::{LeaseEnd, LeaseHandle, LeaseShared, LostReason};
 use crate::local::LocalQueues;
@@ -49,16 +49,16 @@ pub struct LeakedLease {
 
 /// What the guards of one client share, and where they are made: the engine's driver, the
 /// client's local queues (when on) and its watchdog.
-pub(crate) struct Holding<B: Backend> {
-    driver: Arc<Driver<B>>,
-    local: Option<LocalQueues<Handoff<B>>>,
+pub(crate) struct Holding {
+    driver: Arc<Driver>,
+    local: Option<LocalQueues<Handoff>>,
     watchdog: Watchdog,
     /// The engine's word that a lease's session ended, for every lease of the client.
     losses: crate::lease::losses::Losses,
 }
 
-impl<B: Backend> Holding<B> {
-    pub(crate) fn new(driver: Driver<B>, local_queue: bool) -> Self {
+impl Holding {
+    pub(crate) fn new(driver: Driver, local_queue: bool) -> Self {
         let driver = Arc::new(driver);
         let engine = Arc::downgrade(&driver);
         let still_on = Box::new(move |lease: &LeaseRef<'_>, session: u64| {
@@ -72,26 +72,26 @@ impl<B: Backend> Holding<B> {
         }
     }
 
-    pub(crate) fn driver(&self) -> &Arc<Driver<B>> {
+    pub(crate) fn driver(&self) -> &Arc<Driver> {
         &self.driver
     }
 
     /// The local queues, unless the client turned them off.
-    pub(crate) fn local(&self) -> Option<&LocalQueues<Handoff<B>>> {
+    pub(crate) fn local(&self) -> Option<&LocalQueues<Handoff>> {
         self.local.as_ref()
     }
 
     /// The local queues for leases of `kind`: exclusive leases only. A local queue lets one
     /// task of the client hold a name and one wait on the engine for it, handing the lease from
     /// task to task; readers and permits share a name, so each task asks the engine itself.
-    pub(crate) fn local_for(&self, kind: LeaseKind) -> Option<&LocalQueues<Handoff<B>>> {
+    pub(crate) fn local_for(&self, kind: LeaseKind) -> Option<&LocalQueues<Handoff>> {
         self.local.as_ref().filter(|_| kind == LeaseKind::Exclusive)
     }
 
     /// The guard of a lease just taken: this client's holder of the key from now, renewed by
     /// the watchdog (unless the options say not to), and ended at once when the engine says its
     /// session ended.
-    pub(crate) fn guard(self: &Arc<Self>, lease: Arc<LeaseShared>) -> LockGuard<B> {
+    pub(crate) fn guard(self: &Arc<Self>, lease: Arc<LeaseShared>) -> LockGuard {
         if let Some(local) = self.local_for(lease.kind()) {
             local.set_holder(lease.key(), &lease);
         }
@@ -125,12 +125,12 @@ impl<B: Backend> Holding<B> {
 }
 
 /// Looks at a lease's session again when dropped (see [`Holding::rewatch`]).
-struct Rewatch<'a, B: Backend> {
-    holding: &'a Holding<B>,
+struct Rewatch<'a> {
+    holding: &'a Holding,
     lease: &'a Arc<LeaseShared>,
 }
 
-impl<B: Backend> Drop for Rewatch<'_, B> {
+impl Drop for Rewatch<'_> {
     fn drop(&mut self) {
         self.holding.rewatch(self.lease);
     }
@@ -144,28 +144,28 @@ impl<B: Backend> Drop for Rewatch<'_, B> {
 /// the lock when its TTL runs out. Call [`release`](Self::release) to know whether the lease was
 /// still ours.
 #[must_use = "dropping the guard releases the lock at once (in the background)"]
-pub struct LockGuard<B: Backend> {
-    holding: Arc<Holding<B>>,
+pub struct LockGuard {
+    holding: Arc<Holding>,
     lease: Arc<LeaseShared>,
     done: bool,
 }
 
 /// A lease handed from a releasing holder to a waiting task of the same client. If it is never
 /// taken (the waiter's future was dropped), its drop releases the lock.
-pub(crate) struct Handoff<B: Backend> {
-    holding: Arc<Holding<B>>,
+pub(crate) struct Handoff {
+    holding: Arc<Holding>,
     lease: Option<Arc<LeaseShared>>,
 }
 
-impl<B: Backend> Handoff<B> {
+impl Handoff {
     /// The guard of the handed-over lease.
-    pub(crate) fn into_guard(mut self) -> Option<LockGuard<B>> {
+    pub(crate) fn into_guard(mut self) -> Option<LockGuard> {
         let lease = self.lease.take()?;
         Some(self.holding.guard(lease))
     }
 }
 
-impl<B: Backend> Drop for Handoff<B> {
+impl Drop for Handoff {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
             let before = lease.lost_by_now();
@@ -175,11 +175,7 @@ impl<B: Backend> Drop for Handoff<B> {
     }
 }
 
-fn spawn_finish<B: Backend>(
-    holding: Arc<Holding<B>>,
-    lease: Arc<LeaseShared>,
-    before: Option<LostReason>,
-) {
+fn spawn_finish(holding: Arc<Holding>, lease: Arc<LeaseShared>, before: Option<LostReason>) {
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         rt.spawn(async move {
             if let Err(e) = finish(&holding, &lease, before).await {
@@ -196,8 +192,8 @@ fn spawn_finish<B: Backend>(
 /// hands the lease to a local waiter if the options ask for it, and otherwise releases it on the
 /// engine (which compares the token). `before` is how the lease was lost before the release, if
 /// it was.
-async fn finish<B: Backend>(
-    holding: &Arc<Holding<B>>,
+async fn finish(
+    holding: &Arc<Holding>,
     lease: &Arc<LeaseShared>,
     before: Option<LostReason>,
 ) -> Result<Released, LockError> {
@@ -239,8 +235,8 @@ async fn finish<B: Backend>(
 
 /// Gives the lease to the next local waiter with one renewal. `None` when nobody took it (the
 /// caller then releases as usual).
-async fn hand_off<B: Backend>(
-    holding: &Arc<Holding<B>>,
+async fn hand_off(
+    holding: &Arc<Holding>,
     lease: &Arc<LeaseShared>,
 ) -> Option<Result<Released, LockError>> {
     let local = holding.local_for(lease.kind())?;
@@ -303,7 +299,7 @@ async fn hand_off<B: Backend>(
     }
 }
 
-impl<B: Backend> LockGuard<B> {
+impl LockGuard {
     /// The lock key.
     pub fn key(&self) -> &str {
         self.lease.key()
@@ -350,8 +346,8 @@ impl<B: Backend> LockGuard<B> {
     ///
     /// ```no_run
     /// # async fn work() {}
-    /// # async fn demo<B: distlock_core::Backend>(
-    /// #     locks: distlock_core::LockClient<B>,
+    /// # async fn demo(
+    /// #     locks: distlock_core::LockClient,
     /// # ) -> Result<(), distlock_core::LockError> {
     /// let guard = locks.acquire("migrations").await?;
     /// tokio::select! {
@@ -390,7 +386,7 @@ impl<B: Backend> LockGuard<B> {
         // A renewal to another TTL may move the lease to another session (etcd): however the
         // call ends, its session is looked at again.
         let _rewatch = (ttl != lease.snapshot().ttl).then(|| Rewatch {
-            holding: &*self.holding,
+            holding: &self.holding,
             lease,
         });
         let check = self
@@ -655,14 +651,14 @@ impl<B: Backend> LockGuard<B> {
 }
 
 /// Finishes a release in the background if `release()` is cancelled.
-struct PendingFinish<'a, B: Backend> {
-    holding: &'a Arc<Holding<B>>,
+struct PendingFinish<'a> {
+    holding: &'a Arc<Holding>,
     lease: &'a Arc<LeaseShared>,
     before: Option<LostReason>,
     armed: bool,
 }
 
-impl<B: Backend> Drop for PendingFinish<'_, B> {
+impl Drop for PendingFinish<'_> {
     fn drop(&mut self) {
         if self.armed {
             spawn_finish(self.holding.clone(), self.lease.clone(), self.before);
@@ -674,7 +670,7 @@ pub(crate) fn lost_error(key: &str, end: impl fmt::Display) -> LockError {
     LockError::new(ErrorKind::Lost, format!("lock {key:?}: {end}"))
 }
 
-impl<B: Backend> Drop for LockGuard<B> {
+impl Drop for LockGuard {
     fn drop(&mut self) {
         if self.done {
             return;
@@ -685,7 +681,7 @@ impl<B: Backend> Drop for LockGuard<B> {
     }
 }
 
-impl<B: Backend> fmt::Debug for LockGuard<B> {
+impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
             .field("key", &self.lease.key())

@@ -3,7 +3,7 @@
 use futures_util::StreamExt;
 
 use crate::client::LockClient;
-use crate::engine::{Backend, LockStatus};
+use crate::engine::LockStatus;
 use crate::error::{ErrorKind, LockError};
 use crate::key::validate_key;
 
@@ -46,7 +46,7 @@ impl ListedLock {
     }
 }
 
-impl<B: Backend> LockClient<B> {
+impl LockClient {
     /// Every lock whose name starts with `prefix` that is held or waited for now, at most
     /// `limit` of them, with each one's status: its kind, every holder (label, TTL left,
     /// fence) and its waiters where the engine can tell.

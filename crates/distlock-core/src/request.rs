@@ -7,7 +7,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::client::LockClient;
-use crate::engine::{Backend, LeaseKind};
+use crate::engine::LeaseKind;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::lease::LeaseHandle;
@@ -17,8 +17,8 @@ use crate::options::{LockOptions, LockOptionsBuilder, Wait};
 /// `try_acquire` or `run`.
 ///
 /// ```no_run
-/// # async fn demo<B: distlock_core::Backend>(
-/// #     locks: distlock_core::LockClient<B>,
+/// # async fn demo(
+/// #     locks: distlock_core::LockClient,
 /// # ) -> Result<(), distlock_core::LockError> {
 /// use std::time::Duration;
 ///
@@ -32,14 +32,14 @@ use crate::options::{LockOptions, LockOptionsBuilder, Wait};
 /// # Ok(()) }
 /// ```
 #[must_use = "a request does nothing until it is sent with acquire, try_acquire or run"]
-pub struct LockRequest<'a, B: Backend> {
-    client: &'a LockClient<B>,
+pub struct LockRequest<'a> {
+    client: &'a LockClient,
     key: &'a str,
     kind: LeaseKind,
     options: LockOptionsBuilder,
 }
 
-impl<B: Backend> fmt::Debug for LockRequest<'_, B> {
+impl fmt::Debug for LockRequest<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockRequest")
             .field("key", &self.key)
@@ -48,10 +48,10 @@ impl<B: Backend> fmt::Debug for LockRequest<'_, B> {
     }
 }
 
-impl<B: Backend> LockClient<B> {
+impl LockClient {
     /// A request for `key` whose options can be changed for this call alone:
     /// `client.lock("k").ttl(d).wait_timeout(w).acquire().await`.
-    pub fn lock<'a>(&'a self, key: &'a str) -> LockRequest<'a, B> {
+    pub fn lock<'a>(&'a self, key: &'a str) -> LockRequest<'a> {
         LockRequest {
             client: self,
             key,
@@ -61,7 +61,7 @@ impl<B: Backend> LockClient<B> {
     }
 }
 
-impl<B: Backend> LockClient<B> {
+impl LockClient {
     /// A request to read under the read-write lock `key`: readers share it, and a writer
     /// ([`write_lock`](Self::write_lock)) excludes them all.
     ///
@@ -81,8 +81,8 @@ impl<B: Backend> LockClient<B> {
     /// reader's lease ended, and what the reader read may be stale.
     ///
     /// ```no_run
-    /// # async fn demo<B: distlock_core::Backend>(
-    /// #     locks: distlock_core::LockClient<B>,
+    /// # async fn demo(
+    /// #     locks: distlock_core::LockClient,
     /// # ) -> Result<(), distlock_core::LockError> {
     /// let reader = locks.read_lock("catalog").acquire().await?;
     /// // ... read, alongside other readers ...
@@ -92,14 +92,14 @@ impl<B: Backend> LockClient<B> {
     /// writer.release().await?;
     /// # Ok(()) }
     /// ```
-    pub fn read_lock<'a>(&'a self, key: &'a str) -> LockRequest<'a, B> {
+    pub fn read_lock<'a>(&'a self, key: &'a str) -> LockRequest<'a> {
         self.lock(key).shared()
     }
 
     /// A request to write under the read-write lock `key`: the writer excludes every reader and
     /// every other writer (it is the same lease as [`lock`](Self::lock)'s). Each writer gets a
     /// fence above every earlier writer's.
-    pub fn write_lock<'a>(&'a self, key: &'a str) -> LockRequest<'a, B> {
+    pub fn write_lock<'a>(&'a self, key: &'a str) -> LockRequest<'a> {
         self.lock(key)
     }
 
@@ -115,8 +115,8 @@ impl<B: Backend> LockClient<B> {
     /// otherwise, when sent).
     ///
     /// ```no_run
-    /// # async fn demo<B: distlock_core::Backend>(
-    /// #     locks: distlock_core::LockClient<B>,
+    /// # async fn demo(
+    /// #     locks: distlock_core::LockClient,
     /// # ) -> Result<(), distlock_core::LockError> {
     /// // At most 4 exports at once, across every process.
     /// let permit = locks.semaphore("exports", 4).acquire().await?;
@@ -124,12 +124,12 @@ impl<B: Backend> LockClient<B> {
     /// permit.release().await?;
     /// # Ok(()) }
     /// ```
-    pub fn semaphore<'a>(&'a self, key: &'a str, permits: u32) -> LockRequest<'a, B> {
+    pub fn semaphore<'a>(&'a self, key: &'a str, permits: u32) -> LockRequest<'a> {
         self.lock(key).permits(permits)
     }
 }
 
-impl<'a, B: Backend> LockRequest<'a, B> {
+impl<'a> LockRequest<'a> {
     /// Asks for a lease of `kind` (what [`shared`](Self::shared) and
     /// [`permits`](Self::permits) set).
     pub fn kind(mut self, kind: LeaseKind) -> Self {
@@ -200,7 +200,7 @@ impl<'a, B: Backend> LockRequest<'a, B> {
     ///
     /// # Cancel safety
     /// As [`LockClient::acquire`].
-    pub async fn acquire(self) -> Result<LockGuard<B>, LockError> {
+    pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let options = self.options.build()?;
         self.client.lease(self.key, self.kind, &options).await
     }
@@ -213,7 +213,7 @@ impl<'a, B: Backend> LockRequest<'a, B> {
     ///
     /// # Cancel safety
     /// As [`LockClient::try_acquire`].
-    pub async fn try_acquire(self) -> Result<Option<LockGuard<B>>, LockError> {
+    pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
         let options = self.options.build()?;
         self.client.try_lease(self.key, self.kind, &options).await
     }

@@ -12,7 +12,7 @@ use futures_util::stream::FuturesUnordered;
 use tokio::time::Instant as TokioInstant;
 
 use crate::driver::Driver;
-use crate::engine::{Backend, LeaseCheck, RenewItem};
+use crate::engine::{LeaseCheck, RenewItem};
 use crate::lease::{LeaseEnd, LeaseShared, LostReason};
 use crate::sync::MutexExt;
 use crate::token::Token;
@@ -73,7 +73,7 @@ impl Watchdog {
 
     /// Hands `lease` to the watchdog task, starting the task if needed (or again, if the
     /// runtime it ran on has shut down). The task renews through `driver`, and ends with it.
-    pub(crate) fn watch<B: Backend>(&self, driver: &Arc<Driver<B>>, lease: Arc<LeaseShared>) {
+    pub(crate) fn watch(&self, driver: &Arc<Driver>, lease: Arc<LeaseShared>) {
         // A renewal interval from now, or half of what is left of the lease if that is sooner:
         // its validity counts from the acquire's send, and an acquire that took a large part of
         // the TTL (a session opened over TLS first) leaves less than an interval.
@@ -117,7 +117,7 @@ impl Drop for StoppedOnExit {
     }
 }
 
-async fn run<B: Backend>(driver: Weak<Driver<B>>, inbox: Arc<Inbox>) {
+async fn run(driver: Weak<Driver>, inbox: Arc<Inbox>) {
     let running = StoppedOnExit(inbox);
     let inbox = &running.0;
     let mut schedule = Schedule::default();
@@ -170,7 +170,7 @@ async fn run<B: Backend>(driver: Weak<Driver<B>>, inbox: Arc<Inbox>) {
 /// or renewals that failed until the deadline) must not live on with a session that the engine
 /// keeps alive for other leases: the engine takes them off it, to end within what is left of
 /// them (at once, for a lease already given up).
-fn detach_unrenewed<B: Backend>(driver: &Weak<Driver<B>>, leases: Vec<Arc<LeaseShared>>) {
+fn detach_unrenewed(driver: &Weak<Driver>, leases: Vec<Arc<LeaseShared>>) {
     if leases.is_empty() {
         return;
     }
@@ -193,8 +193,8 @@ fn detach_unrenewed<B: Backend>(driver: &Weak<Driver<B>>, leases: Vec<Arc<LeaseS
 }
 
 /// Renews `batch`, whose leases' latest deadline is `deadline`: each item with its outcome.
-async fn send<B: Backend>(
-    driver: Arc<Driver<B>>,
+async fn send(
+    driver: Arc<Driver>,
     mut batch: Vec<Item>,
     deadline: std::time::Instant,
 ) -> Vec<Item> {

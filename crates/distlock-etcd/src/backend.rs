@@ -146,10 +146,8 @@ impl EtcdBackend {
     /// let locks = LockClient::new(EtcdBackend::connect("etcd://127.0.0.1:2379").await?);
     /// let guard = locks.acquire("config").await?;
     /// let fence = guard.fence().expect("etcd gives fences");
-    /// let written = locks
-    ///     .backend()
-    ///     .fenced_put("config", fence, "app/config", "v2")
-    ///     .await?;
+    /// let etcd = locks.engine::<EtcdBackend>().expect("built on etcd");
+    /// let written = etcd.fenced_put("config", fence, "app/config", "v2").await?;
     /// assert!(written, "the lock was lost before the write");
     /// guard.release().await?;
     /// # Ok(()) }
@@ -538,112 +536,130 @@ impl Backend for EtcdBackend {
             .with_order()
     }
 
-    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        let attempt = self.inner.recipe.acquire(req).await?;
-        let fence = match attempt {
-            Attempt::Acquired { fence } | Attempt::AcquiredEarlier { fence, .. } => fence,
-            other => return Ok(other),
-        };
-        if req.renewed {
-            return Ok(attempt);
-        }
-        // Nobody renews this lock: it goes to a lease of its own, which ends after its TTL
-        // whatever else this client holds. Counted from when the request was sent (the lease
-        // was granted after).
-        match self.to_private(&req.lease(), req.ttl).await {
-            Ok(true) => Ok(Attempt::Acquired { fence }),
-            Ok(false) => Err(LockError::new(
-                ErrorKind::Lost,
-                "the etcd lock key vanished as it was taken",
-            )),
-            Err(e) => {
-                // Not left half taken.
-                self.inner.recipe.discard(req.name, req.token.as_str());
-                Err(e)
+    fn acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        Box::pin(async move {
+            let attempt = self.inner.recipe.acquire(req).await?;
+            let fence = match attempt {
+                Attempt::Acquired { fence } | Attempt::AcquiredEarlier { fence, .. } => fence,
+                other => return Ok(other),
+            };
+            if req.renewed {
+                return Ok(attempt);
             }
-        }
+            // Nobody renews this lock: it goes to a lease of its own, which ends after its TTL
+            // whatever else this client holds. Counted from when the request was sent (the lease
+            // was granted after).
+            match self.to_private(&req.lease(), req.ttl).await {
+                Ok(true) => Ok(Attempt::Acquired { fence }),
+                Ok(false) => Err(LockError::new(
+                    ErrorKind::Lost,
+                    "the etcd lock key vanished as it was taken",
+                )),
+                Err(e) => {
+                    // Not left half taken.
+                    self.inner.recipe.discard(req.name, req.token.as_str());
+                    Err(e)
+                }
+            }
+        })
     }
 
-    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
-        let item = [RenewItem::new(*lease, ttl)];
-        self.renew_batch(&item)
-            .await
-            .pop()
-            .unwrap_or(Ok(LeaseCheck::Missing))
+    fn renew<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            let item = [RenewItem::new(*lease, ttl)];
+            self.renew_batch(&item)
+                .await
+                .pop()
+                .unwrap_or(Ok(LeaseCheck::Missing))
+        })
     }
 
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
-        const DOING: &str = "releasing an etcd lock";
-        let entry = self.inner.recipe.forget(lease.name, lease.token.as_str());
-        // The key's name is ours alone (no other acquisition takes it while it may exist), so
-        // deleting it can never take another holder's lock; and it can be deleted even when an
-        // acquire's reply was lost and we never learned its place.
-        let Some(key) = self.store().key_of(lease.token) else {
-            // Nothing was written for this acquisition, or its key is known to be gone.
-            return Ok(LeaseCheck::Missing);
-        };
-        self.store().forget(&key);
-        let given_up = !entry.as_ref().is_some_and(|e| e.held);
-        if given_up {
-            // A given-up acquire's clean-up: the key is nobody's lock.
-            self.store().abandon(&key);
-        }
-        let delete = DeleteRangeRequest {
-            key: key.as_bytes().to_vec(),
-            prev_kv: true,
-            ..Default::default()
-        };
-        let reply = self
-            .store()
-            .members
-            .write(|c| {
-                let delete = delete.clone();
-                async move { c.delete_range(delete).await }
-            })
-            .await;
-        // The name before the abandoned mark (see `remove_later`): a first attempt that read
-        // the key before the delete must find it stale at every instant.
-        if reply.is_ok() {
+    fn release<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            const DOING: &str = "releasing an etcd lock";
+            let entry = self.inner.recipe.forget(lease.name, lease.token.as_str());
+            // The key's name is ours alone (no other acquisition takes it while it may exist), so
+            // deleting it can never take another holder's lock; and it can be deleted even when an
+            // acquire's reply was lost and we never learned its place.
+            let Some(key) = self.store().key_of(lease.token) else {
+                // Nothing was written for this acquisition, or its key is known to be gone.
+                return Ok(LeaseCheck::Missing);
+            };
+            self.store().forget(&key);
+            let given_up = !entry.as_ref().is_some_and(|e| e.held);
             if given_up {
-                // One of its writes may still land: a name for nobody from now.
-                self.store().burn_name(lease.token);
-            } else {
-                self.store().free_name(lease.token);
+                // A given-up acquire's clean-up: the key is nobody's lock.
+                self.store().abandon(&key);
             }
-        }
-        self.store()
-            .released(&String::from_utf8_lossy(&delete.key), reply.is_ok());
-        let reply = reply.map_err(|e| map_err(e, DOING))?;
-        let ours = match (&entry, reply.prev_kvs.first()) {
-            (Some(e), Some(kv)) => e.held && kv.create_revision == e.entry.seq,
-            _ => false,
-        };
-        Ok(if ours {
-            LeaseCheck::Ours
-        } else {
-            LeaseCheck::Missing
+            let delete = DeleteRangeRequest {
+                key: key.as_bytes().to_vec(),
+                prev_kv: true,
+                ..Default::default()
+            };
+            let reply = self
+                .store()
+                .members
+                .write(|c| {
+                    let delete = delete.clone();
+                    async move { c.delete_range(delete).await }
+                })
+                .await;
+            // The name before the abandoned mark (see `remove_later`): a first attempt that read
+            // the key before the delete must find it stale at every instant.
+            if reply.is_ok() {
+                if given_up {
+                    // One of its writes may still land: a name for nobody from now.
+                    self.store().burn_name(lease.token);
+                } else {
+                    self.store().free_name(lease.token);
+                }
+            }
+            self.store()
+                .released(&String::from_utf8_lossy(&delete.key), reply.is_ok());
+            let reply = reply.map_err(|e| map_err(e, DOING))?;
+            let ours = match (&entry, reply.prev_kvs.first()) {
+                (Some(e), Some(kv)) => e.held && kv.create_revision == e.entry.seq,
+                _ => false,
+            };
+            Ok(if ours {
+                LeaseCheck::Ours
+            } else {
+                LeaseCheck::Missing
+            })
         })
     }
 
     /// Every holder (the leading keys of the queue that hold: one writer, the readers up to
     /// the first writer, or N permits), each with its label, token, fence and its lease's
     /// remaining time; the other keys are the waiters.
-    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
-        let read = RangeRequest::prefix(self.lock_prefix(key))
-            .sorted(SortTarget::Create, SortOrder::Ascend);
-        let kvs = self.read(read, "reading an etcd lock's status").await?.kvs;
-        let kinds = kvs
-            .iter()
-            .map(|kv| untag_value(&String::from_utf8_lossy(&kv.value)).0);
-        let n = distlock_core::engine::queue::holding(kinds);
-        let mut holders = Vec::with_capacity(n);
-        for kv in &kvs[..n] {
-            holders.push(self.holder_status(kv).await);
-        }
-        let last = holders.iter().filter_map(|h| h.fence).max();
-        Ok(LockStatus::held_by(holders)
-            .with_last_fence(last)
-            .with_waiters(Some((kvs.len() - n) as u64)))
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
+        Box::pin(async move {
+            let read = RangeRequest::prefix(self.lock_prefix(key))
+                .sorted(SortTarget::Create, SortOrder::Ascend);
+            let kvs = self.read(read, "reading an etcd lock's status").await?.kvs;
+            let kinds = kvs
+                .iter()
+                .map(|kv| untag_value(&String::from_utf8_lossy(&kv.value)).0);
+            let n = distlock_core::engine::queue::holding(kinds);
+            let mut holders = Vec::with_capacity(n);
+            for kv in &kvs[..n] {
+                holders.push(self.holder_status(kv).await);
+            }
+            let last = holders.iter().filter_map(|h| h.fence).max();
+            Ok(LockStatus::held_by(holders)
+                .with_last_fence(last)
+                .with_waiters(Some((kvs.len() - n) as u64)))
+        })
     }
 
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {

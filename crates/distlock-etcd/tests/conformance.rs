@@ -4,7 +4,7 @@ use distlock_etcd::EtcdBackend;
 use distlock_testkit::Etcd;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 
-fn setup() -> Option<impl MakeClient<EtcdBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let etcd = Etcd::start()?;
     let url = etcd.url("");
     Some(clients_on(etcd, url, |url| async move {

@@ -5,7 +5,7 @@ use distlock_etcd::EtcdBackend;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 use distlock_testkit::{Etcd, Pki};
 
-fn setup() -> Option<impl MakeClient<EtcdBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let pki = Pki::generate();
     let etcd = Etcd::start_tls(&pki)?;
     let url = etcd.url(&format!(

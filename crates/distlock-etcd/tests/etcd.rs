@@ -37,7 +37,10 @@ async fn ten_queued_waiters_acquire_in_queue_order() {
     let Some(etcd) = Etcd::start() else { return };
     let url = etcd.url("");
     let holder = client(&url, Duration::from_secs(10)).await;
-    let prefix = holder.backend().lock_prefix("fifo");
+    let prefix = holder
+        .engine::<EtcdBackend>()
+        .expect("the engine")
+        .lock_prefix("fifo");
     let g = holder.acquire("fifo").await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
@@ -91,7 +94,10 @@ async fn a_killed_member_of_three_leaves_the_lock_usable() {
                 break;
             }
             Ok(None) => {
-                let prefix = b.backend().lock_prefix("after-kill");
+                let prefix = b
+                    .engine::<EtcdBackend>()
+                    .expect("the engine")
+                    .lock_prefix("after-kill");
                 let left = tokio::task::block_in_place(|| keys_under(&etcd, &prefix));
                 panic!(
                     "after-kill is free, yet found busy; keys under it: {left:?}; the log:\n{}",
@@ -130,7 +136,10 @@ async fn paused_members_hold_up_neither_renewals_nor_a_queued_place() {
     let ttl = Duration::from_secs(2);
     let a = client(&url, ttl).await;
     let b = client(&url, ttl).await;
-    let prefix = a.backend().lock_prefix("paused");
+    let prefix = a
+        .engine::<EtcdBackend>()
+        .expect("the engine")
+        .lock_prefix("paused");
     let g = a.acquire("paused").await.unwrap();
     let first = g.fence().unwrap();
     let waiter = tokio::spawn(async move {
@@ -166,7 +175,8 @@ async fn fenced_put_writes_only_while_the_lock_is_held() {
     let g = a.acquire("fenced").await.unwrap();
     let fence = g.fence().unwrap();
     assert!(
-        a.backend()
+        a.engine::<EtcdBackend>()
+            .expect("the engine")
             .fenced_put("fenced", fence, "data/x", "1")
             .await
             .unwrap()
@@ -174,15 +184,23 @@ async fn fenced_put_writes_only_while_the_lock_is_held() {
     assert_eq!(etcd.ctl(&["get", "data/x", "--print-value-only"]), "1");
     // A stale token (an earlier holder's) writes nothing.
     assert!(
-        !a.backend()
+        !a.engine::<EtcdBackend>()
+            .expect("the engine")
             .fenced_put("fenced", fence - 1, "data/x", "0")
             .await
             .unwrap()
     );
     // The lock deleted behind our back (an operator, an expiry): the write is refused.
-    etcd.ctl(&["del", &a.backend().lock_prefix("fenced"), "--prefix"]);
+    etcd.ctl(&[
+        "del",
+        &a.engine::<EtcdBackend>()
+            .expect("the engine")
+            .lock_prefix("fenced"),
+        "--prefix",
+    ]);
     assert!(
-        !a.backend()
+        !a.engine::<EtcdBackend>()
+            .expect("the engine")
             .fenced_put("fenced", fence, "data/x", "2")
             .await
             .unwrap()

@@ -15,9 +15,7 @@ mod common;
 use common::{client, keys_under};
 
 /// A member and two clients of it with locks of `ttl`.
-async fn two_clients(
-    ttl: Duration,
-) -> Option<(Etcd, LockClient<EtcdBackend>, LockClient<EtcdBackend>)> {
+async fn two_clients(ttl: Duration) -> Option<(Etcd, LockClient, LockClient)> {
     let etcd = Etcd::start()?;
     let url = etcd.url("");
     let (a, b) = (client(&url, ttl).await, client(&url, ttl).await);
@@ -97,8 +95,18 @@ async fn a_lock_nobody_renews_ends_after_its_ttl_beside_renewed_ones() {
     let unrenewed = a.lock("unkept").auto_renew(false).acquire().await.unwrap();
     // On a lease of its own, not the session's.
     assert_ne!(
-        lease_of(&etcd, &a.backend().lock_prefix("unkept")),
-        lease_of(&etcd, &a.backend().lock_prefix("kept"))
+        lease_of(
+            &etcd,
+            &a.engine::<EtcdBackend>()
+                .expect("the engine")
+                .lock_prefix("unkept")
+        ),
+        lease_of(
+            &etcd,
+            &a.engine::<EtcdBackend>()
+                .expect("the engine")
+                .lock_prefix("kept")
+        )
     );
     let g = b
         .acquire("unkept")
@@ -161,7 +169,12 @@ async fn a_revoked_session_loses_every_lock_on_it_with_the_reason() {
         a.acquire("s2").await.unwrap(),
         a.acquire("s3").await.unwrap(),
     ];
-    let lease = lease_of(&etcd, &a.backend().lock_prefix("s1"));
+    let lease = lease_of(
+        &etcd,
+        &a.engine::<EtcdBackend>()
+            .expect("the engine")
+            .lock_prefix("s1"),
+    );
     etcd.ctl(&["lease", "revoke", &lease]);
     for g in &guards {
         let why = tokio::time::timeout(Duration::from_secs(3), g.lost())
@@ -176,7 +189,15 @@ async fn a_revoked_session_loses_every_lock_on_it_with_the_reason() {
         assert!(b.try_acquire(name).await.unwrap().is_some());
     }
     let next = a.acquire("s4").await.unwrap();
-    assert_ne!(lease_of(&etcd, &a.backend().lock_prefix("s4")), lease);
+    assert_ne!(
+        lease_of(
+            &etcd,
+            &a.engine::<EtcdBackend>()
+                .expect("the engine")
+                .lock_prefix("s4")
+        ),
+        lease
+    );
     assert!(next.release().await.unwrap().was_held());
 }
 
@@ -185,11 +206,18 @@ async fn a_key_on_our_session_that_we_do_not_know_is_deleted_at_a_renewal() {
     let Some(etcd) = Etcd::start() else { return };
     let a = client(&etcd.url(""), Duration::from_secs(2)).await;
     let g = a.acquire("real").await.unwrap();
-    let lease = lease_of(&etcd, &a.backend().lock_prefix("real"));
+    let lease = lease_of(
+        &etcd,
+        &a.engine::<EtcdBackend>()
+            .expect("the engine")
+            .lock_prefix("real"),
+    );
     // What a request given up after it was sent leaves when it lands after its clean-up.
     let stray = format!(
         "{}0123456789abcdef0123456789abcdef",
-        a.backend().lock_prefix("stray")
+        a.engine::<EtcdBackend>()
+            .expect("the engine")
+            .lock_prefix("stray")
     );
     etcd.ctl(&["put", &stray, "v", &format!("--lease={lease}")]);
     eventually("the stray key is deleted", Duration::from_secs(4), || {
@@ -237,7 +265,10 @@ async fn a_key_whose_release_went_unanswered_is_not_in_our_way() {
     assert!(released.is_err(), "the release was answered: {released:?}");
     // The key is still there (its lease lives 10 s), but it is ours, released: the next first
     // attempt deletes it instead of reporting the lock busy.
-    let prefix = a.backend().lock_prefix("unanswered");
+    let prefix = a
+        .engine::<EtcdBackend>()
+        .expect("the engine")
+        .lock_prefix("unanswered");
     let left = etcd.ctl(&["get", &prefix, "--prefix", "--keys-only"]);
     assert_eq!(left.lines().filter(|l| !l.trim().is_empty()).count(), 1);
     let g = a
@@ -263,7 +294,10 @@ async fn a_given_up_acquire_does_not_keep_the_next_try_of_its_client_out() {
         Duration::from_secs(10),
     )
     .await;
-    let prefix = a.backend().lock_prefix("given-up");
+    let prefix = a
+        .engine::<EtcdBackend>()
+        .expect("the engine")
+        .lock_prefix("given-up");
     for round in 0..10 {
         // A warm connection, so the write reaches the server before its reply is lost.
         let warm = a.try_acquire("warm").await.unwrap().expect("free");
@@ -289,7 +323,10 @@ async fn a_client_taking_a_lock_again_writes_the_same_key_and_concurrent_ones_di
     let Some((etcd, a, b)) = two_clients(Duration::from_secs(5)).await else {
         return;
     };
-    let prefix = a.backend().lock_prefix("again");
+    let prefix = a
+        .engine::<EtcdBackend>()
+        .expect("the engine")
+        .lock_prefix("again");
     let g = a.acquire("again").await.unwrap();
     let first = keys_under(&etcd, &prefix);
     assert_eq!(first.len(), 1, "{first:?}");
@@ -302,7 +339,7 @@ async fn a_client_taking_a_lock_again_writes_the_same_key_and_concurrent_ones_di
     // Another client's key has another name; and two acquisitions of this client at once
     // (the second queued behind the other client) have two.
     let held_by_b = b.acquire("again").await.unwrap();
-    let queued = a.backend().clone();
+    let queued = a.engine::<EtcdBackend>().expect("the engine").clone();
     let token = Token::generate();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let req =
@@ -348,10 +385,18 @@ async fn a_late_write_of_a_given_up_acquire_is_nobody_s_key() {
         Duration::from_secs(10),
     )
     .await;
-    let prefix = a.backend().lock_prefix("late");
+    let prefix = a
+        .engine::<EtcdBackend>()
+        .expect("the engine")
+        .lock_prefix("late");
     let warm = a.try_acquire("warm").await.unwrap().expect("free");
     // Our key names: <prefix><client>-<n>, n the lowest free; the first for "late" is -0.
-    let warm_key = keys_under(&etcd, &a.backend().lock_prefix("warm"));
+    let warm_key = keys_under(
+        &etcd,
+        &a.engine::<EtcdBackend>()
+            .expect("the engine")
+            .lock_prefix("warm"),
+    );
     let client_part = warm_key[0]
         .rsplit('/')
         .next()
@@ -398,7 +443,10 @@ async fn a_revoked_waiting_writer_never_takes_the_lock_beside_the_next_etcd_1622
         client(&url, ttl).await,
     );
     let name = "rw-16221";
-    let prefix = a.backend().lock_prefix(name);
+    let prefix = a
+        .engine::<EtcdBackend>()
+        .expect("the engine")
+        .lock_prefix(name);
     let before = leases(&etcd);
     let reader = a.read_lock(name).acquire().await.unwrap();
     let with_a = leases(&etcd);
@@ -467,7 +515,12 @@ async fn a_revoked_lease_ends_leadership_at_once() {
     };
     let leading = a.election("leader").value("a").campaign().await.unwrap();
     // The leader's lease, before a follower's key joins the prefix.
-    let lease = lease_of(&etcd, &a.backend().lock_prefix("leader"));
+    let lease = lease_of(
+        &etcd,
+        &a.engine::<EtcdBackend>()
+            .expect("the engine")
+            .lock_prefix("leader"),
+    );
     let follower = tokio::spawn(async move {
         let l = b.election("leader").value("b").campaign().await.unwrap();
         (l, Instant::now())

@@ -493,9 +493,7 @@ pub(crate) fn jump_and_pause(shared: &SharedRef, id: usize, back_s: u64, d: Dura
 }
 
 /// A forced release of the harness's lock.
-async fn force_release(
-    c: std::sync::Arc<distlock::LockClient<distlock::AnyBackend>>,
-) -> Result<(), String> {
+async fn force_release(c: std::sync::Arc<distlock::LockClient>) -> Result<(), String> {
     c.force_release("k")
         .await
         .map(|_| ())

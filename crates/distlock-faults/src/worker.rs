@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock::{
-    AnyBackend, Clock, Leadership, LeaseKind, LockClient, LockGuard, LockOptions, Released,
-    SystemClock,
+    Clock, Leadership, LeaseKind, LockClient, LockGuard, LockOptions, Released, SystemClock,
 };
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -189,7 +188,7 @@ async fn ask(
 }
 
 async fn one_op(
-    client: &LockClient<AnyBackend>,
+    client: &LockClient,
     op: &Op,
     out: &Out,
     replies: &Mutex<mpsc::UnboundedReceiver<Value>>,
@@ -288,12 +287,12 @@ async fn one_op(
 
 /// What an operation holds: a lock's guard, or an election's leadership.
 enum Holding {
-    Lock(LockGuard<AnyBackend>),
-    Leader(Leadership<AnyBackend>),
+    Lock(LockGuard),
+    Leader(Leadership),
 }
 
 impl Holding {
-    fn guard(&self) -> &LockGuard<AnyBackend> {
+    fn guard(&self) -> &LockGuard {
         match self {
             Holding::Lock(g) => g,
             Holding::Leader(l) => l.guard(),

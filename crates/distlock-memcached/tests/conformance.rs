@@ -4,7 +4,7 @@ use distlock_memcached::MemcachedBackend;
 use distlock_testkit::Memcached;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 
-fn setup() -> Option<impl MakeClient<MemcachedBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let mc = Memcached::start()?;
     let url = mc.url("");
     Some(clients_on(mc, url, |url| async move {

@@ -5,7 +5,7 @@ use distlock_memcached::MemcachedBackend;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 use distlock_testkit::{Memcached, Pki};
 
-fn setup() -> Option<impl MakeClient<MemcachedBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let pki = Pki::generate();
     let mc = Memcached::start_tls(&pki)?;
     let url = mc.url(&format!(

@@ -7,7 +7,7 @@ use distlock_core::{ErrorKind, LockClient, Released};
 use distlock_memcached::MemcachedBackend;
 use distlock_testkit::Memcached;
 
-async fn client(url: &str, ttl: Duration) -> LockClient<MemcachedBackend> {
+async fn client(url: &str, ttl: Duration) -> LockClient {
     let backend = MemcachedBackend::connect(url).await.expect("connect");
     distlock_testkit::client_of(backend, ttl, None)
 }

@@ -4,7 +4,7 @@ use distlock_mysql::MysqlBackend;
 use distlock_testkit::MariaDb;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 
-fn setup() -> Option<impl MakeClient<MysqlBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let db = MariaDb::start()?;
     let url = db.url("");
     Some(clients_on(db, url, |url| async move {

@@ -5,7 +5,7 @@ use distlock_mysql::MysqlBackend;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 use distlock_testkit::{MARIADB_CERT_USER, MariaDb, Pki};
 
-fn setup() -> Option<impl MakeClient<MysqlBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let pki = Pki::generate();
     let db = MariaDb::start_tls(&pki)?;
     let (user, password) = MARIADB_CERT_USER;

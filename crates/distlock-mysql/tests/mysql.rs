@@ -8,7 +8,7 @@ use distlock_core::{ErrorKind, LockClient, LostReason, Released};
 use distlock_mysql::{MysqlBackend, lock_name};
 use distlock_testkit::{MARIADB_PASSWORD_USER, MariaDb};
 
-async fn client(url: &str, ttl: Duration) -> LockClient<MysqlBackend> {
+async fn client(url: &str, ttl: Duration) -> LockClient {
     let backend = MysqlBackend::connect(url).await.expect("connect");
     distlock_testkit::client_of(backend, ttl, None)
 }

@@ -10,7 +10,7 @@ use distlock_mysql::{MysqlBackend, semaphore_name};
 use distlock_testkit::{MariaDb, client_of};
 use mysql_async::prelude::Queryable;
 
-async fn client(url: &str) -> LockClient<MysqlBackend> {
+async fn client(url: &str) -> LockClient {
     let backend = MysqlBackend::connect(url).await.expect("connect");
     client_of(backend, Duration::from_secs(5), None)
 }

@@ -395,130 +395,148 @@ impl Backend for PgBackend {
             .with_order()
     }
 
-    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        // The id a waiter's ticket names (see `order`): the lock's, or the semaphore's base;
-        // recorded with the name for `distlock list` (the server knows the lock by its id
-        // only).
-        let (id, new_name) = self.name_id(req.name, req.kind);
-        // Sent when this call ends, or is dropped half-way: the writer's connection is not
-        // opened beside the attempt's.
-        let _name = new_name.then(|| names::NameToSend {
-            backend: self,
-            name: req.name,
-            kind: req.kind,
-            id,
-        });
-        let pool = &self.inner.pool;
-        let token = req.token.as_str();
-        if req.retry
-            && let Some(lease) = pool.held(req.name, token)
-            && !lease.session().is_over()
-        {
-            // The reply came after all: the lock is ours already (never locked twice: a
-            // session-level advisory lock counts its acquisitions). A recorded holder's fence
-            // is known.
-            return Ok(Attempt::Acquired {
-                fence: self.recorded_fence(token),
+    fn acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        Box::pin(async move {
+            // The id a waiter's ticket names (see `order`): the lock's, or the semaphore's base;
+            // recorded with the name for `distlock list` (the server knows the lock by its id
+            // only).
+            let (id, new_name) = self.name_id(req.name, req.kind);
+            // Sent when this call ends, or is dropped half-way: the writer's connection is not
+            // opened beside the attempt's.
+            let _name = new_name.then(|| names::NameToSend {
+                backend: self,
+                name: req.name,
+                kind: req.kind,
+                id,
             });
-        }
-        let seq = self.ticket_seq(token);
-        let attempt = match req.kind {
-            LeaseKind::Permit { permits } => self.acquire_permit(req, permits, id, seq).await?,
-            _ => self.try_lock(req, id, seq).await?,
-        };
-        if let (true, LeaseKind::Exclusive, Attempt::Acquired { fence: Some(fence) }) =
-            (req.recorded, req.kind, attempt)
-            && let Err(e) = self.record(req, fence).await
-        {
-            // Not a holder status can name: the lock goes back.
-            let _ = self.inner.pool.release(req.name, token).await;
-            return Err(e);
-        }
-        match attempt {
-            Attempt::Busy { .. } if req.queue => {
-                // A waiter: in the queue from now, or kept in it.
-                if let Err(e) = self.keep_ticket(req, id).await {
-                    tracing::debug!(target: "distlock", key = req.name, error = %e,
-                        "no ticket for a PostgreSQL waiter: it waits unordered this round");
-                }
+            let pool = &self.inner.pool;
+            let token = req.token.as_str();
+            if req.retry
+                && let Some(lease) = pool.held(req.name, token)
+                && !lease.session().is_over()
+            {
+                // The reply came after all: the lock is ours already (never locked twice: a
+                // session-level advisory lock counts its acquisitions). A recorded holder's fence
+                // is known.
+                return Ok(Attempt::Acquired {
+                    fence: self.recorded_fence(token),
+                });
             }
-            Attempt::Busy { .. } => {}
-            _ if seq.is_some() => self.drop_ticket(token).await,
-            _ => {}
-        }
-        Ok(attempt)
+            let seq = self.ticket_seq(token);
+            let attempt = match req.kind {
+                LeaseKind::Permit { permits } => self.acquire_permit(req, permits, id, seq).await?,
+                _ => self.try_lock(req, id, seq).await?,
+            };
+            if let (true, LeaseKind::Exclusive, Attempt::Acquired { fence: Some(fence) }) =
+                (req.recorded, req.kind, attempt)
+                && let Err(e) = self.record(req, fence).await
+            {
+                // Not a holder status can name: the lock goes back.
+                let _ = self.inner.pool.release(req.name, token).await;
+                return Err(e);
+            }
+            match attempt {
+                Attempt::Busy { .. } if req.queue => {
+                    // A waiter: in the queue from now, or kept in it.
+                    if let Err(e) = self.keep_ticket(req, id).await {
+                        tracing::debug!(target: "distlock", key = req.name, error = %e,
+                            "no ticket for a PostgreSQL waiter: it waits unordered this round");
+                    }
+                }
+                Attempt::Busy { .. } => {}
+                _ if seq.is_some() => self.drop_ticket(token).await,
+                _ => {}
+            }
+            Ok(attempt)
+        })
     }
 
-    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
-        let item = [RenewItem::new(*lease, ttl)];
-        self.renew_batch(&item)
-            .await
-            .pop()
-            .unwrap_or(Ok(LeaseCheck::Missing))
+    fn renew<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            let item = [RenewItem::new(*lease, ttl)];
+            self.renew_batch(&item)
+                .await
+                .pop()
+                .unwrap_or(Ok(LeaseCheck::Missing))
+        })
     }
 
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
-        // A waiter that gave up leaves the queue.
-        self.drop_ticket(lease.token.as_str()).await;
-        let released = self
-            .inner
-            .pool
-            .release(lease.name, lease.token.as_str())
-            .await;
-        self.unrecord(lease.token.as_str()).await;
-        released
+    fn release<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            // A waiter that gave up leaves the queue.
+            self.drop_ticket(lease.token.as_str()).await;
+            let released = self
+                .inner
+                .pool
+                .release(lease.name, lease.token.as_str())
+                .await;
+            self.unrecord(lease.token.as_str()).await;
+            released
+        })
     }
 
     /// Every session that holds the lock (one writer, or every reader), each with the label
     /// its acquire wrote, and the number of waiters (their live tickets: see `order`).
-    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
-        const DOING: &str = "reading a PostgreSQL lock's status";
-        let id = lock_id(key);
-        let session = self.inner.pool.any_session().await?;
-        let conn = session.conn();
-        let rows = tokio::time::timeout(
-            self.config().response_timeout,
-            conn.client.query(&conn.status, &[&id]),
-        )
-        .await
-        .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
-        .map_err(|e| map_err(e, DOING))?;
-        if rows.is_empty() {
-            return self.semaphore_status(conn, key).await;
-        }
-        let mut last_fence = None;
-        let holders = rows
-            .iter()
-            .map(|row| {
-                let app: Option<String> = row.get(0);
-                let idle: Option<i64> = row.get(1);
-                let last: Option<i64> = row.get(2);
-                let shared: Option<bool> = row.get(3);
-                let (fence, holder): (Option<i64>, Option<String>) = (row.get(4), row.get(5));
-                last_fence = last.and_then(|l| u64::try_from(l).ok());
-                let kind = if shared == Some(true) {
-                    LeaseKind::Shared
-                } else {
-                    LeaseKind::Exclusive
-                };
-                let h = holder_of(kind, app, idle);
-                match (fence, holder) {
-                    // Recorded by the holder itself (see `recorded`): its own label and fence.
-                    (Some(fence), Some(holder)) => {
-                        let value = HolderValue::parse(&holder);
-                        let token = Some(value.token.to_owned()).filter(|t| !t.is_empty());
-                        h.owner(Some(value.label()))
-                            .fence(u64::try_from(fence).ok())
-                            .token(token)
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
+        Box::pin(async move {
+            const DOING: &str = "reading a PostgreSQL lock's status";
+            let id = lock_id(key);
+            let session = self.inner.pool.any_session().await?;
+            let conn = session.conn();
+            let rows = tokio::time::timeout(
+                self.config().response_timeout,
+                conn.client.query(&conn.status, &[&id]),
+            )
+            .await
+            .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
+            .map_err(|e| map_err(e, DOING))?;
+            if rows.is_empty() {
+                return self.semaphore_status(conn, key).await;
+            }
+            let mut last_fence = None;
+            let holders = rows
+                .iter()
+                .map(|row| {
+                    let app: Option<String> = row.get(0);
+                    let idle: Option<i64> = row.get(1);
+                    let last: Option<i64> = row.get(2);
+                    let shared: Option<bool> = row.get(3);
+                    let (fence, holder): (Option<i64>, Option<String>) = (row.get(4), row.get(5));
+                    last_fence = last.and_then(|l| u64::try_from(l).ok());
+                    let kind = if shared == Some(true) {
+                        LeaseKind::Shared
+                    } else {
+                        LeaseKind::Exclusive
+                    };
+                    let h = holder_of(kind, app, idle);
+                    match (fence, holder) {
+                        // Recorded by the holder itself (see `recorded`): its own label and fence.
+                        (Some(fence), Some(holder)) => {
+                            let value = HolderValue::parse(&holder);
+                            let token = Some(value.token.to_owned()).filter(|t| !t.is_empty());
+                            h.owner(Some(value.label()))
+                                .fence(u64::try_from(fence).ok())
+                                .token(token)
+                        }
+                        _ => h,
                     }
-                    _ => h,
-                }
-            })
-            .collect();
-        let waiters = self.waiting(id).await?;
-        Ok(LockStatus::held_by(holders)
-            .with_last_fence(last_fence)
-            .with_waiters(Some(waiters)))
+                })
+                .collect();
+            let waiters = self.waiting(id).await?;
+            Ok(LockStatus::held_by(holders)
+                .with_last_fence(last_fence)
+                .with_waiters(Some(waiters)))
+        })
     }
 
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {

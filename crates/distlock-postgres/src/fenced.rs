@@ -94,8 +94,8 @@ impl FencedUpdate {
     ///
     /// ```no_run
     /// # use distlock_postgres::{FencedUpdate, tokio_postgres::Client};
-    /// # async fn demo<B: distlock_core::Backend>(
-    /// #     locks: distlock_core::LockClient<B>,
+    /// # async fn demo(
+    /// #     locks: distlock_core::LockClient,
     /// #     db: Client,
     /// # ) -> Result<(), distlock_core::LockError> {
     /// let pay = FencedUpdate::new("invoices", "id", "fence", "status = $3")?;

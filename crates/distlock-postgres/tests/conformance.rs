@@ -4,7 +4,7 @@ use distlock_postgres::PgBackend;
 use distlock_testkit::Postgres;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 
-fn setup() -> Option<impl MakeClient<PgBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let pg = Postgres::start()?;
     let url = pg.url("");
     Some(clients_on(pg, url, |url| async move {

@@ -5,7 +5,7 @@ use distlock_postgres::PgBackend;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 use distlock_testkit::{PG_CERT_USER, Pki, Postgres};
 
-fn setup() -> Option<impl MakeClient<PgBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let pki = Pki::generate();
     let pg = Postgres::start_tls(&pki)?;
     let (user, password) = PG_CERT_USER;

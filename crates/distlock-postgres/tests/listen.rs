@@ -14,7 +14,7 @@ use distlock_postgres::PgBackend;
 use distlock_testkit::Postgres;
 
 /// A client whose waiters back off `pause` between attempts (events on or off).
-async fn client(url: &str, pause: Duration, events: bool) -> LockClient<PgBackend> {
+async fn client(url: &str, pause: Duration, events: bool) -> LockClient {
     let backend = PgBackend::connect(url).await.expect("connect");
     let options = LockOptions::builder()
         .ttl(Duration::from_secs(10))

@@ -10,7 +10,7 @@ use distlock_core::engine::LeaseKind;
 use distlock_postgres::PgBackend;
 use distlock_testkit::{Postgres, client_of};
 
-async fn client(url: &str) -> LockClient<PgBackend> {
+async fn client(url: &str) -> LockClient {
     let backend = PgBackend::connect(url).await.expect("connect");
     client_of(
         backend,

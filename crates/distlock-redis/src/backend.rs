@@ -421,143 +421,161 @@ impl Backend for RedisBackend {
             .with_order()
     }
 
-    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        const DOING: &str = "acquiring a Redis lock";
-        match req.kind {
-            LeaseKind::Permit { permits } => return self.acquire_permit(req, permits).await,
-            LeaseKind::Shared => return self.acquire_shared(req).await,
-            _ => {}
-        }
-        // A lock handed to this wait needs no request at all: look first.
-        let other = match self.handovers.take_grant(req.name, req.token.as_str()) {
-            Some(Ok(granted)) => {
-                distlock_core::metrics::handoff(self.name(), "server");
-                if let Attempt::AcquiredEarlier {
-                    fence: Some(fence), ..
-                } = granted
-                {
-                    self.seen.record(req.name, fence);
-                }
-                return self.replicate_grant(req, granted).await;
+    fn acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        Box::pin(async move {
+            const DOING: &str = "acquiring a Redis lock";
+            match req.kind {
+                LeaseKind::Permit { permits } => return self.acquire_permit(req, permits).await,
+                LeaseKind::Shared => return self.acquire_shared(req).await,
+                _ => {}
             }
-            Some(Err(other)) => Some(other),
-            None => None,
-        };
-        let keys = self.layout.keys(req.name);
-        let mut ttl = itoa::Buffer::new();
-        let ttl = ttl.format(ttl_ms(req.ttl));
-        let token = req.token.as_str();
-        let value = HolderValue::now(token, req.owner).encode();
-        let convert = other.as_ref().and_then(Grant::unused_token).unwrap_or("");
-        // The first attempt's pipeline records no holder in the meta hash: a request whose
-        // fence `status` must give (an election's epoch) takes the script.
-        if !req.queue && !req.retry && !req.recorded && convert.is_empty() {
-            return self
-                .acquire_fast(req.name, &keys, req.token, &value, ttl)
+            // A lock handed to this wait needs no request at all: look first.
+            let other = match self.handovers.take_grant(req.name, req.token.as_str()) {
+                Some(Ok(granted)) => {
+                    distlock_core::metrics::handoff(self.name(), "server");
+                    if let Attempt::AcquiredEarlier {
+                        fence: Some(fence), ..
+                    } = granted
+                    {
+                        self.seen.record(req.name, fence);
+                    }
+                    return self.replicate_grant(req, granted).await;
+                }
+                Some(Err(other)) => Some(other),
+                None => None,
+            };
+            let keys = self.layout.keys(req.name);
+            let mut ttl = itoa::Buffer::new();
+            let ttl = ttl.format(ttl_ms(req.ttl));
+            let token = req.token.as_str();
+            let value = HolderValue::now(token, req.owner).encode();
+            let convert = other.as_ref().and_then(Grant::unused_token).unwrap_or("");
+            // The first attempt's pipeline records no holder in the meta hash: a request whose
+            // fence `status` must give (an election's epoch) takes the script.
+            if !req.queue && !req.retry && !req.recorded && convert.is_empty() {
+                return self
+                    .acquire_fast(req.name, &keys, req.token, &value, ttl)
+                    .await;
+            }
+            if !req.retry
+                && convert.is_empty()
+                && let Some(left) = self.handovers.elsewhere_left(req.name)
+            {
+                return Ok(Attempt::Busy {
+                    holder_ttl: Some(left),
+                });
+            }
+            // Queue up for a grant only while subscribed to wake-ups (they bring it).
+            let watching = self.subscriber.is_watching(req.name);
+            let (seq, elem, believed) = if watching {
+                let (seq, believed) = self.handovers.queue_for(req.name, req.ttl);
+                let wake = self.wake.for_lock(keys.lock());
+                let elem = registration(&wake, req.ttl, seq, token, req.owner);
+                (seq, elem, believed)
+            } else {
+                (0, String::new(), String::new())
+            };
+            let mut floor = itoa::Buffer::new();
+            let floor = floor.format(self.seen.floor(req.name));
+            let reply = self
+                .conn
+                .run_waited(
+                    &self.scripts.acquire,
+                    &[keys.lock(), keys.meta(), keys.waiters(), keys.fence()],
+                    &[token, &value, ttl, &elem, convert, &believed, floor],
+                    DOING,
+                )
                 .await;
-        }
-        if !req.retry
-            && convert.is_empty()
-            && let Some(left) = self.handovers.elsewhere_left(req.name)
-        {
-            return Ok(Attempt::Busy {
-                holder_ttl: Some(left),
-            });
-        }
-        // Queue up for a grant only while subscribed to wake-ups (they bring it).
-        let watching = self.subscriber.is_watching(req.name);
-        let (seq, elem, believed) = if watching {
-            let (seq, believed) = self.handovers.queue_for(req.name, req.ttl);
-            let wake = self.wake.for_lock(keys.lock());
-            let elem = registration(&wake, req.ttl, seq, token, req.owner);
-            (seq, elem, believed)
-        } else {
-            (0, String::new(), String::new())
-        };
-        let mut floor = itoa::Buffer::new();
-        let floor = floor.format(self.seen.floor(req.name));
-        let reply = self
-            .conn
-            .run_waited(
-                &self.scripts.acquire,
-                &[keys.lock(), keys.meta(), keys.waiters(), keys.fence()],
-                &[token, &value, ttl, &elem, convert, &believed, floor],
-                DOING,
-            )
-            .await;
-        let (reply, acks) = match reply {
-            Ok(r) => r,
-            Err(e) => {
-                if let Some(g) = other {
-                    // Not taken over (or not known to be): leave it for the next attempt or
-                    // for `leave`.
-                    self.handovers.restore_grant(req.name, g);
+            let (reply, acks) = match reply {
+                Ok(r) => r,
+                Err(e) => {
+                    if let Some(g) = other {
+                        // Not taken over (or not known to be): leave it for the next attempt or
+                        // for `leave`.
+                        self.handovers.restore_grant(req.name, g);
+                    }
+                    return Err(e);
                 }
-                return Err(e);
-            }
-        };
-        match reply {
-            AcquireReply::Acquired { fence } => {
-                self.seen.record(req.name, fence);
-                // Taken after a wait: others may wait too, and its release may hand over.
-                self.handovers
-                    .acquired(req.name, token, fence, req.queue, watching);
-                if let (Some(wait), Some(acks)) = (self.conn.wait, acks) {
-                    self.undo_unreplicated(req.name, req.token, wait, acks)
-                        .await?;
+            };
+            match reply {
+                AcquireReply::Acquired { fence } => {
+                    self.seen.record(req.name, fence);
+                    // Taken after a wait: others may wait too, and its release may hand over.
+                    self.handovers
+                        .acquired(req.name, token, fence, req.queue, watching);
+                    if let (Some(wait), Some(acks)) = (self.conn.wait, acks) {
+                        self.undo_unreplicated(req.name, req.token, wait, acks)
+                            .await?;
+                    }
+                    Ok(Attempt::Acquired { fence: Some(fence) })
                 }
-                Ok(Attempt::Acquired { fence: Some(fence) })
-            }
-            AcquireReply::Busy { holder_ttl, queued } => {
-                if watching {
-                    // Unless queued, our earlier registration stays: this one was not used.
-                    self.handovers.busy(req.name, seq, queued, elem);
+                AcquireReply::Busy { holder_ttl, queued } => {
+                    if watching {
+                        // Unless queued, our earlier registration stays: this one was not used.
+                        self.handovers.busy(req.name, seq, queued, elem);
+                    }
+                    // No TTL: a foreign lock without one, or the key vanished in between.
+                    Ok(Attempt::Busy { holder_ttl })
                 }
-                // No TTL: a foreign lock without one, or the key vanished in between.
-                Ok(Attempt::Busy { holder_ttl })
             }
-        }
+        })
     }
 
-    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
-        const DOING: &str = "extending a Redis lock";
-        match lease.kind {
-            LeaseKind::Permit { .. } => {
-                return self.renew_permit(lease.name, lease.token, ttl).await;
+    fn renew<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            const DOING: &str = "extending a Redis lock";
+            match lease.kind {
+                LeaseKind::Permit { .. } => {
+                    return self.renew_permit(lease.name, lease.token, ttl).await;
+                }
+                LeaseKind::Shared => return self.renew_shared(lease.name, lease.token, ttl).await,
+                _ => {}
             }
-            LeaseKind::Shared => return self.renew_shared(lease.name, lease.token, ttl).await,
-            _ => {}
-        }
-        let (key, token) = (lease.name, lease.token);
-        let lock_key = self.layout.lock_key(key);
-        let ms = ttl_ms(ttl).to_string();
-        let (check, acks) = self
-            .conn
-            .run_waited(
-                &self.scripts.extend,
-                &[&lock_key],
-                &[token.as_str(), &ms],
-                DOING,
-            )
-            .await?;
-        if let (Some(wait), Some(acks), LeaseCheck::Ours) = (self.conn.wait, acks, check) {
-            // Renewed here, not known to be on the replicas: not a renewal to count on.
-            wait.check(acks)?;
-        }
-        Ok(check)
+            let (key, token) = (lease.name, lease.token);
+            let lock_key = self.layout.lock_key(key);
+            let ms = ttl_ms(ttl).to_string();
+            let (check, acks) = self
+                .conn
+                .run_waited(
+                    &self.scripts.extend,
+                    &[&lock_key],
+                    &[token.as_str(), &ms],
+                    DOING,
+                )
+                .await?;
+            if let (Some(wait), Some(acks), LeaseCheck::Ours) = (self.conn.wait, acks, check) {
+                // Renewed here, not known to be on the replicas: not a renewal to count on.
+                wait.check(acks)?;
+            }
+            Ok(check)
+        })
     }
 
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
-        match lease.kind {
-            LeaseKind::Permit { .. } => return self.release_permit(lease.name, lease.token).await,
-            LeaseKind::Shared => return self.release_shared(lease.name, lease.token).await,
-            _ => {}
-        }
-        self.release_inner(lease.name, lease.token, None).await
+    fn release<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            match lease.kind {
+                LeaseKind::Permit { .. } => {
+                    return self.release_permit(lease.name, lease.token).await;
+                }
+                LeaseKind::Shared => return self.release_shared(lease.name, lease.token).await,
+                _ => {}
+            }
+            self.release_inner(lease.name, lease.token, None).await
+        })
     }
 
-    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
-        Ok(self.holder(key).await?.0)
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
+        Box::pin(async move { Ok(self.holder(key).await?.0) })
     }
 
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {

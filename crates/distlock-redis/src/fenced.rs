@@ -18,7 +18,7 @@ use crate::replies::{FencedWrite, ScriptReply};
 ///
 /// ```no_run
 /// # async fn demo(
-/// #     locks: distlock_core::LockClient<distlock_redis::RedisBackend>,
+/// #     locks: distlock_core::LockClient,
 /// # ) -> Result<(), distlock_core::LockError> {
 /// # let to_err = |e: redis::RedisError| distlock_core::LockError::new(distlock_core::ErrorKind::Connection, e.to_string());
 /// let data = redis::Client::open("redis://127.0.0.1:6379").map_err(to_err)?;

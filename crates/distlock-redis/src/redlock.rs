@@ -428,79 +428,95 @@ impl Backend for RedlockBackend {
          ZooKeeper for these kinds"
     }
 
-    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        const DOING: &str = "acquiring a Redlock lock";
-        let started = Instant::now();
-        let lock_key = self.layout.lock_key(req.name);
-        let value = HolderValue::now(req.token.as_str(), req.owner).encode();
-        let mut ttl_buf = itoa::Buffer::new();
-        let ttl = ttl_buf.format(ttl_ms(req.ttl));
-        let limit = self.timeout_for(req.ttl);
-        let votes = if req.retry || req.queue {
-            // Re-arms a lock already ours (a resent request, or a master that kept our copy
-            // from an earlier attempt of this wait) and reports the holder's lease.
-            self.on_all(
-                &self.scripts.acquire,
-                &lock_key,
-                &[req.token.as_str(), &value, ttl],
-                limit,
-                DOING,
-            )
-            .await
-        } else {
-            join_all(self.nodes.iter().map(|node| async {
-                tokio::time::timeout(limit, Self::set_nx(node, &lock_key, &value, ttl))
-                    .await
-                    .unwrap_or(Vote::Failed)
-            }))
-            .await
-        };
-        let outcome = decide(&votes, req.ttl, started.elapsed());
-        if outcome == Verdict::Acquired {
-            return Ok(Attempt::Acquired { fence: None });
-        }
-        // Not ours: take back every copy we may have, on every master (one that did not
-        // answer in time may have granted it).
-        if !seeded::on(SeededBug::KeepPartial)
-            && votes.iter().any(|v| matches!(v, Vote::Yes | Vote::Failed))
-        {
-            self.release_all(&lock_key, req.token, limit).await;
-        }
-        match outcome {
-            Verdict::NoQuorum { got, needed } => Err(no_quorum(DOING, got, needed)),
-            Verdict::Busy(holder_ttl) => Ok(Attempt::Busy { holder_ttl }),
-            Verdict::Acquired => unreachable!("handled above"),
-        }
+    fn acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        Box::pin(async move {
+            const DOING: &str = "acquiring a Redlock lock";
+            let started = Instant::now();
+            let lock_key = self.layout.lock_key(req.name);
+            let value = HolderValue::now(req.token.as_str(), req.owner).encode();
+            let mut ttl_buf = itoa::Buffer::new();
+            let ttl = ttl_buf.format(ttl_ms(req.ttl));
+            let limit = self.timeout_for(req.ttl);
+            let votes = if req.retry || req.queue {
+                // Re-arms a lock already ours (a resent request, or a master that kept our copy
+                // from an earlier attempt of this wait) and reports the holder's lease.
+                self.on_all(
+                    &self.scripts.acquire,
+                    &lock_key,
+                    &[req.token.as_str(), &value, ttl],
+                    limit,
+                    DOING,
+                )
+                .await
+            } else {
+                join_all(self.nodes.iter().map(|node| async {
+                    tokio::time::timeout(limit, Self::set_nx(node, &lock_key, &value, ttl))
+                        .await
+                        .unwrap_or(Vote::Failed)
+                }))
+                .await
+            };
+            let outcome = decide(&votes, req.ttl, started.elapsed());
+            if outcome == Verdict::Acquired {
+                return Ok(Attempt::Acquired { fence: None });
+            }
+            // Not ours: take back every copy we may have, on every master (one that did not
+            // answer in time may have granted it).
+            if !seeded::on(SeededBug::KeepPartial)
+                && votes.iter().any(|v| matches!(v, Vote::Yes | Vote::Failed))
+            {
+                self.release_all(&lock_key, req.token, limit).await;
+            }
+            match outcome {
+                Verdict::NoQuorum { got, needed } => Err(no_quorum(DOING, got, needed)),
+                Verdict::Busy(holder_ttl) => Ok(Attempt::Busy { holder_ttl }),
+                Verdict::Acquired => unreachable!("handled above"),
+            }
+        })
     }
 
-    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
-        const DOING: &str = "renewing a Redlock lock";
-        let (key, token) = (lease.name, lease.token);
-        let lock_key = self.layout.lock_key(key);
-        let mut ttl_buf = itoa::Buffer::new();
-        let votes = self
-            .on_all(
-                &self.scripts.extend,
-                &lock_key,
-                &[token.as_str(), ttl_buf.format(ttl_ms(ttl))],
-                self.timeout_for(ttl),
-                DOING,
-            )
-            .await;
-        lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))
+    fn renew<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            const DOING: &str = "renewing a Redlock lock";
+            let (key, token) = (lease.name, lease.token);
+            let lock_key = self.layout.lock_key(key);
+            let mut ttl_buf = itoa::Buffer::new();
+            let votes = self
+                .on_all(
+                    &self.scripts.extend,
+                    &lock_key,
+                    &[token.as_str(), ttl_buf.format(ttl_ms(ttl))],
+                    self.timeout_for(ttl),
+                    DOING,
+                )
+                .await;
+            lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))
+        })
     }
 
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
-        const DOING: &str = "releasing a Redlock lock";
-        let (key, token) = (lease.name, lease.token);
-        let lock_key = self.layout.lock_key(key);
-        let limit = self.nodes[0].response_timeout;
-        let votes = self.release_all(&lock_key, token, limit).await;
-        lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))
+    fn release<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            const DOING: &str = "releasing a Redlock lock";
+            let (key, token) = (lease.name, lease.token);
+            let lock_key = self.layout.lock_key(key);
+            let limit = self.nodes[0].response_timeout;
+            let votes = self.release_all(&lock_key, token, limit).await;
+            lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))
+        })
     }
 
-    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
-        Ok(self.holder(key).await?.0)
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
+        Box::pin(async move { Ok(self.holder(key).await?.0) })
     }
 
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {

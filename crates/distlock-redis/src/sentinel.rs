@@ -401,20 +401,30 @@ impl Backend for SentinelBackend {
         self.current().backend.capabilities()
     }
 
-    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        self.on_master(async |b| b.acquire(req).await).await
+    fn acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        Box::pin(async move { self.on_master(async |b| b.acquire(req).await).await })
     }
 
-    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
-        self.on_master(async |b| b.renew(lease, ttl).await).await
+    fn renew<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move { self.on_master(async |b| b.renew(lease, ttl).await).await })
     }
 
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
-        self.on_master(async |b| b.release(lease).await).await
+    fn release<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move { self.on_master(async |b| b.release(lease).await).await })
     }
 
-    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
-        self.on_master(async |b| b.inspect(key).await).await
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
+        Box::pin(async move { self.on_master(async |b| b.inspect(key).await).await })
     }
 
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {

@@ -9,7 +9,7 @@ use distlock_redis::RedisBackend;
 use distlock_testkit::RedisCluster;
 use distlock_testkit::failover::{acquire_within, fences_of};
 
-async fn client(url: &str, ttl: Duration) -> (LockClient<RedisBackend>, RedisBackend) {
+async fn client(url: &str, ttl: Duration) -> (LockClient, RedisBackend) {
     let backend = RedisBackend::connect(url).await.expect("connect");
     let c = LockClient::builder(backend.clone())
         .options(LockOptions::builder().ttl(ttl).build().unwrap())

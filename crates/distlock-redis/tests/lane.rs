@@ -40,7 +40,14 @@ async fn the_direct_connection_logs_in_and_selects_the_database() {
         "{lines:#?}"
     );
     assert_eq!(
-        server.cli(&["-n", "3", "EXISTS", &c.backend().fence_key("db3")]),
+        server.cli(&[
+            "-n",
+            "3",
+            "EXISTS",
+            &c.engine::<RedisBackend>()
+                .expect("the engine")
+                .fence_key("db3")
+        ]),
         "1"
     );
 }
@@ -60,7 +67,9 @@ async fn a_request_dropped_mid_flight_leaves_no_reply_for_the_next() {
     const HIGH: u64 = 8_000_000_000_000_000;
     server.cli(&[
         "ZADD",
-        &c.backend().fence_key("dropped"),
+        &c.engine::<RedisBackend>()
+            .expect("the engine")
+            .fence_key("dropped"),
         &HIGH.to_string(),
         "f",
     ]);
@@ -81,7 +90,10 @@ async fn a_request_dropped_mid_flight_leaves_no_reply_for_the_next() {
     }
     // The dropped attempt reached the server after all; the client undid it (or its TTL
     // will): never a lock without expiry.
-    let key = c.backend().lock_key("dropped");
+    let key = c
+        .engine::<RedisBackend>()
+        .expect("the engine")
+        .lock_key("dropped");
     let pttl: i64 = server.cli(&["PTTL", &key]).parse().unwrap();
     assert!(pttl == -2 || pttl > 0, "PTTL {pttl}");
 }

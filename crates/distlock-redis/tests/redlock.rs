@@ -18,7 +18,7 @@ fn url(masters: &[RedisServer], params: &str) -> String {
     format!("redlock://{}{params}", hosts.join(","))
 }
 
-async fn client(url: &str, options: LockOptions) -> LockClient<RedlockBackend> {
+async fn client(url: &str, options: LockOptions) -> LockClient {
     let backend = RedlockBackend::with_config(RedlockConfig::from_url(url).expect("url"))
         .await
         .expect("connect");
@@ -65,7 +65,10 @@ async fn three_dead_masters_of_five_fail_the_acquire_and_leave_no_key() {
         ErrorKind::QuorumNotReached { got: 2, needed: 3 },
         "{e}"
     );
-    let key = c.backend().lock_key("three-dead");
+    let key = c
+        .engine::<RedlockBackend>()
+        .expect("the engine")
+        .lock_key("three-dead");
     for m in &ms[3..] {
         assert!(
             !holds(m, &key),
@@ -140,7 +143,10 @@ async fn a_holder_paused_past_its_validity_loses_the_lock_to_the_next() {
 async fn seeded_a_foreign_majority_keeps_the_lock() {
     let Some(ms) = masters(5) else { return };
     let c = client(&url(&ms, ""), opts().build().unwrap()).await;
-    let key = c.backend().lock_key("foreign");
+    let key = c
+        .engine::<RedlockBackend>()
+        .expect("the engine")
+        .lock_key("foreign");
     for m in &ms[..3] {
         m.cli(&["SET", &key, "someone-else", "PX", "30000"]);
     }
@@ -155,7 +161,10 @@ async fn seeded_a_foreign_majority_keeps_the_lock() {
 async fn seeded_a_failed_attempt_leaves_no_copy_behind() {
     let Some(ms) = masters(5) else { return };
     let c = client(&url(&ms, ""), opts().build().unwrap()).await;
-    let key = c.backend().lock_key("partial");
+    let key = c
+        .engine::<RedlockBackend>()
+        .expect("the engine")
+        .lock_key("partial");
     for m in &ms[2..] {
         m.cli(&["SET", &key, "someone-else", "PX", "30000"]);
     }

@@ -11,7 +11,7 @@ fn opts(ttl: Duration) -> LockOptions {
     LockOptions::builder().ttl(ttl).build().unwrap()
 }
 
-async fn redis_client(url: &str) -> LockClient<RedisBackend> {
+async fn redis_client(url: &str) -> LockClient {
     let backend = RedisBackend::connect(url).await.expect("connect");
     LockClient::builder(backend)
         .options(opts(Duration::from_secs(10)))

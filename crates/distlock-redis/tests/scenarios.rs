@@ -22,7 +22,7 @@ fn opts() -> distlock_core::LockOptionsBuilder {
         .backoff(Backoff::new(Duration::from_millis(1), Duration::from_millis(10)).unwrap())
 }
 
-async fn client(server: &RedisServer, options: LockOptions) -> LockClient<RedisBackend> {
+async fn client(server: &RedisServer, options: LockOptions) -> LockClient {
     let backend = RedisBackend::connect(&server.url()).await.expect("connect");
     LockClient::builder(backend).options(options).build()
 }
@@ -45,7 +45,10 @@ async fn no_lock_key_ever_exists_without_a_ttl() {
     )
     .await;
     let g = c.acquire("ttl").await.unwrap();
-    let key = c.backend().lock_key("ttl");
+    let key = c
+        .engine::<RedisBackend>()
+        .expect("the engine")
+        .lock_key("ttl");
     for _ in 0..12 {
         let p = pttl(&server, &key);
         assert!(p > 0 && p <= 400, "lock key PTTL {p}");
@@ -53,7 +56,15 @@ async fn no_lock_key_ever_exists_without_a_ttl() {
     }
     assert!(g.is_held(), "the watchdog kept the lease");
     // The fence counter never expires.
-    assert_eq!(pttl(&server, &c.backend().fence_key("ttl")), -1);
+    assert_eq!(
+        pttl(
+            &server,
+            &c.engine::<RedisBackend>()
+                .expect("the engine")
+                .fence_key("ttl")
+        ),
+        -1
+    );
     assert_eq!(g.release().await.unwrap(), Released::Held);
     assert_eq!(pttl(&server, &key), -2, "release deletes the key");
 }
@@ -137,7 +148,12 @@ async fn release_and_extend_never_touch_another_owners_lock() {
         g1.release().await.unwrap(),
         Released::Lost(LostReason::Expired)
     );
-    let value = server.cli(&["GET", &b.backend().lock_key("takeover")]);
+    let value = server.cli(&[
+        "GET",
+        &b.engine::<RedisBackend>()
+            .expect("the engine")
+            .lock_key("takeover"),
+    ]);
     assert!(
         value.starts_with(&format!("{} ", g2.token().as_str())),
         "{value:?}"
@@ -176,7 +192,12 @@ async fn an_expired_lease_can_be_neither_extended_nor_released() {
         LeaseCheck::Missing
     );
     assert_eq!(
-        pttl(&server, &backend.lock_key("expired")),
+        pttl(
+            &server,
+            &c.engine::<RedisBackend>()
+                .expect("the engine")
+                .lock_key("expired")
+        ),
         -2,
         "extend resurrected the lock"
     );
@@ -290,7 +311,14 @@ async fn the_fence_strictly_increases_over_1000_holders() {
     }
     // Each fence was written back as the counter: the last one is the counter now.
     assert_eq!(
-        server.cli(&["ZSCORE", &clients[0].backend().fence_key("fence1000"), "f"]),
+        server.cli(&[
+            "ZSCORE",
+            &clients[0]
+                .engine::<RedisBackend>()
+                .expect("the engine")
+                .fence_key("fence1000"),
+            "f"
+        ]),
         last.to_string()
     );
 }
@@ -317,7 +345,10 @@ async fn interop_with_plain_set_nx_px_both_ways() {
     };
     // Default layout: the other client locks our key name.
     let c = client(&server, opts().build().unwrap()).await;
-    let key = c.backend().lock_key("shared");
+    let key = c
+        .engine::<RedisBackend>()
+        .expect("the engine")
+        .lock_key("shared");
     assert_eq!(server.cli(&["SET", &key, "v", "NX", "PX", "30000"]), "OK");
     assert!(
         c.try_acquire("shared").await.unwrap().is_none(),
@@ -411,7 +442,10 @@ async fn bad_input_gives_typed_errors_and_takes_nothing() {
         return;
     };
     let c = client(&server, opts().build().unwrap()).await;
-    let key = c.backend().lock_key("typed");
+    let key = c
+        .engine::<RedisBackend>()
+        .expect("the engine")
+        .lock_key("typed");
     server.cli(&["HSET", &key, "f", "v"]);
     // A first attempt (SET NX) finds the key taken: busy, like any foreign lock. A waiting
     // attempt reads the key and reports what it is.
@@ -429,17 +463,30 @@ async fn bad_input_gives_typed_errors_and_takes_nothing() {
     // Nothing half taken: at most the fence counter moved (a busy first attempt uses up a
     // number), and no holder was recorded.
     assert_eq!(
-        server.cli(&["TYPE", &c.backend().fence_key("typed")]),
+        server.cli(&[
+            "TYPE",
+            &c.engine::<RedisBackend>()
+                .expect("the engine")
+                .fence_key("typed")
+        ]),
         "zset"
     );
     assert_eq!(
-        server.cli(&["EXISTS", &c.backend().meta_key("typed")]),
+        server.cli(&[
+            "EXISTS",
+            &c.engine::<RedisBackend>()
+                .expect("the engine")
+                .meta_key("typed")
+        ]),
         "0",
         "nothing half taken"
     );
     assert_eq!(server.cli(&["TYPE", &key]), "hash");
     // A fence key of the wrong type: the lock key must not be left set.
-    let fence_key = c.backend().fence_key("typed2");
+    let fence_key = c
+        .engine::<RedisBackend>()
+        .expect("the engine")
+        .fence_key("typed2");
     server.cli(&["SET", &fence_key, "not-a-sorted-set"]);
     let e = c
         .try_acquire("typed2")
@@ -447,7 +494,12 @@ async fn bad_input_gives_typed_errors_and_takes_nothing() {
         .expect_err("wrong fence key type");
     assert_eq!(e.kind(), ErrorKind::Protocol, "{e}");
     assert_eq!(
-        server.cli(&["EXISTS", &c.backend().lock_key("typed2")]),
+        server.cli(&[
+            "EXISTS",
+            &c.engine::<RedisBackend>()
+                .expect("the engine")
+                .lock_key("typed2")
+        ]),
         "0",
         "lock half taken"
     );
@@ -471,7 +523,10 @@ async fn a_paused_server_gives_timeouts_and_leaves_only_expiring_keys() {
     // One try and two resends with the same token, 200 ms each.
     assert!(took < Duration::from_secs(2), "took {took:?}");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let key = c.backend().lock_key("paused");
+    let key = c
+        .engine::<RedisBackend>()
+        .expect("the engine")
+        .lock_key("paused");
     let p = pttl(&server, &key);
     assert!(
         p == -2 || (0..=2000).contains(&p),
@@ -543,7 +598,10 @@ async fn the_client_s_memory_keeps_its_fences_rising_when_the_server_s_clock_is_
         return;
     };
     let c = client(&server, opts().build().unwrap()).await;
-    let fence_key = c.backend().fence_key("behind");
+    let fence_key = c
+        .engine::<RedisBackend>()
+        .expect("the engine")
+        .fence_key("behind");
     // An hour ahead of the server's clock, in microseconds.
     let ahead = (distlock_core::engine::unix_ms() as u64 + 3_600_000) * 1000;
     server.cli(&["ZADD", &fence_key, &ahead.to_string(), "f"]);

@@ -11,7 +11,7 @@ use distlock_redis::RedisBackend;
 use distlock_testkit::RedisServer;
 use redis::AsyncCommands;
 
-async fn client(url: &str, ttl: Duration, renew: bool) -> LockClient<RedisBackend> {
+async fn client(url: &str, ttl: Duration, renew: bool) -> LockClient {
     let backend = RedisBackend::connect(url).await.expect("connect");
     LockClient::builder(backend)
         .options(

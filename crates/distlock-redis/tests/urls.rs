@@ -55,7 +55,10 @@ async fn database_number_and_acl_user() {
     let url = format!("{}/3", server.url());
     let c = LockClient::new(RedisBackend::connect(&url).await.unwrap());
     let g = c.try_acquire("db").await.unwrap().expect("free");
-    let key = c.backend().lock_key("db");
+    let key = c
+        .engine::<RedisBackend>()
+        .expect("the engine")
+        .lock_key("db");
     assert_eq!(server.cli(&["-n", "3", "EXISTS", &key]), "1");
     assert_eq!(server.cli(&["-n", "0", "EXISTS", &key]), "0");
     assert_eq!(g.release().await.unwrap(), Released::Held);
@@ -133,7 +136,15 @@ async fn database_number_and_acl_user() {
         e.to_string().contains("no permissions to access"),
         "the server's words: {e}"
     );
-    assert_eq!(server.cli(&["EXISTS", &c.backend().lock_key("acl2")]), "0");
+    assert_eq!(
+        server.cli(&[
+            "EXISTS",
+            &c.engine::<RedisBackend>()
+                .expect("the engine")
+                .lock_key("acl2")
+        ]),
+        "0"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

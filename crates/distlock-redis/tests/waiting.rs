@@ -8,9 +8,14 @@ use distlock_core::{LockClient, LockOptions, LostReason, Released};
 use distlock_redis::RedisBackend;
 use distlock_testkit::RedisServer;
 
-async fn client(server: &RedisServer, options: LockOptions) -> LockClient<RedisBackend> {
+async fn client(server: &RedisServer, options: LockOptions) -> LockClient {
     let backend = RedisBackend::connect(&server.url()).await.expect("connect");
     LockClient::builder(backend).options(options).build()
+}
+
+/// The engine under `c`, for its key layout and counters.
+fn redis(c: &LockClient) -> &RedisBackend {
+    c.engine().expect("a Redis client")
 }
 
 fn ttl(ms: u64) -> distlock_core::LockOptionsBuilder {
@@ -27,9 +32,9 @@ fn event_only(fallback_secs: u64) -> LockOptions {
 
 /// `c.acquire(key)` in a task of its own.
 fn spawn_acquire(
-    c: &LockClient<RedisBackend>,
+    c: &LockClient,
     key: &'static str,
-) -> tokio::task::JoinHandle<distlock_core::LockGuard<RedisBackend>> {
+) -> tokio::task::JoinHandle<distlock_core::LockGuard> {
     let c = c.clone();
     tokio::spawn(async move { c.acquire(key).await.unwrap() })
 }
@@ -66,7 +71,7 @@ async fn an_external_del_is_reported_stolen_at_the_next_renewal() {
     };
     let c = client(&server, ttl(3000).build().unwrap()).await;
     let g = c.acquire("deleted").await.unwrap();
-    let key = c.backend().lock_key("deleted");
+    let key = redis(&c).lock_key("deleted");
     let t0 = Instant::now();
     assert_eq!(server.cli(&["DEL", &key]), "1");
     let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
@@ -93,7 +98,7 @@ async fn a_lease_survives_a_5s_hold_with_a_1s_ttl() {
     };
     let c = client(&server, ttl(1000).build().unwrap()).await;
     let g = c.acquire("long").await.unwrap();
-    let key = c.backend().lock_key("long");
+    let key = redis(&c).lock_key("long");
     let fence = g.fence();
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(5) {
@@ -134,11 +139,11 @@ async fn release_wakes_a_waiter_at_once(server: &RedisServer, url: &str, db: &st
     let holder = connect().await;
     let waiter = connect().await;
     let g = holder.acquire("evt").await.unwrap();
-    let channel = waiter.backend().wake_channel();
+    let channel = redis(&waiter).wake_channel();
     let keyspace = format!(
         "__keyspace@{}__:{}",
         if db.is_empty() { "0" } else { db },
-        waiter.backend().lock_key("evt")
+        redis(&waiter).lock_key("evt")
     );
     let w = tokio::spawn(async move {
         let g = waiter.acquire("evt").await.unwrap();
@@ -172,7 +177,7 @@ async fn release_wakes_a_waiter_at_once(server: &RedisServer, url: &str, db: &st
 async fn wake_after_foreign_del(server: &RedisServer, fallback: Duration) -> Duration {
     let opts = ttl(30_000).wake_fallback(fallback).build().unwrap();
     let c = client(server, opts).await;
-    let key = c.backend().lock_key("foreign");
+    let key = redis(&c).lock_key("foreign");
     assert_eq!(
         server.cli(&["SET", &key, "theirs", "NX", "PX", "60000"]),
         "OK"
@@ -229,8 +234,8 @@ async fn a_dropped_acquire_mid_wait_leaves_no_residue() {
     let g = holder.acquire("residue").await.unwrap();
     // The per-lock channel (keyspace events); the waiter's own wake channel is per client and
     // lives as long as the client.
-    let channel = format!("__keyspace@0__:{}", holder.backend().lock_key("residue"));
-    let wake_channel = waiter.backend().wake_channel();
+    let channel = format!("__keyspace@0__:{}", redis(&holder).lock_key("residue"));
+    let wake_channel = redis(&waiter).wake_channel();
     for _ in 0..3 {
         let gave_up =
             tokio::time::timeout(Duration::from_millis(300), waiter.acquire("residue")).await;
@@ -260,13 +265,13 @@ async fn a_dropped_acquire_mid_wait_leaves_no_residue() {
     assert_eq!(
         keys,
         vec![
-            holder.backend().lock_key("residue"),
-            holder.backend().fence_key("residue"),
+            redis(&holder).lock_key("residue"),
+            redis(&holder).fence_key("residue"),
         ]
     );
     assert!(
         server
-            .cli(&["GET", &holder.backend().lock_key("residue")])
+            .cli(&["GET", &redis(&holder).lock_key("residue")])
             .starts_with(&format!("{} ", g.token().as_str()))
     );
     // And the waiter's local queue is clean: the next acquire is not stuck behind ghosts.
@@ -353,7 +358,7 @@ async fn batched_renewals_answer_each_lock_in_order() {
     let b = c.acquire("b2").await.unwrap();
     let gone = distlock_core::Token::generate();
     let (ta, tb) = (a.token(), b.token());
-    server.cli(&["SET", &c.backend().lock_key("b3"), "theirs", "PX", "60000"]);
+    server.cli(&["SET", &redis(&c).lock_key("b3"), "theirs", "PX", "60000"]);
     let item = |name, token| {
         RenewItem::new(
             LeaseRef::new(name, token, LeaseKind::Exclusive),
@@ -368,8 +373,7 @@ async fn batched_renewals_answer_each_lock_in_order() {
     ];
     // After a script flush too: the pipeline reloads the script and resends.
     server.cli(&["SCRIPT", "FLUSH"]);
-    let out: Vec<LeaseCheck> = c
-        .backend()
+    let out: Vec<LeaseCheck> = redis(&c)
         .renew_many(&items)
         .await
         .into_iter()
@@ -385,7 +389,7 @@ async fn batched_renewals_answer_each_lock_in_order() {
         ]
     );
     let pttl: i64 = server
-        .cli(&["PTTL", &c.backend().lock_key("b1")])
+        .cli(&["PTTL", &redis(&c).lock_key("b1")])
         .parse()
         .unwrap();
     assert!(pttl > 30_000, "not renewed: {pttl}");
@@ -563,7 +567,7 @@ async fn releases_take_turns_between_waiting_clients() {
         assert_eq!(g.release().await.unwrap(), Released::Held);
         assert_eq!(w.await.unwrap().unwrap(), Released::Held);
     }
-    let sent_before: u64 = clients.iter().map(|c| c.backend().commands_sent()).sum();
+    let sent_before: u64 = clients.iter().map(|c| redis(c).commands_sent()).sum();
     let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let stop = Instant::now() + Duration::from_millis(1500);
     let mut tasks = Vec::new();
@@ -605,7 +609,7 @@ async fn releases_take_turns_between_waiting_clients() {
     // with the other client.
     let sent: u64 = clients
         .iter()
-        .map(|c| c.backend().commands_sent())
+        .map(|c| redis(c).commands_sent())
         .sum::<u64>()
         - sent_before;
     assert!(
@@ -626,7 +630,7 @@ async fn a_release_hands_the_lock_to_the_queued_client() {
     let opts = event_only(10);
     let holder = client(&server, opts).await;
     let waiter = client(&server, opts).await;
-    let key = holder.backend().lock_key("grant");
+    let key = redis(&holder).lock_key("grant");
     let g = holder.acquire("grant").await.unwrap();
     let w = spawn_acquire(&waiter, "grant");
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -635,7 +639,7 @@ async fn a_release_hands_the_lock_to_the_queued_client() {
         "1",
         "the waiter is queued"
     );
-    let sent_before = waiter.backend().commands_sent();
+    let sent_before = redis(&waiter).commands_sent();
     let first_fence = g.fence().unwrap();
     assert_eq!(g.release().await.unwrap(), Released::Held);
     let value = server.cli(&["GET", &key]);
@@ -651,7 +655,7 @@ async fn a_release_hands_the_lock_to_the_queued_client() {
     assert!(value.starts_with(got.token().as_str()), "{value:?}");
     assert!(got.fence().unwrap() > first_fence, "{:?}", got.fence());
     assert_eq!(
-        waiter.backend().commands_sent(),
+        redis(&waiter).commands_sent(),
         sent_before,
         "the waiter asked again"
     );
@@ -736,7 +740,7 @@ async fn a_subscription_lingers_between_waits_and_then_goes() {
     let opts = event_only(10);
     let a = client(&server, opts).await;
     let b = client(&server, opts).await;
-    let channel = format!("__keyspace@0__:{}", a.backend().lock_key("linger"));
+    let channel = format!("__keyspace@0__:{}", redis(&a).lock_key("linger"));
     let mut g = a.acquire("linger").await.unwrap();
     let mut subscribes = None;
     for turn in 0..6 {
@@ -791,7 +795,7 @@ async fn a_grant_to_a_client_nobody_of_which_waits_is_passed_on() {
     let a = client(&server, opts).await;
     let b = client(&server, opts).await;
     let c = client(&server, opts).await;
-    let key = a.backend().lock_key("stray");
+    let key = redis(&a).lock_key("stray");
     let queue = format!("{key}:waiters");
     // B waits once, gets the lock and releases it: its subscription now lingers.
     let g = a.acquire("stray").await.unwrap();
@@ -807,7 +811,7 @@ async fn a_grant_to_a_client_nobody_of_which_waits_is_passed_on() {
     assert_eq!(server.cli(&["LLEN", &queue]), "1", "C is queued");
     // A registration of B's at the head of the queue (say, from a request whose reply was
     // lost), with a 20 s TTL.
-    let ghost = format!("{} 20000 999 ghosttoken b/0", b.backend().wake_channel());
+    let ghost = format!("{} 20000 999 ghosttoken b/0", redis(&b).wake_channel());
     server.cli(&["LPUSH", &queue, &ghost]);
     let released = Instant::now();
     assert_eq!(g.release().await.unwrap(), Released::Held);
@@ -842,7 +846,7 @@ async fn a_late_grant_of_a_lock_already_taken_does_not_pass_it_on() {
         .options(opts)
         .local_queue(false)
         .build();
-    let key = a.backend().lock_key("late");
+    let key = redis(&a).lock_key("late");
     let queue = format!("{key}:waiters");
     let g = a.acquire("late").await.unwrap();
     let w = spawn_acquire(&b, "late");
@@ -852,7 +856,7 @@ async fn a_late_grant_of_a_lock_already_taken_does_not_pass_it_on() {
     let parts: Vec<&str> = reg.split(' ').collect();
     assert_eq!(parts.len(), 5, "{reg:?}");
     let (channel, seq, token) = (parts[0], parts[2], parts[3]);
-    assert_eq!(channel, b.backend().wake_channel());
+    assert_eq!(channel, redis(&b).wake_channel());
     // What a release does when it hands the lock over, except the message.
     let fence = server.cli(&[
         "EVAL",

@@ -1,11 +1,11 @@
 //! The conformance suite: engine-independent behaviour that every engine must show.
 //!
 //! Each engine's test file instantiates it with a setup expression that yields a client factory
-//! (`Fn(LockOptions) -> Future<Output = LockClient<B>>`), or `None` to skip outside CI. For an
+//! (`Fn(LockOptions) -> Future<Output = LockClient>`), or `None` to skip outside CI. For an
 //! engine on a server the test kit starts, [`clients_on`] makes the factory:
 //!
 //! ```text
-//! fn setup() -> Option<impl MakeClient<EtcdBackend>> {
+//! fn setup() -> Option<impl MakeClient> {
 //!     let etcd = Etcd::start()?;
 //!     let url = etcd.url("");
 //!     Some(clients_on(etcd, url, |url| async move { EtcdBackend::connect(&url).await }))
@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use distlock_core::engine::Fencing;
 use distlock_core::{
-    Backend, Backoff, ErrorKind, LeaseEnd, LockClient, LockOptions, LostReason, Released, Wait,
+    Backoff, ErrorKind, LeaseEnd, LockClient, LockOptions, LostReason, Released, Wait,
 };
 
 mod election;
@@ -86,19 +86,18 @@ macro_rules! conformance_tests {
 }
 
 /// Makes a new client with the given options, as a separate process would have; implemented for
-/// every `Fn(LockOptions) -> impl Future<Output = LockClient<B>>`.
-pub trait MakeClient<B: Backend> {
+/// every `Fn(LockOptions) -> impl Future<Output = LockClient>`.
+pub trait MakeClient {
     /// A new client.
-    fn client(&self, options: LockOptions) -> impl Future<Output = LockClient<B>>;
+    fn client(&self, options: LockOptions) -> impl Future<Output = LockClient>;
 }
 
-impl<B, F, Fut> MakeClient<B> for F
+impl<F, Fut> MakeClient for F
 where
-    B: Backend,
     F: Fn(LockOptions) -> Fut,
-    Fut: Future<Output = LockClient<B>>,
+    Fut: Future<Output = LockClient>,
 {
-    fn client(&self, options: LockOptions) -> impl Future<Output = LockClient<B>> {
+    fn client(&self, options: LockOptions) -> impl Future<Output = LockClient> {
         self(options)
     }
 }
@@ -108,10 +107,10 @@ where
 ///
 /// # Panics
 /// A client that cannot connect panics, naming the URL and the error.
-pub fn clients_on<S, B, C, Fut, E>(server: S, url: String, connect: C) -> impl MakeClient<B>
+pub fn clients_on<S, B, C, Fut, E>(server: S, url: String, connect: C) -> impl MakeClient
 where
     S: 'static,
-    B: Backend,
+    B: distlock_core::IntoBackend,
     C: Fn(String) -> Fut,
     Fut: Future<Output = Result<B, E>>,
     E: std::fmt::Display,
@@ -146,7 +145,7 @@ fn key(case: &str) -> String {
 }
 
 /// One holder excludes another; release reports `Held` and frees the lock.
-pub async fn exclusive_and_release<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn exclusive_and_release(make: &impl MakeClient) {
     let (a, b) = (
         make.client(opts().build().unwrap()).await,
         make.client(opts().build().unwrap()).await,
@@ -173,7 +172,7 @@ pub async fn exclusive_and_release<B: Backend>(make: &impl MakeClient<B>) {
 }
 
 /// Every new holder gets a strictly greater fence (engines with fencing), or none at all.
-pub async fn fences_strictly_increase<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn fences_strictly_increase(make: &impl MakeClient) {
     let clients = [
         make.client(opts().build().unwrap()).await,
         make.client(opts().build().unwrap()).await,
@@ -200,7 +199,7 @@ pub async fn fences_strictly_increase<B: Backend>(make: &impl MakeClient<B>) {
 }
 
 /// A waiting acquire gets the lock soon after the holder releases it.
-pub async fn acquire_waits_for_release<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn acquire_waits_for_release(make: &impl MakeClient) {
     let a = make.client(opts().build().unwrap()).await;
     let b = make
         .client(
@@ -232,7 +231,7 @@ pub async fn acquire_waits_for_release<B: Backend>(make: &impl MakeClient<B>) {
 }
 
 /// A wait timeout ends `acquire` with `Timeout`, on time.
-pub async fn acquire_times_out<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn acquire_times_out(make: &impl MakeClient) {
     let a = make.client(opts().build().unwrap()).await;
     let b = make
         .client(
@@ -258,7 +257,7 @@ pub async fn acquire_times_out<B: Backend>(make: &impl MakeClient<B>) {
 }
 
 /// `Wait::No` makes `acquire` fail with `Busy` on a held lock; `try_acquire` says `None`.
-pub async fn no_wait_is_busy<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn no_wait_is_busy(make: &impl MakeClient) {
     let a = make.client(opts().build().unwrap()).await;
     let b = make.client(opts().wait(Wait::No).build().unwrap()).await;
     let k = key("busy");
@@ -272,7 +271,7 @@ pub async fn no_wait_is_busy<B: Backend>(make: &impl MakeClient<B>) {
 }
 
 /// `with_lock` returns the body's value and releases the lock.
-pub async fn with_lock_returns_and_releases<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn with_lock_returns_and_releases(make: &impl MakeClient) {
     let a = make.client(opts().build().unwrap()).await;
     let b = make.client(opts().build().unwrap()).await;
     let k = key("with");
@@ -299,7 +298,7 @@ pub async fn with_lock_returns_and_releases<B: Backend>(make: &impl MakeClient<B
 }
 
 /// A panicking body still releases the lock, and the panic reaches the caller.
-pub async fn with_lock_releases_on_panic<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn with_lock_releases_on_panic(make: &impl MakeClient) {
     let a = make.client(opts().build().unwrap()).await;
     let b = make.client(opts().build().unwrap()).await;
     let k = key("panic");
@@ -321,7 +320,7 @@ pub async fn with_lock_releases_on_panic<B: Backend>(make: &impl MakeClient<B>) 
     assert!(g.release().await.unwrap().was_held());
 }
 
-async fn eventually_free<B: Backend>(c: &LockClient<B>, k: &str, within: Duration) {
+async fn eventually_free(c: &LockClient, k: &str, within: Duration) {
     let t0 = Instant::now();
     loop {
         if let Some(g) = c.try_acquire(k).await.unwrap() {
@@ -337,7 +336,7 @@ async fn eventually_free<B: Backend>(c: &LockClient<B>, k: &str, within: Duratio
 }
 
 /// Dropping a guard releases the lock in the background, promptly.
-pub async fn dropped_guard_is_released<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn dropped_guard_is_released(make: &impl MakeClient) {
     let a = make.client(opts().build().unwrap()).await;
     let b = make.client(opts().build().unwrap()).await;
     let k = key("drop");
@@ -350,7 +349,7 @@ pub async fn dropped_guard_is_released<B: Backend>(make: &impl MakeClient<B>) {
 }
 
 /// Acquires cancelled at random points leave nothing taken.
-pub async fn cancelled_acquire_leaves_nothing<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn cancelled_acquire_leaves_nothing(make: &impl MakeClient) {
     let a = make.client(opts().build().unwrap()).await;
     let b = make.client(opts().build().unwrap()).await;
     let k = key("cancel");
@@ -362,7 +361,7 @@ pub async fn cancelled_acquire_leaves_nothing<B: Backend>(make: &impl MakeClient
 }
 
 /// `status` names the holder and its fence, and says free after release.
-pub async fn status_reports_holder<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn status_reports_holder(make: &impl MakeClient) {
     let a = make.client(opts().build().unwrap()).await;
     let b = make.client(opts().build().unwrap()).await;
     let k = key("status");
@@ -400,7 +399,7 @@ pub async fn status_reports_holder<B: Backend>(make: &impl MakeClient<B>) {
 /// An operator's forced release frees a held lock for another client (with a higher fence),
 /// names the holder it removed, and leaves the old holder unable to release the new holder's
 /// lock. A free lock is left alone.
-pub async fn force_release_breaks_the_lock<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn force_release_breaks_the_lock(make: &impl MakeClient) {
     let holder = make.client(opts().build().unwrap()).await;
     let breaker = make.client(opts().build().unwrap()).await;
     let next = make.client(opts().build().unwrap()).await;
@@ -450,7 +449,7 @@ pub async fn force_release_breaks_the_lock<B: Backend>(make: &impl MakeClient<B>
 
 /// Without renewal, the local deadline ends the lease: `is_held` turns false, `lost()` fires,
 /// and `extend` refuses.
-pub async fn local_deadline_ends_lease<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn local_deadline_ends_lease(make: &impl MakeClient) {
     let ttl = Duration::from_millis(300);
     let a = make
         .client(opts().ttl(ttl).auto_renew(false).build().unwrap())
@@ -481,7 +480,7 @@ pub async fn local_deadline_ends_lease<B: Backend>(make: &impl MakeClient<B>) {
 }
 
 /// The watchdog keeps a short lease alive well past its TTL, and others stay out.
-pub async fn watchdog_keeps_lease<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn watchdog_keeps_lease(make: &impl MakeClient) {
     let a = make
         .client(opts().ttl(Duration::from_millis(300)).build().unwrap())
         .await;
@@ -509,7 +508,7 @@ pub async fn watchdog_keeps_lease<B: Backend>(make: &impl MakeClient<B>) {
 
 /// On expiring engines, an abandoned lease frees after its TTL and the late holder learns it
 /// lost; its release never deletes the new holder's lock.
-pub async fn expired_lease_is_taken_over<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn expired_lease_is_taken_over(make: &impl MakeClient) {
     let a = make
         .client(
             opts()
@@ -563,13 +562,13 @@ pub async fn expired_lease_is_taken_over<B: Backend>(make: &impl MakeClient<B>) 
 }
 
 /// 8 clients × 50 acquisitions around a non-atomic read-modify-write lose no update.
-pub async fn mutual_exclusion_counter<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn mutual_exclusion_counter(make: &impl MakeClient) {
     counter_under_lock(make, 8, 50).await;
 }
 
 /// `tasks` clients, each taking the lock `rounds` times around a read → yield → write of a
 /// shared counter; any overlap of two holders loses an update.
-pub async fn counter_under_lock<B: Backend>(make: &impl MakeClient<B>, tasks: u64, rounds: u64) {
+pub async fn counter_under_lock(make: &impl MakeClient, tasks: u64, rounds: u64) {
     let k = key("counter");
     let counter = Arc::new(AtomicU64::new(0));
     let mut handles = Vec::new();
@@ -597,7 +596,7 @@ pub async fn counter_under_lock<B: Backend>(make: &impl MakeClient<B>, tasks: u6
 }
 
 /// Empty and oversized keys are refused with `InvalidKey` and take nothing.
-pub async fn bad_keys_are_refused<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn bad_keys_are_refused(make: &impl MakeClient) {
     let a = make.client(opts().build().unwrap()).await;
     for k in [
         String::new(),

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use distlock_core::{Backend, ErrorKind, LockClient, LockError, Released};
+use distlock_core::{ErrorKind, LockClient, LockError, Released};
 
 /// With the server refusing new connections (the test took every slot): `quick`'s attempt on
 /// `name` fails as `Exhausted` at once, while `waiter`'s wait for it goes on; once `free`
@@ -11,9 +11,9 @@ use distlock_core::{Backend, ErrorKind, LockClient, LockError, Released};
 ///
 /// # Panics
 /// When any of that does not happen.
-pub async fn a_wait_outlasts_exhaustion<B: Backend + 'static>(
-    quick: &LockClient<B>,
-    waiter: LockClient<B>,
+pub async fn a_wait_outlasts_exhaustion(
+    quick: &LockClient,
+    waiter: LockClient,
     name: &'static str,
     free: impl std::future::Future<Output = ()>,
 ) -> LockError {

@@ -2,16 +2,12 @@
 
 use std::time::{Duration, Instant};
 
-use distlock_core::{Backend, LockClient, LockGuard};
+use distlock_core::{LockClient, LockGuard};
 
 /// Tries `key` with `try_acquire` until it is taken, for `limit` (errors while a fail-over
 /// runs are retried every 100 ms); panics when someone else holds it, or after `limit` with
 /// the last error.
-pub async fn acquire_within<B: Backend>(
-    client: &LockClient<B>,
-    key: &str,
-    limit: Duration,
-) -> LockGuard<B> {
+pub async fn acquire_within(client: &LockClient, key: &str, limit: Duration) -> LockGuard {
     let deadline = Instant::now() + limit;
     loop {
         match client.try_acquire(key).await {
@@ -30,7 +26,7 @@ pub async fn acquire_within<B: Backend>(
 
 /// Takes and releases `key` `times` times, and returns the fences it was given (an engine
 /// with fences).
-pub async fn fences_of<B: Backend>(client: &LockClient<B>, key: &str, times: usize) -> Vec<u64> {
+pub async fn fences_of(client: &LockClient, key: &str, times: usize) -> Vec<u64> {
     let mut fences = Vec::with_capacity(times);
     for _ in 0..times {
         let g = client

@@ -37,11 +37,11 @@ pub use zookeeper::{ZkServer, ZooKeeper};
 ///
 /// # Panics
 /// For a TTL the options refuse (zero).
-pub fn client_of<B: distlock_core::Backend>(
-    backend: B,
+pub fn client_of(
+    backend: impl distlock_core::IntoBackend,
     ttl: std::time::Duration,
     wait: Option<std::time::Duration>,
-) -> distlock_core::LockClient<B> {
+) -> distlock_core::LockClient {
     let mut options = distlock_core::LockOptions::builder().ttl(ttl);
     if let Some(wait) = wait {
         options = options.wait_timeout(wait);

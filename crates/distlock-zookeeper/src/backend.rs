@@ -102,97 +102,113 @@ impl Backend for ZkBackend {
             .with_order()
     }
 
-    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        self.recipe.acquire(req).await
+    fn acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
+        Box::pin(async move { self.recipe.acquire(req).await })
     }
 
     /// A check that our node is still there, of our session, with its creation zxid (the
     /// session is the lease: it lives while the client is connected).
-    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
-        let item = [RenewItem::new(*lease, ttl)];
-        self.check_nodes(&item)
-            .await
-            .pop()
-            .unwrap_or(Ok(LeaseCheck::Missing))
+    fn renew<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            let item = [RenewItem::new(*lease, ttl)];
+            self.check_nodes(&item)
+                .await
+                .pop()
+                .unwrap_or(Ok(LeaseCheck::Missing))
+        })
     }
 
-    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
-        const DOING: &str = "releasing a ZooKeeper lock";
-        let client = self.sessions().current().client.clone();
-        let Some(entry) = self.recipe.forget(lease.name, lease.token.as_str()) else {
-            // An acquire cancelled while its create was in flight: the node may exist without
-            // our knowing its name. Its token finds it (the create was sent first, and ZooKeeper
-            // answers one session's requests in order).
-            if let Some((path, _, _, _)) = self
-                .store()
-                .find_own(&client, &self.lock_path(lease.name), lease.token.as_str())
-                .await?
-            {
-                match self.store().call(DOING, client.delete(&path, None)).await? {
-                    Ok(()) | Err(Error::NoNode) => {}
-                    Err(e) => return Err(map_err(e, DOING)),
+    fn release<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            const DOING: &str = "releasing a ZooKeeper lock";
+            let client = self.sessions().current().client.clone();
+            let Some(entry) = self.recipe.forget(lease.name, lease.token.as_str()) else {
+                // An acquire cancelled while its create was in flight: the node may exist without
+                // our knowing its name. Its token finds it (the create was sent first, and ZooKeeper
+                // answers one session's requests in order).
+                if let Some((path, _, _, _)) = self
+                    .store()
+                    .find_own(&client, &self.lock_path(lease.name), lease.token.as_str())
+                    .await?
+                {
+                    match self.store().call(DOING, client.delete(&path, None)).await? {
+                        Ok(()) | Err(Error::NoNode) => {}
+                        Err(e) => return Err(map_err(e, DOING)),
+                    }
                 }
+                return Ok(LeaseCheck::Missing);
+            };
+            let node = &entry.entry.id;
+            let trusted = entry.held && self.sessions().losses() == node.since;
+            let path = self.store().path_of(lease.name, lease.token.as_str(), node);
+            let deleted = self.store().call(DOING, client.delete(&path, None)).await?;
+            match deleted {
+                Ok(()) if trusted => Ok(LeaseCheck::Ours),
+                Ok(()) | Err(Error::NoNode) => Ok(LeaseCheck::Missing),
+                Err(e) => Err(map_err(e, DOING)),
             }
-            return Ok(LeaseCheck::Missing);
-        };
-        let node = &entry.entry.id;
-        let trusted = entry.held && self.sessions().losses() == node.since;
-        let path = self.store().path_of(lease.name, lease.token.as_str(), node);
-        let deleted = self.store().call(DOING, client.delete(&path, None)).await?;
-        match deleted {
-            Ok(()) if trusted => Ok(LeaseCheck::Ours),
-            Ok(()) | Err(Error::NoNode) => Ok(LeaseCheck::Missing),
-            Err(e) => Err(map_err(e, DOING)),
-        }
+        })
     }
 
     /// Every holder (the leading nodes that hold: one writer, the readers up to the first
     /// writer, or N permits) with its label, token and `czxid`; the other nodes are waiters.
     /// A node's kind is its name's, or the readers' tag in its data (a downgraded writer).
-    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
-        const DOING: &str = "reading a ZooKeeper lock's status";
-        let parent = self.lock_path(key);
-        let client = self.sessions().current().client.clone();
-        let queue = self.queue_of(&client, &parent, DOING).await?;
-        let mut holders: Vec<HolderStatus> = Vec::new();
-        let mut gone = 0;
-        for (_, child) in &queue {
-            let (data, stat) = match self
-                .store()
-                .call(DOING, client.get_data(&format!("{parent}/{child}")))
-                .await?
-            {
-                Ok(d) => d,
-                // Released in between.
-                Err(Error::NoNode) => {
-                    gone += 1;
-                    continue;
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
+        Box::pin(async move {
+            const DOING: &str = "reading a ZooKeeper lock's status";
+            let parent = self.lock_path(key);
+            let client = self.sessions().current().client.clone();
+            let queue = self.queue_of(&client, &parent, DOING).await?;
+            let mut holders: Vec<HolderStatus> = Vec::new();
+            let mut gone = 0;
+            for (_, child) in &queue {
+                let (data, stat) = match self
+                    .store()
+                    .call(DOING, client.get_data(&format!("{parent}/{child}")))
+                    .await?
+                {
+                    Ok(d) => d,
+                    // Released in between.
+                    Err(Error::NoNode) => {
+                        gone += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(map_err(e, DOING)),
+                };
+                let value = String::from_utf8_lossy(&data).into_owned();
+                let (tagged, holder) = untag_value(&value);
+                let kind = if tagged == LeaseKind::Shared {
+                    tagged
+                } else {
+                    store::kind_of(child)
+                };
+                let holder = HolderValue::parse(holder);
+                let next = HolderStatus::new(kind)
+                    .owner(Some(holder.label()))
+                    .token(Some(holder.token.to_owned()).filter(|t| !t.is_empty()))
+                    .fence(u64::try_from(stat.czxid).ok());
+                let kinds = holders.iter().map(|h| h.kind).chain([kind]);
+                if distlock_core::engine::queue::holding(kinds) <= holders.len() {
+                    break;
                 }
-                Err(e) => return Err(map_err(e, DOING)),
-            };
-            let value = String::from_utf8_lossy(&data).into_owned();
-            let (tagged, holder) = untag_value(&value);
-            let kind = if tagged == LeaseKind::Shared {
-                tagged
-            } else {
-                store::kind_of(child)
-            };
-            let holder = HolderValue::parse(holder);
-            let next = HolderStatus::new(kind)
-                .owner(Some(holder.label()))
-                .token(Some(holder.token.to_owned()).filter(|t| !t.is_empty()))
-                .fence(u64::try_from(stat.czxid).ok());
-            let kinds = holders.iter().map(|h| h.kind).chain([kind]);
-            if distlock_core::engine::queue::holding(kinds) <= holders.len() {
-                break;
+                holders.push(next);
             }
-            holders.push(next);
-        }
-        let last = holders.iter().filter_map(|h| h.fence).max();
-        let waiters = (queue.len() - gone).saturating_sub(holders.len());
-        Ok(LockStatus::held_by(holders)
-            .with_last_fence(last)
-            .with_waiters(Some(waiters as u64)))
+            let last = holders.iter().filter_map(|h| h.fence).max();
+            let waiters = (queue.len() - gone).saturating_sub(holders.len());
+            Ok(LockStatus::held_by(holders)
+                .with_last_fence(last)
+                .with_waiters(Some(waiters as u64)))
+        })
     }
 
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {

@@ -4,7 +4,7 @@ use distlock_core::{ErrorKind, LockClient};
 use distlock_testkit::ZooKeeper;
 use distlock_zookeeper::ZkBackend;
 
-async fn client(url: &str) -> LockClient<ZkBackend> {
+async fn client(url: &str) -> LockClient {
     LockClient::new(ZkBackend::connect(url).await.expect("connect"))
 }
 

@@ -4,7 +4,7 @@ use distlock_testkit::ZooKeeper;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 use distlock_zookeeper::ZkBackend;
 
-fn setup() -> Option<impl MakeClient<ZkBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let zk = ZooKeeper::start()?;
     let url = zk.url("");
     Some(clients_on(zk, url, |url| async move {

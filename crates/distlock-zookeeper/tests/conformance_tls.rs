@@ -5,7 +5,7 @@ use distlock_testkit::conformance::{MakeClient, clients_on};
 use distlock_testkit::{Pki, ZooKeeper};
 use distlock_zookeeper::ZkBackend;
 
-fn setup() -> Option<impl MakeClient<ZkBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let pki = Pki::generate();
     let zk = ZooKeeper::start_tls(&pki)?;
     let url = zk.tls_url(&format!(

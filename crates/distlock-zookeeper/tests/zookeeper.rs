@@ -11,7 +11,7 @@ use distlock_core::{Backend, ErrorKind, LockClient, LostReason, Released, System
 use distlock_testkit::{ZooKeeper, client_of};
 use distlock_zookeeper::ZkBackend;
 
-async fn client(url: &str) -> LockClient<ZkBackend> {
+async fn client(url: &str) -> LockClient {
     let backend = ZkBackend::connect(url).await.expect("connect");
     client_of(
         backend,
@@ -32,7 +32,10 @@ async fn ten_queued_waiters_acquire_in_queue_order() {
         .await
         .unwrap();
     let holder = client(&url).await;
-    let parent = holder.backend().lock_path("fifo");
+    let parent = holder
+        .engine::<ZkBackend>()
+        .expect("the engine")
+        .lock_path("fifo");
     let g = holder.acquire("fifo").await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
@@ -113,7 +116,7 @@ async fn a_session_that_expires_under_a_held_lock_fires_lost() {
     let url = zk.url("?session_timeout=1s&response_timeout=500ms");
     let a = client(&url).await;
     let g = a.acquire("session").await.unwrap();
-    let session = a.backend().session_id();
+    let session = a.engine::<ZkBackend>().expect("the engine").session_id();
     zk.servers()[0].pause();
     let t0 = Instant::now();
     let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
@@ -144,7 +147,7 @@ async fn a_session_that_expires_under_a_held_lock_fires_lost() {
     assert_eq!(g2.release().await.unwrap(), Released::Held);
     assert!(matches!(g.release().await.unwrap(), Released::Lost(_)));
     let t0 = Instant::now();
-    while a.backend().session_id() == session {
+    while a.engine::<ZkBackend>().expect("the engine").session_id() == session {
         assert!(t0.elapsed() < Duration::from_secs(10), "no new session");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -200,7 +203,7 @@ async fn the_server_a_holder_talks_to_killed_in_an_ensemble_of_three() {
     let mine = zk
         .servers()
         .iter()
-        .position(|s| s.serves_session(a.backend().session_id()))
+        .position(|s| s.serves_session(a.engine::<ZkBackend>().expect("the engine").session_id()))
         .expect("a server holds A's connection");
     zk.servers_mut()[mine].kill();
     // The connection drop suspends the session: A stops trusting the lock at once.
@@ -360,7 +363,7 @@ async fn a_wait_budget_rides_through_a_server_kill() {
     let mine = zk
         .servers()
         .iter()
-        .position(|s| s.serves_session(c.backend().session_id()))
+        .position(|s| s.serves_session(c.engine::<ZkBackend>().expect("the engine").session_id()))
         .expect("a server holds the connection");
     zk.servers_mut()[mine].kill();
     let t0 = Instant::now();

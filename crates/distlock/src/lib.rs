@@ -5,12 +5,12 @@
 mod schemes;
 
 pub use distlock_core::{
-    AnyBackend, Backend, Backoff, BoxError, Clock, DEFAULT_HANDOFF_STREAK,
-    DEFAULT_OBSERVE_INTERVAL, DEFAULT_WAKE_FALLBACK, Election, ErrorKind, HolderStatus, Leader,
-    Leadership, LeakedLease, LeaseHandle, LeaseKind, ListedLock, Listing, LockClient,
-    LockClientBuilder, LockError, LockGuard, LockOptions, LockOptionsBuilder, LockStatus,
-    LostReason, MAX_KEY_LEN, MAX_TTL, MAX_VALUE_LEN, ManualClock, Observer, Released, SystemClock,
-    Token, Wait, default_drift, default_owner, error_chain, parse_duration, validate_key,
+    Backend, Backoff, BoxError, Clock, DEFAULT_HANDOFF_STREAK, DEFAULT_OBSERVE_INTERVAL,
+    DEFAULT_WAKE_FALLBACK, Election, ErrorKind, HolderStatus, IntoBackend, Leader, Leadership,
+    LeakedLease, LeaseHandle, LeaseKind, ListedLock, Listing, LockClient, LockClientBuilder,
+    LockError, LockGuard, LockOptions, LockOptionsBuilder, LockStatus, LostReason, MAX_KEY_LEN,
+    MAX_TTL, MAX_VALUE_LEN, ManualClock, Observer, Released, SystemClock, Token, Wait,
+    default_drift, default_owner, error_chain, parse_duration, validate_key,
 };
 pub use schemes::{connect, engines, open_backend, open_backend_within, supported_schemes};
 
@@ -32,9 +32,9 @@ pub mod url {
     pub use distlock_core::url::{is_secret_param, percent_encode, redact, with_password};
 }
 
-/// For those who write an engine, or code that drives one directly: the [`Backend`] trait and
-/// its types, the object-safe [`DynBackend`](engine::DynBackend), and the helpers the bundled
-/// engines share (URL parsing, holder values, wake-ups).
+/// For those who write an engine, or code that drives one directly: the [`Backend`] trait
+/// (object-safe: a client holds its engine as `dyn Backend`) and its types, and the helpers the
+/// bundled engines share (URL parsing, holder values, wake-ups).
 ///
 /// An application that takes locks needs none of this: [`connect`], [`LockClient`] and
 /// [`LockGuard`] are the whole API.

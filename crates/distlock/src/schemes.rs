@@ -2,16 +2,18 @@
 //! [`open_backend`] read, so that the two cannot disagree.
 
 use distlock_core::engine::BoxFuture;
-use distlock_core::{AnyBackend, ErrorKind, LockClient, LockError};
+use std::sync::Arc;
 
-type Open = for<'a> fn(&'a str) -> BoxFuture<'a, Result<AnyBackend, LockError>>;
+use distlock_core::{Backend, ErrorKind, LockClient, LockError};
+
+type Open = for<'a> fn(&'a str) -> BoxFuture<'a, Result<Arc<dyn Backend>, LockError>>;
 
 /// Boxes an engine's `connect` as an [`Open`].
 macro_rules! opener {
     ($name:ident, $connect:expr) => {
         #[allow(dead_code)]
-        fn $name(url: &str) -> BoxFuture<'_, Result<AnyBackend, LockError>> {
-            Box::pin(async move { Ok(AnyBackend::new($connect(url).await?)) })
+        fn $name(url: &str) -> BoxFuture<'_, Result<Arc<dyn Backend>, LockError>> {
+            Box::pin(async move { Ok(Arc::new($connect(url).await?) as Arc<dyn Backend>) })
         }
     };
 }
@@ -210,7 +212,7 @@ pub fn supported_schemes() -> Vec<&'static str> {
 /// # Errors
 /// `Config` for a malformed URL or a scheme this build does not open (the message says why:
 /// which feature it needs, say); the engine's connection errors otherwise.
-pub async fn open_backend(url: &str) -> Result<AnyBackend, LockError> {
+pub async fn open_backend(url: &str) -> Result<Arc<dyn Backend>, LockError> {
     let scheme = url
         .split_once(':')
         .map(|(s, _)| s.to_ascii_lowercase())
@@ -266,7 +268,7 @@ pub async fn open_backend(url: &str) -> Result<AnyBackend, LockError> {
 pub async fn open_backend_within(
     url: &str,
     budget: std::time::Duration,
-) -> Result<AnyBackend, LockError> {
+) -> Result<Arc<dyn Backend>, LockError> {
     let deadline = tokio::time::Instant::now() + budget;
     let mut pause = std::time::Duration::from_millis(100);
     let mut tries = 0u32;
@@ -342,7 +344,7 @@ fn tried_for(budget: std::time::Duration, tries: u32, last: LockError) -> LockEr
 ///
 /// # Errors
 /// As [`open_backend`].
-pub async fn connect(url: &str) -> Result<LockClient<AnyBackend>, LockError> {
+pub async fn connect(url: &str) -> Result<LockClient, LockError> {
     Ok(LockClient::new(open_backend(url).await?))
 }
 

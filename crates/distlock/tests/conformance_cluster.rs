@@ -1,11 +1,10 @@
-//! The conformance suite on a three-master Redis Cluster, through the run-time (`AnyBackend`)
+//! The conformance suite on a three-master Redis Cluster, through the run-time (URL)
 //! path.
 
-use distlock::AnyBackend;
 use distlock_testkit::RedisCluster;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 
-fn setup() -> Option<impl MakeClient<AnyBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let cluster = RedisCluster::start(3)?;
     let url = cluster.url("");
     Some(clients_on(cluster, url, |url| async move {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use distlock::file::FileBackend;
 use distlock::{LockClient, LockOptions};
 
-fn setup() -> Option<impl Fn(LockOptions) -> std::future::Ready<LockClient<FileBackend>>> {
+fn setup() -> Option<impl Fn(LockOptions) -> std::future::Ready<LockClient>> {
     let dir = Arc::new(tempfile::tempdir().expect("temp dir"));
     Some(move |options: LockOptions| {
         // A separate backend per client: separate open files, as in separate processes.

@@ -1,10 +1,9 @@
-//! The conformance suite on memcached through the run-time (`AnyBackend`) path (`open_backend`).
+//! The conformance suite on memcached through the run-time (URL) path (`open_backend`).
 
-use distlock::AnyBackend;
 use distlock_testkit::Memcached;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 
-fn setup() -> Option<impl MakeClient<AnyBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let mc = Memcached::start()?;
     let url = mc.url("");
     Some(clients_on(mc, url, |url| async move {

@@ -1,10 +1,9 @@
-//! The conformance suite on a real redis-server, through the run-time (`AnyBackend`) path.
+//! The conformance suite on a real redis-server, through the run-time (URL) path.
 
-use distlock::AnyBackend;
 use distlock_testkit::RedisServer;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 
-fn setup() -> Option<impl MakeClient<AnyBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let server = RedisServer::start()?;
     let url = server.url();
     Some(clients_on(server, url, |url| async move {

@@ -1,11 +1,10 @@
 //! The conformance suite over TLS (`rediss://` with a CA and a client certificate) on a
 //! redis-server that demands client certificates (`--tls-auth-clients yes`).
 
-use distlock::AnyBackend;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 use distlock_testkit::{Pki, RedisServer};
 
-fn setup() -> Option<impl MakeClient<AnyBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let pki = Pki::generate();
     let server = RedisServer::start_tls(&pki, true, &[])?;
     let url = format!(

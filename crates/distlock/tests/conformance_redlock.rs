@@ -1,11 +1,10 @@
 //! The conformance suite on Redlock over three real redis-server masters, through the run-time
-//! (`AnyBackend`) path.
+//! (URL) path.
 
-use distlock::AnyBackend;
 use distlock_testkit::RedisServer;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 
-fn setup() -> Option<impl MakeClient<AnyBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let masters: Vec<RedisServer> = (0..3)
         .map(|_| RedisServer::start())
         .collect::<Option<_>>()?;

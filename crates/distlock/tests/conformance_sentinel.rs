@@ -1,12 +1,11 @@
 //! The conformance suite on a Redis master found through Sentinel, through the run-time
-//! (`AnyBackend`) path. One sentinel is enough here (no failover is tested: see
+//! (URL) path. One sentinel is enough here (no failover is tested: see
 //! `distlock-redis/tests/replication.rs`), and starts without waiting for its peers.
 
-use distlock::AnyBackend;
 use distlock_testkit::conformance::{MakeClient, clients_on};
 use distlock_testkit::{RedisServer, Sentinels};
 
-fn setup() -> Option<impl MakeClient<AnyBackend>> {
+fn setup() -> Option<impl MakeClient> {
     let master = RedisServer::start()?;
     let sentinels = Sentinels::start(1, &master)?;
     let url = sentinels.url("");

@@ -81,7 +81,7 @@ fn histogram(s: &Series, name: &str, l: &[(&str, &str)]) -> Vec<f64> {
     }
 }
 
-async fn client(url: &str, ttl: Duration) -> LockClient<RedisBackend> {
+async fn client(url: &str, ttl: Duration) -> LockClient {
     let backend = RedisBackend::connect(url).await.expect("connect");
     let options = LockOptions::builder()
         .ttl(ttl)

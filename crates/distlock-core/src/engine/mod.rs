@@ -19,7 +19,6 @@
 //! how to add an engine.
 
 mod capability;
-mod dynamic;
 pub mod pool;
 pub mod queue;
 mod session;
@@ -34,7 +33,6 @@ pub use capability::{
     BatchRenew, BreakOutcome, Breaker, Downgrade, Handover, Linger, Lister, Names, NextWaiter,
     Sessions, WakeSource,
 };
-pub use dynamic::{AnyBackend, BoxFuture, DynBackend};
 pub use session::{SessionEnd, SessionWatch};
 pub use wake::{PredecessorWatches, Subscription, WakeHub};
 
@@ -651,12 +649,47 @@ impl Capabilities {
     }
 }
 
+/// What a [`LockClient`](crate::LockClient) can be built on: an engine, or one chosen at run time
+/// (`Arc<dyn Backend>`, as `distlock::connect` opens from a URL; an `Arc` of an engine also
+/// lets a program keep its own handle on it).
+pub trait IntoBackend {
+    /// The engine, shared.
+    fn into_backend(self) -> Arc<dyn Backend>;
+}
+
+impl<B: Backend> IntoBackend for B {
+    fn into_backend(self) -> Arc<dyn Backend> {
+        Arc::new(self)
+    }
+}
+
+impl IntoBackend for Arc<dyn Backend> {
+    fn into_backend(self) -> Arc<dyn Backend> {
+        self
+    }
+}
+
+impl fmt::Debug for dyn Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Backend").field(&self.name()).finish()
+    }
+}
+
+/// A boxed, `Send` future, as the engine's traits return (they are object-safe: a client holds
+/// its engine as `dyn Backend`).
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
 /// The primitives a lock engine supplies, and the getters of its optional capabilities.
 ///
 /// Every method takes `&self` and may be called concurrently. `acquire` must be idempotent for
 /// a repeated token (a resend after a lost reply), and `renew` and `release` must compare the
 /// token before changing anything.
-pub trait Backend: Send + Sync + 'static {
+///
+/// The trait is object-safe: a [`LockClient`](crate::LockClient) holds its engine as
+/// `dyn Backend`, so that one client type serves every engine (the primitives' futures are
+/// boxed, as the capability traits' are). An implementation wraps each body in
+/// `Box::pin(async move { … })`.
+pub trait Backend: std::any::Any + Send + Sync {
     /// A short engine name for logs and errors ("redis", "file").
     fn name(&self) -> &'static str;
 
@@ -664,26 +697,26 @@ pub trait Backend: Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities;
 
     /// One attempt to take a lease. A kind the engine does not support is `Unsupported`.
-    fn acquire(
-        &self,
-        req: &AcquireRequest<'_>,
-    ) -> impl Future<Output = Result<Attempt, LockError>> + Send;
+    fn acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Attempt, LockError>>;
 
     /// Renews our lease to `ttl` from now, if it is still ours.
-    fn renew(
-        &self,
-        lease: &LeaseRef<'_>,
+    fn renew<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
         ttl: Duration,
-    ) -> impl Future<Output = Result<LeaseCheck, LockError>> + Send;
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
 
     /// Ends our lease, if it is still ours.
-    fn release(
-        &self,
-        lease: &LeaseRef<'_>,
-    ) -> impl Future<Output = Result<LeaseCheck, LockError>> + Send;
+    fn release<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
 
     /// Who holds `name`, if anybody.
-    fn inspect(&self, name: &str) -> impl Future<Output = Result<LockStatus, LockError>> + Send;
+    fn inspect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>>;
 
     /// Why this engine cannot hold leases of `kind`, when [`Capabilities::supports`] says it
     /// cannot: the `Unsupported` error shows it.

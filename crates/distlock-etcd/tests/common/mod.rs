@@ -7,7 +7,7 @@ use distlock_etcd::EtcdBackend;
 use distlock_testkit::Etcd;
 
 /// A client of `url` whose locks have `ttl`, waiting 30 s at most.
-pub(crate) async fn client(url: &str, ttl: Duration) -> LockClient<EtcdBackend> {
+pub(crate) async fn client(url: &str, ttl: Duration) -> LockClient {
     let backend = EtcdBackend::connect(url).await.expect("connect");
     distlock_testkit::client_of(backend, ttl, Some(Duration::from_secs(30)))
 }

@@ -6,13 +6,13 @@
 use std::time::{Duration, Instant};
 
 use distlock_core::engine::Fencing;
-use distlock_core::{Backend, ErrorKind, LockClient, Released};
+use distlock_core::{ErrorKind, LockClient, Released};
 
 use super::{MakeClient, key, opts};
 
 /// Whether the engine behind `c` holds elections; if not, checks that a campaign fails with
 /// `Unsupported` and says why.
-async fn elects<B: Backend>(c: &LockClient<B>) -> bool {
+async fn elects(c: &LockClient) -> bool {
     if c.backend().capabilities().fencing == Fencing::Monotonic {
         return true;
     }
@@ -32,7 +32,7 @@ async fn elects<B: Backend>(c: &LockClient<B>) -> bool {
 /// One leader at a time; the others wait. `leader()` names it with its value and epoch; a
 /// resignation hands over within a few round trips (not a lease), to a leader whose epoch is
 /// higher.
-pub async fn an_election_has_one_leader_and_rising_epochs<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn an_election_has_one_leader_and_rising_epochs(make: &impl MakeClient) {
     let ttl = Duration::from_secs(10);
     let a = make.client(opts().ttl(ttl).build().unwrap()).await;
     if !elects(&a).await {
@@ -79,9 +79,7 @@ pub async fn an_election_has_one_leader_and_rising_epochs<B: Backend>(make: &imp
 /// A leader that stops renewing (dead, or paused) ends its leadership at its local deadline,
 /// before a follower can lead; on engines whose leases expire, the follower then takes over
 /// within the TTL and a wake-up, with a higher epoch.
-pub async fn a_silent_leader_steps_down_before_the_next_leads<B: Backend>(
-    make: &impl MakeClient<B>,
-) {
+pub async fn a_silent_leader_steps_down_before_the_next_leads(make: &impl MakeClient) {
     let ttl = Duration::from_millis(800);
     let a = make
         .client(opts().ttl(ttl).auto_renew(false).build().unwrap())
@@ -124,7 +122,7 @@ pub async fn a_silent_leader_steps_down_before_the_next_leads<B: Backend>(
 
 /// A follower sees each leader once, in order, with its epoch and value, and nobody between
 /// leaders; never two leaders with one epoch.
-pub async fn observers_see_each_leader_once<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn observers_see_each_leader_once(make: &impl MakeClient) {
     let a = make.client(opts().build().unwrap()).await;
     if !elects(&a).await {
         return;
@@ -150,9 +148,7 @@ pub async fn observers_see_each_leader_once<B: Backend>(make: &impl MakeClient<B
 }
 
 /// The observer's next change, within 5 s.
-async fn next_change<B: Backend>(
-    obs: &mut distlock_core::Observer<B>,
-) -> Option<distlock_core::Leader> {
+async fn next_change(obs: &mut distlock_core::Observer) -> Option<distlock_core::Leader> {
     tokio::time::timeout(Duration::from_secs(5), obs.changed())
         .await
         .expect("a change reported")

@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use distlock_core::engine::{Fencing, LeaseKind};
-use distlock_core::{Backend, ErrorKind, LockClient, LockError, LockGuard};
+use distlock_core::{ErrorKind, LockClient, LockError, LockGuard};
 
 use super::{MakeClient, key, opts};
 
 /// Whether the engine behind `c` holds `kind`; if not, checks that asking for it fails with
 /// `Unsupported` and a reason, before anything is taken.
-async fn holds<B: Backend>(c: &LockClient<B>, kind: LeaseKind) -> bool {
+async fn holds(c: &LockClient, kind: LeaseKind) -> bool {
     if c.backend().capabilities().supports(kind) {
         return true;
     }
@@ -38,19 +38,19 @@ async fn holds<B: Backend>(c: &LockClient<B>, kind: LeaseKind) -> bool {
     false
 }
 
-fn fenced<B: Backend>(c: &LockClient<B>) -> bool {
+fn fenced(c: &LockClient) -> bool {
     c.backend().capabilities().fencing == Fencing::Monotonic
 }
 
-async fn read<B: Backend>(c: &LockClient<B>, k: &str) -> Option<LockGuard<B>> {
+async fn read(c: &LockClient, k: &str) -> Option<LockGuard> {
     c.read_lock(k).try_acquire().await.unwrap()
 }
 
 /// Three clients with options `o`, as three processes would have.
-async fn three<B: Backend>(
-    make: &impl MakeClient<B>,
+async fn three(
+    make: &impl MakeClient,
     o: distlock_core::LockOptions,
-) -> (LockClient<B>, LockClient<B>, LockClient<B>) {
+) -> (LockClient, LockClient, LockClient) {
     (
         make.client(o).await,
         make.client(o).await,
@@ -59,12 +59,12 @@ async fn three<B: Backend>(
 }
 
 /// A task of `c` that waits up to `secs` for a lease of `kind` on `k`.
-fn waiter<B: Backend>(
-    c: &LockClient<B>,
+fn waiter(
+    c: &LockClient,
     k: &str,
     kind: LeaseKind,
     secs: u64,
-) -> tokio::task::JoinHandle<Result<LockGuard<B>, LockError>> {
+) -> tokio::task::JoinHandle<Result<LockGuard, LockError>> {
     let (c, k) = (c.clone(), k.to_owned());
     tokio::spawn(async move {
         c.lock(&k)
@@ -79,7 +79,7 @@ fn waiter<B: Backend>(
 /// test's own checks then say what is wrong), and a fixed pause where it does not. Waiters
 /// spawned one after the other must queue in that order: on a loaded machine a waiter's set-up
 /// (a TLS connect, say) can outlast a fixed pause, and then the later one goes first.
-async fn queued<B: Backend>(c: &LockClient<B>, k: &str, n: u64) {
+async fn queued(c: &LockClient, k: &str, n: u64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         match c.status(k).await.map(|st| st.waiters) {
@@ -96,7 +96,7 @@ async fn queued<B: Backend>(c: &LockClient<B>, k: &str, n: u64) {
 
 /// Readers share a name, a writer excludes them and is excluded by them, and a reader's fence
 /// sits between the writers before and after it.
-pub async fn readers_share_and_writers_exclude<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn readers_share_and_writers_exclude(make: &impl MakeClient) {
     let o = opts().build().unwrap();
     let (a, b, w) = three(make, o).await;
     if !holds(&a, LeaseKind::Shared).await {
@@ -150,7 +150,7 @@ pub async fn readers_share_and_writers_exclude<B: Backend>(make: &impl MakeClien
 
 /// A writer waits for the readers; on engines that order their waiters, a waiting writer holds
 /// back the readers that come after it, and gets the lock when the readers ahead leave.
-pub async fn a_waiting_writer_holds_back_new_readers<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn a_waiting_writer_holds_back_new_readers(make: &impl MakeClient) {
     let o = opts().build().unwrap();
     let (a, b, w) = three(make, o).await;
     if !holds(&a, LeaseKind::Shared).await {
@@ -188,7 +188,7 @@ pub async fn a_waiting_writer_holds_back_new_readers<B: Backend>(make: &impl Mak
 /// right behind it comes in, a writer queued after that reader still waits (and no other writer
 /// gets in meanwhile), and gets the lock once both readers leave. The downgraded reader is
 /// renewed as one. An engine that cannot downgrade says why, and the writer stays held.
-pub async fn a_writer_downgrades_without_a_gap<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn a_writer_downgrades_without_a_gap(make: &impl MakeClient) {
     let o = opts().ttl(Duration::from_secs(2)).build().unwrap();
     let (a, b, w) = three(make, o).await;
     if !holds(&a, LeaseKind::Shared).await {
@@ -292,12 +292,12 @@ pub async fn a_writer_downgrades_without_a_gap<B: Backend>(make: &impl MakeClien
 /// `status` lists every holder of a name: each reader, each permit (kind, token, label,
 /// fence, TTL), and the waiters where the engine keeps a queue. (The file engine's readers do
 /// not write the file, so it shows them as one shared hold.)
-pub async fn status_lists_every_holder<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn status_lists_every_holder(make: &impl MakeClient) {
     let o = opts().build().unwrap();
     let (a, b, w) = three(make, o).await;
     let caps = a.backend().capabilities();
     let listed = a.backend().name() != "file";
-    let check = |h: &distlock_core::HolderStatus, g: &LockGuard<B>, c: &LockClient<B>| {
+    let check = |h: &distlock_core::HolderStatus, g: &LockGuard, c: &LockClient| {
         assert_eq!(h.kind, g.kind());
         if let Some(t) = &h.token {
             assert_eq!(t, g.token().as_str());
@@ -333,7 +333,7 @@ pub async fn status_lists_every_holder<B: Backend>(make: &impl MakeClient<B>) {
         );
         if listed {
             assert_eq!(st.holders.len(), 2, "{st:?}");
-            let by_token = |g: &LockGuard<B>| {
+            let by_token = |g: &LockGuard| {
                 st.holders
                     .iter()
                     .find(|h| h.token.as_deref() == Some(g.token().as_str()))
@@ -402,7 +402,7 @@ pub async fn status_lists_every_holder<B: Backend>(make: &impl MakeClient<B>) {
 
 /// The watchdog keeps a mutex, a reader and a permit of one client alive together, past
 /// three TTLs (on engines that batch renewals, in the same batch).
-pub async fn every_kind_is_renewed<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn every_kind_is_renewed(make: &impl MakeClient) {
     let c = make
         .client(opts().ttl(Duration::from_secs(1)).build().unwrap())
         .await;
@@ -427,7 +427,7 @@ pub async fn every_kind_is_renewed<B: Backend>(make: &impl MakeClient<B>) {
 
 /// A reader that stops renewing loses its share after its own TTL, while another reader keeps
 /// its own; the waiting writer gets in only when both are gone. (Engines whose leases expire.)
-pub async fn a_dead_reader_frees_only_its_share<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn a_dead_reader_frees_only_its_share(make: &impl MakeClient) {
     let short = opts()
         .ttl(Duration::from_millis(1500))
         .auto_renew(false)
@@ -465,7 +465,7 @@ pub async fn a_dead_reader_frees_only_its_share<B: Backend>(make: &impl MakeClie
 
 /// A semaphore of N admits N holders and no more; each permit has a fence above every earlier
 /// one; a release lets the next in; another size of the same name is a `KindConflict`.
-pub async fn a_semaphore_admits_n<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn a_semaphore_admits_n(make: &impl MakeClient) {
     let o = opts().build().unwrap();
     let mut clients = Vec::new();
     for _ in 0..4 {
@@ -551,7 +551,7 @@ pub async fn a_semaphore_admits_n<B: Backend>(make: &impl MakeClient<B>) {
 
 /// Tasks of several clients that take permits in a loop are never more than N at once, and
 /// every permit gets its own fence.
-pub async fn permits_never_exceed_n<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn permits_never_exceed_n(make: &impl MakeClient) {
     const N: u32 = 2;
     let o = opts()
         .wait_timeout(Duration::from_secs(30))
@@ -599,7 +599,7 @@ pub async fn permits_never_exceed_n<B: Backend>(make: &impl MakeClient<B>) {
 
 /// A permit whose holder stops renewing comes back after its TTL. (Engines whose leases
 /// expire.)
-pub async fn a_dead_holders_permit_comes_back<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn a_dead_holders_permit_comes_back(make: &impl MakeClient) {
     let short = opts()
         .ttl(Duration::from_millis(1500))
         .auto_renew(false)
@@ -641,7 +641,7 @@ pub async fn a_dead_holders_permit_comes_back<B: Backend>(make: &impl MakeClient
 
 /// A reader or permit waiter that gives up (a timeout) leaves no entry that holds back the
 /// waiters behind it.
-pub async fn a_waiter_that_gives_up_leaves_no_trace<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn a_waiter_that_gives_up_leaves_no_trace(make: &impl MakeClient) {
     let o = opts().build().unwrap();
     let (a, b, c) = three(make, o).await;
     let one = LeaseKind::Permit { permits: 1 };

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use distlock_core::{Backend, Released};
+use distlock_core::Released;
 
 use super::{MakeClient, key, opts};
 
@@ -13,7 +13,7 @@ use super::{MakeClient, key, opts};
 /// gone (its sessions closed, as when its process exits), then frees by itself (within the
 /// engine's rounding: whole seconds on etcd and memcached), the next holder's fence higher.
 /// Elsewhere it keeps the lock until then and releases it.
-pub async fn a_lease_left_runs_out_by_itself<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn a_lease_left_runs_out_by_itself(make: &impl MakeClient) {
     let o = opts().build().unwrap();
     let (a, b) = (make.client(o).await, make.client(o).await);
     let k = key("linger");

@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use distlock_core::engine::LeaseKind;
-use distlock_core::{Backend, ErrorKind, LockClient, LockGuard, LockStatus};
+use distlock_core::{ErrorKind, LockClient, LockGuard, LockStatus};
 
 use super::{MakeClient, key, opts};
 
 /// The listing of `prefix` as a map from name to status (every status read must succeed).
-async fn listed<B: Backend>(c: &LockClient<B>, prefix: &str) -> BTreeMap<String, LockStatus> {
+async fn listed(c: &LockClient, prefix: &str) -> BTreeMap<String, LockStatus> {
     let listing = c.list(prefix, 100).await.expect("list");
     assert!(!listing.more, "a short listing said there is more");
     listing
@@ -22,7 +22,7 @@ async fn listed<B: Backend>(c: &LockClient<B>, prefix: &str) -> BTreeMap<String,
 
 /// Held locks of each kind the engine holds, and a queued waiter, are listed with their
 /// holders; a released lock and one outside the prefix are not; `--limit` bounds the listing.
-pub async fn listing_shows_what_is_held<B: Backend>(make: &impl MakeClient<B>) {
+pub async fn listing_shows_what_is_held(make: &impl MakeClient) {
     let o = opts().build().unwrap();
     let (a, b) = (make.client(o).await, make.client(o).await);
     let caps = a.backend().capabilities();
@@ -42,7 +42,7 @@ pub async fn listing_shows_what_is_held<B: Backend>(make: &impl MakeClient<B>) {
     }
     let p = key("list");
     let name = |what: &str| format!("{p}-{what}");
-    let mut guards: Vec<LockGuard<B>> = Vec::new();
+    let mut guards: Vec<LockGuard> = Vec::new();
     let mutex = a.acquire(&name("mutex")).await.unwrap();
     // A waiter for the mutex, from another client.
     let waiting = {
