@@ -220,7 +220,7 @@ impl Report {
         let counts = results.iter().map(|r| r.acquisitions);
         Report {
             engine,
-            url: distlock::engine::url::redact(url),
+            url: distlock::url::redact(url),
             tasks: args.tasks,
             keys: args.keys,
             hold: args.hold,

@@ -9,7 +9,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use distlock::engine::Fencing;
+use distlock::Fencing;
 use distlock::{LockClient, LockOptions, Released, Wait};
 
 use crate::{crowd, exit, term};
@@ -136,7 +136,7 @@ pub(crate) async fn check(args: CheckArgs) -> u8 {
             "{}",
             serde_json::json!({
                 "engine": engine,
-                "url": distlock::engine::url::redact(&url),
+                "url": distlock::url::redact(&url),
                 "key": key,
                 "workers": args.workers,
                 "seconds": elapsed.as_secs_f64(),
@@ -170,7 +170,7 @@ pub(crate) async fn check(args: CheckArgs) -> u8 {
              locks lost         {} before the write (skipped), {} at release\n\
              errors             {}\n\
              left held          {}\n",
-            distlock::engine::url::redact(&url),
+            distlock::url::redact(&url),
             args.workers,
             crate::show_duration(args.hold),
             elapsed.as_secs_f64(),

@@ -48,9 +48,9 @@ pub(crate) async fn leader(args: LeaderArgs) -> u8 {
     loop {
         tokio::select! {
             change = observer.changed() => match change {
-                Ok(l) => {
+                Ok(()) => {
                     use std::io::Write;
-                    print!("{}", show(&args.name, l.as_ref(), args.json));
+                    print!("{}", show(&args.name, observer.borrow(), args.json));
                     let _ = std::io::stdout().flush();
                 }
                 Err(e) => return exit::report("cannot read the leader", &e),

@@ -49,7 +49,7 @@ pub(crate) struct RunArgs {
     shared: bool,
     /// Run under one of N permits of the semaphore KEY: at most N commands at once. Every run
     /// on KEY must give the same N (exit 78 otherwise, while KEY has holders).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(distlock::engine::MAX_PERMITS)))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(distlock::MAX_PERMITS)))]
     permits: Option<u32>,
     /// Keep the lock after CMD ends until D has passed since it was taken (this host's
     /// monotonic clock): a job that cron starts on every host then runs once a period, however

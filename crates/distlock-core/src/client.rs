@@ -158,15 +158,6 @@ impl LockClient {
         &self.options
     }
 
-    /// The default options of this client's acquisitions.
-    #[deprecated(
-        since = "0.2.0",
-        note = "renamed `default_options`: `options` reads like the builder's setter"
-    )]
-    pub fn options(&self) -> &LockOptions {
-        &self.options
-    }
-
     /// The holder label written with every lock.
     pub fn owner(&self) -> &str {
         self.holding.driver().owner()
@@ -313,7 +304,48 @@ impl LockClient {
         F: FnOnce(LeaseHandle) -> Fut,
         Fut: Future<Output = T>,
     {
-        self.run_leased(key, LeaseKind::Exclusive, &self.options, body)
+        self.run_leased(key, LeaseKind::Exclusive, &self.options, false, body)
+            .await
+    }
+
+    /// Runs `body` only while `key` is held: if the lease is lost first, the body is dropped
+    /// (cancelled at the await it is parked on) and the call returns `Lost`. The lock is
+    /// released on every path, as [`with_lock`](Self::with_lock) does.
+    ///
+    /// For work that must not go on once another holder may have the lock. The body is
+    /// cancelled at the local deadline, before another client can have taken the lock; what it
+    /// wrote before that still needs a fence to be turned away if it lands late.
+    ///
+    /// ```no_run
+    /// # async fn copy(_fence: Option<u64>) -> usize { 0 }
+    /// # async fn demo(
+    /// #     locks: distlock_core::LockClient,
+    /// # ) -> Result<(), distlock_core::LockError> {
+    /// use distlock_core::ErrorKind;
+    ///
+    /// match locks
+    ///     .while_held("reindex", |lease| async move { copy(lease.fence()).await })
+    ///     .await
+    /// {
+    ///     Ok(rows) => println!("{rows} rows"),
+    ///     Err(e) if e.kind() == ErrorKind::Lost => eprintln!("stopped: {e}"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The errors of `acquire`; `Lost` when the lease ended before the body finished (the body
+    /// was cancelled then).
+    ///
+    /// # Cancel safety
+    /// If cancelled, the body is dropped and the lock released in the background.
+    pub async fn while_held<F, Fut, T>(&self, key: &str, body: F) -> Result<T, LockError>
+    where
+        F: FnOnce(LeaseHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.run_leased(key, LeaseKind::Exclusive, &self.options, true, body)
             .await
     }
 
@@ -466,6 +498,7 @@ impl LockClient {
         key: &str,
         kind: LeaseKind,
         options: &LockOptions,
+        cancel_on_loss: bool,
         body: F,
     ) -> Result<T, LockError>
     where
@@ -473,11 +506,22 @@ impl LockClient {
         Fut: Future<Output = T>,
     {
         let guard = self.lease(key, kind, options).await?;
-        let out = AssertUnwindSafe(body(guard.handle())).catch_unwind().await;
+        let handle = guard.handle();
+        let run = AssertUnwindSafe(body(guard.handle())).catch_unwind();
+        let out = if cancel_on_loss {
+            tokio::select! {
+                biased;
+                reason = handle.lost() => Err(reason),
+                out = run => Ok(out),
+            }
+        } else {
+            Ok(run.await)
+        };
         let released = guard.release().await;
         match out {
-            Err(panic) => std::panic::resume_unwind(panic),
-            Ok(value) => match released? {
+            Err(reason) => Err(lost_error(key, reason)),
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Ok(Ok(value)) => match released? {
                 Released::Held => Ok(value),
                 Released::Lost(reason) => Err(lost_error(key, reason)),
             },

@@ -196,6 +196,77 @@ impl Election {
         }
     }
 
+    /// Leads for as long as it runs, as Curator's `LeaderSelector` does: campaigns, runs
+    /// `term` with each leadership's epoch, and campaigns again when that leadership is lost,
+    /// cancelling its `term` (dropped at the await it is parked on) at the local deadline,
+    /// before anyone else can lead. When a `term` finishes, the leadership is resigned and its
+    /// output returned.
+    ///
+    /// ```no_run
+    /// # async fn schedule(_epoch: u64) {}
+    /// # async fn demo(locks: distlock_core::LockClient) -> Result<(), distlock_core::LockError> {
+    /// // Runs the scheduler whenever this process leads, for ever.
+    /// locks
+    ///     .election("scheduler")
+    ///     .lead(|epoch| async move {
+    ///         loop {
+    ///             schedule(epoch).await; // writes carry the epoch, for the store to fence
+    ///         }
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`campaign`](Self::campaign), except that a campaign that fails with an error worth
+    /// retrying (an engine out of reach, a wait budget spent) is tried again after a pause
+    /// (100 ms, doubling up to 5 s).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropped, it drops the running term and resigns (as dropping a leadership
+    /// does).
+    pub async fn lead<F, Fut, T>(&self, mut term: F) -> Result<T, LockError>
+    where
+        F: FnMut(u64) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        const FIRST_PAUSE: Duration = Duration::from_millis(100);
+        let mut pause = FIRST_PAUSE;
+        loop {
+            let leadership = match self.campaign().await {
+                Ok(l) => l,
+                Err(e) if e.is_retryable() || e.kind() == ErrorKind::Timeout => {
+                    tracing::warn!(election = %self.name, error = %e, "campaigning again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            pause = FIRST_PAUSE;
+            let epoch = leadership.epoch();
+            let ended = tokio::select! {
+                biased;
+                reason = leadership.lost() => Err(reason),
+                out = term(epoch) => Ok(out),
+            };
+            match ended {
+                Ok(out) => {
+                    let _ = leadership.resign().await;
+                    return Ok(out);
+                }
+                Err(reason) => {
+                    tracing::warn!(
+                        election = %self.name,
+                        epoch,
+                        %reason,
+                        "leadership lost: campaigning again"
+                    );
+                }
+            }
+        }
+    }
+
     /// Who leads now, if anybody: one read of the lock's status.
     ///
     /// # Errors
@@ -212,8 +283,7 @@ impl Election {
     pub fn observe(&self) -> Observer {
         Observer {
             election: self.clone(),
-            last: None,
-            started: false,
+            seen: None,
             sub: None,
         }
     }
@@ -443,18 +513,35 @@ impl Leadership {
     }
 }
 
-/// Follows an election: each change of leader, as [`Election::observe`] makes it.
+/// Follows an election, as a `tokio::sync::watch` receiver follows its value: [`changed`]
+/// waits for the next leader (or for nobody leading), and [`borrow`] reads the leader last
+/// seen. Made by [`Election::observe`].
+///
+/// ```no_run
+/// # async fn demo(locks: distlock_core::LockClient) -> Result<(), distlock_core::LockError> {
+/// let mut observer = locks.election("scheduler").observe();
+/// // The first `changed()` returns after the first read: a new observer has seen nothing.
+/// while observer.changed().await.is_ok() {
+///     match observer.borrow() {
+///         Some(leader) => println!("{} leads (epoch {:?})", leader.who, leader.epoch),
+///         None => println!("nobody leads"),
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 ///
 /// It subscribes to the engine's release events for the name where it has them (etcd and
 /// ZooKeeper watches; Redis when keyspace notifications are on), and reads the leader at each
 /// event, every observe interval otherwise, and soon again while nobody leads. Each read is one
 /// status read; a change is a new epoch (or nobody), so one epoch is never reported with two
 /// leaders.
+///
+/// [`changed`]: Observer::changed
+/// [`borrow`]: Observer::borrow
 pub struct Observer {
     election: Election,
-    /// The last leader reported (its epoch and token), and whether one was.
-    last: Option<Option<(Option<u64>, Option<String>)>>,
-    started: bool,
+    /// The last view reported: `None` before the first, then the leader (or nobody).
+    seen: Option<Option<Leader>>,
     /// The release events of the election's key, kept from the first wait on (a subscription
     /// per wait would subscribe and unsubscribe at the server each time).
     sub: Option<Subscription>,
@@ -464,35 +551,39 @@ impl fmt::Debug for Observer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Observer")
             .field("election", &self.election.name)
+            .field("leader", &self.borrow())
             .finish_non_exhaustive()
     }
 }
 
 impl Observer {
-    /// The leader now, at the first call; afterwards, waits for the next change (a new leader,
-    /// or nobody leading) and returns it.
+    /// Waits until the leader differs from the one last seen (a new epoch, or nobody leading),
+    /// and marks it seen: [`borrow`](Self::borrow) reads it. A new observer has seen nothing, so
+    /// its first call returns after the first read, whoever leads.
     ///
     /// # Errors
-    /// The engine's (the next call goes on from the last leader reported).
+    /// The engine's. The observer goes on from the leader last seen: call it again.
     ///
     /// # Cancel safety
-    /// Cancel-safe: nothing is reported until it is returned.
-    pub async fn changed(&mut self) -> Result<Option<Leader>, LockError> {
+    /// Cancel-safe: nothing is marked seen until it returns.
+    pub async fn changed(&mut self) -> Result<(), LockError> {
         let holding = self.election.client.holding().clone();
         let driver = holding.driver();
         let name = self.election.name.as_str();
         let mut pause = VACANT_FIRST_PAUSE;
         loop {
             // Subscribed before the read: a release after it wakes us.
-            if self.started && self.sub.is_none() {
+            if self.seen.is_some() && self.sub.is_none() {
                 self.sub = driver.subscribe_any(name).await.unwrap_or(None);
             }
             let now = self.election.leader().await?;
-            let seen = now.as_ref().map(|l| (l.epoch, l.token.clone()));
-            if !self.started || self.last.as_ref() != Some(&seen) {
-                self.started = true;
-                self.last = Some(seen);
-                return Ok(now);
+            let differs = match &self.seen {
+                None => true,
+                Some(last) => view(last.as_ref()) != view(now.as_ref()),
+            };
+            if differs {
+                self.seen = Some(now);
+                return Ok(());
             }
             let wait = if now.is_some() {
                 self.election.interval
@@ -513,13 +604,31 @@ impl Observer {
         }
     }
 
-    /// The changes as a stream (the first item is the leader now).
+    /// The leader last seen by [`changed`](Self::changed): `None` when nobody led then, or
+    /// before the first change was seen. No I/O.
+    pub fn borrow(&self) -> Option<&Leader> {
+        self.seen.as_ref().and_then(Option::as_ref)
+    }
+
+    /// Whether [`changed`](Self::changed) has seen a view yet.
+    pub fn has_seen(&self) -> bool {
+        self.seen.is_some()
+    }
+
+    /// Each view as it changes, as a stream: the leader (or `None` for nobody) after each
+    /// change, the first one after the first read; an engine's error is an item, and the
+    /// stream goes on after it.
     pub fn into_stream(self) -> impl Stream<Item = Result<Option<Leader>, LockError>> + Send {
         futures_util::stream::unfold(self, |mut o| async move {
-            let next = o.changed().await;
+            let next = o.changed().await.map(|()| o.borrow().cloned());
             Some((next, o))
         })
     }
+}
+
+/// What tells two views of an election apart: a new leader has a new epoch (and token).
+fn view(leader: Option<&Leader>) -> Option<(Option<u64>, Option<&str>)> {
+    leader.map(|l| (l.epoch, l.token.as_deref()))
 }
 
 #[cfg(test)]

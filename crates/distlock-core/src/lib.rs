@@ -33,7 +33,7 @@ pub use duration::parse_duration;
 pub use election::{
     DEFAULT_OBSERVE_INTERVAL, Election, Leader, Leadership, MAX_VALUE_LEN, Observer,
 };
-pub use engine::{Backend, HolderStatus, IntoBackend, LeaseKind, LockStatus};
+pub use engine::{Backend, Fencing, HolderStatus, IntoBackend, LeaseKind, LockStatus, MAX_PERMITS};
 pub use error::{BoxError, ErrorKind, LockError, error_chain};
 pub use guard::{LeakedLease, LockGuard, Released};
 pub use key::{MAX_KEY_LEN, validate_key};

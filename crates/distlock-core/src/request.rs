@@ -233,7 +233,27 @@ impl<'a> LockRequest<'a> {
     {
         let options = self.options.build()?;
         self.client
-            .run_leased(self.key, self.kind, &options, body)
+            .run_leased(self.key, self.kind, &options, false, body)
+            .await
+    }
+
+    /// Runs `body` only while the lock is held: a lost lease cancels it and the call returns
+    /// `Lost` (see [`LockClient::while_held`]).
+    ///
+    /// # Errors
+    /// `Config` for options `LockOptions::build` refuses; then as
+    /// [`LockClient::while_held`].
+    ///
+    /// # Cancel safety
+    /// As [`LockClient::while_held`].
+    pub async fn run_while_held<F, Fut, T>(self, body: F) -> Result<T, LockError>
+    where
+        F: FnOnce(LeaseHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let options = self.options.build()?;
+        self.client
+            .run_leased(self.key, self.kind, &options, true, body)
             .await
     }
 }

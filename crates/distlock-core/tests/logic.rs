@@ -413,6 +413,38 @@ async fn with_lock_fails_when_the_lease_was_lost_during_the_body() {
     assert!(!e.is_retryable());
 }
 
+#[tokio::test]
+async fn while_held_cancels_the_body_when_the_lease_is_lost() {
+    let fake = Arc::new(Fake::new());
+    let client = LockClient::builder(FakeEngine(fake.clone()))
+        .options(ttl_opts(300).build().unwrap())
+        .build();
+    let f2 = fake.clone();
+    let reached_the_end = Arc::new(AtomicU32::new(0));
+    let end = reached_the_end.clone();
+    let call = client.while_held("k", |_lease| async move {
+        *f2.renew.lock().unwrap() = Renew::Foreign;
+        // Never finishes by itself: only the loss ends the call.
+        std::future::pending::<()>().await;
+        end.fetch_add(1, Ordering::SeqCst);
+    });
+    let e = tokio::time::timeout(Duration::from_secs(3), call)
+        .await
+        .expect("the loss ended the body")
+        .expect_err("lost during the body");
+    assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+    assert_eq!(reached_the_end.load(Ordering::SeqCst), 0);
+    // A body that finishes first gives its value, and the lock was released.
+    *fake.renew.lock().unwrap() = Renew::Ok;
+    let v = client
+        .lock("k")
+        .run_while_held(|_lease| async { 7 })
+        .await
+        .unwrap();
+    assert_eq!(v, 7);
+    assert!(client.try_acquire("k").await.unwrap().is_some());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_renewal_is_sent_after_release() {
     let fake = Arc::new(Fake::new());

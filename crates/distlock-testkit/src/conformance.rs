@@ -70,6 +70,7 @@ macro_rules! conformance_tests {
             an_election_has_one_leader_and_rising_epochs,
             a_silent_leader_steps_down_before_the_next_leads,
             observers_see_each_leader_once,
+            a_lead_loop_campaigns_again_after_a_loss,
             listing_shows_what_is_held,
             a_lease_left_runs_out_by_itself
         );

@@ -152,5 +152,64 @@ async fn next_change(obs: &mut distlock_core::Observer) -> Option<distlock_core:
     tokio::time::timeout(Duration::from_secs(5), obs.changed())
         .await
         .expect("a change reported")
-        .unwrap()
+        .unwrap();
+    obs.borrow().cloned()
+}
+
+/// `lead` campaigns again after a loss (here a break-glass release by another client): the
+/// term of the lost leadership is cancelled, and the next one runs with a higher epoch. A term
+/// that finishes resigns.
+pub async fn a_lead_loop_campaigns_again_after_a_loss(make: &impl MakeClient) {
+    let a = make
+        .client(opts().ttl(Duration::from_secs(2)).build().unwrap())
+        .await;
+    if !elects(&a).await || a.backend().breaker().is_none() {
+        return;
+    }
+    let b = make.client(opts().build().unwrap()).await;
+    let name = key("lead-loop");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let cancelled = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let election = a.election(&name);
+    let ended = cancelled.clone();
+    let looping = tokio::spawn(async move {
+        election
+            .lead(|epoch| {
+                let (tx, ended) = (tx.clone(), ended.clone());
+                async move {
+                    // Counts the terms dropped before their end.
+                    struct Dropped(std::sync::Arc<std::sync::atomic::AtomicU32>);
+                    impl Drop for Dropped {
+                        fn drop(&mut self) {
+                            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
+                    let _dropped = Dropped(ended);
+                    let _ = tx.send(epoch);
+                    std::future::pending::<()>().await;
+                }
+            })
+            .await
+    });
+    let first = next_term(&mut rx).await;
+    assert!(b.force_release(&name).await.unwrap().is_some(), "a held it");
+    let second = next_term(&mut rx).await;
+    assert!(second > first, "epochs {first} then {second}");
+    assert_eq!(cancelled.load(std::sync::atomic::Ordering::SeqCst), 1);
+    looping.abort();
+    let _ = looping.await;
+    // A term that finishes resigns: the name is free at once.
+    let done = key("lead-once");
+    let epoch = a.election(&done).lead(|epoch| async move { epoch }).await;
+    assert!(epoch.unwrap() > 0);
+    let g = b.try_acquire(&done).await.unwrap().expect("resigned");
+    assert!(g.release().await.unwrap().was_held());
+}
+
+/// The epoch of the next term a lead loop began, within 10 s.
+async fn next_term(rx: &mut tokio::sync::mpsc::UnboundedReceiver<u64>) -> u64 {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a term began")
+        .expect("the loop runs")
 }
