@@ -6,6 +6,44 @@ use redis::aio::ConnectionLike;
 use crate::error::map_err;
 use crate::replies::{FencedWrite, ScriptReply};
 
+/// A redis-rs error as the library's [`LockError`], of the kind the Redis engine gives its own
+/// (`Connection`, `Auth`, `Timeout`, `Protocol`, a refused certificate…): for the calls a
+/// program makes on its own connections beside [`fenced_set`].
+///
+/// ```no_run
+/// # async fn demo(conn: &mut redis::aio::MultiplexedConnection) -> Result<(), distlock_core::LockError> {
+/// let n: u64 = redis::cmd("DBSIZE")
+///     .query_async(conn)
+///     .await
+///     .map_err(distlock_redis::lock_error)?;
+/// # let _ = n; Ok(()) }
+/// ```
+pub fn lock_error(e: redis::RedisError) -> LockError {
+    map_err(e, "a request of the program's own")
+}
+
+/// A connection to the Redis that keeps a fenced resource (any URL redis-rs opens, `rediss://`
+/// included), for [`fenced_set`] and [`fenced_get`]: the resource need not live where the
+/// locks do.
+///
+/// # Errors
+/// `Config` for a URL redis-rs refuses; the connection's errors as [`lock_error`] gives them.
+pub async fn resource_connection(
+    url: &str,
+) -> Result<redis::aio::MultiplexedConnection, LockError> {
+    const DOING: &str = "connecting to the resource's Redis";
+    let client = redis::Client::open(url).map_err(|e| {
+        LockError::new(
+            ErrorKind::Config,
+            format!("{DOING}: {}: {e}", distlock_core::url::redact(url)),
+        )
+    })?;
+    client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| map_err(e, DOING))
+}
+
 /// Writes `value` to the resource `key` (a hash with the fields `value` and `fence`) only when
 /// `fence` is at least the highest fence that wrote it before, atomically (one Lua script).
 ///
@@ -20,9 +58,7 @@ use crate::replies::{FencedWrite, ScriptReply};
 /// # async fn demo(
 /// #     locks: distlock_core::LockClient,
 /// # ) -> Result<(), distlock_core::LockError> {
-/// # let to_err = |e: redis::RedisError| distlock_core::LockError::new(distlock_core::ErrorKind::Connection, e.to_string());
-/// let data = redis::Client::open("redis://127.0.0.1:6379").map_err(to_err)?;
-/// let mut conn = data.get_multiplexed_async_connection().await.map_err(to_err)?;
+/// let mut conn = distlock_redis::resource_connection("redis://127.0.0.1:6379").await?;
 /// let guard = locks.acquire("report").await?;
 /// let fence = guard.fence().expect("Redis gives fences");
 /// // ... long work, during which the lease may run out ...

@@ -26,7 +26,7 @@ pub fn release_script() -> &'static str {
     &scripts::RELEASE
 }
 pub use config::{ClusterConfig, RedisConfig};
-pub use fenced::{fenced_get, fenced_set};
+pub use fenced::{fenced_get, fenced_set, lock_error, resource_connection};
 /// The client library (redis-rs), whose connections [`fenced_set`] and [`fenced_get`] take: the
 /// same version distlock is built with.
 pub use redis;

@@ -52,7 +52,7 @@ pub mod redis {
     pub use distlock_redis::redis as client;
     pub use distlock_redis::{
         ClusterConfig, RedisBackend, RedisConfig, RedlockBackend, RedlockConfig, SentinelBackend,
-        SentinelConfig, fenced_get, fenced_set,
+        SentinelConfig, fenced_get, fenced_set, lock_error, resource_connection,
     };
 }
 
