@@ -232,9 +232,10 @@ async fn floor_cycles(
 /// One uncontended attempt of `kind` with distlock.
 async fn try_once(client: &LockClient, kind: Kind) -> LockGuard {
     let req = match kind {
-        Kind::Read => client.read_lock("p7:rw"),
-        Kind::Write => client.write_lock("p7:rw"),
-        Kind::Permit => client.semaphore("p7:sem", PERMITS),
+        // Untyped requests: one guard type for the three kinds.
+        Kind::Read => client.lock("p7:rw").shared(),
+        Kind::Write => client.lock("p7:rw"),
+        Kind::Permit => client.lock("p7:sem").permits(PERMITS),
     };
     req.try_acquire()
         .await
@@ -617,9 +618,9 @@ pub(crate) async fn worker(url: String, tasks: usize, start_ns: u64, millis: u64
                 x ^= x << 17;
                 let write = load == Load::Mix && x % 100 < u64::from(WRITE_PCT);
                 let req = match load {
-                    Load::Permits => c.semaphore("p7:hot", PERMITS),
-                    Load::Mix if write => c.write_lock("p7:mix"),
-                    Load::Mix => c.read_lock("p7:mix"),
+                    Load::Permits => c.lock("p7:hot").permits(PERMITS),
+                    Load::Mix if write => c.lock("p7:mix"),
+                    Load::Mix => c.lock("p7:mix").shared(),
                 };
                 // Waits until the end of the run and GRACE beyond; longer is an error (counted).
                 let asked = mono_ns();

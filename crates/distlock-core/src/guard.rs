@@ -15,6 +15,11 @@ use crate::local::LocalQueues;
 use crate::token::Token;
 use crate::watchdog::Watchdog;
 
+mod typed;
+
+pub(crate) use typed::wrap;
+pub use typed::{DowngradeError, Guard, Permit, ReadGuard, WriteGuard};
+
 /// What `release` found: whether the lease was still ours when we let it go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a release that finds the lease already lost means the critical section may not have been exclusive"]
@@ -410,29 +415,8 @@ impl LockGuard {
         }
     }
 
-    /// Turns this writer into a reader of the same read-write lock, without letting another
-    /// writer in between: the guard keeps its token and its fence (the fence of its own write,
-    /// which is the last write a reader may read after), and is renewed and released as a
-    /// reader from now on. Readers that were waiting right behind it come in at once; a writer
-    /// that was waiting still waits, now for this reader too.
-    ///
-    /// There is no upgrade: two readers that both asked to become the writer would each wait
-    /// for the other to leave. Release the reader and take the writer instead.
-    ///
-    /// # Errors
-    /// - `Config` when the guard is not an exclusive lease (a reader or a permit);
-    /// - `Unsupported` on an engine that cannot do it in one step (the message says why);
-    /// - `Lost` when the lease had already ended or was no longer ours on the engine (the guard
-    ///   then reports it lost);
-    /// - engine errors otherwise. The guard is then still the writer it was, as far as this
-    ///   client knows, and calling `downgrade` again is safe: the engine's step is idempotent.
-    ///   (Had the engine done it after all, the writer's renewals find the lock a reader's, and
-    ///   report the lease lost: never a writer that is not one.)
-    ///
-    /// # Cancel safety
-    /// Not cancel-safe in the sense that the engine may have done it: the guard then reports
-    /// the lease lost at its next renewal, as above.
-    pub async fn downgrade(&mut self) -> Result<(), LockError> {
+    /// The engine's step of [`WriteGuard::downgrade`], which documents it.
+    pub(crate) async fn downgrade(&mut self) -> Result<(), LockError> {
         let lease = self.lease.clone();
         if lease.kind() != LeaseKind::Exclusive {
             return Err(LockError::new(

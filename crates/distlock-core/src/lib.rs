@@ -35,7 +35,9 @@ pub use election::{
 };
 pub use engine::{Backend, Fencing, HolderStatus, IntoBackend, LeaseKind, LockStatus, MAX_PERMITS};
 pub use error::{BoxError, ErrorKind, LockError, error_chain};
-pub use guard::{LeakedLease, LockGuard, Released};
+pub use guard::{
+    DowngradeError, Guard, LeakedLease, LockGuard, Permit, ReadGuard, Released, WriteGuard,
+};
 pub use key::{MAX_KEY_LEN, validate_key};
 pub use lease::{LeaseEnd, LeaseHandle, LostReason};
 pub use list::{ListedLock, Listing};

@@ -9,12 +9,14 @@ use std::time::Duration;
 use crate::client::LockClient;
 use crate::engine::LeaseKind;
 use crate::error::LockError;
-use crate::guard::LockGuard;
+use crate::guard::{Guard, LockGuard, Permit, ReadGuard, WriteGuard, wrap};
 use crate::lease::LeaseHandle;
 use crate::options::{LockOptions, LockOptionsBuilder, Wait};
 
-/// One lock request, made by [`LockClient::lock`]. Nothing is sent until `acquire`,
-/// `try_acquire` or `run`.
+/// One lock request, made by [`LockClient::lock`] (a [`LockGuard`] when granted),
+/// [`read_lock`](LockClient::read_lock) (a [`ReadGuard`]), [`write_lock`](LockClient::write_lock)
+/// (a [`WriteGuard`]) or [`semaphore`](LockClient::semaphore) (a [`Permit`]). Nothing is sent
+/// until `acquire`, `try_acquire` or `run`.
 ///
 /// ```no_run
 /// # async fn demo(
@@ -32,14 +34,15 @@ use crate::options::{LockOptions, LockOptionsBuilder, Wait};
 /// # Ok(()) }
 /// ```
 #[must_use = "a request does nothing until it is sent with acquire, try_acquire or run"]
-pub struct LockRequest<'a> {
+pub struct LockRequest<'a, G: Guard = LockGuard> {
     client: &'a LockClient,
     key: &'a str,
     kind: LeaseKind,
     options: LockOptionsBuilder,
+    guard: std::marker::PhantomData<fn() -> G>,
 }
 
-impl fmt::Debug for LockRequest<'_> {
+impl<G: Guard> fmt::Debug for LockRequest<'_, G> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockRequest")
             .field("key", &self.key)
@@ -57,6 +60,18 @@ impl LockClient {
             key,
             kind: LeaseKind::Exclusive,
             options: self.default_options().to_builder(),
+            guard: std::marker::PhantomData,
+        }
+    }
+
+    /// The request of `key` for a lease of `kind`, granted as the guard `G`.
+    fn typed<'a, G: Guard>(&'a self, key: &'a str, kind: LeaseKind) -> LockRequest<'a, G> {
+        LockRequest {
+            client: self,
+            key,
+            kind,
+            options: self.default_options().to_builder(),
+            guard: std::marker::PhantomData,
         }
     }
 }
@@ -92,15 +107,15 @@ impl LockClient {
     /// writer.release().await?;
     /// # Ok(()) }
     /// ```
-    pub fn read_lock<'a>(&'a self, key: &'a str) -> LockRequest<'a> {
-        self.lock(key).shared()
+    pub fn read_lock<'a>(&'a self, key: &'a str) -> LockRequest<'a, ReadGuard> {
+        self.typed(key, LeaseKind::Shared)
     }
 
     /// A request to write under the read-write lock `key`: the writer excludes every reader and
     /// every other writer (it is the same lease as [`lock`](Self::lock)'s). Each writer gets a
     /// fence above every earlier writer's.
-    pub fn write_lock<'a>(&'a self, key: &'a str) -> LockRequest<'a> {
-        self.lock(key)
+    pub fn write_lock<'a>(&'a self, key: &'a str) -> LockRequest<'a, WriteGuard> {
+        self.typed(key, LeaseKind::Exclusive)
     }
 
     /// A request for one of the `permits` permits of the semaphore `key`: at most `permits`
@@ -124,12 +139,13 @@ impl LockClient {
     /// permit.release().await?;
     /// # Ok(()) }
     /// ```
-    pub fn semaphore<'a>(&'a self, key: &'a str, permits: u32) -> LockRequest<'a> {
-        self.lock(key).permits(permits)
+    pub fn semaphore<'a>(&'a self, key: &'a str, permits: u32) -> LockRequest<'a, Permit> {
+        self.typed(key, LeaseKind::Permit { permits })
     }
 }
 
-impl<'a> LockRequest<'a> {
+/// The kind of an untyped request, chosen at run time (the `distlock` command's flags, say).
+impl LockRequest<'_, LockGuard> {
     /// Asks for a lease of `kind` (what [`shared`](Self::shared) and
     /// [`permits`](Self::permits) set).
     pub fn kind(mut self, kind: LeaseKind) -> Self {
@@ -150,7 +166,9 @@ impl<'a> LockRequest<'a> {
         self.kind = LeaseKind::Permit { permits };
         self
     }
+}
 
+impl<G: Guard> LockRequest<'_, G> {
     /// The lease length for this call.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.options = self.options.ttl(ttl);
@@ -200,9 +218,10 @@ impl<'a> LockRequest<'a> {
     ///
     /// # Cancel safety
     /// As [`LockClient::acquire`].
-    pub async fn acquire(self) -> Result<LockGuard, LockError> {
+    pub async fn acquire(self) -> Result<G, LockError> {
         let options = self.options.build()?;
-        self.client.lease(self.key, self.kind, &options).await
+        let guard = self.client.lease(self.key, self.kind, &options).await?;
+        Ok(wrap(guard))
     }
 
     /// One attempt; a busy lock is `Ok(None)` (see [`LockClient::try_acquire`]).
@@ -213,9 +232,10 @@ impl<'a> LockRequest<'a> {
     ///
     /// # Cancel safety
     /// As [`LockClient::try_acquire`].
-    pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
+    pub async fn try_acquire(self) -> Result<Option<G>, LockError> {
         let options = self.options.build()?;
-        self.client.try_lease(self.key, self.kind, &options).await
+        let guard = self.client.try_lease(self.key, self.kind, &options).await?;
+        Ok(guard.map(wrap))
     }
 
     /// Runs `body` under the lock and releases it on every path (see

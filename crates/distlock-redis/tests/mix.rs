@@ -41,9 +41,9 @@ async fn a_read_mostly_load_from_four_clients_never_stalls() {
                     let write = x % 10 == 0;
                     let t0 = Instant::now();
                     let req = if write {
-                        client.write_lock("mix")
+                        client.lock("mix")
                     } else {
-                        client.read_lock("mix")
+                        client.lock("mix").shared()
                     };
                     let g = req
                         .wait_timeout(Duration::from_secs(8))

@@ -6,12 +6,12 @@ mod schemes;
 
 pub use distlock_core::{
     Backend, Backoff, BoxError, Clock, DEFAULT_HANDOFF_STREAK, DEFAULT_OBSERVE_INTERVAL,
-    DEFAULT_WAKE_FALLBACK, Election, ErrorKind, Fencing, HolderStatus, IntoBackend, Leader,
-    Leadership, LeakedLease, LeaseEnd, LeaseHandle, LeaseKind, ListedLock, Listing, LockClient,
-    LockClientBuilder, LockError, LockGuard, LockOptions, LockOptionsBuilder, LockRequest,
-    LockStatus, LostReason, MAX_KEY_LEN, MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, ManualClock,
-    Observer, Released, SystemClock, Token, Wait, default_drift, default_owner, error_chain,
-    parse_duration, validate_key,
+    DEFAULT_WAKE_FALLBACK, DowngradeError, Election, ErrorKind, Fencing, Guard, HolderStatus,
+    IntoBackend, Leader, Leadership, LeakedLease, LeaseEnd, LeaseHandle, LeaseKind, ListedLock,
+    Listing, LockClient, LockClientBuilder, LockError, LockGuard, LockOptions, LockOptionsBuilder,
+    LockRequest, LockStatus, LostReason, MAX_KEY_LEN, MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN,
+    ManualClock, Observer, Permit, ReadGuard, Released, SystemClock, Token, Wait, WriteGuard,
+    default_drift, default_owner, error_chain, parse_duration, validate_key,
 };
 pub use schemes::{connect, engines, open_backend, open_backend_within, supported_schemes};
 

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use distlock_core::engine::{Fencing, LeaseKind};
-use distlock_core::{ErrorKind, LockClient, LockError, LockGuard};
+use distlock_core::{DowngradeError, ErrorKind, LockClient, LockError, LockGuard, ReadGuard};
 
 use super::{MakeClient, key, opts};
 
@@ -43,7 +43,8 @@ fn fenced(c: &LockClient) -> bool {
 }
 
 async fn read(c: &LockClient, k: &str) -> Option<LockGuard> {
-    c.read_lock(k).try_acquire().await.unwrap()
+    let g = c.read_lock(k).try_acquire().await.unwrap();
+    g.map(ReadGuard::into_inner)
 }
 
 /// Three clients with options `o`, as three processes would have.
@@ -194,8 +195,11 @@ pub async fn a_writer_downgrades_without_a_gap(make: &impl MakeClient) {
     if !holds(&a, LeaseKind::Shared).await {
         // The kind is refused already: so is its downgrade.
         let k = key("dg-none");
-        let mut g = a.try_acquire(&k).await.unwrap().expect("free");
-        let e = g
+        let g = a.write_lock(&k).try_acquire().await.unwrap().expect("free");
+        let DowngradeError {
+            error: e,
+            writer: g,
+        } = g
             .downgrade()
             .await
             .expect_err("a downgrade without readers");
@@ -206,23 +210,29 @@ pub async fn a_writer_downgrades_without_a_gap(make: &impl MakeClient) {
     let k = key("dg");
     let ordered = a.backend().capabilities().ordered;
     // A writer queued right behind: it keeps waiting through the downgrade.
-    let mut g = a.write_lock(&k).try_acquire().await.unwrap().expect("free");
+    let g = a.write_lock(&k).try_acquire().await.unwrap().expect("free");
     let writer = waiter(&w, &k, LeaseKind::Exclusive, 30);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    if let Err(e) = g.downgrade().await {
-        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-        assert!(
-            e.to_string()
-                .split_once(": ")
-                .is_some_and(|(_, r)| r.len() > 10),
-            "the refusal does not say why: {e}"
-        );
-        assert!(g.is_held(), "a refused downgrade ended the writer");
-        assert_eq!(g.kind(), LeaseKind::Exclusive);
-        assert!(g.release().await.unwrap().was_held());
-        writer.abort();
-        return;
-    }
+    let g = match g.downgrade().await {
+        Ok(reader) => reader,
+        Err(DowngradeError {
+            error: e,
+            writer: g,
+        }) => {
+            assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+            assert!(
+                e.to_string()
+                    .split_once(": ")
+                    .is_some_and(|(_, r)| r.len() > 10),
+                "the refusal does not say why: {e}"
+            );
+            assert!(g.is_held(), "a refused downgrade ended the writer");
+            assert_eq!(g.kind(), LeaseKind::Exclusive);
+            assert!(g.release().await.unwrap().was_held());
+            writer.abort();
+            return;
+        }
+    };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!writer.is_finished(), "a writer got in during a downgrade");
     assert!(g.release().await.unwrap().was_held());
@@ -234,7 +244,7 @@ pub async fn a_writer_downgrades_without_a_gap(make: &impl MakeClient) {
     assert!(g2.release().await.unwrap().was_held());
 
     // A reader, then a writer, queued behind a writer that downgrades.
-    let mut g = a.write_lock(&k).try_acquire().await.unwrap().expect("free");
+    let g = a.write_lock(&k).try_acquire().await.unwrap().expect("free");
     let fence = g.fence();
     // Queued behind the writer: a reader, then a writer.
     let reader = waiter(&b, &k, LeaseKind::Shared, 20);
@@ -242,12 +252,10 @@ pub async fn a_writer_downgrades_without_a_gap(make: &impl MakeClient) {
     let writer = waiter(&w, &k, LeaseKind::Exclusive, 30);
     queued(&a, &k, 2).await;
     assert!(!reader.is_finished() && !writer.is_finished());
-    g.downgrade().await.expect("downgrade");
+    let g = g.downgrade().await.expect("downgrade");
     assert_eq!(g.kind(), LeaseKind::Shared);
     assert_eq!(g.fence(), fence, "a downgrade changed the fence");
     assert!(g.is_held());
-    let again = g.downgrade().await.expect_err("a reader downgraded");
-    assert_eq!(again.kind(), ErrorKind::Config, "{again}");
     let r = tokio::time::timeout(Duration::from_secs(10), reader)
         .await
         .expect("the reader queued behind the writer was not let in by its downgrade")
@@ -415,7 +423,7 @@ pub async fn every_kind_is_renewed(make: &impl MakeClient) {
         .supports(LeaseKind::Permit { permits: 2 })
     {
         let p = c.semaphore(&key("renew-p"), 2).try_acquire().await.unwrap();
-        guards.push(p.expect("free"));
+        guards.push(p.expect("free").into_inner());
     }
     tokio::time::sleep(Duration::from_millis(3500)).await;
     for g in guards {
@@ -512,7 +520,7 @@ pub async fn a_semaphore_admits_n(make: &impl MakeClient) {
             "a lock on a semaphore's name"
         );
     }
-    let fences: Vec<Option<u64>> = held.iter().map(LockGuard::fence).collect();
+    let fences: Vec<Option<u64>> = held.iter().map(|p| p.fence()).collect();
     let first = held.remove(0);
     assert!(first.release().await.unwrap().was_held());
     let fourth = clients[3]

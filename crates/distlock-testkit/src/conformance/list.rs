@@ -56,13 +56,13 @@ pub async fn listing_shows_what_is_held(make: &impl MakeClient) {
     };
     let mut expected = BTreeMap::from([(name("mutex"), (LeaseKind::Exclusive, 1))]);
     if caps.supports(LeaseKind::Shared) {
-        guards.push(a.read_lock(&name("rw")).acquire().await.unwrap());
-        guards.push(b.read_lock(&name("rw")).acquire().await.unwrap());
+        guards.push(a.read_lock(&name("rw")).acquire().await.unwrap().into());
+        guards.push(b.read_lock(&name("rw")).acquire().await.unwrap().into());
         expected.insert(name("rw"), (LeaseKind::Shared, 2));
     }
     let permits = LeaseKind::Permit { permits: 3 };
     if caps.supports(permits) {
-        guards.push(a.semaphore(&name("sem"), 3).acquire().await.unwrap());
+        guards.push(a.semaphore(&name("sem"), 3).acquire().await.unwrap().into());
         expected.insert(name("sem"), (permits, 1));
     }
     // Released, and outside the prefix: neither is listed.
