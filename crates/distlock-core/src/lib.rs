@@ -18,6 +18,7 @@ mod list;
 mod local;
 pub mod metrics;
 mod options;
+pub mod recipes;
 mod request;
 #[doc(hidden)]
 pub mod seeded;

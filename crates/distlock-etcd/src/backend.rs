@@ -5,13 +5,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::engine::queue::QueueRecipe;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Fencing, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
-    Linger, LockError, LockStatus, LostReason, RenewItem, SessionWatch, Sessions, Subscription,
-    WakeSource, tag_value, untag_value,
+    Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, Linger,
+    LockError, LockStatus, LostReason, RenewItem, SessionWatch, Sessions, Subscription, WakeSource,
 };
+use distlock_core::recipes::queue::QueueRecipe;
+use distlock_core::recipes::{HolderValue, tag_value, untag_value};
 
 use crate::config::EtcdConfig;
 use crate::error::map_err;
@@ -511,10 +511,10 @@ impl EtcdBackend {
 impl EtcdBackend {
     /// Resolves once our key `key` is gone from the store: a watch on it, and, whenever the
     /// watch ends (a delete, or a member that failed), a read to tell which.
-    async fn key_gone(&self, key: Key, entry: distlock_core::engine::queue::QueuedEntry<Key>) {
+    async fn key_gone(&self, key: Key, entry: distlock_core::recipes::queue::QueuedEntry<Key>) {
         const DOING: &str = "reading a leader's own etcd key";
         loop {
-            distlock_core::engine::queue::QueueStore::watch_gone(self.store(), &entry).await;
+            distlock_core::recipes::queue::QueueStore::watch_gone(self.store(), &entry).await;
             match self.read(RangeRequest::key(&*key), DOING).await {
                 Ok(r) if r.kvs.iter().all(|kv| kv.create_revision != entry.seq) => return,
                 Ok(_) => {}
@@ -650,7 +650,7 @@ impl Backend for EtcdBackend {
             let kinds = kvs
                 .iter()
                 .map(|kv| untag_value(&String::from_utf8_lossy(&kv.value)).0);
-            let n = distlock_core::engine::queue::holding(kinds);
+            let n = distlock_core::recipes::queue::holding(kinds);
             let mut holders = Vec::with_capacity(n);
             for kv in &kvs[..n] {
                 holders.push(self.holder_status(kv).await);

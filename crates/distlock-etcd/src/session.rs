@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use distlock_core::engine::{Clock, ErrorKind, LockError, LostReason, MutexExt, SessionEnd};
+use distlock_core::engine::{Clock, ErrorKind, LockError, LostReason, SessionEnd};
+use distlock_core::recipes::MutexExt;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tonic::Status;
 

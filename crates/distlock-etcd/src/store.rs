@@ -13,10 +13,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use distlock_core::engine::queue::{Ahead, JoinOutcome, Joined, QueueStore, QueuedEntry};
 use distlock_core::engine::{
-    AcquireRequest, BoxFuture, CompactToken, ErrorKind, HolderValue, LeaseKind, LockError,
-    LostReason, MutexExt, Token, kind_conflict, tag_value, untag_value,
+    AcquireRequest, BoxFuture, ErrorKind, LeaseKind, LockError, LostReason, Token,
+};
+use distlock_core::recipes::queue::{Ahead, JoinOutcome, Joined, QueueStore, QueuedEntry};
+use distlock_core::recipes::{
+    CompactToken, HolderValue, MutexExt, kind_conflict, tag_value, untag_value,
 };
 use tokio::sync::Notify;
 use tonic::Status;

@@ -17,8 +17,9 @@ mod watch;
 use distlock_core::Token;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
-    Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus, MutexExt,
+    Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
 };
+use distlock_core::recipes::MutexExt;
 
 /// The lock engine on local files. See the crate docs.
 #[derive(Clone)]
@@ -452,7 +453,7 @@ fn acquire_permit(
         // Another size is recorded: a conflict while any of its permits is held.
         for slot in 0..theirs {
             if lock_file(&me.slot_path(key, slot), true)?.is_none() {
-                return Err(distlock_core::engine::kind_conflict(
+                return Err(distlock_core::recipes::kind_conflict(
                     key,
                     LeaseKind::Permit { permits },
                     LeaseKind::Permit { permits: theirs },

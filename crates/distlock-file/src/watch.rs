@@ -21,9 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use distlock_core::engine::{
-    BoxFuture, LeaseKind, LockError, MutexExt, Subscription, WakeHub, WakeSource,
-};
+use distlock_core::engine::{BoxFuture, LeaseKind, LockError, Subscription, WakeSource};
+use distlock_core::recipes::{MutexExt, WakeHub};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};

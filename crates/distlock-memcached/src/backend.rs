@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, CompactToken,
-    ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError,
-    LockStatus, MutexExt, Token,
+    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
+    Fencing, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError, LockStatus, Token,
 };
+use distlock_core::recipes::{CompactToken, HolderValue, MutexExt};
 use sha2::{Digest, Sha256};
 
 use crate::config::MemcachedConfig;

@@ -10,7 +10,7 @@ use std::time::Duration;
 /// Idle connections kept for the next requests.
 const IDLE_KEPT: usize = 32;
 
-use distlock_core::engine::MutexExt;
+use distlock_core::recipes::MutexExt;
 use distlock_core::{ErrorKind, LockError};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;

@@ -13,12 +13,15 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_core::engine::pool::{PoolLimits, SHARED_PREFIX, SessionEnd, SessionOps, SessionPool};
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
-    LostReason, MutexExt, RenewItem, SessionWatch, Sessions, shares_unbreakable,
+    ErrorKind, Fencing, LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus, LostReason,
+    RenewItem, SessionWatch, Sessions,
 };
+use distlock_core::recipes::pool::{
+    PoolLimits, SHARED_PREFIX, SessionEnd, SessionOps, SessionPool,
+};
+use distlock_core::recipes::{HolderValue, MutexExt, shares_unbreakable};
 use distlock_core::seeded::SeededBug;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Row, Value};
@@ -449,7 +452,7 @@ struct Inner {
 /// small pool (`sessions=` in the URL, 8 by default).
 ///
 /// - **acquire** places the lock on a pooled session that neither holds nor is taking the same
-///   name (see [`distlock_core::engine::pool`]) and, in one round trip, sets the session's
+///   name (see [`distlock_core::recipes::pool`]) and, in one round trip, sets the session's
 ///   `wait_timeout` to cover every lock on it, tries `GET_LOCK(name, 0)`, and only if it got
 ///   the lock bumps the lock's counter in the table `distlock_locks` (the fence) and records
 ///   the holder there (for `status`). A name that one of this client's sessions holds already
@@ -813,10 +816,10 @@ impl BatchRenew for MysqlBackend {
         )
     }
 
-    /// See [`RENEW_CHUNK`](distlock_core::engine::pool::RENEW_CHUNK): a chunk costs a
+    /// See [`RENEW_CHUNK`](distlock_core::recipes::pool::RENEW_CHUNK): a chunk costs a
     /// statement per session it touches, whatever its size.
     fn max_batch(&self) -> usize {
-        distlock_core::engine::pool::RENEW_CHUNK
+        distlock_core::recipes::pool::RENEW_CHUNK
     }
 }
 

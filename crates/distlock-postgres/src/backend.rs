@@ -4,13 +4,13 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_core::engine::pool::{PoolLease, PoolLimits, SHARED_PREFIX, SessionPool};
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Fencing, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
-    LockError, LockStatus, LostReason, MutexExt, RenewItem, SessionWatch, Sessions, WakeSource,
-    shares_unbreakable,
+    Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, LockError,
+    LockStatus, LostReason, RenewItem, SessionWatch, Sessions, WakeSource,
 };
+use distlock_core::recipes::pool::{PoolLease, PoolLimits, SHARED_PREFIX, SessionPool};
+use distlock_core::recipes::{HolderValue, MutexExt, shares_unbreakable};
 use distlock_core::seeded::SeededBug;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
@@ -163,7 +163,7 @@ struct Inner {
 /// pool (`sessions=` in the URL, 8 by default).
 ///
 /// - **acquire** places the lock on a pooled session that neither holds nor is taking the same
-///   lock id (see [`distlock_core::engine::pool`]) and, in one statement, tries
+///   lock id (see [`distlock_core::recipes::pool`]) and, in one statement, tries
 ///   `pg_try_advisory_lock(id)` (`id` = [`lock_id`] of the name), takes the fence from the
 ///   sequence `distlock_fence` when it got the lock, sets the session's `idle_session_timeout`
 ///   to cover every lock on it, and labels the session (`application_name` =
@@ -583,10 +583,10 @@ impl BatchRenew for PgBackend {
         Box::pin(self.renew_batch(items))
     }
 
-    /// See [`RENEW_CHUNK`](distlock_core::engine::pool::RENEW_CHUNK): a chunk costs a
+    /// See [`RENEW_CHUNK`](distlock_core::recipes::pool::RENEW_CHUNK): a chunk costs a
     /// statement per session it touches, whatever its size.
     fn max_batch(&self) -> usize {
-        distlock_core::engine::pool::RENEW_CHUNK
+        distlock_core::recipes::pool::RENEW_CHUNK
     }
 }
 

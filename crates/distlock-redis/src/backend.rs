@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, Fencing, Handover, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
-    Linger, Lister, LockError, LockStatus, Names, NextWaiter, RenewItem, Subscription, Token,
-    WakeSource, shares_unbreakable,
+    Downgrade, Fencing, Handover, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, Linger, Lister,
+    LockError, LockStatus, Names, NextWaiter, RenewItem, Subscription, Token, WakeSource,
 };
+use distlock_core::recipes::{HolderValue, shares_unbreakable};
 
 use crate::config::{ClusterConfig, RedisConfig, WaitReplicas};
 use redis::Value;

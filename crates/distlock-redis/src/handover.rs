@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use distlock_core::engine::{Attempt, LeaseCheck, MutexExt};
+use distlock_core::engine::{Attempt, LeaseCheck};
+use distlock_core::recipes::MutexExt;
 
 use crate::replies::ReleaseReply;
 use crate::scripts::ttl_ms;

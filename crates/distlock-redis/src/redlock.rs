@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 use distlock_core::default_drift;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    ErrorKind, Fencing, HolderValue, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError,
-    LockStatus, RenewItem, Token,
+    ErrorKind, Fencing, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError, LockStatus, RenewItem,
+    Token,
 };
+use distlock_core::recipes::HolderValue;
 use distlock_core::seeded::{self, SeededBug};
 use futures_util::future::join_all;
 use redis::Value;

@@ -353,7 +353,7 @@ pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
 
 /// The wall clock in ms since the epoch (shown as a holder's start; never used for deadlines).
 pub(crate) fn unix_ms() -> u64 {
-    u64::try_from(distlock_core::engine::unix_ms()).unwrap_or(u64::MAX)
+    u64::try_from(distlock_core::recipes::unix_ms()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

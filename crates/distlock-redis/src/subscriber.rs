@@ -33,7 +33,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use distlock_core::engine::{Subscription, WakeHub};
+use distlock_core::engine::Subscription;
+use distlock_core::recipes::WakeHub;
 use futures_util::StreamExt;
 use redis::Value;
 use tokio::sync::{mpsc, oneshot};

@@ -603,7 +603,7 @@ async fn the_client_s_memory_keeps_its_fences_rising_when_the_server_s_clock_is_
         .expect("the engine")
         .fence_key("behind");
     // An hour ahead of the server's clock, in microseconds.
-    let ahead = (distlock_core::engine::unix_ms() as u64 + 3_600_000) * 1000;
+    let ahead = (distlock_core::recipes::unix_ms() as u64 + 3_600_000) * 1000;
     server.cli(&["ZADD", &fence_key, &ahead.to_string(), "f"]);
     let g = c.acquire("behind").await.unwrap();
     let seen = g.fence().expect("a fence");

@@ -4,13 +4,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::engine::queue::QueueRecipe;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Fencing, HolderStatus, HolderValue, LeaseCheck, LeaseKind, LeaseRef,
-    LockError, LockStatus, RenewItem, SessionWatch, Sessions, Subscription, WakeSource, tag_value,
-    untag_value,
+    Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, LockError,
+    LockStatus, RenewItem, SessionWatch, Sessions, Subscription, WakeSource,
 };
+use distlock_core::recipes::queue::QueueRecipe;
+use distlock_core::recipes::{HolderValue, tag_value, untag_value};
 use zookeeper_client::{Error, MultiReadResult};
 
 use crate::config::ZkConfig;
@@ -198,7 +198,7 @@ impl Backend for ZkBackend {
                     .token(Some(holder.token.to_owned()).filter(|t| !t.is_empty()))
                     .fence(u64::try_from(stat.czxid).ok());
                 let kinds = holders.iter().map(|h| h.kind).chain([kind]);
-                if distlock_core::engine::queue::holding(kinds) <= holders.len() {
+                if distlock_core::recipes::queue::holding(kinds) <= holders.len() {
                     break;
                 }
                 holders.push(next);

@@ -6,7 +6,8 @@
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
-use distlock_core::engine::{ErrorKind, LockError, LostReason, MutexExt, SessionEnd, SessionWatch};
+use distlock_core::engine::{ErrorKind, LockError, LostReason, SessionEnd, SessionWatch};
+use distlock_core::recipes::MutexExt;
 use tokio::sync::watch;
 use zookeeper_client::{Client, Error, SessionState};
 

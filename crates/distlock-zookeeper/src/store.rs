@@ -9,10 +9,9 @@
 
 use std::sync::Arc;
 
-use distlock_core::engine::queue::{Ahead, JoinOutcome, Joined, QueueStore, QueuedEntry};
-use distlock_core::engine::{
-    AcquireRequest, BoxFuture, ErrorKind, HolderValue, LeaseKind, LockError, untag_value,
-};
+use distlock_core::engine::{AcquireRequest, BoxFuture, ErrorKind, LeaseKind, LockError};
+use distlock_core::recipes::queue::{Ahead, JoinOutcome, Joined, QueueStore, QueuedEntry};
+use distlock_core::recipes::{HolderValue, untag_value};
 use zookeeper_client::{Acls, Client, CreateMode, Error};
 
 use crate::session::{ZkSessions, connection_lost, map_err};

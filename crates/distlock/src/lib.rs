@@ -43,6 +43,13 @@ pub mod engine {
     pub use distlock_core::engine::*;
 }
 
+/// What the bundled engines share beyond the engine interface: the session pool of the
+/// database engines, the predecessor queue of etcd and ZooKeeper, wake-ups and small helpers.
+/// For those who write an engine; an application needs none of it.
+pub mod recipes {
+    pub use distlock_core::recipes::*;
+}
+
 /// The Redis engines: one server, Sentinel, Cluster and Redlock (feature `redis`), and the
 /// fenced writes to a resource kept in Redis.
 #[cfg(feature = "redis")]

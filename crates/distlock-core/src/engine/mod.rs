@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | renew many leases in one round trip | [`BatchRenew`] | Redis (a pipeline), etcd and the databases (one session keep-alive) |
 //! | wake waiters when a lock is released | [`WakeSource`] | Redis (pub/sub), etcd and ZooKeeper (watches), PostgreSQL (`LISTEN`/`NOTIFY`, releases only), the file engine on Linux (inotify) |
-//! | a session whose end ends its leases | [`Sessions`] | etcd (a lease per session), ZooKeeper, PostgreSQL and MySQL (a connection, many locks on each: [`pool`]) |
+//! | a session whose end ends its leases | [`Sessions`] | etcd (a lease per session), ZooKeeper, PostgreSQL and MySQL (a connection, many locks on each: [`pool`](crate::recipes::pool)) |
 //! | hand a released lock to the next waiting client on the server | [`Handover`] | Redis |
 //! | break a lock whoever holds it (an operator's break-glass) | [`Breaker`] | all but memcached's weakest cases |
 //! | list the locks it holds (`distlock list`) | [`Lister`] | Redis (single, Sentinel, Cluster, Redlock), etcd, ZooKeeper, PostgreSQL and MySQL (the names their clients record), the file engine |
@@ -19,10 +19,7 @@
 //! how to add an engine.
 
 mod capability;
-pub mod pool;
-pub mod queue;
 mod session;
-mod wake;
 
 use std::fmt;
 use std::future::Future;
@@ -34,13 +31,11 @@ pub use capability::{
     Sessions, WakeSource,
 };
 pub use session::{SessionEnd, SessionWatch};
-pub use wake::{PredecessorWatches, Subscription, WakeHub};
 
 pub use crate::clock::Clock;
-pub use crate::error::{ErrorKind, LockError, error_chain};
-pub use crate::sync::MutexExt;
-pub use crate::token::{CompactToken, HolderValue, Token, unix_ms};
-pub use crate::url;
+pub use crate::error::{ErrorKind, LockError};
+pub use crate::recipes::wake::Subscription;
+pub use crate::token::Token;
 
 /// Why a lease was lost: it ended while its holder still counted on it.
 #[non_exhaustive]
@@ -147,61 +142,6 @@ impl LeaseKind {
             _ => false,
         }
     }
-}
-
-/// A stored holder value with its lease's kind in front, for stores that keep the kind in the
-/// value: an exclusive lease's value is unchanged (a mutex reads as before), another kind's
-/// is `~<tag> <value>`.
-pub fn tag_value(kind: LeaseKind, value: String) -> String {
-    match kind {
-        LeaseKind::Exclusive => value,
-        k => format!("~{} {value}", k.tag()),
-    }
-}
-
-/// Reads a value written by [`tag_value`]: the kind, and the holder value after it. A tag no
-/// version of distlock writes reads as exclusive, the kind that lets nothing in beside it.
-pub fn untag_value(value: &str) -> (LeaseKind, &str) {
-    if let Some(rest) = value.strip_prefix('~')
-        && let Some((tag, holder)) = rest.split_once(' ')
-    {
-        return (
-            LeaseKind::from_tag(tag).unwrap_or(LeaseKind::Exclusive),
-            holder,
-        );
-    }
-    (LeaseKind::Exclusive, value)
-}
-
-/// The refusal of `force_release` on a name held in shares (readers, or a semaphore's
-/// permits; `held_by` says which): each share ends with its own holder's lease, and none is
-/// broken.
-pub fn shares_unbreakable(name: &str, held_by: &str) -> LockError {
-    LockError::new(
-        crate::error::ErrorKind::Unsupported,
-        format!(
-            "{name:?} is held by {held_by}: each ends with its own holder's session or TTL \
-             (breaking them is not supported)"
-        ),
-    )
-}
-
-/// The error for a name used with two kinds that cannot meet: as a semaphore and as a lock,
-/// or as semaphores of different sizes. Nothing is taken.
-pub fn kind_conflict(name: &str, ours: LeaseKind, theirs: LeaseKind) -> LockError {
-    let what = |k: LeaseKind| match k {
-        LeaseKind::Permit { permits } => format!("a semaphore of {permits} permits"),
-        LeaseKind::Shared | LeaseKind::Exclusive => "a lock (mutex or read-write)".to_owned(),
-    };
-    LockError::new(
-        crate::error::ErrorKind::KindConflict,
-        format!(
-            "{name:?} is in use as {}, and was asked for as {}: one name is one kind, with one \
-             capacity",
-            what(theirs),
-            what(ours)
-        ),
-    )
 }
 
 /// One acquire request, as handed to an engine.

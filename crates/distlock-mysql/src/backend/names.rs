@@ -12,7 +12,8 @@ use std::collections::HashSet;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Weak};
 
-use distlock_core::engine::{BoxFuture, LeaseKind, LockError, MutexExt, Names};
+use distlock_core::engine::{BoxFuture, LeaseKind, LockError, Names};
+use distlock_core::recipes::MutexExt;
 
 use tokio::sync::mpsc;
 

@@ -11,11 +11,11 @@
 
 use std::time::Duration;
 
-use distlock_core::engine::pool::SHARED_PREFIX;
 use distlock_core::engine::{
-    AcquireRequest, Attempt, ErrorKind, HolderStatus, HolderValue, LeaseKind, LockError,
-    LockStatus, MutexExt, kind_conflict,
+    AcquireRequest, Attempt, ErrorKind, HolderStatus, LeaseKind, LockError, LockStatus,
 };
+use distlock_core::recipes::pool::SHARED_PREFIX;
+use distlock_core::recipes::{HolderValue, MutexExt, kind_conflict};
 use mysql_async::Value;
 use tokio::time::Instant;
 

@@ -9,7 +9,8 @@
 
 use std::collections::HashMap;
 
-use distlock_core::engine::{AcquireRequest, ErrorKind, HolderValue, LockError, MutexExt};
+use distlock_core::engine::{AcquireRequest, ErrorKind, LockError};
+use distlock_core::recipes::{HolderValue, MutexExt};
 
 use super::{MysqlBackend, Sql, lit, lock_name, name_lit, on_session};
 

@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
-use distlock_core::engine::pool::Session;
 use distlock_core::engine::{
     AcquireRequest, Attempt, BoxFuture, Downgrade, ErrorKind, LeaseCheck, LeaseKind, LeaseRef,
-    LockError, LockStatus, LostReason, MutexExt, kind_conflict,
+    LockError, LockStatus, LostReason,
 };
+use distlock_core::recipes::pool::Session;
+use distlock_core::recipes::{MutexExt, kind_conflict};
 use tokio_postgres::Statement;
 
 use super::settings::Fast;

@@ -22,7 +22,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use distlock_core::engine::WakeSource;
-use distlock_core::engine::{BoxFuture, LeaseKind, LockError, MutexExt, Subscription, WakeHub};
+use distlock_core::engine::{BoxFuture, LeaseKind, LockError, Subscription};
+use distlock_core::recipes::{MutexExt, WakeHub};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Inner, PgBackend, PgConn, PgOps, connect, kinds, lock_id, marker, order};

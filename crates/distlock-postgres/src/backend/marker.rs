@@ -29,7 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use distlock_core::engine::{ErrorKind, LockError, MutexExt};
+use distlock_core::engine::{ErrorKind, LockError};
+use distlock_core::recipes::MutexExt;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tokio_postgres::Statement;

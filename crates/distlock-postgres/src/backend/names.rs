@@ -10,7 +10,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
-use distlock_core::engine::{BoxFuture, LeaseKind, LockError, MutexExt, Names};
+use distlock_core::engine::{BoxFuture, LeaseKind, LockError, Names};
+use distlock_core::recipes::MutexExt;
 
 use tokio::sync::mpsc;
 

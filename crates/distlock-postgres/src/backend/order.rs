@@ -26,7 +26,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use distlock_core::engine::{AcquireRequest, LeaseKind, LockError, MutexExt};
+use distlock_core::engine::{AcquireRequest, LeaseKind, LockError};
+use distlock_core::recipes::MutexExt;
 use tokio::time::Instant;
 
 use super::{PgBackend, marker, ttl_ms};

@@ -8,7 +8,8 @@
 
 use std::collections::HashMap;
 
-use distlock_core::engine::{AcquireRequest, ErrorKind, HolderValue, LockError, MutexExt};
+use distlock_core::engine::{AcquireRequest, ErrorKind, LockError};
+use distlock_core::recipes::{HolderValue, MutexExt};
 
 use super::{PgBackend, lock_id};
 use crate::error::map_err;

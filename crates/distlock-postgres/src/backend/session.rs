@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use distlock_core::engine::pool::{SessionEnd, SessionOps};
 use distlock_core::engine::{BoxFuture, ErrorKind, LockError, LostReason};
+use distlock_core::recipes::pool::{SessionEnd, SessionOps};
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
 
 use super::*;

@@ -14,7 +14,8 @@
 
 use std::time::Duration;
 
-use distlock_core::engine::{LockError, MutexExt};
+use distlock_core::engine::LockError;
+use distlock_core::recipes::MutexExt;
 use tokio_postgres::{Row, Statement};
 
 use super::{PgConn, PgOps, marker, ttl_ms};

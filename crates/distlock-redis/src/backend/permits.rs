@@ -4,10 +4,8 @@
 
 use std::time::Duration;
 
-use distlock_core::engine::{
-    AcquireRequest, Attempt, HolderValue, LeaseCheck, LeaseKind, LockError, MutexExt, Token,
-    kind_conflict,
-};
+use distlock_core::engine::{AcquireRequest, Attempt, LeaseCheck, LeaseKind, LockError, Token};
+use distlock_core::recipes::{HolderValue, MutexExt, kind_conflict};
 
 use redis::Value;
 

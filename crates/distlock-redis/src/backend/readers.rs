@@ -6,9 +6,10 @@
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, BoxFuture, Downgrade, ErrorKind, HolderValue, LeaseCheck, LeaseRef,
-    LockError, MutexExt, Token,
+    AcquireRequest, Attempt, BoxFuture, Downgrade, ErrorKind, LeaseCheck, LeaseRef, LockError,
+    Token,
 };
+use distlock_core::recipes::{HolderValue, MutexExt};
 
 use super::RedisBackend;
 use super::permits::PermitKeys;

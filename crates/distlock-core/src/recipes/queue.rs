@@ -31,10 +31,8 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use super::{
-    AcquireRequest, Attempt, BoxFuture, LeaseKind, LockError, PredecessorWatches, Subscription,
-    WakeHub,
-};
+use super::{PredecessorWatches, WakeHub};
+use crate::engine::{AcquireRequest, Attempt, BoxFuture, LeaseKind, LockError, Subscription};
 use crate::error::ErrorKind;
 use crate::sync::MutexExt;
 

@@ -37,8 +37,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-pub use super::SessionEnd;
-use super::{BoxFuture, LeaseCheck, LostReason, RenewItem, SessionWatch};
+pub use crate::engine::SessionEnd;
+use crate::engine::{BoxFuture, LeaseCheck, LostReason, RenewItem, SessionWatch};
 use crate::error::{ErrorKind, LockError};
 use crate::sync::MutexExt;
 use crate::token::{CompactToken, Token};
@@ -48,7 +48,7 @@ use std::hash::BuildHasher;
 /// server's idle timeout does (a clean close, not a server-side error in its log).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// The leases of one renewal call ([`BatchRenew::max_batch`](super::BatchRenew::max_batch))
+/// The leases of one renewal call ([`BatchRenew::max_batch`](crate::engine::BatchRenew::max_batch))
 /// for an engine on this pool. A call costs one statement per session it touches, however many
 /// leases it carries: at the default 1,024, a client holding 100,000 locks on 8 sessions sent a
 /// hundred keep-alives a tick where eight do, and each costs the server a walk of that
@@ -817,7 +817,7 @@ impl<O: SessionOps> SessionPool<O> {
     }
 
     /// Whether the lease of `token` is on `session` (see
-    /// [`Sessions::still_on`](super::Sessions::still_on)). Only while the pool still tracks
+    /// [`Sessions::still_on`](crate::engine::Sessions::still_on)). Only while the pool still tracks
     /// it: one the client released by itself at its deadline (nobody renewed it) ended then, as
     /// expired, whatever its session does after.
     pub fn still_on(&self, token: &str, session: u64) -> bool {
