@@ -20,7 +20,7 @@ pub(crate) async fn clients(
         .ttl(ttl)
         .build()
         .map_err(|e| exit::report("invalid options", &e))?;
-    let label = label.map_or_else(distlock::default_owner, str::to_owned);
+    let label = label.map_or_else(distlock::tools::default_owner, str::to_owned);
     let mut clients = Vec::new();
     for i in 0..n {
         let backend = distlock::open_backend(url)

@@ -25,7 +25,7 @@ pub(crate) const CANNOT_EXEC: u8 = 127;
 /// `err` and its causes on one line: each cause once (a message that already quotes its
 /// cause does not repeat it).
 pub(crate) fn one_line(err: &LockError) -> String {
-    distlock::error_chain(err)
+    distlock::tools::error_chain(err)
 }
 
 /// Prints `distlock: <doing>: <err>` on one line and returns the matching exit status.

@@ -185,7 +185,7 @@ fn read_secret(path: &std::path::Path) -> Result<String, distlock::LockError> {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    distlock::parse_duration(text).map_err(|e| e.message().to_owned())
+    distlock::tools::parse_duration(text).map_err(|e| e.message().to_owned())
 }
 
 /// A duration as the options take it: `0`, `250ms`, `1.5s`.
@@ -204,7 +204,7 @@ fn version() -> &'static str {
     let text = format!(
         "{}\nengines: {}",
         env!("CARGO_PKG_VERSION"),
-        distlock::engines().join(", ")
+        distlock::tools::engines().join(", ")
     );
     Box::leak(text.into_boxed_str())
 }

@@ -116,7 +116,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     let started = tokio::time::Instant::now();
     let mut spinner = term::WaitSpinner::start(SPINNER_AFTER, &args.key);
     let opened = match wait {
-        Wait::Timeout(d) => distlock::open_backend_within(&url, d).await,
+        Wait::Timeout(d) => distlock::tools::open_backend_within(&url, d).await,
         _ => distlock::open_backend(&url).await,
     };
     let backend = match opened {

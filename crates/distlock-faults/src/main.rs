@@ -96,7 +96,7 @@ enum Cmd {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    distlock::parse_duration(s).map_err(|e| e.to_string())
+    distlock::tools::parse_duration(s).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {

@@ -9,9 +9,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock::{
-    Clock, Leadership, LeaseKind, LockClient, LockGuard, LockOptions, Released, SystemClock,
-};
+use distlock::clock::{Clock, SystemClock};
+use distlock::{Leadership, LeaseKind, LockClient, LockGuard, LockOptions, Released};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{Mutex, mpsc};

@@ -5,15 +5,28 @@
 mod schemes;
 
 pub use distlock_core::{
-    Backend, Backoff, BoxError, Clock, DEFAULT_HANDOFF_STREAK, DEFAULT_OBSERVE_INTERVAL,
+    Backend, Backoff, BoxError, DEFAULT_HANDOFF_STREAK, DEFAULT_OBSERVE_INTERVAL,
     DEFAULT_WAKE_FALLBACK, DowngradeError, Election, ErrorKind, Fencing, Guard, HolderStatus,
     IntoBackend, Leader, Leadership, LeakedLease, LeaseEnd, LeaseHandle, LeaseKind, ListedLock,
     Listing, LockClient, LockClientBuilder, LockError, LockGuard, LockOptions, LockOptionsBuilder,
     LockRequest, LockStatus, LostReason, MAX_KEY_LEN, MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN,
-    ManualClock, Observer, Permit, ReadGuard, Released, SystemClock, Token, Wait, WriteGuard,
-    default_drift, default_owner, error_chain, parse_duration, validate_key,
+    Observer, Permit, ReadGuard, Released, Token, Wait, WriteGuard, default_drift, validate_key,
 };
-pub use schemes::{connect, engines, open_backend, open_backend_within, supported_schemes};
+pub use schemes::{connect, open_backend, supported_schemes};
+
+/// The clock lease deadlines are measured on: the system's monotonic clock, or a manual one
+/// that a test moves by hand (`LockClientBuilder::clock`).
+pub mod clock {
+    pub use distlock_core::{Clock, ManualClock, SystemClock};
+}
+
+/// Helpers for command-line tools and scripts built on distlock, as the `distlock` command
+/// uses them: durations as people write them, an error with its causes on one line, the
+/// default holder label, the engines this build has, and opening a URL within a time budget.
+pub mod tools {
+    pub use crate::schemes::{engines, open_backend_within};
+    pub use distlock_core::{default_owner, error_chain, parse_duration};
+}
 
 /// Metrics through the `metrics` facade (feature `metrics`): see
 /// [`distlock_core::metrics`] for the names and labels.
