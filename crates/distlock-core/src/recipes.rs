@@ -14,9 +14,9 @@
 
 pub mod pool;
 pub mod queue;
-pub(crate) mod wake;
 
-pub use wake::{PredecessorWatches, WakeHub};
+/// The wake-up hub lives beside [`Subscription`](crate::engine::Subscription), which it makes.
+pub use crate::engine::wake::{PredecessorWatches, WakeHub};
 
 use crate::engine::LeaseKind;
 use crate::error::LockError;

@@ -81,7 +81,7 @@ pub trait WakeSource: Send + Sync {
     /// waiter in line by its token wakes only that waiter ([`WakeHub::subscribe_token`]). The
     /// default ignores the token.
     ///
-    /// [`WakeHub::subscribe_token`]: crate::recipes::WakeHub::subscribe_token
+    /// [`WakeHub::subscribe_token`]: super::wake::WakeHub::subscribe_token
     fn subscribe_for<'a>(
         &'a self,
         name: &'a str,

@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | renew many leases in one round trip | [`BatchRenew`] | Redis (a pipeline), etcd and the databases (one session keep-alive) |
 //! | wake waiters when a lock is released | [`WakeSource`] | Redis (pub/sub), etcd and ZooKeeper (watches), PostgreSQL (`LISTEN`/`NOTIFY`, releases only), the file engine on Linux (inotify) |
-//! | a session whose end ends its leases | [`Sessions`] | etcd (a lease per session), ZooKeeper, PostgreSQL and MySQL (a connection, many locks on each: [`pool`](crate::recipes::pool)) |
+//! | a session whose end ends its leases | [`Sessions`] | etcd (a lease per session), ZooKeeper, PostgreSQL and MySQL (a connection, many locks on each: the session pool of `recipes::pool`) |
 //! | hand a released lock to the next waiting client on the server | [`Handover`] | Redis |
 //! | break a lock whoever holds it (an operator's break-glass) | [`Breaker`] | all but memcached's weakest cases |
 //! | list the locks it holds (`distlock list`) | [`Lister`] | Redis (single, Sentinel, Cluster, Redlock), etcd, ZooKeeper, PostgreSQL and MySQL (the names their clients record), the file engine |
@@ -20,6 +20,7 @@
 
 mod capability;
 mod session;
+pub(crate) mod wake;
 
 use std::fmt;
 use std::future::Future;
@@ -34,7 +35,7 @@ pub use session::{SessionEnd, SessionWatch};
 
 pub use crate::clock::Clock;
 pub use crate::error::{ErrorKind, LockError};
-pub use crate::recipes::wake::Subscription;
+pub use wake::Subscription;
 pub use crate::token::Token;
 
 /// Why a lease was lost: it ended while its holder still counted on it.
