@@ -35,8 +35,8 @@ pub use session::{SessionEnd, SessionWatch};
 
 pub use crate::clock::Clock;
 pub use crate::error::{ErrorKind, LockError};
-pub use wake::Subscription;
 pub use crate::token::Token;
+pub use wake::Subscription;
 
 /// Why a lease was lost: it ended while its holder still counted on it.
 #[non_exhaustive]
