@@ -152,7 +152,7 @@ async fn one_task(
             return r;
         };
         let asked = Instant::now();
-        let guard = match client.acquire_with(key, &options).await {
+        let guard = match client.lock(key).options(options).acquire().await {
             Ok(g) => g,
             Err(e) if e.kind() == distlock::ErrorKind::Timeout => return r,
             Err(e) => {

@@ -236,7 +236,7 @@ async fn worker(
                 else {
                     return c;
                 };
-                match client.acquire_with(key, &options).await {
+                match client.lock(key).options(options).acquire().await {
                     Ok(g) => g,
                     Err(e) if e.kind() == distlock::ErrorKind::Timeout => return c,
                     Err(e) => {

@@ -194,21 +194,6 @@ impl LockClient {
             .await
     }
 
-    /// [`try_acquire`](Self::try_acquire) with other options.
-    ///
-    /// # Errors
-    /// As `try_acquire`.
-    ///
-    /// # Cancel safety
-    /// As `try_acquire`.
-    pub async fn try_acquire_with(
-        &self,
-        key: &str,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>, LockError> {
-        self.try_lease(key, LeaseKind::Exclusive, options).await
-    }
-
     /// Takes `key`, waiting as the client's options say (default: forever).
     ///
     /// How it waits:
@@ -250,21 +235,6 @@ impl LockClient {
     /// the local queue.
     pub async fn acquire(&self, key: &str) -> Result<LockGuard, LockError> {
         self.lease(key, LeaseKind::Exclusive, &self.options).await
-    }
-
-    /// [`acquire`](Self::acquire) with other options.
-    ///
-    /// # Errors
-    /// As `acquire`.
-    ///
-    /// # Cancel safety
-    /// As `acquire`.
-    pub async fn acquire_with(
-        &self,
-        key: &str,
-        options: &LockOptions,
-    ) -> Result<LockGuard, LockError> {
-        self.lease(key, LeaseKind::Exclusive, options).await
     }
 
     /// Runs `body` while holding `key`, and releases the lock on every path: success, error,

@@ -548,7 +548,12 @@ async fn renewal_limits_let_the_lease_run_out() {
         .max_renewals(3)
         .build()
         .unwrap();
-    let g = client.acquire_with("count", &by_count).await.unwrap();
+    let g = client
+        .lock("count")
+        .options(by_count)
+        .acquire()
+        .await
+        .unwrap();
     let t0 = std::time::Instant::now();
     let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
         .await
@@ -569,7 +574,12 @@ async fn renewal_limits_let_the_lease_run_out() {
         .build()
         .unwrap();
     let t0 = std::time::Instant::now();
-    let g = client.acquire_with("time", &by_time).await.unwrap();
+    let g = client
+        .lock("time")
+        .options(by_time)
+        .acquire()
+        .await
+        .unwrap();
     tokio::time::timeout(Duration::from_secs(3), g.lost())
         .await
         .unwrap();
@@ -592,7 +602,12 @@ async fn a_limit_of_duration_max_is_no_limit() {
         .max_hold(Duration::MAX)
         .build()
         .unwrap();
-    let g = client.acquire_with("forever", &opts).await.unwrap();
+    let g = client
+        .lock("forever")
+        .options(opts)
+        .acquire()
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(g.is_held(), "renewed past its TTL");
     assert!(fake.extends.load(Ordering::SeqCst) >= 3);
@@ -610,7 +625,7 @@ async fn release_after_keeps_the_lock_for_the_period() {
         .build()
         .unwrap();
     let t0 = std::time::Instant::now();
-    let g = client.acquire_with("job", &opts).await.unwrap();
+    let g = client.lock("job").options(opts).acquire().await.unwrap();
     let releasing = tokio::spawn(g.release_after(Duration::from_millis(500)));
     // The job is done, the period is not: the lock stays held past its TTL (renewed).
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -623,7 +638,7 @@ async fn release_after_keeps_the_lock_for_the_period() {
     );
     assert!(other.try_acquire("job").await.unwrap().is_some());
     // Past the period already: at once.
-    let g = client.acquire_with("job2", &opts).await.unwrap();
+    let g = client.lock("job2").options(opts).acquire().await.unwrap();
     let t1 = std::time::Instant::now();
     assert_eq!(
         g.release_after(Duration::ZERO).await.unwrap(),
@@ -749,14 +764,18 @@ async fn a_short_lease_taken_while_the_watchdog_sleeps_long_is_renewed_in_time()
     let long = ttl_opts(30_000).build().unwrap();
     let short = ttl_opts(300).build().unwrap();
     let a = client
-        .try_acquire_with("long", &long)
+        .lock("long")
+        .options(long)
+        .try_acquire()
         .await
         .unwrap()
         .unwrap();
     // Let the watchdog take the long lease and go to sleep for its 10 s interval.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let b = client
-        .try_acquire_with("short", &short)
+        .lock("short")
+        .options(short)
+        .try_acquire()
         .await
         .unwrap()
         .unwrap();
@@ -786,14 +805,18 @@ async fn a_wait_budget_rides_through_engine_failures_and_names_the_last_cause() 
     let e = client.try_acquire("k").await.expect_err("failing");
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     let e = client
-        .acquire_with("k", &ttl_opts(5000).build().unwrap())
+        .lock("k")
+        .options(ttl_opts(5000).build().unwrap())
+        .acquire()
         .await
         .expect_err("no budget: an engine error ends the wait");
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     let left = fake.fail_acquires.load(Ordering::SeqCst);
     assert!(left > 0, "the failures are not used up yet");
     let g = client
-        .acquire_with("k", &budget(Duration::from_secs(20)))
+        .lock("k")
+        .options(budget(Duration::from_secs(20)))
+        .acquire()
         .await
         .expect("the budget rides through");
     assert_eq!(fake.fail_acquires.load(Ordering::SeqCst), 0);
@@ -804,7 +827,9 @@ async fn a_wait_budget_rides_through_engine_failures_and_names_the_last_cause() 
     fake.fail_acquires.store(u32::MAX, Ordering::SeqCst);
     let started = std::time::Instant::now();
     let e = client
-        .acquire_with("k", &budget(Duration::from_millis(400)))
+        .lock("k")
+        .options(budget(Duration::from_millis(400)))
+        .acquire()
         .await
         .expect_err("never answers");
     assert!(started.elapsed() >= Duration::from_millis(400));
@@ -894,7 +919,9 @@ async fn a_wait_warns_once_of_its_retries() {
         .finish();
     let _log = tracing::subscriber::set_default(subscriber);
     let e = client
-        .acquire_with("k", &budget(Duration::from_millis(600)))
+        .lock("k")
+        .options(budget(Duration::from_millis(600)))
+        .acquire()
         .await
         .expect_err("never answers");
     fake.fail_acquires.store(0, Ordering::SeqCst);
@@ -929,7 +956,9 @@ async fn a_wait_budget_does_not_retry_what_cannot_pass() {
     fake.refuse_from_attempt.store(1, Ordering::SeqCst);
     let started = std::time::Instant::now();
     let e = client
-        .acquire_with("k", &budget(Duration::from_secs(20)))
+        .lock("k")
+        .options(budget(Duration::from_secs(20)))
+        .acquire()
         .await
         .expect_err("refused");
     assert_eq!(e.kind(), ErrorKind::Protocol);

@@ -263,7 +263,12 @@ async fn a_wait_budget_rides_through_a_cluster_fail_over() {
         .wait_timeout(Duration::from_secs(30))
         .build()
         .unwrap();
-    let g = c.acquire_with(key, &budget).await.expect("rode through");
+    let g = c
+        .lock(key)
+        .options(budget)
+        .acquire()
+        .await
+        .expect("rode through");
     eprintln!("taken {:?} after the kill", t0.elapsed());
     assert_eq!(
         cluster.index_for(&backend.lock_key(key)),

@@ -202,7 +202,7 @@ async fn a_wait_budget_rides_through_a_majority_of_masters_paused() {
                 .wait_timeout(Duration::from_secs(20))
                 .build()
                 .unwrap();
-            c.acquire_with("majority", &budget).await
+            c.lock("majority").options(budget).acquire().await
         })
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;

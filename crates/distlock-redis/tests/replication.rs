@@ -45,7 +45,9 @@ async fn an_acquire_no_replica_acknowledges_fails_and_leaves_no_key() {
     }
     // A waiting acquire takes the script path: the same.
     let e = c
-        .acquire_with("unreplicated-a", &opts(Duration::from_secs(10)))
+        .lock("unreplicated-a")
+        .options(opts(Duration::from_secs(10)))
+        .acquire()
         .await
         .expect_err("no replica");
     assert!(
@@ -278,7 +280,12 @@ async fn a_wait_budget_rides_through_a_sentinel_fail_over() {
         .wait_timeout(Duration::from_secs(30))
         .build()
         .unwrap();
-    let g = c.acquire_with("ride", &budget).await.expect("rode through");
+    let g = c
+        .lock("ride")
+        .options(budget)
+        .acquire()
+        .await
+        .expect("rode through");
     assert_eq!(
         sentinels.wait_for_failover(old_port, Duration::from_secs(5)),
         replica.port()

@@ -452,7 +452,9 @@ async fn bad_input_gives_typed_errors_and_takes_nothing() {
     assert!(c.try_acquire("typed").await.unwrap().is_none());
     let waiting = opts().wait_timeout(Duration::from_secs(2)).build().unwrap();
     let e = c
-        .acquire_with("typed", &waiting)
+        .lock("typed")
+        .options(waiting)
+        .acquire()
         .await
         .expect_err("wrong type");
     assert_eq!(e.kind(), ErrorKind::Protocol, "{e}");
