@@ -2,8 +2,10 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
+mod builder;
 mod schemes;
 
+pub use builder::{ClientBuilder, client};
 pub use distlock_core::{
     Backend, Backoff, BoxError, DEFAULT_HANDOFF_STREAK, DEFAULT_OBSERVE_INTERVAL,
     DEFAULT_WAKE_FALLBACK, DowngradeError, Election, ErrorKind, Fencing, Guard, HolderStatus,
