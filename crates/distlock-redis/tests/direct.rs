@@ -1,4 +1,4 @@
-//! The direct connection ("lane") that a request uses when no other request is on it.
+//! The direct connection that a request uses when no other request is on it.
 
 use std::time::Duration;
 
