@@ -30,14 +30,8 @@
 //! task that ticks while the direct connection is busy fails a request that is past it, within an
 //! eighth of the timeout after it.
 //!
-//! What the two direct paths are worth, measured with a build that can switch each off
-//! (`RUSTFLAGS="--cfg distlock_measure" cargo build --release -p distlock-bench`, then the
-//! binary run as is, with `DISTLOCK_NO_DIRECT=commands`, and with `DISTLOCK_NO_DIRECT=events`,
-//! interleaved, three runs each, server and clients pinned to CPU 0, medians): this connection
-//! takes P1 from 0.88x to 0.98x of the raw async redis-rs floor (19,430 to 22,118 cycles/s), and
-//! P2 (8 waiters on events) from 11,059 to 12,328 acquisitions/s; the subscriber's direct
-//! pub/sub connection takes P2 from 10,834 to 12,328, and P3's hand-off from 1.38x to 1.00x of
-//! the raw floor's.
+//! What the two direct paths are worth (each can be switched off in a build with
+//! `--cfg distlock_measure`): `bench/notes.md`, "The Redis engine's direct connections".
 //!
 //! The replies are RESP2 (the direct connection never sends `HELLO`); they are framed here and
 //! built as redis-rs [`Value`]s, server errors through redis-rs's own parser, so the callers decode

@@ -9,10 +9,8 @@
 //!
 //! The token check is then written inline at each call ([`inline_token_check`]): Redis runs a
 //! script's whole chunk at every call, so a helper function is a closure created anew each
-//! time, and the check is on every acquire, renewal and release. The closure and its call cost
-//! the server 67 ns a check beside the inline check (`bash bench/lua_cpu.sh`, server pinned to
-//! CPU 0, medians of 5), about 5 % of a renewal's server time (1.2 µs in P6), which P6 showed
-//! as the server's CPU going from 3.45 % to 3.63 % (`python3 bench/ab_p6.py`).
+//! time, and the check is on every acquire, renewal and release. What the closure costs the
+//! server: `bench/notes.md`, "The Redis engine's direct connections".
 
 use std::marker::PhantomData;
 use std::sync::LazyLock;
