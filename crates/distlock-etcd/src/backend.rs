@@ -567,20 +567,6 @@ impl Backend for EtcdBackend {
         })
     }
 
-    fn renew<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            let item = [RenewItem::new(*lease, ttl)];
-            self.renew_batch(&item)
-                .await
-                .pop()
-                .unwrap_or(Ok(LeaseCheck::Missing))
-        })
-    }
-
     fn release<'a>(
         &'a self,
         lease: &'a LeaseRef<'a>,

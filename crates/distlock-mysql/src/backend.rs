@@ -696,22 +696,6 @@ impl Backend for MysqlBackend {
         })
     }
 
-    fn renew<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            let item = [RenewItem::new(*lease, ttl)];
-            self.inner
-                .pool
-                .renew_many_seeded(&item, SeededBug::MysqlSessionHeld)
-                .await
-                .pop()
-                .unwrap_or(Ok(LeaseCheck::Missing))
-        })
-    }
-
     fn release<'a>(
         &'a self,
         lease: &'a LeaseRef<'a>,

@@ -109,22 +109,6 @@ impl Backend for ZkBackend {
         Box::pin(async move { self.recipe.acquire(req).await })
     }
 
-    /// A check that our node is still there, of our session, with its creation zxid (the
-    /// session is the lease: it lives while the client is connected).
-    fn renew<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            let item = [RenewItem::new(*lease, ttl)];
-            self.check_nodes(&item)
-                .await
-                .pop()
-                .unwrap_or(Ok(LeaseCheck::Missing))
-        })
-    }
-
     fn release<'a>(
         &'a self,
         lease: &'a LeaseRef<'a>,
@@ -305,6 +289,9 @@ impl ZkBackend {
 
 impl BatchRenew for ZkBackend {
     /// One multi-read per thousand locks, however many are held.
+    /// A check that each node is still there, of our session, with its creation zxid (the
+    /// session is the lease: it lives while the client is connected). A single `renew` is a
+    /// batch of one (the `Backend` default).
     fn renew_many<'a>(
         &'a self,
         items: &'a [RenewItem<'a>],

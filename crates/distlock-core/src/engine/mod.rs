@@ -644,11 +644,33 @@ pub trait Backend: std::any::Any + Send + Sync {
     ) -> BoxFuture<'a, Result<Attempt, LockError>>;
 
     /// Renews our lease to `ttl` from now, if it is still ours.
+    ///
+    /// An engine with [`BatchRenew`] need not write it: by default it is a batch of one lease.
+    /// An engine without it must.
     fn renew<'a>(
         &'a self,
         lease: &'a LeaseRef<'a>,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            let Some(batch) = self.batch_renew() else {
+                return Err(LockError::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "the {} engine renews no lease: it implements neither `renew` nor \
+                         `BatchRenew`",
+                        self.name()
+                    ),
+                ));
+            };
+            let item = [RenewItem::new(*lease, ttl)];
+            batch
+                .renew_many(&item)
+                .await
+                .pop()
+                .unwrap_or(Ok(LeaseCheck::Missing))
+        })
+    }
 
     /// Ends our lease, if it is still ours.
     fn release<'a>(
