@@ -9,7 +9,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use crate::driver::Driver;
-use crate::engine::{Attempt, LeaseCheck, LeaseKind, LeaseRef, Subscription};
+use crate::engine::{AcquireMode, Attempt, LeaseCheck, LeaseKind, LeaseRef, Subscription};
 use crate::error::LockError;
 use crate::guard::{Handoff, Holding, LockGuard};
 use crate::lease::{LeaseShared, LeaseSpec};
@@ -171,7 +171,7 @@ async fn clean_up(driver: &Driver, lease: &LeaseRef<'_>, ttl: Duration) {
 }
 
 /// One attempt with `token`, resent while replies are lost. `queue`: see
-/// [`AcquireRequest::queue`](crate::engine::AcquireRequest::queue).
+/// [`AcquireMode::Wait`](crate::engine::AcquireMode::Wait).
 pub(crate) async fn attempt(
     holding: &Arc<Holding>,
     want: Want<'_>,
@@ -192,7 +192,11 @@ pub(crate) async fn attempt(
     let mut req = driver
         .request(key, kind, &token, ttl, options.auto_renew())
         .shared_name(&name)
-        .queue(queue)
+        .mode(if queue {
+            AcquireMode::Wait
+        } else {
+            AcquireMode::Try
+        })
         .recorded(holder.recorded);
     if let Some(label) = holder.label {
         req = req.owner(label);
@@ -237,7 +241,7 @@ pub(crate) async fn attempt(
                         // entry, if it is there after all, is found and renewed). The clean-up
                         // stays armed whatever that answers (see below).
                         started_over = true;
-                        req = req.retry(true);
+                        req = req.mode(req.mode.resent());
                         tracing::debug!(target: "distlock", key, ?age,
                             "an acquisition counted from earlier ran out unconfirmed; asking again");
                     }
@@ -264,7 +268,7 @@ pub(crate) async fn attempt(
             }
             Err(e) if e.is_ambiguous() && resent < options.acquire_retries() => {
                 resent += 1;
-                req = req.retry(true);
+                req = req.mode(req.mode.resent());
                 tracing::debug!(target: "distlock", key, error = %e, resent,
                     "acquire reply lost; resending with the same token");
             }

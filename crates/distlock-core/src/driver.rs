@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::clock::Clock;
 use crate::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BreakOutcome, LeaseCheck, LeaseKind, LeaseRef,
-    LockStatus, NextWaiter, RenewItem, SessionWatch, Subscription,
+    Listener, LockStatus, NextWaiter, RenewItem, SessionWatch, Subscription, Support,
 };
 use crate::error::{ErrorKind, LockError};
 
@@ -73,7 +73,7 @@ impl Driver {
 
     pub(crate) async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         req.kind.validate()?;
-        if !self.backend.capabilities().supports(req.kind) {
+        if let Support::No(why) = self.backend.capabilities().support(req.kind) {
             let what = match req.kind {
                 LeaseKind::Shared => "read-write locks' shared leases",
                 LeaseKind::Permit { .. } => "semaphores' permits",
@@ -82,9 +82,8 @@ impl Driver {
             return Err(LockError::new(
                 ErrorKind::Unsupported,
                 format!(
-                    "the {} engine cannot hold {what}: {}",
+                    "the {} engine cannot hold {what}: {why}",
                     self.backend.name(),
-                    self.backend.why_unsupported(req.kind)
                 ),
             ));
         }
@@ -107,12 +106,13 @@ impl Driver {
         ttl: Duration,
     ) -> Result<LeaseCheck, LockError> {
         let name = self.backend.name();
-        let why = if !self.backend.capabilities().supports(LeaseKind::Shared) {
-            self.backend.why_unsupported(LeaseKind::Shared)
+        let caps = self.backend.capabilities();
+        let why = if let Support::No(why) = caps.shared {
+            why
         } else if let Some(engine) = self.backend.downgrade() {
             return engine.downgrade(lease, ttl).await;
         } else {
-            self.backend.why_no_downgrade()
+            caps.why_no_downgrade
         };
         Err(LockError::new(
             ErrorKind::Unsupported,
@@ -223,7 +223,17 @@ impl Driver {
         token: &Token,
     ) -> Result<Option<Subscription>, LockError> {
         match self.backend.wake_source() {
-            Some(source) => source.subscribe_for(key, kind, token.as_str()).await,
+            Some(source) => {
+                source
+                    .subscribe(
+                        key,
+                        Listener::Waiter {
+                            kind,
+                            token: token.as_str(),
+                        },
+                    )
+                    .await
+            }
             None => Ok(None),
         }
     }
@@ -232,7 +242,7 @@ impl Driver {
     /// lease itself (an election's observer); `None` when the engine has none.
     pub(crate) async fn subscribe_any(&self, key: &str) -> Result<Option<Subscription>, LockError> {
         match self.backend.wake_source() {
-            Some(source) => source.subscribe(key).await,
+            Some(source) => source.subscribe(key, Listener::Follower).await,
             None => Ok(None),
         }
     }

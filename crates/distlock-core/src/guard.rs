@@ -15,10 +15,13 @@ use crate::local::LocalQueues;
 use crate::token::Token;
 use crate::watchdog::Watchdog;
 
+mod fenced;
 mod typed;
 
-pub(crate) use typed::wrap;
+pub use fenced::{Fence, Fenced};
+pub(crate) use fenced::{no_fence, require_fences};
 pub use typed::{DowngradeError, Guard, Permit, ReadGuard, WriteGuard};
+pub(crate) use typed::{needs_fence, wrap};
 
 /// What `release` found: whether the lease was still ours when we let it go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,6 +11,7 @@ mod duration;
 mod election;
 pub mod engine;
 mod error;
+mod fenced;
 mod guard;
 mod key;
 mod lease;
@@ -36,8 +37,10 @@ pub use election::{
 };
 pub use engine::{Backend, Fencing, HolderStatus, IntoBackend, LeaseKind, LockStatus, MAX_PERMITS};
 pub use error::{BoxError, ErrorKind, LockError, error_chain};
+pub use fenced::FencedClient;
 pub use guard::{
-    DowngradeError, Guard, LeakedLease, LockGuard, Permit, ReadGuard, Released, WriteGuard,
+    DowngradeError, Fence, Fenced, Guard, LeakedLease, LockGuard, Permit, ReadGuard, Released,
+    WriteGuard,
 };
 pub use key::{MAX_KEY_LEN, validate_key};
 pub use lease::{LeaseEnd, LeaseHandle, LostReason};

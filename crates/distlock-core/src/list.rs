@@ -73,7 +73,7 @@ impl LockClient {
                 format!(
                     "the {} engine cannot list its locks: {}",
                     backend.name(),
-                    backend.why_no_list()
+                    backend.capabilities().why_no_list
                 ),
             ));
         };

@@ -9,7 +9,8 @@ use std::time::Duration;
 use crate::client::LockClient;
 use crate::engine::LeaseKind;
 use crate::error::LockError;
-use crate::guard::{Guard, LockGuard, Permit, ReadGuard, WriteGuard, wrap};
+use crate::guard::{Fenced, Guard, LockGuard, Permit, ReadGuard, WriteGuard, needs_fence, wrap};
+use crate::guard::{no_fence, require_fences};
 use crate::lease::LeaseHandle;
 use crate::options::{LockOptions, LockOptionsBuilder, Wait};
 
@@ -168,7 +169,7 @@ impl LockRequest<'_, LockGuard> {
     }
 }
 
-impl<G: Guard> LockRequest<'_, G> {
+impl<'a, G: Guard> LockRequest<'a, G> {
     /// The lease length for this call.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.options = self.options.ttl(ttl);
@@ -219,9 +220,9 @@ impl<G: Guard> LockRequest<'_, G> {
     /// # Cancel safety
     /// As [`LockClient::acquire`].
     pub async fn acquire(self) -> Result<G, LockError> {
-        let options = self.options.build()?;
+        let options = self.checked()?;
         let guard = self.client.lease(self.key, self.kind, &options).await?;
-        Ok(wrap(guard))
+        self.finish(guard).await
     }
 
     /// One attempt; a busy lock is `Ok(None)` (see [`LockClient::try_acquire`]).
@@ -233,9 +234,43 @@ impl<G: Guard> LockRequest<'_, G> {
     /// # Cancel safety
     /// As [`LockClient::try_acquire`].
     pub async fn try_acquire(self) -> Result<Option<G>, LockError> {
-        let options = self.options.build()?;
-        let guard = self.client.try_lease(self.key, self.kind, &options).await?;
-        Ok(guard.map(wrap))
+        let options = self.checked()?;
+        match self.client.try_lease(self.key, self.kind, &options).await? {
+            Some(guard) => self.finish(guard).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Makes this request's guard carry its lease's fence (see
+    /// [`FencedClient`](crate::FencedClient), which makes every request so).
+    pub fn fenced(self) -> LockRequest<'a, Fenced<G>> {
+        LockRequest {
+            client: self.client,
+            key: self.key,
+            kind: self.kind,
+            options: self.options,
+            guard: std::marker::PhantomData,
+        }
+    }
+
+    /// The options, checked, for a guard this client's engine can give.
+    fn checked(&self) -> Result<LockOptions, LockError> {
+        if needs_fence::<G>() {
+            require_fences(self.client.backend())?;
+        }
+        self.options.clone().build()
+    }
+
+    /// The granted lease as the guard `G`; a lease that cannot be one (a fenced guard's, come
+    /// without a fence) is given back.
+    async fn finish(&self, guard: LockGuard) -> Result<G, LockError> {
+        match wrap(guard) {
+            Ok(guard) => Ok(guard),
+            Err(guard) => {
+                let _ = guard.release().await;
+                Err(no_fence(self.client.backend(), self.key))
+            }
+        }
     }
 
     /// Runs `body` under the lock and releases it on every path (see
@@ -251,7 +286,7 @@ impl<G: Guard> LockRequest<'_, G> {
         F: FnOnce(LeaseHandle) -> Fut,
         Fut: Future<Output = T>,
     {
-        let options = self.options.build()?;
+        let options = self.checked()?;
         self.client
             .run_leased(self.key, self.kind, &options, false, body)
             .await
@@ -271,7 +306,7 @@ impl<G: Guard> LockRequest<'_, G> {
         F: FnOnce(LeaseHandle) -> Fut,
         Fut: Future<Output = T>,
     {
-        let options = self.options.build()?;
+        let options = self.checked()?;
         self.client
             .run_leased(self.key, self.kind, &options, true, body)
             .await

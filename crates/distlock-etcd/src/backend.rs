@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, Linger,
+    Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, Linger, Listener,
     LockError, LockStatus, LostReason, RenewItem, SessionWatch, Sessions, Subscription, WakeSource,
 };
 use distlock_core::recipes::queue::QueueRecipe;
@@ -817,6 +817,7 @@ impl WakeSource for EtcdBackend {
     fn subscribe<'a>(
         &'a self,
         key: &'a str,
+        _who: Listener<'a>,
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
         Box::pin(std::future::ready(Ok(Some(
             self.inner.recipe.subscribe(key),

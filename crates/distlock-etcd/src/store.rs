@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distlock_core::engine::{
-    AcquireRequest, BoxFuture, ErrorKind, LeaseKind, LockError, LostReason, Token,
+    AcquireMode, AcquireRequest, BoxFuture, ErrorKind, LeaseKind, LockError, LostReason, Token,
 };
 use distlock_core::recipes::queue::{Ahead, JoinOutcome, Joined, QueueStore, QueuedEntry};
 use distlock_core::recipes::{
@@ -520,7 +520,7 @@ impl EtcdStore {
                 }
                 // A refusal of a first send: nothing was written. A refused resend says
                 // nothing of what the lost send did, so its key is kept for the clean-up.
-                Err(e) if !e.is_ambiguous() && !req.retry => {
+                Err(e) if !e.is_ambiguous() && !req.mode.is_resend() => {
                     self.forget(&key);
                     self.free_name(req.token);
                 }
@@ -553,7 +553,7 @@ impl EtcdStore {
             req.kind,
             HolderValue::now(req.token.as_str(), req.owner).encode(),
         );
-        if !req.queue && !req.retry && req.kind == LeaseKind::Exclusive {
+        if req.mode == AcquireMode::Try && req.kind == LeaseKind::Exclusive {
             // A first attempt: one transaction that writes our key only if the lock has no key
             // at all (a compare over the whole prefix), and writes nothing when it is busy but
             // read the holder's key. A holder that is a stale key of ours (a given-up acquire's,

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_core::engine::{AcquireRequest, Attempt, Clock, LeaseKind, LeaseRef};
+use distlock_core::engine::{AcquireMode, AcquireRequest, Attempt, Clock, LeaseKind, LeaseRef};
 use distlock_core::{Backend, LockClient, LostReason, Released, SystemClock, Token};
 use distlock_etcd::EtcdBackend;
 use distlock_testkit::{Etcd, FaultProxy, LinkMode};
@@ -342,8 +342,8 @@ async fn a_client_taking_a_lock_again_writes_the_same_key_and_concurrent_ones_di
     let queued = a.engine::<EtcdBackend>().expect("the engine").clone();
     let token = Token::generate();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let req =
-        AcquireRequest::new("again", &token, Duration::from_secs(5), "test", &clock).queue(true);
+    let req = AcquireRequest::new("again", &token, Duration::from_secs(5), "test", &clock)
+        .mode(AcquireMode::Wait);
     let attempt = queued.acquire(&req).await.unwrap();
     assert!(!matches!(attempt, Attempt::Acquired { .. }), "{attempt:?}");
     let g = a.try_acquire("again").await.unwrap();
@@ -560,8 +560,8 @@ async fn a_resend_whose_key_is_gone_takes_the_lock_again() {
     // The key goes (its lease ran out, say) while the client still has the entry.
     let gone = etcd.ctl(&["del", &prefix, "--prefix"]);
     assert_eq!(gone, "1", "one key deleted");
-    let resend =
-        AcquireRequest::new("resent", &token, Duration::from_secs(5), "test", &clock).retry(true);
+    let resend = AcquireRequest::new("resent", &token, Duration::from_secs(5), "test", &clock)
+        .mode(AcquireMode::Resend { wait: false });
     let again = backend.acquire(&resend).await;
     assert!(
         matches!(

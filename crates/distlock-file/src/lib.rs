@@ -622,6 +622,10 @@ impl Backend for FileBackend {
         Capabilities::new(Fencing::Monotonic, false)
             .with_shared()
             .with_permits()
+            .no_downgrade_because(
+                "flock(2) turns an exclusive lock into a shared one by releasing it and then \
+                 locking again, so another writer could get in between",
+            )
     }
 
     fn acquire<'a>(
@@ -695,11 +699,6 @@ impl Backend for FileBackend {
 
     fn lister(&self) -> Option<&dyn distlock_core::engine::Lister> {
         Some(self)
-    }
-
-    fn why_no_downgrade(&self) -> &'static str {
-        "flock(2) turns an exclusive lock into a shared one by releasing it and then locking \
-         again, so another writer could get in between"
     }
 
     fn breaker(&self) -> Option<&dyn Breaker> {

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use distlock_core::engine::{BoxFuture, LeaseKind, LockError, Subscription, WakeSource};
+use distlock_core::engine::{BoxFuture, LeaseKind, Listener, LockError, Subscription, WakeSource};
 use distlock_core::recipes::{MutexExt, WakeHub};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -171,17 +171,12 @@ impl WakeSource for FileBackend {
     fn subscribe<'a>(
         &'a self,
         name: &'a str,
+        who: Listener<'a>,
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        Box::pin(std::future::ready(Ok(
-            self.subscribe_key(name, LeaseKind::Exclusive)
-        )))
-    }
-
-    fn subscribe_as<'a>(
-        &'a self,
-        name: &'a str,
-        kind: LeaseKind,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+        let kind = match who {
+            Listener::Waiter { kind, .. } => kind,
+            _ => LeaseKind::Exclusive,
+        };
         Box::pin(std::future::ready(Ok(self.subscribe_key(name, kind))))
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
-    Fencing, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError, LockStatus, Token,
+    Fencing, LeaseCheck, LeaseRef, Linger, LockError, LockStatus, Token,
 };
 use distlock_core::recipes::{CompactToken, HolderValue, MutexExt};
 use sha2::{Digest, Sha256};
@@ -336,12 +336,15 @@ impl Backend for MemcachedBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(Fencing::Unavailable(NO_FENCING), true)
-    }
-
-    fn why_unsupported(&self, _kind: LeaseKind) -> &'static str {
-        "memcached can change one key at a time and may evict any of them, so a set of readers \
-         or permits cannot be kept whole; use Redis, etcd, ZooKeeper or PostgreSQL for these \
-         kinds"
+            .other_kinds_because(
+                "memcached can change one key at a time and may evict any of them, so a set of \
+                 readers or permits cannot be kept whole; use Redis, etcd, ZooKeeper or \
+                 PostgreSQL for these kinds",
+            )
+            .no_list_because(
+                "memcached has no bounded scan of its keys (its crawler walks the whole cache), \
+                 so it cannot say which locks exist",
+            )
     }
 
     fn acquire<'a>(
@@ -353,10 +356,10 @@ impl Backend for MemcachedBackend {
             let item = self.item(req.name);
             // A resend: the add may have been stored before its reply was lost, and is ours if it
             // carries our token. The given-up add is settled first: the read must see its effect.
-            if req.retry {
+            if req.mode.is_resend() {
                 self.settle(req.token.as_str()).await?;
             }
-            if req.retry
+            if req.mode.is_resend()
                 && let Some((value, cas, _)) = self.read(&item).await?
                 && HolderValue::parse(&value).token == req.token.as_str()
             {
@@ -399,7 +402,7 @@ impl Backend for MemcachedBackend {
                     Ok(Attempt::Acquired { fence: None })
                 }
                 "NS" => {
-                    let holder_ttl = if req.queue {
+                    let holder_ttl = if req.mode.waits() {
                         self.read(&item).await?.and_then(|(_, _, t)| {
                             t.filter(|&t| t >= 0)
                                 .map(|t| Duration::from_secs(u64::try_from(t).unwrap_or(0)))
@@ -482,11 +485,6 @@ impl Backend for MemcachedBackend {
                 None => LockStatus::free(),
             })
         })
-    }
-
-    fn why_no_list(&self) -> &'static str {
-        "memcached has no bounded scan of its keys (its crawler walks the whole cache), so it \
-         cannot say which locks exist"
     }
 
     fn breaker(&self) -> Option<&dyn Breaker> {

@@ -543,31 +543,24 @@ fn int(row: &Row, i: usize) -> Option<i64> {
     row.get::<Option<i64>, _>(i).flatten()
 }
 
+/// Why a server without recursive common table expressions has no semaphores.
+pub(crate) const NO_CTES: &str = "the semaphore's statements need recursive common table \
+     expressions: MySQL 8.0 or MariaDB 10.2.2 and later";
+
 impl Backend for MysqlBackend {
     fn name(&self) -> &'static str {
         "mysql"
     }
 
     fn capabilities(&self) -> Capabilities {
-        let caps = Capabilities::new(Fencing::Monotonic, true);
+        let caps = Capabilities::new(Fencing::Monotonic, true).other_kinds_because(
+            "GET_LOCK has no shared mode: a MySQL/MariaDB named lock excludes every other \
+             session, so readers cannot share one",
+        );
         if self.inner.pool.ops().server.ctes {
             caps.with_permits()
         } else {
-            caps
-        }
-    }
-
-    fn why_unsupported(&self, kind: LeaseKind) -> &'static str {
-        match kind {
-            LeaseKind::Shared => {
-                "GET_LOCK has no shared mode: a MySQL/MariaDB named lock excludes every other \
-                 session, so readers cannot share one"
-            }
-            LeaseKind::Permit { .. } => {
-                "the semaphore's statements need recursive common table expressions: MySQL 8.0 \
-                 or MariaDB 10.2.2 and later"
-            }
-            _ => "not implemented for this engine in this release",
+            caps.no_permits_because(NO_CTES)
         }
     }
 
@@ -581,7 +574,7 @@ impl Backend for MysqlBackend {
             self.record_name(req.name, req.kind);
             let pool = &self.inner.pool;
             let token = req.token.as_str();
-            if req.retry
+            if req.mode.is_resend()
                 && let Some(lease) = pool.held(req.name, token)
                 && !lease.session().is_over()
             {

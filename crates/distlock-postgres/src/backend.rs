@@ -414,7 +414,7 @@ impl Backend for PgBackend {
             });
             let pool = &self.inner.pool;
             let token = req.token.as_str();
-            if req.retry
+            if req.mode.is_resend()
                 && let Some(lease) = pool.held(req.name, token)
                 && !lease.session().is_over()
             {
@@ -439,7 +439,7 @@ impl Backend for PgBackend {
                 return Err(e);
             }
             match attempt {
-                Attempt::Busy { .. } if req.queue => {
+                Attempt::Busy { .. } if req.mode.waits() => {
                     // A waiter: in the queue from now, or kept in it.
                     if let Err(e) = self.keep_ticket(req, id).await {
                         tracing::debug!(target: "distlock", key = req.name, error = %e,

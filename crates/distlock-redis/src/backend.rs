@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, Fencing, Handover, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, Linger, Lister,
-    LockError, LockStatus, Names, NextWaiter, RenewItem, Subscription, Token, WakeSource,
+    AcquireMode, AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker,
+    Capabilities, Downgrade, Fencing, Handover, HolderStatus, LeaseCheck, LeaseKind, LeaseRef,
+    Linger, Listener, Lister, LockError, LockStatus, Names, NextWaiter, RenewItem, Subscription,
+    Token, WakeSource,
 };
 use distlock_core::recipes::{HolderValue, shares_unbreakable};
 
@@ -455,12 +456,12 @@ impl Backend for RedisBackend {
             let convert = other.as_ref().and_then(Grant::unused_token).unwrap_or("");
             // The first attempt's pipeline records no holder in the meta hash: a request whose
             // fence `status` must give (an election's epoch) takes the script.
-            if !req.queue && !req.retry && !req.recorded && convert.is_empty() {
+            if req.mode == AcquireMode::Try && !req.recorded && convert.is_empty() {
                 return self
                     .acquire_fast(req.name, &keys, req.token, &value, ttl)
                     .await;
             }
-            if !req.retry
+            if !req.mode.is_resend()
                 && convert.is_empty()
                 && let Some(left) = self.handovers.elsewhere_left(req.name)
             {
@@ -505,7 +506,7 @@ impl Backend for RedisBackend {
                     self.seen.record(req.name, fence);
                     // Taken after a wait: others may wait too, and its release may hand over.
                     self.handovers
-                        .acquired(req.name, token, fence, req.queue, watching);
+                        .acquired(req.name, token, fence, req.mode.waits(), watching);
                     if let (Some(wait), Some(acks)) = (self.conn.wait, acks) {
                         self.undo_unreplicated(req.name, req.token, wait, acks)
                             .await?;
@@ -674,43 +675,30 @@ impl BatchRenew for RedisBackend {
 }
 
 impl WakeSource for RedisBackend {
-    fn subscribe<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        Box::pin(async move {
-            Ok(Some(
-                self.subscriber
-                    .subscribe(key, None, self.conn.response_timeout)
-                    .await,
-            ))
-        })
-    }
-
     /// An exclusive waiter is counted while it waits: a lock handed to this client while none
     /// waits (only its readers or permits do, which never take a writer's grant) is passed on
     /// at once, and the last one's going takes our writers' registrations out of the queue.
-    fn subscribe_as<'a>(
+    /// A permit's waiter is told by its token (permit_release.lua), so it subscribes with it.
+    fn subscribe<'a>(
         &'a self,
         key: &'a str,
-        kind: LeaseKind,
+        who: Listener<'a>,
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        self.subscribe_waiter(key, kind, None)
+        Box::pin(async move {
+            let Listener::Waiter { kind, token } = who else {
+                return Ok(Some(
+                    self.subscriber
+                        .subscribe(key, None, self.conn.response_timeout)
+                        .await,
+                ));
+            };
+            let token = matches!(kind, LeaseKind::Permit { .. }).then_some(token);
+            self.subscribe_waiter(key, kind, token).await
+        })
     }
 
     fn watching(&self, key: &str) -> bool {
         self.subscriber.is_watching(key)
-    }
-
-    /// A permit's waiter is told by its token (permit_release.lua), so it subscribes with it.
-    fn subscribe_for<'a>(
-        &'a self,
-        key: &'a str,
-        kind: LeaseKind,
-        token: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        let token = matches!(kind, LeaseKind::Permit { .. }).then_some(token);
-        self.subscribe_waiter(key, kind, token)
     }
 }
 

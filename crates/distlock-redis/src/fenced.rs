@@ -59,9 +59,10 @@ pub async fn resource_connection(
 /// #     locks: distlock_core::LockClient,
 /// # ) -> Result<(), distlock_core::LockError> {
 /// let mut conn = distlock_redis::resource_connection("redis://127.0.0.1:6379").await?;
-/// let guard = locks.acquire("report").await?;
-/// let fence = guard.fence().expect("Redis gives fences");
+/// let locks = locks.fenced()?; // every guard carries a fence
+/// let guard = locks.lock("report").acquire().await?;
 /// // ... long work, during which the lease may run out ...
+/// let fence = guard.fence().get();
 /// if !distlock_redis::fenced_set(&mut conn, "report:data", fence, b"contents").await? {
 ///     // A newer holder wrote it: this holder's lock is stale. Stop; do not retry.
 /// }

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use distlock_core::default_drift;
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    ErrorKind, Fencing, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError, LockStatus, RenewItem,
-    Token,
+    AcquireMode, AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker,
+    Capabilities, ErrorKind, Fencing, LeaseCheck, LeaseRef, Linger, LockError, LockStatus,
+    RenewItem, Token,
 };
 use distlock_core::recipes::HolderValue;
 use distlock_core::seeded::{self, SeededBug};
@@ -420,13 +420,12 @@ impl Backend for RedlockBackend {
             ),
             true,
         )
-    }
-
-    fn why_unsupported(&self, _kind: LeaseKind) -> &'static str {
-        "Redlock's vote decides who holds one key on each master; a count of readers or \
-         permits kept on independent masters has no majority meaning (a master restarted \
-         without its data forgets its count). Use a single Redis, Sentinel or Cluster, etcd or \
-         ZooKeeper for these kinds"
+        .other_kinds_because(
+            "Redlock's vote decides who holds one key on each master; a count of readers or \
+             permits kept on independent masters has no majority meaning (a master restarted \
+             without its data forgets its count). Use a single Redis, Sentinel or Cluster, \
+             etcd or ZooKeeper for these kinds",
+        )
     }
 
     fn acquire<'a>(
@@ -441,7 +440,7 @@ impl Backend for RedlockBackend {
             let mut ttl_buf = itoa::Buffer::new();
             let ttl = ttl_buf.format(ttl_ms(req.ttl));
             let limit = self.timeout_for(req.ttl);
-            let votes = if req.retry || req.queue {
+            let votes = if req.mode != AcquireMode::Try {
                 // Re-arms a lock already ours (a resent request, or a master that kept our copy
                 // from an earlier attempt of this wait) and reports the holder's lease.
                 self.on_all(

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Handover, LeaseCheck, LeaseKind, LeaseRef, Linger, Lister, LockError,
+    Downgrade, ErrorKind, Handover, LeaseCheck, LeaseRef, Linger, Listener, Lister, LockError,
     LockStatus, Names, NextWaiter, RenewItem, Subscription, WakeSource,
 };
 use redis::Value;
@@ -505,35 +505,13 @@ impl WakeSource for SentinelBackend {
     fn subscribe<'a>(
         &'a self,
         key: &'a str,
+        who: Listener<'a>,
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        Box::pin(async move { self.on_master(async |b| b.subscribe(key).await).await })
-    }
-
-    fn subscribe_as<'a>(
-        &'a self,
-        key: &'a str,
-        kind: LeaseKind,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        Box::pin(async move {
-            self.on_master(async |b| b.subscribe_as(key, kind).await)
-                .await
-        })
+        Box::pin(async move { self.on_master(async |b| b.subscribe(key, who).await).await })
     }
 
     fn watching(&self, key: &str) -> bool {
         self.current().backend.watching(key)
-    }
-
-    fn subscribe_for<'a>(
-        &'a self,
-        key: &'a str,
-        kind: LeaseKind,
-        token: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        Box::pin(async move {
-            self.on_master(async |b| b.subscribe_for(key, kind, token).await)
-                .await
-        })
     }
 }
 

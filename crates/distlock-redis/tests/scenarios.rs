@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use distlock_core::engine::{AcquireRequest, Attempt, Clock, LeaseCheck, LeaseKind, LeaseRef};
+use distlock_core::engine::{
+    AcquireMode, AcquireRequest, Attempt, Clock, LeaseCheck, LeaseKind, LeaseRef,
+};
 use distlock_core::{
     Backend, Backoff, ErrorKind, LockClient, LockOptions, LostReason, Released, SystemClock, Token,
 };
@@ -229,8 +231,8 @@ async fn a_retried_acquire_succeeds_once_and_counts_the_fence_once() {
     // The reply was "lost": the client sends the same request again, later, with a longer TTL.
     // The first went out on the fast path, which records no holder fence: the resend takes a
     // new one while the lock is ours (it still orders holders), and keeps it from then on.
-    let req2 =
-        AcquireRequest::new("retry", &token, Duration::from_secs(20), "test/1", &clock).retry(true);
+    let req2 = AcquireRequest::new("retry", &token, Duration::from_secs(20), "test/1", &clock)
+        .mode(AcquireMode::Resend { wait: false });
     let again = backend.acquire(&req2).await.unwrap();
     let Attempt::Acquired { fence: Some(f2) } = again else {
         panic!("{again:?}")
@@ -256,7 +258,8 @@ async fn a_retried_acquire_succeeds_once_and_counts_the_fence_once() {
     let other = Token::generate();
     let busy = backend
         .acquire(
-            &AcquireRequest::new("retry", &other, Duration::from_secs(5), "x", &clock).queue(true),
+            &AcquireRequest::new("retry", &other, Duration::from_secs(5), "x", &clock)
+                .mode(AcquireMode::Wait),
         )
         .await
         .unwrap();

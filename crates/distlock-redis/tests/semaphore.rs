@@ -146,7 +146,9 @@ async fn a_release_wakes_one_task_not_the_whole_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_is_found_by_its_token_alone() {
     use distlock_core::Backend;
-    use distlock_core::engine::{AcquireRequest, Attempt, Clock, LeaseCheck, LeaseKind, LeaseRef};
+    use distlock_core::engine::{
+        AcquireMode, AcquireRequest, Attempt, Clock, LeaseCheck, LeaseKind, LeaseRef,
+    };
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -166,7 +168,7 @@ async fn a_permit_is_found_by_its_token_alone() {
     );
     // Another backend, with the token only: the resend is the same permit.
     let other = RedisBackend::connect(&url).await.unwrap();
-    let mut resent = req.retry(true);
+    let mut resent = req.mode(AcquireMode::Resend { wait: false });
     resent.owner = "host-b/2";
     assert_eq!(
         other.acquire(&resent).await.unwrap(),

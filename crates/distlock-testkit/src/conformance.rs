@@ -18,6 +18,7 @@
 //! would. Keys are unique per case, so cases may run in parallel.
 
 use std::future::Future;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -172,7 +173,8 @@ pub async fn exclusive_and_release(make: &impl MakeClient) {
     assert_eq!(g2.release().await.unwrap(), Released::Held);
 }
 
-/// Every new holder gets a strictly greater fence (engines with fencing), or none at all.
+/// Every new holder gets a strictly greater fence (engines with fencing), or none at all; a
+/// fenced client (`LockClient::fenced`) is made only where fences are given.
 pub async fn fences_strictly_increase(make: &impl MakeClient) {
     let clients = [
         make.client(opts().build().unwrap()).await,
@@ -196,6 +198,35 @@ pub async fn fences_strictly_increase(make: &impl MakeClient) {
             Fencing::Unavailable(_) => assert_eq!(g.fence(), None),
         }
         assert!(g.release().await.unwrap().was_held());
+        // A fenced client's guards carry a `Fence` on this engine, rising with the others'; on
+        // an engine without fences, neither the client nor a fenced request can be made.
+        match (fencing, clients[i % 2].fenced()) {
+            (Fencing::Monotonic, Ok(fenced)) if i % 3 == 0 => {
+                let g = fenced
+                    .lock(&k)
+                    .try_acquire()
+                    .await
+                    .unwrap()
+                    .expect("free lock");
+                assert!(g.fence().get() > last, "fence {} after {last}", g.fence());
+                last = g.fence().get();
+                assert_eq!(g.deref().fence(), Some(last), "the guard inside has it too");
+                assert!(g.release().await.unwrap().was_held());
+            }
+            (Fencing::Monotonic, Ok(_)) => {}
+            (Fencing::Unavailable(why), Err(e)) => {
+                assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+                assert!(e.to_string().contains(why), "{e}");
+                let e = clients[0]
+                    .lock(&k)
+                    .fenced()
+                    .try_acquire()
+                    .await
+                    .unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+            }
+            (f, made) => panic!("{f:?}, yet a fenced client: {made:?}"),
+        }
     }
 }
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, LockError,
-    LockStatus, RenewItem, SessionWatch, Sessions, Subscription, WakeSource,
+    Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, Listener,
+    LockError, LockStatus, RenewItem, SessionWatch, Sessions, Subscription, WakeSource,
 };
 use distlock_core::recipes::queue::QueueRecipe;
 use distlock_core::recipes::{HolderValue, tag_value, untag_value};
@@ -391,6 +391,7 @@ impl WakeSource for ZkBackend {
     fn subscribe<'a>(
         &'a self,
         key: &'a str,
+        _who: Listener<'a>,
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
         Box::pin(std::future::ready(Ok(Some(self.recipe.subscribe(key)))))
     }

@@ -293,7 +293,7 @@ impl ZkStore {
         let parent = self.lock_path(req.name);
         let client = self.sessions.current().client.clone();
         let since = self.sessions.losses();
-        let (found, listed) = if req.retry {
+        let (found, listed) = if req.mode.is_resend() {
             (self.find_own(&client, &parent, token).await?, None)
         } else {
             self.create_and_list(&client, &parent, req).await?

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Clock, LeaseCheck, LeaseKind, LeaseRef, RenewItem,
+    AcquireMode, AcquireRequest, Attempt, Clock, LeaseCheck, LeaseKind, LeaseRef, RenewItem,
 };
 use distlock_core::{Backend, ErrorKind, LockClient, LostReason, Released, SystemClock, Token};
 use distlock_testkit::{ZooKeeper, client_of};
@@ -101,8 +101,8 @@ async fn a_resent_create_finds_its_own_node_and_leaves_no_orphan() {
         .await
         .unwrap();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let req =
-        AcquireRequest::new("protect", &token, Duration::from_secs(10), "test", &clock).retry(true);
+    let req = AcquireRequest::new("protect", &token, Duration::from_secs(10), "test", &clock)
+        .mode(AcquireMode::Resend { wait: false });
     match backend.acquire(&req).await.unwrap() {
         Attempt::Acquired { fence } => assert_eq!(fence, Some(stat.czxid as u64)),
         other => panic!("the resend did not adopt its node: {other:?}"),

@@ -8,11 +8,12 @@ mod schemes;
 pub use builder::{ClientBuilder, client};
 pub use distlock_core::{
     Backend, Backoff, BoxError, DEFAULT_HANDOFF_STREAK, DEFAULT_OBSERVE_INTERVAL,
-    DEFAULT_WAKE_FALLBACK, DowngradeError, Election, ErrorKind, Fencing, Guard, HolderStatus,
-    IntoBackend, Leader, Leadership, LeakedLease, LeaseEnd, LeaseHandle, LeaseKind, ListedLock,
-    Listing, LockClient, LockClientBuilder, LockError, LockGuard, LockOptions, LockOptionsBuilder,
-    LockRequest, LockStatus, LostReason, MAX_KEY_LEN, MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN,
-    Observer, Permit, ReadGuard, Released, Token, Wait, WriteGuard, default_drift, validate_key,
+    DEFAULT_WAKE_FALLBACK, DowngradeError, Election, ErrorKind, Fence, Fenced, FencedClient,
+    Fencing, Guard, HolderStatus, IntoBackend, Leader, Leadership, LeakedLease, LeaseEnd,
+    LeaseHandle, LeaseKind, ListedLock, Listing, LockClient, LockClientBuilder, LockError,
+    LockGuard, LockOptions, LockOptionsBuilder, LockRequest, LockStatus, LostReason, MAX_KEY_LEN,
+    MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, Observer, Permit, ReadGuard, Released, Token, Wait,
+    WriteGuard, default_drift, validate_key,
 };
 pub use schemes::{connect, open_backend, supported_schemes};
 

@@ -33,30 +33,27 @@ pub trait BatchRenew: Send + Sync {
 
 /// Release events, so that a waiter sleeps until the lock is free instead of polling.
 pub trait WakeSource: Send + Sync {
-    /// A subscription to `name`'s release events; `Ok(None)` when there are none for it right
-    /// now (waiters then back off). A subscription may miss events (a foreign client's release,
-    /// a reconnect): waiters always bound their sleep by the holder's remaining lease and a
-    /// capped fallback interval.
+    /// A subscription to `name`'s release events for `who`; `Ok(None)` when there are none
+    /// for it right now (waiters then back off). A subscription may miss events (a foreign
+    /// client's release, a reconnect): waiters always bound their sleep by the holder's
+    /// remaining lease and a capped fallback interval.
     ///
     /// It should resolve only once the subscription is active at the server (or give up on
     /// confirmation after a short time), so that a release between this call and the waiter's
     /// next attempt is not missed.
+    ///
+    /// A waiter says its kind and token: an engine that must know when the last waiter of a
+    /// kind stops waiting (its queued entries of that kind then leave) ties that to the
+    /// subscription ([`Subscription::with_guard`]), and one that tells the next waiter in line
+    /// by its token wakes only that waiter ([`WakeHub::subscribe_token`]). An engine that
+    /// needs neither looks at the name alone.
+    ///
+    /// [`WakeHub::subscribe_token`]: super::wake::WakeHub::subscribe_token
     fn subscribe<'a>(
         &'a self,
         name: &'a str,
+        who: Listener<'a>,
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>>;
-
-    /// The same, for a waiter of `kind`: an engine that must know when the last waiter of a
-    /// kind stops waiting (its queued entries of that kind then leave) ties that to the
-    /// subscription ([`Subscription::with_guard`]). The default ignores the kind.
-    fn subscribe_as<'a>(
-        &'a self,
-        name: &'a str,
-        kind: LeaseKind,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        let _ = kind;
-        self.subscribe(name)
-    }
 
     /// Whether this client listens for `name`'s events already (another of its waiters
     /// subscribed, and the server confirmed): a new waiter's subscription then costs no round
@@ -76,21 +73,22 @@ pub trait WakeSource: Send + Sync {
     fn hears_every_release(&self) -> bool {
         true
     }
+}
 
-    /// The same, for the waiter whose attempts carry `token`: an engine that tells the next
-    /// waiter in line by its token wakes only that waiter ([`WakeHub::subscribe_token`]). The
-    /// default ignores the token.
-    ///
-    /// [`WakeHub::subscribe_token`]: super::wake::WakeHub::subscribe_token
-    fn subscribe_for<'a>(
-        &'a self,
-        name: &'a str,
+/// Who subscribes to a name's release events ([`WakeSource::subscribe`]).
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener<'a> {
+    /// One that follows the name without waiting for a lease of its own (an election's
+    /// observer).
+    Follower,
+    /// A waiter for a lease of `kind`, whose attempts carry `token`.
+    Waiter {
+        /// The kind of lease it waits for.
         kind: LeaseKind,
+        /// The token of its attempts.
         token: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        let _ = token;
-        self.subscribe_as(name, kind)
-    }
+    },
 }
 
 /// Sessions whose end ends their leases: an etcd lease that the engine keeps alive for all of
@@ -149,7 +147,7 @@ impl<'a> NextWaiter<'a> {
 }
 
 /// A server-side queue of waiting clients (Redis). Waiting attempts (those with
-/// [`AcquireRequest::queue`](super::AcquireRequest::queue)) register their token; a release
+/// [`AcquireMode::Wait`](super::AcquireMode::Wait)) register their token; a release
 /// that finds clients queued writes the lock for the first of them, whose next attempt then
 /// returns [`Attempt::AcquiredEarlier`](super::Attempt::AcquiredEarlier) without another write.
 pub trait Handover: Send + Sync {

@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use capability::{
-    BatchRenew, BreakOutcome, Breaker, Downgrade, Handover, Linger, Lister, Names, NextWaiter,
-    Sessions, WakeSource,
+    BatchRenew, BreakOutcome, Breaker, Downgrade, Handover, Linger, Listener, Lister, Names,
+    NextWaiter, Sessions, WakeSource,
 };
 pub use session::{SessionEnd, SessionWatch};
 
@@ -145,6 +145,44 @@ impl LeaseKind {
     }
 }
 
+/// How an acquire attempt is sent: what the engine may do when the lock is busy, and whether
+/// an earlier send of the same request may have taken it.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AcquireMode {
+    /// A try by a caller that does not wait (or has not yet begun to): the engine takes its
+    /// cheapest path and leaves nothing behind when the lock is busy.
+    Try,
+    /// A waiter's attempt: the engine may queue this token for the lock (and hand it over, or
+    /// wake it, when its turn comes), and should report the holder's remaining lease.
+    Wait,
+    /// A resend of a request whose reply was lost, with the same token: the lease may already
+    /// be ours, so a path that cannot tell (a plain create-if-absent) must not be taken.
+    /// `wait`: the request resent was a waiter's ([`Wait`](Self::Wait)).
+    Resend {
+        /// The request resent was a waiter's.
+        wait: bool,
+    },
+}
+
+impl AcquireMode {
+    /// Whether the caller waits if the lock is busy ([`Wait`](Self::Wait), or its resend).
+    pub fn waits(self) -> bool {
+        matches!(self, AcquireMode::Wait | AcquireMode::Resend { wait: true })
+    }
+
+    /// Whether this is a resend ([`Resend`](Self::Resend)).
+    pub fn is_resend(self) -> bool {
+        matches!(self, AcquireMode::Resend { .. })
+    }
+
+    /// The same request, resent.
+    #[must_use]
+    pub fn resent(self) -> Self {
+        AcquireMode::Resend { wait: self.waits() }
+    }
+}
+
 /// One acquire request, as handed to an engine.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
@@ -159,14 +197,8 @@ pub struct AcquireRequest<'a> {
     pub ttl: Duration,
     /// A label naming the holder (host/pid by default), shown by `status`.
     pub owner: &'a str,
-    /// This is a resend of a request whose reply was lost (same token): the lease may already
-    /// be ours, and a path that cannot tell (a plain create-if-absent) must not be taken.
-    pub retry: bool,
-    /// The caller waits if the lock is busy: the engine may queue this token for the lock (and
-    /// hand it over, or wake it, when its turn comes) and should report the holder's remaining
-    /// lease. Without it (a first attempt), the engine takes its cheapest path and leaves
-    /// nothing behind when the lock is busy.
-    pub queue: bool,
+    /// How this attempt is sent: a first try, a waiter's, or a resend (see [`AcquireMode`]).
+    pub mode: AcquireMode,
     /// The holder renews this lease while it holds it (the watchdog is on). An engine with
     /// sessions may put such a lease on a session it keeps alive for many leases at once; a
     /// lease that is not renewed must end by itself `ttl` after it was taken, whatever else
@@ -198,8 +230,7 @@ impl<'a> AcquireRequest<'a> {
             token,
             ttl,
             owner,
-            retry: false,
-            queue: false,
+            mode: AcquireMode::Try,
             renewed: false,
             clock,
             recorded: false,
@@ -249,17 +280,10 @@ impl<'a> AcquireRequest<'a> {
         self
     }
 
-    /// Marks the request as a resend (see [`AcquireRequest::retry`]).
+    /// Sends it in `mode` (see [`AcquireMode`]).
     #[must_use]
-    pub fn retry(mut self, retry: bool) -> Self {
-        self.retry = retry;
-        self
-    }
-
-    /// Marks the request as a waiter's (see [`AcquireRequest::queue`]).
-    #[must_use]
-    pub fn queue(mut self, queue: bool) -> Self {
-        self.queue = queue;
+    pub fn mode(mut self, mode: AcquireMode) -> Self {
+        self.mode = mode;
         self
     }
 
@@ -526,8 +550,28 @@ pub enum Fencing {
     Unavailable(&'static str),
 }
 
-/// What an engine's primitives can do (its optional capabilities are the getters of
-/// [`Backend`]).
+/// Whether an engine can do one thing, and why not when it cannot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Support {
+    /// It can.
+    Yes,
+    /// It cannot; the reason is shown to users (in the `Unsupported` error).
+    No(&'static str),
+}
+
+impl Support {
+    /// Whether it can.
+    pub fn is_yes(self) -> bool {
+        self == Support::Yes
+    }
+}
+
+/// What an engine cannot do unless it says so.
+const NOT_IMPLEMENTED: &str = "not implemented for this engine in this release";
+
+/// What an engine's primitives can do, and why not where they cannot (its optional
+/// capabilities are the getters of [`Backend`]; the reasons their absence is shown with are
+/// here).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {
@@ -537,14 +581,19 @@ pub struct Capabilities {
     /// (the file lock) free the lock when the holder's process or session ends instead.
     pub expiring: bool,
     /// Whether [`LeaseKind::Shared`] leases can be acquired.
-    pub shared: bool,
+    pub shared: Support,
     /// Whether [`LeaseKind::Permit`] leases can be acquired.
-    pub permits: bool,
+    pub permits: Support,
     /// Whether the engine serves waiting clients in arrival order, across kinds: a waiting
     /// writer holds back the readers that come after it, and permits go first come, first
     /// served (etcd, ZooKeeper: a queue in the store). Without it, whoever tries first when a
     /// lease is freed gets it.
     pub ordered: bool,
+    /// Why the engine cannot turn a writer into a reader, when [`Backend::downgrade`] gives
+    /// nothing.
+    pub why_no_downgrade: &'static str,
+    /// Why the engine cannot list its locks, when [`Backend::lister`] gives nothing.
+    pub why_no_list: &'static str,
 }
 
 impl Capabilities {
@@ -553,9 +602,11 @@ impl Capabilities {
         Capabilities {
             fencing,
             expiring,
-            shared: false,
-            permits: false,
+            shared: Support::No(NOT_IMPLEMENTED),
+            permits: Support::No(NOT_IMPLEMENTED),
             ordered: false,
+            why_no_downgrade: "this engine cannot turn a writer into a reader in one step",
+            why_no_list: "this engine cannot list its locks",
         }
     }
 
@@ -569,24 +620,62 @@ impl Capabilities {
     /// Says the engine acquires shared leases too.
     #[must_use]
     pub fn with_shared(mut self) -> Self {
-        self.shared = true;
+        self.shared = Support::Yes;
         self
     }
 
     /// Says the engine acquires permits too.
     #[must_use]
     pub fn with_permits(mut self) -> Self {
-        self.permits = true;
+        self.permits = Support::Yes;
         self
+    }
+
+    /// Says why the engine acquires no lease of the kinds besides exclusive that it does not
+    /// support (shown in the `Unsupported` error).
+    #[must_use]
+    pub fn other_kinds_because(mut self, why: &'static str) -> Self {
+        for s in [&mut self.shared, &mut self.permits] {
+            if !s.is_yes() {
+                *s = Support::No(why);
+            }
+        }
+        self
+    }
+
+    /// Says why the engine acquires no permits (shown in the `Unsupported` error).
+    #[must_use]
+    pub fn no_permits_because(mut self, why: &'static str) -> Self {
+        self.permits = Support::No(why);
+        self
+    }
+
+    /// Says why the engine cannot downgrade a writer (see [`Capabilities::why_no_downgrade`]).
+    #[must_use]
+    pub fn no_downgrade_because(mut self, why: &'static str) -> Self {
+        self.why_no_downgrade = why;
+        self
+    }
+
+    /// Says why the engine cannot list its locks (see [`Capabilities::why_no_list`]).
+    #[must_use]
+    pub fn no_list_because(mut self, why: &'static str) -> Self {
+        self.why_no_list = why;
+        self
+    }
+
+    /// Whether a lease of `kind` can be acquired, and why not when it cannot.
+    pub fn support(&self, kind: LeaseKind) -> Support {
+        match kind {
+            LeaseKind::Shared => self.shared,
+            LeaseKind::Permit { .. } => self.permits,
+            LeaseKind::Exclusive => Support::Yes,
+        }
     }
 
     /// Whether a lease of `kind` can be acquired.
     pub fn supports(&self, kind: LeaseKind) -> bool {
-        match kind {
-            LeaseKind::Exclusive => true,
-            LeaseKind::Shared => self.shared,
-            LeaseKind::Permit { .. } => self.permits,
-        }
+        self.support(kind).is_yes()
     }
 }
 
@@ -681,13 +770,6 @@ pub trait Backend: std::any::Any + Send + Sync {
     /// Who holds `name`, if anybody.
     fn inspect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>>;
 
-    /// Why this engine cannot hold leases of `kind`, when [`Capabilities::supports`] says it
-    /// cannot: the `Unsupported` error shows it.
-    fn why_unsupported(&self, kind: LeaseKind) -> &'static str {
-        let _ = kind;
-        "not implemented for this engine in this release"
-    }
-
     /// Renewal of many leases in one round trip, if the engine can.
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {
         None
@@ -719,12 +801,6 @@ pub trait Backend: std::any::Any + Send + Sync {
         None
     }
 
-    /// Why this engine cannot downgrade a writer, when [`downgrade`](Self::downgrade) is `None`:
-    /// the `Unsupported` error shows it.
-    fn why_no_downgrade(&self) -> &'static str {
-        "this engine cannot turn a writer into a reader in one step"
-    }
-
     /// Leaving a lease to run out by itself at a chosen time after its holder has gone, if
     /// the engine's leases can outlive their holder's process.
     fn linger(&self) -> Option<&dyn Linger> {
@@ -734,12 +810,6 @@ pub trait Backend: std::any::Any + Send + Sync {
     /// Listing the locks held on the engine, if it can.
     fn lister(&self) -> Option<&dyn Lister> {
         None
-    }
-
-    /// Why this engine cannot list its locks, when [`lister`](Self::lister) is `None`: the
-    /// `Unsupported` error shows it.
-    fn why_no_list(&self) -> &'static str {
-        "this engine cannot list its locks"
     }
 }
 

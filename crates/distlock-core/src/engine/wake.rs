@@ -307,7 +307,7 @@ impl Subscription {
     }
 
     /// The same subscription, holding `guard` until it is dropped: an engine that counts its
-    /// waiters of one kind ([`WakeSource::subscribe_as`](super::WakeSource::subscribe_as))
+    /// waiters of one kind ([`WakeSource::subscribe`](super::WakeSource::subscribe))
     /// learns when the last of them stops waiting.
     #[must_use]
     pub fn with_guard(mut self, guard: impl Send + Sync + 'static) -> Self {

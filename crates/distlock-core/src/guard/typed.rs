@@ -14,21 +14,33 @@ use crate::error::LockError;
 /// Sealed: the library's guards only.
 pub trait Guard: sealed::Sealed + Sized + Send + 'static {}
 
-mod sealed {
-    pub trait Sealed {
-        fn wrap(guard: super::LockGuard) -> Self;
+pub(super) mod sealed {
+    pub trait Sealed: Sized {
+        /// The guard of a granted lease; the lease back when it cannot be one (a fenced
+        /// guard's lease that came without a fence).
+        fn wrap(guard: super::LockGuard) -> Result<Self, super::LockGuard>;
+
+        /// Whether the guard needs a fence with every lease.
+        fn fenced() -> bool {
+            false
+        }
     }
 }
 
-/// Wraps a granted lease as the guard `G`.
-pub(crate) fn wrap<G: Guard>(guard: LockGuard) -> G {
+/// Wraps a granted lease as the guard `G`; the lease back when it cannot be one.
+pub(crate) fn wrap<G: Guard>(guard: LockGuard) -> Result<G, LockGuard> {
     <G as sealed::Sealed>::wrap(guard)
+}
+
+/// Whether the guard `G` needs a fence with every lease.
+pub(crate) fn needs_fence<G: Guard>() -> bool {
+    <G as sealed::Sealed>::fenced()
 }
 
 impl Guard for LockGuard {}
 impl sealed::Sealed for LockGuard {
-    fn wrap(guard: LockGuard) -> Self {
-        guard
+    fn wrap(guard: LockGuard) -> Result<Self, LockGuard> {
+        Ok(guard)
     }
 }
 
@@ -40,8 +52,8 @@ macro_rules! typed_guard {
 
         impl Guard for $name {}
         impl sealed::Sealed for $name {
-            fn wrap(guard: LockGuard) -> Self {
-                $name(guard)
+            fn wrap(guard: LockGuard) -> Result<Self, LockGuard> {
+                Ok($name(guard))
             }
         }
 

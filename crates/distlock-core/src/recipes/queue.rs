@@ -88,7 +88,7 @@ pub trait QueueStore: Send + Sync + 'static {
     type Id: Clone + Eq + Debug + Send + Sync + 'static;
 
     /// Adds `req.token`'s entry to `req.name`'s queue, or finds the one a request whose reply
-    /// was lost created (`req.retry`).
+    /// was lost created (a resend, `AcquireMode::Resend`).
     fn join<'a>(
         &'a self,
         req: &'a AcquireRequest<'a>,
@@ -256,7 +256,7 @@ impl<S: QueueStore> QueueRecipe<S> {
     }
 
     /// One attempt: join the queue (or find our entry), read what is ahead, and hold the lease
-    /// or wait. A first attempt (`!req.queue`) that finds the lock busy leaves no entry behind.
+    /// or wait. A try (`AcquireMode::Try`) that finds the lock busy leaves no entry behind.
     ///
     /// # Errors
     /// The store's; `Lost` when a waiting entry left the queue (its session ended).
@@ -293,7 +293,7 @@ impl<S: QueueStore> QueueRecipe<S> {
                         // before it was confirmed) whose entry went with its session joins
                         // again, at the back: `Lost` would end a wait, or report a free lock
                         // as unreachable.
-                        if from_state && req.retry {
+                        if from_state && req.mode.is_resend() {
                             continue;
                         }
                         return Err(LockError::new(
@@ -331,7 +331,7 @@ impl<S: QueueStore> QueueRecipe<S> {
                 });
             }
         };
-        if !req.queue {
+        if !req.mode.waits() {
             // A first attempt: leave no entry behind.
             self.discard(req.name, token);
             return Ok(Attempt::Busy { holder_ttl: None });

@@ -129,10 +129,7 @@ impl MysqlBackend {
         let pool = &self.inner.pool;
         let ops = pool.ops();
         if !ops.server.ctes {
-            return Err(LockError::new(
-                ErrorKind::Unsupported,
-                <Self as distlock_core::engine::Backend>::why_unsupported(self, req.kind),
-            ));
+            return Err(LockError::new(ErrorKind::Unsupported, super::NO_CTES));
         }
         let token = req.token.as_str();
         let base = semaphore_name(req.name);

@@ -21,8 +21,8 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use distlock_core::engine::WakeSource;
 use distlock_core::engine::{BoxFuture, LeaseKind, LockError, Subscription};
+use distlock_core::engine::{Listener as Who, WakeSource};
 use distlock_core::recipes::{MutexExt, WakeHub};
 use tokio::sync::{mpsc, oneshot};
 
@@ -267,31 +267,18 @@ fn waited_id(name: &str, kind: LeaseKind) -> i64 {
 }
 
 impl WakeSource for PgBackend {
+    /// A permit's waiter listens on its semaphore's base id, which its ticket names; a waiter
+    /// takes its ticket while the server sets up the LISTEN (see `subscribe_id`).
     fn subscribe<'a>(
         &'a self,
         name: &'a str,
+        who: Who<'a>,
     ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        Box::pin(async move { Ok(Some(self.subscribe_id(lock_id(name), None).await)) })
-    }
-
-    /// A permit's waiter listens on its semaphore's base id, which its ticket names.
-    fn subscribe_as<'a>(
-        &'a self,
-        name: &'a str,
-        kind: LeaseKind,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        Box::pin(async move { Ok(Some(self.subscribe_id(waited_id(name, kind), None).await)) })
-    }
-
-    /// A waiter takes its ticket while the server sets up the LISTEN (see `subscribe_id`).
-    fn subscribe_for<'a>(
-        &'a self,
-        name: &'a str,
-        kind: LeaseKind,
-        token: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        let id = waited_id(name, kind);
-        Box::pin(async move { Ok(Some(self.subscribe_id(id, Some((token, kind))).await)) })
+        let (id, ticket) = match who {
+            Who::Waiter { kind, token } => (waited_id(name, kind), Some((token, kind))),
+            _ => (lock_id(name), None),
+        };
+        Box::pin(async move { Ok(Some(self.subscribe_id(id, ticket).await)) })
     }
 
     fn watching(&self, name: &str) -> bool {

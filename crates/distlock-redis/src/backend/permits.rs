@@ -82,7 +82,7 @@ impl RedisBackend {
         let keys = PermitKeys::new(self.layout.lock_key(req.name));
         let token = req.token.as_str();
         // Queue only while subscribed to wake-ups: a release tells the queue's next waiters.
-        let member = if req.queue && self.subscriber.is_watching(req.name) {
+        let member = if req.mode.waits() && self.subscriber.is_watching(req.name) {
             format!("{token} {}", self.wake.for_lock(&keys.lock))
         } else {
             String::new()
@@ -106,7 +106,7 @@ impl RedisBackend {
                     floor.format(self.seen.floor(req.name)),
                     place.format(place_ms(req.ttl)),
                     &holder,
-                    if req.retry { "1" } else { "0" },
+                    if req.mode.is_resend() { "1" } else { "0" },
                 ],
                 DOING,
             )

@@ -34,7 +34,7 @@ impl RedisBackend {
         let wake = self.wake.for_lock(keys.lock());
         // Queue only while subscribed to wake-ups: a release lets queued readers in and tells
         // them.
-        let mine = if req.queue && self.subscriber.is_watching(req.name) {
+        let mine = if req.mode.waits() && self.subscriber.is_watching(req.name) {
             let reg = registration(&wake, req.ttl, 0, token, &format!("~r {}", req.owner));
             self.reader_regs
                 .locked()
