@@ -3,7 +3,8 @@
 # check of token.lua run 2,000,000 times in one script, (a) defined as a local function at each
 # iteration, as a script that prepends token.lua does at each call (Redis runs the script's whole
 # chunk at every call, so the closure is created every time), and (b) written inline, as
-# scripts.rs runs it; (c) the loop alone. Usage: bash bench/lua_cpu.sh [ROUNDS]
+# scripts.rs ran it until issue 42, item 9 (now the scripts call the helper); (c) the loop
+# alone. Usage: bash bench/lua_cpu.sh [ROUNDS]
 #
 # One redis-server pinned to CPU 0, redis-cli on CPU 1; each EVAL timed from outside (its
 # round trip is negligible beside 2,000,000 iterations). Prints each round and the medians.

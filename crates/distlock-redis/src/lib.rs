@@ -20,10 +20,11 @@ mod subscriber;
 pub use backend::RedisBackend;
 
 /// The release script's source as the engine runs it, for the benchmark's raw-client floor
-/// (not a stable API: its arguments are described at its top).
+/// (not a stable API: its arguments are described in `scripts/release.lua`, which
+/// follows the helpers).
 #[doc(hidden)]
 pub fn release_script() -> &'static str {
-    &scripts::RELEASE
+    scripts::RELEASE_SOURCE
 }
 pub use config::{ClusterConfig, RedisConfig};
 pub use fenced::{fenced_get, fenced_set, lock_error, resource_connection};

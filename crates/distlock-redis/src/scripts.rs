@@ -1,19 +1,14 @@
 //! The Lua scripts of the Redis engines, each with its reply type, loaded once per engine and
 //! run by hash; and the helpers that turn arguments into their text.
 //!
-//! A script's source is its file with the helper files it uses prepended, named here
-//! explicitly: `token.lua` (`is_ours`, the token check, written once), `fence.lua`
-//! (`next_fence`, a new holder's fence) and `queue.lua` (`tell` and `pass_on`, the hand-over to
-//! the next waiting client, which calls `next_fence`). Each script file says which it
+//! Each script is one file, run as it is written: its source is the helper files it uses,
+//! prepended in order and named here explicitly, followed by its file. The helpers are
+//! `token.lua` (`is_ours`, the token check, written once), `fence.lua` (`next_fence`, a new
+//! holder's fence), `queue.lua` (`tell` and `pass_on`, the hand-over to the next waiting client,
+//! which calls `next_fence`) and `permits.lua` (the semaphore's). Each script file says which it
 //! uses in its header, and a test checks that the two agree.
-//!
-//! The token check is then written inline at each call ([`inline_token_check`]): Redis runs a
-//! script's whole chunk at every call, so a helper function is a closure created anew each
-//! time, and the check is on every acquire, renewal and release. What the closure costs the
-//! server: `bench/notes.md`, "The Redis engine's direct connections".
 
 use std::marker::PhantomData;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use distlock_core::engine::LeaseCheck;
@@ -50,8 +45,9 @@ macro_rules! permits_lua {
     };
 }
 
-/// The release script's source (compare-and-delete, or hand-over to the next queued client).
-const RELEASE_SOURCE: &str = concat!(
+/// The release script's source (compare-and-delete, or hand-over to the next queued client),
+/// as the engine runs it (but for the seeded bugs).
+pub(crate) const RELEASE_SOURCE: &str = concat!(
     token_lua!(),
     fence_lua!(),
     queue_lua!(),
@@ -75,20 +71,16 @@ const MASTER_ACQUIRE_SOURCE: &str =
 const MASTER_RELEASE_SOURCE: &str =
     concat!(token_lua!(), include_str!("scripts/redlock_release.lua"));
 const FENCED_SET_SOURCE: &str = include_str!("scripts/fenced_set.lua");
-// The reader's scripts, like the permit's, decide their common path before the helpers are
-// defined.
 const READ_ACQUIRE_SOURCE: &str = concat!(
-    include_str!("scripts/read_acquire.lua"),
     fence_lua!(),
     queue_lua!(),
-    include_str!("scripts/read_acquire_rest.lua")
+    include_str!("scripts/read_acquire.lua")
 );
 const READ_EXTEND_SOURCE: &str = include_str!("scripts/read_extend.lua");
 const READ_RELEASE_SOURCE: &str = concat!(
-    include_str!("scripts/read_release.lua"),
     fence_lua!(),
     queue_lua!(),
-    include_str!("scripts/read_release_rest.lua")
+    include_str!("scripts/read_release.lua")
 );
 const DOWNGRADE_SOURCE: &str = concat!(
     token_lua!(),
@@ -96,113 +88,19 @@ const DOWNGRADE_SOURCE: &str = concat!(
     queue_lua!(),
     include_str!("scripts/downgrade.lua")
 );
-// The permit scripts run their common path before the helpers are defined (each definition
-// is a closure made at every call): only their other paths, which follow, use them. The
-// acquire's helpers are defined inside the block permit_acquire.lua opens and
-// permit_acquire_rest.lua closes.
 const PERMIT_ACQUIRE_SOURCE: &str = concat!(
     fence_lua!(),
-    include_str!("scripts/permit_acquire.lua"),
     permits_lua!(),
-    include_str!("scripts/permit_acquire_rest.lua")
+    include_str!("scripts/permit_acquire.lua")
 );
 const PERMIT_EXTEND_SOURCE: &str =
     concat!(permits_lua!(), include_str!("scripts/permit_extend.lua"));
 const PERMIT_RELEASE_SOURCE: &str = concat!(
-    include_str!("scripts/permit_release.lua"),
     fence_lua!(),
     queue_lua!(),
     permits_lua!(),
-    include_str!("scripts/permit_release_rest.lua")
+    include_str!("scripts/permit_release.lua")
 );
-
-/// The release script as it is run (the token check inline).
-pub(crate) static RELEASE: LazyLock<String> = LazyLock::new(|| inline_token_check(RELEASE_SOURCE));
-
-/// `source` with the token check written inline wherever it calls `is_ours(a, b)` (each
-/// argument a name or `ARGV[n]`), and `token.lua`'s definition of it taken out. The inline
-/// text is the one expression the definition returns, its parameters replaced by the
-/// arguments, so the check is still written once, in `token.lua`.
-fn inline_token_check(source: &str) -> String {
-    const HEAD: &str = "local function is_ours(cur, tok)\n  return ";
-    let Some(start) = source.find(HEAD) else {
-        return source.to_owned();
-    };
-    let body = &source[start + HEAD.len()..];
-    let end = body
-        .find("\nend\n")
-        .expect("token.lua: is_ours ends with `end`");
-    let check = &body[..end];
-    let mut out = String::with_capacity(source.len());
-    out.push_str(&source[..start]);
-    let mut rest = &body[end + "\nend\n".len()..];
-    while let Some(at) = rest.find("is_ours(") {
-        let before = &rest[..at];
-        // A name that only ends in is_ours (say my_is_ours) is not a call of it.
-        if before.ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
-            out.push_str(&rest[..at + "is_ours(".len()]);
-            rest = &rest[at + "is_ours(".len()..];
-            continue;
-        }
-        out.push_str(before);
-        let args = &rest[at + "is_ours(".len()..];
-        let close = args.find(')').expect("is_ours(…) is closed");
-        let (cur, tok) = args[..close]
-            .split_once(',')
-            .map(|(a, b)| (a.trim(), b.trim()))
-            .expect("is_ours takes two arguments");
-        for arg in [cur, tok] {
-            assert!(
-                simple_lua_arg(arg),
-                "is_ours({cur}, {tok}): each argument a name or ARGV[n]"
-            );
-        }
-        out.push('(');
-        out.push_str(&substitute(check, &[("cur", cur), ("tok", tok)]));
-        out.push(')');
-        rest = &args[close + 1..];
-    }
-    out.push_str(rest);
-    out
-}
-
-/// A Lua name, or `ARGV[n]`: safe to write in place of a parameter as it is.
-fn simple_lua_arg(arg: &str) -> bool {
-    let name = |s: &str| {
-        s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-    };
-    name(arg)
-        || arg
-            .strip_prefix("ARGV[")
-            .and_then(|r| r.strip_suffix(']'))
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-}
-
-/// `expr` with each whole-word name in `names` replaced by its value.
-fn substitute(expr: &str, names: &[(&str, &str)]) -> String {
-    let mut out = String::with_capacity(expr.len() * 2);
-    let mut word = String::new();
-    let flush = |word: &mut String, out: &mut String| {
-        let value = names.iter().find(|(n, _)| n == word).map(|(_, v)| *v);
-        out.push_str(value.unwrap_or(word));
-        word.clear();
-    };
-    let mut in_string = false;
-    for c in expr.chars() {
-        if c == '\'' {
-            in_string = !in_string;
-        }
-        if !in_string && (c.is_ascii_alphanumeric() || c == '_') {
-            word.push(c);
-            continue;
-        }
-        flush(&mut word, &mut out);
-        out.push(c);
-    }
-    flush(&mut word, &mut out);
-    out
-}
 
 /// Seeded bug `plain-del`: release deletes the key whoever holds it.
 const SEEDED_PLAIN_DEL: &str = "redis.call('DEL', KEYS[1]) return 1";
@@ -292,19 +190,19 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub(crate) fn new() -> Self {
         Scripts {
-            acquire: LuaScript::new(&inline_token_check(&fenced(ACQUIRE_SOURCE))),
+            acquire: LuaScript::new(&fenced(ACQUIRE_SOURCE)),
             extend: extend(),
             release: LuaScript::new(&if seeded::on(SeededBug::PlainDel) {
                 SEEDED_PLAIN_DEL.to_owned()
             } else {
-                fenced(&RELEASE)
+                fenced(RELEASE_SOURCE)
             }),
             status: LuaScript::new(STATUS_SOURCE),
-            leave: LuaScript::new(&inline_token_check(&fenced(LEAVE_SOURCE))),
+            leave: LuaScript::new(&fenced(LEAVE_SOURCE)),
             read_acquire: LuaScript::new(&seeded_kinds(&fenced(READ_ACQUIRE_SOURCE))),
             read_extend: LuaScript::new(READ_EXTEND_SOURCE),
             read_release: LuaScript::new(&fenced(READ_RELEASE_SOURCE)),
-            downgrade: LuaScript::new(&inline_token_check(&fenced(DOWNGRADE_SOURCE))),
+            downgrade: LuaScript::new(&fenced(DOWNGRADE_SOURCE)),
             permit_acquire: LuaScript::new(&seeded_kinds(&fenced(PERMIT_ACQUIRE_SOURCE))),
             permit_extend: LuaScript::new(PERMIT_EXTEND_SOURCE),
             permit_release: LuaScript::new(&fenced(PERMIT_RELEASE_SOURCE)),
@@ -322,9 +220,9 @@ pub(crate) struct MasterScripts {
 impl MasterScripts {
     pub(crate) fn new() -> Self {
         MasterScripts {
-            acquire: LuaScript::new(&inline_token_check(MASTER_ACQUIRE_SOURCE)),
+            acquire: LuaScript::new(MASTER_ACQUIRE_SOURCE),
             extend: extend(),
-            release: LuaScript::new(&inline_token_check(MASTER_RELEASE_SOURCE)),
+            release: LuaScript::new(MASTER_RELEASE_SOURCE),
         }
     }
 }
@@ -334,7 +232,7 @@ fn extend() -> LuaScript<LeaseCheck> {
     if seeded::on(SeededBug::UnconditionalPexpire) {
         LuaScript::new(SEEDED_PEXPIRE)
     } else {
-        LuaScript::new(&inline_token_check(EXTEND_SOURCE))
+        LuaScript::new(EXTEND_SOURCE)
     }
 }
 
@@ -453,36 +351,9 @@ mod tests {
     }
 
     #[test]
-    fn the_token_check_is_written_inline_as_token_lua_says() {
-        let extend = inline_token_check(EXTEND_SOURCE);
-        assert!(!extend.contains("is_ours("), "{extend}");
-        assert!(
-            extend.contains(
-                "if (cur == ARGV[1] or string.sub(cur, 1, #ARGV[1] + 1) == ARGV[1] .. ' ') then"
-            ),
-            "{extend}"
-        );
-        for (file, source, helpers) in SCRIPTS {
-            let run = inline_token_check(source);
-            assert!(!run.contains("is_ours("), "{file}: {run}");
-            assert!(!run.contains("local function is_ours"), "{file}");
-            // Everything else is kept as it was.
-            if !helpers.contains(&"token.lua") {
-                assert_eq!(run, source, "{file}");
-            }
-        }
-        assert_eq!(
-            substitute("cur == tok .. ' tok'", &[("cur", "c"), ("tok", "ARGV[2]")]),
-            "c == ARGV[2] .. ' tok'"
-        );
-        assert!(simple_lua_arg("ARGV[12]") && simple_lua_arg("cur"));
-        assert!(!simple_lua_arg("a .. b") && !simple_lua_arg("ARGV[]"));
-    }
-
-    #[test]
     fn the_seeded_kinds_bugs_find_the_lines_they_break() {
         assert!(READ_ACQUIRE_SOURCE.contains("if cur and cur ~= MARK then"));
-        // The common path's test and the rest's.
+        // The common path's test and the other paths'.
         assert_eq!(PERMIT_ACQUIRE_SOURCE.matches("held < n").count(), 2);
     }
 

@@ -1,7 +1,5 @@
--- Helpers of the semaphore's scripts (see scripts.rs): `server_ms`, `find_holder`,
--- `sweep_holders`, `live_holders`, `sweep_queue` and `cover`. The scripts run their common path
--- first, before these are defined (each definition is a closure made at every call), and only
--- the rarer paths after them use them.
+-- Helpers of the semaphore's scripts, prepended to each of them (see scripts.rs): `server_ms`,
+-- `find_holder`, `sweep_holders`, `live_holders`, `sweep_queue` and `cover`.
 --
 -- A semaphore's keys (KEYS[1] to KEYS[4] of every script that uses these helpers):
 -- KEYS[1] holders: a sorted set of '<fence> <holder value>' (the holder value is '<token>

@@ -5,10 +5,9 @@
 -- ARGV[1] token, ARGV[2] the client's clock in ms since the epoch (shown as a next writer's
 -- start), ARGV[3] our registration in the queue, if we may have one ('' if not).
 -- Returns 1 (it was ours, before its deadline) or 0 (not held).
--- The script is two files (see scripts.rs): this one, the common case (the last share out and
--- nobody queued: the marker goes), decided before any helper is defined; then the helpers of
--- fence.lua and queue.lua, and read_release_rest.lua, every other case, which uses `pass_on`
--- (queue.lua), which calls `next_fence` (fence.lua).
+-- The common case (the last share out and nobody queued: the marker goes) is decided first;
+-- every other case (shares left, or clients queued) follows, and uses `pass_on` (queue.lua),
+-- which calls `next_fence` (fence.lua), both prepended to it (see scripts.rs).
 local t = redis.call('TIME')
 local MARK = '~readers'
 local cur = redis.call('GET', KEYS[1])
@@ -40,3 +39,20 @@ if redis.call('ZCARD', KEYS[5]) == 0 and redis.pcall('LLEN', KEYS[3]) == 0 then
   redis.call('DEL', KEYS[1])
   return out
 end
+-- Shares left, or clients queued.
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local last = {}
+if redis.call('ZCARD', KEYS[5]) > 0 then
+  -- Other shares: the expired ones go, and the marker lives as long as the longest left.
+  for _, r in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
+    redis.call('ZREM', KEYS[5], r)
+    redis.call('HDEL', KEYS[2], 'r:' .. r, 'o:' .. r)
+  end
+  last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
+end
+if last[2] then
+  redis.call('PEXPIRE', KEYS[1], tonumber(last[2]) - now)
+elseif not pass_on(KEYS[1], KEYS[2], KEYS[4], KEYS[3], '', ARGV[2], nil) then
+  redis.call('DEL', KEYS[1])
+end
+return out
