@@ -19,7 +19,7 @@ root, n = os.environ["ROOT"], int(os.environ["N"])
 S = root + "/crates/distlock-redis/src/scripts/"
 rd = lambda f: open(S + f).read()
 # As scripts.rs composes it (PERMIT_ACQUIRE_SOURCE).
-acquire = rd("fence.lua") + rd("permit_acquire.lua") + rd("permits.lua") + rd("permit_acquire_rest.lua")
+acquire = rd("fence.lua") + rd("permits.lua") + rd("permit_acquire.lua")
 p7 = open(root + "/crates/distlock-bench/src/p7.rs").read()
 floor = re.search(r'const FLOOR_PERMIT_ACQUIRE: &str = r"(.*?)";', p7, re.S).group(1)
 K = ["distlock:{p}:permits", "distlock:{p}:pmeta", "distlock:{p}:pqueue", "distlock:{p}:plive",
