@@ -11,7 +11,7 @@ use tracing::Instrument;
 use crate::driver::Driver;
 use crate::engine::{AcquireMode, Attempt, LeaseCheck, LeaseKind, LeaseRef, Subscription};
 use crate::error::LockError;
-use crate::guard::{Handoff, Holding, LockGuard};
+use crate::guard::{ClientState, Handoff, LockGuard};
 use crate::lease::{LeaseShared, LeaseSpec};
 use crate::local::{LocalQueues, QueuePosition};
 use crate::options::LockOptions;
@@ -19,52 +19,52 @@ use crate::sync::MutexExt;
 use crate::token::Token;
 
 /// What one attempt found.
-pub(crate) enum Attempted {
+pub(crate) enum TryOutcome {
     Taken(LockGuard),
     Busy(Option<Duration>),
 }
 
 /// One lease request: a name, a kind and the options it is taken with.
 #[derive(Clone, Copy)]
-pub(crate) struct Want<'a> {
+pub(crate) struct Acquisition<'a> {
     pub(crate) key: &'a str,
     pub(crate) kind: LeaseKind,
     pub(crate) options: &'a LockOptions,
-    pub(crate) holder: HolderSpec<'a>,
+    pub(crate) holder: HolderRole<'a>,
 }
 
 /// How a request's holder is written, when not as the client's other requests: its own label
 /// (an election's, which carries the leader's value), and whether `status` must be able to
 /// give its fence (an election's epoch).
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct HolderSpec<'a> {
+pub(crate) struct HolderRole<'a> {
     pub(crate) label: Option<&'a str>,
     pub(crate) recorded: bool,
 }
 
-impl<'a> Want<'a> {
+impl<'a> Acquisition<'a> {
     /// A request written as the client's others are.
     pub(crate) fn new(key: &'a str, kind: LeaseKind, options: &'a LockOptions) -> Self {
-        Want {
+        Acquisition {
             key,
             kind,
             options,
-            holder: HolderSpec::default(),
+            holder: HolderRole::default(),
         }
     }
 }
 
-/// A waiter's subscription; parked in the local queue for the next head when the waiter goes.
-struct ParkedOnDrop<'a> {
+/// A waiter's subscription; kept in the local queue for the next head when the waiter goes.
+struct KeptOnDrop<'a> {
     local: Option<&'a LocalQueues<Handoff>>,
     key: &'a str,
     sub: Option<Subscription>,
 }
 
-impl Drop for ParkedOnDrop<'_> {
+impl Drop for KeptOnDrop<'_> {
     fn drop(&mut self) {
         if let (Some(local), Some(sub)) = (self.local, self.sub.take()) {
-            local.park(self.key, sub);
+            local.keep_subscription(self.key, sub);
         }
     }
 }
@@ -76,8 +76,8 @@ impl Drop for ParkedOnDrop<'_> {
 /// behind it. (An exclusive waiter's entry goes when the client's last waiter for the name
 /// goes: see the engines' wake-ups.)
 struct OwnToken<'a> {
-    holding: &'a Arc<Holding>,
-    want: Want<'a>,
+    holding: &'a Arc<ClientState>,
+    want: Acquisition<'a>,
     token: Option<Token>,
     /// A waiting attempt used the token.
     queued: bool,
@@ -114,8 +114,8 @@ impl Drop for OwnToken<'_> {
 /// Releases a lease taken by a request whose outcome we never learned, if the acquire is given
 /// up or its future is dropped half-way.
 struct PendingCleanup<'a> {
-    holding: &'a Arc<Holding>,
-    want: Want<'a>,
+    holding: &'a Arc<ClientState>,
+    want: Acquisition<'a>,
     token: &'a Token,
     armed: bool,
 }
@@ -135,7 +135,7 @@ impl Drop for PendingCleanup<'_> {
 
 /// Runs [`clean_up`] for `token`'s lease of `want` in the background, on the current runtime
 /// (outside one, nothing is sent: the lease or the queued entry ends with its TTL).
-fn spawn_clean_up(holding: &Arc<Holding>, want: &Want<'_>, token: Token) {
+fn spawn_clean_up(holding: &Arc<ClientState>, want: &Acquisition<'_>, token: Token) {
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         let holding = holding.clone();
         let (key, kind, ttl) = (want.key.to_owned(), want.kind, want.options.ttl());
@@ -173,13 +173,13 @@ async fn clean_up(driver: &Driver, lease: &LeaseRef<'_>, ttl: Duration) {
 /// One attempt with `token`, resent while replies are lost. `queue`: see
 /// [`AcquireMode::Wait`](crate::engine::AcquireMode::Wait).
 pub(crate) async fn attempt(
-    holding: &Arc<Holding>,
-    want: Want<'_>,
+    holding: &Arc<ClientState>,
+    want: Acquisition<'_>,
     queue: bool,
     token: Token,
-) -> Result<Attempted, LockError> {
+) -> Result<TryOutcome, LockError> {
     let driver = holding.driver();
-    let Want {
+    let Acquisition {
         key,
         kind,
         options,
@@ -254,7 +254,7 @@ pub(crate) async fn attempt(
                         // costs one request; leaving one that is there would keep the lock
                         // from everybody, us included, for as long as our session lives
                         // (its drop also retires the token).
-                        return Ok(Attempted::Busy(None));
+                        return Ok(TryOutcome::Busy(None));
                     }
                     Err(e) => return Err(e),
                 }
@@ -264,7 +264,7 @@ pub(crate) async fn attempt(
                 // its token back (an answer from a replica just promoted may not list that
                 // write yet); a waiter keeps its place in the queue.
                 cleanup.armed = started_over && !queue;
-                return Ok(Attempted::Busy(holder_ttl));
+                return Ok(TryOutcome::Busy(holder_ttl));
             }
             Err(e) if e.is_ambiguous() && resent < options.acquire_retries() => {
                 resent += 1;
@@ -305,7 +305,7 @@ pub(crate) async fn attempt(
     let lease = Arc::new(LeaseShared::new(spec, sent));
     tracing::debug!(target: "distlock", key, fence = ?fence,
         valid_for_ms = validity.as_millis() as u64, "lock acquired");
-    Ok(Attempted::Taken(holding.guard(lease)))
+    Ok(TryOutcome::Taken(holding.guard(lease)))
 }
 
 /// Waits for the lease; the caller bounds the wait with the wait timeout.
@@ -320,8 +320,8 @@ pub(crate) async fn attempt(
 /// again with backoff, and the slot holds the last such error until an attempt gets an
 /// answer; without it, such an error ends the wait.
 pub(crate) async fn wait_for(
-    holding: &Arc<Holding>,
-    want: Want<'_>,
+    holding: &Arc<ClientState>,
+    want: Acquisition<'_>,
     engine_errors: Option<&std::sync::Mutex<Option<LockError>>>,
 ) -> Result<LockGuard, LockError> {
     let timer = crate::metrics::Timer::start();
@@ -337,12 +337,12 @@ pub(crate) async fn wait_for(
 /// [`wait_for`]'s loop; `waited` is set once the lock was found busy (or the local queue had
 /// someone ahead).
 async fn wait_in(
-    holding: &Arc<Holding>,
-    want: Want<'_>,
+    holding: &Arc<ClientState>,
+    want: Acquisition<'_>,
     engine_errors: Option<&std::sync::Mutex<Option<LockError>>>,
     waited: &AtomicBool,
 ) -> Result<LockGuard, LockError> {
-    let Want {
+    let Acquisition {
         key,
         options,
         kind,
@@ -350,9 +350,9 @@ async fn wait_in(
     } = want;
     let local = holding.local_for(kind);
     let mut ticket = local.map(|l| l.join(key, *options, holder.label));
-    // Declared after the ticket, so dropped before it: the subscription is parked for the next
+    // Declared after the ticket, so dropped before it: the subscription is kept for the next
     // head while this waiter is still in the queue.
-    let mut slot = ParkedOnDrop {
+    let mut slot = KeptOnDrop {
         local,
         key,
         sub: None,
@@ -398,11 +398,11 @@ async fn wait_in(
         }
         if options.events()
             && sub.is_none()
-            && let Some(parked) = local.and_then(|l| l.take_parked(key))
+            && let Some(kept_sub) = local.and_then(|l| l.take_kept_subscription(key))
         {
             // A previous head's subscription, still active: no need to subscribe and try again
             // after this attempt.
-            *sub = Some(parked);
+            *sub = Some(kept_sub);
             subscribed = true;
         }
         if options.events()
@@ -437,11 +437,11 @@ async fn wait_in(
             .instrument(crate::trace::attempt(engine, tries))
             .await
         {
-            Ok(Attempted::Taken(g)) => {
+            Ok(TryOutcome::Taken(g)) => {
                 own.taken();
                 return Ok(g);
             }
-            Ok(Attempted::Busy(ttl)) => {
+            Ok(TryOutcome::Busy(ttl)) => {
                 waited.store(true, Ordering::Relaxed);
                 failures = 0;
                 if let Some(slot) = engine_errors {
@@ -501,16 +501,16 @@ async fn wait_in(
                 None => std::future::pending().await,
             }
         };
-        let nudged = async {
+        let local_holder_changed = async {
             match ticket.as_ref() {
-                Some(t) => t.nudged().await,
+                Some(t) => t.local_holder_changed().await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
             () = event => {}
-            () = nudged => {}
+            () = local_holder_changed => {}
         }
     }
 }

@@ -9,12 +9,12 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 use tracing::Instrument;
 
-use crate::acquire::{Attempted, Want, attempt, wait_for};
+use crate::acquire::{Acquisition, TryOutcome, attempt, wait_for};
 use crate::clock::{Clock, SystemClock};
 use crate::driver::Driver;
 use crate::engine::{Backend, IntoBackend, LeaseKind, LockStatus};
 use crate::error::{ErrorKind, LockError};
-use crate::guard::{Holding, LockGuard, Released, lost_error};
+use crate::guard::{ClientState, LockGuard, Released, lost_error};
 use crate::key::validate_key;
 use crate::lease::LeaseHandle;
 use crate::options::{LockOptions, Wait};
@@ -33,7 +33,7 @@ use crate::token::Token;
 /// # Ok(()) }
 /// ```
 pub struct LockClient {
-    holding: Arc<Holding>,
+    holding: Arc<ClientState>,
     options: LockOptions,
 }
 
@@ -109,7 +109,7 @@ impl LockClientBuilder {
         let owner = self.owner.unwrap_or_else(default_owner);
         let driver = Driver::new(self.backend, self.clock, owner);
         LockClient {
-            holding: Arc::new(Holding::new(driver, self.local_queue)),
+            holding: Arc::new(ClientState::new(driver, self.local_queue)),
             options: self.options,
         }
     }
@@ -352,13 +352,14 @@ impl LockClient {
         kind: LeaseKind,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
-        self.try_lease_as(Want::new(key, kind, options)).await
+        self.try_lease_as(Acquisition::new(key, kind, options))
+            .await
     }
 
     /// One attempt at the lease `want` describes; a busy lock is `Ok(None)`.
     pub(crate) async fn try_lease_as(
         &self,
-        want: Want<'_>,
+        want: Acquisition<'_>,
     ) -> Result<Option<LockGuard>, LockError> {
         let timer = crate::metrics::Timer::start();
         let engine = self.backend().name();
@@ -379,7 +380,7 @@ impl LockClient {
         got
     }
 
-    async fn try_lease_once(&self, want: Want<'_>) -> Result<Option<LockGuard>, LockError> {
+    async fn try_lease_once(&self, want: Acquisition<'_>) -> Result<Option<LockGuard>, LockError> {
         let key = want.key;
         validate_key(key)?;
         if self.held_here(key) {
@@ -390,8 +391,8 @@ impl LockClient {
             .instrument(crate::trace::attempt(engine, 1))
             .await?
         {
-            Attempted::Taken(g) => Ok(Some(g)),
-            Attempted::Busy(_) => Ok(None),
+            TryOutcome::Taken(g) => Ok(Some(g)),
+            TryOutcome::Busy(_) => Ok(None),
         }
     }
 
@@ -402,11 +403,11 @@ impl LockClient {
         kind: LeaseKind,
         options: &LockOptions,
     ) -> Result<LockGuard, LockError> {
-        self.lease_as(Want::new(key, kind, options)).await
+        self.lease_as(Acquisition::new(key, kind, options)).await
     }
 
     /// The lease `want` describes, waiting as its options say.
-    pub(crate) async fn lease_as(&self, want: Want<'_>) -> Result<LockGuard, LockError> {
+    pub(crate) async fn lease_as(&self, want: Acquisition<'_>) -> Result<LockGuard, LockError> {
         let timer = crate::metrics::Timer::start();
         let engine = self.backend().name();
         let span = crate::trace::acquire(engine, want.key, want.kind);
@@ -419,7 +420,7 @@ impl LockClient {
         got
     }
 
-    async fn lease_waiting(&self, want: Want<'_>) -> Result<LockGuard, LockError> {
+    async fn lease_waiting(&self, want: Acquisition<'_>) -> Result<LockGuard, LockError> {
         let (key, options) = (want.key, want.options);
         validate_key(key)?;
         match options.wait() {
@@ -432,8 +433,8 @@ impl LockClient {
                     .instrument(crate::trace::attempt(engine, 1))
                     .await?
                 {
-                    Attempted::Taken(g) => Ok(g),
-                    Attempted::Busy(_) => Err(LockError::busy(key)),
+                    TryOutcome::Taken(g) => Ok(g),
+                    TryOutcome::Busy(_) => Err(LockError::busy(key)),
                 }
             }
             // Waits for the lock, not for the engine: an engine that fails ends it.
@@ -499,7 +500,7 @@ impl LockClient {
     }
 
     /// What the client's guards and waits share (its engine driver, local queues).
-    pub(crate) fn holding(&self) -> &Arc<Holding> {
+    pub(crate) fn holding(&self) -> &Arc<ClientState> {
         &self.holding
     }
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use futures_util::Stream;
 
-use crate::acquire::{HolderSpec, Want};
+use crate::acquire::{Acquisition, HolderRole};
 use crate::client::LockClient;
 use crate::engine::{Fencing, LeaseKind, LockStatus, Subscription};
 use crate::error::{ErrorKind, LockError};
@@ -314,13 +314,13 @@ impl Election {
         Ok((self.options.clone().build()?, label))
     }
 
-    fn want<'a>(&'a self, options: &'a LockOptions, label: &'a str) -> Want<'a> {
-        Want {
-            holder: HolderSpec {
+    fn want<'a>(&'a self, options: &'a LockOptions, label: &'a str) -> Acquisition<'a> {
+        Acquisition {
+            holder: HolderRole {
                 label: Some(label),
                 recorded: true,
             },
-            ..Want::new(&self.name, LeaseKind::Exclusive, options)
+            ..Acquisition::new(&self.name, LeaseKind::Exclusive, options)
         }
     }
 

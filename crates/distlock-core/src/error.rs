@@ -81,10 +81,10 @@ impl fmt::Display for ErrorKind {
 /// One pointer wide (its parts are boxed): a `Result<T, LockError>` is hardly larger than `T`,
 /// which matters where results are kept by the thousand (a renewal batch has one a lease).
 pub struct LockError {
-    inner: Box<Inner>,
+    inner: Box<ErrorParts>,
 }
 
-struct Inner {
+struct ErrorParts {
     kind: ErrorKind,
     message: Cow<'static, str>,
     source: Option<BoxError>,
@@ -94,7 +94,7 @@ impl LockError {
     /// A new error of `kind` with a human-readable message.
     pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
         LockError {
-            inner: Box::new(Inner {
+            inner: Box::new(ErrorParts {
                 kind,
                 message: message.into(),
                 source: None,

@@ -1,4 +1,4 @@
-//! Guards, and what the guards of one client share ([`Holding`]): the engine's driver, the
+//! Guards, and what the guards of one client share ([`ClientState`]): the engine's driver, the
 //! local queues and the watchdog. A guard is made when a lease is taken: it registers the
 //! lease with the watchdog, with the local queue and with the engine's session events, and it
 //! ends the lease on every path (release, drop, leak, a hand-off to a local waiter).
@@ -57,7 +57,7 @@ pub struct LeakedLease {
 
 /// What the guards of one client share, and where they are made: the engine's driver, the
 /// client's local queues (when on) and its watchdog.
-pub(crate) struct Holding {
+pub(crate) struct ClientState {
     driver: Arc<Driver>,
     local: Option<LocalQueues<Handoff>>,
     watchdog: Watchdog,
@@ -65,14 +65,14 @@ pub(crate) struct Holding {
     losses: crate::lease::losses::Losses,
 }
 
-impl Holding {
+impl ClientState {
     pub(crate) fn new(driver: Driver, local_queue: bool) -> Self {
         let driver = Arc::new(driver);
         let engine = Arc::downgrade(&driver);
         let still_on = Box::new(move |lease: &LeaseRef<'_>, session: u64| {
             engine.upgrade().is_some_and(|d| d.still_on(lease, session))
         });
-        Holding {
+        ClientState {
             driver,
             local: local_queue.then(LocalQueues::new),
             watchdog: Watchdog::new(),
@@ -132,9 +132,9 @@ impl Holding {
     }
 }
 
-/// Looks at a lease's session again when dropped (see [`Holding::rewatch`]).
+/// Looks at a lease's session again when dropped (see [`ClientState::rewatch`]).
 struct Rewatch<'a> {
-    holding: &'a Holding,
+    holding: &'a ClientState,
     lease: &'a Arc<LeaseShared>,
 }
 
@@ -153,7 +153,7 @@ impl Drop for Rewatch<'_> {
 /// still ours.
 #[must_use = "dropping the guard releases the lock at once (in the background)"]
 pub struct LockGuard {
-    holding: Arc<Holding>,
+    holding: Arc<ClientState>,
     lease: Arc<LeaseShared>,
     done: bool,
 }
@@ -161,7 +161,7 @@ pub struct LockGuard {
 /// A lease handed from a releasing holder to a waiting task of the same client. If it is never
 /// taken (the waiter's future was dropped), its drop releases the lock.
 pub(crate) struct Handoff {
-    holding: Arc<Holding>,
+    holding: Arc<ClientState>,
     lease: Option<Arc<LeaseShared>>,
 }
 
@@ -183,7 +183,7 @@ impl Drop for Handoff {
     }
 }
 
-fn spawn_finish(holding: Arc<Holding>, lease: Arc<LeaseShared>, before: Option<LostReason>) {
+fn spawn_finish(holding: Arc<ClientState>, lease: Arc<LeaseShared>, before: Option<LostReason>) {
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         rt.spawn(async move {
             if let Err(e) = finish(&holding, &lease, before).await {
@@ -201,7 +201,7 @@ fn spawn_finish(holding: Arc<Holding>, lease: Arc<LeaseShared>, before: Option<L
 /// engine (which compares the token). `before` is how the lease was lost before the release, if
 /// it was.
 async fn finish(
-    holding: &Arc<Holding>,
+    holding: &Arc<ClientState>,
     lease: &Arc<LeaseShared>,
     before: Option<LostReason>,
 ) -> Result<Released, LockError> {
@@ -244,7 +244,7 @@ async fn finish(
 /// Gives the lease to the next local waiter with one renewal. `None` when nobody took it (the
 /// caller then releases as usual).
 async fn hand_off(
-    holding: &Arc<Holding>,
+    holding: &Arc<ClientState>,
     lease: &Arc<LeaseShared>,
 ) -> Option<Result<Released, LockError>> {
     let local = holding.local_for(lease.kind())?;
@@ -278,7 +278,7 @@ async fn hand_off(
         let options = offer.options;
         let validity = ttl.saturating_sub(options.drift_for(ttl));
         let next = Arc::new(LeaseShared::with_deadline(
-            lease.respec(options),
+            lease.with_options(options),
             sent,
             ttl,
             sent + validity,
@@ -639,7 +639,7 @@ impl LockGuard {
 
 /// Finishes a release in the background if `release()` is cancelled.
 struct PendingFinish<'a> {
-    holding: &'a Arc<Holding>,
+    holding: &'a Arc<ClientState>,
     lease: &'a Arc<LeaseShared>,
     before: Option<LostReason>,
     armed: bool,

@@ -348,7 +348,7 @@ impl LeaseShared {
     }
 
     /// The same lease's spec with other options (a hand-off to a waiter that asked for them).
-    pub(crate) fn respec(&self, options: LockOptions) -> LeaseSpec {
+    pub(crate) fn with_options(&self, options: LockOptions) -> LeaseSpec {
         LeaseSpec {
             key: self.key.clone(),
             token: self.token.to_token(),

@@ -34,7 +34,7 @@ struct KeyQueue<T> {
     offered: usize,
     /// The release-event subscription, kept here between two heads so that it is not closed and
     /// reopened at every turn. Dropped with the entry, when nobody waits or holds any more.
-    parked: Option<Box<Subscription>>,
+    kept_sub: Option<Box<Subscription>>,
     /// The token this client's current wait for the key uses, shared by its successive heads:
     /// the engine may hand the lock to it (a grant) after the head that registered it has gone.
     /// Retired (replaced at next use) once an acquisition with it completes or its outcome is
@@ -50,7 +50,7 @@ impl<T> KeyQueue<T> {
             holder: None,
             waiters: BTreeMap::new(),
             offered: 0,
-            parked: None,
+            kept_sub: None,
             wait_token: None,
         }
     }
@@ -123,7 +123,7 @@ impl<T> Slot<T> {
         if let Slot::Queue(q) = self
             && q.waiters.is_empty()
             && q.offered == 0
-            && q.parked.is_none()
+            && q.kept_sub.is_none()
             && q.wait_token.is_none()
             && let Some(h) = q.holder.take()
         {
@@ -279,20 +279,20 @@ impl<T> LocalQueues<T> {
     }
 
     /// Keeps `sub` for the next head of `key`'s queue (dropped at once if the key has no entry).
-    pub(crate) fn park(&self, key: &str, sub: Subscription) {
+    pub(crate) fn keep_subscription(&self, key: &str, sub: Subscription) {
         let mut map = self.lock();
         if let Some(slot) = map.get_mut(key) {
             let q = slot.queue_mut();
-            if q.parked.is_none() {
-                q.parked = Some(Box::new(sub));
+            if q.kept_sub.is_none() {
+                q.kept_sub = Some(Box::new(sub));
             }
         }
     }
 
     /// The subscription a previous head left for `key`, if any.
-    pub(crate) fn take_parked(&self, key: &str) -> Option<Subscription> {
+    pub(crate) fn take_kept_subscription(&self, key: &str) -> Option<Subscription> {
         let mut map = self.lock();
-        let sub = queue_of(&mut map, key).and_then(|q| q.parked.take());
+        let sub = queue_of(&mut map, key).and_then(|q| q.kept_sub.take());
         if sub.is_some() {
             tidy(&mut map, key);
         }
@@ -491,7 +491,7 @@ impl<T> QueuePlace<'_, T> {
     }
 
     /// Resolves when the queue nudges this waiter (a local holder appeared or went).
-    pub(crate) async fn nudged(&self) {
+    pub(crate) async fn local_holder_changed(&self) {
         self.turn.notified().await;
     }
 }

@@ -34,12 +34,12 @@ const LISTED_WHEN_DUE: usize = 4;
 /// The items of one batch on one session: the session, and each item's place and key.
 type SessionItems = (Arc<Session>, Vec<(usize, Key)>);
 
-struct Inner {
+struct EtcdShared {
     recipe: QueueRecipe<EtcdStore>,
     config: EtcdConfig,
 }
 
-impl Drop for Inner {
+impl Drop for EtcdShared {
     fn drop(&mut self) {
         // The client is going away: its sessions' leases, and their keys, with it.
         self.recipe.store().sessions.close();
@@ -73,7 +73,7 @@ impl Drop for Inner {
 /// - **release** deletes the key (the session lives on, for the next lock).
 #[derive(Clone)]
 pub struct EtcdBackend {
-    inner: Arc<Inner>,
+    inner: Arc<EtcdShared>,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -112,7 +112,7 @@ impl EtcdBackend {
         let sessions = session::Sessions::new(members.clone(), config.response_timeout);
         let store = EtcdStore::new(members, sessions, config.prefix.clone());
         let backend = EtcdBackend {
-            inner: Arc::new(Inner {
+            inner: Arc::new(EtcdShared {
                 recipe: QueueRecipe::new(Arc::new(store)),
                 config,
             }),

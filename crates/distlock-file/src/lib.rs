@@ -24,10 +24,10 @@ use distlock_core::recipes::MutexExt;
 /// The lock engine on local files. See the crate docs.
 #[derive(Clone)]
 pub struct FileBackend {
-    inner: Arc<Inner>,
+    inner: Arc<FileShared>,
 }
 
-struct Inner {
+struct FileShared {
     dir: PathBuf,
     /// Open, locked files by token. Dropping a `File` closes it, which releases the flock.
     held: Mutex<HashMap<String, Held>>,
@@ -98,7 +98,7 @@ impl FileBackend {
             ));
         }
         Ok(FileBackend {
-            inner: Arc::new(Inner {
+            inner: Arc::new(FileShared {
                 dir,
                 held: Mutex::new(HashMap::new()),
                 #[cfg(target_os = "linux")]

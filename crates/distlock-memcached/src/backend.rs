@@ -45,7 +45,7 @@ struct Held {
     /// The lock's name, hashed (see [`HeldLocks`]).
     name: u64,
     since_ms: u64,
-    /// The owner label, one copy for the locks taken with the same one (see `Inner::owner`);
+    /// The owner label, one copy for the locks taken with the same one (see `MemcachedShared::owner`);
     /// behind a thin pointer (8 bytes where an `Arc<str>` takes 16).
     owner: Arc<Box<str>>,
     cas: u64,
@@ -117,7 +117,7 @@ impl HeldLocks {
     }
 }
 
-struct Inner {
+struct MemcachedShared {
     config: MemcachedConfig,
     pool: Pool,
     held: Mutex<HeldLocks>,
@@ -125,7 +125,7 @@ struct Inner {
     owner: Mutex<Option<Arc<Box<str>>>>,
 }
 
-impl Inner {
+impl MemcachedShared {
     /// `owner` as a shared copy (the last one used, when it is the same).
     fn owner(&self, owner: &str) -> Arc<Box<str>> {
         let mut last = self.owner.locked();
@@ -155,7 +155,7 @@ impl Inner {
 ///   holder may already have started.
 #[derive(Clone)]
 pub struct MemcachedBackend {
-    inner: Arc<Inner>,
+    inner: Arc<MemcachedShared>,
 }
 
 impl fmt::Debug for MemcachedBackend {
@@ -205,7 +205,7 @@ impl MemcachedBackend {
             tls,
         );
         let backend = MemcachedBackend {
-            inner: Arc::new(Inner {
+            inner: Arc::new(MemcachedShared {
                 config,
                 pool,
                 held: Mutex::new(HeldLocks::default()),

@@ -440,12 +440,12 @@ impl SessionOps for MyOps {
     }
 }
 
-struct Inner {
+struct MysqlShared {
     pool: Arc<SessionPool<MyOps>>,
     /// This client's holders recorded in `distlock_holders` (see `recorded`).
-    recorded: recorded::Recorded,
+    recorded: recorded::LeaderRows,
     /// The server names whose lock names this client recorded (see `names`).
-    names: names::Recorded,
+    names: names::NameRecorder,
 }
 
 /// A lock engine on MySQL's and MariaDB's named locks (`GET_LOCK`), many on each session of a
@@ -469,7 +469,7 @@ struct Inner {
 ///   on it is reported lost.
 #[derive(Clone)]
 pub struct MysqlBackend {
-    inner: Arc<Inner>,
+    inner: Arc<MysqlShared>,
 }
 
 impl fmt::Debug for MysqlBackend {
@@ -503,7 +503,7 @@ impl MysqlBackend {
             wait: config.pool_wait,
         };
         Ok(MysqlBackend {
-            inner: Arc::new(Inner {
+            inner: Arc::new(MysqlShared {
                 pool: SessionPool::new(
                     MyOps {
                         config,
@@ -512,8 +512,8 @@ impl MysqlBackend {
                     },
                     limits,
                 ),
-                recorded: recorded::Recorded::default(),
-                names: names::Recorded::default(),
+                recorded: recorded::LeaderRows::default(),
+                names: names::NameRecorder::default(),
             }),
         })
     }

@@ -143,7 +143,7 @@ impl Conn {
     }
 }
 
-struct Inner {
+struct PgShared {
     pool: Arc<SessionPool<PgOps>>,
     /// Sessions of their own, idle between uses.
     dedicated: Mutex<Vec<Conn>>,
@@ -152,11 +152,11 @@ struct Inner {
     /// The session that writes them and holds their markers (see `marker`).
     queue: marker::Queue,
     /// This client's holders recorded in `distlock_holders` (see `recorded`).
-    recorded: recorded::Recorded,
+    recorded: recorded::LeaderRows,
     /// This client's listening session (see `listen`).
     listener: listen::Listener,
     /// The lock ids whose names this client recorded (see `names`).
-    names: names::Recorded,
+    names: names::NameRecorder,
 }
 
 /// A lock engine on PostgreSQL's session-level advisory locks, many on each session of a small
@@ -182,7 +182,7 @@ struct Inner {
 ///   closed, which frees everything on it, rather than kept with a lock nobody tracks.
 #[derive(Clone)]
 pub struct PgBackend {
-    inner: Arc<Inner>,
+    inner: Arc<PgShared>,
 }
 
 impl fmt::Debug for PgBackend {
@@ -216,7 +216,7 @@ impl PgBackend {
             wait: config.pool_wait,
         };
         let backend = PgBackend {
-            inner: Arc::new(Inner {
+            inner: Arc::new(PgShared {
                 pool: SessionPool::new(
                     PgOps {
                         #[cfg(feature = "tls")]
@@ -232,9 +232,9 @@ impl PgBackend {
                 dedicated: Mutex::new(Vec::new()),
                 tickets: order::Tickets::default(),
                 queue: marker::Queue::new(),
-                recorded: recorded::Recorded::default(),
+                recorded: recorded::LeaderRows::default(),
                 listener: listen::Listener::new(),
-                names: names::Recorded::default(),
+                names: names::NameRecorder::default(),
             }),
         };
         let conn = backend.setup().await?;

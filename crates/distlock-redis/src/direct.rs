@@ -76,14 +76,14 @@ struct State {
     retry_at: Option<Instant>,
 }
 
-struct Inner {
+struct DirectShared {
     target: Option<Endpoint>,
     state: Mutex<State>,
     connect_timeout: Duration,
     timer: Timer,
 }
 
-impl Inner {
+impl DirectShared {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -114,9 +114,9 @@ impl Timer {
 
 /// Fails the direct connection's request once it is past its deadline; ends after `IDLE_TICKS`
 /// ticks with no request on the direct connection.
-async fn reap(inner: Weak<Inner>, tick: Duration) {
+async fn reap(inner: Weak<DirectShared>, tick: Duration) {
     /// Clears `reaping` however the task ends (its runtime may shut down).
-    struct Reaping(Weak<Inner>);
+    struct Reaping(Weak<DirectShared>);
     impl Drop for Reaping {
         fn drop(&mut self) {
             if let Some(inner) = self.0.upgrade() {
@@ -168,7 +168,7 @@ pub(crate) fn switched_off(path: &str) -> bool {
 /// The direct connection; clones share it.
 #[derive(Clone)]
 pub(crate) struct DirectConnection {
-    inner: Arc<Inner>,
+    inner: Arc<DirectShared>,
 }
 
 impl DirectConnection {
@@ -176,7 +176,7 @@ impl DirectConnection {
     /// request takes the multiplexed connection.
     pub(crate) fn new(target: Option<Endpoint>, connect_timeout: Duration) -> DirectConnection {
         DirectConnection {
-            inner: Arc::new(Inner {
+            inner: Arc::new(DirectShared {
                 target: target.filter(|_| !switched_off("commands")),
                 state: Mutex::new(State::default()),
                 connect_timeout,
@@ -230,7 +230,7 @@ impl DirectConnection {
     }
 }
 
-fn settle(inner: &Inner, result: Result<RespConnection, RedisError>) {
+fn settle(inner: &DirectShared, result: Result<RespConnection, RedisError>) {
     let mut st = inner.state();
     st.connecting = false;
     match result {
@@ -299,7 +299,7 @@ pub(crate) async fn connect(
 pub(crate) struct Checkout {
     /// `None` while a round trip is under way: dropped then, the connection goes with it.
     direct: Option<RespConnection>,
-    inner: Arc<Inner>,
+    inner: Arc<DirectShared>,
 }
 
 impl Checkout {

@@ -148,7 +148,7 @@ struct Current {
     generation: u64,
 }
 
-struct Inner {
+struct SentinelShared {
     config: SentinelConfig,
     current: RwLock<Arc<Current>>,
     /// Held while the sentinels are asked (one discovery at a time); when the last one ended.
@@ -171,7 +171,7 @@ struct Inner {
 /// the crate README's table says exactly what each deployment guarantees.
 #[derive(Clone)]
 pub struct SentinelBackend {
-    inner: Arc<Inner>,
+    inner: Arc<SentinelShared>,
 }
 
 impl fmt::Debug for SentinelBackend {
@@ -206,7 +206,7 @@ impl SentinelBackend {
         let addr = discover(&config).await?;
         let backend = RedisBackend::with_config(config.at(&addr.0, addr.1)?).await?;
         Ok(SentinelBackend {
-            inner: Arc::new(Inner {
+            inner: Arc::new(SentinelShared {
                 config,
                 current: RwLock::new(Arc::new(Current {
                     backend,

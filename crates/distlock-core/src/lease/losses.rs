@@ -91,7 +91,7 @@ impl std::future::Future for Watched {
 impl Watched {
     /// Whether to keep it in a sweep: a lease's while it lives, a session's while its group
     /// has live leases (the sweep removes the others).
-    fn keep(&self, inner: &Inner) -> bool {
+    fn keep(&self, inner: &Watches) -> bool {
         match self {
             Watched::Lease { lease, .. } => live(lease),
             Watched::Session { session, group, .. } => {
@@ -144,12 +144,12 @@ pub(crate) type StillOn = Box<dyn Fn(&LeaseRef<'_>, u64) -> bool + Send + Sync>;
 
 /// What the client's side and the task share.
 struct Shared {
-    inner: Mutex<Inner>,
+    inner: Mutex<Watches>,
     counter: Arc<LossCounter>,
     still_on: StillOn,
 }
 
-struct Inner {
+struct Watches {
     /// The task's channel, from the first watch until the client is dropped.
     tx: Option<mpsc::UnboundedSender<Watched>>,
     /// The leases of each shared session whose end is watched.
@@ -177,7 +177,7 @@ impl Losses {
     pub(crate) fn new(still_on: StillOn) -> Self {
         Losses {
             shared: Arc::new(Shared {
-                inner: Mutex::new(Inner {
+                inner: Mutex::new(Watches {
                     tx: None,
                     sessions: HashMap::new(),
                     grouped: 0,
@@ -235,7 +235,7 @@ impl Losses {
     }
 
     /// Gives the task `w`, starting the task if there is none (or it is gone).
-    fn send(&self, inner: &mut Inner, w: Watched) {
+    fn send(&self, inner: &mut Watches, w: Watched) {
         let w = match &inner.tx {
             Some(t) => match t.send(w) {
                 Ok(()) => return,
@@ -249,7 +249,7 @@ impl Losses {
     /// Starts the task (again: the last one's runtime shut down), and gives it `w` and every
     /// shared session's end. The lost futures of leases watched alone are gone with the last
     /// task: their leases hear their end at their next renewal.
-    fn restart(&self, inner: &mut Inner, w: Option<Watched>) {
+    fn restart(&self, inner: &mut Watches, w: Option<Watched>) {
         let (t, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(rx, self.shared.clone()));
         // `w` may be the end of a group just made: it is not sent twice.
@@ -374,7 +374,7 @@ fn session_ended(shared: &Shared, session: u64, group: u64, why: LostReason) {
 }
 
 /// Keeps only the live leases of every session, and the groups that still have some.
-fn sweep(inner: &mut Inner) {
+fn sweep(inner: &mut Watches) {
     let mut grouped = 0;
     inner.sessions.retain(|_, g| {
         g.leases.retain(live);

@@ -1,4 +1,4 @@
-//! The local queues' entries: a holder alone, a queue, hand-offs and parked subscriptions.
+//! The local queues' entries: a holder alone, a queue, hand-offs and subscriptions kept for the next head.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,17 +43,17 @@ fn a_held_name_without_waiters_keeps_its_holder_alone() {
     assert_eq!(held_alone(&q, "a"), None, "nothing left for the name");
 }
 
-/// A subscription parked for the next head keeps the queue (with its holder) until it is
+/// A subscription kept for the next head keeps the queue (with its holder) until it is
 /// taken; then the holder is alone again.
 #[test]
 fn a_parked_subscription_keeps_the_queue_until_taken() {
     let q = LocalQueues::<u8>::new();
     let l = lease("p");
     q.set_holder("p", &l);
-    q.park("p", crate::engine::Subscription::never());
+    q.keep_subscription("p", crate::engine::Subscription::never());
     assert_eq!(held_alone(&q, "p"), Some(false));
     assert!(q.live_holder("p").is_some_and(|h| Arc::ptr_eq(&h, &l)));
-    assert!(q.take_parked("p").is_some());
+    assert!(q.take_kept_subscription("p").is_some());
     assert_eq!(held_alone(&q, "p"), Some(true));
     q.clear_holder("p", &l);
     assert_eq!(held_alone(&q, "p"), None);

@@ -17,7 +17,9 @@ use distlock_core::recipes::MutexExt;
 
 use tokio::sync::mpsc;
 
-use super::{Inner, MysqlBackend, Sql, lit, lock_name, on_session_all, permits::semaphore_name};
+use super::{
+    MysqlBackend, MysqlShared, Sql, lit, lock_name, on_session_all, permits::semaphore_name,
+};
 
 /// How many names a client remembers having recorded before it starts over.
 const REMEMBERED: usize = 65_536;
@@ -37,7 +39,7 @@ const BATCH: usize = 500;
 /// The server names this client recorded a name for, and its writer: one task, one statement
 /// per batch, so that a burst of new names costs a few statements, not one each.
 #[derive(Debug, Default)]
-pub(super) struct Recorded {
+pub(super) struct NameRecorder {
     /// The server names recorded, by a 64-bit hash of each (seeded per client): a copy of
     /// each name cost a client holding 100,000 locks about 40 bytes a lock. Two names of one
     /// hash (about one chance in 2^64 a pair) would leave the second unrecorded until the set
@@ -75,7 +77,7 @@ impl MysqlBackend {
 }
 
 /// Writes the names sent, a batch at a time, until the engine is dropped.
-async fn write_names(engine: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Name>) {
+async fn write_names(engine: Weak<MysqlShared>, mut rx: mpsc::UnboundedReceiver<Name>) {
     const DOING: &str = "recording the locks' names";
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];

@@ -22,7 +22,7 @@ pub(super) const TABLE: &str = "CREATE TABLE IF NOT EXISTS distlock_holders (\
 
 /// The recorded holders of this client, by token: the lock name and fence their row has.
 #[derive(Debug, Default)]
-pub(super) struct Recorded {
+pub(super) struct LeaderRows {
     by_token: std::sync::Mutex<HashMap<String, (String, u64)>>,
 }
 

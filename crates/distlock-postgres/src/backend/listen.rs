@@ -26,7 +26,7 @@ use distlock_core::engine::{Listener as Who, WakeSource};
 use distlock_core::recipes::{MutexExt, WakeHub};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Inner, PgBackend, PgConn, PgOps, connect, kinds, lock_id, marker, order};
+use super::{PgBackend, PgConn, PgOps, PgShared, connect, kinds, lock_id, marker, order};
 use crate::error::map_err;
 
 /// The prefix of a lock's notification channel; the lock id follows, in decimal.
@@ -128,7 +128,7 @@ fn reconnect_delay(failures: u32) -> Duration {
 }
 
 /// Listens for the hub's keys while the engine lives.
-async fn run(engine: Weak<Inner>, hub: WakeHub, mut cmds: mpsc::UnboundedReceiver<Cmd>) {
+async fn run(engine: Weak<PgShared>, hub: WakeHub, mut cmds: mpsc::UnboundedReceiver<Cmd>) {
     let mut failures = 0u32;
     loop {
         let Some(inner) = engine.upgrade() else {

@@ -35,7 +35,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tokio_postgres::Statement;
 
-use super::{Conn, Inner, PgBackend};
+use super::{Conn, PgBackend, PgShared};
 use crate::error::map_err;
 
 /// How long a marker outlives its ticket's lapse (as its client reckons it) when its waiter
@@ -249,7 +249,7 @@ impl Drop for Unsure {
 }
 
 /// Gives back the markers of tickets that lapsed [`LINGER`] ago, while the engine lives.
-async fn sweep(engine: Weak<Inner>, changed: Arc<Notify>) {
+async fn sweep(engine: Weak<PgShared>, changed: Arc<Notify>) {
     loop {
         let next = {
             let Some(inner) = engine.upgrade() else {

@@ -15,7 +15,7 @@ use distlock_core::recipes::MutexExt;
 
 use tokio::sync::mpsc;
 
-use super::{Inner, PgBackend, kinds, lock_id};
+use super::{PgBackend, PgShared, kinds, lock_id};
 use crate::error::map_err;
 
 /// How many names a client remembers having recorded before it starts over (a client that
@@ -52,7 +52,7 @@ const BATCH: usize = 500;
 /// of its own, one statement per batch, so that a burst of new names (a thousand locks
 /// taken at once) costs a few statements on one connection, not a connection each.
 #[derive(Debug, Default)]
-pub(super) struct Recorded {
+pub(super) struct NameRecorder {
     /// By kind: the ids recorded (a lock's, or a semaphore's base id). Ids, not names: a
     /// client holding 100,000 locks kept a copy of each name here besides its id (about 60
     /// bytes a lock); the id is computed again at each acquire instead (a SHA-256 of a short
@@ -65,7 +65,7 @@ pub(super) struct Recorded {
 /// Ids recorded (foldhash: looked up at every acquire).
 type Ids = HashSet<i64, foldhash::fast::RandomState>;
 
-/// The index of a kind's set in [`Recorded::seen`].
+/// The index of a kind's set in [`NameRecorder::seen`].
 fn slot(code: i16) -> usize {
     usize::from(code == kind_code(LeaseKind::Permit { permits: 1 }))
 }
@@ -134,7 +134,7 @@ impl Drop for NameToSend<'_> {
 }
 
 /// Writes the names sent, a batch at a time, until the engine is dropped.
-async fn write_names(engine: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Name>) {
+async fn write_names(engine: Weak<PgShared>, mut rx: mpsc::UnboundedReceiver<Name>) {
     const DOING: &str = "recording the locks' names";
     while let Some(first) = rx.recv().await {
         let mut batch: HashMap<(i64, i16), String> = HashMap::new();

@@ -38,7 +38,7 @@ pub(super) fn status_join(schema: &str) -> String {
 
 /// The recorded holders of this client, by token: the lock id and fence their row has.
 #[derive(Debug, Default)]
-pub(super) struct Recorded {
+pub(super) struct LeaderRows {
     by_token: std::sync::Mutex<HashMap<String, (i64, i64)>>,
 }
 
