@@ -120,6 +120,26 @@ impl Driver {
         ))
     }
 
+    /// Writes `owner` as the label of our lease's holder, where the engine can: `Unsupported`
+    /// otherwise, with the reason.
+    pub(crate) async fn relabel(
+        &self,
+        lease: &LeaseRef<'_>,
+        owner: &str,
+    ) -> Result<LeaseCheck, LockError> {
+        match self.backend.relabel() {
+            Some(engine) => engine.relabel(lease, owner).await,
+            None => Err(LockError::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "the {} engine cannot publish a new value without a new election: {}",
+                    self.backend.name(),
+                    self.backend.capabilities().why_no_relabel
+                ),
+            )),
+        }
+    }
+
     /// Whether a lease of `kind` can be left to run out by itself (see
     /// [`Linger`](crate::engine::Linger)).
     pub(crate) fn lingers(&self, kind: LeaseKind) -> bool {

@@ -301,15 +301,7 @@ impl Election {
                 ),
             ));
         }
-        if self.value.len() > MAX_VALUE_LEN {
-            return Err(LockError::new(
-                ErrorKind::Config,
-                format!(
-                    "an election's value is at most {MAX_VALUE_LEN} bytes, not {}",
-                    self.value.len()
-                ),
-            ));
-        }
+        check_value(&self.value)?;
         let label = leader_label(self.client.owner(), &self.value);
         Ok((self.options.clone().build()?, label))
     }
@@ -343,8 +335,23 @@ impl Election {
             epoch,
             guard,
             value: self.value.clone(),
+            owner: self.client.owner().to_owned(),
         })
     }
+}
+
+/// Refuses a value longer than [`MAX_VALUE_LEN`].
+fn check_value(value: &str) -> Result<(), LockError> {
+    if value.len() > MAX_VALUE_LEN {
+        return Err(LockError::new(
+            ErrorKind::Config,
+            format!(
+                "an election's value is at most {MAX_VALUE_LEN} bytes, not {}",
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The leader of an election, from its lock's status.
@@ -444,6 +451,8 @@ pub struct Leadership {
     guard: LockGuard,
     epoch: u64,
     value: String,
+    /// The client's label, which the leader's label starts with.
+    owner: String,
 }
 
 impl fmt::Debug for Leadership {
@@ -465,9 +474,44 @@ impl Leadership {
         self.epoch
     }
 
-    /// The value published with it.
+    /// The value published with it (the last one [`proclaim`](Self::proclaim)ed).
     pub fn value(&self) -> &str {
         &self.value
+    }
+
+    /// Publishes `value` in place of the one this leadership has, without a new election
+    /// (etcd's `Proclaim`): the epoch, the lease and its deadline stay. A follower's
+    /// [`leader`](Election::leader) read shows it at once; an [`Observer`] reports it as a
+    /// change at its next read (a proclamation is not a release, so it sends no release event:
+    /// within the observe interval).
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_core::LockClient) -> Result<(), distlock_core::LockError> {
+    /// let mut leading = locks.election("scheduler").value("10.0.0.5:8080").campaign().await?;
+    /// // ... the leader moves to another port: followers learn it, the epoch stays ...
+    /// leading.proclaim("10.0.0.5:9090").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// - `Config` for a value over [`MAX_VALUE_LEN`] bytes (nothing is sent);
+    /// - `Lost` when the leadership has ended (the lease is then reported lost, as a renewal
+    ///   would);
+    /// - `Unsupported` on an engine that cannot write a holder's label in place;
+    /// - the engine's errors otherwise: the old value or the new one is published, and calling
+    ///   again is safe.
+    ///
+    /// # Cancel safety
+    /// The new value may or may not have been written; [`value`](Self::value) still says the
+    /// old one. Calling again is safe.
+    pub async fn proclaim(&mut self, value: impl Into<String>) -> Result<(), LockError> {
+        let value = value.into();
+        check_value(&value)?;
+        self.guard
+            .relabel(&leader_label(&self.owner, &value))
+            .await?;
+        self.value = value;
+        Ok(())
     }
 
     /// Whether we still lead: the lease is ours and its local deadline has not passed. No
@@ -534,7 +578,7 @@ impl Leadership {
 /// ZooKeeper watches; Redis when keyspace notifications are on), and reads the leader at each
 /// event, every observe interval otherwise, and soon again while nobody leads. Each read is one
 /// status read; a change is a new epoch (or nobody), so one epoch is never reported with two
-/// leaders.
+/// leaders, or a new value the leader [proclaimed](Leadership::proclaim).
 ///
 /// [`changed`]: Observer::changed
 /// [`borrow`]: Observer::borrow
@@ -557,7 +601,8 @@ impl fmt::Debug for Observer {
 }
 
 impl Observer {
-    /// Waits until the leader differs from the one last seen (a new epoch, or nobody leading),
+    /// Waits until the leader differs from the one last seen (a new epoch, a new value, or
+    /// nobody leading),
     /// and marks it seen: [`borrow`](Self::borrow) reads it. A new observer has seen nothing, so
     /// its first call returns after the first read, whoever leads.
     ///
@@ -626,9 +671,10 @@ impl Observer {
     }
 }
 
-/// What tells two views of an election apart: a new leader has a new epoch (and token).
-fn view(leader: Option<&Leader>) -> Option<(Option<u64>, Option<&str>)> {
-    leader.map(|l| (l.epoch, l.token.as_deref()))
+/// What tells two views of an election apart: a new leader has a new epoch (and token), and
+/// a leader that proclaimed a new value has that value.
+fn view(leader: Option<&Leader>) -> Option<(Option<u64>, Option<&str>, Option<&str>)> {
+    leader.map(|l| (l.epoch, l.token.as_deref(), l.value.as_deref()))
 }
 
 #[cfg(test)]

@@ -463,6 +463,25 @@ impl LockGuard {
         }
     }
 
+    /// Writes `owner` as the label of this lease's holder, keeping the lease (an election's new
+    /// value).
+    pub(crate) async fn relabel(&self, owner: &str) -> Result<(), LockError> {
+        let lease = &self.lease;
+        if let Some(end) = lease.end_if_past_deadline() {
+            return Err(lost_error(lease.key(), end));
+        }
+        let check = self
+            .holding
+            .driver()
+            .relabel(&lease.engine_ref(&lease.token()), owner)
+            .await?;
+        match check {
+            LeaseCheck::Ours => Ok(()),
+            LeaseCheck::Missing => Err(lost_error(lease.key(), lease.lose(lease.missing_reason()))),
+            LeaseCheck::Foreign => Err(lost_error(lease.key(), lease.lose(LostReason::Stolen))),
+        }
+    }
+
     /// Releases the lock (compare-and-delete: never another owner's lock) and says whether the
     /// lease was still ours. No renewal goes out after this returns.
     ///

@@ -166,6 +166,18 @@ impl<'a> HolderValue<'a> {
         v
     }
 
+    /// The same holder labelled `owner` (an election's leader publishing a new value): its
+    /// token and its start stay; a value another tool wrote gets its start from now.
+    pub fn relabelled(&self, owner: &'a str) -> Self {
+        HolderValue {
+            token: self.token,
+            since_ms: self
+                .since_ms
+                .or_else(|| Some(u64::try_from(unix_ms()).unwrap_or(u64::MAX))),
+            owner: Some(owner),
+        }
+    }
+
     /// Reads a stored value: the token is everything up to the first space (all of it for a
     /// plain token written by another tool).
     pub fn parse(value: &'a str) -> Self {

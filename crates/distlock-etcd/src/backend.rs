@@ -8,7 +8,8 @@ use std::time::Duration;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, Linger, Listener,
-    LockError, LockStatus, LostReason, RenewItem, SessionWatch, Sessions, Subscription, WakeSource,
+    LockError, LockStatus, LostReason, Relabel, RenewItem, SessionWatch, Sessions, Subscription,
+    WakeSource,
 };
 use distlock_core::recipes::queue::QueueRecipe;
 use distlock_core::recipes::{HolderValue, tag_value, untag_value};
@@ -672,6 +673,10 @@ impl Backend for EtcdBackend {
         Some(self)
     }
 
+    fn relabel(&self) -> Option<&dyn Relabel> {
+        Some(self)
+    }
+
     fn linger(&self) -> Option<&dyn Linger> {
         Some(self)
     }
@@ -721,17 +726,75 @@ impl Downgrade for EtcdBackend {
     }
 }
 
+impl Relabel for EtcdBackend {
+    /// Our key keeps its name, its create revision (its fence), its session and its kind; its
+    /// value names the new label.
+    fn relabel<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            const DOING: &str = "writing a new label for an etcd lock's holder";
+            let token = lease.token.as_str();
+            self.rewrite(lease, DOING, |kind, holder| {
+                let value = HolderValue::parse(holder);
+                if value.token != token {
+                    return Edit::Refuse(LeaseCheck::Foreign);
+                }
+                Edit::Write(tag_value(kind, value.relabelled(owner).encode()))
+            })
+            .await
+        })
+    }
+}
+
+/// What [`EtcdBackend::rewrite`] does with the value it read.
+enum Edit {
+    /// Writes this value instead.
+    Write(String),
+    /// Nothing to write: done already (a resent request).
+    Done,
+    /// Not ours to change.
+    Refuse(LeaseCheck),
+}
+
 impl EtcdBackend {
     async fn downgrade_inner(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "downgrading an etcd write lock to a read lock";
-        let token = lease.token.as_str();
-        let Some(entry) = self.inner.recipe.held(lease.name, token) else {
+        let check = self
+            .rewrite(lease, DOING, |kind, holder| match kind {
+                LeaseKind::Shared => Edit::Done,
+                LeaseKind::Exclusive => {
+                    Edit::Write(tag_value(LeaseKind::Shared, holder.to_owned()))
+                }
+                _ => Edit::Refuse(LeaseCheck::Foreign),
+            })
+            .await?;
+        if check == LeaseCheck::Ours {
+            self.inner
+                .recipe
+                .update(lease.name, lease.token.as_str(), |e| {
+                    e.entry.kind = LeaseKind::Shared;
+                });
+        }
+        Ok(check)
+    }
+
+    /// Reads our key's value and writes back what `edit` makes of it (its kind and holder),
+    /// if nothing changed the key in between: the key keeps its name, its create revision (its
+    /// place in the queue, and its fence) and its session. Tried a few times: a move of the
+    /// key to another session changes it.
+    async fn rewrite(
+        &self,
+        lease: &LeaseRef<'_>,
+        doing: &str,
+        edit: impl Fn(LeaseKind, &str) -> Edit,
+    ) -> Result<LeaseCheck, LockError> {
+        let Some(entry) = self.inner.recipe.held(lease.name, lease.token.as_str()) else {
             return Ok(LeaseCheck::Missing);
         };
         let (key, seq) = (entry.entry.id, entry.entry.seq);
-        // Read the value (to keep the holder it names), then write it back tagged as a
-        // reader's, if nothing changed the key in between (a few times: a move of the key to
-        // another session changes it).
         for _ in 0..3 {
             let read = TxnRequest::new(
                 vec![Compare::create_revision(&*key, CompareResult::Equal, seq)],
@@ -742,7 +805,7 @@ impl EtcdBackend {
                 .store()
                 .txn(read)
                 .await
-                .map_err(|e| map_err(e, DOING))?;
+                .map_err(|e| map_err(e, doing))?;
             let kv = reply
                 .responses
                 .first()
@@ -753,45 +816,33 @@ impl EtcdBackend {
             };
             let value = String::from_utf8_lossy(&kv.value);
             let (kind, holder) = untag_value(&value);
-            if kind == LeaseKind::Shared {
-                // Done already (a resent request).
-                self.inner
-                    .recipe
-                    .update(lease.name, token, |e| e.entry.kind = LeaseKind::Shared);
-                return Ok(LeaseCheck::Ours);
-            }
-            if kind != LeaseKind::Exclusive {
-                return Ok(LeaseCheck::Foreign);
-            }
+            let value = match edit(kind, holder) {
+                Edit::Write(value) => value,
+                Edit::Done => return Ok(LeaseCheck::Ours),
+                Edit::Refuse(check) => return Ok(check),
+            };
             let write = TxnRequest::new(
                 vec![Compare::mod_revision(
                     &*key,
                     CompareResult::Equal,
                     kv.mod_revision,
                 )],
-                vec![RequestOp::put(
-                    &*key,
-                    tag_value(LeaseKind::Shared, holder.to_owned()),
-                    kv.lease,
-                )],
+                vec![RequestOp::put(&*key, value, kv.lease)],
                 vec![],
             );
             if self
                 .store()
                 .txn(write)
                 .await
-                .map_err(|e| map_err(e, DOING))?
+                .map_err(|e| map_err(e, doing))?
                 .succeeded
             {
-                self.inner
-                    .recipe
-                    .update(lease.name, token, |e| e.entry.kind = LeaseKind::Shared);
                 return Ok(LeaseCheck::Ours);
             }
         }
         Err(LockError::new(
             ErrorKind::Connection,
-            format!("{DOING}: the key kept changing under us; try again"),
+            format!("{doing}: the key kept changing under us; try again"),
         ))
     }
 }

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 mod linger;
+mod relabel;
 #[cfg(target_os = "linux")]
 mod watch;
 
@@ -702,6 +703,10 @@ impl Backend for FileBackend {
     }
 
     fn breaker(&self) -> Option<&dyn Breaker> {
+        Some(self)
+    }
+
+    fn relabel(&self) -> Option<&dyn distlock_core::engine::Relabel> {
         Some(self)
     }
 

@@ -731,6 +731,10 @@ impl Backend for MysqlBackend {
     fn breaker(&self) -> Option<&dyn Breaker> {
         Some(self)
     }
+
+    fn relabel(&self) -> Option<&dyn distlock_core::engine::Relabel> {
+        Some(self)
+    }
 }
 
 impl MysqlBackend {

@@ -548,6 +548,10 @@ impl Backend for PgBackend {
     fn downgrade(&self) -> Option<&dyn Downgrade> {
         Some(self)
     }
+
+    fn relabel(&self) -> Option<&dyn distlock_core::engine::Relabel> {
+        Some(self)
+    }
 }
 
 impl PgBackend {

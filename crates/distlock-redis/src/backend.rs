@@ -2,6 +2,7 @@
 
 mod permits;
 mod readers;
+mod relabel;
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,8 +11,8 @@ use std::time::Duration;
 use distlock_core::engine::{
     AcquireMode, AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker,
     Capabilities, Downgrade, Fencing, Handover, HolderStatus, LeaseCheck, LeaseKind, LeaseRef,
-    Linger, Listener, Lister, LockError, LockStatus, Names, NextWaiter, RenewItem, Subscription,
-    Token, WakeSource,
+    Linger, Listener, Lister, LockError, LockStatus, Names, NextWaiter, Relabel, RenewItem,
+    Subscription, Token, WakeSource,
 };
 use distlock_core::recipes::{HolderValue, shares_unbreakable};
 
@@ -592,6 +593,10 @@ impl Backend for RedisBackend {
     }
 
     fn downgrade(&self) -> Option<&dyn Downgrade> {
+        Some(self)
+    }
+
+    fn relabel(&self) -> Option<&dyn Relabel> {
         Some(self)
     }
 

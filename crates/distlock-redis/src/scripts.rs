@@ -59,6 +59,7 @@ const ACQUIRE_SOURCE: &str = concat!(
     include_str!("scripts/acquire.lua")
 );
 const EXTEND_SOURCE: &str = concat!(token_lua!(), include_str!("scripts/extend.lua"));
+const RELABEL_SOURCE: &str = concat!(token_lua!(), include_str!("scripts/relabel.lua"));
 const STATUS_SOURCE: &str = include_str!("scripts/status.lua");
 const LEAVE_SOURCE: &str = concat!(
     token_lua!(),
@@ -181,6 +182,8 @@ pub(crate) struct Scripts {
     pub(crate) read_release: LuaScript<LeaseCheck>,
     /// A writer turned into a reader.
     pub(crate) downgrade: LuaScript<LeaseCheck>,
+    /// A new label for a holder (an election's new value).
+    pub(crate) relabel: LuaScript<LeaseCheck>,
     /// The semaphore's: a permit, its renewal, its release.
     pub(crate) permit_acquire: LuaScript<PermitReply>,
     pub(crate) permit_extend: LuaScript<LeaseCheck>,
@@ -198,6 +201,7 @@ impl Scripts {
                 fenced(RELEASE_SOURCE)
             }),
             status: LuaScript::new(STATUS_SOURCE),
+            relabel: LuaScript::new(RELABEL_SOURCE),
             leave: LuaScript::new(&fenced(LEAVE_SOURCE)),
             read_acquire: LuaScript::new(&seeded_kinds(&fenced(READ_ACQUIRE_SOURCE))),
             read_extend: LuaScript::new(READ_EXTEND_SOURCE),
@@ -257,9 +261,10 @@ mod tests {
     use super::*;
 
     /// The script files and the helpers prepended to each here.
-    const SCRIPTS: [(&str, &str, &[&str]); 15] = [
+    const SCRIPTS: [(&str, &str, &[&str]); 16] = [
         ("acquire.lua", ACQUIRE_SOURCE, &["token.lua", "fence.lua"]),
         ("extend.lua", EXTEND_SOURCE, &["token.lua"]),
+        ("relabel.lua", RELABEL_SOURCE, &["token.lua"]),
         (
             "release.lua",
             RELEASE_SOURCE,

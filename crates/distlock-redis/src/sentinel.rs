@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     Downgrade, ErrorKind, Handover, LeaseCheck, LeaseRef, Linger, Listener, Lister, LockError,
-    LockStatus, Names, NextWaiter, RenewItem, Subscription, WakeSource,
+    LockStatus, Names, NextWaiter, Relabel, RenewItem, Subscription, WakeSource,
 };
 use redis::Value;
 
@@ -447,6 +447,10 @@ impl Backend for SentinelBackend {
         Some(self)
     }
 
+    fn relabel(&self) -> Option<&dyn Relabel> {
+        Some(self)
+    }
+
     fn lister(&self) -> Option<&dyn Lister> {
         Some(self)
     }
@@ -531,6 +535,19 @@ impl Handover for SentinelBackend {
 impl Breaker for SentinelBackend {
     fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
         Box::pin(async move { self.on_master(async |b| b.break_once(key).await).await })
+    }
+}
+
+impl Relabel for SentinelBackend {
+    fn relabel<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            self.on_master(async |b| Relabel::relabel(b, lease, owner).await)
+                .await
+        })
     }
 }
 

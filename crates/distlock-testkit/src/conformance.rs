@@ -72,6 +72,7 @@ macro_rules! conformance_tests {
             a_silent_leader_steps_down_before_the_next_leads,
             observers_see_each_leader_once,
             a_lead_loop_campaigns_again_after_a_loss,
+            a_leader_proclaims_a_new_value,
             listing_shows_what_is_held,
             a_lease_left_runs_out_by_itself
         );

@@ -7,7 +7,7 @@ use std::time::Duration;
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
     Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, Listener,
-    LockError, LockStatus, RenewItem, SessionWatch, Sessions, Subscription, WakeSource,
+    LockError, LockStatus, Relabel, RenewItem, SessionWatch, Sessions, Subscription, WakeSource,
 };
 use distlock_core::recipes::queue::QueueRecipe;
 use distlock_core::recipes::{HolderValue, tag_value, untag_value};
@@ -218,6 +218,10 @@ impl Backend for ZkBackend {
     fn downgrade(&self) -> Option<&dyn Downgrade> {
         Some(self)
     }
+
+    fn relabel(&self) -> Option<&dyn Relabel> {
+        Some(self)
+    }
 }
 
 impl Downgrade for ZkBackend {
@@ -233,9 +237,52 @@ impl Downgrade for ZkBackend {
     }
 }
 
+impl Relabel for ZkBackend {
+    /// Our node keeps its name, its place, its session and its kind; its data names the new
+    /// label. Observers read it at their next look (a change of data fires only the watches
+    /// set on the node itself).
+    fn relabel<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+        Box::pin(async move {
+            const DOING: &str = "writing a new label for a ZooKeeper lock's holder";
+            self.rewrite(lease, DOING, |kind, holder| {
+                let value = HolderValue::parse(holder);
+                Some(tag_value(kind, value.relabelled(owner).encode()))
+            })
+            .await
+        })
+    }
+}
+
 impl ZkBackend {
     async fn downgrade_inner(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "downgrading a ZooKeeper write lock to a read lock";
+        let check = self
+            .rewrite(lease, DOING, |kind, holder| {
+                (kind != LeaseKind::Shared).then(|| tag_value(LeaseKind::Shared, holder.to_owned()))
+            })
+            .await?;
+        if check == LeaseCheck::Ours {
+            self.recipe.update(lease.name, lease.token.as_str(), |e| {
+                e.entry.kind = LeaseKind::Shared;
+            });
+        }
+        Ok(check)
+    }
+
+    /// Reads our node's data and writes back what `edit` makes of it (its kind and holder;
+    /// `None`: nothing to write, done already), if nothing changed the node in between: the
+    /// node keeps its name and place (a node cannot be renamed, and a new one would queue
+    /// behind the clients that came after us).
+    async fn rewrite(
+        &self,
+        lease: &LeaseRef<'_>,
+        doing: &str,
+        edit: impl Fn(LeaseKind, &str) -> Option<String>,
+    ) -> Result<LeaseCheck, LockError> {
         let token = lease.token.as_str();
         let session = self.sessions().current();
         let (node, fence) = match self.recipe.held(lease.name, token) {
@@ -246,43 +293,40 @@ impl ZkBackend {
         for _ in 0..3 {
             let (data, stat) = match self
                 .store()
-                .call(DOING, session.client.get_data(&path))
+                .call(doing, session.client.get_data(&path))
                 .await?
             {
                 Ok(d) => d,
                 Err(Error::NoNode) => return Ok(LeaseCheck::Missing),
-                Err(e) => return Err(map_err(e, DOING)),
+                Err(e) => return Err(map_err(e, doing)),
             };
             if stat.ephemeral_owner != session.id || u64::try_from(stat.czxid).ok() != fence {
                 return Ok(LeaseCheck::Foreign);
             }
             let value = String::from_utf8_lossy(&data).into_owned();
             let (kind, holder) = untag_value(&value);
-            if kind != LeaseKind::Shared {
-                let tagged = tag_value(LeaseKind::Shared, holder.to_owned());
-                match self
-                    .store()
-                    .call(
-                        DOING,
-                        session
-                            .client
-                            .set_data(&path, tagged.as_bytes(), Some(stat.version)),
-                    )
-                    .await?
-                {
-                    Ok(_) => {}
-                    Err(Error::BadVersion) => continue,
-                    Err(Error::NoNode) => return Ok(LeaseCheck::Missing),
-                    Err(e) => return Err(map_err(e, DOING)),
-                }
+            let Some(data) = edit(kind, holder) else {
+                return Ok(LeaseCheck::Ours);
+            };
+            match self
+                .store()
+                .call(
+                    doing,
+                    session
+                        .client
+                        .set_data(&path, data.as_bytes(), Some(stat.version)),
+                )
+                .await?
+            {
+                Ok(_) => return Ok(LeaseCheck::Ours),
+                Err(Error::BadVersion) => continue,
+                Err(Error::NoNode) => return Ok(LeaseCheck::Missing),
+                Err(e) => return Err(map_err(e, doing)),
             }
-            self.recipe
-                .update(lease.name, token, |e| e.entry.kind = LeaseKind::Shared);
-            return Ok(LeaseCheck::Ours);
         }
         Err(LockError::new(
             ErrorKind::Connection,
-            format!("{DOING}: the node kept changing under us; try again"),
+            format!("{doing}: the node kept changing under us; try again"),
         ))
     }
 }

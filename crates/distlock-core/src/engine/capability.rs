@@ -179,6 +179,19 @@ pub trait Downgrade: Send + Sync {
     ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
 }
 
+/// Writing a new label for the holder of a lease, keeping the lease: its token, its fence,
+/// its start and its deadline stay. An election's leader publishes a new value this way
+/// (etcd's `Proclaim`), without a new election.
+pub trait Relabel: Send + Sync {
+    /// Writes `owner` as the label of our lease's holder, if the lease is still ours: `Ours`
+    /// when written, `Missing` or `Foreign` (nothing written) when it is not.
+    fn relabel<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
+}
+
 /// Leaving a lease in the store to run out by itself at a chosen time, with nothing of this
 /// client keeping it: no renewal, no session, no connection. The process may then exit and the
 /// lock stays taken until then (ShedLock's `lockAtLeastFor`: a scheduled job's lock outlives a

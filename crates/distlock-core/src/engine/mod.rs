@@ -12,6 +12,7 @@
 //! | a session whose end ends its leases | [`Sessions`] | etcd (a lease per session), ZooKeeper, PostgreSQL and MySQL (a connection, many locks on each: the session pool of `recipes::pool`) |
 //! | hand a released lock to the next waiting client on the server | [`Handover`] | Redis |
 //! | break a lock whoever holds it (an operator's break-glass) | [`Breaker`] | all but memcached's weakest cases |
+//! | write a new label for a holder, the lease kept (an election's new value) | [`Relabel`] | Redis (single, Sentinel, Cluster), etcd, ZooKeeper, PostgreSQL, MySQL, the file engine |
 //! | list the locks it holds (`distlock list`) | [`Lister`] | Redis (single, Sentinel, Cluster, Redlock), etcd, ZooKeeper, PostgreSQL and MySQL (the names their clients record), the file engine |
 //!
 //! Waiting, the watchdog, in-process queues, hand-off between tasks, guards and the lost signal
@@ -29,7 +30,7 @@ use std::time::Duration;
 
 pub use capability::{
     BatchRenew, BreakOutcome, Breaker, Downgrade, Handover, Linger, Listener, Lister, Names,
-    NextWaiter, Sessions, WakeSource,
+    NextWaiter, Relabel, Sessions, WakeSource,
 };
 pub use session::{SessionEnd, SessionWatch};
 
@@ -594,6 +595,9 @@ pub struct Capabilities {
     pub why_no_downgrade: &'static str,
     /// Why the engine cannot list its locks, when [`Backend::lister`] gives nothing.
     pub why_no_list: &'static str,
+    /// Why the engine cannot write a new label for a holder, when [`Backend::relabel`] gives
+    /// nothing.
+    pub why_no_relabel: &'static str,
 }
 
 impl Capabilities {
@@ -607,6 +611,7 @@ impl Capabilities {
             ordered: false,
             why_no_downgrade: "this engine cannot turn a writer into a reader in one step",
             why_no_list: "this engine cannot list its locks",
+            why_no_relabel: "this engine cannot write a new label for a holder in place",
         }
     }
 
@@ -809,6 +814,12 @@ pub trait Backend: std::any::Any + Send + Sync {
 
     /// Listing the locks held on the engine, if it can.
     fn lister(&self) -> Option<&dyn Lister> {
+        None
+    }
+
+    /// Writing a new label for a lease's holder in place (an election's new value), if the
+    /// engine can.
+    fn relabel(&self) -> Option<&dyn Relabel> {
         None
     }
 }

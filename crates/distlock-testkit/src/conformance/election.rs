@@ -213,3 +213,67 @@ async fn next_term(rx: &mut tokio::sync::mpsc::UnboundedReceiver<u64>) -> u64 {
         .expect("a term began")
         .expect("the loop runs")
 }
+
+/// A leader publishes a new value without a new election: its epoch stays, and a follower's
+/// read and an observer see the new value. A value too long is refused before anything is
+/// sent. Once another leader took over (after a break-glass release), the old leader's
+/// proclamation fails with `Lost` and writes nothing.
+pub async fn a_leader_proclaims_a_new_value(make: &impl MakeClient) {
+    let a = make.client(opts().build().unwrap()).await;
+    if !elects(&a).await {
+        return;
+    }
+    let b = make.client(opts().build().unwrap()).await;
+    let name = key("proclaim");
+    let mut leading = a
+        .election(&name)
+        .value("10.0.0.1:8080")
+        .campaign()
+        .await
+        .unwrap();
+    let epoch = Some(leading.epoch());
+    let mut observer = b
+        .election(&name)
+        .observe_interval(Duration::from_millis(50))
+        .observe();
+    let first = next_change(&mut observer).await.expect("a leader");
+    assert_eq!(first.value.as_deref(), Some("10.0.0.1:8080"), "{first:?}");
+    leading.proclaim("10.0.0.1:9090 (moved)").await.unwrap();
+    assert_eq!(leading.value(), "10.0.0.1:9090 (moved)");
+    assert!(leading.is_leading());
+    let seen = b.election(&name).leader().await.unwrap().expect("a leader");
+    assert_eq!(seen.epoch, epoch, "{seen:?}");
+    assert_eq!(
+        seen.value.as_deref(),
+        Some("10.0.0.1:9090 (moved)"),
+        "{seen:?}"
+    );
+    assert_eq!(seen.who, a.owner(), "{seen:?}");
+    let next = next_change(&mut observer).await.expect("still a leader");
+    assert_eq!(next.epoch, epoch, "{next:?}");
+    assert_eq!(
+        next.value.as_deref(),
+        Some("10.0.0.1:9090 (moved)"),
+        "{next:?}"
+    );
+    let e = leading
+        .proclaim("x".repeat(distlock_core::MAX_VALUE_LEN + 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    if b.backend().breaker().is_none() {
+        return;
+    }
+    assert!(b.force_release(&name).await.unwrap().is_some(), "a led");
+    let next = b
+        .election(&name)
+        .value("10.0.0.2:8080")
+        .campaign()
+        .await
+        .unwrap();
+    let e = leading.proclaim("stale").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+    let seen = b.election(&name).leader().await.unwrap().expect("a leader");
+    assert_eq!(seen.epoch, Some(next.epoch()), "{seen:?}");
+    assert_eq!(seen.value.as_deref(), Some("10.0.0.2:8080"), "{seen:?}");
+}
