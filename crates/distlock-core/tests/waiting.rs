@@ -48,7 +48,7 @@ async fn eight_tasks_in_turn(handoff: bool) -> u64 {
                 );
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 inside.fetch_sub(1, Ordering::SeqCst);
-                g.release().await.unwrap();
+                assert!(g.release().await.unwrap().was_held());
             })
         })
         .collect();
@@ -103,14 +103,14 @@ async fn a_waiter_wakes_at_the_release() {
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let released = Instant::now();
-    g.release().await.unwrap();
+    assert!(g.release().await.unwrap().was_held());
     let (got, g) = waiting.await.unwrap();
     let after = got.duration_since(released);
     assert!(
         after < Duration::from_secs(2),
         "took {after:?} after the release"
     );
-    g.release().await.unwrap();
+    assert!(g.release().await.unwrap().was_held());
 }
 
 /// A lease the engine no longer has (its key gone: an expiry, a flush) is found at the next
