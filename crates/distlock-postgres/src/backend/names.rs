@@ -7,20 +7,14 @@
 //! lock is granted to some session (for a semaphore: its size hold), or a live ticket waits
 //! for it. The table is `UNLOGGED`; after a crash the names come back as clients use them.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Weak};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use distlock_core::engine::{BoxFuture, LeaseKind, LockError, Names};
-use distlock_core::recipes::MutexExt;
-
-use tokio::sync::mpsc;
+use distlock_core::recipes::names::{Record, write_batches};
 
 use super::{PgBackend, PgShared, kinds, lock_id};
 use crate::error::map_err;
-
-/// How many names a client remembers having recorded before it starts over (a client that
-/// uses ever new names records each once per so many).
-const REMEMBERED: usize = 65_536;
 
 /// The code of a name's kind in the table: a lock (mutex, readers and writers, elections), or
 /// a semaphore (its base id).
@@ -42,32 +36,18 @@ pub(super) fn names_ddl(schema: &str) -> String {
     )
 }
 
-/// A name to record: its lock id, kind code and name.
-type Name = (i64, i16, String);
+/// A name's key: its lock id (a lock's, or a semaphore's base id) and kind code. Ids, not
+/// names: the id is computed again at each acquire (a SHA-256 of a short name, well under a
+/// microsecond against the round trip's tens), and two names of one id are one lock on the
+/// server anyway.
+type Key = (i64, i16);
 
-/// The most names one statement records.
-const BATCH: usize = 500;
+/// The ids this client recorded a name for, and its writer (see
+/// `distlock_core::recipes::names`).
+pub(super) type NameRecorder = distlock_core::recipes::names::NameRecorder<Key>;
 
-/// The ids of the names this client has recorded, and its writer: one task, on a session
-/// of its own, one statement per batch, so that a burst of new names (a thousand locks
-/// taken at once) costs a few statements on one connection, not a connection each.
-#[derive(Debug, Default)]
-pub(super) struct NameRecorder {
-    /// By kind: the ids recorded (a lock's, or a semaphore's base id). Ids, not names: a
-    /// client holding 100,000 locks kept a copy of each name here besides its id (about 60
-    /// bytes a lock); the id is computed again at each acquire instead (a SHA-256 of a short
-    /// name, well under a microsecond against the round trip's tens), and two names of one
-    /// id are one lock on the server anyway.
-    seen: std::sync::Mutex<[Ids; 2]>,
-    writer: std::sync::Mutex<Option<mpsc::UnboundedSender<Name>>>,
-}
-
-/// Ids recorded (foldhash: looked up at every acquire).
-type Ids = HashSet<i64, foldhash::fast::RandomState>;
-
-/// The index of a kind's set in [`NameRecorder::seen`].
-fn slot(code: i16) -> usize {
-    usize::from(code == kind_code(LeaseKind::Permit { permits: 1 }))
+fn recorder(engine: &PgShared) -> &NameRecorder {
+    &engine.names
 }
 
 impl PgBackend {
@@ -75,41 +55,22 @@ impl PgBackend {
     /// client has yet to record it: then a [`NameToSend`] for the attempt, which sends it
     /// once the attempt is over (or given up).
     pub(super) fn name_id(&self, name: &str, kind: LeaseKind) -> (i64, bool) {
-        let code = kind_code(kind);
         let id = match kind {
             LeaseKind::Permit { .. } => kinds::permit_base(name),
             _ => lock_id(name),
         };
-        let mut seen = self.inner.names.seen.locked();
-        if seen[slot(code)].contains(&id) {
-            return (id, false);
-        }
-        if seen.iter().map(HashSet::len).sum::<usize>() >= REMEMBERED {
-            seen.iter_mut().for_each(HashSet::clear);
-        }
-        // false: another task of this client records it.
-        let new = seen[slot(code)].insert(id);
-        (id, new)
+        // false: this client recorded it, or another of its tasks records it.
+        (id, self.inner.names.first_use(&(id, kind_code(kind))))
     }
 
     /// Records `name` (with its id from [`name_id`](Self::name_id)) in the background.
     fn send_name(&self, name: &str, kind: LeaseKind, id: i64) {
-        let code = kind_code(kind);
-        let mut writer = self.inner.names.writer.locked();
-        if writer.is_none() {
-            // Dropped outside a runtime (an attempt given up there): recorded at the next use.
-            let Ok(rt) = tokio::runtime::Handle::try_current() else {
-                drop(writer);
-                self.inner.names.seen.locked()[slot(code)].remove(&id);
-                return;
-            };
-            let (tx, rx) = mpsc::unbounded_channel();
-            rt.spawn(write_names(Arc::downgrade(&self.inner), rx));
-            *writer = Some(tx);
-        }
-        if let Some(tx) = writer.as_ref() {
-            let _ = tx.send((id, code, name.to_owned()));
-        }
+        let engine = Arc::downgrade(&self.inner);
+        self.inner
+            .names
+            .send((id, kind_code(kind)), name.to_owned(), |rx| {
+                write_batches(engine, rx, recorder, write_names)
+            });
     }
 }
 
@@ -133,70 +94,46 @@ impl Drop for NameToSend<'_> {
     }
 }
 
-/// Writes the names sent, a batch at a time, until the engine is dropped.
-async fn write_names(engine: Weak<PgShared>, mut rx: mpsc::UnboundedReceiver<Name>) {
+/// Records one batch of names in one statement.
+async fn write_names(inner: Arc<PgShared>, batch: Vec<Record<Key>>) -> Result<(), LockError> {
     const DOING: &str = "recording the locks' names";
-    while let Some(first) = rx.recv().await {
-        let mut batch: HashMap<(i64, i16), String> = HashMap::new();
-        batch.insert((first.0, first.1), first.2);
-        while batch.len() < BATCH {
-            match rx.try_recv() {
-                Ok((id, code, name)) => {
-                    batch.insert((id, code), name);
-                }
-                Err(_) => break,
-            }
-        }
-        let Some(inner) = engine.upgrade() else {
-            return;
-        };
-        let me = PgBackend { inner };
-        // In key order: two clients writing overlapping names lock their rows in the same
-        // order, so they cannot deadlock (an upsert locks the row even when it changes nothing).
-        let mut rows: Vec<(&(i64, i16), &String)> = batch.iter().collect();
-        rows.sort_unstable_by_key(|(k, _)| **k);
-        let (mut ids, mut codes, mut names) = (Vec::new(), Vec::new(), Vec::new());
-        for ((id, code), name) in rows {
-            ids.push(*id);
-            codes.push(*code);
-            names.push(name.as_str());
-        }
-        // On a session of its own, never one of the pool: a statement in flight on a session
-        // that holds locks when the server ends it takes the server's word for why (the lost
-        // reason) with it.
-        let written = async {
-            let conn = me.take().await?;
-            let s = &me.config().schema;
-            let sql = format!(
-                "INSERT INTO {s}.distlock_names (lock_id, kind, name) \
-                 SELECT * FROM unnest($1::bigint[], $2::smallint[], $3::text[]) \
-                 ON CONFLICT (lock_id, kind) DO UPDATE SET name = EXCLUDED.name \
-                 WHERE {s}.distlock_names.name <> EXCLUDED.name"
-            );
-            tokio::time::timeout(
-                me.config().response_timeout,
-                conn.client.execute(&sql, &[&ids, &codes, &names]),
-            )
-            .await
-            .map_err(|_| {
-                LockError::new(
-                    distlock_core::engine::ErrorKind::Timeout,
-                    format!("{DOING}: no answer"),
-                )
-            })?
-            .map_err(|e| map_err(e, DOING))?;
-            me.put_back(conn);
-            Ok::<_, LockError>(())
-        };
-        if let Err(e) = written.await {
-            // Tried again at the next use of each name.
-            let mut seen = me.inner.names.seen.locked();
-            for (id, code) in batch.keys() {
-                seen[slot(*code)].remove(id);
-            }
-            tracing::debug!(target: "distlock", error = %e, "cannot record the locks' names");
-        }
+    let me = PgBackend { inner };
+    let batch: HashMap<Key, String> = batch.into_iter().collect();
+    // In key order: two clients writing overlapping names lock their rows in the same order,
+    // so they cannot deadlock (an upsert locks the row even when it changes nothing).
+    let mut rows: Vec<(&Key, &String)> = batch.iter().collect();
+    rows.sort_unstable_by_key(|(k, _)| **k);
+    let (mut ids, mut codes, mut names) = (Vec::new(), Vec::new(), Vec::new());
+    for ((id, code), name) in rows {
+        ids.push(*id);
+        codes.push(*code);
+        names.push(name.as_str());
     }
+    // On a session of its own, never one of the pool: a statement in flight on a session that
+    // holds locks when the server ends it takes the server's word for why (the lost reason)
+    // with it.
+    let conn = me.take().await?;
+    let s = &me.config().schema;
+    let sql = format!(
+        "INSERT INTO {s}.distlock_names (lock_id, kind, name) \
+         SELECT * FROM unnest($1::bigint[], $2::smallint[], $3::text[]) \
+         ON CONFLICT (lock_id, kind) DO UPDATE SET name = EXCLUDED.name \
+         WHERE {s}.distlock_names.name <> EXCLUDED.name"
+    );
+    tokio::time::timeout(
+        me.config().response_timeout,
+        conn.client.execute(&sql, &[&ids, &codes, &names]),
+    )
+    .await
+    .map_err(|_| {
+        LockError::new(
+            distlock_core::engine::ErrorKind::Timeout,
+            format!("{DOING}: no answer"),
+        )
+    })?
+    .map_err(|e| map_err(e, DOING))?;
+    me.put_back(conn);
+    Ok(())
 }
 
 /// The names whose lock some session holds, or a live ticket waits for.
