@@ -14,7 +14,9 @@ use distlock_core::engine::{
     BoxFuture, ErrorKind, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError,
 };
 
-use crate::{FileBackend, HEADER, Record, now_ms, read_all, still_at, write_record};
+use crate::FileBackend;
+use crate::flock::still_at;
+use crate::record::{HEADER, Record, now_ms, read_all, write_record};
 
 /// How long a record's deadline still holds the lock, if it does. Counted from now, and never
 /// for longer than the lease was left for (a clock set back).
@@ -120,7 +122,8 @@ mod tests {
         let b = FileBackend::new(d.path()).expect("backend");
         let (t, other) = (Token::generate(), Token::generate());
         let x = LeaseKind::Exclusive;
-        let got = crate::acquire_blocking(&b, "job", t.as_str(), "me", x).expect("acquire");
+        let got =
+            crate::acquire::acquire_blocking(&b, "job", t.as_str(), "me", x).expect("acquire");
         assert_eq!(got, Attempt::Acquired { fence: Some(1) });
         let check = b
             .linger(&lease_ref("job", &t), Duration::from_millis(400))
@@ -128,23 +131,29 @@ mod tests {
             .expect("linger");
         assert_eq!(check, LeaseCheck::Ours);
         // Our flock is gone, the deadline is not: busy, for about what is left.
-        match crate::acquire_blocking(&b, "job", other.as_str(), "them", x).expect("busy") {
+        match crate::acquire::acquire_blocking(&b, "job", other.as_str(), "them", x).expect("busy")
+        {
             Attempt::Busy {
                 holder_ttl: Some(left),
             } => assert!(left <= Duration::from_millis(400), "{left:?}"),
             a => panic!("{a:?}"),
         }
-        let st = crate::status_blocking(&b, "job").expect("status");
+        let st = crate::status::status_blocking(&b, "job").expect("status");
         assert!(st.held, "{st:?}");
         assert!(st.owner.as_deref().is_some_and(|o| o.starts_with("me")));
         std::thread::sleep(Duration::from_millis(450));
-        assert!(!crate::status_blocking(&b, "job").expect("status").held);
+        assert!(
+            !crate::status::status_blocking(&b, "job")
+                .expect("status")
+                .held
+        );
         // The next writer's fence follows, and its record has no deadline.
-        let got = crate::acquire_blocking(&b, "job", other.as_str(), "them", x).expect("free");
+        let got =
+            crate::acquire::acquire_blocking(&b, "job", other.as_str(), "them", x).expect("free");
         assert_eq!(got, Attempt::Acquired { fence: Some(2) });
         assert!(
             left(
-                &crate::parse(
+                &crate::record::parse(
                     &std::fs::read_to_string(b.lock_path("job")).expect("read"),
                     &b.lock_path("job")
                 )

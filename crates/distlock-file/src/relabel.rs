@@ -6,7 +6,9 @@ use distlock_core::engine::{
     BoxFuture, ErrorKind, LeaseCheck, LeaseKind, LeaseRef, LockError, Relabel,
 };
 
-use super::{FileBackend, read_all, still_at, write_record};
+use crate::FileBackend;
+use crate::flock::still_at;
+use crate::record::{read_all, write_record};
 
 impl Relabel for FileBackend {
     fn relabel<'a>(

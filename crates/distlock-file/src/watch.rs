@@ -205,7 +205,7 @@ mod tests {
 
     fn try_take(b: &FileBackend, key: &str, token: &str, kind: LeaseKind) -> bool {
         matches!(
-            crate::acquire_blocking(b, key, token, "test", kind).expect("attempt"),
+            crate::acquire::acquire_blocking(b, key, token, "test", kind).expect("attempt"),
             distlock_core::engine::Attempt::Acquired { .. }
         )
     }

@@ -1,0 +1,52 @@
+//! Forced release (`Breaker`): a fresh, unlocked file with the same fence counter renamed over
+//! the held lock file.
+
+use std::fs::File;
+
+use distlock_core::engine::{BoxFuture, BreakOutcome, Breaker, ErrorKind, LeaseKind, LockError};
+
+use crate::record::{HEADER, parse, read_all};
+use crate::status::status_blocking;
+use crate::{FileBackend, io_err};
+
+impl Breaker for FileBackend {
+    /// Puts a fresh, unlocked file with the same fence counter in place of the held one
+    /// (an atomic rename): the next acquire locks the new file, and the holder's next renewal
+    /// finds its file gone from the path. The holder's process is not touched.
+    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
+        let key = key.to_owned();
+        Box::pin(self.blocking(move |me| break_blocking(me, &key)))
+    }
+}
+
+fn break_blocking(me: &FileBackend, key: &str) -> Result<BreakOutcome, LockError> {
+    let st = status_blocking(me, key)?;
+    if !st.held {
+        return Ok(BreakOutcome::Free);
+    }
+    if st
+        .holders
+        .iter()
+        .any(|h| matches!(h.kind, LeaseKind::Permit { .. }))
+    {
+        return Err(LockError::new(
+            ErrorKind::Unsupported,
+            format!("{key:?} is a semaphore: breaking its permits is not supported"),
+        ));
+    }
+    let path = me.lock_path(key);
+    let mut file = File::open(&path).map_err(|e| io_err("opening", &path, e))?;
+    let rec = parse(&read_all(&mut file, &path)?, &path)?;
+    let fresh = path.with_extension(format!("break-{}", std::process::id()));
+    let body = format!(
+        "{HEADER}\nfence={}\nkey={}\n",
+        rec.fence,
+        key.replace('\n', " ")
+    );
+    std::fs::write(&fresh, body).map_err(|e| io_err("writing", &fresh, e))?;
+    std::fs::rename(&fresh, &path).map_err(|e| {
+        let _ = std::fs::remove_file(&fresh);
+        io_err("replacing", &path, e)
+    })?;
+    Ok(BreakOutcome::Broken(st))
+}
