@@ -2,8 +2,10 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 
+use super::renew::LOOKUPS_PER_LOCK;
 use super::*;
-use crate::engine::{LeaseKind, LeaseRef};
+use crate::engine::{LeaseCheck, LeaseKind, LeaseRef, LostReason, RenewItem, SessionWatch};
+use crate::error::ErrorKind;
 use crate::token::Token;
 
 /// Sessions that are numbers, and a record of the statements the pool ran.
