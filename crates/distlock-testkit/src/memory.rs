@@ -3,7 +3,8 @@
 //! on it (as separate processes would have). It keeps every kind of lease, with fences, a TTL
 //! on the store's clock, release events, a break-glass, a new label for a holder and a
 //! writer's downgrade; it passes the conformance suite every engine passes
-//! (`crates/distlock-core/tests/memory.rs`), so a core test on it tests the core, not a toy.
+//! (`crates/distlock-core/tests/memory/conformance.rs`), so a core test on it tests the core,
+//! not a toy.
 //!
 //! What it leaves out on purpose: a network (no reply is ever lost unless a test says so with
 //! [`MemoryStore::fail_next`]) and an expiry that tells anyone (like PostgreSQL's `NOTIFY`,

@@ -1,5 +1,5 @@
 //! The conformance suite on the in-memory engine of the test kit (`MemoryStore`): it behaves as
-//! every real engine must, so that tests of the core on it (tests/waiting.rs) test the core.
+//! every real engine must, so that tests of the core on it (`waiting`) test the core.
 
 use distlock_core::{LockClient, LockOptions};
 use distlock_testkit::MemoryStore;

@@ -9,8 +9,7 @@ use distlock_core::engine::{BatchRenew, LeaseCheck, LeaseKind, LeaseRef, RenewIt
 use distlock_core::{LostReason, Released};
 use distlock_testkit::RedisServer;
 
-mod common;
-use common::{client, redis, ttl};
+use super::common::{client, redis, ttl};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_fires_by_the_local_deadline_while_redis_is_stopped() {

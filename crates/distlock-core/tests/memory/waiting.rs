@@ -1,6 +1,6 @@
 //! The core's waiting, hand-off, resends and lost signal, tested on the in-memory engine of the
 //! test kit (no server): what these show is the core's, since the engine passes the same
-//! conformance suite as the real ones (tests/memory.rs). The store counts its requests, so a
+//! conformance suite as the real ones (`conformance`). The store counts its requests, so a
 //! test can say how many round trips a behaviour costs.
 
 use std::sync::Arc;

@@ -1,8 +1,6 @@
 //! What the waiting tests share: a client of a test server, its engine, the options they take
 //! locks with, an acquire in a task of its own, and the server's command counts.
 
-#![allow(dead_code)] // Each test file uses a part.
-
 use std::time::Duration;
 
 use distlock_core::{LockClient, LockOptions};

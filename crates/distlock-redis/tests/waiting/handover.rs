@@ -10,8 +10,7 @@ use distlock_core::{LockClient, Released};
 use distlock_redis::RedisBackend;
 use distlock_testkit::RedisServer;
 
-mod common;
-use common::{client, event_only, redis, spawn_acquire, ttl};
+use super::common::{client, event_only, redis, spawn_acquire, ttl};
 
 /// Child processes of the contention test run this binary again with this test selected.
 const WORKER_ENV: &str = "DISTLOCK_TEST_CONTENDER";
@@ -123,7 +122,7 @@ async fn tasks_and_processes_contend_with_one_holder_at_a_time() {
             tokio::process::Command::new(&exe)
                 .args([
                     "--exact",
-                    "contender_process_entry",
+                    "handover::contender_process_entry",
                     "--nocapture",
                     "--test-threads=1",
                 ])

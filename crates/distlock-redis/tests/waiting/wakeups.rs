@@ -9,8 +9,7 @@ use distlock_core::{LockClient, Released};
 use distlock_redis::RedisBackend;
 use distlock_testkit::RedisServer;
 
-mod common;
-use common::{calls, client, event_only, redis, spawn_acquire, ttl};
+use super::common::{calls, client, event_only, redis, spawn_acquire, ttl};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_a_waiter_at_once() {
