@@ -26,7 +26,7 @@ use distlock_core::engine::{Listener as Who, WakeSource};
 use distlock_core::recipes::{MutexExt, WakeHub};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{PgBackend, PgConn, PgOps, PgShared, connect, kinds, lock_id, marker, order};
+use super::{PgBackend, PgConn, PgOps, PgShared, connect, lock_id, marker, order, permits};
 use crate::error::map_err;
 
 /// The prefix of a lock's notification channel; the lock id follows, in decimal.
@@ -261,7 +261,7 @@ impl PgBackend {
 /// semaphore's base id.
 fn waited_id(name: &str, kind: LeaseKind) -> i64 {
     match kind {
-        LeaseKind::Permit { .. } => kinds::permit_base(name),
+        LeaseKind::Permit { .. } => permits::permit_base(name),
         _ => lock_id(name),
     }
 }

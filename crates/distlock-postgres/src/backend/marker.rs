@@ -18,7 +18,7 @@
 //! after that commit: that waiter's ticket comes after the attempt, which arrived first. A
 //! session's own locks never conflict with each other, hence a session of its own for the
 //! markers. The int4 pair space keeps markers apart from the locks' bigint ids; the first key
-//! has its top bit set, which a semaphore's size lock never has (see `kinds::size_key`). Two ids
+//! has its top bit set, which a semaphore's size lock never has (see `permits::size_key`). Two ids
 //! that differ only in that bit share a marker: an attempt then reads the tickets for nothing.
 //!
 //! The queue session's end (the server restarted it, a reset connection) ends its markers: each

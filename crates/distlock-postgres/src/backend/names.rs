@@ -13,7 +13,7 @@ use std::sync::Arc;
 use distlock_core::engine::{BoxFuture, LeaseKind, LockError, Names};
 use distlock_core::recipes::names::{Record, write_batches};
 
-use super::{PgBackend, PgShared, kinds, lock_id};
+use super::{PgBackend, PgShared, lock_id, permits};
 use crate::error::map_err;
 
 /// The code of a name's kind in the table: a lock (mutex, readers and writers, elections), or
@@ -56,7 +56,7 @@ impl PgBackend {
     /// once the attempt is over (or given up).
     pub(super) fn name_id(&self, name: &str, kind: LeaseKind) -> (i64, bool) {
         let id = match kind {
-            LeaseKind::Permit { .. } => kinds::permit_base(name),
+            LeaseKind::Permit { .. } => permits::permit_base(name),
             _ => lock_id(name),
         };
         // false: this client recorded it, or another of its tasks records it.

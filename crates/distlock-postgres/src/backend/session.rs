@@ -6,11 +6,13 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use distlock_core::engine::{BoxFuture, ErrorKind, LockError, LostReason};
+use distlock_core::engine::{BoxFuture, ErrorKind, LeaseKind, LockError, LostReason};
 use distlock_core::recipes::pool::{SessionEnd, SessionOps};
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
 
+use super::lease::why_ended;
 use super::*;
+use crate::error::map_err;
 
 /// Opens a session, whose connection runs in its own task; `end` hears when it ends.
 #[cfg(feature = "tls")]

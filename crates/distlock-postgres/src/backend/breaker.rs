@@ -1,0 +1,59 @@
+//! Breaking a lock (`Breaker`): the holding session terminated, which frees every lock on it.
+
+use distlock_core::engine::{
+    Backend, BoxFuture, BreakOutcome, Breaker, ErrorKind, LeaseKind, LockError,
+};
+use distlock_core::recipes::shares_unbreakable;
+
+use super::{IN_PG_LOCKS, PgBackend, lock_id};
+use crate::error::map_err;
+
+impl Breaker for PgBackend {
+    /// Ends the holding session (`pg_terminate_backend`, waiting up to 5 s for it to go),
+    /// which frees the lock, and every other lock on that session: their holders see the
+    /// session end at once (lost: `Stolen`). Needs the right to signal that session (the same
+    /// role, `pg_signal_backend`, or superuser).
+    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
+        Box::pin(self.terminate_holder(key))
+    }
+}
+
+impl PgBackend {
+    async fn terminate_holder(&self, key: &str) -> Result<BreakOutcome, LockError> {
+        const DOING: &str = "breaking a PostgreSQL advisory lock";
+        let st = self.inspect(key).await?;
+        if !st.held {
+            return Ok(BreakOutcome::Free);
+        }
+        if st
+            .holders
+            .iter()
+            .any(|h| matches!(h.kind, LeaseKind::Permit { .. }))
+        {
+            return Err(shares_unbreakable(key, "a semaphore's permits"));
+        }
+        let id = lock_id(key);
+        // A session of its own: the holder may be a session of this very pool.
+        let conn = self.take().await?;
+        let rows = conn
+            .client
+            .query(
+                &format!(
+                    "SELECT pg_terminate_backend(l.pid, 5000) FROM pg_locks l \
+                     WHERE l.pid <> pg_backend_pid() AND {IN_PG_LOCKS}"
+                ),
+                &[&id],
+            )
+            .await
+            .map_err(|e| map_err(e, DOING))?;
+        self.put_back(conn);
+        match rows.first().map(|r| r.get::<_, bool>(0)) {
+            None => Ok(BreakOutcome::Free),
+            Some(true) => Ok(BreakOutcome::Broken(st)),
+            Some(false) => Err(LockError::new(
+                ErrorKind::Timeout,
+                format!("{DOING}: the holding session was signalled but had not ended after 5 s"),
+            )),
+        }
+    }
+}
