@@ -1,0 +1,60 @@
+//! A lease is its session's: the watchdog's renewals, one statement per session however many
+//! of its locks are due (`BatchRenew`); the session's end, heard by every lock on it, and a
+//! lease nobody renews, released by the client when its time is up (`Sessions`).
+
+use std::time::Duration;
+
+use distlock_core::engine::{
+    BatchRenew, BoxFuture, LeaseCheck, LeaseRef, LockError, RenewItem, SessionWatch, Sessions,
+};
+use distlock_core::seeded::SeededBug;
+
+use super::MysqlBackend;
+
+impl BatchRenew for MysqlBackend {
+    /// One statement per session (setting its `wait_timeout`), however many of its locks are
+    /// due: a session that answers still holds every lock it took and did not release.
+    fn renew_many<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
+        Box::pin(
+            self.inner
+                .pool
+                .renew_many_seeded(items, SeededBug::MysqlSessionHeld),
+        )
+    }
+
+    /// See [`RENEW_CHUNK`](distlock_core::recipes::pool::RENEW_CHUNK): a chunk costs a
+    /// statement per session it touches, whatever its size.
+    fn max_batch(&self) -> usize {
+        distlock_core::recipes::pool::RENEW_CHUNK
+    }
+}
+
+impl Sessions for MysqlBackend {
+    /// The end of the session the lock is on, as its next statement finds it.
+    fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch {
+        self.inner
+            .pool
+            .session_end_seeded(lease.token.as_str(), SeededBug::MysqlSessionHeld)
+    }
+
+    /// Unless the client released it at its deadline meanwhile (nobody renewed it).
+    fn still_on(&self, lease: &LeaseRef<'_>, session: u64) -> bool {
+        self.inner.pool.still_on(lease.token.as_str(), session)
+    }
+
+    /// The client releases it when `ttl` has passed: a named lock cannot move to a session of
+    /// its own, and the session lives on for its other locks.
+    fn detach<'a>(
+        &'a self,
+        lease: &'a LeaseRef<'a>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        self.inner
+            .pool
+            .detach(lease.name, lease.token.as_str(), ttl);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
