@@ -649,37 +649,16 @@ impl Backend for EtcdBackend {
         })
     }
 
-    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
-        Some(self)
-    }
-
-    fn wake_source(&self) -> Option<&dyn WakeSource> {
-        Some(self)
-    }
-
-    fn sessions(&self) -> Option<&dyn Sessions> {
-        Some(self)
-    }
-
-    fn breaker(&self) -> Option<&dyn Breaker> {
-        Some(self)
-    }
-
-    fn lister(&self) -> Option<&dyn distlock_core::engine::Lister> {
-        Some(self)
-    }
-
-    fn downgrade(&self) -> Option<&dyn Downgrade> {
-        Some(self)
-    }
-
-    fn relabel(&self) -> Option<&dyn Relabel> {
-        Some(self)
-    }
-
-    fn linger(&self) -> Option<&dyn Linger> {
-        Some(self)
-    }
+    distlock_core::capability_getters!(
+        batch_renew: BatchRenew,
+        wake_source: WakeSource,
+        sessions: Sessions,
+        breaker: Breaker,
+        lister: Lister,
+        downgrade: Downgrade,
+        relabel: Relabel,
+        linger: Linger,
+    );
 }
 
 /// A key lives as long as the etcd lease it is attached to: leaving it is moving it (if it is

@@ -19,8 +19,8 @@ mod status;
 mod watch;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BoxFuture, Breaker, Capabilities, ErrorKind, Fencing,
-    LeaseCheck, LeaseKind, LeaseRef, LockError, LockStatus,
+    AcquireRequest, Attempt, Backend, BoxFuture, Capabilities, ErrorKind, Fencing, LeaseCheck,
+    LeaseKind, LeaseRef, LockError, LockStatus,
 };
 use distlock_core::recipes::MutexExt;
 
@@ -284,21 +284,12 @@ impl Backend for FileBackend {
         Some(self)
     }
 
-    fn lister(&self) -> Option<&dyn distlock_core::engine::Lister> {
-        Some(self)
-    }
-
-    fn breaker(&self) -> Option<&dyn Breaker> {
-        Some(self)
-    }
-
-    fn relabel(&self) -> Option<&dyn distlock_core::engine::Relabel> {
-        Some(self)
-    }
-
-    fn linger(&self) -> Option<&dyn distlock_core::engine::Linger> {
-        Some(self)
-    }
+    distlock_core::capability_getters!(
+        lister: Lister,
+        breaker: Breaker,
+        relabel: Relabel,
+        linger: Linger,
+    );
 }
 
 #[cfg(test)]

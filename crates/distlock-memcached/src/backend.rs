@@ -487,17 +487,11 @@ impl Backend for MemcachedBackend {
         })
     }
 
-    fn breaker(&self) -> Option<&dyn Breaker> {
-        Some(self)
-    }
-
-    fn batch_renew(&self) -> Option<&dyn distlock_core::engine::BatchRenew> {
-        Some(self)
-    }
-
-    fn linger(&self) -> Option<&dyn Linger> {
-        Some(self)
-    }
+    distlock_core::capability_getters!(
+        breaker: Breaker,
+        batch_renew: BatchRenew,
+        linger: Linger,
+    );
 }
 
 /// An item expires by itself: leaving the lease is renewing it (by its CAS) to the time left,

@@ -21,8 +21,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, Breaker, Capabilities, Fencing,
-    LeaseCheck, LeaseRef, LockError, LockStatus, Sessions,
+    AcquireRequest, Attempt, Backend, BoxFuture, Capabilities, Fencing, LeaseCheck, LeaseRef,
+    LockError, LockStatus,
 };
 use distlock_core::recipes::pool::{PoolLimits, SessionPool};
 use mysql_async::{Row, Value};
@@ -215,25 +215,13 @@ impl Backend for MysqlBackend {
         Box::pin(self.status(key))
     }
 
-    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
-        Some(self)
-    }
-
-    fn sessions(&self) -> Option<&dyn Sessions> {
-        Some(self)
-    }
-
-    fn lister(&self) -> Option<&dyn distlock_core::engine::Lister> {
-        Some(self)
-    }
-
-    fn breaker(&self) -> Option<&dyn Breaker> {
-        Some(self)
-    }
-
-    fn relabel(&self) -> Option<&dyn distlock_core::engine::Relabel> {
-        Some(self)
-    }
+    distlock_core::capability_getters!(
+        batch_renew: BatchRenew,
+        sessions: Sessions,
+        lister: Lister,
+        breaker: Breaker,
+        relabel: Relabel,
+    );
 }
 
 #[cfg(test)]

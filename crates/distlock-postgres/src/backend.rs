@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, Breaker, Capabilities, Downgrade,
-    Fencing, LeaseCheck, LeaseRef, LockError, LockStatus, Sessions, WakeSource,
+    AcquireRequest, Attempt, Backend, BoxFuture, Capabilities, Fencing, LeaseCheck, LeaseRef,
+    LockError, LockStatus,
 };
 use distlock_core::recipes::pool::{PoolLimits, SHARED_PREFIX, SessionPool};
 use sha2::{Digest, Sha256};
@@ -231,33 +231,15 @@ impl Backend for PgBackend {
         Box::pin(self.status(key))
     }
 
-    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
-        Some(self)
-    }
-
-    fn sessions(&self) -> Option<&dyn Sessions> {
-        Some(self)
-    }
-
-    fn wake_source(&self) -> Option<&dyn WakeSource> {
-        Some(self)
-    }
-
-    fn lister(&self) -> Option<&dyn distlock_core::engine::Lister> {
-        Some(self)
-    }
-
-    fn breaker(&self) -> Option<&dyn Breaker> {
-        Some(self)
-    }
-
-    fn downgrade(&self) -> Option<&dyn Downgrade> {
-        Some(self)
-    }
-
-    fn relabel(&self) -> Option<&dyn distlock_core::engine::Relabel> {
-        Some(self)
-    }
+    distlock_core::capability_getters!(
+        batch_renew: BatchRenew,
+        sessions: Sessions,
+        wake_source: WakeSource,
+        lister: Lister,
+        breaker: Breaker,
+        downgrade: Downgrade,
+        relabel: Relabel,
+    );
 }
 
 #[cfg(test)]

@@ -19,9 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, Breaker, Capabilities, Downgrade,
-    Fencing, Handover, LeaseCheck, LeaseKind, LeaseRef, Linger, Lister, LockError, LockStatus,
-    Relabel, Token, WakeSource,
+    AcquireRequest, Attempt, Backend, BoxFuture, Capabilities, Fencing, LeaseCheck, LeaseKind,
+    LeaseRef, LockError, LockStatus, Token,
 };
 
 use crate::config::{ClusterConfig, RedisConfig};
@@ -255,35 +254,14 @@ impl Backend for RedisBackend {
         Box::pin(async move { Ok(self.holder(key).await?.0) })
     }
 
-    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
-        Some(self)
-    }
-
-    fn wake_source(&self) -> Option<&dyn WakeSource> {
-        Some(self)
-    }
-
-    fn handover(&self) -> Option<&dyn Handover> {
-        Some(self)
-    }
-
-    fn downgrade(&self) -> Option<&dyn Downgrade> {
-        Some(self)
-    }
-
-    fn relabel(&self) -> Option<&dyn Relabel> {
-        Some(self)
-    }
-
-    fn breaker(&self) -> Option<&dyn Breaker> {
-        Some(self)
-    }
-
-    fn lister(&self) -> Option<&dyn Lister> {
-        Some(self)
-    }
-
-    fn linger(&self) -> Option<&dyn Linger> {
-        Some(self)
-    }
+    distlock_core::capability_getters!(
+        batch_renew: BatchRenew,
+        wake_source: WakeSource,
+        handover: Handover,
+        downgrade: Downgrade,
+        relabel: Relabel,
+        breaker: Breaker,
+        lister: Lister,
+        linger: Linger,
+    );
 }

@@ -519,21 +519,12 @@ impl Backend for RedlockBackend {
         Box::pin(async move { Ok(self.holder(key).await?.0) })
     }
 
-    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
-        Some(self)
-    }
-
-    fn breaker(&self) -> Option<&dyn Breaker> {
-        Some(self)
-    }
-
-    fn lister(&self) -> Option<&dyn distlock_core::engine::Lister> {
-        Some(self)
-    }
-
-    fn linger(&self) -> Option<&dyn Linger> {
-        Some(self)
-    }
+    distlock_core::capability_getters!(
+        batch_renew: BatchRenew,
+        breaker: Breaker,
+        lister: Lister,
+        linger: Linger,
+    );
 }
 
 /// The lock keys expire by themselves on every master: leaving the lease is renewing it to

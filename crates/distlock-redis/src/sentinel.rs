@@ -427,37 +427,16 @@ impl Backend for SentinelBackend {
         Box::pin(async move { self.on_master(async |b| b.inspect(key).await).await })
     }
 
-    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
-        Some(self)
-    }
-
-    fn wake_source(&self) -> Option<&dyn WakeSource> {
-        Some(self)
-    }
-
-    fn handover(&self) -> Option<&dyn Handover> {
-        Some(self)
-    }
-
-    fn breaker(&self) -> Option<&dyn Breaker> {
-        Some(self)
-    }
-
-    fn downgrade(&self) -> Option<&dyn Downgrade> {
-        Some(self)
-    }
-
-    fn relabel(&self) -> Option<&dyn Relabel> {
-        Some(self)
-    }
-
-    fn lister(&self) -> Option<&dyn Lister> {
-        Some(self)
-    }
-
-    fn linger(&self) -> Option<&dyn Linger> {
-        Some(self)
-    }
+    distlock_core::capability_getters!(
+        batch_renew: BatchRenew,
+        wake_source: WakeSource,
+        handover: Handover,
+        breaker: Breaker,
+        downgrade: Downgrade,
+        relabel: Relabel,
+        lister: Lister,
+        linger: Linger,
+    );
 }
 
 impl Linger for SentinelBackend {

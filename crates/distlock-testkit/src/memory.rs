@@ -328,21 +328,12 @@ impl Backend for MemoryBackend {
         })
     }
 
-    fn wake_source(&self) -> Option<&dyn WakeSource> {
-        Some(self)
-    }
-
-    fn breaker(&self) -> Option<&dyn Breaker> {
-        Some(self)
-    }
-
-    fn downgrade(&self) -> Option<&dyn Downgrade> {
-        Some(self)
-    }
-
-    fn relabel(&self) -> Option<&dyn Relabel> {
-        Some(self)
-    }
+    distlock_core::capability_getters!(
+        wake_source: WakeSource,
+        breaker: Breaker,
+        downgrade: Downgrade,
+        relabel: Relabel,
+    );
 }
 
 impl WakeSource for MemoryBackend {

@@ -710,6 +710,27 @@ impl fmt::Debug for dyn Backend {
     }
 }
 
+/// Writes, inside an engine's `impl Backend`, the getters of the capabilities it has, each
+/// giving the engine itself as that capability's trait: one line that says what the engine
+/// can do, where each getter took three.
+///
+/// ```ignore
+/// impl Backend for MyEngine {
+///     // name, capabilities and the four primitives ...
+///     distlock_core::capability_getters!(batch_renew: BatchRenew, breaker: Breaker);
+/// }
+/// ```
+#[macro_export]
+macro_rules! capability_getters {
+    ($($getter:ident: $capability:ident),+ $(,)?) => {
+        $(
+            fn $getter(&self) -> ::core::option::Option<&dyn $crate::engine::$capability> {
+                ::core::option::Option::Some(self)
+            }
+        )+
+    };
+}
+
 /// A boxed, `Send` future, as the engine's traits return (they are object-safe: a client holds
 /// its engine as `dyn Backend`).
 pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
