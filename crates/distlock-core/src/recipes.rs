@@ -5,6 +5,7 @@
 //! | recipe | what it is | used by |
 //! |---|---|---|
 //! | [`pool`] | many locks on each server session: placement, keep-alives, the session's end | PostgreSQL, MySQL/MariaDB |
+//! | [`holders`] | the rows recorded holders (an election's leader) write about themselves, by token | PostgreSQL, MySQL/MariaDB |
 //! | [`names`] | the names behind a server's lock ids, recorded in the background for `distlock list` | PostgreSQL, MySQL/MariaDB |
 //! | [`queue`] | a FIFO queue of entries by creation order, each watching its predecessor | etcd, ZooKeeper |
 //! | [`WakeHub`], [`PredecessorWatches`] | one subscription per name, shared by this client's waiters | Redis, etcd, ZooKeeper, PostgreSQL, file |
@@ -13,6 +14,7 @@
 //! leases ([`CompactToken`]), the errors two kinds of one name give ([`kind_conflict`],
 //! [`shares_unbreakable`]).
 
+pub mod holders;
 pub mod names;
 pub mod pool;
 pub mod queue;

@@ -7,12 +7,10 @@
 //! release deletes it, so a row left by a holder that is gone never describes the next one.
 //! (With the counter table, every holder's label and fence are in `distlock_locks` already.)
 
-use std::collections::HashMap;
-
 use distlock_core::engine::{
     AcquireRequest, BoxFuture, ErrorKind, LeaseCheck, LeaseRef, LockError, Relabel,
 };
-use distlock_core::recipes::{HolderValue, MutexExt};
+use distlock_core::recipes::HolderValue;
 
 use super::{MysqlBackend, Sql, int, lit, lock_name, name_lit, on_session};
 use crate::config::FenceSource;
@@ -24,10 +22,7 @@ pub(super) const TABLE: &str = "CREATE TABLE IF NOT EXISTS distlock_holders (\
        holder VARCHAR(2048) NOT NULL) ENGINE=InnoDB";
 
 /// The recorded holders of this client, by token: the lock name and fence their row has.
-#[derive(Debug, Default)]
-pub(super) struct LeaderRows {
-    by_token: std::sync::Mutex<HashMap<String, (String, u64)>>,
-}
+pub(super) type LeaderRows = distlock_core::recipes::holders::HolderRows<(String, u64)>;
 
 impl MysqlBackend {
     /// Writes the row of the holder `req` just acquired with `fence`, on its own session.
@@ -56,27 +51,20 @@ impl MysqlBackend {
         on_session(lease.session().conn(), || Sql::Text(sql), DOING).await?;
         self.inner
             .recorded
-            .by_token
-            .locked()
-            .insert(req.token.as_str().to_owned(), (name, fence));
+            .insert(req.token.as_str(), (name, fence));
         Ok(())
     }
 
     /// The fence recorded for the holder `token`, if it wrote a row.
     pub(super) fn recorded_fence(&self, token: &str) -> Option<u64> {
-        self.inner
-            .recorded
-            .by_token
-            .locked()
-            .get(token)
-            .map(|(_, f)| *f)
+        self.inner.recorded.get(token).map(|(_, f)| f)
     }
 
     /// Deletes the row of the holder `token`, if it wrote one (its lease was released). A
     /// delete that fails leaves a row that describes no later holder (see the module's doc).
     pub(super) async fn unrecord(&self, token: &str) {
         const DOING: &str = "deleting a MySQL lock's holder record";
-        let Some((name, fence)) = self.inner.recorded.by_token.locked().remove(token) else {
+        let Some((name, fence)) = self.inner.recorded.remove(token) else {
             return;
         };
         let Ok(session) = self.inner.pool.any_session().await else {
@@ -123,9 +111,7 @@ impl Relabel for MysqlBackend {
                     lit(token)
                 ),
                 FenceSource::Sequence => {
-                    let Some((_, fence)) =
-                        self.inner.recorded.by_token.locked().get(token).cloned()
-                    else {
+                    let Some((_, fence)) = self.inner.recorded.get(token) else {
                         return Err(LockError::new(
                             ErrorKind::Unsupported,
                             format!(

@@ -6,12 +6,10 @@
 //! pid and start time) holds the lock, and the holder's release deletes it, so a row left by a
 //! holder that is gone never describes the next one.
 
-use std::collections::HashMap;
-
 use distlock_core::engine::{
     AcquireRequest, BoxFuture, ErrorKind, LeaseCheck, LeaseRef, LockError, Relabel,
 };
-use distlock_core::recipes::{HolderValue, MutexExt};
+use distlock_core::recipes::HolderValue;
 
 use super::{PgBackend, lock_id};
 use crate::error::map_err;
@@ -39,10 +37,7 @@ pub(super) fn status_join(schema: &str) -> String {
 }
 
 /// The recorded holders of this client, by token: the lock id and fence their row has.
-#[derive(Debug, Default)]
-pub(super) struct LeaderRows {
-    by_token: std::sync::Mutex<HashMap<String, (i64, i64)>>,
-}
+pub(super) type LeaderRows = distlock_core::recipes::holders::HolderRows<(i64, i64)>;
 
 impl PgBackend {
     /// Writes the row of the holder `req` just acquired with `fence`, on its own session.
@@ -78,26 +73,22 @@ impl PgBackend {
             .await
             .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
             .map_err(|e| map_err(e, DOING))?;
-        self.inner
-            .recorded
-            .by_token
-            .locked()
-            .insert(req.token.as_str().to_owned(), (id, fence));
+        self.inner.recorded.insert(req.token.as_str(), (id, fence));
         Ok(())
     }
 
     /// The fence recorded for the holder `token`, if it wrote a row.
     pub(super) fn recorded_fence(&self, token: &str) -> Option<u64> {
-        let by_token = self.inner.recorded.by_token.locked();
-        by_token
+        self.inner
+            .recorded
             .get(token)
-            .and_then(|(_, f)| u64::try_from(*f).ok())
+            .and_then(|(_, f)| u64::try_from(f).ok())
     }
 
     /// Deletes the row of the holder `token`, if it wrote one (its lease was released). A
     /// delete that fails leaves a row that describes no later holder (see the module's doc).
     pub(super) async fn unrecord(&self, token: &str) {
-        let Some((id, fence)) = self.inner.recorded.by_token.locked().remove(token) else {
+        let Some((id, fence)) = self.inner.recorded.remove(token) else {
             return;
         };
         let Ok(session) = self.inner.pool.any_session().await else {
@@ -129,7 +120,7 @@ impl Relabel for PgBackend {
                 .pool
                 .held(lease.name, token)
                 .filter(|l| !l.session().is_over());
-            let row = self.inner.recorded.by_token.locked().get(token).copied();
+            let row = self.inner.recorded.get(token);
             let (Some(held), Some((id, fence))) = (held, row) else {
                 if row.is_none() && self.inner.pool.held(lease.name, token).is_some() {
                     return Err(LockError::new(
