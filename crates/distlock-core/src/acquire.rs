@@ -229,11 +229,6 @@ pub(crate) async fn attempt(
         local.retire_token(key, &token);
     }
     let validity = options.validity();
-    let sent = if crate::seeded::on(crate::seeded::SeededBug::ReplyTimeValidity) {
-        driver.now()
-    } else {
-        sent
-    };
     let spec = LeaseSpec {
         key: name,
         token,

@@ -19,22 +19,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> Instant {
-        if crate::seeded::on(crate::seeded::SeededBug::WallClock) {
-            return wall_clock_instant();
-        }
         Instant::now()
-    }
-}
-
-/// Seeded bug `wall-clock`: an `Instant` that follows `SystemTime`, jumps included.
-fn wall_clock_instant() -> Instant {
-    use std::sync::OnceLock;
-    use std::time::SystemTime;
-    static BASE: OnceLock<(Instant, SystemTime)> = OnceLock::new();
-    let (base, base_wall) = *BASE.get_or_init(|| (Instant::now(), SystemTime::now()));
-    match SystemTime::now().duration_since(base_wall) {
-        Ok(ahead) => base + ahead,
-        Err(behind) => base.checked_sub(behind.duration()).unwrap_or(base),
     }
 }
 

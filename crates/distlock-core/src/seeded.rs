@@ -1,10 +1,15 @@
 //! Seeded bugs for the fault-injection harness's negative controls (test-only).
 //!
 //! A harness that reports "0 violations" proves something only if it catches builds that are
-//! broken on purpose. In a build compiled with `RUSTFLAGS="--cfg distlock_seeded_bugs"`, the bug
-//! named by the environment variable `DISTLOCK_SEEDED_BUG` (read once, at first use) is switched
-//! on in the library; in every other build, [`on`] is a constant `false` and the compiler
-//! removes every seeded branch.
+//! broken on purpose. Most seeded bugs are a lie that an engine tells the core (a release that
+//! deletes whatever holds the lock, a renewal that says "ours" of another's lease): the test
+//! kit makes those with a wrapper around a real engine (`distlock_testkit::seeded`), and the
+//! library has no switch for them. The few that break the library's own algorithms (Redlock's
+//! quorum and its clean-up, the floor of Redis's fence, an election's local deadline) are
+//! [`SeededBug::in_library`]: in a build compiled with
+//! `RUSTFLAGS="--cfg distlock_seeded_bugs"`, the one named by the environment variable
+//! `DISTLOCK_SEEDED_BUG` (read once, at first use) is switched on; in every other build, [`on`]
+//! is a constant `false` and the compiler removes every seeded branch.
 //!
 //! It is a `--cfg` flag, not a Cargo feature, on purpose (as tokio keeps loom behind
 //! `--cfg loom`): Cargo unifies features across a dependency graph, so a feature could be
@@ -96,6 +101,26 @@ impl SeededBug {
         }
     }
 
+    /// Whether the library itself makes this bug, in a build with
+    /// `--cfg distlock_seeded_bugs`; the test kit's engine wrapper and the harness make the
+    /// others, in any build.
+    pub fn in_library(self) -> bool {
+        matches!(
+            self,
+            SeededBug::HalfQuorum
+                | SeededBug::KeepPartial
+                | SeededBug::CounterFence
+                | SeededBug::LeaderKeepsLeading
+        )
+    }
+
+    /// The bug named by [`ENV`] in this process's environment, if any.
+    pub fn from_env() -> Option<SeededBug> {
+        std::env::var(ENV)
+            .ok()
+            .and_then(|n| SeededBug::from_name(&n))
+    }
+
     /// The bug called `name`, if any.
     pub fn from_name(name: &str) -> Option<SeededBug> {
         SeededBug::ALL.into_iter().find(|b| b.name() == name)
@@ -109,11 +134,7 @@ pub const ENV: &str = "DISTLOCK_SEEDED_BUG";
 #[cfg(distlock_seeded_bugs)]
 pub fn on(bug: SeededBug) -> bool {
     static ACTIVE: std::sync::OnceLock<Option<SeededBug>> = std::sync::OnceLock::new();
-    *ACTIVE.get_or_init(|| {
-        std::env::var(ENV)
-            .ok()
-            .and_then(|n| SeededBug::from_name(&n))
-    }) == Some(bug)
+    bug.in_library() && *ACTIVE.get_or_init(SeededBug::from_env) == Some(bug)
 }
 
 /// Whether `bug` is switched on in this process: never, in a build without

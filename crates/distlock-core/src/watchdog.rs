@@ -19,7 +19,7 @@ use crate::token::Token;
 
 mod schedule;
 
-use schedule::{Item, RenewOutcome, Schedule, renew_after_loss};
+use schedule::{Item, RenewOutcome, Schedule};
 
 /// The client's handle on its watchdog task (started at the first lease that needs it).
 ///
@@ -130,7 +130,7 @@ async fn run(driver: Weak<Driver>, inbox: Arc<Inbox>) {
                 return;
             }
             for (lease, due) in state.new.drain(..) {
-                if lease.snapshot().end.is_some() && !renew_after_loss() {
+                if lease.snapshot().end.is_some() {
                     continue;
                 }
                 schedule.add(lease, due);
@@ -200,18 +200,6 @@ async fn send(
 ) -> Vec<Item> {
     let sent = driver.now();
     let budget = deadline.saturating_duration_since(sent);
-    // Seeded bug `renew-after-loss`: an ended lease's deadline no longer moves; give the
-    // renewal its TTL instead.
-    let budget = if renew_after_loss() {
-        batch
-            .iter()
-            .map(Item::ttl)
-            .max()
-            .unwrap_or(budget)
-            .max(budget)
-    } else {
-        budget
-    };
     let span = crate::trace::renew(driver.backend().name(), batch.len());
     // In chunks, one after another: what the engine builds for a renewal (requests, replies)
     // is then bounded by a chunk, not by every lease held (a client holding 100,000 locks
@@ -265,7 +253,7 @@ fn settle_replies(
         let outcome = match replies.next() {
             Some(Ok(LeaseCheck::Ours)) => {
                 let validity = ttl.saturating_sub(lease.options().drift_for(ttl));
-                if lease.renewed(sent, ttl, validity) || renew_after_loss() {
+                if lease.renewed(sent, ttl, validity) {
                     tracing::debug!(target: "distlock", key = %lease.key(),
                         fence = ?lease.fence(), valid_for_ms = validity.as_millis() as u64,
                         "lock renewed");

@@ -298,7 +298,14 @@ async fn run_controls(
     duration: Duration,
     out: Option<PathBuf>,
 ) -> Result<bool, String> {
-    if !distlock_core::seeded::available() {
+    let in_library = |bug: &str| {
+        distlock_core::seeded::SeededBug::from_name(bug).is_some_and(|b| b.in_library())
+    };
+    let wanted = |c: &scenario::Control| bugs.is_empty() || bugs.iter().any(|b| b == c.bug);
+    let needs_cfg = scenario::CONTROLS
+        .iter()
+        .any(|c| wanted(c) && in_library(c.bug));
+    if needs_cfg && !distlock_core::seeded::available() {
         return Err("this build has no seeded bugs: build it with \
              RUSTFLAGS=\"--cfg distlock_seeded_bugs\" (bash .ci/seeded shows how)"
             .to_owned());

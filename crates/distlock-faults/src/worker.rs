@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use distlock::clock::{Clock, SystemClock};
 use distlock::{Leadership, LeaseKind, LockClient, LockGuard, LockOptions, Released};
+use distlock_core::seeded::SeededBug;
+use distlock_testkit::seeded::{self, WallClock};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{Mutex, mpsc};
@@ -97,21 +99,50 @@ impl Out {
     }
 }
 
+/// The lock client's clock: the system's, or under the seeded bug `wall-clock` one that
+/// follows the wall clock.
+static CLOCK: std::sync::OnceLock<Arc<dyn Clock>> = std::sync::OnceLock::new();
+
+fn clock() -> &'static Arc<dyn Clock> {
+    CLOCK.get_or_init(|| match SeededBug::from_env() {
+        Some(SeededBug::WallClock) => Arc::new(WallClock::default()),
+        _ => Arc::new(SystemClock),
+    })
+}
+
 /// The lease deadline `vu` (on this process's lock clock) as monotonic nanoseconds.
 fn vu_ns(vu: Instant) -> i128 {
-    mono::instant_ns(vu, SystemClock.now())
+    mono::instant_ns(vu, clock().now())
+}
+
+/// `url`, less its `wait_replicas` and `wait_timeout` under the seeded bug `ignore-wait`: the
+/// client counts what no replica acknowledged.
+fn seeded_url(url: &str) -> String {
+    if SeededBug::from_env() != Some(SeededBug::IgnoreWait) {
+        return url.to_owned();
+    }
+    let Some((base, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|p| !p.starts_with("wait_replicas=") && !p.starts_with("wait_timeout="))
+        .collect();
+    format!("{base}?{}", kept.join("&"))
 }
 
 pub(crate) async fn run(args: WorkerArgs) -> Result<(), String> {
-    let backend = distlock::open_backend(&args.url)
+    let backend = distlock::open_backend(&seeded_url(&args.url))
         .await
         .map_err(|e| format!("worker {}: {e}", args.id))?;
+    let backend = seeded::wrap(backend, SeededBug::from_env());
     let base = LockOptions::builder()
         .ttl(args.ttl)
         .build()
         .map_err(|e| e.to_string())?;
     let client = LockClient::builder(backend)
         .owner(format!("worker-{}", args.id))
+        .clock(clock().clone())
         .options(base)
         .build();
     let out = Out(Arc::new(Mutex::new(tokio::io::stdout())));

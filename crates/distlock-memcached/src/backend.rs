@@ -544,12 +544,7 @@ impl MemcachedBackend {
     /// Deletes `item` if it still has `cas` (`md … C<cas>`).
     async fn delete(&self, item: &str, cas: u64) -> Result<Reply, LockError> {
         let by_cas = [Arg::Word("md"), Arg::Word(item), Arg::Flag('C', cas)];
-        // The seeded bug (test-only): the delete forgets the CAS.
-        let blind = distlock_core::seeded::on(distlock_core::seeded::SeededBug::BlindDelete);
-        self.inner
-            .pool
-            .call(if blind { &by_cas[..2] } else { &by_cas[..] }, None)
-            .await
+        self.inner.pool.call(&by_cas, None).await
     }
 }
 

@@ -457,9 +457,7 @@ impl WaitReplicas {
     /// `Ok` when enough replicas acknowledged; otherwise the error an acquire or renewal reports.
     pub(crate) fn check(self, acks: Acks) -> Result<(), LockError> {
         let got = acks?;
-        if got >= self.replicas
-            || distlock_core::seeded::on(distlock_core::seeded::SeededBug::IgnoreWait)
-        {
+        if got >= self.replicas {
             return Ok(());
         }
         Err(LockError::new(

@@ -46,7 +46,7 @@ macro_rules! permits_lua {
 }
 
 /// The release script's source (compare-and-delete, or hand-over to the next queued client),
-/// as the engine runs it (but for the seeded bugs).
+/// as the engine runs it (but for the seeded bug `counter-fence`).
 pub(crate) const RELEASE_SOURCE: &str = concat!(
     token_lua!(),
     fence_lua!(),
@@ -103,8 +103,6 @@ const PERMIT_RELEASE_SOURCE: &str = concat!(
     include_str!("scripts/permit_release.lua")
 );
 
-/// Seeded bug `plain-del`: release deletes the key whoever holds it.
-const SEEDED_PLAIN_DEL: &str = "redis.call('DEL', KEYS[1]) return 1";
 /// Seeded bug `counter-fence`: the fence is the bare counter (`ZINCRBY` without the floor of
 /// `ZADD GT`); it replaces `fence.lua` in every script (and the first attempt's pipeline leaves
 /// its `ZADD` out).
@@ -126,22 +124,6 @@ fn fenced(source: &str) -> String {
         source.to_owned()
     }
 }
-
-/// Seeded bugs `reader-ignores-writer` (the read script takes a share whoever holds the lock)
-/// and `permit-over-count` (one permit more than asked: `held <= n` wherever the scripts ask
-/// whether a permit is free).
-fn seeded_kinds(source: &str) -> String {
-    if seeded::on(SeededBug::ReaderIgnoresWriter) {
-        source.replace("if cur and cur ~= MARK then", "if false then")
-    } else if seeded::on(SeededBug::PermitOverCount) {
-        source.replace("held < n", "held <= n")
-    } else {
-        source.to_owned()
-    }
-}
-
-/// Seeded bug `unconditional-pexpire`: renewal extends the key whoever holds it.
-const SEEDED_PEXPIRE: &str = "return redis.call('PEXPIRE', KEYS[1], ARGV[2])";
 
 /// A Lua script and the type of its reply.
 pub(crate) struct LuaScript<R> {
@@ -195,19 +177,15 @@ impl Scripts {
         Scripts {
             acquire: LuaScript::new(&fenced(ACQUIRE_SOURCE)),
             extend: extend(),
-            release: LuaScript::new(&if seeded::on(SeededBug::PlainDel) {
-                SEEDED_PLAIN_DEL.to_owned()
-            } else {
-                fenced(RELEASE_SOURCE)
-            }),
+            release: LuaScript::new(&fenced(RELEASE_SOURCE)),
             status: LuaScript::new(STATUS_SOURCE),
             relabel: LuaScript::new(RELABEL_SOURCE),
             leave: LuaScript::new(&fenced(LEAVE_SOURCE)),
-            read_acquire: LuaScript::new(&seeded_kinds(&fenced(READ_ACQUIRE_SOURCE))),
+            read_acquire: LuaScript::new(&fenced(READ_ACQUIRE_SOURCE)),
             read_extend: LuaScript::new(READ_EXTEND_SOURCE),
             read_release: LuaScript::new(&fenced(READ_RELEASE_SOURCE)),
             downgrade: LuaScript::new(&fenced(DOWNGRADE_SOURCE)),
-            permit_acquire: LuaScript::new(&seeded_kinds(&fenced(PERMIT_ACQUIRE_SOURCE))),
+            permit_acquire: LuaScript::new(&fenced(PERMIT_ACQUIRE_SOURCE)),
             permit_extend: LuaScript::new(PERMIT_EXTEND_SOURCE),
             permit_release: LuaScript::new(&fenced(PERMIT_RELEASE_SOURCE)),
         }
@@ -231,13 +209,9 @@ impl MasterScripts {
     }
 }
 
-/// The compare-and-pexpire renewal (or, under the seeded bug, the unconditional one).
+/// The compare-and-pexpire renewal.
 fn extend() -> LuaScript<LeaseCheck> {
-    if seeded::on(SeededBug::UnconditionalPexpire) {
-        LuaScript::new(SEEDED_PEXPIRE)
-    } else {
-        LuaScript::new(EXTEND_SOURCE)
-    }
+    LuaScript::new(EXTEND_SOURCE)
 }
 
 /// The fenced write to a protected resource.
@@ -353,13 +327,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn the_seeded_kinds_bugs_find_the_lines_they_break() {
-        assert!(READ_ACQUIRE_SOURCE.contains("if cur and cur ~= MARK then"));
-        // The common path's test and the other paths'.
-        assert_eq!(PERMIT_ACQUIRE_SOURCE.matches("held < n").count(), 2);
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod postgres;
 mod process;
 mod proxy;
 mod redis_server;
+pub mod seeded;
 mod sentinel;
 pub mod tls_cases;
 mod zookeeper;

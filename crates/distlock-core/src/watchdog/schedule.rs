@@ -95,12 +95,6 @@ pub(super) struct Schedule {
     visits: u64,
 }
 
-/// Seeded bug `renew-after-loss`: ended leases stay in the watchdog and are renewed for as long
-/// as the engine still has their token.
-pub(super) fn renew_after_loss() -> bool {
-    crate::seeded::on(crate::seeded::SeededBug::RenewAfterLoss)
-}
-
 impl Default for Schedule {
     fn default() -> Self {
         let now = TokioInstant::now();
@@ -201,7 +195,7 @@ impl Schedule {
             let lease = &d.lease;
             let st = lease.snapshot();
             let mut ttl = st.ttl;
-            let mut done = st.end.is_some() && !renew_after_loss();
+            let mut done = st.end.is_some();
             // A limit past what an instant holds (`Duration::MAX`) is none.
             if let Some(end) = lease
                 .options()
@@ -218,7 +212,7 @@ impl Schedule {
             // At the hold limit the lease is left to run out: it is not ended here, so that
             // `detach_unrenewed` still hands it to the engine (a session's key must leave the
             // session to expire).
-            done = done || (lease.end_if_past_deadline().is_some() && !renew_after_loss());
+            done = done || lease.end_if_past_deadline().is_some();
             if done {
                 drop(renewal);
                 left_off.push(d.lease);
@@ -283,7 +277,7 @@ impl Schedule {
 
 /// Whether a lease needs no more renewals: ended, or at its limit of renewals.
 fn finished(d: &Due) -> bool {
-    if d.lease.snapshot().end.is_some() && !renew_after_loss() {
+    if d.lease.snapshot().end.is_some() {
         return true;
     }
     d.lease

@@ -7,7 +7,6 @@ use std::time::Duration;
 use distlock_core::engine::{
     BatchRenew, BoxFuture, LeaseCheck, LeaseRef, LockError, RenewItem, SessionWatch, Sessions,
 };
-use distlock_core::seeded::SeededBug;
 
 use super::MysqlBackend;
 
@@ -18,11 +17,7 @@ impl BatchRenew for MysqlBackend {
         &'a self,
         items: &'a [RenewItem<'a>],
     ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
-        Box::pin(
-            self.inner
-                .pool
-                .renew_many_seeded(items, SeededBug::MysqlSessionHeld),
-        )
+        Box::pin(self.inner.pool.renew_many(items))
     }
 
     /// See [`RENEW_CHUNK`](distlock_core::recipes::pool::RENEW_CHUNK): a chunk costs a
@@ -35,9 +30,7 @@ impl BatchRenew for MysqlBackend {
 impl Sessions for MysqlBackend {
     /// The end of the session the lock is on, as its next statement finds it.
     fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch {
-        self.inner
-            .pool
-            .session_end_seeded(lease.token.as_str(), SeededBug::MysqlSessionHeld)
+        self.inner.pool.session_end(lease.token.as_str())
     }
 
     /// Unless the client released it at its deadline meanwhile (nobody renewed it).

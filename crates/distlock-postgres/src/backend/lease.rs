@@ -9,7 +9,6 @@ use distlock_core::engine::{
     BatchRenew, BoxFuture, LeaseCheck, LeaseRef, LockError, LostReason, RenewItem, SessionWatch,
     Sessions,
 };
-use distlock_core::seeded::SeededBug;
 use tokio_postgres::error::SqlState;
 
 use super::PgBackend;
@@ -26,10 +25,7 @@ pub(super) fn why_ended(e: &tokio_postgres::Error) -> LostReason {
 
 impl PgBackend {
     async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
-        self.inner
-            .pool
-            .renew_many_seeded(items, SeededBug::PgSessionHeld)
-            .await
+        self.inner.pool.renew_many(items).await
     }
 }
 
@@ -54,9 +50,7 @@ impl Sessions for PgBackend {
     /// The end of the session the lock is on (the server closed it, an idle timeout, a
     /// termination): every lock on that session hears it.
     fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch {
-        self.inner
-            .pool
-            .session_end_seeded(lease.token.as_str(), SeededBug::PgSessionHeld)
+        self.inner.pool.session_end(lease.token.as_str())
     }
 
     /// Unless the client released it at its deadline meanwhile (nobody renewed it).

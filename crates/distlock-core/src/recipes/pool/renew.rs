@@ -93,37 +93,6 @@ impl<O: SessionOps> SessionPool<O> {
             .collect()
     }
 
-    /// [`renew_many`](Self::renew_many), or, when the seeded bug `bug` (one of the
-    /// `*-session-held` bugs, test-only) is on, the same with every lock whose session ended
-    /// taken as still held.
-    pub async fn renew_many_seeded(
-        &self,
-        items: &[RenewItem<'_>],
-        bug: crate::seeded::SeededBug,
-    ) -> Vec<Result<LeaseCheck, LockError>> {
-        let mut out = self.renew_many(items).await;
-        if crate::seeded::on(bug) {
-            for (r, item) in out.iter_mut().zip(items) {
-                if matches!(r, Ok(LeaseCheck::Missing))
-                    && self
-                        .held(item.lease.name, item.lease.token.as_str())
-                        .is_some()
-                {
-                    *r = Ok(LeaseCheck::Ours);
-                }
-            }
-        }
-        out
-    }
-
-    /// [`session_end`](Self::session_end), or nothing when the seeded bug `bug` is on.
-    pub fn session_end_seeded(&self, token: &str, bug: crate::seeded::SeededBug) -> SessionWatch {
-        if crate::seeded::on(bug) {
-            return SessionWatch::Never;
-        }
-        self.session_end(token)
-    }
-
     /// A lease the client releases by itself was renewed (extended): its release moves.
     fn renewed(&self, item: &RenewItem<'_>, sent: Instant) {
         let moved = {
