@@ -68,7 +68,7 @@ fn show(name: &str, leader: Option<&Leader>, json: bool) -> String {
             Some(l) => serde_json::json!({
                 "name": name,
                 "leader": l.who,
-                "epoch": l.epoch,
+                "epoch": l.epoch.map(u64::from),
                 "value": l.value,
                 "since_ms": l.since_ms,
                 "since": l.since_ms.and_then(|ms| crate::when::rfc3339(ms.into())),

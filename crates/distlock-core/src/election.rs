@@ -25,7 +25,7 @@ use crate::acquire::{Acquisition, HolderRole};
 use crate::client::LockClient;
 use crate::engine::{Fencing, LeaseKind, LockStatus, Subscription};
 use crate::error::{ErrorKind, LockError};
-use crate::guard::{LockGuard, Released};
+use crate::guard::{Fence, LockGuard, Released};
 use crate::lease::LostReason;
 use crate::options::{LockOptions, LockOptionsBuilder, Wait};
 
@@ -112,7 +112,7 @@ pub struct Leader {
     pub since_ms: Option<u64>,
     /// Its epoch: the fence of its lease, above every earlier leader's. `None` only for a
     /// holder that did not come through an election (another tool's lock on the name).
-    pub epoch: Option<u64>,
+    pub epoch: Option<Fence>,
     /// The value it published, if it came through an election. `None` also when the engine
     /// could not keep the whole value.
     pub value: Option<String>,
@@ -203,7 +203,7 @@ impl Election {
     /// output returned.
     ///
     /// ```no_run
-    /// # async fn schedule(_epoch: u64) {}
+    /// # async fn schedule(_epoch: distlock_core::Fence) {}
     /// # async fn demo(locks: distlock_core::LockClient) -> Result<(), distlock_core::LockError> {
     /// // Runs the scheduler whenever this process leads, for ever.
     /// locks
@@ -227,7 +227,7 @@ impl Election {
     /// does).
     pub async fn lead<F, Fut, T>(&self, mut term: F) -> Result<T, LockError>
     where
-        F: FnMut(u64) -> Fut,
+        F: FnMut(Fence) -> Fut,
         Fut: std::future::Future<Output = T>,
     {
         const FIRST_PAUSE: Duration = Duration::from_millis(100);
@@ -258,7 +258,7 @@ impl Election {
                 Err(reason) => {
                     tracing::warn!(
                         election = %self.name,
-                        epoch,
+                        %epoch,
                         %reason,
                         "leadership lost: campaigning again"
                     );
@@ -332,7 +332,7 @@ impl Election {
             ));
         };
         Ok(Leadership {
-            epoch,
+            epoch: Fence::new(epoch),
             guard,
             value: self.value.clone(),
             owner: self.client.owner().to_owned(),
@@ -368,7 +368,7 @@ fn leader_of(status: &LockStatus) -> Option<Leader> {
     Some(Leader {
         who,
         since_ms,
-        epoch: holder.fence,
+        epoch: holder.fence.map(Fence::new),
         value,
         ttl: holder.ttl,
         token: holder.token.clone(),
@@ -449,7 +449,7 @@ fn parse_leader_label(label: &str) -> Option<(&str, Option<String>)> {
 #[must_use = "dropping a leadership resigns at once"]
 pub struct Leadership {
     guard: LockGuard,
-    epoch: u64,
+    epoch: Fence,
     value: String,
     /// The client's label, which the leader's label starts with.
     owner: String,
@@ -470,7 +470,7 @@ impl Leadership {
     /// with every write, and have the resource refuse an epoch below the highest it has seen:
     /// a deposed leader that still believes it leads (paused past its lease) is then turned
     /// away.
-    pub fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> Fence {
         self.epoch
     }
 
@@ -673,7 +673,7 @@ impl Observer {
 
 /// What tells two views of an election apart: a new leader has a new epoch (and token), and
 /// a leader that proclaimed a new value has that value.
-fn view(leader: Option<&Leader>) -> Option<(Option<u64>, Option<&str>, Option<&str>)> {
+fn view(leader: Option<&Leader>) -> Option<(Option<Fence>, Option<&str>, Option<&str>)> {
     leader.map(|l| (l.epoch, l.token.as_deref(), l.value.as_deref()))
 }
 
@@ -721,7 +721,7 @@ mod tests {
         let l = leader_of(&status).unwrap();
         assert_eq!(l.who, "web-1");
         assert_eq!(l.since_ms, Some(1_795_471_436_111));
-        assert_eq!(l.epoch, Some(7));
+        assert_eq!(l.epoch, Some(Fence::new(7)));
         assert_eq!(l.value.as_deref(), Some("10.0.0.5"));
         // Another tool's lock on the name: a holder without a value.
         let other = LockStatus::held(Some("cron since 5".into()), None, None);

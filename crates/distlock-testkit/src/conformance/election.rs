@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use distlock_core::engine::Fencing;
-use distlock_core::{ErrorKind, LockClient, Released};
+use distlock_core::{ErrorKind, Fence, LockClient, Released};
 
 use super::{MakeClient, key, opts};
 
@@ -201,13 +201,13 @@ pub async fn a_lead_loop_campaigns_again_after_a_loss(make: &impl MakeClient) {
     // A term that finishes resigns: the name is free at once.
     let done = key("lead-once");
     let epoch = a.election(&done).lead(|epoch| async move { epoch }).await;
-    assert!(epoch.unwrap() > 0);
+    assert!(epoch.unwrap().get() > 0);
     let g = b.try_acquire(&done).await.unwrap().expect("resigned");
     assert!(g.release().await.unwrap().was_held());
 }
 
 /// The epoch of the next term a lead loop began, within 10 s.
-async fn next_term(rx: &mut tokio::sync::mpsc::UnboundedReceiver<u64>) -> u64 {
+async fn next_term(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Fence>) -> Fence {
     tokio::time::timeout(Duration::from_secs(10), rx.recv())
         .await
         .expect("a term began")
