@@ -12,7 +12,6 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use distlock_core::engine::LeaseCheck;
-use distlock_core::seeded::{self, SeededBug};
 
 use crate::replies::{
     AcquireReply, FencedWrite, LeaveReply, MasterAcquireReply, PermitReply, ReadReply,
@@ -103,26 +102,19 @@ const PERMIT_RELEASE_SOURCE: &str = concat!(
     include_str!("scripts/permit_release.lua")
 );
 
-/// Seeded bug `counter-fence`: the fence is the bare counter (`ZINCRBY` without the floor of
-/// `ZADD GT`); it replaces `fence.lua` in every script (and the first attempt's pipeline leaves
-/// its `ZADD` out).
-const SEEDED_COUNTER_FENCE: &str = "local function next_fence(fkey, seen)
-  local f = redis.pcall('ZINCRBY', fkey, 1, 'f')
-  if type(f) ~= 'string' then
-    return nil, (type(f) == 'table' and f.err) or 'WRONGTYPE distlock: not a sorted set'
-  end
-  return tonumber(f)
-end
-";
-
-/// `source`, or under the seeded bug `counter-fence`, `source` with the bare counter in place
-/// of `fence.lua`.
+/// `source`; under the seeded bug `counter-fence` (a build with `--cfg distlock_seeded_bugs`),
+/// `source` with the helper file `seeded_counter_fence.lua` in place of `fence.lua`: the fence is
+/// the bare counter (`ZINCRBY` without the floor of `ZADD GT`), and the first attempt's pipeline
+/// leaves its `ZADD` out.
 fn fenced(source: &str) -> String {
-    if seeded::on(SeededBug::CounterFence) {
-        source.replace(fence_lua!(), SEEDED_COUNTER_FENCE)
-    } else {
-        source.to_owned()
+    #[cfg(distlock_seeded_bugs)]
+    if distlock_core::seeded::on(distlock_core::seeded::SeededBug::CounterFence) {
+        return source.replace(
+            fence_lua!(),
+            include_str!("scripts/seeded_counter_fence.lua"),
+        );
     }
+    source.to_owned()
 }
 
 /// A Lua script and the type of its reply.
