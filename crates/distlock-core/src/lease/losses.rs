@@ -5,8 +5,8 @@
 //! task keeps, per session, the leases on it (a weak reference each, 8 bytes), and when the
 //! session ends asks the engine which of them were still on it. A lease whose engine watches it
 //! alone ([`SessionWatch::Own`]) has its future in one `FuturesUnordered`, polled only when its
-//! engine wakes it. (A task per lease cost 257 bytes of task alone, and a future per lease about
-//! 580 bytes with its waiter.)
+//! engine wakes it: a task or a future per lease would cost far more than the lease itself
+//! (docs/scaling.md).
 //!
 //! A lease that ends by itself (released) leaves its entry behind: nothing wakes it. The task
 //! counts such ends ([`LossCounter`], told by the lease, which wakes the task every
