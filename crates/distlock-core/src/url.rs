@@ -25,6 +25,15 @@ pub fn split_scheme<'a>(
     }
 }
 
+/// The error for `what` (a TLS scheme, a TLS parameter) in a build of an engine without its
+/// `tls` feature: `Unsupported`, in the same words for every engine.
+pub fn no_tls_build(what: &str) -> LockError {
+    LockError::new(
+        ErrorKind::Unsupported,
+        format!("{what}: this build has no TLS (the `tls` feature is off)"),
+    )
+}
+
 /// A URL that names several servers, cut into its parts.
 #[derive(Debug, Clone)]
 pub struct MultiHostUrl<'a> {

@@ -59,12 +59,8 @@ impl EtcdConfig {
     pub fn from_url(text: &str) -> Result<Self, LockError> {
         let cfg_err = |m: String| LockError::new(ErrorKind::Config, m);
         let (tls, rest) = split_scheme(text, "etcd", "etcds")?;
-        #[cfg(not(feature = "tls"))]
-        if tls {
-            return Err(LockError::new(
-                ErrorKind::Unsupported,
-                "etcds://: this build has no TLS (the `tls` feature is off)",
-            ));
+        if tls && cfg!(not(feature = "tls")) {
+            return Err(distlock_core::url::no_tls_build("etcds://"));
         }
         let mut parts = MultiHostUrl::parse(rest)?;
         if !matches!(parts.path, "" | "/") {

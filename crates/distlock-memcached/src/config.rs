@@ -46,12 +46,8 @@ impl MemcachedConfig {
     pub fn from_url(text: &str) -> Result<Self, LockError> {
         let cfg_err = |m: String| LockError::new(ErrorKind::Config, m);
         let (tls, rest) = split_scheme(text, "memcached", "memcacheds")?;
-        #[cfg(not(feature = "tls"))]
-        if tls {
-            return Err(LockError::new(
-                ErrorKind::Unsupported,
-                "memcacheds://: this build has no TLS (the `tls` feature is off)",
-            ));
+        if tls && cfg!(not(feature = "tls")) {
+            return Err(distlock_core::url::no_tls_build("memcacheds://"));
         }
         let mut parts = MultiHostUrl::parse(rest)?;
         if !parts.userinfo.is_empty() {

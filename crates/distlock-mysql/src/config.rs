@@ -140,10 +140,9 @@ fn with_tls(opts: &Opts, mode: SslMode, _: &()) -> Result<Option<Opts>, LockErro
     let _ = opts;
     match mode {
         SslMode::Disabled | SslMode::Preferred => Ok(None),
-        _ => Err(LockError::new(
-            ErrorKind::Unsupported,
-            format!("ssl-mode={mode:?}: this build has no TLS (the `tls` feature is off)"),
-        )),
+        _ => Err(distlock_core::url::no_tls_build(&format!(
+            "ssl-mode={mode:?}"
+        ))),
     }
 }
 
@@ -262,10 +261,7 @@ impl MysqlConfig {
         #[cfg(not(feature = "tls"))]
         let (ssl_mode, tls_opts) = {
             if let Some((name, _)) = files.first() {
-                return Err(LockError::new(
-                    ErrorKind::Unsupported,
-                    format!("{name}: this build has no TLS (the `tls` feature is off)"),
-                ));
+                return Err(distlock_core::url::no_tls_build(name));
             }
             let mode = ssl_mode.unwrap_or(SslMode::Preferred);
             (mode, with_tls(&opts, mode, &())?)

@@ -222,10 +222,7 @@ impl SslParams {
         #[cfg(not(feature = "tls"))]
         {
             if pg_mode == SslMode::Require {
-                return Err(LockError::new(
-                    ErrorKind::Unsupported,
-                    format!("sslmode={mode}: this build has no TLS (the `tls` feature is off)"),
-                ));
+                return Err(distlock_core::url::no_tls_build(&format!("sslmode={mode}")));
             }
             let _ = (self.root, self.cert, self.key);
             Ok((SslMode::Disable, ()))

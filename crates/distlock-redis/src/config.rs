@@ -226,10 +226,7 @@ impl RedisConfig {
         files: Vec<(String, String)>,
     ) -> Result<(), LockError> {
         match files.first() {
-            Some((name, _)) => Err(LockError::new(
-                ErrorKind::Unsupported,
-                format!("{name}: this build has no TLS (the `tls` feature is off)"),
-            )),
+            Some((name, _)) => Err(distlock_core::url::no_tls_build(name)),
             None => Ok(()),
         }
     }

@@ -74,12 +74,8 @@ impl ZkConfig {
     pub fn from_url(text: &str) -> Result<Self, LockError> {
         let cfg_err = |m: String| LockError::new(ErrorKind::Config, m);
         let (tls, rest) = split_scheme(text, "zk", "zks")?;
-        #[cfg(not(feature = "tls"))]
-        if tls {
-            return Err(LockError::new(
-                ErrorKind::Unsupported,
-                "zks://: this build has no TLS (the `tls` feature of distlock-zookeeper is off)",
-            ));
+        if tls && cfg!(not(feature = "tls")) {
+            return Err(distlock_core::url::no_tls_build("zks://"));
         }
         let mut parts = MultiHostUrl::parse(rest)?;
         let digest = if parts.userinfo.is_empty() {
