@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, Breaker, Capabilities, Handover,
-    LeaseCheck, LeaseRef, RenewItem, Sessions, WakeSource,
+    AcquireRequest, Attempt, Backend, BatchRenew, Breaker, Capabilities, Handover, LeaseCheck,
+    LeaseRef, RenewItem, Sessions, WakeSource,
 };
 use distlock_core::{LockClient, LockError, LockOptions, LockStatus};
 use distlock_testkit::RedisServer;
@@ -22,6 +22,7 @@ struct Counting<B> {
     renewals: Arc<AtomicU64>,
 }
 
+#[distlock_core::engine::async_trait]
 impl<B: Backend> Backend for Counting<B> {
     fn name(&self) -> &'static str {
         self.inner.name()
@@ -29,31 +30,19 @@ impl<B: Backend> Backend for Counting<B> {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    fn acquire<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(async move { self.inner.acquire(req).await })
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        self.inner.acquire(req).await
     }
-    fn renew<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            self.calls.fetch_add(1, Ordering::Relaxed);
-            self.renewals.fetch_add(1, Ordering::Relaxed);
-            self.inner.renew(lease, ttl).await
-        })
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.renewals.fetch_add(1, Ordering::Relaxed);
+        self.inner.renew(lease, ttl).await
     }
-    fn release<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move { self.inner.release(lease).await })
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        self.inner.release(lease).await
     }
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
-        Box::pin(async move { self.inner.inspect(key).await })
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        self.inner.inspect(key).await
     }
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {
         self.inner.batch_renew().map(|_| self as &dyn BatchRenew)
@@ -72,17 +61,15 @@ impl<B: Backend> Backend for Counting<B> {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl<B: Backend> BatchRenew for Counting<B> {
-    fn renew_many<'a>(
-        &'a self,
-        items: &'a [RenewItem<'a>],
-    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.renewals
             .fetch_add(items.len() as u64, Ordering::Relaxed);
         match self.inner.batch_renew() {
-            Some(batch) => batch.renew_many(items),
-            None => Box::pin(std::future::ready(Vec::new())),
+            Some(batch) => batch.renew_many(items).await,
+            None => Vec::new(),
         }
     }
 }

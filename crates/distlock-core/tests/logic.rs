@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, BatchRenew, BoxFuture, Capabilities, Fencing, LeaseCheck, LeaseRef,
-    Linger, RenewItem, SessionEnd, SessionWatch, Sessions,
+    AcquireRequest, Attempt, BatchRenew, Capabilities, Fencing, LeaseCheck, LeaseRef, Linger,
+    RenewItem, SessionEnd, SessionWatch, Sessions,
 };
 use distlock_core::{
     Backend, ErrorKind, LockClient, LockError, LockOptions, LockStatus, LostReason, ManualClock,
@@ -110,6 +110,7 @@ impl Fake {
 #[derive(Clone)]
 struct FakeEngine(Arc<Fake>);
 
+#[async_trait::async_trait]
 impl Backend for FakeEngine {
     fn name(&self) -> &'static str {
         "fake"
@@ -117,112 +118,92 @@ impl Backend for FakeEngine {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(Fencing::Monotonic, true)
     }
-    fn acquire<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(async move {
-            let f = &self.0;
-            let attempt = f.attempts.fetch_add(1, Ordering::SeqCst) + 1;
-            let refuse_from = f.refuse_from_attempt.load(Ordering::SeqCst);
-            if refuse_from > 0 && attempt >= refuse_from {
-                return Err(LockError::new(ErrorKind::Protocol, "refused"));
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        let f = &self.0;
+        let attempt = f.attempts.fetch_add(1, Ordering::SeqCst) + 1;
+        let refuse_from = f.refuse_from_attempt.load(Ordering::SeqCst);
+        if refuse_from > 0 && attempt >= refuse_from {
+            return Err(LockError::new(ErrorKind::Protocol, "refused"));
+        }
+        if let Some(c) = &f.clock {
+            c.advance(f.latency);
+        }
+        if f.fail_acquires.load(Ordering::SeqCst) > 0 {
+            f.fail_acquires.fetch_sub(1, Ordering::SeqCst);
+            return Err(Fake::timeout());
+        }
+        let mut st = f.state.lock().unwrap();
+        st.tokens_seen.push(req.token.as_str().to_owned());
+        let outcome = match st.locks.get(req.name).cloned() {
+            None => {
+                let fence = st.fences.entry(req.name.to_owned()).or_default();
+                *fence += 1;
+                let fence = *fence;
+                st.locks
+                    .insert(req.name.to_owned(), (req.token.as_str().to_owned(), fence));
+                Attempt::Acquired { fence: Some(fence) }
             }
-            if let Some(c) = &f.clock {
-                c.advance(f.latency);
-            }
-            if f.fail_acquires.load(Ordering::SeqCst) > 0 {
-                f.fail_acquires.fetch_sub(1, Ordering::SeqCst);
-                return Err(Fake::timeout());
-            }
-            let mut st = f.state.lock().unwrap();
-            st.tokens_seen.push(req.token.as_str().to_owned());
-            let outcome = match st.locks.get(req.name).cloned() {
-                None => {
-                    let fence = st.fences.entry(req.name.to_owned()).or_default();
-                    *fence += 1;
-                    let fence = *fence;
-                    st.locks
-                        .insert(req.name.to_owned(), (req.token.as_str().to_owned(), fence));
-                    Attempt::Acquired { fence: Some(fence) }
-                }
-                Some((t, fence)) if t == req.token.as_str() => {
-                    Attempt::Acquired { fence: Some(fence) }
-                }
-                Some(_) => Attempt::Busy {
-                    holder_ttl: Some(Duration::from_millis(5)),
-                },
-            };
-            if f.lose_replies.load(Ordering::SeqCst) > 0 {
-                f.lose_replies.fetch_sub(1, Ordering::SeqCst);
-                return Err(Fake::timeout());
-            }
-            Ok(match (outcome, *f.taken_ago.lock().unwrap()) {
-                (Attempt::Acquired { fence }, Some(age)) => Attempt::AcquiredEarlier {
-                    fence,
-                    age: Some(age),
-                    ttl: req.ttl,
-                },
-                (outcome, _) => outcome,
-            })
+            Some((t, fence)) if t == req.token.as_str() => Attempt::Acquired { fence: Some(fence) },
+            Some(_) => Attempt::Busy {
+                holder_ttl: Some(Duration::from_millis(5)),
+            },
+        };
+        if f.lose_replies.load(Ordering::SeqCst) > 0 {
+            f.lose_replies.fetch_sub(1, Ordering::SeqCst);
+            return Err(Fake::timeout());
+        }
+        Ok(match (outcome, *f.taken_ago.lock().unwrap()) {
+            (Attempt::Acquired { fence }, Some(age)) => Attempt::AcquiredEarlier {
+                fence,
+                age: Some(age),
+                ttl: req.ttl,
+            },
+            (outcome, _) => outcome,
         })
     }
-    fn renew<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            self.0.extends.fetch_add(1, Ordering::SeqCst);
-            if ttl > Duration::from_secs(60) {
-                self.0.moved.lock().unwrap().push(lease.name.to_owned());
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        self.0.extends.fetch_add(1, Ordering::SeqCst);
+        if ttl > Duration::from_secs(60) {
+            self.0.moved.lock().unwrap().push(lease.name.to_owned());
+        }
+        if let Some(late) = self.0.per_lease {
+            let now = self.0.renewing.fetch_add(1, Ordering::SeqCst) + 1;
+            self.0.most_renewing.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(late).await;
+            self.0.renewing.fetch_sub(1, Ordering::SeqCst);
+        }
+        tokio::task::yield_now().await;
+        let mut renew = self.0.renew.lock().unwrap();
+        match *renew {
+            Renew::Ok => Ok(LeaseCheck::Ours),
+            Renew::Missing => Ok(LeaseCheck::Missing),
+            Renew::MissingOnce => {
+                *renew = Renew::Ok;
+                *self.0.taken_ago.lock().unwrap() = None;
+                self.0.state.lock().unwrap().locks.remove(lease.name);
+                Ok(LeaseCheck::Missing)
             }
-            if let Some(late) = self.0.per_lease {
-                let now = self.0.renewing.fetch_add(1, Ordering::SeqCst) + 1;
-                self.0.most_renewing.fetch_max(now, Ordering::SeqCst);
-                tokio::time::sleep(late).await;
-                self.0.renewing.fetch_sub(1, Ordering::SeqCst);
-            }
-            tokio::task::yield_now().await;
-            let mut renew = self.0.renew.lock().unwrap();
-            match *renew {
-                Renew::Ok => Ok(LeaseCheck::Ours),
-                Renew::Missing => Ok(LeaseCheck::Missing),
-                Renew::MissingOnce => {
-                    *renew = Renew::Ok;
-                    *self.0.taken_ago.lock().unwrap() = None;
-                    self.0.state.lock().unwrap().locks.remove(lease.name);
-                    Ok(LeaseCheck::Missing)
-                }
-                Renew::Foreign => Ok(LeaseCheck::Foreign),
-                Renew::Fail => Err(LockError::new(ErrorKind::Connection, "down")),
-            }
-        })
+            Renew::Foreign => Ok(LeaseCheck::Foreign),
+            Renew::Fail => Err(LockError::new(ErrorKind::Connection, "down")),
+        }
     }
-    fn release<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            let mut st = self.0.state.lock().unwrap();
-            st.released.push(lease.token.as_str().to_owned());
-            match st.locks.get(lease.name) {
-                Some((t, _)) if t == lease.token.as_str() => {
-                    st.locks.remove(lease.name);
-                    Ok(LeaseCheck::Ours)
-                }
-                Some(_) => Ok(LeaseCheck::Foreign),
-                None => Ok(LeaseCheck::Missing),
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        let mut st = self.0.state.lock().unwrap();
+        st.released.push(lease.token.as_str().to_owned());
+        match st.locks.get(lease.name) {
+            Some((t, _)) if t == lease.token.as_str() => {
+                st.locks.remove(lease.name);
+                Ok(LeaseCheck::Ours)
             }
-        })
+            Some(_) => Ok(LeaseCheck::Foreign),
+            None => Ok(LeaseCheck::Missing),
+        }
     }
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
-        Box::pin(async move {
-            let st = self.0.state.lock().unwrap();
-            Ok(match st.locks.get(key) {
-                Some((_, f)) => LockStatus::held(None, Some(*f), None),
-                None => LockStatus::free(),
-            })
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        let st = self.0.state.lock().unwrap();
+        Ok(match st.locks.get(key) {
+            Some((_, f)) => LockStatus::held(None, Some(*f), None),
+            None => LockStatus::free(),
         })
     }
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {
@@ -239,53 +220,44 @@ impl Backend for FakeEngine {
     }
 }
 
+#[async_trait::async_trait]
 impl Linger for FakeEngine {
-    fn linger<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            if self.0.linger == Some(true) {
-                return Err(LockError::new(ErrorKind::Connection, "down"));
+    async fn linger(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        if self.0.linger == Some(true) {
+            return Err(LockError::new(ErrorKind::Connection, "down"));
+        }
+        let st = self.0.state.lock().unwrap();
+        match st.locks.get(lease.name) {
+            Some((t, _)) if t == lease.token.as_str() => {
+                let left = (lease.name.to_owned(), ttl);
+                self.0.lingered.lock().unwrap().push(left);
+                Ok(LeaseCheck::Ours)
             }
-            let st = self.0.state.lock().unwrap();
-            match st.locks.get(lease.name) {
-                Some((t, _)) if t == lease.token.as_str() => {
-                    let left = (lease.name.to_owned(), ttl);
-                    self.0.lingered.lock().unwrap().push(left);
-                    Ok(LeaseCheck::Ours)
-                }
-                Some(_) => Ok(LeaseCheck::Foreign),
-                None => Ok(LeaseCheck::Missing),
-            }
-        })
+            Some(_) => Ok(LeaseCheck::Foreign),
+            None => Ok(LeaseCheck::Missing),
+        }
     }
 }
 
+#[async_trait::async_trait]
 impl BatchRenew for FakeEngine {
     fn max_batch(&self) -> usize {
         self.0.max_batch
     }
 
-    fn renew_many<'a>(
-        &'a self,
-        items: &'a [RenewItem<'a>],
-    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
-        Box::pin(async move {
-            let call = self.0.batches.fetch_add(1, Ordering::SeqCst) + 1;
-            let hang_from = self.0.hang_batches_from.load(Ordering::SeqCst);
-            if hang_from > 0 && call >= hang_from {
-                return std::future::pending().await;
-            }
-            // A busy client: the batch leaves a little after the watchdog decided to send it.
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            let mut out = Vec::new();
-            for i in items {
-                out.push(self.renew(&i.lease, i.ttl).await);
-            }
-            out
-        })
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
+        let call = self.0.batches.fetch_add(1, Ordering::SeqCst) + 1;
+        let hang_from = self.0.hang_batches_from.load(Ordering::SeqCst);
+        if hang_from > 0 && call >= hang_from {
+            return std::future::pending().await;
+        }
+        // A busy client: the batch leaves a little after the watchdog decided to send it.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let mut out = Vec::new();
+        for i in items {
+            out.push(self.renew(&i.lease, i.ttl).await);
+        }
+        out
     }
 }
 

@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, Linger, Listener,
-    LockError, LockStatus, LostReason, Relabel, RenewItem, SessionWatch, Sessions, Subscription,
-    WakeSource,
+    AcquireRequest, Attempt, Backend, BatchRenew, BreakOutcome, Breaker, Capabilities, Downgrade,
+    ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, Linger, Listener, LockError,
+    LockStatus, LostReason, Relabel, RenewItem, SessionWatch, Sessions, Subscription, WakeSource,
 };
 use distlock_core::recipes::queue::QueueRecipe;
 use distlock_core::recipes::{HolderValue, tag_value, untag_value};
@@ -525,6 +524,7 @@ impl EtcdBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Backend for EtcdBackend {
     fn name(&self) -> &'static str {
         "etcd"
@@ -537,116 +537,104 @@ impl Backend for EtcdBackend {
             .with_order()
     }
 
-    fn acquire<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(async move {
-            let attempt = self.inner.recipe.acquire(req).await?;
-            let fence = match attempt {
-                Attempt::Acquired { fence } | Attempt::AcquiredEarlier { fence, .. } => fence,
-                other => return Ok(other),
-            };
-            if req.renewed {
-                return Ok(attempt);
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        let attempt = self.inner.recipe.acquire(req).await?;
+        let fence = match attempt {
+            Attempt::Acquired { fence } | Attempt::AcquiredEarlier { fence, .. } => fence,
+            other => return Ok(other),
+        };
+        if req.renewed {
+            return Ok(attempt);
+        }
+        // Nobody renews this lock: it goes to a lease of its own, which ends after its TTL
+        // whatever else this client holds. Counted from when the request was sent (the lease
+        // was granted after).
+        match self.to_private(&req.lease(), req.ttl).await {
+            Ok(true) => Ok(Attempt::Acquired { fence }),
+            Ok(false) => Err(LockError::new(
+                ErrorKind::Lost,
+                "the etcd lock key vanished as it was taken",
+            )),
+            Err(e) => {
+                // Not left half taken.
+                self.inner.recipe.discard(req.name, req.token.as_str());
+                Err(e)
             }
-            // Nobody renews this lock: it goes to a lease of its own, which ends after its TTL
-            // whatever else this client holds. Counted from when the request was sent (the lease
-            // was granted after).
-            match self.to_private(&req.lease(), req.ttl).await {
-                Ok(true) => Ok(Attempt::Acquired { fence }),
-                Ok(false) => Err(LockError::new(
-                    ErrorKind::Lost,
-                    "the etcd lock key vanished as it was taken",
-                )),
-                Err(e) => {
-                    // Not left half taken.
-                    self.inner.recipe.discard(req.name, req.token.as_str());
-                    Err(e)
-                }
-            }
-        })
+        }
     }
 
-    fn release<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "releasing an etcd lock";
-            let entry = self.inner.recipe.forget(lease.name, lease.token.as_str());
-            // The key's name is ours alone (no other acquisition takes it while it may exist), so
-            // deleting it can never take another holder's lock; and it can be deleted even when an
-            // acquire's reply was lost and we never learned its place.
-            let Some(key) = self.store().key_of(lease.token) else {
-                // Nothing was written for this acquisition, or its key is known to be gone.
-                return Ok(LeaseCheck::Missing);
-            };
-            self.store().forget(&key);
-            let given_up = !entry.as_ref().is_some_and(|e| e.held);
-            if given_up {
-                // A given-up acquire's clean-up: the key is nobody's lock.
-                self.store().abandon(&key);
-            }
-            let delete = DeleteRangeRequest {
-                key: key.as_bytes().to_vec(),
-                prev_kv: true,
-                ..Default::default()
-            };
-            let reply = self
-                .store()
-                .members
-                .write(|c| {
-                    let delete = delete.clone();
-                    async move { c.delete_range(delete).await }
-                })
-                .await;
-            // The name before the abandoned mark (see `remove_later`): a first attempt that read
-            // the key before the delete must find it stale at every instant.
-            if reply.is_ok() {
-                if given_up {
-                    // One of its writes may still land: a name for nobody from now.
-                    self.store().burn_name(lease.token);
-                } else {
-                    self.store().free_name(lease.token);
-                }
-            }
-            self.store()
-                .released(&String::from_utf8_lossy(&delete.key), reply.is_ok());
-            let reply = reply.map_err(|e| map_err(e, DOING))?;
-            let ours = match (&entry, reply.prev_kvs.first()) {
-                (Some(e), Some(kv)) => e.held && kv.create_revision == e.entry.seq,
-                _ => false,
-            };
-            Ok(if ours {
-                LeaseCheck::Ours
-            } else {
-                LeaseCheck::Missing
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "releasing an etcd lock";
+        let entry = self.inner.recipe.forget(lease.name, lease.token.as_str());
+        // The key's name is ours alone (no other acquisition takes it while it may exist), so
+        // deleting it can never take another holder's lock; and it can be deleted even when an
+        // acquire's reply was lost and we never learned its place.
+        let Some(key) = self.store().key_of(lease.token) else {
+            // Nothing was written for this acquisition, or its key is known to be gone.
+            return Ok(LeaseCheck::Missing);
+        };
+        self.store().forget(&key);
+        let given_up = !entry.as_ref().is_some_and(|e| e.held);
+        if given_up {
+            // A given-up acquire's clean-up: the key is nobody's lock.
+            self.store().abandon(&key);
+        }
+        let delete = DeleteRangeRequest {
+            key: key.as_bytes().to_vec(),
+            prev_kv: true,
+            ..Default::default()
+        };
+        let reply = self
+            .store()
+            .members
+            .write(|c| {
+                let delete = delete.clone();
+                async move { c.delete_range(delete).await }
             })
+            .await;
+        // The name before the abandoned mark (see `remove_later`): a first attempt that read
+        // the key before the delete must find it stale at every instant.
+        if reply.is_ok() {
+            if given_up {
+                // One of its writes may still land: a name for nobody from now.
+                self.store().burn_name(lease.token);
+            } else {
+                self.store().free_name(lease.token);
+            }
+        }
+        self.store()
+            .released(&String::from_utf8_lossy(&delete.key), reply.is_ok());
+        let reply = reply.map_err(|e| map_err(e, DOING))?;
+        let ours = match (&entry, reply.prev_kvs.first()) {
+            (Some(e), Some(kv)) => e.held && kv.create_revision == e.entry.seq,
+            _ => false,
+        };
+        Ok(if ours {
+            LeaseCheck::Ours
+        } else {
+            LeaseCheck::Missing
         })
     }
 
     /// Every holder (the leading keys of the queue that hold: one writer, the readers up to
     /// the first writer, or N permits), each with its label, token, fence and its lease's
     /// remaining time; the other keys are the waiters.
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
-        Box::pin(async move {
-            let read = RangeRequest::prefix(self.lock_prefix(key))
-                .sorted(SortTarget::Create, SortOrder::Ascend);
-            let kvs = self.read(read, "reading an etcd lock's status").await?.kvs;
-            let kinds = kvs
-                .iter()
-                .map(|kv| untag_value(&String::from_utf8_lossy(&kv.value)).0);
-            let n = distlock_core::recipes::queue::holding(kinds);
-            let mut holders = Vec::with_capacity(n);
-            for kv in &kvs[..n] {
-                holders.push(self.holder_status(kv).await);
-            }
-            let last = holders.iter().filter_map(|h| h.fence).max();
-            Ok(LockStatus::held_by(holders)
-                .with_last_fence(last)
-                .with_waiters(Some((kvs.len() - n) as u64)))
-        })
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        let read = RangeRequest::prefix(self.lock_prefix(key))
+            .sorted(SortTarget::Create, SortOrder::Ascend);
+        let kvs = self.read(read, "reading an etcd lock's status").await?.kvs;
+        let kinds = kvs
+            .iter()
+            .map(|kv| untag_value(&String::from_utf8_lossy(&kv.value)).0);
+        let n = distlock_core::recipes::queue::holding(kinds);
+        let mut holders = Vec::with_capacity(n);
+        for kv in &kvs[..n] {
+            holders.push(self.holder_status(kv).await);
+        }
+        let last = holders.iter().filter_map(|h| h.fence).max();
+        Ok(LockStatus::held_by(holders)
+            .with_last_fence(last)
+            .with_waiters(Some((kvs.len() - n) as u64)))
     }
 
     distlock_core::capability_getters!(
@@ -665,66 +653,57 @@ impl Backend for EtcdBackend {
 /// still ours) to a lease of its own, granted for the time left (whole seconds, rounded up, and
 /// at least etcd's least TTL), that nobody keeps alive; then forgetting it here. Its name stays
 /// out of use for this client until that lease has run out.
+#[distlock_core::engine::async_trait]
 impl Linger for EtcdBackend {
-    fn linger<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            let started = self.store().sessions.clock().now();
-            if !self.to_private(lease, ttl).await? {
-                return Ok(LeaseCheck::Missing);
-            }
-            let Some(key) = self.store().key_of(lease.token) else {
-                return Ok(LeaseCheck::Missing);
-            };
-            let granted = self.store().session_of(&key).map_or(ttl, |s| {
-                Duration::from_secs(u64::try_from(s.ttl_s).unwrap_or(0))
-            });
-            self.inner.recipe.forget(lease.name, lease.token.as_str());
-            self.store().forget(&key);
-            // A little past the lease's end: the server counts from its own grant.
-            self.store()
-                .linger_name(lease.token, started + granted + Duration::from_secs(1));
-            Ok(LeaseCheck::Ours)
-        })
+    async fn linger(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        let started = self.store().sessions.clock().now();
+        if !self.to_private(lease, ttl).await? {
+            return Ok(LeaseCheck::Missing);
+        }
+        let Some(key) = self.store().key_of(lease.token) else {
+            return Ok(LeaseCheck::Missing);
+        };
+        let granted = self.store().session_of(&key).map_or(ttl, |s| {
+            Duration::from_secs(u64::try_from(s.ttl_s).unwrap_or(0))
+        });
+        self.inner.recipe.forget(lease.name, lease.token.as_str());
+        self.store().forget(&key);
+        // A little past the lease's end: the server counts from its own grant.
+        self.store()
+            .linger_name(lease.token, started + granted + Duration::from_secs(1));
+        Ok(LeaseCheck::Ours)
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Downgrade for EtcdBackend {
     /// Our key keeps its name, its create revision (its place in the queue, and its fence) and
     /// its session; only the kind in its value changes. The readers right behind it see the
     /// change on their watches and come in; a writer behind it still waits for it.
-    fn downgrade<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
+    async fn downgrade(
+        &self,
+        lease: &LeaseRef<'_>,
         _ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(self.downgrade_inner(lease))
+    ) -> Result<LeaseCheck, LockError> {
+        self.downgrade_inner(lease).await
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Relabel for EtcdBackend {
     /// Our key keeps its name, its create revision (its fence), its session and its kind; its
     /// value names the new label.
-    fn relabel<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "writing a new label for an etcd lock's holder";
-            let token = lease.token.as_str();
-            self.rewrite(lease, DOING, |kind, holder| {
-                let value = HolderValue::parse(holder);
-                if value.token != token {
-                    return Edit::Refuse(LeaseCheck::Foreign);
-                }
-                Edit::Write(tag_value(kind, value.relabelled(owner).encode()))
-            })
-            .await
+    async fn relabel(&self, lease: &LeaseRef<'_>, owner: &str) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "writing a new label for an etcd lock's holder";
+        let token = lease.token.as_str();
+        self.rewrite(lease, DOING, |kind, holder| {
+            let value = HolderValue::parse(holder);
+            if value.token != token {
+                return Edit::Refuse(LeaseCheck::Foreign);
+            }
+            Edit::Write(tag_value(kind, value.relabelled(owner).encode()))
         })
+        .await
     }
 }
 
@@ -826,13 +805,11 @@ impl EtcdBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl BatchRenew for EtcdBackend {
     /// One keep-alive per session, however many locks are on it, and a check of the keys.
-    fn renew_many<'a>(
-        &'a self,
-        items: &'a [RenewItem<'a>],
-    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
-        Box::pin(self.renew_batch(items))
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
+        self.renew_batch(items).await
     }
 
     /// The whole batch: a session's keys due together are checked by one listing of the
@@ -843,18 +820,18 @@ impl BatchRenew for EtcdBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl WakeSource for EtcdBackend {
-    fn subscribe<'a>(
-        &'a self,
-        key: &'a str,
-        _who: Listener<'a>,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        Box::pin(std::future::ready(Ok(Some(
-            self.inner.recipe.subscribe(key),
-        ))))
+    async fn subscribe(
+        &self,
+        key: &str,
+        _who: Listener<'_>,
+    ) -> Result<Option<Subscription>, LockError> {
+        Ok(Some(self.inner.recipe.subscribe(key)))
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Sessions for EtcdBackend {
     /// The session the lock's key lives on ending while the key is on it (its lease expired,
     /// or no member kept it alive until its deadline); the key may move between sessions.
@@ -903,60 +880,52 @@ impl Sessions for EtcdBackend {
 
     /// Moves the key to a private lease of `ttl` (deletes it when `ttl` is zero), unless it is
     /// on one already.
-    fn detach<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(async move {
-            let Some(entry) = self.inner.recipe.held(lease.name, lease.token.as_str()) else {
-                return Ok(());
-            };
-            if !self
-                .store()
-                .session_of(&entry.entry.id)
-                .is_some_and(|s| s.shared)
-            {
-                return Ok(());
-            }
-            if ttl.is_zero() {
-                self.release(lease).await?;
-            } else {
-                self.to_private(lease, ttl).await?;
-            }
-            Ok(())
-        })
+    async fn detach(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<(), LockError> {
+        let Some(entry) = self.inner.recipe.held(lease.name, lease.token.as_str()) else {
+            return Ok(());
+        };
+        if !self
+            .store()
+            .session_of(&entry.entry.id)
+            .is_some_and(|s| s.shared)
+        {
+            return Ok(());
+        }
+        if ttl.is_zero() {
+            self.release(lease).await?;
+        } else {
+            self.to_private(lease, ttl).await?;
+        }
+        Ok(())
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Breaker for EtcdBackend {
     /// Deletes the holder's key (the oldest under the lock's prefix), if it is still the one
     /// read: the next waiter's watch sees it go, as after a release. The holder's session lives
     /// on (it may hold the holder's other locks); its next renewal finds the key gone.
-    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "breaking an etcd lock";
-            let Some(kv) = self.holder_kv(key, DOING).await? else {
-                return Ok(BreakOutcome::Free);
-            };
-            let fence = u64::try_from(kv.create_revision).ok();
-            let st =
-                LockStatus::held_by(vec![self.holder_status(&kv).await]).with_last_fence(fence);
-            let txn = TxnRequest::new(
-                vec![Compare::create_revision(
-                    kv.key.as_slice(),
-                    CompareResult::Equal,
-                    kv.create_revision,
-                )],
-                vec![RequestOp::delete(kv.key.as_slice())],
-                vec![],
-            );
-            let done = self.store().txn(txn).await.map_err(|e| map_err(e, DOING))?;
-            Ok(if done.succeeded {
-                BreakOutcome::Broken(st)
-            } else {
-                BreakOutcome::Changed
-            })
+    async fn break_once(&self, key: &str) -> Result<BreakOutcome, LockError> {
+        const DOING: &str = "breaking an etcd lock";
+        let Some(kv) = self.holder_kv(key, DOING).await? else {
+            return Ok(BreakOutcome::Free);
+        };
+        let fence = u64::try_from(kv.create_revision).ok();
+        let st = LockStatus::held_by(vec![self.holder_status(&kv).await]).with_last_fence(fence);
+        let txn = TxnRequest::new(
+            vec![Compare::create_revision(
+                kv.key.as_slice(),
+                CompareResult::Equal,
+                kv.create_revision,
+            )],
+            vec![RequestOp::delete(kv.key.as_slice())],
+            vec![],
+        );
+        let done = self.store().txn(txn).await.map_err(|e| map_err(e, DOING))?;
+        Ok(if done.succeeded {
+            BreakOutcome::Broken(st)
+        } else {
+            BreakOutcome::Changed
         })
     }
 }

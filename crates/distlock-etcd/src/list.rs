@@ -1,6 +1,6 @@
 //! Listing the locks on etcd: a paged range read of the keys (no values) under the prefix.
 
-use distlock_core::engine::{BoxFuture, LockError, Names};
+use distlock_core::engine::{LockError, Names};
 
 use crate::backend::EtcdBackend;
 use crate::error::map_err;
@@ -16,53 +16,48 @@ fn name_of<'k>(prefix: &str, key: &'k str) -> Option<&'k str> {
 }
 
 /// Each key under the prefix is a holder or a waiter on a lease: a name found is in use.
+#[distlock_core::engine::async_trait]
 impl distlock_core::engine::Lister for EtcdBackend {
-    fn names<'a>(
-        &'a self,
-        prefix: &'a str,
-        budget: usize,
-    ) -> BoxFuture<'a, Result<Names, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "listing the locks (a range read)";
-            let base = &self.store().prefix;
-            let start = format!("{base}{prefix}").into_bytes();
-            let end = prefix_end(&start);
-            let mut from = start;
-            let mut names: Vec<String> = Vec::new();
-            loop {
-                let mut read = RangeRequest::key(from.clone()).limit(PAGE).keys_only();
-                read.range_end = end.clone();
-                let page = self
-                    .store()
-                    .members
-                    .retry(|c| {
-                        let read = read.clone();
-                        async move { c.range(read).await }
-                    })
-                    .await
-                    .map_err(|e| map_err(e, DOING))?;
-                for kv in &page.kvs {
-                    if let Some(name) = std::str::from_utf8(&kv.key)
-                        .ok()
-                        .and_then(|k| name_of(base, k))
-                        && names.last().is_none_or(|last| last != name)
-                    {
-                        names.push(name.to_owned());
-                    }
+    async fn names(&self, prefix: &str, budget: usize) -> Result<Names, LockError> {
+        const DOING: &str = "listing the locks (a range read)";
+        let base = &self.store().prefix;
+        let start = format!("{base}{prefix}").into_bytes();
+        let end = prefix_end(&start);
+        let mut from = start;
+        let mut names: Vec<String> = Vec::new();
+        loop {
+            let mut read = RangeRequest::key(from.clone()).limit(PAGE).keys_only();
+            read.range_end = end.clone();
+            let page = self
+                .store()
+                .members
+                .retry(|c| {
+                    let read = read.clone();
+                    async move { c.range(read).await }
+                })
+                .await
+                .map_err(|e| map_err(e, DOING))?;
+            for kv in &page.kvs {
+                if let Some(name) = std::str::from_utf8(&kv.key)
+                    .ok()
+                    .and_then(|k| name_of(base, k))
+                    && names.last().is_none_or(|last| last != name)
+                {
+                    names.push(name.to_owned());
                 }
-                let Some(last) = page.kvs.last() else { break };
-                if !page.more {
-                    break;
-                }
-                if names.len() >= budget {
-                    return Ok(Names::new(names, true));
-                }
-                // The next page starts right after the last key read.
-                from = last.key.clone();
-                from.push(0);
             }
-            Ok(Names::new(names, false))
-        })
+            let Some(last) = page.kvs.last() else { break };
+            if !page.more {
+                break;
+            }
+            if names.len() >= budget {
+                return Ok(Names::new(names, true));
+            }
+            // The next page starts right after the last key read.
+            from = last.key.clone();
+            from.push(0);
+        }
+        Ok(Names::new(names, false))
     }
 }
 

@@ -739,23 +739,21 @@ impl EtcdStore {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl QueueStore for EtcdStore {
     type Id = Key;
 
-    fn join<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<JoinOutcome<Key>, LockError>> {
-        Box::pin(self.join_inner(req))
+    async fn join(&self, req: &AcquireRequest<'_>) -> Result<JoinOutcome<Key>, LockError> {
+        self.join_inner(req).await
     }
 
-    fn ahead<'a>(
-        &'a self,
-        name: &'a str,
-        mine: &'a QueuedEntry<Key>,
+    async fn ahead(
+        &self,
+        name: &str,
+        mine: &QueuedEntry<Key>,
         kind: LeaseKind,
-    ) -> BoxFuture<'a, Result<Ahead<Key>, LockError>> {
-        Box::pin(self.ahead_inner(name, mine, kind))
+    ) -> Result<Ahead<Key>, LockError> {
+        self.ahead_inner(name, mine, kind).await
     }
 
     /// A watch on the key for its deletion, or a change of its kind (a writer downgraded to a

@@ -3,19 +3,20 @@
 
 use std::fs::File;
 
-use distlock_core::engine::{BoxFuture, BreakOutcome, Breaker, ErrorKind, LeaseKind, LockError};
+use distlock_core::engine::{BreakOutcome, Breaker, ErrorKind, LeaseKind, LockError};
 
 use crate::record::{HEADER, parse, read_all};
 use crate::status::status_blocking;
 use crate::{FileBackend, io_err};
 
+#[distlock_core::engine::async_trait]
 impl Breaker for FileBackend {
     /// Puts a fresh, unlocked file with the same fence counter in place of the held one
     /// (an atomic rename): the next acquire locks the new file, and the holder's next renewal
     /// finds its file gone from the path. The holder's process is not touched.
-    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
+    async fn break_once(&self, key: &str) -> Result<BreakOutcome, LockError> {
         let key = key.to_owned();
-        Box::pin(self.blocking(move |me| break_blocking(me, &key)))
+        self.blocking(move |me| break_blocking(me, &key)).await
     }
 }
 

@@ -19,8 +19,8 @@ mod status;
 mod watch;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BoxFuture, Capabilities, ErrorKind, Fencing, LeaseCheck,
-    LeaseKind, LeaseRef, LockError, LockStatus,
+    AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LeaseKind,
+    LeaseRef, LockError, LockStatus,
 };
 use distlock_core::recipes::MutexExt;
 
@@ -200,6 +200,7 @@ fn io_err(doing: &str, path: &Path, e: std::io::Error) -> LockError {
     LockError::caused_by(ErrorKind::Io, format_args!("{doing} {}", path.display()), e)
 }
 
+#[distlock_core::engine::async_trait]
 impl Backend for FileBackend {
     fn name(&self) -> &'static str {
         "file"
@@ -215,68 +216,50 @@ impl Backend for FileBackend {
             )
     }
 
-    fn acquire<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(async move {
-            // Synchronous on purpose: a non-blocking flock plus a few bytes of local I/O, with no
-            // await point, so a cancelled acquire can never leave a lock taken behind its back
-            // (a spawn_blocking task would run on after its future is dropped).
-            acquire_blocking(self, req.name, req.token.as_str(), req.owner, req.kind)
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        // Synchronous on purpose: a non-blocking flock plus a few bytes of local I/O, with no
+        // await point, so a cancelled acquire can never leave a lock taken behind its back
+        // (a spawn_blocking task would run on after its future is dropped).
+        acquire_blocking(self, req.name, req.token.as_str(), req.owner, req.kind)
+    }
+
+    async fn renew(&self, lease: &LeaseRef<'_>, _ttl: Duration) -> Result<LeaseCheck, LockError> {
+        // The flock lasts as long as our open file: renewing is checking we still have it, and
+        // that it is still the lock file (not swapped out by a forced release).
+        let key = lease.name;
+        let (path, id) = match self.held().get(lease.token.as_str()) {
+            Some(h) if h.key == key => (h.path.clone(), h.id),
+            _ => return Ok(LeaseCheck::Missing),
+        };
+        Ok(if still_at(&path, id) {
+            LeaseCheck::Ours
+        } else {
+            LeaseCheck::Missing
         })
     }
 
-    fn renew<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        _ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            // The flock lasts as long as our open file: renewing is checking we still have it, and
-            // that it is still the lock file (not swapped out by a forced release).
-            let key = lease.name;
-            let (path, id) = match self.held().get(lease.token.as_str()) {
-                Some(h) if h.key == key => (h.path.clone(), h.id),
-                _ => return Ok(LeaseCheck::Missing),
-            };
-            Ok(if still_at(&path, id) {
-                LeaseCheck::Ours
-            } else {
-                LeaseCheck::Missing
-            })
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            let (key, token) = (lease.name, lease.token);
-            let mut held = self.held();
-            match held.get(token.as_str()) {
-                Some(h) if h.key == key => {
-                    // Closing the file releases the flock (of a file a forced release may have
-                    // swapped out already: then the lock was not ours any more).
-                    let ours = still_at(&h.path, h.id);
-                    held.remove(token.as_str());
-                    Ok(if ours {
-                        LeaseCheck::Ours
-                    } else {
-                        LeaseCheck::Missing
-                    })
-                }
-                _ => Ok(LeaseCheck::Missing),
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        let (key, token) = (lease.name, lease.token);
+        let mut held = self.held();
+        match held.get(token.as_str()) {
+            Some(h) if h.key == key => {
+                // Closing the file releases the flock (of a file a forced release may have
+                // swapped out already: then the lock was not ours any more).
+                let ours = still_at(&h.path, h.id);
+                held.remove(token.as_str());
+                Ok(if ours {
+                    LeaseCheck::Ours
+                } else {
+                    LeaseCheck::Missing
+                })
             }
-        })
+            _ => Ok(LeaseCheck::Missing),
+        }
     }
 
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
-        Box::pin(async move {
-            let key = key.to_owned();
-            self.blocking(move |me| status_blocking(me, &key)).await
-        })
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        let key = key.to_owned();
+        self.blocking(move |me| status_blocking(me, &key)).await
     }
 
     #[cfg(target_os = "linux")]

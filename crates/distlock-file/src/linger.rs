@@ -10,9 +10,7 @@
 
 use std::time::Duration;
 
-use distlock_core::engine::{
-    BoxFuture, ErrorKind, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError,
-};
+use distlock_core::engine::{ErrorKind, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError};
 
 use crate::FileBackend;
 use crate::flock::still_at;
@@ -33,19 +31,11 @@ pub(crate) fn left(rec: &Record) -> Option<Duration> {
     ))
 }
 
+#[distlock_core::engine::async_trait]
 impl Linger for FileBackend {
-    fn linger<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+    async fn linger(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
         // Synchronous, as an acquire: a few bytes of local I/O.
-        Box::pin(std::future::ready(linger_blocking(
-            self,
-            lease.name,
-            lease.token.as_str(),
-            ttl,
-        )))
+        linger_blocking(self, lease.name, lease.token.as_str(), ttl)
     }
 
     fn lingers(&self, kind: LeaseKind) -> bool {

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use distlock_core::engine::{BoxFuture, ErrorKind, LockError};
+use distlock_core::engine::{ErrorKind, LockError};
 
 use crate::{FileBackend, io_err};
 
@@ -31,20 +31,19 @@ fn fnv1a_128(bytes: &[u8]) -> u128 {
 
 /// The lock files and semaphore records of the directory: every name ever used here (files
 /// are never deleted), which the status reads then sort out.
+#[distlock_core::engine::async_trait]
 impl distlock_core::engine::Lister for FileBackend {
-    fn names<'a>(
-        &'a self,
-        prefix: &'a str,
+    async fn names(
+        &self,
+        prefix: &str,
         _budget: usize,
-    ) -> BoxFuture<'a, Result<distlock_core::engine::Names, LockError>> {
+    ) -> Result<distlock_core::engine::Names, LockError> {
         // A local directory: reading it whole is cheap and blocks no server.
         let dir = self.inner.dir.clone();
         let prefix = prefix.to_owned();
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || names_in(&dir, &prefix))
-                .await
-                .map_err(|e| LockError::caused_by(ErrorKind::Io, "file listing task failed", e))?
-        })
+        tokio::task::spawn_blocking(move || names_in(&dir, &prefix))
+            .await
+            .map_err(|e| LockError::caused_by(ErrorKind::Io, "file listing task failed", e))?
     }
 }
 

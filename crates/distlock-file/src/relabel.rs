@@ -2,36 +2,29 @@
 //! value): the lock file's `owner=` line is written again, under our flock, and nothing else
 //! of the record changes (the fence, the start, the key).
 
-use distlock_core::engine::{
-    BoxFuture, ErrorKind, LeaseCheck, LeaseKind, LeaseRef, LockError, Relabel,
-};
+use distlock_core::engine::{ErrorKind, LeaseCheck, LeaseKind, LeaseRef, LockError, Relabel};
 
 use crate::FileBackend;
 use crate::flock::still_at;
 use crate::record::{read_all, write_record};
 
+#[distlock_core::engine::async_trait]
 impl Relabel for FileBackend {
-    fn relabel<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
+    async fn relabel(&self, lease: &LeaseRef<'_>, owner: &str) -> Result<LeaseCheck, LockError> {
         let (key, token, kind) = (
             lease.name.to_owned(),
             lease.token.as_str().to_owned(),
             lease.kind,
         );
         let owner = owner.replace('\n', " ");
-        Box::pin(async move {
-            if kind != LeaseKind::Exclusive {
-                return Err(LockError::new(
-                    ErrorKind::Unsupported,
-                    "only an exclusive lease's holder is written in its lock file",
-                ));
-            }
-            self.blocking(move |me| relabel_blocking(me, &key, &token, &owner))
-                .await
-        })
+        if kind != LeaseKind::Exclusive {
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                "only an exclusive lease's holder is written in its lock file",
+            ));
+        }
+        self.blocking(move |me| relabel_blocking(me, &key, &token, &owner))
+            .await
     }
 }
 

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use distlock_core::engine::{BoxFuture, LeaseKind, Listener, LockError, Subscription, WakeSource};
+use distlock_core::engine::{LeaseKind, Listener, LockError, Subscription, WakeSource};
 use distlock_core::recipes::{MutexExt, WakeHub};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -167,17 +167,18 @@ impl FileBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl WakeSource for FileBackend {
-    fn subscribe<'a>(
-        &'a self,
-        name: &'a str,
-        who: Listener<'a>,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+    async fn subscribe(
+        &self,
+        name: &str,
+        who: Listener<'_>,
+    ) -> Result<Option<Subscription>, LockError> {
         let kind = match who {
             Listener::Waiter { kind, .. } => kind,
             _ => LeaseKind::Exclusive,
         };
-        Box::pin(std::future::ready(Ok(self.subscribe_key(name, kind))))
+        Ok(self.subscribe_key(name, kind))
     }
 
     /// A forced release, or a dead process whose writer closes before its flock's descriptor,

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, ErrorKind,
-    Fencing, LeaseCheck, LeaseRef, Linger, LockError, LockStatus, Token,
+    AcquireRequest, Attempt, Backend, BreakOutcome, Breaker, Capabilities, ErrorKind, Fencing,
+    LeaseCheck, LeaseRef, Linger, LockError, LockStatus, Token,
 };
 use distlock_core::recipes::{CompactToken, HolderValue, MutexExt};
 use sha2::{Digest, Sha256};
@@ -329,6 +329,7 @@ impl MemcachedBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Backend for MemcachedBackend {
     fn name(&self) -> &'static str {
         "memcached"
@@ -347,143 +348,123 @@ impl Backend for MemcachedBackend {
             )
     }
 
-    fn acquire<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "acquiring a memcached lock";
-            let item = self.item(req.name);
-            // A resend: the add may have been stored before its reply was lost, and is ours if it
-            // carries our token. The given-up add is settled first: the read must see its effect.
-            if req.mode.is_resend() {
-                self.settle(req.token.as_str()).await?;
-            }
-            if req.mode.is_resend()
-                && let Some((value, cas, _)) = self.read(&item).await?
-                && HolderValue::parse(&value).token == req.token.as_str()
-            {
-                // Written by this client: its time and label, which renewals write again.
-                let ours = HolderValue::parse(&value);
-                let owner = self.inner.owner(ours.owner.unwrap_or(req.owner));
-                let since_ms = ours.since_ms.unwrap_or(0);
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        const DOING: &str = "acquiring a memcached lock";
+        let item = self.item(req.name);
+        // A resend: the add may have been stored before its reply was lost, and is ours if it
+        // carries our token. The given-up add is settled first: the read must see its effect.
+        if req.mode.is_resend() {
+            self.settle(req.token.as_str()).await?;
+        }
+        if req.mode.is_resend()
+            && let Some((value, cas, _)) = self.read(&item).await?
+            && HolderValue::parse(&value).token == req.token.as_str()
+        {
+            // Written by this client: its time and label, which renewals write again.
+            let ours = HolderValue::parse(&value);
+            let owner = self.inner.owner(ours.owner.unwrap_or(req.owner));
+            let since_ms = ours.since_ms.unwrap_or(0);
+            let token = req.token.clone();
+            self.inner
+                .held
+                .locked()
+                .insert(token, req.name, since_ms, owner, cas);
+            return Ok(Attempt::Acquired { fence: None });
+        }
+        let holder = HolderValue::now(req.token.as_str(), req.owner);
+        let value = holder.encode();
+        let line = [
+            Arg::Word("ms"),
+            Arg::Word(&item),
+            Arg::Num(value.len() as u64),
+            Arg::Flag('T', item_ttl(req.ttl)),
+            Arg::Word("ME"),
+            Arg::Word("c"),
+        ];
+        let r = self
+            .inner
+            .pool
+            .call_tagged(&line, Some(value.as_bytes()), Some(req.token.as_str()))
+            .await?;
+        match r.code {
+            "HD" => {
+                let cas = r.cas.ok_or_else(|| unexpected(DOING, &r))?;
+                let owner = self.inner.owner(req.owner);
+                let since_ms = holder.since_ms.unwrap_or(0);
                 let token = req.token.clone();
                 self.inner
                     .held
                     .locked()
                     .insert(token, req.name, since_ms, owner, cas);
-                return Ok(Attempt::Acquired { fence: None });
+                Ok(Attempt::Acquired { fence: None })
             }
-            let holder = HolderValue::now(req.token.as_str(), req.owner);
-            let value = holder.encode();
-            let line = [
-                Arg::Word("ms"),
-                Arg::Word(&item),
-                Arg::Num(value.len() as u64),
-                Arg::Flag('T', item_ttl(req.ttl)),
-                Arg::Word("ME"),
-                Arg::Word("c"),
-            ];
-            let r = self
-                .inner
-                .pool
-                .call_tagged(&line, Some(value.as_bytes()), Some(req.token.as_str()))
-                .await?;
-            match r.code {
-                "HD" => {
-                    let cas = r.cas.ok_or_else(|| unexpected(DOING, &r))?;
-                    let owner = self.inner.owner(req.owner);
-                    let since_ms = holder.since_ms.unwrap_or(0);
-                    let token = req.token.clone();
-                    self.inner
-                        .held
-                        .locked()
-                        .insert(token, req.name, since_ms, owner, cas);
-                    Ok(Attempt::Acquired { fence: None })
-                }
-                "NS" => {
-                    let holder_ttl = if req.mode.waits() {
-                        self.read(&item).await?.and_then(|(_, _, t)| {
-                            t.filter(|&t| t >= 0)
-                                .map(|t| Duration::from_secs(u64::try_from(t).unwrap_or(0)))
-                        })
-                    } else {
-                        None
-                    };
-                    Ok(Attempt::Busy { holder_ttl })
-                }
-                _ => Err(unexpected(DOING, &r)),
+            "NS" => {
+                let holder_ttl = if req.mode.waits() {
+                    self.read(&item).await?.and_then(|(_, _, t)| {
+                        t.filter(|&t| t >= 0)
+                            .map(|t| Duration::from_secs(u64::try_from(t).unwrap_or(0)))
+                    })
+                } else {
+                    None
+                };
+                Ok(Attempt::Busy { holder_ttl })
             }
-        })
+            _ => Err(unexpected(DOING, &r)),
+        }
     }
 
-    fn renew<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            let token = lease.token.as_str();
-            self.settle(token).await?;
-            let Some(renewal) = self.renewal(lease.name, token) else {
-                return Ok(LeaseCheck::Missing);
-            };
-            let line = renewal.line(ttl);
-            let r = self
-                .inner
-                .pool
-                .call_tagged(&line, Some(renewal.value.as_bytes()), Some(token))
-                .await?;
-            if r.code == "EX" {
-                return self.renew_again(lease.name, token, ttl).await;
-            }
-            self.renewed(token, &r)
-        })
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        let token = lease.token.as_str();
+        self.settle(token).await?;
+        let Some(renewal) = self.renewal(lease.name, token) else {
+            return Ok(LeaseCheck::Missing);
+        };
+        let line = renewal.line(ttl);
+        let r = self
+            .inner
+            .pool
+            .call_tagged(&line, Some(renewal.value.as_bytes()), Some(token))
+            .await?;
+        if r.code == "EX" {
+            return self.renew_again(lease.name, token, ttl).await;
+        }
+        self.renewed(token, &r)
     }
 
-    fn release<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            let (key, token) = (lease.name, lease.token);
-            self.settle(token.as_str()).await?;
-            let held = self.inner.held.locked().remove(token.as_str(), key);
-            let (item, cas) = match held {
-                Some(h) => (self.item(key), h.cas),
-                None => {
-                    // No record: an acquire cancelled after its add was sent (the core cleans up
-                    // with its token). Ours if the item carries our token: delete it by the CAS
-                    // read now, so a newer holder's lock still survives.
-                    let item = self.item(key);
-                    match self.read(&item).await? {
-                        Some((value, cas, _))
-                            if HolderValue::parse(&value).token == token.as_str() =>
-                        {
-                            (item, cas)
-                        }
-                        _ => return Ok(LeaseCheck::Missing),
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        let (key, token) = (lease.name, lease.token);
+        self.settle(token.as_str()).await?;
+        let held = self.inner.held.locked().remove(token.as_str(), key);
+        let (item, cas) = match held {
+            Some(h) => (self.item(key), h.cas),
+            None => {
+                // No record: an acquire cancelled after its add was sent (the core cleans up
+                // with its token). Ours if the item carries our token: delete it by the CAS
+                // read now, so a newer holder's lock still survives.
+                let item = self.item(key);
+                match self.read(&item).await? {
+                    Some((value, cas, _)) if HolderValue::parse(&value).token == token.as_str() => {
+                        (item, cas)
                     }
+                    _ => return Ok(LeaseCheck::Missing),
                 }
-            };
-            let r = self.delete(&item, cas).await?;
-            if r.code != "EX" {
-                return released(&r);
             }
-            // Refused for its CAS: ours with a CAS not learned (see `renew_again`)? Read it, once.
-            match self.cas_if_ours(&item, token.as_str()).await? {
-                Some(cas) => released(&self.delete(&item, cas).await?),
-                None => Ok(LeaseCheck::Foreign),
-            }
-        })
+        };
+        let r = self.delete(&item, cas).await?;
+        if r.code != "EX" {
+            return released(&r);
+        }
+        // Refused for its CAS: ours with a CAS not learned (see `renew_again`)? Read it, once.
+        match self.cas_if_ours(&item, token.as_str()).await? {
+            Some(cas) => released(&self.delete(&item, cas).await?),
+            None => Ok(LeaseCheck::Foreign),
+        }
     }
 
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
-        Box::pin(async move {
-            Ok(match self.read(&self.item(key)).await? {
-                Some((value, _, ttl)) => holder_status(&value, ttl),
-                None => LockStatus::free(),
-            })
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        Ok(match self.read(&self.item(key)).await? {
+            Some((value, _, ttl)) => holder_status(&value, ttl),
+            None => LockStatus::free(),
         })
     }
 
@@ -497,46 +478,40 @@ impl Backend for MemcachedBackend {
 /// An item expires by itself: leaving the lease is renewing it (by its CAS) to the time left,
 /// in whole seconds rounded up (and a second more: memcached's clock ticks in seconds), then
 /// forgetting it here.
+#[distlock_core::engine::async_trait]
 impl Linger for MemcachedBackend {
-    fn linger<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            let check = self.renew(lease, ttl).await?;
-            self.inner
-                .held
-                .locked()
-                .remove(lease.token.as_str(), lease.name);
-            Ok(check)
-        })
+    async fn linger(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        let check = self.renew(lease, ttl).await?;
+        self.inner
+            .held
+            .locked()
+            .remove(lease.token.as_str(), lease.name);
+        Ok(check)
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Breaker for MemcachedBackend {
     /// Deletes the item by the CAS it was read with.
-    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
-        Box::pin(async move {
-            let item = self.item(key);
-            let Some((value, cas, ttl)) = self.read(&item).await? else {
-                return Ok(BreakOutcome::Free);
-            };
-            let r = self
-                .inner
-                .pool
-                .call(
-                    &[Arg::Word("md"), Arg::Word(&item), Arg::Flag('C', cas)],
-                    None,
-                )
-                .await?;
-            match r.code {
-                "HD" => Ok(BreakOutcome::Broken(holder_status(&value, ttl))),
-                "NF" => Ok(BreakOutcome::Free),
-                "EX" => Ok(BreakOutcome::Changed),
-                _ => Err(unexpected("breaking a memcached lock", &r)),
-            }
-        })
+    async fn break_once(&self, key: &str) -> Result<BreakOutcome, LockError> {
+        let item = self.item(key);
+        let Some((value, cas, ttl)) = self.read(&item).await? else {
+            return Ok(BreakOutcome::Free);
+        };
+        let r = self
+            .inner
+            .pool
+            .call(
+                &[Arg::Word("md"), Arg::Word(&item), Arg::Flag('C', cas)],
+                None,
+            )
+            .await?;
+        match r.code {
+            "HD" => Ok(BreakOutcome::Broken(holder_status(&value, ttl))),
+            "NF" => Ok(BreakOutcome::Free),
+            "EX" => Ok(BreakOutcome::Changed),
+            _ => Err(unexpected("breaking a memcached lock", &r)),
+        }
     }
 }
 

@@ -21,8 +21,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BoxFuture, Capabilities, Fencing, LeaseCheck, LeaseRef,
-    LockError, LockStatus,
+    AcquireRequest, Attempt, Backend, Capabilities, Fencing, LeaseCheck, LeaseRef, LockError,
+    LockStatus,
 };
 use distlock_core::recipes::pool::{PoolLimits, SessionPool};
 use mysql_async::{Row, Value};
@@ -172,6 +172,7 @@ impl MysqlBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Backend for MysqlBackend {
     fn name(&self) -> &'static str {
         "mysql"
@@ -189,30 +190,22 @@ impl Backend for MysqlBackend {
         }
     }
 
-    fn acquire<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(self.acquire_inner(req))
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        self.acquire_inner(req).await
     }
 
-    fn release<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            let released = self
-                .inner
-                .pool
-                .release(lease.name, lease.token.as_str())
-                .await;
-            self.unrecord(lease.token.as_str()).await;
-            released
-        })
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        let released = self
+            .inner
+            .pool
+            .release(lease.name, lease.token.as_str())
+            .await;
+        self.unrecord(lease.token.as_str()).await;
+        released
     }
 
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
-        Box::pin(self.status(key))
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        self.status(key).await
     }
 
     distlock_core::capability_getters!(

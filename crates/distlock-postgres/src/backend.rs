@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BoxFuture, Capabilities, Fencing, LeaseCheck, LeaseRef,
-    LockError, LockStatus,
+    AcquireRequest, Attempt, Backend, Capabilities, Fencing, LeaseCheck, LeaseRef, LockError,
+    LockStatus,
 };
 use distlock_core::recipes::pool::{PoolLimits, SHARED_PREFIX, SessionPool};
 use sha2::{Digest, Sha256};
@@ -191,6 +191,7 @@ impl PgBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Backend for PgBackend {
     fn name(&self) -> &'static str {
         "postgres"
@@ -203,32 +204,24 @@ impl Backend for PgBackend {
             .with_order()
     }
 
-    fn acquire<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(self.acquire_inner(req))
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        self.acquire_inner(req).await
     }
 
-    fn release<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            // A waiter that gave up leaves the queue.
-            self.drop_ticket(lease.token.as_str()).await;
-            let released = self
-                .inner
-                .pool
-                .release(lease.name, lease.token.as_str())
-                .await;
-            self.unrecord(lease.token.as_str()).await;
-            released
-        })
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        // A waiter that gave up leaves the queue.
+        self.drop_ticket(lease.token.as_str()).await;
+        let released = self
+            .inner
+            .pool
+            .release(lease.name, lease.token.as_str())
+            .await;
+        self.unrecord(lease.token.as_str()).await;
+        released
     }
 
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
-        Box::pin(self.status(key))
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        self.status(key).await
     }
 
     distlock_core::capability_getters!(

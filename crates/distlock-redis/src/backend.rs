@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BoxFuture, Capabilities, Fencing, LeaseCheck, LeaseKind,
-    LeaseRef, LockError, LockStatus, Token,
+    AcquireRequest, Attempt, Backend, Capabilities, Fencing, LeaseCheck, LeaseKind, LeaseRef,
+    LockError, LockStatus, Token,
 };
 
 use crate::config::{ClusterConfig, RedisConfig};
@@ -207,6 +207,7 @@ impl RedisBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Backend for RedisBackend {
     fn name(&self) -> &'static str {
         "redis"
@@ -219,39 +220,27 @@ impl Backend for RedisBackend {
             .with_order()
     }
 
-    fn acquire<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(self.acquire_inner(req))
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        self.acquire_inner(req).await
     }
 
-    fn renew<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(self.renew_inner(lease, ttl))
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        self.renew_inner(lease, ttl).await
     }
 
-    fn release<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            match lease.kind {
-                LeaseKind::Permit { .. } => {
-                    return self.release_permit(lease.name, lease.token).await;
-                }
-                LeaseKind::Shared => return self.release_shared(lease.name, lease.token).await,
-                _ => {}
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        match lease.kind {
+            LeaseKind::Permit { .. } => {
+                return self.release_permit(lease.name, lease.token).await;
             }
-            self.release_inner(lease.name, lease.token, None).await
-        })
+            LeaseKind::Shared => return self.release_shared(lease.name, lease.token).await,
+            _ => {}
+        }
+        self.release_inner(lease.name, lease.token, None).await
     }
 
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
-        Box::pin(async move { Ok(self.holder(key).await?.0) })
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        Ok(self.holder(key).await?.0)
     }
 
     distlock_core::capability_getters!(

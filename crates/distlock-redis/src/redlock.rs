@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 
 use distlock_core::default_drift;
 use distlock_core::engine::{
-    AcquireMode, AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker,
-    Capabilities, ErrorKind, Fencing, LeaseCheck, LeaseRef, Linger, LockError, LockStatus,
-    RenewItem, Token,
+    AcquireMode, AcquireRequest, Attempt, Backend, BatchRenew, BreakOutcome, Breaker, Capabilities,
+    ErrorKind, Fencing, LeaseCheck, LeaseRef, Linger, LockError, LockStatus, RenewItem, Token,
 };
 use distlock_core::recipes::HolderValue;
 use distlock_core::seeded::{self, SeededBug};
@@ -407,6 +406,7 @@ fn no_quorum(doing: &str, got: usize, needed: usize) -> LockError {
     )
 }
 
+#[distlock_core::engine::async_trait]
 impl Backend for RedlockBackend {
     fn name(&self) -> &'static str {
         "redlock"
@@ -428,95 +428,79 @@ impl Backend for RedlockBackend {
         )
     }
 
-    fn acquire<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "acquiring a Redlock lock";
-            let started = Instant::now();
-            let lock_key = self.layout.lock_key(req.name);
-            let value = HolderValue::now(req.token.as_str(), req.owner).encode();
-            let mut ttl_buf = itoa::Buffer::new();
-            let ttl = ttl_buf.format(ttl_ms(req.ttl));
-            let limit = self.timeout_for(req.ttl);
-            let votes = if req.mode != AcquireMode::Try {
-                // Re-arms a lock already ours (a resent request, or a master that kept our copy
-                // from an earlier attempt of this wait) and reports the holder's lease.
-                self.on_all(
-                    &self.scripts.acquire,
-                    &lock_key,
-                    &[req.token.as_str(), &value, ttl],
-                    limit,
-                    DOING,
-                )
-                .await
-            } else {
-                join_all(self.nodes.iter().map(|node| async {
-                    tokio::time::timeout(limit, Self::set_nx(node, &lock_key, &value, ttl))
-                        .await
-                        .unwrap_or(Vote::Failed)
-                }))
-                .await
-            };
-            let outcome = decide(&votes, req.ttl, started.elapsed());
-            if outcome == Verdict::Acquired {
-                return Ok(Attempt::Acquired { fence: None });
-            }
-            // Not ours: take back every copy we may have, on every master (one that did not
-            // answer in time may have granted it).
-            if !seeded::on(SeededBug::KeepPartial)
-                && votes.iter().any(|v| matches!(v, Vote::Yes | Vote::Failed))
-            {
-                self.release_all(&lock_key, req.token, limit).await;
-            }
-            match outcome {
-                Verdict::NoQuorum { got, needed } => Err(no_quorum(DOING, got, needed)),
-                Verdict::Busy(holder_ttl) => Ok(Attempt::Busy { holder_ttl }),
-                Verdict::Acquired => unreachable!("handled above"),
-            }
-        })
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        const DOING: &str = "acquiring a Redlock lock";
+        let started = Instant::now();
+        let lock_key = self.layout.lock_key(req.name);
+        let value = HolderValue::now(req.token.as_str(), req.owner).encode();
+        let mut ttl_buf = itoa::Buffer::new();
+        let ttl = ttl_buf.format(ttl_ms(req.ttl));
+        let limit = self.timeout_for(req.ttl);
+        let votes = if req.mode != AcquireMode::Try {
+            // Re-arms a lock already ours (a resent request, or a master that kept our copy
+            // from an earlier attempt of this wait) and reports the holder's lease.
+            self.on_all(
+                &self.scripts.acquire,
+                &lock_key,
+                &[req.token.as_str(), &value, ttl],
+                limit,
+                DOING,
+            )
+            .await
+        } else {
+            join_all(self.nodes.iter().map(|node| async {
+                tokio::time::timeout(limit, Self::set_nx(node, &lock_key, &value, ttl))
+                    .await
+                    .unwrap_or(Vote::Failed)
+            }))
+            .await
+        };
+        let outcome = decide(&votes, req.ttl, started.elapsed());
+        if outcome == Verdict::Acquired {
+            return Ok(Attempt::Acquired { fence: None });
+        }
+        // Not ours: take back every copy we may have, on every master (one that did not
+        // answer in time may have granted it).
+        if !seeded::on(SeededBug::KeepPartial)
+            && votes.iter().any(|v| matches!(v, Vote::Yes | Vote::Failed))
+        {
+            self.release_all(&lock_key, req.token, limit).await;
+        }
+        match outcome {
+            Verdict::NoQuorum { got, needed } => Err(no_quorum(DOING, got, needed)),
+            Verdict::Busy(holder_ttl) => Ok(Attempt::Busy { holder_ttl }),
+            Verdict::Acquired => unreachable!("handled above"),
+        }
     }
 
-    fn renew<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "renewing a Redlock lock";
-            let (key, token) = (lease.name, lease.token);
-            let lock_key = self.layout.lock_key(key);
-            let mut ttl_buf = itoa::Buffer::new();
-            let votes = self
-                .on_all(
-                    &self.scripts.extend,
-                    &lock_key,
-                    &[token.as_str(), ttl_buf.format(ttl_ms(ttl))],
-                    self.timeout_for(ttl),
-                    DOING,
-                )
-                .await;
-            lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))
-        })
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "renewing a Redlock lock";
+        let (key, token) = (lease.name, lease.token);
+        let lock_key = self.layout.lock_key(key);
+        let mut ttl_buf = itoa::Buffer::new();
+        let votes = self
+            .on_all(
+                &self.scripts.extend,
+                &lock_key,
+                &[token.as_str(), ttl_buf.format(ttl_ms(ttl))],
+                self.timeout_for(ttl),
+                DOING,
+            )
+            .await;
+        lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))
     }
 
-    fn release<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "releasing a Redlock lock";
-            let (key, token) = (lease.name, lease.token);
-            let lock_key = self.layout.lock_key(key);
-            let limit = self.nodes[0].response_timeout;
-            let votes = self.release_all(&lock_key, token, limit).await;
-            lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))
-        })
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "releasing a Redlock lock";
+        let (key, token) = (lease.name, lease.token);
+        let lock_key = self.layout.lock_key(key);
+        let limit = self.nodes[0].response_timeout;
+        let votes = self.release_all(&lock_key, token, limit).await;
+        lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))
     }
 
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
-        Box::pin(async move { Ok(self.holder(key).await?.0) })
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        Ok(self.holder(key).await?.0)
     }
 
     distlock_core::capability_getters!(
@@ -529,49 +513,46 @@ impl Backend for RedlockBackend {
 
 /// The lock keys expire by themselves on every master: leaving the lease is renewing it to
 /// the time left, on a quorum as every renewal.
+#[distlock_core::engine::async_trait]
 impl Linger for RedlockBackend {
-    fn linger<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(self.renew(lease, ttl))
+    async fn linger(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        self.renew(lease, ttl).await
     }
 }
 
 /// The names in use on any master (`SCAN` on each), when a majority answers: the status read
 /// of each name then says whether a quorum holds it.
+#[distlock_core::engine::async_trait]
 impl distlock_core::engine::Lister for RedlockBackend {
-    fn names<'a>(
-        &'a self,
-        prefix: &'a str,
+    async fn names(
+        &self,
+        prefix: &str,
         budget: usize,
-    ) -> BoxFuture<'a, Result<distlock_core::engine::Names, LockError>> {
-        Box::pin(async move {
-            let mut names = Vec::new();
-            let (mut more, mut answered, mut failed) = (false, 0, None);
-            for node in self.nodes.iter() {
-                match crate::list::names(node, &self.layout, prefix, budget).await {
-                    Ok(found) => {
-                        answered += 1;
-                        more |= found.more;
-                        names.extend(found.names);
-                    }
-                    Err(e) => failed = Some(e),
+    ) -> Result<distlock_core::engine::Names, LockError> {
+        let mut names = Vec::new();
+        let (mut more, mut answered, mut failed) = (false, 0, None);
+        for node in self.nodes.iter() {
+            match crate::list::names(node, &self.layout, prefix, budget).await {
+                Ok(found) => {
+                    answered += 1;
+                    more |= found.more;
+                    names.extend(found.names);
                 }
+                Err(e) => failed = Some(e),
             }
-            match failed {
-                Some(e) if answered < self.nodes.len() / 2 + 1 => Err(e),
-                _ => Ok(distlock_core::engine::Names::new(names, more)),
-            }
-        })
+        }
+        match failed {
+            Some(e) if answered < self.nodes.len() / 2 + 1 => Err(e),
+            _ => Ok(distlock_core::engine::Names::new(names, more)),
+        }
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Breaker for RedlockBackend {
     /// Reads the holder a majority names, then compare-and-deletes its token on every master.
-    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
-        Box::pin(self.break_holder(key))
+    async fn break_once(&self, key: &str) -> Result<BreakOutcome, LockError> {
+        self.break_holder(key).await
     }
 }
 
@@ -595,12 +576,10 @@ impl RedlockBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl BatchRenew for RedlockBackend {
-    fn renew_many<'a>(
-        &'a self,
-        items: &'a [RenewItem<'a>],
-    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
-        Box::pin(self.renew_batch(items))
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
+        self.renew_batch(items).await
     }
 }
 

@@ -6,9 +6,9 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Handover, LeaseCheck, LeaseRef, Linger, Listener, Lister, LockError,
-    LockStatus, Names, NextWaiter, Relabel, RenewItem, Subscription, WakeSource,
+    AcquireRequest, Attempt, Backend, BatchRenew, BreakOutcome, Breaker, Capabilities, Downgrade,
+    ErrorKind, Handover, LeaseCheck, LeaseRef, Linger, Listener, Lister, LockError, LockStatus,
+    Names, NextWaiter, Relabel, RenewItem, Subscription, WakeSource,
 };
 use redis::Value;
 
@@ -392,6 +392,7 @@ async fn ask(config: &SentinelConfig, sentinel: &str) -> Result<(String, u16), L
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Backend for SentinelBackend {
     fn name(&self) -> &'static str {
         "redis+sentinel"
@@ -401,30 +402,20 @@ impl Backend for SentinelBackend {
         self.current().backend.capabilities()
     }
 
-    fn acquire<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(async move { self.on_master(async |b| b.acquire(req).await).await })
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        self.on_master(async |b| b.acquire(req).await).await
     }
 
-    fn renew<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move { self.on_master(async |b| b.renew(lease, ttl).await).await })
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        self.on_master(async |b| b.renew(lease, ttl).await).await
     }
 
-    fn release<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move { self.on_master(async |b| b.release(lease).await).await })
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        self.on_master(async |b| b.release(lease).await).await
     }
 
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
-        Box::pin(async move { self.on_master(async |b| b.inspect(key).await).await })
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        self.on_master(async |b| b.inspect(key).await).await
     }
 
     distlock_core::capability_getters!(
@@ -439,58 +430,49 @@ impl Backend for SentinelBackend {
     );
 }
 
+#[distlock_core::engine::async_trait]
 impl Linger for SentinelBackend {
-    fn linger<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
+    async fn linger(
+        &self,
+        lease: &LeaseRef<'_>,
         ttl: std::time::Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            self.on_master(async |b| Linger::linger(b, lease, ttl).await)
-                .await
-        })
+    ) -> Result<LeaseCheck, LockError> {
+        self.on_master(async |b| Linger::linger(b, lease, ttl).await)
+            .await
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Lister for SentinelBackend {
-    fn names<'a>(
-        &'a self,
-        prefix: &'a str,
-        budget: usize,
-    ) -> BoxFuture<'a, Result<Names, LockError>> {
-        Box::pin(async move {
-            self.on_master(async |b| Lister::names(b, prefix, budget).await)
-                .await
-        })
+    async fn names(&self, prefix: &str, budget: usize) -> Result<Names, LockError> {
+        self.on_master(async |b| Lister::names(b, prefix, budget).await)
+            .await
     }
 }
 
 // Each capability is the current master's, and a failure sends us to the sentinels.
 
+#[distlock_core::engine::async_trait]
 impl BatchRenew for SentinelBackend {
-    fn renew_many<'a>(
-        &'a self,
-        items: &'a [RenewItem<'a>],
-    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
-        Box::pin(async move {
-            let cur = self.current();
-            let r = cur.backend.renew_many(items).await;
-            let error = r.iter().find_map(|x| x.as_ref().err());
-            self.follow(&cur, error).await;
-            r
-        })
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
+        let cur = self.current();
+        let r = cur.backend.renew_many(items).await;
+        let error = r.iter().find_map(|x| x.as_ref().err());
+        self.follow(&cur, error).await;
+        r
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl WakeSource for SentinelBackend {
     /// A subscription on a master that is later left behind stops firing; the waiter's
     /// fallback interval then bounds its sleeps.
-    fn subscribe<'a>(
-        &'a self,
-        key: &'a str,
-        who: Listener<'a>,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        Box::pin(async move { self.on_master(async |b| b.subscribe(key, who).await).await })
+    async fn subscribe(
+        &self,
+        key: &str,
+        who: Listener<'_>,
+    ) -> Result<Option<Subscription>, LockError> {
+        self.on_master(async |b| b.subscribe(key, who).await).await
     }
 
     fn watching(&self, key: &str) -> bool {
@@ -498,48 +480,42 @@ impl WakeSource for SentinelBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Handover for SentinelBackend {
-    fn release_requeue<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        next: &'a NextWaiter<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            self.on_master(async |b| b.release_requeue(lease, next).await)
-                .await
-        })
+    async fn release_requeue(
+        &self,
+        lease: &LeaseRef<'_>,
+        next: &NextWaiter<'_>,
+    ) -> Result<LeaseCheck, LockError> {
+        self.on_master(async |b| b.release_requeue(lease, next).await)
+            .await
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Breaker for SentinelBackend {
-    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
-        Box::pin(async move { self.on_master(async |b| b.break_once(key).await).await })
+    async fn break_once(&self, key: &str) -> Result<BreakOutcome, LockError> {
+        self.on_master(async |b| b.break_once(key).await).await
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Relabel for SentinelBackend {
-    fn relabel<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            self.on_master(async |b| Relabel::relabel(b, lease, owner).await)
-                .await
-        })
+    async fn relabel(&self, lease: &LeaseRef<'_>, owner: &str) -> Result<LeaseCheck, LockError> {
+        self.on_master(async |b| Relabel::relabel(b, lease, owner).await)
+            .await
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Downgrade for SentinelBackend {
-    fn downgrade<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
+    async fn downgrade(
+        &self,
+        lease: &LeaseRef<'_>,
         ttl: std::time::Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            self.on_master(async |b| Downgrade::downgrade(b, lease, ttl).await)
-                .await
-        })
+    ) -> Result<LeaseCheck, LockError> {
+        self.on_master(async |b| Downgrade::downgrade(b, lease, ttl).await)
+            .await
     }
 }
 

@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BoxFuture, BreakOutcome, Breaker, Capabilities, Clock,
-    Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, Listener,
-    LockError, LockStatus, Relabel, Subscription, WakeSource,
+    AcquireRequest, Attempt, Backend, BreakOutcome, Breaker, Capabilities, Clock, Downgrade,
+    ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, Listener, LockError,
+    LockStatus, Relabel, Subscription, WakeSource,
 };
 use distlock_core::recipes::{HolderValue, WakeHub, kind_conflict, shares_unbreakable};
 
@@ -272,6 +272,7 @@ fn check(result: Result<(), LeaseCheck>) -> LeaseCheck {
     result.err().unwrap_or(LeaseCheck::Ours)
 }
 
+#[distlock_core::engine::async_trait]
 impl Backend for MemoryBackend {
     fn name(&self) -> &'static str {
         "memory"
@@ -284,48 +285,30 @@ impl Backend for MemoryBackend {
             .no_list_because("the memory store is for tests, which know their names")
     }
 
-    fn acquire<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(async move {
-            self.store.request()?;
-            self.store.acquire(req)
-        })
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        self.store.request()?;
+        self.store.acquire(req)
     }
 
-    fn renew<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            self.store.request()?;
-            Ok(check(self.store.with_holder(lease, |name, i, now| {
-                name.holders[i].deadline = now + ttl;
-            })))
-        })
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        self.store.request()?;
+        Ok(check(self.store.with_holder(lease, |name, i, now| {
+            name.holders[i].deadline = now + ttl;
+        })))
     }
 
-    fn release<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            self.store.request()?;
-            let done = check(self.store.with_holder(lease, |name, i, _| {
-                name.holders.remove(i);
-            }));
-            self.store.tell(lease.name);
-            Ok(done)
-        })
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        self.store.request()?;
+        let done = check(self.store.with_holder(lease, |name, i, _| {
+            name.holders.remove(i);
+        }));
+        self.store.tell(lease.name);
+        Ok(done)
     }
 
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
-        Box::pin(async move {
-            self.store.request()?;
-            Ok(self.store.status(key))
-        })
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        self.store.request()?;
+        Ok(self.store.status(key))
     }
 
     distlock_core::capability_getters!(
@@ -336,15 +319,16 @@ impl Backend for MemoryBackend {
     );
 }
 
+#[distlock_core::engine::async_trait]
 impl WakeSource for MemoryBackend {
-    fn subscribe<'a>(
-        &'a self,
-        name: &'a str,
-        _who: Listener<'a>,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+    async fn subscribe(
+        &self,
+        name: &str,
+        _who: Listener<'_>,
+    ) -> Result<Option<Subscription>, LockError> {
         let sub = self.hub.subscribe(name);
         self.hub.set_confirmed(name, true);
-        Box::pin(std::future::ready(Ok(Some(sub))))
+        Ok(Some(sub))
     }
 
     /// An expiry tells nobody.
@@ -353,65 +337,58 @@ impl WakeSource for MemoryBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Breaker for MemoryBackend {
-    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
-        Box::pin(async move {
-            self.store.request()?;
-            let status = self.store.status(key);
-            match status.holders.first().map(|h| h.kind) {
-                None => return Ok(BreakOutcome::Free),
-                Some(LeaseKind::Shared) => return Err(shares_unbreakable(key, "readers")),
-                Some(LeaseKind::Permit { .. }) => {
-                    return Err(shares_unbreakable(key, "a semaphore's permits"));
-                }
-                Some(_) => {}
+    async fn break_once(&self, key: &str) -> Result<BreakOutcome, LockError> {
+        self.store.request()?;
+        let status = self.store.status(key);
+        match status.holders.first().map(|h| h.kind) {
+            None => return Ok(BreakOutcome::Free),
+            Some(LeaseKind::Shared) => return Err(shares_unbreakable(key, "readers")),
+            Some(LeaseKind::Permit { .. }) => {
+                return Err(shares_unbreakable(key, "a semaphore's permits"));
             }
-            self.store
-                .names
-                .lock()
-                .unwrap()
-                .entry(key.to_owned())
-                .or_default()
-                .holders
-                .clear();
-            self.store.tell(key);
-            Ok(BreakOutcome::Broken(status))
-        })
+            Some(_) => {}
+        }
+        self.store
+            .names
+            .lock()
+            .unwrap()
+            .entry(key.to_owned())
+            .or_default()
+            .holders
+            .clear();
+        self.store.tell(key);
+        Ok(BreakOutcome::Broken(status))
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Downgrade for MemoryBackend {
-    fn downgrade<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
+    async fn downgrade(
+        &self,
+        lease: &LeaseRef<'_>,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            self.store.request()?;
-            let done = check(self.store.with_holder(lease, |name, i, now| {
-                let h = &mut name.holders[i];
-                h.kind = LeaseKind::Shared;
-                h.deadline = now + ttl;
-            }));
-            // Readers waiting behind the writer may come in.
-            self.store.tell(lease.name);
-            Ok(done)
-        })
+    ) -> Result<LeaseCheck, LockError> {
+        self.store.request()?;
+        let done = check(self.store.with_holder(lease, |name, i, now| {
+            let h = &mut name.holders[i];
+            h.kind = LeaseKind::Shared;
+            h.deadline = now + ttl;
+        }));
+        // Readers waiting behind the writer may come in.
+        self.store.tell(lease.name);
+        Ok(done)
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Relabel for MemoryBackend {
-    fn relabel<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            self.store.request()?;
-            Ok(check(self.store.with_holder(lease, |name, i, _| {
-                let h = &mut name.holders[i];
-                h.value = HolderValue::parse(&h.value).relabelled(owner).encode();
-            })))
-        })
+    async fn relabel(&self, lease: &LeaseRef<'_>, owner: &str) -> Result<LeaseCheck, LockError> {
+        self.store.request()?;
+        Ok(check(self.store.with_holder(lease, |name, i, _| {
+            let h = &mut name.holders[i];
+            h.value = HolderValue::parse(&h.value).relabelled(owner).encode();
+        })))
     }
 }

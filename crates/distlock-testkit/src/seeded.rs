@@ -26,9 +26,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Capabilities, Downgrade,
-    Handover, LeaseCheck, LeaseKind, LeaseRef, Linger, Lister, LockStatus, NextWaiter, Relabel,
-    RenewItem, SessionWatch, Sessions, WakeSource,
+    AcquireRequest, Attempt, Backend, BatchRenew, BreakOutcome, Capabilities, Downgrade, Handover,
+    LeaseCheck, LeaseKind, LeaseRef, Linger, Lister, LockStatus, NextWaiter, Relabel, RenewItem,
+    SessionWatch, Sessions, WakeSource,
 };
 use distlock_core::seeded::SeededBug;
 use distlock_core::{Clock, LockError, Token};
@@ -170,6 +170,7 @@ impl Seeded {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Backend for Seeded {
     fn name(&self) -> &'static str {
         self.inner.name()
@@ -179,66 +180,50 @@ impl Backend for Seeded {
         self.inner.capabilities()
     }
 
-    fn acquire<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(async move {
-            let asked = (*req).kind(self.kind(req.kind));
-            let attempt = self.inner.acquire(&asked).await?;
-            Ok(match (self.bug, attempt) {
-                (SeededBug::ReplyTimeValidity, Attempt::Acquired { fence }) => {
-                    Attempt::AcquiredEarlier {
-                        fence,
-                        age: Some(Duration::ZERO),
-                        ttl: req.ttl,
-                    }
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        let asked = (*req).kind(self.kind(req.kind));
+        let attempt = self.inner.acquire(&asked).await?;
+        Ok(match (self.bug, attempt) {
+            (SeededBug::ReplyTimeValidity, Attempt::Acquired { fence }) => {
+                Attempt::AcquiredEarlier {
+                    fence,
+                    age: Some(Duration::ZERO),
+                    ttl: req.ttl,
                 }
-                (SeededBug::ReaderIgnoresWriter, Attempt::Busy { .. })
-                    if req.kind == LeaseKind::Shared =>
-                {
-                    self.tokens
-                        .lock()
-                        .unwrap()
-                        .insert(req.token.as_str().to_owned());
-                    Attempt::Acquired { fence: None }
-                }
-                (SeededBug::RenewAfterLoss, a @ Attempt::Acquired { .. })
-                | (SeededBug::RenewAfterLoss, a @ Attempt::AcquiredEarlier { .. }) => {
-                    self.keep_renewing(req);
-                    a
-                }
-                (_, a) => a,
-            })
-        })
-    }
-
-    fn renew<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            if self.granted_against_engine(lease.token) {
-                return Ok(LeaseCheck::Ours);
             }
-            let r = self.inner.renew(&self.lease(lease), ttl).await;
-            self.renewed(r)
+            (SeededBug::ReaderIgnoresWriter, Attempt::Busy { .. })
+                if req.kind == LeaseKind::Shared =>
+            {
+                self.tokens
+                    .lock()
+                    .unwrap()
+                    .insert(req.token.as_str().to_owned());
+                Attempt::Acquired { fence: None }
+            }
+            (SeededBug::RenewAfterLoss, a @ Attempt::Acquired { .. })
+            | (SeededBug::RenewAfterLoss, a @ Attempt::AcquiredEarlier { .. }) => {
+                self.keep_renewing(req);
+                a
+            }
+            (_, a) => a,
         })
     }
 
-    fn release<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            let asked = self.lease(lease);
-            self.released(lease, self.inner.release(&asked)).await
-        })
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        if self.granted_against_engine(lease.token) {
+            return Ok(LeaseCheck::Ours);
+        }
+        let r = self.inner.renew(&self.lease(lease), ttl).await;
+        self.renewed(r)
     }
 
-    fn inspect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
-        self.inner.inspect(name)
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        let asked = self.lease(lease);
+        self.released(lease, self.inner.release(&asked)).await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<LockStatus, LockError> {
+        self.inner.inspect(name).await
     }
 
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {
@@ -282,32 +267,28 @@ impl Backend for Seeded {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl BatchRenew for Seeded {
-    fn renew_many<'a>(
-        &'a self,
-        items: &'a [RenewItem<'a>],
-    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
-        Box::pin(async move {
-            let Some(batch) = self.inner.batch_renew() else {
-                return Vec::new();
-            };
-            let asked: Vec<RenewItem<'_>> = items
-                .iter()
-                .map(|i| RenewItem::new(self.lease(&i.lease), i.ttl))
-                .collect();
-            let answers = batch.renew_many(&asked).await;
-            answers
-                .into_iter()
-                .zip(items)
-                .map(|(r, i)| {
-                    if self.granted_against_engine(i.lease.token) {
-                        Ok(LeaseCheck::Ours)
-                    } else {
-                        self.renewed(r)
-                    }
-                })
-                .collect()
-        })
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
+        let Some(batch) = self.inner.batch_renew() else {
+            return Vec::new();
+        };
+        let asked: Vec<RenewItem<'_>> = items
+            .iter()
+            .map(|i| RenewItem::new(self.lease(&i.lease), i.ttl))
+            .collect();
+        let answers = batch.renew_many(&asked).await;
+        answers
+            .into_iter()
+            .zip(items)
+            .map(|(r, i)| {
+                if self.granted_against_engine(i.lease.token) {
+                    Ok(LeaseCheck::Ours)
+                } else {
+                    self.renewed(r)
+                }
+            })
+            .collect()
     }
 
     fn max_batch(&self) -> usize {
@@ -315,6 +296,7 @@ impl BatchRenew for Seeded {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Sessions for Seeded {
     /// Under the `*-session-held` bugs a session's end is never told.
     fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch {
@@ -330,34 +312,27 @@ impl Sessions for Seeded {
             .is_none_or(|s| s.still_on(lease, session))
     }
 
-    fn detach<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(async move {
-            match self.inner.sessions() {
-                Some(s) => s.detach(lease, ttl).await,
-                None => Ok(()),
-            }
-        })
+    async fn detach(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<(), LockError> {
+        match self.inner.sessions() {
+            Some(s) => s.detach(lease, ttl).await,
+            None => Ok(()),
+        }
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Handover for Seeded {
-    fn release_requeue<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        next: &'a NextWaiter<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            let asked = self.lease(lease);
-            let Some(handover) = self.inner.handover() else {
-                return self.released(lease, self.inner.release(&asked)).await;
-            };
-            self.released(lease, handover.release_requeue(&asked, next))
-                .await
-        })
+    async fn release_requeue(
+        &self,
+        lease: &LeaseRef<'_>,
+        next: &NextWaiter<'_>,
+    ) -> Result<LeaseCheck, LockError> {
+        let asked = self.lease(lease);
+        let Some(handover) = self.inner.handover() else {
+            return self.released(lease, self.inner.release(&asked)).await;
+        };
+        self.released(lease, handover.release_requeue(&asked, next))
+            .await
     }
 }
 
@@ -378,6 +353,7 @@ impl Default for WallClock {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Clock for WallClock {
     fn now(&self) -> Instant {
         match SystemTime::now().duration_since(self.base_wall) {

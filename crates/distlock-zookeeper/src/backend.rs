@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BatchRenew, BoxFuture, BreakOutcome, Breaker, Capabilities,
-    Downgrade, ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, Listener,
-    LockError, LockStatus, Relabel, RenewItem, SessionWatch, Sessions, Subscription, WakeSource,
+    AcquireRequest, Attempt, Backend, BatchRenew, BreakOutcome, Breaker, Capabilities, Downgrade,
+    ErrorKind, Fencing, HolderStatus, LeaseCheck, LeaseKind, LeaseRef, Listener, LockError,
+    LockStatus, Relabel, RenewItem, SessionWatch, Sessions, Subscription, WakeSource,
 };
 use distlock_core::recipes::queue::QueueRecipe;
 use distlock_core::recipes::{HolderValue, tag_value, untag_value};
@@ -90,6 +90,7 @@ impl ZkBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Backend for ZkBackend {
     fn name(&self) -> &'static str {
         "zookeeper"
@@ -102,97 +103,87 @@ impl Backend for ZkBackend {
             .with_order()
     }
 
-    fn acquire<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(async move { self.recipe.acquire(req).await })
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        self.recipe.acquire(req).await
     }
 
-    fn release<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "releasing a ZooKeeper lock";
-            let client = self.sessions().current().client.clone();
-            let Some(entry) = self.recipe.forget(lease.name, lease.token.as_str()) else {
-                // An acquire cancelled while its create was in flight: the node may exist without
-                // our knowing its name. Its token finds it (the create was sent first, and ZooKeeper
-                // answers one session's requests in order).
-                if let Some((path, _, _, _)) = self
-                    .store()
-                    .find_own(&client, &self.lock_path(lease.name), lease.token.as_str())
-                    .await?
-                {
-                    match self.store().call(DOING, client.delete(&path, None)).await? {
-                        Ok(()) | Err(Error::NoNode) => {}
-                        Err(e) => return Err(map_err(e, DOING)),
-                    }
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "releasing a ZooKeeper lock";
+        let client = self.sessions().current().client.clone();
+        let Some(entry) = self.recipe.forget(lease.name, lease.token.as_str()) else {
+            // An acquire cancelled while its create was in flight: the node may exist without
+            // our knowing its name. Its token finds it (the create was sent first, and ZooKeeper
+            // answers one session's requests in order).
+            if let Some((path, _, _, _)) = self
+                .store()
+                .find_own(&client, &self.lock_path(lease.name), lease.token.as_str())
+                .await?
+            {
+                match self.store().call(DOING, client.delete(&path, None)).await? {
+                    Ok(()) | Err(Error::NoNode) => {}
+                    Err(e) => return Err(map_err(e, DOING)),
                 }
-                return Ok(LeaseCheck::Missing);
-            };
-            let node = &entry.entry.id;
-            let trusted = entry.held && self.sessions().losses() == node.since;
-            let path = self.store().path_of(lease.name, lease.token.as_str(), node);
-            let deleted = self.store().call(DOING, client.delete(&path, None)).await?;
-            match deleted {
-                Ok(()) if trusted => Ok(LeaseCheck::Ours),
-                Ok(()) | Err(Error::NoNode) => Ok(LeaseCheck::Missing),
-                Err(e) => Err(map_err(e, DOING)),
             }
-        })
+            return Ok(LeaseCheck::Missing);
+        };
+        let node = &entry.entry.id;
+        let trusted = entry.held && self.sessions().losses() == node.since;
+        let path = self.store().path_of(lease.name, lease.token.as_str(), node);
+        let deleted = self.store().call(DOING, client.delete(&path, None)).await?;
+        match deleted {
+            Ok(()) if trusted => Ok(LeaseCheck::Ours),
+            Ok(()) | Err(Error::NoNode) => Ok(LeaseCheck::Missing),
+            Err(e) => Err(map_err(e, DOING)),
+        }
     }
 
     /// Every holder (the leading nodes that hold: one writer, the readers up to the first
     /// writer, or N permits) with its label, token and `czxid`; the other nodes are waiters.
     /// A node's kind is its name's, or the readers' tag in its data (a downgraded writer).
-    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "reading a ZooKeeper lock's status";
-            let parent = self.lock_path(key);
-            let client = self.sessions().current().client.clone();
-            let queue = self.queue_of(&client, &parent, DOING).await?;
-            let mut holders: Vec<HolderStatus> = Vec::new();
-            let mut gone = 0;
-            for (_, child) in &queue {
-                let (data, stat) = match self
-                    .store()
-                    .call(DOING, client.get_data(&format!("{parent}/{child}")))
-                    .await?
-                {
-                    Ok(d) => d,
-                    // Released in between.
-                    Err(Error::NoNode) => {
-                        gone += 1;
-                        continue;
-                    }
-                    Err(e) => return Err(map_err(e, DOING)),
-                };
-                let value = String::from_utf8_lossy(&data).into_owned();
-                let (tagged, holder) = untag_value(&value);
-                let kind = if tagged == LeaseKind::Shared {
-                    tagged
-                } else {
-                    store::kind_of(child)
-                };
-                let holder = HolderValue::parse(holder);
-                let next = HolderStatus::new(kind)
-                    .owner(Some(holder.label()))
-                    .token(Some(holder.token.to_owned()).filter(|t| !t.is_empty()))
-                    .fence(u64::try_from(stat.czxid).ok());
-                let kinds = holders.iter().map(|h| h.kind).chain([kind]);
-                if distlock_core::recipes::queue::holding(kinds) <= holders.len() {
-                    break;
+    async fn inspect(&self, key: &str) -> Result<LockStatus, LockError> {
+        const DOING: &str = "reading a ZooKeeper lock's status";
+        let parent = self.lock_path(key);
+        let client = self.sessions().current().client.clone();
+        let queue = self.queue_of(&client, &parent, DOING).await?;
+        let mut holders: Vec<HolderStatus> = Vec::new();
+        let mut gone = 0;
+        for (_, child) in &queue {
+            let (data, stat) = match self
+                .store()
+                .call(DOING, client.get_data(&format!("{parent}/{child}")))
+                .await?
+            {
+                Ok(d) => d,
+                // Released in between.
+                Err(Error::NoNode) => {
+                    gone += 1;
+                    continue;
                 }
-                holders.push(next);
+                Err(e) => return Err(map_err(e, DOING)),
+            };
+            let value = String::from_utf8_lossy(&data).into_owned();
+            let (tagged, holder) = untag_value(&value);
+            let kind = if tagged == LeaseKind::Shared {
+                tagged
+            } else {
+                store::kind_of(child)
+            };
+            let holder = HolderValue::parse(holder);
+            let next = HolderStatus::new(kind)
+                .owner(Some(holder.label()))
+                .token(Some(holder.token.to_owned()).filter(|t| !t.is_empty()))
+                .fence(u64::try_from(stat.czxid).ok());
+            let kinds = holders.iter().map(|h| h.kind).chain([kind]);
+            if distlock_core::recipes::queue::holding(kinds) <= holders.len() {
+                break;
             }
-            let last = holders.iter().filter_map(|h| h.fence).max();
-            let waiters = (queue.len() - gone).saturating_sub(holders.len());
-            Ok(LockStatus::held_by(holders)
-                .with_last_fence(last)
-                .with_waiters(Some(waiters as u64)))
-        })
+            holders.push(next);
+        }
+        let last = holders.iter().filter_map(|h| h.fence).max();
+        let waiters = (queue.len() - gone).saturating_sub(holders.len());
+        Ok(LockStatus::held_by(holders)
+            .with_last_fence(last)
+            .with_waiters(Some(waiters as u64)))
     }
 
     distlock_core::capability_getters!(
@@ -206,36 +197,32 @@ impl Backend for ZkBackend {
     );
 }
 
+#[distlock_core::engine::async_trait]
 impl Downgrade for ZkBackend {
     /// Our node keeps its name and place (a node cannot be renamed, and a new one would queue
     /// behind the writers that came after us): its data takes the readers' tag, which the
     /// readers waiting on it see (their watches fire on a change of data) and read.
-    fn downgrade<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
+    async fn downgrade(
+        &self,
+        lease: &LeaseRef<'_>,
         _ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(self.downgrade_inner(lease))
+    ) -> Result<LeaseCheck, LockError> {
+        self.downgrade_inner(lease).await
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Relabel for ZkBackend {
     /// Our node keeps its name, its place, its session and its kind; its data names the new
     /// label. Observers read it at their next look (a change of data fires only the watches
     /// set on the node itself).
-    fn relabel<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "writing a new label for a ZooKeeper lock's holder";
-            self.rewrite(lease, DOING, |kind, holder| {
-                let value = HolderValue::parse(holder);
-                Some(tag_value(kind, value.relabelled(owner).encode()))
-            })
-            .await
+    async fn relabel(&self, lease: &LeaseRef<'_>, owner: &str) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "writing a new label for a ZooKeeper lock's holder";
+        self.rewrite(lease, DOING, |kind, holder| {
+            let value = HolderValue::parse(holder);
+            Some(tag_value(kind, value.relabelled(owner).encode()))
         })
+        .await
     }
 }
 
@@ -313,16 +300,14 @@ impl ZkBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl BatchRenew for ZkBackend {
     /// One multi-read per thousand locks, however many are held.
     /// A check that each node is still there, of our session, with its creation zxid (the
     /// session is the lease: it lives while the client is connected). A single `renew` is a
     /// batch of one (the `Backend` default).
-    fn renew_many<'a>(
-        &'a self,
-        items: &'a [RenewItem<'a>],
-    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
-        Box::pin(self.check_nodes(items))
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
+        self.check_nodes(items).await
     }
 }
 
@@ -413,37 +398,37 @@ impl ZkBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl WakeSource for ZkBackend {
-    fn subscribe<'a>(
-        &'a self,
-        key: &'a str,
-        _who: Listener<'a>,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
-        Box::pin(std::future::ready(Ok(Some(self.recipe.subscribe(key)))))
+    async fn subscribe(
+        &self,
+        key: &str,
+        _who: Listener<'_>,
+    ) -> Result<Option<Subscription>, LockError> {
+        Ok(Some(self.recipe.subscribe(key)))
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Breaker for ZkBackend {
     /// Deletes the holder's node (the lowest sequence under the lock), at the version read:
     /// the next waiter's watch fires, as after a release. The holder learns at its next check.
-    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "breaking a ZooKeeper lock";
-            let Some((st, path, version)) = self.holder(key).await? else {
-                return Ok(BreakOutcome::Free);
-            };
-            let client = self.sessions().current().client.clone();
-            match self
-                .store()
-                .call(DOING, client.delete(&path, Some(version)))
-                .await?
-            {
-                Ok(()) => Ok(BreakOutcome::Broken(st)),
-                // Released (or changed) in between: not what we read.
-                Err(Error::NoNode | Error::BadVersion) => Ok(BreakOutcome::Changed),
-                Err(e) => Err(map_err(e, DOING)),
-            }
-        })
+    async fn break_once(&self, key: &str) -> Result<BreakOutcome, LockError> {
+        const DOING: &str = "breaking a ZooKeeper lock";
+        let Some((st, path, version)) = self.holder(key).await? else {
+            return Ok(BreakOutcome::Free);
+        };
+        let client = self.sessions().current().client.clone();
+        match self
+            .store()
+            .call(DOING, client.delete(&path, Some(version)))
+            .await?
+        {
+            Ok(()) => Ok(BreakOutcome::Broken(st)),
+            // Released (or changed) in between: not what we read.
+            Err(Error::NoNode | Error::BadVersion) => Ok(BreakOutcome::Changed),
+            Err(e) => Err(map_err(e, DOING)),
+        }
     }
 }
 

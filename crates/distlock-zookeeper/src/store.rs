@@ -428,23 +428,21 @@ fn ahead_of(children: &[String], mine: i64) -> Option<Vec<(i64, String)>> {
     Some(queue)
 }
 
+#[distlock_core::engine::async_trait]
 impl QueueStore for ZkStore {
     type Id = Node;
 
-    fn join<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<JoinOutcome<Node>, LockError>> {
-        Box::pin(self.join_inner(req))
+    async fn join(&self, req: &AcquireRequest<'_>) -> Result<JoinOutcome<Node>, LockError> {
+        self.join_inner(req).await
     }
 
-    fn ahead<'a>(
-        &'a self,
-        name: &'a str,
-        mine: &'a QueuedEntry<Node>,
+    async fn ahead(
+        &self,
+        name: &str,
+        mine: &QueuedEntry<Node>,
         kind: LeaseKind,
-    ) -> BoxFuture<'a, Result<Ahead<Node>, LockError>> {
-        Box::pin(self.ahead_inner(name, mine, kind))
+    ) -> Result<Ahead<Node>, LockError> {
+        self.ahead_inner(name, mine, kind).await
     }
 
     /// An existence watch on the node: it fires when the node goes, or when its data changes

@@ -1,26 +1,23 @@
 //! The optional capabilities of an engine, one trait each. An engine that has one implements
 //! its trait and returns itself from the matching getter of [`Backend`](super::Backend).
 //!
-//! Their methods return boxed futures, so that the traits are object-safe: the getters return
-//! `Option<&dyn Trait>`, and the core asks for a capability without knowing the engine's type.
+//! Their `async fn`s are boxed by [`#[async_trait]`](super::async_trait), so that the traits are
+//! object-safe: the getters return `Option<&dyn Trait>`, and the core asks for a capability
+//! without knowing the engine's type.
 
 use std::time::Duration;
 
-use super::{
-    BoxFuture, LeaseCheck, LeaseKind, LeaseRef, LockStatus, RenewItem, SessionWatch, Subscription,
-};
+use super::{LeaseCheck, LeaseKind, LeaseRef, LockStatus, RenewItem, SessionWatch, Subscription};
 use crate::error::LockError;
 use crate::token::Token;
 
 /// Renewal of many leases in one round trip (a Redis pipeline; one keep-alive for every lease
 /// of an etcd session). The watchdog sends every renewal that is due in one call. Without this
 /// capability, it renews them one by one, concurrently.
+#[async_trait::async_trait]
 pub trait BatchRenew: Send + Sync {
     /// Renews every item: one result per item, in order.
-    fn renew_many<'a>(
-        &'a self,
-        items: &'a [RenewItem<'a>],
-    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>>;
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>>;
 
     /// Leases one call should carry at most: the watchdog sends a larger batch in chunks of
     /// this size, one after another, so that what the engine builds for each lease (requests,
@@ -32,6 +29,7 @@ pub trait BatchRenew: Send + Sync {
 }
 
 /// Release events, so that a waiter sleeps until the lock is free instead of polling.
+#[async_trait::async_trait]
 pub trait WakeSource: Send + Sync {
     /// A subscription to `name`'s release events for `who`; `Ok(None)` when there are none
     /// for it right now (waiters then back off). A subscription may miss events (a foreign
@@ -49,11 +47,11 @@ pub trait WakeSource: Send + Sync {
     /// needs neither looks at the name alone.
     ///
     /// [`WakeHub::subscribe_token`]: super::wake::WakeHub::subscribe_token
-    fn subscribe<'a>(
-        &'a self,
-        name: &'a str,
-        who: Listener<'a>,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>>;
+    async fn subscribe(
+        &self,
+        name: &str,
+        who: Listener<'_>,
+    ) -> Result<Option<Subscription>, LockError>;
 
     /// Whether this client listens for `name`'s events already (another of its waiters
     /// subscribed, and the server confirmed): a new waiter's subscription then costs no round
@@ -95,6 +93,7 @@ pub enum Listener<'a> {
 /// a client's locks, a ZooKeeper session, a database connection. When the engine learns that a
 /// session ended (or can no longer be trusted), every lease on it is lost at once, not at its
 /// next renewal.
+#[async_trait::async_trait]
 pub trait Sessions: Send + Sync {
     /// How to hear that the session holding `lease` (just acquired) ends: the session it
     /// shares with other leases, watched once for all of them, or a watch of its own. Called
@@ -116,13 +115,9 @@ pub trait Sessions: Send + Sync {
     /// while the session lives on for the others. The lease must now end by itself within
     /// `ttl` (at once when `ttl` is zero). Engines whose sessions hold one lease each, or whose
     /// leases cannot outlive their session, need nothing here: the default does nothing.
-    fn detach<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), LockError>> {
+    async fn detach(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<(), LockError> {
         let _ = (lease, ttl);
-        Box::pin(std::future::ready(Ok(())))
+        Ok(())
     }
 }
 
@@ -150,20 +145,22 @@ impl<'a> NextWaiter<'a> {
 /// [`AcquireMode::Wait`](super::AcquireMode::Wait)) register their token; a release
 /// that finds clients queued writes the lock for the first of them, whose next attempt then
 /// returns [`Attempt::AcquiredEarlier`](super::Attempt::AcquiredEarlier) without another write.
+#[async_trait::async_trait]
 pub trait Handover: Send + Sync {
     /// Releases `lease` while tasks of this client still wait for the same name: in the same
     /// round trip, the client goes back to the end of the engine's queue, registered with
     /// `next`'s token, so its next task neither jumps ahead of other clients nor spends a round
     /// trip queueing.
-    fn release_requeue<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        next: &'a NextWaiter<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
+    async fn release_requeue(
+        &self,
+        lease: &LeaseRef<'_>,
+        next: &NextWaiter<'_>,
+    ) -> Result<LeaseCheck, LockError>;
 }
 
 /// Turning a writer into a reader of the same read-write lock in one step, so that no other
 /// writer can take the lock in between (a release followed by a read acquire would let one in).
+#[async_trait::async_trait]
 pub trait Downgrade: Send + Sync {
     /// Turns `lease`, an exclusive lease, into a shared one: the same name and token, a reader
     /// from now on, valid for `ttl` from the moment this is sent. Readers waiting right behind
@@ -172,24 +169,18 @@ pub trait Downgrade: Send + Sync {
     /// `Ours` when done, `Missing` or `Foreign` when the writer was no longer ours (nothing is
     /// changed then). It must be idempotent: sent again after an unknown outcome, a lease that
     /// is already a reader of ours answers `Ours`.
-    fn downgrade<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
+    async fn downgrade(&self, lease: &LeaseRef<'_>, ttl: Duration)
+    -> Result<LeaseCheck, LockError>;
 }
 
 /// Writing a new label for the holder of a lease, keeping the lease: its token, its fence,
 /// its start and its deadline stay. An election's leader publishes a new value this way
 /// (etcd's `Proclaim`), without a new election.
+#[async_trait::async_trait]
 pub trait Relabel: Send + Sync {
     /// Writes `owner` as the label of our lease's holder, if the lease is still ours: `Ours`
     /// when written, `Missing` or `Foreign` (nothing written) when it is not.
-    fn relabel<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
+    async fn relabel(&self, lease: &LeaseRef<'_>, owner: &str) -> Result<LeaseCheck, LockError>;
 }
 
 /// Leaving a lease in the store to run out by itself at a chosen time, with nothing of this
@@ -198,17 +189,14 @@ pub trait Relabel: Send + Sync {
 /// quick job, and its `distlock run --hold-at-least` exits at once). Engines whose leases end
 /// with their holder's session (ZooKeeper's ephemeral nodes, PostgreSQL and MySQL session
 /// locks) cannot: their holder must stay until then.
+#[async_trait::async_trait]
 pub trait Linger: Send + Sync {
     /// Sets `lease`, if it is still ours, to run out by itself `ttl` from now (a little later
     /// where the engine counts in coarser units: never sooner), and forgets it here: no
     /// renewal or session of this client keeps it any longer. `Ours` when done, `Missing` or
     /// `Foreign` when the lease was no longer ours (nothing is changed then). `Unsupported`
     /// for a kind the engine cannot leave (the core then waits and releases instead).
-    fn linger<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
+    async fn linger(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError>;
 
     /// Whether leases of `kind` can be left (the default: every kind).
     fn lingers(&self, kind: LeaseKind) -> bool {
@@ -234,24 +222,22 @@ pub enum BreakOutcome {
 /// An operator's break-glass: removing whoever holds a lock. The holder is not asked: it learns
 /// at its next renewal (or at once, on engines with [`Sessions`]), and until then may still
 /// believe it holds the lock. Only fencing keeps its late writes out.
+#[async_trait::async_trait]
 pub trait Breaker: Send + Sync {
     /// Reads `name`'s holder and removes it, if it is still the one read.
-    fn break_once<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>>;
+    async fn break_once(&self, name: &str) -> Result<BreakOutcome, LockError>;
 }
 
 /// Names of the locks an engine has state for, for `distlock list` and
 /// [`LockClient::list`](crate::LockClient::list): the core reads each one's status, as
 /// `status` does, and keeps those held or waited for.
+#[async_trait::async_trait]
 pub trait Lister: Send + Sync {
     /// Names that start with `prefix` and have state on the engine now (held, waited for, or
     /// left behind by a lock that just ended), at most about `budget` of them, in any order
     /// and possibly repeated. The scan must never block the server (Redis: `SCAN` with a
     /// `COUNT`, never `KEYS`); [`Names::more`] says it stopped before the end.
-    fn names<'a>(
-        &'a self,
-        prefix: &'a str,
-        budget: usize,
-    ) -> BoxFuture<'a, Result<Names, LockError>>;
+    async fn names(&self, prefix: &str, budget: usize) -> Result<Names, LockError>;
 }
 
 /// What a [`Lister`] found.

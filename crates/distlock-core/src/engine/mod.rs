@@ -731,9 +731,22 @@ macro_rules! capability_getters {
     };
 }
 
-/// A boxed, `Send` future, as the engine's traits return (they are object-safe: a client holds
-/// its engine as `dyn Backend`).
+/// A boxed, `Send` future (a session's end, a queue entry's removal: futures kept for later).
 pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The attribute that the engine traits and their implementations carry: it writes each
+/// `async fn` as a method returning a boxed `Send` future, so that the traits stay
+/// object-safe (a client holds its engine as `dyn Backend`). An engine outside this workspace
+/// uses it from here, with no dependency of its own:
+///
+/// ```ignore
+/// #[distlock_core::engine::async_trait]
+/// impl Backend for MyEngine {
+///     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> { … }
+///     …
+/// }
+/// ```
+pub use async_trait::async_trait;
 
 /// The primitives a lock engine supplies, and the getters of its optional capabilities.
 ///
@@ -742,9 +755,10 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a
 /// token before changing anything.
 ///
 /// The trait is object-safe: a [`LockClient`](crate::LockClient) holds its engine as
-/// `dyn Backend`, so that one client type serves every engine (the primitives' futures are
-/// boxed, as the capability traits' are). An implementation wraps each body in
-/// `Box::pin(async move { … })`.
+/// `dyn Backend`, so that one client type serves every engine. The trait and its
+/// implementations carry [`#[async_trait]`](async_trait), which boxes each `async fn`'s future,
+/// as it does the capability traits'.
+#[async_trait::async_trait]
 pub trait Backend: std::any::Any + Send + Sync {
     /// A short engine name for logs and errors ("redis", "file").
     fn name(&self) -> &'static str;
@@ -753,48 +767,36 @@ pub trait Backend: std::any::Any + Send + Sync {
     fn capabilities(&self) -> Capabilities;
 
     /// One attempt to take a lease. A kind the engine does not support is `Unsupported`.
-    fn acquire<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<Attempt, LockError>>;
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError>;
 
     /// Renews our lease to `ttl` from now, if it is still ours.
     ///
     /// An engine with [`BatchRenew`] need not write it: by default it is a batch of one lease.
     /// An engine without it must.
-    fn renew<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            let Some(batch) = self.batch_renew() else {
-                return Err(LockError::new(
-                    ErrorKind::Unsupported,
-                    format!(
-                        "the {} engine renews no lease: it implements neither `renew` nor \
-                         `BatchRenew`",
-                        self.name()
-                    ),
-                ));
-            };
-            let item = [RenewItem::new(*lease, ttl)];
-            batch
-                .renew_many(&item)
-                .await
-                .pop()
-                .unwrap_or(Ok(LeaseCheck::Missing))
-        })
+    async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        let Some(batch) = self.batch_renew() else {
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "the {} engine renews no lease: it implements neither `renew` nor \
+                     `BatchRenew`",
+                    self.name()
+                ),
+            ));
+        };
+        let item = [RenewItem::new(*lease, ttl)];
+        batch
+            .renew_many(&item)
+            .await
+            .pop()
+            .unwrap_or(Ok(LeaseCheck::Missing))
     }
 
     /// Ends our lease, if it is still ours.
-    fn release<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>>;
+    async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError>;
 
     /// Who holds `name`, if anybody.
-    fn inspect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<LockStatus, LockError>>;
+    async fn inspect(&self, name: &str) -> Result<LockStatus, LockError>;
 
     /// Renewal of many leases in one round trip, if the engine can.
     fn batch_renew(&self) -> Option<&dyn BatchRenew> {

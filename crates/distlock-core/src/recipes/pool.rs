@@ -37,7 +37,6 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::engine::BoxFuture;
 pub use crate::engine::SessionEnd;
 use crate::error::LockError;
 use crate::sync::MutexExt;
@@ -103,33 +102,30 @@ impl<O: SessionOps> std::fmt::Debug for SessionPool<O> {
 
 /// The SQL half of a session engine: opening and closing a session, and the two statements the
 /// pool runs on its own.
+#[async_trait::async_trait]
 pub trait SessionOps: Send + Sync + 'static {
     /// One open session.
     type Conn: Send + Sync + 'static;
 
     /// Opens a session. The engine tells `end` when the session ends by itself (the server
     /// closed it, timed it out, or terminated it), with the reason, as soon as it learns it.
-    fn open(&self, end: SessionEnd) -> BoxFuture<'_, Result<Self::Conn, LockError>>;
+    async fn open(&self, end: SessionEnd) -> Result<Self::Conn, LockError>;
 
     /// Ends the session now: the server frees every lock on it.
     fn close(&self, conn: &Self::Conn);
 
     /// Releases the server lock `key` that this session holds: whether it held it.
-    fn unlock<'a>(
-        &'a self,
-        conn: &'a Self::Conn,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<bool, LockError>>;
+    async fn unlock(&self, conn: &Self::Conn, key: &str) -> Result<bool, LockError>;
 
     /// A statement that sets the session's idle timeout to `keep()` and so keeps it (and every
     /// lock on it) alive at least that long from when it is sent. The engine calls `keep` at
     /// the last moment, in the order its statements reach the session (see
     /// [`SessionPool::keep_for`]).
-    fn ping<'a>(
-        &'a self,
-        conn: &'a Self::Conn,
-        keep: &'a (dyn Fn() -> Duration + Send + Sync),
-    ) -> BoxFuture<'a, Result<(), LockError>>;
+    async fn ping(
+        &self,
+        conn: &Self::Conn,
+        keep: &(dyn Fn() -> Duration + Send + Sync),
+    ) -> Result<(), LockError>;
 }
 
 /// The pool's limits.

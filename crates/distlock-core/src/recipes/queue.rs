@@ -83,27 +83,25 @@ pub enum JoinOutcome<Id> {
 pub type Ahead<Id> = Option<Vec<QueuedEntry<Id>>>;
 
 /// The operations a store supplies to the recipe.
+#[async_trait::async_trait]
 pub trait QueueStore: Send + Sync + 'static {
     /// The store's name for an entry.
     type Id: Clone + Eq + Debug + Send + Sync + 'static;
 
     /// Adds `req.token`'s entry to `req.name`'s queue, or finds the one a request whose reply
     /// was lost created (a resend, `AcquireMode::Resend`).
-    fn join<'a>(
-        &'a self,
-        req: &'a AcquireRequest<'a>,
-    ) -> BoxFuture<'a, Result<JoinOutcome<Self::Id>, LockError>>;
+    async fn join(&self, req: &AcquireRequest<'_>) -> Result<JoinOutcome<Self::Id>, LockError>;
 
     /// The entries of `name`'s queue ahead of `mine`, oldest first; `None` when `mine` is no
     /// longer in the queue (its session ended, or it was deleted). A store may leave out the
     /// entries further ahead than the decision for `kind` needs: for an exclusive entry all but
     /// the nearest, for a permit of N all but the N nearest.
-    fn ahead<'a>(
-        &'a self,
-        name: &'a str,
-        mine: &'a QueuedEntry<Self::Id>,
+    async fn ahead(
+        &self,
+        name: &str,
+        mine: &QueuedEntry<Self::Id>,
         kind: LeaseKind,
-    ) -> BoxFuture<'a, Result<Ahead<Self::Id>, LockError>>;
+    ) -> Result<Ahead<Self::Id>, LockError>;
 
     /// Resolves when `entry` is gone, or when the watch fails (the waiter then looks again).
     fn watch_gone(&self, entry: &QueuedEntry<Self::Id>) -> BoxFuture<'static, ()>;

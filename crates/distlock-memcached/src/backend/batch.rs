@@ -3,7 +3,7 @@
 //! write and comes back in a few reads, where one request each costs a round trip (100,000
 //! locks at a 3 s TTL are 100,000 round trips a second).
 
-use distlock_core::engine::{BatchRenew, BoxFuture, LeaseCheck, LockError, RenewItem};
+use distlock_core::engine::{BatchRenew, LeaseCheck, LockError, RenewItem};
 
 use super::MemcachedBackend;
 use crate::meta::Request;
@@ -12,12 +12,10 @@ use crate::meta::Request;
 /// 100 KB on the wire, and the replies of a chunk are read before the next is sent.
 const PIPELINE: usize = 1024;
 
+#[distlock_core::engine::async_trait]
 impl BatchRenew for MemcachedBackend {
-    fn renew_many<'a>(
-        &'a self,
-        items: &'a [RenewItem<'a>],
-    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
-        Box::pin(self.renew_pipelined(items))
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
+        self.renew_pipelined(items).await
     }
 
     fn max_batch(&self) -> usize {

@@ -2,17 +2,18 @@
 
 use std::time::Duration;
 
-use distlock_core::engine::{BoxFuture, BreakOutcome, Breaker, ErrorKind, LockError};
+use distlock_core::engine::{BreakOutcome, Breaker, ErrorKind, LockError};
 use distlock_core::recipes::shares_unbreakable;
 
 use super::{MysqlBackend, dedicated, int, lock_name, name_lit};
 
+#[distlock_core::engine::async_trait]
 impl Breaker for MysqlBackend {
     /// Kills the holding connection (`KILL CONNECTION`), which frees the lock and every other
     /// lock on that connection, and waits (up to 5 s) until the server has let it go. Needs the
     /// right to kill that connection (the same user, or `CONNECTION ADMIN`/`SUPER`).
-    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
-        Box::pin(self.kill_holder(key))
+    async fn break_once(&self, key: &str) -> Result<BreakOutcome, LockError> {
+        self.kill_holder(key).await
     }
 }
 

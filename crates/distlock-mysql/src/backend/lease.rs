@@ -5,19 +5,17 @@
 use std::time::Duration;
 
 use distlock_core::engine::{
-    BatchRenew, BoxFuture, LeaseCheck, LeaseRef, LockError, RenewItem, SessionWatch, Sessions,
+    BatchRenew, LeaseCheck, LeaseRef, LockError, RenewItem, SessionWatch, Sessions,
 };
 
 use super::MysqlBackend;
 
+#[distlock_core::engine::async_trait]
 impl BatchRenew for MysqlBackend {
     /// One statement per session (setting its `wait_timeout`), however many of its locks are
     /// due: a session that answers still holds every lock it took and did not release.
-    fn renew_many<'a>(
-        &'a self,
-        items: &'a [RenewItem<'a>],
-    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
-        Box::pin(self.inner.pool.renew_many(items))
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
+        self.inner.pool.renew_many(items).await
     }
 
     /// See [`RENEW_CHUNK`](distlock_core::recipes::pool::RENEW_CHUNK): a chunk costs a
@@ -27,6 +25,7 @@ impl BatchRenew for MysqlBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Sessions for MysqlBackend {
     /// The end of the session the lock is on, as its next statement finds it.
     fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch {
@@ -40,14 +39,10 @@ impl Sessions for MysqlBackend {
 
     /// The client releases it when `ttl` has passed: a named lock cannot move to a session of
     /// its own, and the session lives on for its other locks.
-    fn detach<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), LockError>> {
+    async fn detach(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<(), LockError> {
         self.inner
             .pool
             .detach(lease.name, lease.token.as_str(), ttl);
-        Box::pin(std::future::ready(Ok(())))
+        Ok(())
     }
 }

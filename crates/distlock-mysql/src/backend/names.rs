@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use distlock_core::engine::{BoxFuture, LeaseKind, LockError, Names};
+use distlock_core::engine::{LeaseKind, LockError, Names};
 use distlock_core::recipes::names::{Record, write_batches};
 
 use super::{
@@ -71,33 +71,28 @@ async fn write_names(inner: Arc<MysqlShared>, batch: Vec<Record<Key>>) -> Result
 }
 
 /// The recorded names whose lock is in use, and the semaphores with a size on record.
+#[distlock_core::engine::async_trait]
 impl distlock_core::engine::Lister for MysqlBackend {
-    fn names<'a>(
-        &'a self,
-        prefix: &'a str,
-        budget: usize,
-    ) -> BoxFuture<'a, Result<Names, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "listing the locks (distlock_names)";
-            let limit = budget.saturating_add(1);
-            let p = lit(prefix);
-            let sql = format!(
-                "SELECT n.name FROM distlock_names n \
-                 LEFT JOIN distlock_semaphores s ON s.name = n.server_name \
-                 WHERE LEFT(n.name, CHAR_LENGTH({p})) = {p} \
-                   AND ((n.kind = 0 AND IS_USED_LOCK(n.server_name) IS NOT NULL) \
-                        OR (n.kind = 1 AND s.name IS NOT NULL)) \
-                 LIMIT {limit}"
-            );
-            let session = self.inner.pool.any_session().await?;
-            let rows = on_session_all(session.conn(), || Sql::Text(sql), DOING).await?;
-            let mut names: Vec<String> = rows
-                .into_iter()
-                .filter_map(|r| r.get::<Option<String>, _>(0).flatten())
-                .collect();
-            let more = names.len() > budget;
-            names.truncate(budget);
-            Ok(Names::new(names, more))
-        })
+    async fn names(&self, prefix: &str, budget: usize) -> Result<Names, LockError> {
+        const DOING: &str = "listing the locks (distlock_names)";
+        let limit = budget.saturating_add(1);
+        let p = lit(prefix);
+        let sql = format!(
+            "SELECT n.name FROM distlock_names n \
+             LEFT JOIN distlock_semaphores s ON s.name = n.server_name \
+             WHERE LEFT(n.name, CHAR_LENGTH({p})) = {p} \
+               AND ((n.kind = 0 AND IS_USED_LOCK(n.server_name) IS NOT NULL) \
+                    OR (n.kind = 1 AND s.name IS NOT NULL)) \
+             LIMIT {limit}"
+        );
+        let session = self.inner.pool.any_session().await?;
+        let rows = on_session_all(session.conn(), || Sql::Text(sql), DOING).await?;
+        let mut names: Vec<String> = rows
+            .into_iter()
+            .filter_map(|r| r.get::<Option<String>, _>(0).flatten())
+            .collect();
+        let more = names.len() > budget;
+        names.truncate(budget);
+        Ok(Names::new(names, more))
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_core::engine::{BoxFuture, ErrorKind, LockError};
+use distlock_core::engine::{ErrorKind, LockError};
 use distlock_core::recipes::pool::{SHARED_PREFIX, SessionEnd, SessionOps};
 use mysql_async::{Conn, Opts, Value};
 
@@ -66,18 +66,17 @@ async fn connect(c: &MysqlConfig) -> Result<Conn, LockError> {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl SessionOps for MyOps {
     type Conn = Arc<MySession>;
 
-    fn open(&self, end: SessionEnd) -> BoxFuture<'_, Result<Arc<MySession>, LockError>> {
-        Box::pin(async move {
-            let conn = self.connect().await?;
-            Ok(Arc::new(MySession::new(
-                conn,
-                end,
-                self.config.response_timeout,
-            )))
-        })
+    async fn open(&self, end: SessionEnd) -> Result<Arc<MySession>, LockError> {
+        let conn = self.connect().await?;
+        Ok(Arc::new(MySession::new(
+            conn,
+            end,
+            self.config.response_timeout,
+        )))
     }
 
     fn close(&self, session: &Arc<MySession>) {
@@ -92,33 +91,25 @@ impl SessionOps for MyOps {
         }
     }
 
-    fn unlock<'a>(
-        &'a self,
-        session: &'a Arc<MySession>,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<bool, LockError>> {
-        Box::pin(async move {
-            if let Some(base) = key.strip_prefix(SHARED_PREFIX) {
-                // (GET_LOCK has no shared mode: the engine's only shared keys are permits.)
-                return self.unlock_permit(session, base).await;
-            }
-            let sql = || Sql::Prepared("SELECT RELEASE_LOCK(?)", vec![Value::from(key)]);
-            let row = on_session(session, sql, "releasing a MySQL named lock").await?;
-            Ok(row.and_then(|r| int(&r, 0)) == Some(1))
-        })
+    async fn unlock(&self, session: &Arc<MySession>, key: &str) -> Result<bool, LockError> {
+        if let Some(base) = key.strip_prefix(SHARED_PREFIX) {
+            // (GET_LOCK has no shared mode: the engine's only shared keys are permits.)
+            return self.unlock_permit(session, base).await;
+        }
+        let sql = || Sql::Prepared("SELECT RELEASE_LOCK(?)", vec![Value::from(key)]);
+        let row = on_session(session, sql, "releasing a MySQL named lock").await?;
+        Ok(row.and_then(|r| int(&r, 0)) == Some(1))
     }
 
-    fn ping<'a>(
-        &'a self,
-        session: &'a Arc<MySession>,
-        keep: &'a (dyn Fn() -> Duration + Send + Sync),
-    ) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(async move {
-            let build = || Sql::Text(session.keep_sql(keep(), true).unwrap_or_default());
-            on_session(session, build, "renewing MySQL named locks")
-                .await
-                .map(drop)
-        })
+    async fn ping(
+        &self,
+        session: &Arc<MySession>,
+        keep: &(dyn Fn() -> Duration + Send + Sync),
+    ) -> Result<(), LockError> {
+        let build = || Sql::Text(session.keep_sql(keep(), true).unwrap_or_default());
+        on_session(session, build, "renewing MySQL named locks")
+            .await
+            .map(drop)
     }
 }
 

@@ -7,9 +7,7 @@
 //! release deletes it, so a row left by a holder that is gone never describes the next one.
 //! (With the counter table, every holder's label and fence are in `distlock_locks` already.)
 
-use distlock_core::engine::{
-    AcquireRequest, BoxFuture, ErrorKind, LeaseCheck, LeaseRef, LockError, Relabel,
-};
+use distlock_core::engine::{AcquireRequest, ErrorKind, LeaseCheck, LeaseRef, LockError, Relabel};
 use distlock_core::recipes::HolderValue;
 
 use super::{MysqlBackend, Sql, int, lit, lock_name, name_lit, on_session};
@@ -78,72 +76,67 @@ impl MysqlBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Relabel for MysqlBackend {
     /// The row that names the holder takes the new label, from the lock's own connection and
     /// only while that connection holds the lock: the counter table's row (where every holder
     /// is written), or with a sequence the recorded holder's own row. Its token and start stay.
-    fn relabel<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "writing a new label for a MySQL lock's holder";
-            let token = lease.token.as_str();
-            let Some(held) = self
-                .inner
-                .pool
-                .held(lease.name, token)
-                .filter(|l| !l.session().is_over())
-            else {
-                return Ok(LeaseCheck::Missing);
-            };
-            let name = name_lit(&lock_name(lease.name));
-            let label = format!(
-                "CONCAT(SUBSTRING_INDEX(holder, ' ', 2), ' ', {})",
-                lit(owner)
-            );
-            let update = match self.inner.pool.ops().fences {
-                FenceSource::Counter => format!(
-                    "UPDATE distlock_locks SET holder = {label} WHERE name = {name} \
-                     AND SUBSTRING_INDEX(holder, ' ', 1) = {} \
-                     AND IS_USED_LOCK({name}) = CONNECTION_ID()",
-                    lit(token)
-                ),
-                FenceSource::Sequence => {
-                    let Some((_, fence)) = self.inner.recorded.get(token) else {
-                        return Err(LockError::new(
-                            ErrorKind::Unsupported,
-                            format!(
-                                "{DOING}: only a recorded holder (an election's leader) has a \
-                                 label of its own; the others share their session's"
-                            ),
-                        ));
-                    };
-                    format!(
-                        "UPDATE distlock_holders SET holder = {label} WHERE name = {name} \
-                         AND fence = {fence} AND conn_id = CONNECTION_ID() \
-                         AND IS_USED_LOCK({name}) = CONNECTION_ID()"
-                    )
-                }
-            };
-            let row = match on_session(
-                held.session().conn(),
-                || Sql::Text(format!("{update}; SELECT ROW_COUNT()")),
-                DOING,
-            )
-            .await
-            {
-                Ok(row) => row,
-                // The lock's connection ended (killed, say): so did the lock.
-                Err(_) if held.session().is_over() => return Ok(LeaseCheck::Missing),
-                Err(e) => return Err(e),
-            };
-            Ok(if row.as_ref().and_then(|r| int(r, 0)) == Some(1) {
-                LeaseCheck::Ours
-            } else {
-                LeaseCheck::Missing
-            })
+    async fn relabel(&self, lease: &LeaseRef<'_>, owner: &str) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "writing a new label for a MySQL lock's holder";
+        let token = lease.token.as_str();
+        let Some(held) = self
+            .inner
+            .pool
+            .held(lease.name, token)
+            .filter(|l| !l.session().is_over())
+        else {
+            return Ok(LeaseCheck::Missing);
+        };
+        let name = name_lit(&lock_name(lease.name));
+        let label = format!(
+            "CONCAT(SUBSTRING_INDEX(holder, ' ', 2), ' ', {})",
+            lit(owner)
+        );
+        let update = match self.inner.pool.ops().fences {
+            FenceSource::Counter => format!(
+                "UPDATE distlock_locks SET holder = {label} WHERE name = {name} \
+                 AND SUBSTRING_INDEX(holder, ' ', 1) = {} \
+                 AND IS_USED_LOCK({name}) = CONNECTION_ID()",
+                lit(token)
+            ),
+            FenceSource::Sequence => {
+                let Some((_, fence)) = self.inner.recorded.get(token) else {
+                    return Err(LockError::new(
+                        ErrorKind::Unsupported,
+                        format!(
+                            "{DOING}: only a recorded holder (an election's leader) has a \
+                             label of its own; the others share their session's"
+                        ),
+                    ));
+                };
+                format!(
+                    "UPDATE distlock_holders SET holder = {label} WHERE name = {name} \
+                     AND fence = {fence} AND conn_id = CONNECTION_ID() \
+                     AND IS_USED_LOCK({name}) = CONNECTION_ID()"
+                )
+            }
+        };
+        let row = match on_session(
+            held.session().conn(),
+            || Sql::Text(format!("{update}; SELECT ROW_COUNT()")),
+            DOING,
+        )
+        .await
+        {
+            Ok(row) => row,
+            // The lock's connection ended (killed, say): so did the lock.
+            Err(_) if held.session().is_over() => return Ok(LeaseCheck::Missing),
+            Err(e) => return Err(e),
+        };
+        Ok(if row.as_ref().and_then(|r| int(r, 0)) == Some(1) {
+            LeaseCheck::Ours
+        } else {
+            LeaseCheck::Missing
         })
     }
 }

@@ -1,20 +1,19 @@
 //! Breaking a lock (`Breaker`): the holding session terminated, which frees every lock on it.
 
-use distlock_core::engine::{
-    Backend, BoxFuture, BreakOutcome, Breaker, ErrorKind, LeaseKind, LockError,
-};
+use distlock_core::engine::{Backend, BreakOutcome, Breaker, ErrorKind, LeaseKind, LockError};
 use distlock_core::recipes::shares_unbreakable;
 
 use super::{IN_PG_LOCKS, PgBackend, lock_id};
 use crate::error::map_err;
 
+#[distlock_core::engine::async_trait]
 impl Breaker for PgBackend {
     /// Ends the holding session (`pg_terminate_backend`, waiting up to 5 s for it to go),
     /// which frees the lock, and every other lock on that session: their holders see the
     /// session end at once (lost: `Stolen`). Needs the right to signal that session (the same
     /// role, `pg_signal_backend`, or superuser).
-    fn break_once<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<BreakOutcome, LockError>> {
-        Box::pin(self.terminate_holder(key))
+    async fn break_once(&self, key: &str) -> Result<BreakOutcome, LockError> {
+        self.terminate_holder(key).await
     }
 }
 

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, BoxFuture, Downgrade, ErrorKind, LeaseCheck, LeaseKind, LeaseRef,
-    LockError, LostReason,
+    AcquireRequest, Attempt, Downgrade, ErrorKind, LeaseCheck, LeaseKind, LeaseRef, LockError,
+    LostReason,
 };
 use distlock_core::recipes::pool::Session;
 
@@ -14,16 +14,17 @@ use super::settings::Fast;
 use super::{PgBackend, PgConn, SHARED_PREFIX, Taking, lock_id};
 use crate::error::map_err;
 
+#[distlock_core::engine::async_trait]
 impl Downgrade for PgBackend {
     /// On the writer's own session: the shared hold is taken (a session's holds never block
     /// each other), then the exclusive one given back. Between the two statements the session
     /// holds both, so no writer of another session can get in.
-    fn downgrade<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
+    async fn downgrade(
+        &self,
+        lease: &LeaseRef<'_>,
         _ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(self.downgrade_inner(lease))
+    ) -> Result<LeaseCheck, LockError> {
+        self.downgrade_inner(lease).await
     }
 }
 

@@ -6,8 +6,7 @@
 use std::time::Duration;
 
 use distlock_core::engine::{
-    BatchRenew, BoxFuture, LeaseCheck, LeaseRef, LockError, LostReason, RenewItem, SessionWatch,
-    Sessions,
+    BatchRenew, LeaseCheck, LeaseRef, LockError, LostReason, RenewItem, SessionWatch, Sessions,
 };
 use tokio_postgres::error::SqlState;
 
@@ -29,14 +28,12 @@ impl PgBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl BatchRenew for PgBackend {
     /// One statement per session (setting its idle timeout), however many of its locks are
     /// due: a session that answers still holds every lock it took and did not unlock.
-    fn renew_many<'a>(
-        &'a self,
-        items: &'a [RenewItem<'a>],
-    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
-        Box::pin(self.renew_batch(items))
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
+        self.renew_batch(items).await
     }
 
     /// See [`RENEW_CHUNK`](distlock_core::recipes::pool::RENEW_CHUNK): a chunk costs a
@@ -46,6 +43,7 @@ impl BatchRenew for PgBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Sessions for PgBackend {
     /// The end of the session the lock is on (the server closed it, an idle timeout, a
     /// termination): every lock on that session hears it.
@@ -60,14 +58,10 @@ impl Sessions for PgBackend {
 
     /// The client unlocks it when `ttl` has passed: an advisory lock cannot move to a session
     /// of its own, and the session lives on for its other locks.
-    fn detach<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), LockError>> {
+    async fn detach(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<(), LockError> {
         self.inner
             .pool
             .detach(lease.name, lease.token.as_str(), ttl);
-        Box::pin(std::future::ready(Ok(())))
+        Ok(())
     }
 }

@@ -21,7 +21,7 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use distlock_core::engine::{BoxFuture, LeaseKind, LockError, Subscription};
+use distlock_core::engine::{LeaseKind, LockError, Subscription};
 use distlock_core::engine::{Listener as Who, WakeSource};
 use distlock_core::recipes::{MutexExt, WakeHub};
 use tokio::sync::{mpsc, oneshot};
@@ -266,19 +266,16 @@ fn waited_id(name: &str, kind: LeaseKind) -> i64 {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl WakeSource for PgBackend {
     /// A permit's waiter listens on its semaphore's base id, which its ticket names; a waiter
     /// takes its ticket while the server sets up the LISTEN (see `subscribe_id`).
-    fn subscribe<'a>(
-        &'a self,
-        name: &'a str,
-        who: Who<'a>,
-    ) -> BoxFuture<'a, Result<Option<Subscription>, LockError>> {
+    async fn subscribe(&self, name: &str, who: Who<'_>) -> Result<Option<Subscription>, LockError> {
         let (id, ticket) = match who {
             Who::Waiter { kind, token } => (waited_id(name, kind), Some((token, kind))),
             _ => (lock_id(name), None),
         };
-        Box::pin(async move { Ok(Some(self.subscribe_id(id, ticket).await)) })
+        Ok(Some(self.subscribe_id(id, ticket).await))
     }
 
     fn watching(&self, name: &str) -> bool {

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use distlock_core::engine::{BoxFuture, LeaseKind, LockError, Names};
+use distlock_core::engine::{LeaseKind, LockError, Names};
 use distlock_core::recipes::names::{Record, write_batches};
 
 use super::{PgBackend, PgShared, lock_id, permits};
@@ -137,51 +137,46 @@ async fn write_names(inner: Arc<PgShared>, batch: Vec<Record<Key>>) -> Result<()
 }
 
 /// The names whose lock some session holds, or a live ticket waits for.
+#[distlock_core::engine::async_trait]
 impl distlock_core::engine::Lister for PgBackend {
-    fn names<'a>(
-        &'a self,
-        prefix: &'a str,
-        budget: usize,
-    ) -> BoxFuture<'a, Result<Names, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "listing the locks (pg_locks and distlock_names)";
-            let s = &self.config().schema;
-            // pg_locks is read once (a CTE is computed once); a bigint lock is classid (high
-            // half) and objid (low half) with objsubid 1, a semaphore's size hold is (the base
-            // id's high 31 bits, N) with objsubid 2.
-            let sql = format!(
-                "WITH held AS MATERIALIZED ( \
-                   SELECT l.classid::bigint AS hi, l.objid::bigint AS lo, l.objsubid AS sub \
-                   FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted) \
-                 SELECT n.name FROM {s}.distlock_names n \
-                 WHERE left(n.name, length($1)) = $1 AND ( \
-                   (n.kind = 0 AND EXISTS (SELECT 1 FROM held h WHERE h.sub = 1 \
-                      AND h.hi = ((n.lock_id >> 32) & 4294967295) \
-                      AND h.lo = (n.lock_id & 4294967295))) \
-                   OR (n.kind = 2 AND EXISTS (SELECT 1 FROM held h WHERE h.sub = 2 \
-                      AND h.hi = ((n.lock_id >> 32) & 2147483647))) \
-                   OR EXISTS (SELECT 1 FROM {s}.distlock_waiters w \
-                      WHERE w.lock_id = n.lock_id AND w.until > now())) \
-                 LIMIT $2"
-            );
-            let session = self.inner.pool.any_session().await?;
-            let limit = i64::try_from(budget).unwrap_or(i64::MAX).saturating_add(1);
-            let rows = tokio::time::timeout(
-                self.config().response_timeout,
-                session.conn().client.query(&sql, &[&prefix, &limit]),
+    async fn names(&self, prefix: &str, budget: usize) -> Result<Names, LockError> {
+        const DOING: &str = "listing the locks (pg_locks and distlock_names)";
+        let s = &self.config().schema;
+        // pg_locks is read once (a CTE is computed once); a bigint lock is classid (high
+        // half) and objid (low half) with objsubid 1, a semaphore's size hold is (the base
+        // id's high 31 bits, N) with objsubid 2.
+        let sql = format!(
+            "WITH held AS MATERIALIZED ( \
+               SELECT l.classid::bigint AS hi, l.objid::bigint AS lo, l.objsubid AS sub \
+               FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted) \
+             SELECT n.name FROM {s}.distlock_names n \
+             WHERE left(n.name, length($1)) = $1 AND ( \
+               (n.kind = 0 AND EXISTS (SELECT 1 FROM held h WHERE h.sub = 1 \
+                  AND h.hi = ((n.lock_id >> 32) & 4294967295) \
+                  AND h.lo = (n.lock_id & 4294967295))) \
+               OR (n.kind = 2 AND EXISTS (SELECT 1 FROM held h WHERE h.sub = 2 \
+                  AND h.hi = ((n.lock_id >> 32) & 2147483647))) \
+               OR EXISTS (SELECT 1 FROM {s}.distlock_waiters w \
+                  WHERE w.lock_id = n.lock_id AND w.until > now())) \
+             LIMIT $2"
+        );
+        let session = self.inner.pool.any_session().await?;
+        let limit = i64::try_from(budget).unwrap_or(i64::MAX).saturating_add(1);
+        let rows = tokio::time::timeout(
+            self.config().response_timeout,
+            session.conn().client.query(&sql, &[&prefix, &limit]),
+        )
+        .await
+        .map_err(|_| {
+            LockError::new(
+                distlock_core::engine::ErrorKind::Timeout,
+                format!("{DOING}: no answer"),
             )
-            .await
-            .map_err(|_| {
-                LockError::new(
-                    distlock_core::engine::ErrorKind::Timeout,
-                    format!("{DOING}: no answer"),
-                )
-            })?
-            .map_err(|e| map_err(e, DOING))?;
-            let mut names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-            let more = names.len() > budget;
-            names.truncate(budget);
-            Ok(Names::new(names, more))
-        })
+        })?
+        .map_err(|e| map_err(e, DOING))?;
+        let mut names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        let more = names.len() > budget;
+        names.truncate(budget);
+        Ok(Names::new(names, more))
     }
 }

@@ -6,9 +6,7 @@
 //! pid and start time) holds the lock, and the holder's release deletes it, so a row left by a
 //! holder that is gone never describes the next one.
 
-use distlock_core::engine::{
-    AcquireRequest, BoxFuture, ErrorKind, LeaseCheck, LeaseRef, LockError, Relabel,
-};
+use distlock_core::engine::{AcquireRequest, ErrorKind, LeaseCheck, LeaseRef, LockError, Relabel};
 use distlock_core::recipes::HolderValue;
 
 use super::{PgBackend, lock_id};
@@ -104,61 +102,55 @@ impl PgBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Relabel for PgBackend {
     /// The holder's row names the new label, from the lock's own session (the row still has
     /// our fence and that session's pid only while the lock is ours); its token and start stay.
-    fn relabel<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(async move {
-            const DOING: &str = "writing a new label for a PostgreSQL lock's holder";
-            let token = lease.token.as_str();
-            let held = self
-                .inner
-                .pool
-                .held(lease.name, token)
-                .filter(|l| !l.session().is_over());
-            let row = self.inner.recorded.get(token);
-            let (Some(held), Some((id, fence))) = (held, row) else {
-                if row.is_none() && self.inner.pool.held(lease.name, token).is_some() {
-                    return Err(LockError::new(
-                        ErrorKind::Unsupported,
-                        format!(
-                            "{DOING}: only a recorded holder (an election's leader) has a \
-                             label of its own; a session's label is its application_name"
-                        ),
-                    ));
+    async fn relabel(&self, lease: &LeaseRef<'_>, owner: &str) -> Result<LeaseCheck, LockError> {
+        const DOING: &str = "writing a new label for a PostgreSQL lock's holder";
+        let token = lease.token.as_str();
+        let held = self
+            .inner
+            .pool
+            .held(lease.name, token)
+            .filter(|l| !l.session().is_over());
+        let row = self.inner.recorded.get(token);
+        let (Some(held), Some((id, fence))) = (held, row) else {
+            if row.is_none() && self.inner.pool.held(lease.name, token).is_some() {
+                return Err(LockError::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "{DOING}: only a recorded holder (an election's leader) has a \
+                         label of its own; a session's label is its application_name"
+                    ),
+                ));
+            }
+            return Ok(LeaseCheck::Missing);
+        };
+        let s = &self.config().schema;
+        let sql = format!(
+            "UPDATE {s}.distlock_holders SET holder = split_part(holder, ' ', 1) || ' ' || \
+               split_part(holder, ' ', 2) || ' ' || $3 \
+             WHERE lock_id = $1 AND fence = $2 AND pid = pg_backend_pid()"
+        );
+        let limit = self.config().response_timeout;
+        let client = &held.session().conn().client;
+        let updated =
+            match tokio::time::timeout(limit, client.execute(&sql, &[&id, &fence, &owner]))
+                .await
+                .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
+            {
+                Ok(n) => n,
+                // The lock's session ended (terminated, say): so did the lock.
+                Err(_) if client.is_closed() || held.session().is_over() => {
+                    return Ok(LeaseCheck::Missing);
                 }
-                return Ok(LeaseCheck::Missing);
+                Err(e) => return Err(map_err(e, DOING)),
             };
-            let s = &self.config().schema;
-            let sql = format!(
-                "UPDATE {s}.distlock_holders SET holder = split_part(holder, ' ', 1) || ' ' || \
-                   split_part(holder, ' ', 2) || ' ' || $3 \
-                 WHERE lock_id = $1 AND fence = $2 AND pid = pg_backend_pid()"
-            );
-            let limit = self.config().response_timeout;
-            let client = &held.session().conn().client;
-            let updated =
-                match tokio::time::timeout(limit, client.execute(&sql, &[&id, &fence, &owner]))
-                    .await
-                    .map_err(|_| {
-                        LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer"))
-                    })? {
-                    Ok(n) => n,
-                    // The lock's session ended (terminated, say): so did the lock.
-                    Err(_) if client.is_closed() || held.session().is_over() => {
-                        return Ok(LeaseCheck::Missing);
-                    }
-                    Err(e) => return Err(map_err(e, DOING)),
-                };
-            Ok(if updated == 1 {
-                LeaseCheck::Ours
-            } else {
-                LeaseCheck::Missing
-            })
+        Ok(if updated == 1 {
+            LeaseCheck::Ours
+        } else {
+            LeaseCheck::Missing
         })
     }
 }

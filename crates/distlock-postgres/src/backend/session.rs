@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use distlock_core::engine::{BoxFuture, ErrorKind, LeaseKind, LockError, LostReason};
+use distlock_core::engine::{ErrorKind, LeaseKind, LockError, LostReason};
 use distlock_core::recipes::pool::{SessionEnd, SessionOps};
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
 
@@ -336,11 +336,12 @@ impl PgOps {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl SessionOps for PgOps {
     type Conn = PgConn;
 
-    fn open(&self, end: SessionEnd) -> BoxFuture<'_, Result<PgConn, LockError>> {
-        Box::pin(self.open_session(end))
+    async fn open(&self, end: SessionEnd) -> Result<PgConn, LockError> {
+        self.open_session(end).await
     }
 
     fn close(&self, conn: &PgConn) {
@@ -348,44 +349,36 @@ impl SessionOps for PgOps {
         conn.task.abort();
     }
 
-    fn unlock<'a>(
-        &'a self,
-        conn: &'a PgConn,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<bool, LockError>> {
-        Box::pin(async move {
-            if let Some(base) = key.strip_prefix(PERMIT_PREFIX) {
-                return self.unlock_permit(conn, key, base).await;
-            }
-            let (statement, id) = match key.strip_prefix(SHARED_PREFIX) {
-                Some(id) => (&conn.unlock_shared, id),
-                None => (&conn.unlock, key),
-            };
-            let id: i64 = id.parse().map_err(|_| {
-                LockError::new(ErrorKind::Protocol, format!("not a lock id: {key:?}"))
-            })?;
-            let row = self
-                .unlock_notifying(conn, statement, id, "releasing a PostgreSQL advisory lock")
-                .await?;
-            Ok(row.get(0))
-        })
+    async fn unlock(&self, conn: &PgConn, key: &str) -> Result<bool, LockError> {
+        if let Some(base) = key.strip_prefix(PERMIT_PREFIX) {
+            return self.unlock_permit(conn, key, base).await;
+        }
+        let (statement, id) = match key.strip_prefix(SHARED_PREFIX) {
+            Some(id) => (&conn.unlock_shared, id),
+            None => (&conn.unlock, key),
+        };
+        let id: i64 = id
+            .parse()
+            .map_err(|_| LockError::new(ErrorKind::Protocol, format!("not a lock id: {key:?}")))?;
+        let row = self
+            .unlock_notifying(conn, statement, id, "releasing a PostgreSQL advisory lock")
+            .await?;
+        Ok(row.get(0))
     }
 
-    fn ping<'a>(
-        &'a self,
-        conn: &'a PgConn,
-        keep: &'a (dyn Fn() -> Duration + Send + Sync),
-    ) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(async move {
-            self.query_keeping(
-                conn,
-                &conn.ping,
-                keep,
-                None,
-                "renewing PostgreSQL advisory locks",
-            )
-            .await
-            .map(drop)
-        })
+    async fn ping(
+        &self,
+        conn: &PgConn,
+        keep: &(dyn Fn() -> Duration + Send + Sync),
+    ) -> Result<(), LockError> {
+        self.query_keeping(
+            conn,
+            &conn.ping,
+            keep,
+            None,
+            "renewing PostgreSQL advisory locks",
+        )
+        .await
+        .map(drop)
     }
 }

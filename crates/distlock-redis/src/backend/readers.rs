@@ -6,8 +6,7 @@
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, BoxFuture, Downgrade, ErrorKind, LeaseCheck, LeaseRef, LockError,
-    Token,
+    AcquireRequest, Attempt, Downgrade, ErrorKind, LeaseCheck, LeaseRef, LockError, Token,
 };
 use distlock_core::recipes::{HolderValue, MutexExt};
 
@@ -192,12 +191,13 @@ impl RedisBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Downgrade for RedisBackend {
-    fn downgrade<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
+    async fn downgrade(
+        &self,
+        lease: &LeaseRef<'_>,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(self.downgrade_inner(lease.name, lease.token, ttl))
+    ) -> Result<LeaseCheck, LockError> {
+        self.downgrade_inner(lease.name, lease.token, ttl).await
     }
 }

@@ -2,9 +2,7 @@
 //! script (`scripts/release.lua`); with `Handover`, this client stays in the queue for its
 //! next waiter. And undoing a lock taken in vain (unreplicated with `WAIT`, or half taken).
 
-use distlock_core::engine::{
-    BoxFuture, Handover, LeaseCheck, LeaseRef, LockError, NextWaiter, Token,
-};
+use distlock_core::engine::{Handover, LeaseCheck, LeaseRef, LockError, NextWaiter, Token};
 
 use super::RedisBackend;
 use crate::config::WaitReplicas;
@@ -88,12 +86,14 @@ impl RedisBackend {
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl Handover for RedisBackend {
-    fn release_requeue<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        next: &'a NextWaiter<'a>,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(self.release_inner(lease.name, lease.token, Some(next)))
+    async fn release_requeue(
+        &self,
+        lease: &LeaseRef<'_>,
+        next: &NextWaiter<'_>,
+    ) -> Result<LeaseCheck, LockError> {
+        self.release_inner(lease.name, lease.token, Some(next))
+            .await
     }
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use distlock_core::engine::{
-    Backend, BatchRenew, BoxFuture, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError, RenewItem,
+    Backend, BatchRenew, LeaseCheck, LeaseKind, LeaseRef, Linger, LockError, RenewItem,
 };
 
 use super::{RedisBackend, permits, readers};
@@ -49,55 +49,48 @@ impl RedisBackend {
 
 /// A lease of every kind lives in keys whose own expiry (and, for readers and permits, their
 /// members' deadlines) ends it: leaving one is renewing it, compare-and-set, to the time left.
+#[distlock_core::engine::async_trait]
 impl Linger for RedisBackend {
-    fn linger<'a>(
-        &'a self,
-        lease: &'a LeaseRef<'a>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<LeaseCheck, LockError>> {
-        Box::pin(self.renew(lease, ttl))
+    async fn linger(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
+        self.renew(lease, ttl).await
     }
 }
 
+#[distlock_core::engine::async_trait]
 impl BatchRenew for RedisBackend {
     /// All renewals in one pipeline, locks, readers and permits alike: one round trip however
     /// many leases are held (on a Cluster, one per slot, sent together).
-    fn renew_many<'a>(
-        &'a self,
-        items: &'a [RenewItem<'a>],
-    ) -> BoxFuture<'a, Vec<Result<LeaseCheck, LockError>>> {
-        Box::pin(async move {
-            const DOING: &str = "renewing Redis locks";
-            if items.is_empty() {
-                return Vec::new();
-            }
-            let calls: Vec<RenewCall<'_>> = items
-                .iter()
-                .map(|i| {
-                    let lock = self.layout.lock_key(i.lease.name);
-                    match i.lease.kind {
-                        LeaseKind::Shared => {
-                            let readers = readers::readers_key(&lock);
-                            RenewCall {
-                                script: &self.scripts.read_extend,
-                                keys: vec![lock, readers],
-                                extra: None,
-                            }
-                        }
-                        LeaseKind::Permit { .. } => RenewCall {
-                            script: &self.scripts.permit_extend,
-                            keys: permits::PermitKeys::new(lock).four_owned(),
-                            extra: Some(self.permit_member(i.lease.token)),
-                        },
-                        _ => RenewCall {
-                            script: &self.scripts.extend,
-                            keys: vec![lock],
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
+        const DOING: &str = "renewing Redis locks";
+        if items.is_empty() {
+            return Vec::new();
+        }
+        let calls: Vec<RenewCall<'_>> = items
+            .iter()
+            .map(|i| {
+                let lock = self.layout.lock_key(i.lease.name);
+                match i.lease.kind {
+                    LeaseKind::Shared => {
+                        let readers = readers::readers_key(&lock);
+                        RenewCall {
+                            script: &self.scripts.read_extend,
+                            keys: vec![lock, readers],
                             extra: None,
-                        },
+                        }
                     }
-                })
-                .collect();
-            self.conn.renew_batch(&calls, items, DOING).await
-        })
+                    LeaseKind::Permit { .. } => RenewCall {
+                        script: &self.scripts.permit_extend,
+                        keys: permits::PermitKeys::new(lock).four_owned(),
+                        extra: Some(self.permit_member(i.lease.token)),
+                    },
+                    _ => RenewCall {
+                        script: &self.scripts.extend,
+                        keys: vec![lock],
+                        extra: None,
+                    },
+                }
+            })
+            .collect();
+        self.conn.renew_batch(&calls, items, DOING).await
     }
 }

@@ -2,9 +2,7 @@
 //! semaphore's permits), its fences and its waiters, in one script (`scripts/status.lua`); and
 //! the names in use (`Lister`, by `SCAN`: see `list`).
 
-use distlock_core::engine::{
-    BoxFuture, HolderStatus, LeaseKind, Lister, LockError, LockStatus, Names,
-};
+use distlock_core::engine::{HolderStatus, LeaseKind, Lister, LockError, LockStatus, Names};
 use distlock_core::recipes::HolderValue;
 
 use super::{RedisBackend, permits, readers};
@@ -112,12 +110,9 @@ fn describe_holder(
 }
 
 /// `SCAN` over the server, or over every master of a Cluster (see `list`).
+#[distlock_core::engine::async_trait]
 impl Lister for RedisBackend {
-    fn names<'a>(
-        &'a self,
-        prefix: &'a str,
-        budget: usize,
-    ) -> BoxFuture<'a, Result<Names, LockError>> {
-        Box::pin(crate::list::names(&self.conn, &self.layout, prefix, budget))
+    async fn names(&self, prefix: &str, budget: usize) -> Result<Names, LockError> {
+        crate::list::names(&self.conn, &self.layout, prefix, budget).await
     }
 }

@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 use super::renew::LOOKUPS_PER_LOCK;
 use super::*;
-use crate::engine::{LeaseCheck, LeaseKind, LeaseRef, LostReason, RenewItem, SessionWatch};
+use crate::engine::{
+    BoxFuture, LeaseCheck, LeaseKind, LeaseRef, LostReason, RenewItem, SessionWatch,
+};
 use crate::error::ErrorKind;
 use crate::token::Token;
 
@@ -18,41 +20,34 @@ struct Fake {
     fail_unlock: AtomicBool,
 }
 
+#[async_trait::async_trait]
 impl SessionOps for Arc<Fake> {
     type Conn = usize;
 
-    fn open(&self, _end: SessionEnd) -> BoxFuture<'_, Result<usize, LockError>> {
-        let n = self.opened.fetch_add(1, Ordering::SeqCst);
-        Box::pin(std::future::ready(Ok(n)))
+    async fn open(&self, _end: SessionEnd) -> Result<usize, LockError> {
+        Ok(self.opened.fetch_add(1, Ordering::SeqCst))
     }
 
     fn close(&self, conn: &usize) {
         self.closed.locked().push(*conn);
     }
 
-    fn unlock<'a>(
-        &'a self,
-        _conn: &'a usize,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<bool, LockError>> {
+    async fn unlock(&self, _conn: &usize, key: &str) -> Result<bool, LockError> {
         if self.fail_unlock.load(Ordering::SeqCst) {
-            return Box::pin(std::future::ready(Err(LockError::new(
-                ErrorKind::Timeout,
-                "no answer",
-            ))));
+            return Err(LockError::new(ErrorKind::Timeout, "no answer"));
         }
         self.unlocked.locked().push(key.to_owned());
-        Box::pin(std::future::ready(Ok(true)))
+        Ok(true)
     }
 
-    fn ping<'a>(
-        &'a self,
-        _: &'a usize,
-        keep: &'a (dyn Fn() -> Duration + Send + Sync),
-    ) -> BoxFuture<'a, Result<(), LockError>> {
+    async fn ping(
+        &self,
+        _: &usize,
+        keep: &(dyn Fn() -> Duration + Send + Sync),
+    ) -> Result<(), LockError> {
         assert!(keep() >= Duration::from_secs(1));
         self.pings.fetch_add(1, Ordering::SeqCst);
-        Box::pin(std::future::ready(Ok(())))
+        Ok(())
     }
 }
 
