@@ -167,46 +167,31 @@ fn as_table(listing: &Listing, now: u128, marks: Option<(&Seen, &Seen)>) -> Stri
     ]];
     for lock in &listing.locks {
         let before = marks.and_then(|(last, _)| last.0.get(&lock.name));
+        // A row with no holder: the lock's status could not be read, or only waiters wait.
+        let new_name = if before.is_none() && marks.is_some() {
+            "+"
+        } else {
+            ""
+        };
+        let no_holder = |kind: &str, holder: String, waiters: String| {
+            let mut row: [String; 9] = Default::default();
+            row[0] = new_name.into();
+            row[1] = lock.name.clone();
+            row[2] = kind.into();
+            row[3] = holder;
+            row[8] = waiters;
+            row
+        };
         let st = match &lock.status {
             Ok(st) => st,
             Err(e) => {
-                let mark = if before.is_none() && marks.is_some() {
-                    "+"
-                } else {
-                    ""
-                };
-                rows.push([
-                    mark.into(),
-                    lock.name.clone(),
-                    "?".into(),
-                    format!("error: {e}"),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                ]);
+                rows.push(no_holder("?", format!("error: {e}"), String::new()));
                 continue;
             }
         };
         let waiters = st.waiters.map_or("?".into(), |n| n.to_string());
         if st.holders.is_empty() {
-            let mark = if before.is_none() && marks.is_some() {
-                "+"
-            } else {
-                ""
-            };
-            rows.push([
-                mark.into(),
-                lock.name.clone(),
-                "-".into(),
-                "(free, waited for)".into(),
-                String::new(),
-                String::new(),
-                String::new(),
-                String::new(),
-                waiters,
-            ]);
+            rows.push(no_holder("-", "(free, waited for)".into(), waiters));
             continue;
         }
         let keys = row_keys(&lock.status);

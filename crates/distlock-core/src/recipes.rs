@@ -64,6 +64,25 @@ pub fn shares_unbreakable(name: &str, held_by: &str) -> LockError {
     )
 }
 
+/// What a break of `name` finds in its status `st`: `Ok(false)` when nothing holds it, `Ok(true)`
+/// when a holder can be broken, and [`shares_unbreakable`] when a semaphore's permits hold it.
+///
+/// # Errors
+/// `Unsupported` for a semaphore's permits.
+pub fn breakable(name: &str, st: &crate::engine::LockStatus) -> Result<bool, LockError> {
+    if !st.held {
+        return Ok(false);
+    }
+    if st
+        .holders
+        .iter()
+        .any(|h| matches!(h.kind, LeaseKind::Permit { .. }))
+    {
+        return Err(shares_unbreakable(name, "a semaphore's permits"));
+    }
+    Ok(true)
+}
+
 /// The error for a name used with two kinds that cannot meet: as a semaphore and as a lock,
 /// or as semaphores of different sizes. Nothing is taken.
 pub fn kind_conflict(name: &str, ours: LeaseKind, theirs: LeaseKind) -> LockError {

@@ -116,6 +116,26 @@ impl<'a> MultiHostUrl<'a> {
         Ok(Some(d))
     }
 
+    /// Sets `*connect` and `*response` from the parameters `connect_timeout` and
+    /// `response_timeout`, where the URL gives them (as [`take_duration`](Self::take_duration)
+    /// reads them).
+    ///
+    /// # Errors
+    /// `Config` for a malformed or zero duration.
+    pub fn take_timeouts(
+        &mut self,
+        connect: &mut std::time::Duration,
+        response: &mut std::time::Duration,
+    ) -> Result<(), LockError> {
+        if let Some(d) = self.take_duration("connect_timeout")? {
+            *connect = d;
+        }
+        if let Some(d) = self.take_duration("response_timeout")? {
+            *response = d;
+        }
+        Ok(())
+    }
+
     /// Fails on parameters not taken (`engine` and `known` name them in the message).
     ///
     /// # Errors

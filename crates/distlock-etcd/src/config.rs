@@ -88,12 +88,7 @@ impl EtcdConfig {
         if let Some(p) = parts.take("prefix") {
             cfg.prefix = p;
         }
-        if let Some(d) = parts.take_duration("connect_timeout")? {
-            cfg.connect_timeout = d;
-        }
-        if let Some(d) = parts.take_duration("response_timeout")? {
-            cfg.response_timeout = d;
-        }
+        parts.take_timeouts(&mut cfg.connect_timeout, &mut cfg.response_timeout)?;
         parts.no_more_params(
             "etcd",
             "prefix, connect_timeout, response_timeout; with etcds://: tls_ca, tls_cert, \

@@ -3,7 +3,8 @@
 
 use std::fs::File;
 
-use distlock_core::engine::{BreakOutcome, Breaker, ErrorKind, LeaseKind, LockError};
+use distlock_core::engine::{BreakOutcome, Breaker, LockError};
+use distlock_core::recipes::breakable;
 
 use crate::record::{HEADER, parse, read_all};
 use crate::status::status_blocking;
@@ -22,18 +23,8 @@ impl Breaker for FileBackend {
 
 fn break_blocking(me: &FileBackend, key: &str) -> Result<BreakOutcome, LockError> {
     let st = status_blocking(me, key)?;
-    if !st.held {
+    if !breakable(key, &st)? {
         return Ok(BreakOutcome::Free);
-    }
-    if st
-        .holders
-        .iter()
-        .any(|h| matches!(h.kind, LeaseKind::Permit { .. }))
-    {
-        return Err(LockError::new(
-            ErrorKind::Unsupported,
-            format!("{key:?} is a semaphore: breaking its permits is not supported"),
-        ));
     }
     let path = me.lock_path(key);
     let mut file = File::open(&path).map_err(|e| io_err("opening", &path, e))?;

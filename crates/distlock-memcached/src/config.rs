@@ -89,12 +89,7 @@ impl MemcachedConfig {
             }
             cfg.prefix = p;
         }
-        if let Some(d) = parts.take_duration("connect_timeout")? {
-            cfg.connect_timeout = d;
-        }
-        if let Some(d) = parts.take_duration("response_timeout")? {
-            cfg.response_timeout = d;
-        }
+        parts.take_timeouts(&mut cfg.connect_timeout, &mut cfg.response_timeout)?;
         parts.no_more_params(
             "memcached",
             "prefix, connect_timeout, response_timeout; with memcacheds://: tls_ca, tls_cert, \

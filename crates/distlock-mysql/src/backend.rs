@@ -6,7 +6,6 @@
 mod acquire;
 mod breaker;
 mod error;
-mod lease;
 mod names;
 mod ops;
 mod permits;
@@ -21,8 +20,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, Capabilities, Fencing, LeaseCheck, LeaseRef, LockError,
-    LockStatus,
+    AcquireRequest, Attempt, Backend, BatchRenew, Capabilities, Fencing, LeaseCheck, LeaseRef,
+    LockError, LockStatus, Sessions,
 };
 use distlock_core::recipes::pool::{PoolLimits, SessionPool};
 use mysql_async::{Row, Value};
@@ -208,9 +207,16 @@ impl Backend for MysqlBackend {
         self.status(key).await
     }
 
+    /// The session pool renews the leases and hears their sessions' ends.
+    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
+        Some(&*self.inner.pool)
+    }
+
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        Some(&*self.inner.pool)
+    }
+
     distlock_core::capability_getters!(
-        batch_renew: BatchRenew,
-        sessions: Sessions,
         lister: Lister,
         breaker: Breaker,
         relabel: Relabel,

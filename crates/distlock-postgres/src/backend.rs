@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, Capabilities, Fencing, LeaseCheck, LeaseRef, LockError,
-    LockStatus,
+    AcquireRequest, Attempt, Backend, BatchRenew, Capabilities, Fencing, LeaseCheck, LeaseRef,
+    LockError, LockStatus, Sessions,
 };
 use distlock_core::recipes::pool::{PoolLimits, SHARED_PREFIX, SessionPool};
 use sha2::{Digest, Sha256};
@@ -224,9 +224,16 @@ impl Backend for PgBackend {
         self.status(key).await
     }
 
+    /// The session pool renews the leases and hears their sessions' ends.
+    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
+        Some(&*self.inner.pool)
+    }
+
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        Some(&*self.inner.pool)
+    }
+
     distlock_core::capability_getters!(
-        batch_renew: BatchRenew,
-        sessions: Sessions,
         wake_source: WakeSource,
         lister: Lister,
         breaker: Breaker,

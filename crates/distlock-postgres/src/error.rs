@@ -61,3 +61,16 @@ pub(crate) fn map_err(e: tokio_postgres::Error, doing: &str) -> LockError {
     };
     LockError::caused_by(kind, doing, e)
 }
+
+/// The answer to a statement within `limit`: `Timeout` when none came, or its error mapped as
+/// [`map_err`] does.
+pub(crate) async fn within<T>(
+    limit: std::time::Duration,
+    doing: &str,
+    statement: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, LockError> {
+    tokio::time::timeout(limit, statement)
+        .await
+        .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{doing}: no answer")))?
+        .map_err(|e| map_err(e, doing))
+}

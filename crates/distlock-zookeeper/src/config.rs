@@ -126,12 +126,7 @@ impl ZkConfig {
         if let Some(d) = parts.take_duration("session_timeout")? {
             cfg.session_timeout = d;
         }
-        if let Some(d) = parts.take_duration("connect_timeout")? {
-            cfg.connect_timeout = d;
-        }
-        if let Some(d) = parts.take_duration("response_timeout")? {
-            cfg.response_timeout = d;
-        }
+        parts.take_timeouts(&mut cfg.connect_timeout, &mut cfg.response_timeout)?;
         parts.no_more_params(
             "ZooKeeper",
             if tls {

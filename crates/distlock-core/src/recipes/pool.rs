@@ -357,6 +357,7 @@ impl<O: SessionOps> SessionPool<O> {
 }
 
 mod acquire;
+mod capability;
 mod close;
 mod key;
 mod names;

@@ -1,7 +1,7 @@
 //! Breaking a lock (`Breaker`): the holding session terminated, which frees every lock on it.
 
-use distlock_core::engine::{Backend, BreakOutcome, Breaker, ErrorKind, LeaseKind, LockError};
-use distlock_core::recipes::shares_unbreakable;
+use distlock_core::engine::{Backend, BreakOutcome, Breaker, ErrorKind, LockError};
+use distlock_core::recipes::breakable;
 
 use super::{IN_PG_LOCKS, PgBackend, lock_id};
 use crate::error::map_err;
@@ -21,15 +21,8 @@ impl PgBackend {
     async fn terminate_holder(&self, key: &str) -> Result<BreakOutcome, LockError> {
         const DOING: &str = "breaking a PostgreSQL advisory lock";
         let st = self.inspect(key).await?;
-        if !st.held {
+        if !breakable(key, &st)? {
             return Ok(BreakOutcome::Free);
-        }
-        if st
-            .holders
-            .iter()
-            .any(|h| matches!(h.kind, LeaseKind::Permit { .. }))
-        {
-            return Err(shares_unbreakable(key, "a semaphore's permits"));
         }
         let id = lock_id(key);
         // A session of its own: the holder may be a session of this very pool.

@@ -14,7 +14,7 @@ use distlock_core::engine::{LeaseKind, LockError, Names};
 use distlock_core::recipes::names::{Record, write_batches};
 
 use super::{PgBackend, PgShared, lock_id, permits};
-use crate::error::map_err;
+use crate::error::within;
 
 /// The code of a name's kind in the table: a lock (mutex, readers and writers, elections), or
 /// a semaphore (its base id).
@@ -120,18 +120,12 @@ async fn write_names(inner: Arc<PgShared>, batch: Vec<Record<Key>>) -> Result<()
          ON CONFLICT (lock_id, kind) DO UPDATE SET name = EXCLUDED.name \
          WHERE {s}.distlock_names.name <> EXCLUDED.name"
     );
-    tokio::time::timeout(
+    within(
         me.config().response_timeout,
+        DOING,
         conn.client.execute(&sql, &[&ids, &codes, &names]),
     )
-    .await
-    .map_err(|_| {
-        LockError::new(
-            distlock_core::engine::ErrorKind::Timeout,
-            format!("{DOING}: no answer"),
-        )
-    })?
-    .map_err(|e| map_err(e, DOING))?;
+    .await?;
     me.put_back(conn);
     Ok(())
 }
@@ -162,18 +156,12 @@ impl distlock_core::engine::Lister for PgBackend {
         );
         let session = self.inner.pool.any_session().await?;
         let limit = i64::try_from(budget).unwrap_or(i64::MAX).saturating_add(1);
-        let rows = tokio::time::timeout(
+        let rows = within(
             self.config().response_timeout,
+            DOING,
             session.conn().client.query(&sql, &[&prefix, &limit]),
         )
-        .await
-        .map_err(|_| {
-            LockError::new(
-                distlock_core::engine::ErrorKind::Timeout,
-                format!("{DOING}: no answer"),
-            )
-        })?
-        .map_err(|e| map_err(e, DOING))?;
+        .await?;
         let mut names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
         let more = names.len() > budget;
         names.truncate(budget);

@@ -12,7 +12,7 @@ use tokio_postgres::Statement;
 use super::acquire::confirmed;
 use super::status::holder_of;
 use super::{APP_TAG, PgBackend, PgConn, PgOps, Taking, lock_id};
-use crate::error::map_err;
+use crate::error::{map_err, within};
 
 /// The pool key of a permit of the semaphore with base id `<base>`: `s:p<base>`. As a shared
 /// key, many sessions of a client may hold it, but one session only once, so that a session
@@ -327,8 +327,9 @@ impl PgBackend {
     ) -> Result<LockStatus, LockError> {
         const DOING: &str = "reading a PostgreSQL semaphore's status";
         let size = size_key(permit_base(name));
-        let rows = tokio::time::timeout(
+        let rows = within(
             self.config().response_timeout,
+            DOING,
             conn.client.query(
                 "SELECT a.application_name, \
                         CASE WHEN a.state = 'idle' \
@@ -340,9 +341,7 @@ impl PgBackend {
                 &[&size],
             ),
         )
-        .await
-        .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
-        .map_err(|e| map_err(e, DOING))?;
+        .await?;
         let holders = rows
             .iter()
             .map(|row| {

@@ -10,7 +10,7 @@ use distlock_core::engine::{AcquireRequest, ErrorKind, LeaseCheck, LeaseRef, Loc
 use distlock_core::recipes::HolderValue;
 
 use super::{PgBackend, lock_id};
-use crate::error::map_err;
+use crate::error::{map_err, within};
 
 /// The table's definition.
 pub(super) fn holders_ddl(schema: &str) -> String {
@@ -67,10 +67,7 @@ impl PgBackend {
         );
         let limit = self.config().response_timeout;
         let client = &lease.session().conn().client;
-        tokio::time::timeout(limit, client.execute(&sql, &[&id, &fence, &holder]))
-            .await
-            .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
-            .map_err(|e| map_err(e, DOING))?;
+        within(limit, DOING, client.execute(&sql, &[&id, &fence, &holder])).await?;
         self.inner.recorded.insert(req.token.as_str(), (id, fence));
         Ok(())
     }

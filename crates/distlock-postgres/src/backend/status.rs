@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use distlock_core::engine::{ErrorKind, HolderStatus, LeaseKind, LockError, LockStatus};
+use distlock_core::engine::{HolderStatus, LeaseKind, LockError, LockStatus};
 use distlock_core::recipes::HolderValue;
 
 use super::{APP_TAG, PgBackend, lock_id};
-use crate::error::map_err;
+use crate::error::within;
 
 /// Reads a holder label: its fence (`-` on a shared session, whose locks have one each), TTL in
 /// milliseconds and owner.
@@ -51,13 +51,12 @@ impl PgBackend {
         let id = lock_id(key);
         let session = self.inner.pool.any_session().await?;
         let conn = session.conn();
-        let rows = tokio::time::timeout(
+        let rows = within(
             self.config().response_timeout,
+            DOING,
             conn.client.query(&conn.status, &[&id]),
         )
-        .await
-        .map_err(|_| LockError::new(ErrorKind::Timeout, format!("{DOING}: no answer")))?
-        .map_err(|e| map_err(e, DOING))?;
+        .await?;
         if rows.is_empty() {
             return self.semaphore_status(conn, key).await;
         }
