@@ -119,7 +119,15 @@ async fn an_uncontended_release_sends_no_notification() {
     let other = client(&url, Duration::from_secs(1), true).await;
     let g = c.acquire("quiet").await.unwrap();
     let w = tokio::spawn(async move { other.acquire("quiet").await.unwrap().release().await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Released once the waiter is queued (its ticket is what the release notifies for).
+    let queued = tokio::time::Instant::now() + Duration::from_secs(10);
+    while c.status("quiet").await.unwrap().waiters < Some(1) {
+        assert!(
+            tokio::time::Instant::now() < queued,
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(g.release().await.unwrap().was_held());
     assert!(w.await.unwrap().unwrap().was_held());
     let heard = tokio::time::timeout(Duration::from_secs(2), rx.recv())

@@ -344,6 +344,17 @@ impl<O: SessionOps> SessionPool<O> {
             .map(|(token, t)| t.lease(token))
     }
 
+    /// Whether `req` is a resend (see [`AcquireMode::Resend`](crate::engine::AcquireMode)) of
+    /// an attempt that took its lock after all: the lease is held on a session that lives.
+    /// The engine then answers `Acquired` without sending anything (a session's lock counts
+    /// its acquisitions, and must not be taken twice).
+    pub fn resent_and_held(&self, req: &crate::engine::AcquireRequest<'_>) -> bool {
+        req.mode.is_resend()
+            && self
+                .held(req.name, req.token.as_str())
+                .is_some_and(|lease| !lease.session().is_over())
+    }
+
     /// The most locks one open session carries (for the tests of how the pool spreads them).
     #[cfg(test)]
     pub(crate) fn most_keys_on_a_session(&self) -> usize {

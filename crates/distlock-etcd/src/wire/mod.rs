@@ -114,37 +114,33 @@ impl RequestOp {
 }
 
 impl Compare {
-    /// `key`'s create revision compared with `rev` (0: the key does not exist).
-    pub fn create_revision(key: impl Into<Vec<u8>>, result: CompareResult, rev: i64) -> Self {
+    /// `key`'s `target` compared with `value` (whose variant names the same target).
+    fn of(key: Vec<u8>, result: CompareResult, target: CompareTarget, value: TargetUnion) -> Self {
         Compare {
             result: result as i32,
-            target: CompareTarget::Create as i32,
-            key: key.into(),
-            target_union: Some(TargetUnion::CreateRevision(rev)),
+            target: target as i32,
+            key,
+            target_union: Some(value),
             range_end: Vec::new(),
         }
+    }
+
+    /// `key`'s create revision compared with `rev` (0: the key does not exist).
+    pub fn create_revision(key: impl Into<Vec<u8>>, result: CompareResult, rev: i64) -> Self {
+        let value = TargetUnion::CreateRevision(rev);
+        Self::of(key.into(), result, CompareTarget::Create, value)
     }
 
     /// `key`'s last modification revision compared with `rev`.
     pub fn mod_revision(key: impl Into<Vec<u8>>, result: CompareResult, rev: i64) -> Self {
-        Compare {
-            result: result as i32,
-            target: CompareTarget::Mod as i32,
-            key: key.into(),
-            target_union: Some(TargetUnion::ModRevision(rev)),
-            range_end: Vec::new(),
-        }
+        let value = TargetUnion::ModRevision(rev);
+        Self::of(key.into(), result, CompareTarget::Mod, value)
     }
 
     /// The lease `key` is attached to compared with `lease`.
     pub fn lease(key: impl Into<Vec<u8>>, result: CompareResult, lease: i64) -> Self {
-        Compare {
-            result: result as i32,
-            target: CompareTarget::Lease as i32,
-            key: key.into(),
-            target_union: Some(TargetUnion::Lease(lease)),
-            range_end: Vec::new(),
-        }
+        let value = TargetUnion::Lease(lease);
+        Self::of(key.into(), result, CompareTarget::Lease, value)
     }
 
     /// The same comparison over every key under the key taken as a prefix.

@@ -21,10 +21,7 @@ impl MysqlBackend {
         self.record_name(req.name, req.kind);
         let pool = &self.inner.pool;
         let token = req.token.as_str();
-        if req.mode.is_resend()
-            && let Some(lease) = pool.held(req.name, token)
-            && !lease.session().is_over()
-        {
+        if pool.resent_and_held(req) {
             // The reply came after all: the lock is ours already (a recorded holder's fence is
             // known).
             return Ok(Attempt::Acquired {

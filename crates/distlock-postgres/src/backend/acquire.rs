@@ -45,10 +45,7 @@ impl PgBackend {
         });
         let pool = &self.inner.pool;
         let token = req.token.as_str();
-        if req.mode.is_resend()
-            && let Some(lease) = pool.held(req.name, token)
-            && !lease.session().is_over()
-        {
+        if pool.resent_and_held(req) {
             // The reply came after all: the lock is ours already (never locked twice: a
             // session-level advisory lock counts its acquisitions). A recorded holder's fence
             // is known.
