@@ -350,14 +350,17 @@ impl Breaker for MemoryBackend {
             }
             Some(_) => {}
         }
-        self.store
-            .names
-            .lock()
-            .unwrap()
-            .entry(key.to_owned())
-            .or_default()
-            .holders
-            .clear();
+        {
+            // Broken only if the holder read is still the one there (as an engine's
+            // compare-and-delete): another may have taken the name in between.
+            let mut names = self.store.names.lock().unwrap();
+            let name = names.entry(key.to_owned()).or_default();
+            let read = status.holders.iter().map(|h| h.token.as_deref());
+            if !name.holders.iter().map(|h| Some(h.token.as_str())).eq(read) {
+                return Ok(BreakOutcome::Changed);
+            }
+            name.holders.clear();
+        }
         self.store.tell(key);
         Ok(BreakOutcome::Broken(status))
     }
