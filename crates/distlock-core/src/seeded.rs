@@ -5,7 +5,8 @@
 //! deletes whatever holds the lock, a renewal that says "ours" of another's lease): the test
 //! kit makes those with a wrapper around a real engine (`distlock_testkit::seeded`), and the
 //! library has no switch for them. The few that break the library's own algorithms (Redlock's
-//! quorum and its clean-up, the floor of Redis's fence, an election's local deadline) are
+//! quorum and its clean-up, the floor of Redis's fence, Redis's count of the replicas that
+//! acknowledged, an election's local deadline) are
 //! [`SeededBug::in_library`]: in a build compiled with
 //! `RUSTFLAGS="--cfg distlock_seeded_bugs"`, the one named by the environment variable
 //! `DISTLOCK_SEEDED_BUG` (read once, at first use) is switched on; in every other build, [`on`]
@@ -110,6 +111,7 @@ impl SeededBug {
             SeededBug::HalfQuorum
                 | SeededBug::KeepPartial
                 | SeededBug::CounterFence
+                | SeededBug::IgnoreWait
                 | SeededBug::LeaderKeepsLeading
         )
     }

@@ -115,24 +115,8 @@ fn vu_ns(vu: Instant) -> i128 {
     mono::instant_ns(vu, clock().now())
 }
 
-/// `url`, less its `wait_replicas` and `wait_timeout` under the seeded bug `ignore-wait`: the
-/// client counts what no replica acknowledged.
-fn seeded_url(url: &str) -> String {
-    if SeededBug::from_env() != Some(SeededBug::IgnoreWait) {
-        return url.to_owned();
-    }
-    let Some((base, query)) = url.split_once('?') else {
-        return url.to_owned();
-    };
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|p| !p.starts_with("wait_replicas=") && !p.starts_with("wait_timeout="))
-        .collect();
-    format!("{base}?{}", kept.join("&"))
-}
-
 pub(crate) async fn run(args: WorkerArgs) -> Result<(), String> {
-    let backend = distlock::open_backend(&seeded_url(&args.url))
+    let backend = distlock::open_backend(&args.url)
         .await
         .map_err(|e| format!("worker {}: {e}", args.id))?;
     let backend = seeded::wrap(backend, SeededBug::from_env());

@@ -15,9 +15,9 @@
 //! | `reader-ignores-writer` | a reader refused is told it has its share |
 //! | `permit-over-count` | a semaphore of `n` permits is asked for `n + 1` |
 //!
-//! Two more are made by the harness's worker with public means: `wall-clock` (a [`WallClock`]
-//! given to the client) and `ignore-wait` (the client's URL without `wait_replicas`). The rest
-//! break the library's own algorithms (Redlock's quorum and clean-up, Redis's fence floor, an
+//! One more is made by the harness's worker with public means: `wall-clock` (a [`WallClock`]
+//! given to the client). The rest break the library's own algorithms (Redlock's quorum and
+//! clean-up, Redis's fence floor and its count of the replicas that acknowledged a write, an
 //! election's local deadline); they live behind `--cfg distlock_seeded_bugs`, see
 //! `distlock_core::seeded`.
 
@@ -26,9 +26,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BatchRenew, BreakOutcome, Capabilities, Downgrade, Handover,
-    LeaseCheck, LeaseKind, LeaseRef, Linger, Lister, LockStatus, NextWaiter, Relabel, RenewItem,
-    SessionWatch, Sessions, WakeSource,
+    AcquireRequest, Attempt, Backend, BatchRenew, BreakOutcome, Breaker, Capabilities, Downgrade,
+    Handover, LeaseCheck, LeaseKind, LeaseRef, Linger, Lister, LockStatus, NextWaiter, Relabel,
+    RenewItem, SessionWatch, Sessions, WakeSource,
 };
 use distlock_core::seeded::SeededBug;
 use distlock_core::{Clock, LockError, Token};
@@ -246,7 +246,7 @@ impl Backend for Seeded {
         self.inner.handover().map(|_| self as &dyn Handover)
     }
 
-    fn breaker(&self) -> Option<&dyn distlock_core::engine::Breaker> {
+    fn breaker(&self) -> Option<&dyn Breaker> {
         self.inner.breaker()
     }
 
@@ -476,11 +476,11 @@ mod tests {
     }
 
     /// Every bug is made in one place: the wrapper, the library, or the harness's worker
-    /// (`wall-clock` and `ignore-wait`).
+    /// (`wall-clock`).
     #[test]
     fn every_bug_is_made_in_one_place() {
         for bug in SeededBug::ALL {
-            let by_worker = matches!(bug, SeededBug::WallClock | SeededBug::IgnoreWait);
+            let by_worker = bug == SeededBug::WallClock;
             let places = [Seeded::makes(bug), bug.in_library(), by_worker];
             assert_eq!(places.iter().filter(|p| **p).count(), 1, "{bug:?}");
         }

@@ -1,7 +1,7 @@
 //! The optional capabilities of an engine, one trait each. An engine that has one implements
 //! its trait and returns itself from the matching getter of [`Backend`](super::Backend).
 //!
-//! Their `async fn`s are boxed by [`#[async_trait]`](super::async_trait), so that the traits are
+//! Their `async fn`s are boxed by [`#[async_trait]`](macro@super::async_trait), so that the traits are
 //! object-safe: the getters return `Option<&dyn Trait>`, and the core asks for a capability
 //! without knowing the engine's type.
 

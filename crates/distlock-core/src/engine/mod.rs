@@ -739,7 +739,7 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a
 /// object-safe (a client holds its engine as `dyn Backend`). An engine outside this workspace
 /// uses it from here, with no dependency of its own:
 ///
-/// ```ignore
+/// ```text
 /// #[distlock_core::engine::async_trait]
 /// impl Backend for MyEngine {
 ///     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, LockError> { … }
@@ -756,7 +756,7 @@ pub use async_trait::async_trait;
 ///
 /// The trait is object-safe: a [`LockClient`](crate::LockClient) holds its engine as
 /// `dyn Backend`, so that one client type serves every engine. The trait and its
-/// implementations carry [`#[async_trait]`](async_trait), which boxes each `async fn`'s future,
+/// implementations carry [`#[async_trait]`](macro@async_trait), which boxes each `async fn`'s future,
 /// as it does the capability traits'.
 #[async_trait::async_trait]
 pub trait Backend: std::any::Any + Send + Sync {
