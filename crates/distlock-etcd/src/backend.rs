@@ -370,14 +370,17 @@ impl EtcdBackend {
         // The listing's keys are slices of the reply's buffer: read in this block, so that the
         // buffer is let go before any transaction below.
         let mut present: Vec<bool> = {
-            let listed = if r.ttl < 0 { Vec::new() } else { r.keys };
+            let listed = if r.ttl < 0 {
+                crate::wire::KeyList::default()
+            } else {
+                r.keys
+            };
             if !listed.is_empty() && self.store().sweep_due(lease) {
                 for orphan in self.store().orphans(&listed) {
                     self.store().delete_if_on(orphan, lease);
                 }
             }
-            let set: HashSet<&[u8], foldhash::fast::RandomState> =
-                listed.iter().map(|k| &k[..]).collect();
+            let set: HashSet<&[u8], foldhash::fast::RandomState> = listed.iter().collect();
             keys.iter().map(|k| set.contains(k.as_bytes())).collect()
         };
         // A leader just elected answers from its lease table before it has applied every
@@ -569,7 +572,7 @@ impl Backend for EtcdBackend {
         // The key's name is ours alone (no other acquisition takes it while it may exist), so
         // deleting it can never take another holder's lock; and it can be deleted even when an
         // acquire's reply was lost and we never learned its place.
-        let Some(key) = self.store().key_of(lease.token) else {
+        let Some(key) = self.store().key_of(lease.name, lease.token) else {
             // Nothing was written for this acquisition, or its key is known to be gone.
             return Ok(LeaseCheck::Missing);
         };
@@ -597,9 +600,9 @@ impl Backend for EtcdBackend {
         if reply.is_ok() {
             if given_up {
                 // One of its writes may still land: a name for nobody from now.
-                self.store().burn_name(lease.token);
+                self.store().burn_name(lease.name, lease.token);
             } else {
-                self.store().free_name(lease.token);
+                self.store().free_name(lease.name, lease.token);
             }
         }
         self.store()
@@ -660,7 +663,7 @@ impl Linger for EtcdBackend {
         if !self.to_private(lease, ttl).await? {
             return Ok(LeaseCheck::Missing);
         }
-        let Some(key) = self.store().key_of(lease.token) else {
+        let Some(key) = self.store().key_of(lease.name, lease.token) else {
             return Ok(LeaseCheck::Missing);
         };
         let granted = self.store().session_of(&key).map_or(ttl, |s| {
@@ -669,8 +672,11 @@ impl Linger for EtcdBackend {
         self.inner.recipe.forget(lease.name, lease.token.as_str());
         self.store().forget(&key);
         // A little past the lease's end: the server counts from its own grant.
-        self.store()
-            .linger_name(lease.token, started + granted + Duration::from_secs(1));
+        self.store().linger_name(
+            lease.name,
+            lease.token,
+            started + granted + Duration::from_secs(1),
+        );
         Ok(LeaseCheck::Ours)
     }
 }
@@ -845,7 +851,7 @@ impl Sessions for EtcdBackend {
     /// of its own, and its loss shows at its deadline); at the old session's end,
     /// [`still_on`](Sessions::still_on) says it left.
     fn session_end(&self, lease: &LeaseRef<'_>) -> SessionWatch {
-        let Some(key) = self.store().key_of(lease.token) else {
+        let Some(key) = self.store().key_of(lease.name, lease.token) else {
             return SessionWatch::Never;
         };
         if !lease.recorded {
@@ -873,7 +879,7 @@ impl Sessions for EtcdBackend {
     /// Whether the lock's key was on the session of that lease when it ended.
     fn still_on(&self, lease: &LeaseRef<'_>, session: u64) -> bool {
         self.store()
-            .key_of(lease.token)
+            .key_of(lease.name, lease.token)
             .and_then(|key| self.store().session_of(&key))
             .is_some_and(|s| s.lease as u64 == session)
     }

@@ -6,6 +6,7 @@ mod config;
 mod error;
 mod list;
 mod members;
+mod names;
 mod session;
 mod store;
 #[doc(hidden)]

@@ -25,38 +25,26 @@ use tonic::Status;
 
 use crate::error::{lease_missing, map_err};
 use crate::members::Members;
+pub(crate) use crate::names::Key;
+use crate::names::KeyNames;
 use crate::session::{Session, Sessions};
 use crate::wire::{
     Compare, CompareResult, DeleteRangeRequest, Event, EventType, RangeRequest, RequestOp,
     SortOrder, SortTarget, TxnRequest, TxnResponse, WatchCreateRequest, revision,
 };
 
-/// One of our key names: one copy, shared by the queue recipe's entry, the map of sessions and
-/// the names in use (a client holding 100,000 locks kept four copies of each).
-pub(crate) type Key = Arc<str>;
-
-/// The session one of our keys lives on, and the signal of its moves for the watch of its
-/// session's end (made when that watch starts).
-struct OnSession {
-    session: Arc<Session>,
-    moved: Option<Arc<Notify>>,
-}
-
 /// etcd as a store of lock queues.
 pub(crate) struct EtcdStore {
     pub(crate) members: Arc<Members>,
     pub(crate) sessions: Sessions,
     pub(crate) prefix: String,
-    /// The session each of our keys lives on. A key is entered before the request that writes
-    /// it is sent, and leaves when it is deleted: a key attached to one of our sessions that is
-    /// not here was written by a request given up before its reply (see
-    /// [`EtcdStore::orphans`]).
-    on: Mutex<HashMap<Key, OnSession, foldhash::fast::RandomState>>,
     /// Keys of ours released while etcd could not be reached (an acquire given up during an
     /// election, say): until their delete is answered, a first attempt that finds one of them
     /// holding its lock deletes it rather than report the lock busy.
     abandoned: Arc<Mutex<HashSet<String>>>,
-    /// The key name of each acquisition (by token) that may have a key on the server.
+    /// Our key names: whose each one is, and the session it lives on (a key attached to one of
+    /// our sessions that has none there was written by a request given up before its reply
+    /// came: see [`EtcdStore::orphans`]).
     names: Arc<Mutex<KeyNames>>,
     /// This backend's part of its key names.
     client: String,
@@ -80,73 +68,9 @@ const ORPHAN_WINDOW: Duration = Duration::from_secs(60);
 /// every key on the session (6 MB for 100,000 locks), and a renewal checks only the keys due.
 const SWEEP_BACKSTOP: Duration = Duration::from_secs(60);
 
-/// Key names in use: an acquisition keeps its name from its first write until its key is known
-/// to be gone (its delete answered, or nothing written), so that no other acquisition of this
-/// client takes that name while a write of it may still land.
-///
-/// A given-up acquisition's name is not given out again even once its delete was answered: a
-/// write whose reply was lost can still land after that (a request queued at a follower during
-/// an election is forwarded to the new leader later), and the key it creates must then be
-/// nobody's, a stale key that the next first attempt deletes, not a later acquisition's.
-#[derive(Default)]
-struct KeyNames {
-    /// By token, in its compact form (24 bytes where a `Token` takes 40: a map of every lock
-    /// the client holds).
-    by_token: HashMap<CompactToken, Key>,
-    /// Every name in use, with the token it belongs to (none once the token let it go while
-    /// the name stays out of use): a name freed finds its token at once.
-    used: HashMap<Key, Option<CompactToken>>,
-    /// Given-up acquisitions' names, oldest first: never given out again (the oldest are let
-    /// go past [`BURNED_KEPT`]).
-    burned: std::collections::VecDeque<Key>,
-    /// The same names, to look up.
-    burned_set: HashSet<Key>,
-    /// Names of keys left to run out by themselves (see `Linger`), soonest end first: in use
-    /// until then.
-    lingering: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, Key)>>,
-}
-
-/// How many given-up key names a client keeps out of use (each one an acquisition whose reply
-/// was lost and that was then given up: rare).
-const BURNED_KEPT: usize = 4096;
-
 /// How many times a discarded key's delete is sent while etcd does not answer (backing off to
 /// half a second: about a minute in all).
 const REMOVE_TRIES: u32 = 120;
-
-impl KeyNames {
-    fn free_key(&mut self, key: &str) {
-        if let Some(Some(token)) = self.used.remove(key) {
-            self.forget_token_of(&token, key);
-        }
-    }
-
-    /// Forgets that `token` has `key` (if that is still its key).
-    fn forget_token_of(&mut self, token: &CompactToken, key: &str) {
-        if self.by_token.get(token).is_some_and(|k| **k == *key) {
-            self.by_token.remove(token);
-        }
-    }
-
-    /// `key` stays out of use, but its token no longer has it (its next attempt takes another
-    /// name).
-    fn release_token_of(&mut self, key: &str) {
-        if let Some(Some(token)) = self.used.get_mut(key).map(Option::take) {
-            self.forget_token_of(&token, key);
-        }
-    }
-
-    /// Gives back the names of left keys whose lease has run out by `now`.
-    fn expire_lingering(&mut self, now: Instant) {
-        while let Some(std::cmp::Reverse((until, _))) = self.lingering.peek()
-            && *until <= now
-        {
-            if let Some(std::cmp::Reverse((_, key))) = self.lingering.pop() {
-                self.used.remove(&key);
-            }
-        }
-    }
-}
 
 impl EtcdStore {
     pub(crate) fn new(members: Arc<Members>, sessions: Sessions, prefix: String) -> Self {
@@ -154,7 +78,6 @@ impl EtcdStore {
             members,
             sessions,
             prefix,
-            on: Mutex::new(HashMap::default()),
             abandoned: Arc::default(),
             names: Arc::default(),
             client: Token::generate().as_str().chars().take(16).collect(),
@@ -167,116 +90,95 @@ impl EtcdStore {
         format!("{}{name}/", self.prefix)
     }
 
+    /// Our key name `n` of the lock `name`, written into `out`.
+    fn write_key(&self, out: &mut String, name: &str, n: u32) {
+        use std::fmt::Write;
+        out.clear();
+        let _ = write!(out, "{}{name}/{}-{n}", self.prefix, self.client);
+    }
+
+    /// The key `token` has for the lock `name`, from `names`.
+    fn key_in(&self, names: &KeyNames, name: &str, token: &CompactToken) -> Option<Key> {
+        let mut first = String::with_capacity(self.prefix.len() + name.len() + 24);
+        self.write_key(&mut first, name, 0);
+        names.key_of(&first, token)
+    }
+
     /// The key of `token`'s acquisition of `name`: the one it has, or the lowest free one.
     fn key_for(&self, name: &str, token: &Token) -> Key {
         let mut names = self.names.locked();
         let token = CompactToken::from(token);
-        if let Some(key) = names.by_token.get(&token) {
-            return key.clone();
+        if let Some(key) = self.key_in(&names, name, &token) {
+            return key;
         }
-        if !names.lingering.is_empty() {
+        if names.lingers() {
             names.expire_lingering(self.sessions.clock().now());
         }
-        let key = (0u32..)
-            .map(|n| format!("{}{name}/{}-{n}", self.prefix, self.client))
-            .find(|k| {
-                !names.used.contains_key(k.as_str()) && !names.burned_set.contains(k.as_str())
+        let mut key = String::new();
+        let n = (0u32..)
+            .find(|n| {
+                self.write_key(&mut key, name, *n);
+                names.available(&key)
             })
             .unwrap_or_default();
         let key = Key::from(key);
-        names.used.insert(key.clone(), Some(token.clone()));
-        names.by_token.insert(token, key.clone());
+        names.give(key.clone(), token, n == 0);
         key
     }
 
-    /// The key of `token`'s acquisition, if it may have one on the server.
-    pub(crate) fn key_of(&self, token: &Token) -> Option<Key> {
+    /// The key of `token`'s acquisition of `name`, if it may have one on the server.
+    pub(crate) fn key_of(&self, name: &str, token: &Token) -> Option<Key> {
         let token = CompactToken::from(token);
-        self.names.locked().by_token.get(&token).cloned()
+        self.key_in(&self.names.locked(), name, &token)
     }
 
-    /// `token`'s acquisition has no key on the server (nothing was written, or its delete was
-    /// answered): its name is free for the next acquisition.
-    pub(crate) fn free_name(&self, token: &Token) {
+    /// `token`'s acquisition of `name` has no key on the server (nothing was written, or its
+    /// delete was answered): its name is free for the next acquisition.
+    pub(crate) fn free_name(&self, name: &str, token: &Token) {
         let token = CompactToken::from(token);
         let mut names = self.names.locked();
-        if let Some(key) = names.by_token.remove(&token) {
-            names.used.remove(&key);
+        if let Some(key) = self.key_in(&names, name, &token) {
+            names.free_key(&key);
         }
     }
 
-    /// `token`'s key was left on the server to run out by itself at `until` (on the client's
-    /// clock): its name stays out of use until then, and the token is forgotten.
-    pub(crate) fn linger_name(&self, token: &Token, until: Instant) {
+    /// `token`'s key of `name` was left on the server to run out by itself at `until` (on the
+    /// client's clock): its name stays out of use until then, and the token is forgotten.
+    pub(crate) fn linger_name(&self, name: &str, token: &Token, until: Instant) {
         let token = CompactToken::from(token);
         let mut names = self.names.locked();
-        if let Some(key) = names.by_token.remove(&token) {
-            if let Some(owner) = names.used.get_mut(&key) {
-                *owner = None;
-            }
-            names.lingering.push(std::cmp::Reverse((until, key)));
+        if let Some(key) = self.key_in(&names, name, &token) {
+            names.linger(key, until);
         }
     }
 
-    /// `token`'s acquisition was given up and its key deleted: its name is nobody's from now,
-    /// and never given out again (see [`KeyNames`]).
-    pub(crate) fn burn_name(&self, token: &Token) {
+    /// `token`'s acquisition of `name` was given up and its key deleted: its name is nobody's
+    /// from now, and never given out again (see [`crate::names`]).
+    pub(crate) fn burn_name(&self, name: &str, token: &Token) {
         let token = CompactToken::from(token);
         let mut names = self.names.locked();
-        if let Some(key) = names.by_token.remove(&token) {
-            names.used.remove(&key);
-            names.burned_set.insert(key.clone());
-            names.burned.push_back(key);
-            if names.burned.len() > BURNED_KEPT
-                && let Some(oldest) = names.burned.pop_front()
-            {
-                names.burned_set.remove(&oldest);
-            }
+        if let Some(key) = self.key_in(&names, name, &token) {
+            names.burn(key);
         }
     }
 
     /// The session `key` lives on.
     pub(crate) fn session_of(&self, key: &str) -> Option<Arc<Session>> {
-        self.on.locked().get(key).map(|o| o.session.clone())
+        self.names.locked().session_of(key)
     }
 
     /// Records that `key` now lives on `session` (or is about to be written on it).
     pub(crate) fn set_session(&self, key: &Key, session: Arc<Session>) {
         // Ours again (a later attempt with the same token): not to be cleared out of the way.
         self.abandoned.locked().remove(&**key);
-        let mut on = self.on.locked();
-        match on.get_mut(key) {
-            Some(o) if Arc::ptr_eq(&o.session, &session) => {}
-            Some(o) => {
-                o.session.remove_key();
-                session.add_key();
-                o.session = session;
-                // Only the watch on this key's session follows it: a move costs the same
-                // however many locks this client holds.
-                if let Some(moved) = &o.moved {
-                    moved.notify_waiters();
-                }
-            }
-            None => {
-                session.add_key();
-                on.insert(
-                    key.clone(),
-                    OnSession {
-                        session,
-                        moved: None,
-                    },
-                );
-            }
-        }
+        self.names.locked().set_session(key, session);
     }
 
-    /// Forgets `key` (it was deleted, or its request given up). Nobody watching for the end
-    /// of its session is woken: a lease released has its watch stopped, and a watch that
-    /// sees its session end checks that the key is still on it.
+    /// Forgets `key`'s session (it was deleted, or its request given up). Nobody watching for
+    /// the end of its session is woken: a lease released has its watch stopped, and a watch
+    /// that sees its session end checks that the key is still on it.
     pub(crate) fn forget(&self, key: &str) {
-        if let Some(before) = self.on.locked().remove(key) {
-            before.session.remove_key();
-        }
+        self.names.locked().forget(key);
     }
 
     /// Notes whether releasing `key` was answered (a key not deleted may be in the way of a
@@ -366,8 +268,7 @@ impl EtcdStore {
     /// The delete's: the lock is then not known to be busy.
     async fn clear_stale(&self, key: &str, create_revision: i64) -> Result<bool, LockError> {
         let stale = self.is_ours(key)
-            && (self.abandoned.locked().contains(key)
-                || !self.names.locked().used.contains_key(key));
+            && (self.abandoned.locked().contains(key) || !self.names.locked().in_use(key));
         if stale {
             self.delete_at(key, create_revision).await?;
         }
@@ -394,13 +295,7 @@ impl EtcdStore {
     /// The session `key` lives on, and the signal of its moves to another (made at the first
     /// call).
     fn watch_session(&self, key: &str) -> Option<(Arc<Session>, Arc<Notify>)> {
-        let mut on = self.on.locked();
-        let o = on.get_mut(key)?;
-        let moved = o
-            .moved
-            .get_or_insert_with(|| Arc::new(Notify::new()))
-            .clone();
-        Some((o.session.clone(), moved))
+        self.names.locked().watch_session(key)
     }
 
     /// Resolves with the reason when the session `key` lives on ends while the key is on it;
@@ -445,13 +340,13 @@ impl EtcdStore {
     /// request given up before its reply came (its future dropped, or a lost reply not resent),
     /// after the clean-up's delete. Nobody waits on them and nobody holds them; they would live as
     /// long as the session.
-    pub(crate) fn orphans(&self, attached: &[prost::bytes::Bytes]) -> Vec<Vec<u8>> {
-        let on = self.on.locked();
+    pub(crate) fn orphans(&self, attached: &crate::wire::KeyList) -> Vec<Vec<u8>> {
+        let names = self.names.locked();
         attached
             .iter()
             .filter(|k| {
                 let k = String::from_utf8_lossy(k);
-                k.starts_with(&self.prefix) && !on.contains_key(k.as_ref())
+                k.starts_with(&self.prefix) && !names.is_on_session(k.as_ref())
             })
             .map(|k| k.to_vec())
             .collect()
@@ -511,7 +406,7 @@ impl EtcdStore {
                 Ok(Some(_)) => {
                     // Busy: nothing was written.
                     self.forget(&key);
-                    self.free_name(req.token);
+                    self.free_name(req.name, req.token);
                 }
                 Ok(None) => {
                     self.forget(&key);
@@ -522,7 +417,7 @@ impl EtcdStore {
                 // nothing of what the lost send did, so its key is kept for the clean-up.
                 Err(e) if !e.is_ambiguous() && !req.mode.is_resend() => {
                     self.forget(&key);
-                    self.free_name(req.token);
+                    self.free_name(req.name, req.token);
                 }
                 Err(_) => {}
             }

@@ -10,6 +10,7 @@ use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status, Streaming};
 
+use super::listing::LeaseTimeToLiveResponse;
 use super::messages::*;
 
 /// One member's connection. Cheap to clone: the clones share the channel and the auth token.

@@ -322,23 +322,6 @@ pub struct LeaseTimeToLiveRequest {
     pub keys: bool,
 }
 
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct LeaseTimeToLiveResponse {
-    #[prost(message, optional, tag = "1")]
-    pub header: Option<ResponseHeader>,
-    #[prost(int64, tag = "2")]
-    pub id: i64,
-    /// Seconds left; -1 when the lease does not exist.
-    #[prost(int64, tag = "3")]
-    pub ttl: i64,
-    #[prost(int64, tag = "4")]
-    pub granted_ttl: i64,
-    /// The keys attached, as slices of the reply's own buffer (no allocation a key: a listing
-    /// may hold 100,000 of them).
-    #[prost(bytes = "bytes", repeated, tag = "5")]
-    pub keys: Vec<prost::bytes::Bytes>,
-}
-
 /// One message of the `Watch.Watch` stream.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct WatchRequest {

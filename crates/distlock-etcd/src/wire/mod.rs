@@ -6,9 +6,11 @@
 //! benchmarks' raw floor and for tests; it is not part of distlock's stable API.
 
 mod conn;
+mod listing;
 pub mod messages;
 
 pub use conn::{Conn, KeepAlive, Tls, WatchStream};
+pub use listing::{KeyList, LeaseTimeToLiveResponse};
 pub use messages::*;
 
 /// The end of the range that holds every key starting with `prefix` (etcd's convention: the
