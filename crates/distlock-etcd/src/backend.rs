@@ -31,8 +31,9 @@ const KEYS_PER_CHECK: usize = 128;
 /// listing then costs at most four times the keys due); fewer are checked by transactions.
 const LISTED_WHEN_DUE: usize = 4;
 
-/// The items of one batch on one session: the session, and each item's place and key.
-type SessionItems = (Arc<Session>, Vec<(usize, Key)>);
+/// The items of one batch on one session: the session, each item's place in the batch and its
+/// key (two vectors: 20 bytes an item, where pairs take 24 and the slices of keys 16 more).
+type SessionItems = (Arc<Session>, Vec<u32>, Vec<Key>);
 
 struct EtcdShared {
     recipe: QueueRecipe<EtcdStore>,
@@ -314,7 +315,7 @@ impl EtcdBackend {
     async fn renew_session(
         &self,
         session: &Session,
-        keys: &[&str],
+        keys: &[Key],
     ) -> Vec<Result<LeaseCheck, LockError>> {
         let lease = session.lease;
         let listing = keys.len().saturating_mul(LISTED_WHEN_DUE) >= session.key_count();
@@ -356,7 +357,7 @@ impl EtcdBackend {
 
     /// Whether each of `keys` is attached to `lease`, from one listing of the lease's keys.
     /// Keys we do not know found on it are deleted when a sweep is due.
-    async fn attached_by_listing(&self, keys: &[&str], lease: i64) -> Result<Vec<bool>, LockError> {
+    async fn attached_by_listing(&self, keys: &[Key], lease: i64) -> Result<Vec<bool>, LockError> {
         const DOING: &str = "renewing etcd locks";
         let r = self
             .store()
@@ -367,8 +368,8 @@ impl EtcdBackend {
         // The TTL left is in whole seconds (0 in the last one); -1 for a lease gone. The
         // keep-alive sent alongside tells whether it is; "gone" with a live lease is a leader
         // that has not applied its grant yet (etcd#13675): every key is checked as below.
-        // The listing's keys are slices of the reply's buffer: read in this block, so that the
-        // buffer is let go before any transaction below.
+        // The listing and its set are read in this block, and let go before any transaction
+        // below.
         let mut present: Vec<bool> = {
             let listed = if r.ttl < 0 {
                 crate::wire::KeyList::default()
@@ -390,7 +391,7 @@ impl EtcdBackend {
             .iter()
             .enumerate()
             .filter(|(i, _)| !present[*i])
-            .map(|(i, k)| (i, *k))
+            .map(|(i, k)| (i, &**k))
             .collect();
         if !unlisted.is_empty() {
             let names: Vec<&str> = unlisted.iter().map(|(_, k)| *k).collect();
@@ -403,7 +404,11 @@ impl EtcdBackend {
     }
 
     /// Whether each of `keys` is attached to `lease`, by read-only transactions of 128 keys.
-    async fn attached_by_txn(&self, keys: &[&str], lease: i64) -> Result<Vec<bool>, LockError> {
+    async fn attached_by_txn<K: AsRef<str> + Sync>(
+        &self,
+        keys: &[K],
+        lease: i64,
+    ) -> Result<Vec<bool>, LockError> {
         let checks = futures_util::future::try_join_all(
             keys.chunks(KEYS_PER_CHECK)
                 .map(|chunk| self.still_attached(chunk, lease)),
@@ -415,15 +420,19 @@ impl EtcdBackend {
     /// Whether each of `keys` is still attached to `lease`: one read-only transaction that
     /// compares every key's lease, and reads them only when one differs. Linearizable, so a
     /// leader just elected answers after applying every committed write.
-    async fn still_attached(&self, keys: &[&str], lease: i64) -> Result<Vec<bool>, LockError> {
+    async fn still_attached<K: AsRef<str> + Sync>(
+        &self,
+        keys: &[K],
+        lease: i64,
+    ) -> Result<Vec<bool>, LockError> {
         const DOING: &str = "renewing etcd locks";
         let txn = TxnRequest::new(
             keys.iter()
-                .map(|k| Compare::lease(*k, CompareResult::Equal, lease))
+                .map(|k| Compare::lease(k.as_ref(), CompareResult::Equal, lease))
                 .collect(),
             vec![],
             keys.iter()
-                .map(|k| RequestOp::range(RangeRequest::key(*k)))
+                .map(|k| RequestOp::range(RangeRequest::key(k.as_ref())))
                 .collect(),
         );
         let r = self
@@ -491,20 +500,32 @@ impl EtcdBackend {
                 out[i] = self.renew_longer(lease, session.shared, item.ttl).await;
                 continue;
             }
-            groups
-                .entry(session.lease)
-                .or_insert_with(|| (session.clone(), Vec::new()))
-                .1
-                .push((i, key));
+            // The first session's vectors have room for every item left: a batch is most often
+            // all on one session, and growing them by doubling would hold two copies at once.
+            let left = items.len() - i;
+            let first = groups.is_empty();
+            let (_, places, keys) = groups.entry(session.lease).or_insert_with(|| {
+                let room = if first { left } else { 0 };
+                (
+                    session.clone(),
+                    Vec::with_capacity(room),
+                    Vec::with_capacity(room),
+                )
+            });
+            places.push(u32::try_from(i).unwrap_or(u32::MAX));
+            keys.push(key);
         }
-        let renewals = groups.into_values().map(|(session, members)| async move {
-            let keys: Vec<&str> = members.iter().map(|(_, k)| &**k).collect();
-            let checks = self.renew_session(&session, &keys).await;
-            (members, checks)
-        });
-        for (members, checks) in futures_util::future::join_all(renewals).await {
-            for ((i, _), r) in members.into_iter().zip(checks) {
-                out[i] = r;
+        let renewals = groups
+            .into_values()
+            .map(|(session, places, keys)| async move {
+                let checks = self.renew_session(&session, &keys).await;
+                (places, checks)
+            });
+        for (places, checks) in futures_util::future::join_all(renewals).await {
+            for (i, r) in places.into_iter().zip(checks) {
+                if let Some(slot) = out.get_mut(i as usize) {
+                    *slot = r;
+                }
             }
         }
         out
