@@ -46,8 +46,9 @@ rust_peer() { # folder crate-version-label
   rm -rf "$dst/src" && cp -r "$src/src" "$dst/src"
   say "building the $1 peer in $dst"
   # Its own target folder, even when CARGO_TARGET_DIR is set for the harness.
-  if (cd "$dst" && CARGO_TARGET_DIR="$dst/target" cargo build --profile "$profile" --quiet); then
-    peer "$1" "$2" "$dst/target/$bin_dir/distlock-peer-$1"
+  # One target folder for both Rust peers: they share most of their dependencies.
+  if (cd "$dst" && CARGO_TARGET_DIR="$peers/target" cargo build --profile "$profile" --quiet); then
+    peer "$1" "$2" "$peers/target/$bin_dir/distlock-peer-$1"
   else
     left_out "the $1 peer (it did not build)"
   fi
