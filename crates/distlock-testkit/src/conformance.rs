@@ -77,6 +77,19 @@ macro_rules! conformance_tests {
             a_lease_left_runs_out_by_itself
         );
     };
+    // The run-time (URL) path of an engine whose own crate runs the whole suite: `open_backend`
+    // picks the engine by the URL's scheme, and a few cases show that the client it makes
+    // holds, fences, reports and lists as the engine does. (Every client holds its engine as
+    // `Arc<dyn Backend>`: the whole suite through this path ran the same code a second time.)
+    (@url $setup:expr) => {
+        $crate::conformance_tests!(@cases $setup;
+            exclusive_and_release,
+            fences_strictly_increase,
+            dropped_guard_is_released,
+            status_reports_holder,
+            listing_shows_what_is_held
+        );
+    };
     (@cases $setup:expr; $($case:ident),+) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,6 @@
-//! The conformance suite on memcached through the run-time (URL) path (`open_backend`).
+//! The run-time (URL) path on memcached: `open_backend` makes a client that holds, reports
+//! and lists as the engine does. The whole conformance suite runs on memcached in
+//! `distlock-memcached`'s own tests.
 
 use distlock_testkit::Memcached;
 use distlock_testkit::conformance::{MakeClient, clients_on};
@@ -11,4 +13,4 @@ fn setup() -> Option<impl MakeClient> {
     }))
 }
 
-distlock_testkit::conformance_tests!(setup());
+distlock_testkit::conformance_tests!(@url setup());

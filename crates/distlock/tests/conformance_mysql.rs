@@ -1,4 +1,6 @@
-//! The conformance suite on MariaDB through the run-time (URL) path (`open_backend`).
+//! The run-time (URL) path on MariaDB: `open_backend` makes a client that holds, fences,
+//! reports and lists as the engine does. The whole conformance suite runs on MariaDB in
+//! `distlock-mysql`'s own tests.
 
 use distlock_testkit::MariaDb;
 use distlock_testkit::conformance::{MakeClient, clients_on};
@@ -11,4 +13,4 @@ fn setup() -> Option<impl MakeClient> {
     }))
 }
 
-distlock_testkit::conformance_tests!(setup());
+distlock_testkit::conformance_tests!(@url setup());

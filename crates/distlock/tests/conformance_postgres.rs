@@ -1,5 +1,6 @@
-//! The conformance suite on PostgreSQL through the run-time (URL) path: the engine's
-//! loss events must reach guards through the boxed backend too.
+//! The run-time (URL) path on PostgreSQL: `open_backend` makes a client that holds, fences,
+//! reports and lists as the engine does. The whole conformance suite runs on PostgreSQL in
+//! `distlock-postgres`'s own tests.
 
 use distlock_testkit::Postgres;
 use distlock_testkit::conformance::{MakeClient, clients_on};
@@ -12,4 +13,4 @@ fn setup() -> Option<impl MakeClient> {
     }))
 }
 
-distlock_testkit::conformance_tests!(setup());
+distlock_testkit::conformance_tests!(@url setup());
