@@ -230,10 +230,14 @@ impl Backend for RedisBackend {
 
     async fn release(&self, lease: &LeaseRef<'_>) -> Result<LeaseCheck, LockError> {
         match lease.kind {
+            // Behind boxes of their own: the exclusive release's future stays small (see
+            // `acquire_inner`).
             LeaseKind::Permit { .. } => {
-                return self.release_permit(lease.name, lease.token).await;
+                return Box::pin(self.release_permit(lease.name, lease.token)).await;
             }
-            LeaseKind::Shared => return self.release_shared(lease.name, lease.token).await,
+            LeaseKind::Shared => {
+                return Box::pin(self.release_shared(lease.name, lease.token)).await;
+            }
             _ => {}
         }
         self.release_inner(lease.name, lease.token, None).await

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use distlock_core::engine::{ErrorKind, LeaseCheck, LockError, RenewItem};
+use futures_util::future::Either;
 use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
@@ -300,19 +301,24 @@ impl ServerConnection {
 
     /// One round trip: on the direct connection when it is free, else on the multiplexed one.
     /// One reply per command, server errors in their place.
-    pub(crate) async fn send(
-        &self,
-        pipe: &redis::Pipeline,
-    ) -> Result<Vec<Value>, redis::RedisError> {
+    ///
+    /// The way is chosen before the first poll, and the future is the chosen one's alone: it
+    /// sits inside every request's future, which the engine boxes for each call.
+    pub(crate) fn send<'a>(
+        &'a self,
+        pipe: &'a redis::Pipeline,
+    ) -> impl Future<Output = Result<Vec<Value>, redis::RedisError>> + Send + 'a {
         self.count(pipe.len());
-        if let Transport::Single { direct, .. } = &self.transport
-            && let Some(mut checkout) = direct.checkout()
-        {
-            return checkout
-                .round_trip(pipe.cmd_iter(), self.response_timeout)
-                .await;
+        let checkout = match &self.transport {
+            Transport::Single { direct, .. } => direct.checkout(),
+            Transport::Cluster(_) => None,
+        };
+        match checkout {
+            Some(checkout) => {
+                Either::Left(checkout.round_trip(pipe.cmd_iter(), self.response_timeout))
+            }
+            None => Either::Right(self.send_multiplexed(pipe)),
         }
-        self.send_multiplexed(pipe).await
     }
 
     /// A round trip on the multiplexed connection only (the watchdog's batches: they must not
@@ -351,36 +357,21 @@ impl ServerConnection {
         args: &[&str],
         doing: &str,
     ) -> Result<R, LockError> {
-        self.run_after_ping(script, keys, args, doing, false).await
+        let call = ScriptCall::new(script, keys, args, false);
+        self.run_call(script, &call, doing).await
     }
 
-    /// [`run`](Self::run), after a `PING` in the same write when `ping_first` is set.
-    ///
-    /// Why a release that may hand the lock over leads with a `PING`: Redis writes the replies
-    /// of one event-loop turn to the most recently queued client first. Without the `PING`,
-    /// the releasing client is queued after the waiter the script publishes to, so it is woken
-    /// first, and on a busy CPU its own work runs before the new holder hears of its turn. The
-    /// `PING` queues the releasing client before the script runs: the waiter is written to
-    /// first. (Measured on one CPU, Redis 7.0: a hand-off p50 of ~50 µs instead of ~75 µs.
-    /// Harmless where the order differs: one more tiny command in the same write.)
-    pub(crate) async fn run_after_ping<R: ScriptReply>(
+    /// Sends a script's call (see [`ScriptCall`]), loading the script and sending again if the
+    /// server has lost its script cache; its reply, typed.
+    pub(crate) async fn run_call<R: ScriptReply>(
         &self,
         script: &LuaScript<R>,
-        keys: &[&str],
-        args: &[&str],
+        call: &ScriptCall,
         doing: &str,
-        ping_first: bool,
     ) -> Result<R, LockError> {
-        let mut pipe = redis::Pipeline::with_capacity(2);
-        pipe.ignore_errors();
-        if ping_first {
-            pipe.cmd("PING");
-        }
-        pipe.add_command(evalsha(script.hash(), keys, args));
-        let at = pipe.len() - 1;
-        let reply = self.run_in(&pipe, script.script(), at).await;
+        let reply = self.run_in(&call.pipe, script.script(), call.at).await;
         let value = reply
-            .and_then(|mut r| taken(&mut r, at))
+            .and_then(|mut r| taken(&mut r, call.at))
             .map_err(|e| map_err(e, doing))?;
         R::decode(&value, doing)
     }
@@ -482,6 +473,41 @@ pub(crate) fn push_wait(pipe: &mut redis::Pipeline, wait: WaitReplicas) {
 }
 
 /// `EVALSHA hash nkeys keys… args…`, built without intermediate copies.
+/// One script's command by hash, built before the request's first await: the keys and
+/// arguments are copied into it, so they need not live across the round trip (the hot paths
+/// build the keys in a scratch buffer, see `KeyLayout::with_keys`).
+pub(crate) struct ScriptCall {
+    pipe: redis::Pipeline,
+    /// Where the script's reply is in the pipeline's replies.
+    at: usize,
+}
+
+impl ScriptCall {
+    /// The call, after a `PING` in the same write when `ping_first` is set.
+    ///
+    /// Why a release that may hand the lock over leads with a `PING`: Redis writes the replies
+    /// of one event-loop turn to the most recently queued client first. Without the `PING`,
+    /// the releasing client is queued after the waiter the script publishes to, so it is woken
+    /// first, and on a busy CPU its own work runs before the new holder hears of its turn. The
+    /// `PING` queues the releasing client before the script runs: the waiter is written to
+    /// first. Harmless where the order differs: one more tiny command in the same write.
+    pub(crate) fn new<R: ScriptReply>(
+        script: &LuaScript<R>,
+        keys: &[&str],
+        args: &[&str],
+        ping_first: bool,
+    ) -> ScriptCall {
+        let mut pipe = redis::Pipeline::with_capacity(2);
+        pipe.ignore_errors();
+        if ping_first {
+            pipe.cmd("PING");
+        }
+        pipe.add_command(evalsha(script.hash(), keys, args));
+        let at = pipe.len() - 1;
+        ScriptCall { pipe, at }
+    }
+}
+
 fn evalsha(hash: &str, keys: &[&str], args: &[&str]) -> redis::Cmd {
     let len = keys.iter().chain(args).map(|a| a.len()).sum::<usize>() + 48;
     let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), len);

@@ -305,52 +305,70 @@ pub(crate) struct Checkout {
 impl Checkout {
     /// Sends `cmds` as one write and reads one reply each (server errors in their place), or
     /// fails after `timeout`. On any failure the connection is closed.
-    pub(crate) async fn round_trip<'a>(
-        &mut self,
-        cmds: impl IntoIterator<Item = &'a redis::Cmd>,
+    ///
+    /// Not an `async fn`: its future holds the checkout once, where an `async fn` taking it by
+    /// value keeps a second copy (every request's future, boxed by the engine, holds this one).
+    #[expect(clippy::manual_async_fn, reason = "an async fn would hold the checkout twice")]
+    pub(crate) fn round_trip<'a, I>(
+        mut self,
+        cmds: I,
         timeout: Duration,
-    ) -> Result<Vec<Value>, RedisError> {
-        let Some(mut direct) = self.direct.take() else {
-            return Err(io::Error::new(
-                io::ErrorKind::NotConnected,
-                "the direct connection is closed",
-            )
-            .into());
-        };
-        let timer = &self.inner.timer;
-        let id = timer.next_id.fetch_add(1, Ordering::Relaxed);
-        *timer.slot() = Some((id, Instant::now() + timeout));
-        if !timer.reaping.swap(true, Ordering::AcqRel) {
-            let tick = (timeout / 8).clamp(Duration::from_millis(1), Duration::from_millis(250));
-            tokio::spawn(reap(Arc::downgrade(&self.inner), tick));
-        }
-        let result = {
-            let mut trip = pin!(direct.round_trip(cmds));
-            std::future::poll_fn(|cx| {
-                if let Poll::Ready(r) = trip.as_mut().poll(cx) {
-                    return Poll::Ready(Some(r));
-                }
-                timer.waker.register(cx.waker());
-                if timer.expired.load(Ordering::Acquire) == id {
-                    return Poll::Ready(None);
-                }
-                Poll::Pending
-            })
-            .await
-        };
-        *timer.slot() = None;
-        match result {
-            Some(Ok(replies)) => {
-                self.direct = Some(direct);
-                Ok(replies)
+    ) -> impl Future<Output = Result<Vec<Value>, RedisError>> + Send + 'a
+    where
+        I: IntoIterator<Item = &'a redis::Cmd> + Send + 'a,
+    {
+        async move {
+            let Some(mut direct) = self.direct.take() else {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotConnected,
+                    "the direct connection is closed",
+                )
+                .into());
+            };
+            let timer = &self.inner.timer;
+            let id = timer.next_id.fetch_add(1, Ordering::Relaxed);
+            *timer.slot() = Some((id, Instant::now() + timeout));
+            if !timer.reaping.swap(true, Ordering::AcqRel) {
+                let tick =
+                    (timeout / 8).clamp(Duration::from_millis(1), Duration::from_millis(250));
+                tokio::spawn(reap(Arc::downgrade(&self.inner), tick));
             }
-            Some(Err(e)) => Err(e),
-            None => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "no reply within the response timeout",
-            )
-            .into()),
+            let result = {
+                let mut trip = pin!(direct.round_trip(cmds));
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready(r) = trip.as_mut().poll(cx) {
+                        return Poll::Ready(Some(r));
+                    }
+                    timer.waker.register(cx.waker());
+                    if timer.expired.load(Ordering::Acquire) == id {
+                        return Poll::Ready(None);
+                    }
+                    Poll::Pending
+                })
+                .await
+            };
+            *timer.slot() = None;
+            match result {
+                Some(Ok(replies)) => {
+                    // Back to the idle slot, by the checkout's drop.
+                    self.give_back(direct);
+                    Ok(replies)
+                }
+                Some(Err(e)) => Err(e),
+                None => Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no reply within the response timeout",
+                )
+                .into()),
+            }
         }
+    }
+}
+
+impl Checkout {
+    /// Ends the checkout with its connection, which goes back to the idle slot.
+    fn give_back(mut self, direct: RespConnection) {
+        self.direct = Some(direct);
     }
 }
 

@@ -83,6 +83,23 @@ impl KeyLayout {
         LockKeys::derive(buf)
     }
 
+    /// [`keys`](Self::keys), built in this thread's scratch buffer, for `f`: a request that
+    /// copies its keys into its command before its first await (the uncontended acquire and
+    /// release) then allocates nothing for them. A call inside `f` gets a buffer of its own.
+    pub(crate) fn with_keys<R>(&self, name: &str, f: impl FnOnce(&LockKeys) -> R) -> R {
+        let mut buf = SCRATCH.take();
+        buf.clear();
+        buf.reserve(4 * (self.prefix.len() + name.len() + 2) + SUFFIX_LEN);
+        self.push_lock_key(&mut buf, name);
+        let keys = LockKeys::derive(buf);
+        let out = f(&keys);
+        // A buffer grown by a huge name is not kept.
+        if keys.buf.capacity() <= SCRATCH_KEPT {
+            SCRATCH.set(keys.buf);
+        }
+        out
+    }
+
     pub(crate) fn meta_key(lock_key: &str) -> String {
         format!("{lock_key}:meta")
     }
@@ -91,6 +108,14 @@ impl KeyLayout {
         format!("{lock_key}:fence")
     }
 }
+
+thread_local! {
+    /// The scratch buffer of [`KeyLayout::with_keys`].
+    static SCRATCH: std::cell::Cell<String> = const { std::cell::Cell::new(String::new()) };
+}
+
+/// The most capacity the scratch buffer keeps between calls.
+const SCRATCH_KEPT: usize = 4096;
 
 const SUFFIXES: [&str; 3] = [":meta", ":waiters", ":fence"];
 const SUFFIX_LEN: usize = 5 + 8 + 6;
@@ -222,5 +247,33 @@ mod tests {
             hash_tag: false,
         };
         assert_eq!(plain.lock_key("k"), "k");
+    }
+
+    #[test]
+    fn scratch_keys_are_the_keys_and_a_nested_call_gets_its_own() {
+        let l = KeyLayout::default();
+        let all = |k: &LockKeys| [k.lock(), k.meta(), k.waiters(), k.fence()].map(str::to_owned);
+        for name in ["orders", "a-much-longer-name-than-the-first", "x"] {
+            let outer = l.with_keys(name, |k| {
+                let inner = l.with_keys("other", all);
+                assert_eq!(inner, all(&l.keys("other")));
+                all(k)
+            });
+            assert_eq!(outer, all(&l.keys(name)), "{name}");
+        }
+        // The buffer is kept between calls, and one grown past the limit is not.
+        let kept = || {
+            SCRATCH.with(|s| {
+                let b = s.take();
+                let c = b.capacity();
+                s.set(b);
+                c
+            })
+        };
+        assert!(kept() > 0);
+        l.with_keys(&"n".repeat(SCRATCH_KEPT), |k| {
+            assert!(k.fence().ends_with(":fence"))
+        });
+        assert!(kept() <= SCRATCH_KEPT);
     }
 }

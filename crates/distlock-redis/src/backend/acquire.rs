@@ -19,10 +19,14 @@ impl RedisBackend {
         &self,
         req: &AcquireRequest<'_>,
     ) -> Result<Attempt, LockError> {
-        const DOING: &str = "acquiring a Redis lock";
+        // Every path but the first attempt's fast one runs behind a box of its own: the
+        // engine's future is boxed for each call (`Backend` is object-safe), and a small one
+        // comes from the allocator's per-thread cache.
         match req.kind {
-            LeaseKind::Permit { permits } => return self.acquire_permit(req, permits).await,
-            LeaseKind::Shared => return self.acquire_shared(req).await,
+            LeaseKind::Permit { permits } => {
+                return Box::pin(self.acquire_permit(req, permits)).await;
+            }
+            LeaseKind::Shared => return Box::pin(self.acquire_shared(req)).await,
             _ => {}
         }
         // A lock handed to this wait needs no request at all: look first.
@@ -35,24 +39,38 @@ impl RedisBackend {
                 {
                     self.seen.record(req.name, fence);
                 }
-                return self.replicate_grant(req, granted).await;
+                return Box::pin(self.replicate_grant(req, granted)).await;
             }
             Some(Err(other)) => Some(other),
             None => None,
         };
-        let keys = self.layout.keys(req.name);
-        let mut ttl = itoa::Buffer::new();
-        let ttl = ttl.format(ttl_ms(req.ttl));
-        let token = req.token.as_str();
-        let value = HolderValue::now(token, req.owner).encode();
-        let convert = other.as_ref().and_then(Grant::unused_token).unwrap_or("");
+        let convert = other.as_ref().and_then(Grant::unused_token).is_some();
         // The first attempt's pipeline records no holder in the meta hash: a request whose
         // fence `status` must give (an election's epoch) takes the script.
-        if req.mode == AcquireMode::Try && !req.recorded && convert.is_empty() {
-            return self
-                .acquire_fast(req.name, &keys, req.token, &value, ttl)
-                .await;
+        if req.mode == AcquireMode::Try && !req.recorded && !convert {
+            drop(other);
+            return self.acquire_fast(req).await;
         }
+        let mut ttl = itoa::Buffer::new();
+        let ttl = ttl.format(ttl_ms(req.ttl));
+        let value = HolderValue::now(req.token.as_str(), req.owner).encode();
+        Box::pin(self.acquire_scripted(req, other, &value, ttl)).await
+    }
+
+    /// An attempt by the acquire script (every one but a first attempt's fast path): it can
+    /// queue this client for the server-side hand-over, and take over a grant `other` that
+    /// this client was handed and did not use.
+    async fn acquire_scripted(
+        &self,
+        req: &AcquireRequest<'_>,
+        other: Option<Grant>,
+        value: &str,
+        ttl: &str,
+    ) -> Result<Attempt, LockError> {
+        const DOING: &str = "acquiring a Redis lock";
+        let token = req.token.as_str();
+        let convert = other.as_ref().and_then(Grant::unused_token).unwrap_or("");
+        let keys = self.layout.keys(req.name);
         if !req.mode.is_resend()
             && convert.is_empty()
             && let Some(left) = self.handovers.elsewhere_left(req.name)
@@ -78,7 +96,7 @@ impl RedisBackend {
             .run_waited(
                 &self.scripts.acquire,
                 &[keys.lock(), keys.meta(), keys.waiters(), keys.fence()],
-                &[token, &value, ttl, &elem, convert, &believed, floor],
+                &[token, value, ttl, &elem, convert, &believed, floor],
                 DOING,
             )
             .await;

@@ -1,14 +1,15 @@
 //! The first attempt's fast path: `SET NX PX` and the fence's `ZADD GT`, plain commands
 //! pipelined in one round trip (no script), and the fence floor it proposes.
 
-use distlock_core::engine::{Attempt, LockError, Token};
+use distlock_core::engine::{AcquireRequest, Attempt, LockError};
+use distlock_core::recipes::HolderValue;
 use distlock_core::seeded::{self, SeededBug};
 use redis::Value;
 
 use super::RedisBackend;
 use crate::connection::push_wait;
 use crate::error::{map_err, protocol};
-use crate::keys::LockKeys;
+use crate::scripts::ttl_ms;
 
 impl RedisBackend {
     /// The first attempt, pipelined in one round trip: `SET NX PX`, then the fence,
@@ -19,34 +20,36 @@ impl RedisBackend {
     /// the next number instead (`ZINCRBY`), still while the lock is ours.
     pub(super) async fn acquire_fast(
         &self,
-        name: &str,
-        keys: &LockKeys,
-        token: &Token,
-        value: &str,
-        ttl: &str,
+        req: &AcquireRequest<'_>,
     ) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a Redis lock";
+        let (name, token) = (req.name, req.token);
         let mut pipe = redis::Pipeline::with_capacity(3);
         pipe.ignore_errors();
-        pipe.cmd("SET")
-            .arg(keys.lock())
-            .arg(value)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl);
         // Seeded bug `counter-fence`: the bare counter, no floor.
         let floor =
             (!seeded::on(SeededBug::CounterFence)).then(|| fence_floor(self.seen.floor(name)));
-        match floor {
-            Some(floor) => pipe
-                .cmd("ZADD")
-                .arg(keys.fence())
-                .arg("GT")
-                .arg("CH")
-                .arg(floor)
-                .arg("f"),
-            None => pipe.cmd("ZINCRBY").arg(keys.fence()).arg(1).arg("f"),
-        };
+        // The keys and the value are copied into the commands: the keys are written in a
+        // scratch buffer, and nothing of them is kept across the round trip.
+        self.layout.with_keys(name, |keys| {
+            let mut ttl = itoa::Buffer::new();
+            pipe.cmd("SET")
+                .arg(keys.lock())
+                .arg(HolderValue::now(token.as_str(), req.owner).encode())
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl.format(ttl_ms(req.ttl)));
+            match floor {
+                Some(floor) => pipe
+                    .cmd("ZADD")
+                    .arg(keys.fence())
+                    .arg("GT")
+                    .arg("CH")
+                    .arg(floor)
+                    .arg("f"),
+                None => pipe.cmd("ZINCRBY").arg(keys.fence()).arg(1).arg("f"),
+            };
+        });
         if let Some(wait) = self.conn.wait {
             push_wait(&mut pipe, wait);
         }
@@ -58,7 +61,7 @@ impl RedisBackend {
             [Value::Okay, bad, ..] => {
                 // The lock is set but the fence failed (junk under the fence key): undo the
                 // lock before reporting, so nothing stays half taken.
-                self.undo(name, token).await;
+                Box::pin(self.undo(name, token)).await;
                 return Err(match bad {
                     Value::ServerError(e) => map_err(e.clone().into(), DOING),
                     other => protocol(DOING, other),
@@ -71,14 +74,14 @@ impl RedisBackend {
         };
         if let Some(wait) = self.conn.wait {
             let acks = wait.acks(replies.get(2), DOING);
-            self.undo_unreplicated(name, token, wait, acks).await?;
+            Box::pin(self.undo_unreplicated(name, token, wait, acks)).await?;
         }
         let fence = match fence {
             Some(f) => f,
-            None => match self.next_number(keys).await {
+            None => match Box::pin(self.next_number(name)).await {
                 Ok(f) => f,
                 Err(e) => {
-                    self.undo(name, token).await;
+                    Box::pin(self.undo(name, token)).await;
                     return Err(e);
                 }
             },
@@ -89,11 +92,13 @@ impl RedisBackend {
 
     /// The fence counter's next number (`ZINCRBY`), for a lock of ours whose floor was not
     /// above the counter; waited for by replicas when configured, as the acquisition was.
-    async fn next_number(&self, keys: &LockKeys) -> Result<u64, LockError> {
+    async fn next_number(&self, name: &str) -> Result<u64, LockError> {
         const DOING: &str = "taking a Redis lock's fence";
         let mut pipe = redis::Pipeline::with_capacity(2);
         pipe.ignore_errors();
-        pipe.cmd("ZINCRBY").arg(keys.fence()).arg(1).arg("f");
+        self.layout.with_keys(name, |keys| {
+            pipe.cmd("ZINCRBY").arg(keys.fence()).arg(1).arg("f");
+        });
         if let Some(wait) = self.conn.wait {
             push_wait(&mut pipe, wait);
         }

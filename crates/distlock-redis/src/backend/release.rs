@@ -6,7 +6,7 @@ use distlock_core::engine::{Handover, LeaseCheck, LeaseRef, LockError, NextWaite
 
 use super::RedisBackend;
 use crate::config::WaitReplicas;
-use crate::connection::Acks;
+use crate::connection::{Acks, ScriptCall};
 use crate::error::unexpected;
 use crate::handover::registration;
 use crate::scripts::unix_ms;
@@ -47,38 +47,37 @@ impl RedisBackend {
         next: Option<&NextWaiter<'_>>,
     ) -> Result<LeaseCheck, LockError> {
         const DOING: &str = "releasing a Redis lock";
-        let keys = self.layout.keys(key);
         let next = next.filter(|_| self.subscriber.is_watching(key));
         let plan = self
             .handovers
             .plan_release(key, token.as_str(), next.map(|n| n.ttl));
-        let wake = self.wake.for_lock(keys.lock());
-        let mine = next.map_or_else(String::new, |n| {
-            registration(&wake, n.ttl, plan.seq, n.token.as_str(), n.owner)
+        let (call, mine) = self.layout.with_keys(key, |keys| {
+            let wake = self.wake.for_lock(keys.lock());
+            let mine = next.map_or_else(String::new, |n| {
+                registration(&wake, n.ttl, plan.seq, n.token.as_str(), n.owner)
+            });
+            // Nothing but the token and the clock in the common case: the script needs no
+            // more.
+            let mut now = itoa::Buffer::new();
+            let full = [
+                token.as_str(),
+                now.format(unix_ms()),
+                mine.as_str(),
+                plan.believed.as_str(),
+                &wake,
+            ];
+            let args = if mine.is_empty() && plan.believed.is_empty() {
+                &full[..2]
+            } else {
+                &full[..]
+            };
+            let keys = [keys.lock(), keys.meta(), keys.waiters(), keys.fence()];
+            let call = ScriptCall::new(&self.scripts.release, &keys, args, plan.lead);
+            (call, mine)
         });
-        // Nothing but the token and the clock in the common case: the script needs no more.
-        let mut now = itoa::Buffer::new();
-        let full = [
-            token.as_str(),
-            now.format(unix_ms()),
-            mine.as_str(),
-            plan.believed.as_str(),
-            &wake,
-        ];
-        let args = if mine.is_empty() && plan.believed.is_empty() {
-            &full[..2]
-        } else {
-            &full[..]
-        };
         let reply = self
             .conn
-            .run_after_ping(
-                &self.scripts.release,
-                &[keys.lock(), keys.meta(), keys.waiters(), keys.fence()],
-                args,
-                DOING,
-                plan.lead,
-            )
+            .run_call(&self.scripts.release, &call, DOING)
             .await?;
         self.handovers
             .released(key, &reply, plan, mine, next.map(|n| n.token.as_str()))
