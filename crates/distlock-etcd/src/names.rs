@@ -84,9 +84,26 @@ pub(crate) struct KeyNames {
     /// Names of keys left to run out by themselves (see `Linger`), soonest end first: in use
     /// until then.
     lingering: BinaryHeap<Reverse<(Instant, Key)>>,
+    /// A buffer to write a name in before looking it up (see [`KeyNames::scratch`]).
+    scratch: String,
 }
 
 impl KeyNames {
+    /// The scratch buffer, emptied, for a name to look up; give it back with
+    /// [`KeyNames::put_scratch`] (a lookup then allocates nothing).
+    pub(crate) fn scratch(&mut self) -> String {
+        let mut s = std::mem::take(&mut self.scratch);
+        s.clear();
+        s
+    }
+
+    /// Gives the scratch buffer back (one grown past a few kilobytes is let go).
+    pub(crate) fn put_scratch(&mut self, s: String) {
+        if s.capacity() <= 4096 {
+            self.scratch = s;
+        }
+    }
+
     /// The key of `token`, whose lock's first name is `first`.
     pub(crate) fn key_of(&self, first: &str, token: &CompactToken) -> Option<Key> {
         match self.keys.get_key_value(first) {

@@ -92,23 +92,30 @@ impl EtcdStore {
 
     /// Our key name `n` of the lock `name`, written into `out`.
     fn write_key(&self, out: &mut String, name: &str, n: u32) {
-        use std::fmt::Write;
         out.clear();
-        let _ = write!(out, "{}{name}/{}-{n}", self.prefix, self.client);
+        out.push_str(&self.prefix);
+        out.push_str(name);
+        out.push('/');
+        out.push_str(&self.client);
+        out.push('-');
+        out.push_str(itoa::Buffer::new().format(n));
     }
 
-    /// The key `token` has for the lock `name`, from `names`.
-    fn key_in(&self, names: &KeyNames, name: &str, token: &CompactToken) -> Option<Key> {
-        let mut first = String::with_capacity(self.prefix.len() + name.len() + 24);
+    /// The key `token` has for the lock `name`, from `names` (its first name is written in
+    /// their scratch buffer: a release allocates nothing to find its key).
+    fn key_in(&self, names: &mut KeyNames, name: &str, token: &CompactToken) -> Option<Key> {
+        let mut first = names.scratch();
         self.write_key(&mut first, name, 0);
-        names.key_of(&first, token)
+        let key = names.key_of(&first, token);
+        names.put_scratch(first);
+        key
     }
 
     /// The key of `token`'s acquisition of `name`: the one it has, or the lowest free one.
     fn key_for(&self, name: &str, token: &Token) -> Key {
         let mut names = self.names.locked();
         let token = CompactToken::from(token);
-        if let Some(key) = self.key_in(&names, name, &token) {
+        if let Some(key) = self.key_in(&mut names, name, &token) {
             return key;
         }
         if names.lingers() {
@@ -129,7 +136,7 @@ impl EtcdStore {
     /// The key of `token`'s acquisition of `name`, if it may have one on the server.
     pub(crate) fn key_of(&self, name: &str, token: &Token) -> Option<Key> {
         let token = CompactToken::from(token);
-        self.key_in(&self.names.locked(), name, &token)
+        self.key_in(&mut self.names.locked(), name, &token)
     }
 
     /// `token`'s acquisition of `name` has no key on the server (nothing was written, or its
@@ -137,7 +144,7 @@ impl EtcdStore {
     pub(crate) fn free_name(&self, name: &str, token: &Token) {
         let token = CompactToken::from(token);
         let mut names = self.names.locked();
-        if let Some(key) = self.key_in(&names, name, &token) {
+        if let Some(key) = self.key_in(&mut names, name, &token) {
             names.free_key(&key);
         }
     }
@@ -147,7 +154,7 @@ impl EtcdStore {
     pub(crate) fn linger_name(&self, name: &str, token: &Token, until: Instant) {
         let token = CompactToken::from(token);
         let mut names = self.names.locked();
-        if let Some(key) = self.key_in(&names, name, &token) {
+        if let Some(key) = self.key_in(&mut names, name, &token) {
             names.linger(key, until);
         }
     }
@@ -157,7 +164,7 @@ impl EtcdStore {
     pub(crate) fn burn_name(&self, name: &str, token: &Token) {
         let token = CompactToken::from(token);
         let mut names = self.names.locked();
-        if let Some(key) = self.key_in(&names, name, &token) {
+        if let Some(key) = self.key_in(&mut names, name, &token) {
             names.burn(key);
         }
     }
