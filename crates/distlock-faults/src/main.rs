@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! distlock-faults run [--quick] [--scenario NAME]... [--seed N] [--duration 20s] [--out DIR]
-//! distlock-faults controls [--bug NAME]... [--attempts 3]   (needs --cfg distlock_seeded_bugs)
+//! distlock-faults controls [--bug NAME]... [--attempts 3] [--shard K/N]   (needs --cfg distlock_seeded_bugs)
 //! distlock-faults list
 //! ```
 //!
@@ -78,6 +78,10 @@ enum Cmd {
         /// many runs in all (faults land at random moments: one run can miss a window).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
         attempts: u64,
+        /// `K/N`: only every N-th control of the list, from the K-th on (K from 1): N
+        /// processes with shards 1/N to N/N run every control once between them, side by side.
+        #[arg(long, value_parser = parse_shard)]
+        shard: Option<Shard>,
         #[command(flatten)]
         common: Common,
     },
@@ -93,6 +97,32 @@ enum Cmd {
         #[arg(long)]
         ttl_ms: u64,
     },
+}
+
+/// A share of the negative controls: the `k`-th of `n` (from 0).
+#[derive(Clone, Copy, Debug)]
+struct Shard {
+    k: usize,
+    n: usize,
+}
+
+impl Shard {
+    fn takes(self, index: usize) -> bool {
+        index % self.n == self.k
+    }
+}
+
+fn parse_shard(s: &str) -> Result<Shard, String> {
+    let bad = || format!("{s:?} is not a shard K/N with 1 <= K <= N");
+    let (k, n) = s.split_once('/').ok_or_else(bad)?;
+    let (k, n): (usize, usize) = (
+        k.trim().parse().map_err(|_| bad())?,
+        n.trim().parse().map_err(|_| bad())?,
+    );
+    if k == 0 || k > n {
+        return Err(bad());
+    }
+    Ok(Shard { k: k - 1, n })
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -142,8 +172,9 @@ fn main() -> ExitCode {
             Cmd::Controls {
                 bugs,
                 attempts,
+                shard,
                 common: c,
-            } => run_controls(bugs, attempts, c.seed, c.duration, c.out).await,
+            } => run_controls(bugs, attempts, shard, c.seed, c.duration, c.out).await,
         }
     });
     match result {
@@ -294,6 +325,7 @@ async fn run_scenarios(
 async fn run_controls(
     bugs: Vec<String>,
     attempts: u64,
+    shard: Option<Shard>,
     seed: u64,
     duration: Duration,
     out: Option<PathBuf>,
@@ -302,19 +334,18 @@ async fn run_controls(
         distlock_core::seeded::SeededBug::from_name(bug).is_some_and(|b| b.in_library())
     };
     let wanted = |c: &scenario::Control| bugs.is_empty() || bugs.iter().any(|b| b == c.bug);
-    let needs_cfg = scenario::CONTROLS
+    let controls: Vec<_> = scenario::CONTROLS
         .iter()
-        .any(|c| wanted(c) && in_library(c.bug));
+        .enumerate()
+        .filter(|(i, c)| wanted(c) && shard.is_none_or(|s| s.takes(*i)))
+        .map(|(_, c)| *c)
+        .collect();
+    let needs_cfg = controls.iter().any(|c| in_library(c.bug));
     if needs_cfg && !distlock_core::seeded::available() {
         return Err("this build has no seeded bugs: build it with \
              RUSTFLAGS=\"--cfg distlock_seeded_bugs\" (bash .ci/seeded shows how)"
             .to_owned());
     }
-    let controls: Vec<_> = scenario::CONTROLS
-        .iter()
-        .filter(|c| bugs.is_empty() || bugs.iter().any(|b| b == c.bug))
-        .copied()
-        .collect();
     if controls.is_empty() {
         return Err(format!("no control named {bugs:?} (see `list`)"));
     }
@@ -378,4 +409,28 @@ async fn run_controls(
     );
     write_report(&dir, "controls.json", &Value::Array(report))?;
     Ok(caught == controls.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_split_the_controls_between_them_once_each() {
+        for n in 1..=4 {
+            let shards: Vec<Shard> = (1..=n)
+                .map(|k| parse_shard(&format!("{k}/{n}")).unwrap())
+                .collect();
+            for i in 0..scenario::CONTROLS.len() {
+                assert_eq!(
+                    shards.iter().filter(|s| s.takes(i)).count(),
+                    1,
+                    "{i} of {n}"
+                );
+            }
+        }
+        for bad in ["0/2", "3/2", "1", "a/2", "1/0", ""] {
+            assert!(parse_shard(bad).is_err(), "{bad}");
+        }
+    }
 }
