@@ -308,7 +308,10 @@ impl Checkout {
     ///
     /// Not an `async fn`: its future holds the checkout once, where an `async fn` taking it by
     /// value keeps a second copy (every request's future, boxed by the engine, holds this one).
-    #[expect(clippy::manual_async_fn, reason = "an async fn would hold the checkout twice")]
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn would hold the checkout twice"
+    )]
     pub(crate) fn round_trip<'a, I>(
         mut self,
         cmds: I,
