@@ -342,12 +342,21 @@ async fn run_controls(
         .collect();
     let needs_cfg = controls.iter().any(|c| in_library(c.bug));
     if needs_cfg && !distlock_core::seeded::available() {
-        return Err("this build has no seeded bugs: build it with \
-             RUSTFLAGS=\"--cfg distlock_seeded_bugs\" (bash .ci/seeded shows how)"
-            .to_owned());
+        return Err(
+            "this build has no seeded bugs: build the workspace's crates with \
+             --cfg distlock_seeded_bugs (bash .ci/seeded shows how)"
+                .to_owned(),
+        );
     }
     if controls.is_empty() {
-        return Err(format!("no control named {bugs:?} (see `list`)"));
+        return Err(match shard {
+            Some(s) => format!(
+                "no control named {bugs:?} in shard {}/{} (see `list`)",
+                s.k + 1,
+                s.n
+            ),
+            None => format!("no control named {bugs:?} (see `list`)"),
+        });
     }
     let dir = out_dir(out)?;
     let mut caught = 0;

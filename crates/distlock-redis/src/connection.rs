@@ -472,7 +472,6 @@ pub(crate) fn push_wait(pipe: &mut redis::Pipeline, wait: WaitReplicas) {
     pipe.cmd("WAIT").arg(wait.replicas).arg(wait.timeout_ms);
 }
 
-/// `EVALSHA hash nkeys keys… args…`, built without intermediate copies.
 /// One script's command by hash, built before the request's first await: the keys and
 /// arguments are copied into it, so they need not live across the round trip (the hot paths
 /// build the keys in a scratch buffer, see `KeyLayout::with_keys`).
@@ -508,6 +507,7 @@ impl ScriptCall {
     }
 }
 
+/// `EVALSHA hash nkeys keys… args…`, built without intermediate copies.
 fn evalsha(hash: &str, keys: &[&str], args: &[&str]) -> redis::Cmd {
     let len = keys.iter().chain(args).map(|a| a.len()).sum::<usize>() + 48;
     let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + args.len(), len);

@@ -44,7 +44,10 @@ impl RedisBackend {
             Some(Err(other)) => Some(other),
             None => None,
         };
-        let convert = other.as_ref().and_then(Grant::unused_token).is_some();
+        let convert = other
+            .as_ref()
+            .and_then(Grant::unused_token)
+            .is_some_and(|t| !t.is_empty());
         // The first attempt's pipeline records no holder in the meta hash: a request whose
         // fence `status` must give (an election's epoch) takes the script.
         if req.mode == AcquireMode::Try && !req.recorded && !convert {
