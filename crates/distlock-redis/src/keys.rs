@@ -78,9 +78,14 @@ impl KeyLayout {
     /// The lock key and the keys derived from it, in one allocation (the hot paths build them
     /// for every request).
     pub(crate) fn keys(&self, name: &str) -> LockKeys {
-        let mut buf = String::with_capacity(4 * (self.prefix.len() + name.len() + 2) + SUFFIX_LEN);
+        let mut buf = String::with_capacity(self.keys_len(name));
         self.push_lock_key(&mut buf, name);
         LockKeys::derive(buf)
+    }
+
+    /// The bytes `name`'s keys take, end to end (the lock key four times over, and the suffixes).
+    fn keys_len(&self, name: &str) -> usize {
+        4 * (self.prefix.len() + name.len() + 2) + SUFFIX_LEN
     }
 
     /// [`keys`](Self::keys), built in this thread's scratch buffer, for `f`: a request that
@@ -89,7 +94,7 @@ impl KeyLayout {
     pub(crate) fn with_keys<R>(&self, name: &str, f: impl FnOnce(&LockKeys) -> R) -> R {
         let mut buf = SCRATCH.take();
         buf.clear();
-        buf.reserve(4 * (self.prefix.len() + name.len() + 2) + SUFFIX_LEN);
+        buf.reserve(self.keys_len(name));
         self.push_lock_key(&mut buf, name);
         let keys = LockKeys::derive(buf);
         let out = f(&keys);

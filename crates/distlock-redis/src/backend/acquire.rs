@@ -44,13 +44,9 @@ impl RedisBackend {
             Some(Err(other)) => Some(other),
             None => None,
         };
-        let convert = other
-            .as_ref()
-            .and_then(Grant::unused_token)
-            .is_some_and(|t| !t.is_empty());
         // The first attempt's pipeline records no holder in the meta hash: a request whose
         // fence `status` must give (an election's epoch) takes the script.
-        if req.mode == AcquireMode::Try && !req.recorded && !convert {
+        if req.mode == AcquireMode::Try && !req.recorded && taken_over(other.as_ref()).is_empty() {
             drop(other);
             return self.acquire_fast(req).await;
         }
@@ -72,7 +68,7 @@ impl RedisBackend {
     ) -> Result<Attempt, LockError> {
         const DOING: &str = "acquiring a Redis lock";
         let token = req.token.as_str();
-        let convert = other.as_ref().and_then(Grant::unused_token).unwrap_or("");
+        let convert = taken_over(other.as_ref());
         let keys = self.layout.keys(req.name);
         if !req.mode.is_resend()
             && convert.is_empty()
@@ -172,4 +168,10 @@ impl RedisBackend {
             _ => Ok(Attempt::Busy { holder_ttl: None }),
         }
     }
+}
+
+/// The token of a grant this client was handed and did not use, which the acquire script takes
+/// over; empty for none (a grant handed with an empty token counts as none).
+fn taken_over(other: Option<&Grant>) -> &str {
+    other.and_then(Grant::unused_token).unwrap_or("")
 }
