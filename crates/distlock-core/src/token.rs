@@ -1,5 +1,6 @@
 //! Lock tokens: the unguessable value that identifies one acquisition.
 
+use std::cell::Cell;
 use std::fmt;
 
 use crate::error::{ErrorKind, LockError};
@@ -41,10 +42,35 @@ impl std::hash::Hash for Token {
     }
 }
 
+thread_local! {
+    /// The process in which this thread's random generator was last seeded from the OS.
+    static SEEDED_IN: Cell<u32> = const { Cell::new(0) };
+}
+
+/// 128 random bits that no other process draws too.
+///
+/// rand's thread generator is not seeded again by `fork()`: without the check below, the
+/// children of one parent (gunicorn's and Celery's prefork workers, `multiprocessing`) would
+/// draw the same tokens, and one child's acquire would be taken as a resend of another's (the
+/// same token), giving one lock to both. A thread seeds its generator again from the OS the
+/// first time it draws in a process (a `getpid` per token: tens of nanoseconds).
+fn fresh_bits() -> u128 {
+    let pid = std::process::id();
+    SEEDED_IN.with(|seeded| {
+        if seeded.get() != pid {
+            // On failure (no OS entropy) the generator goes on from its state; the token's
+            // pid mix below still keeps two processes' tokens apart.
+            let _ = rand::rng().reseed();
+            seeded.set(pid);
+        }
+    });
+    rand::random::<u128>() ^ u128::from(pid)
+}
+
 impl Token {
-    /// A fresh random token.
+    /// A fresh random token, unique to this process even after a `fork()`.
     pub fn generate() -> Self {
-        Token(Repr::Hex(hex128(rand::random())))
+        Token(Repr::Hex(hex128(fresh_bits())))
     }
 
     /// A token read from elsewhere (another process, a command line).

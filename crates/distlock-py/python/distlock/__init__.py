@@ -1,0 +1,60 @@
+"""distlock: distributed locks you can verify, for Python.
+
+One package over the Rust core of distlock: every lock carries a fencing token, tells you when
+it is lost, and survives retries; Redis (one server, Sentinel, Cluster, Redlock), etcd,
+ZooKeeper, PostgreSQL, MySQL/MariaDB, memcached and an embedded file engine, by URL.
+
+    import distlock
+
+    client = distlock.connect("redis://127.0.0.1:6379", ttl=30)
+    with client.lock("reports:daily") as lock:
+        write_report(fence=lock.fence)
+
+The asyncio API is ``distlock.asyncio``; the blocking one is here.
+"""
+
+from ._common import Holder, Status
+from ._errors import (
+    AuthenticationError,
+    ConfigurationError,
+    LockError,
+    EngineConnectionError,
+    EngineIOError,
+    ExhaustedError,
+    InvalidKeyError,
+    KindConflictError,
+    LockBusyError,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeoutError,
+    ProtocolError,
+    QuorumError,
+    UnsupportedError,
+)
+from ._native import __version__, engines
+from ._sync import Client, Lock, connect
+
+__all__ = [
+    "connect",
+    "Client",
+    "Lock",
+    "Status",
+    "Holder",
+    "engines",
+    "__version__",
+    "LockError",
+    "LockBusyError",
+    "LockTimeoutError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "EngineConnectionError",
+    "QuorumError",
+    "AuthenticationError",
+    "ConfigurationError",
+    "InvalidKeyError",
+    "ProtocolError",
+    "UnsupportedError",
+    "EngineIOError",
+    "ExhaustedError",
+    "KindConflictError",
+]

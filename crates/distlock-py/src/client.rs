@@ -1,0 +1,249 @@
+//! The client, for Python: the core's `LockClient`, opened again in a forked child.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use distlock::{ErrorKind, LeaseKind, LockClient, LockError, LockStatus, Wait};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::guard::NativeGuard;
+use crate::runtime::{block_on, pid};
+use crate::{aio, errors};
+
+/// What a client was opened with, to open it again after `fork()`.
+#[derive(Clone)]
+struct Settings {
+    url: String,
+    ttl: Option<Duration>,
+    owner: Option<String>,
+    local_queue: Option<bool>,
+}
+
+impl Settings {
+    async fn connect(self) -> Result<LockClient, LockError> {
+        let mut b = distlock::client(self.url);
+        if let Some(ttl) = self.ttl {
+            b = b.ttl(ttl);
+        }
+        if let Some(owner) = self.owner {
+            b = b.owner(owner);
+        }
+        if let Some(on) = self.local_queue {
+            b = b.local_queue(on);
+        }
+        b.connect().await
+    }
+}
+
+/// The client of one process.
+struct Opened {
+    pid: u32,
+    client: LockClient,
+}
+
+/// A lock client: one engine's connections, its watchdog and its local queues.
+#[pyclass(module = "distlock._native", frozen)]
+pub(crate) struct NativeClient {
+    settings: Settings,
+    opened: Mutex<Option<Opened>>,
+}
+
+/// What kind of lease a call asks for, by its Python name.
+fn lease_kind(kind: &str, permits: u32) -> PyResult<LeaseKind> {
+    match kind {
+        "exclusive" => Ok(LeaseKind::Exclusive),
+        "shared" => Ok(LeaseKind::Shared),
+        "permit" => Ok(LeaseKind::Permit { permits }),
+        other => Err(errors::new(
+            "ConfigurationError",
+            format!("unknown lease kind {other:?}: exclusive, shared or permit"),
+        )),
+    }
+}
+
+/// One acquisition's request, owned (the core's borrows its client and name).
+struct Ask {
+    client: LockClient,
+    name: String,
+    kind: LeaseKind,
+    ttl: Option<Duration>,
+    /// `None`: wait as long as it takes.
+    wait: Option<Duration>,
+}
+
+impl Ask {
+    /// The guard, or `None` when the lock stayed busy (at once, or for the whole wait).
+    async fn run(self) -> PyResult<Option<NativeGuard>> {
+        let mut req = self.client.lock(&self.name).kind(self.kind);
+        if let Some(ttl) = self.ttl {
+            req = req.ttl(ttl);
+        }
+        let got = match self.wait {
+            Some(d) if d.is_zero() => req.try_acquire().await,
+            Some(d) => req.wait(Wait::Timeout(d)).acquire().await.map(Some),
+            None => req.wait(Wait::Forever).acquire().await.map(Some),
+        };
+        match got {
+            Ok(guard) => Ok(guard.map(NativeGuard::new)),
+            Err(e) if matches!(e.kind(), ErrorKind::Busy | ErrorKind::Timeout) => Ok(None),
+            Err(e) => Err(errors::to_py(e)),
+        }
+    }
+}
+
+impl NativeClient {
+    /// This process's client: the one opened here, or a new one after `fork()`.
+    fn client(&self, py: Python<'_>) -> PyResult<LockClient> {
+        let me = pid();
+        {
+            let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
+            match opened.as_ref() {
+                Some(o) if o.pid == me => return Ok(o.client.clone()),
+                Some(_) => {
+                    // The parent's: its connections and watchdog live on threads that are not
+                    // in this process. Forgotten, never dropped.
+                    if let Some(parents) = opened.take() {
+                        std::mem::forget(parents);
+                    }
+                }
+                None => {}
+            }
+        }
+        let client = block_on(py, self.settings.clone().connect())?.map_err(errors::to_py)?;
+        let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
+        match opened.as_ref() {
+            // Another thread of this process opened it first: keep one.
+            Some(o) if o.pid == me => Ok(o.client.clone()),
+            _ => {
+                *opened = Some(Opened {
+                    pid: me,
+                    client: client.clone(),
+                });
+                Ok(client)
+            }
+        }
+    }
+
+    fn ask(
+        &self,
+        py: Python<'_>,
+        name: String,
+        kind: &str,
+        permits: u32,
+        ttl: Option<f64>,
+        wait: Option<f64>,
+    ) -> PyResult<Ask> {
+        Ok(Ask {
+            client: self.client(py)?,
+            name,
+            kind: lease_kind(kind, permits)?,
+            ttl: ttl.map(|t| errors::seconds("ttl", t)).transpose()?,
+            wait: wait.map(|w| errors::seconds("timeout", w)).transpose()?,
+        })
+    }
+}
+
+#[pymethods]
+impl NativeClient {
+    /// Opens the engine of `url` (blocking). `ttl`: the default lease in seconds.
+    #[staticmethod]
+    #[pyo3(signature = (url, *, ttl=None, owner=None, local_queue=None))]
+    fn connect(
+        py: Python<'_>,
+        url: String,
+        ttl: Option<f64>,
+        owner: Option<String>,
+        local_queue: Option<bool>,
+    ) -> PyResult<NativeClient> {
+        let settings = Settings {
+            url,
+            ttl: ttl.map(|t| errors::seconds("ttl", t)).transpose()?,
+            owner,
+            local_queue,
+        };
+        let client = NativeClient {
+            settings,
+            opened: Mutex::new(None),
+        };
+        client.client(py)?;
+        Ok(client)
+    }
+
+    /// The URL, its password hidden.
+    #[getter]
+    fn url(&self) -> String {
+        distlock::url::redact(&self.settings.url)
+    }
+
+    /// The label this client writes as its locks' holder.
+    #[getter]
+    fn owner(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(self.client(py)?.owner().to_owned())
+    }
+
+    /// Takes the lease `kind` of `name`: the guard, or `None` if it stayed busy. `wait`: `None`
+    /// waits as long as it takes, 0 tries once, otherwise at most that many seconds.
+    #[pyo3(signature = (name, kind="exclusive", permits=0, ttl=None, wait=None))]
+    fn acquire(
+        &self,
+        py: Python<'_>,
+        name: String,
+        kind: &str,
+        permits: u32,
+        ttl: Option<f64>,
+        wait: Option<f64>,
+    ) -> PyResult<Option<NativeGuard>> {
+        let ask = self.ask(py, name, kind, permits, ttl, wait)?;
+        block_on(py, ask.run())?
+    }
+
+    /// `acquire` for asyncio: a future of the event loop `event_loop`.
+    #[pyo3(signature = (event_loop, name, kind="exclusive", permits=0, ttl=None, wait=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn acquire_async<'py>(
+        &self,
+        py: Python<'py>,
+        event_loop: &Bound<'py, PyAny>,
+        name: String,
+        kind: &str,
+        permits: u32,
+        ttl: Option<f64>,
+        wait: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ask = self.ask(py, name, kind, permits, ttl, wait)?;
+        aio::spawn(py, event_loop, ask.run())
+    }
+
+    /// Who holds `name`: a dict of `held`, `owner`, `fence`, `last_fence`, `ttl`,
+    /// `holders` and `waiters`.
+    fn status<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyDict>> {
+        let client = self.client(py)?;
+        let status = block_on(py, async move { client.status(&name).await })?;
+        status_dict(py, &status.map_err(errors::to_py)?)
+    }
+}
+
+/// A lock's status as a dict.
+fn status_dict<'py>(py: Python<'py>, s: &LockStatus) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("held", s.held)?;
+    d.set_item("owner", s.owner.as_deref())?;
+    d.set_item("fence", s.fence)?;
+    d.set_item("last_fence", s.last_fence)?;
+    d.set_item("ttl", s.ttl.map(|t| t.as_secs_f64()))?;
+    let holders = s
+        .holders
+        .iter()
+        .map(|h| {
+            let e = PyDict::new(py);
+            e.set_item("owner", h.owner.as_deref())?;
+            e.set_item("fence", h.fence)?;
+            e.set_item("ttl", h.ttl.map(|t| t.as_secs_f64()))?;
+            Ok(e)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    d.set_item("holders", holders)?;
+    d.set_item("waiters", s.waiters)?;
+    Ok(d)
+}
