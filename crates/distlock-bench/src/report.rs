@@ -649,6 +649,11 @@ fn markdown_report(report: &str, pinning: &str, cli: &Cli) -> String {
         page.push('\n');
         page.push_str(&p10);
     }
+    // The Python package's figures (bench/python.py, its own command), kept in bench/python.md.
+    if let Ok(python) = std::fs::read_to_string("bench/python.md") {
+        page.push('\n');
+        page.push_str(&python);
+    }
     // The hand-written notes on the misses, when run from the repository's root.
     if let Ok(notes) = std::fs::read_to_string("bench/notes.md") {
         page.push('\n');

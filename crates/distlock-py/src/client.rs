@@ -7,7 +7,7 @@ use distlock::{ErrorKind, LeaseKind, LockClient, LockError, LockStatus, Wait};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::guard::NativeGuard;
+use crate::guard::{Lease, NativeGuard};
 use crate::runtime::{block_on, pid};
 use crate::{aio, errors};
 
@@ -85,7 +85,7 @@ impl Ask {
             None => req.wait(Wait::Forever).acquire().await.map(Some),
         };
         match got {
-            Ok(guard) => Ok(guard.map(NativeGuard::new)),
+            Ok(guard) => Ok(guard.map(|g| NativeGuard::new(Lease::Lock(g)))),
             Err(e) if matches!(e.kind(), ErrorKind::Busy | ErrorKind::Timeout) => Ok(None),
             Err(e) => Err(errors::to_py(e)),
         }
@@ -94,7 +94,7 @@ impl Ask {
 
 impl NativeClient {
     /// This process's client: the one opened here, or a new one after `fork()`.
-    fn client(&self, py: Python<'_>) -> PyResult<LockClient> {
+    pub(crate) fn client(&self, py: Python<'_>) -> PyResult<LockClient> {
         let me = pid();
         {
             let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
@@ -215,6 +215,30 @@ impl NativeClient {
         aio::spawn(py, event_loop, ask.run())
     }
 
+    /// Every lock held or waited for whose name starts with `prefix`, at most `limit`.
+    #[pyo3(signature = (prefix="", limit=1000))]
+    fn list(&self, py: Python<'_>, prefix: &str, limit: usize) -> PyResult<ListOut> {
+        let client = self.client(py)?;
+        let prefix = prefix.to_owned();
+        let listing = block_on(py, async move { client.list(&prefix, limit).await })?
+            .map_err(errors::to_py)?;
+        let locks = listing
+            .locks
+            .iter()
+            .map(|l| {
+                let status = match &l.status {
+                    Ok(s) => status_dict(py, s)?.into_any().unbind(),
+                    Err(e) => distlock::tools::error_chain(e)
+                        .into_pyobject(py)?
+                        .into_any()
+                        .unbind(),
+                };
+                Ok((l.name.clone(), status))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok((locks, listing.more))
+    }
+
     /// Who holds `name`: a dict of `held`, `owner`, `fence`, `last_fence`, `ttl`,
     /// `holders` and `waiters`.
     fn status<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyDict>> {
@@ -223,6 +247,10 @@ impl NativeClient {
         status_dict(py, &status.map_err(errors::to_py)?)
     }
 }
+
+/// The locks whose names start with a prefix: `(name, status dict or error message)`s, and
+/// whether there may be more.
+type ListOut = (Vec<(String, Py<PyAny>)>, bool);
 
 /// A lock's status as a dict.
 fn status_dict<'py>(py: Python<'py>, s: &LockStatus) -> PyResult<Bound<'py, PyDict>> {

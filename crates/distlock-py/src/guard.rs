@@ -1,30 +1,68 @@
-//! A held lease, for Python: the core's `LockGuard` and the process that took it.
+//! A held lease, for Python: the core's `LockGuard` (or an election's `Leadership`, a guard
+//! with an epoch and a value) and the process that took it.
 //!
 //! Only the process that took a lease may release it: in a forked child the guard reads as not
 //! held, `release` raises, and dropping it forgets the parent's guard (the parent still holds
 //! the lock, and the child has none of its runtime).
 
-use distlock::{LeaseHandle, LockGuard, Released};
+use std::future::Future;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use distlock::{Leadership, LeaseEnd, LeaseHandle, LockError, LockGuard, Released};
 use pyo3::prelude::*;
 
 use crate::runtime::{block_on, pid, runtime};
 use crate::{aio, errors};
+
+/// What a guard holds.
+pub(crate) enum Lease {
+    Lock(LockGuard),
+    Lead(Leadership),
+}
+
+impl Lease {
+    fn guard(&self) -> &LockGuard {
+        match self {
+            Lease::Lock(g) => g,
+            Lease::Lead(l) => l.guard(),
+        }
+    }
+
+    async fn release(self) -> Result<Released, LockError> {
+        match self {
+            Lease::Lock(g) => g.release().await,
+            Lease::Lead(l) => l.resign().await,
+        }
+    }
+
+    async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
+        self.guard().extend(ttl).await
+    }
+}
 
 /// A lease taken by this process; `None` once released.
 #[pyclass(module = "distlock._native", frozen)]
 pub(crate) struct NativeGuard {
     pid: u32,
     handle: LeaseHandle,
+    /// A leadership's epoch (the fence of its lease).
+    epoch: Option<u64>,
     /// An async mutex: an `extend` holds it across its round trip, and a release waits for it.
-    guard: tokio::sync::Mutex<Option<LockGuard>>,
+    lease: tokio::sync::Mutex<Option<Lease>>,
 }
 
 impl NativeGuard {
-    pub(crate) fn new(guard: LockGuard) -> Self {
+    pub(crate) fn new(lease: Lease) -> Self {
+        let epoch = match &lease {
+            Lease::Lead(l) => Some(l.epoch().get()),
+            Lease::Lock(_) => None,
+        };
         NativeGuard {
             pid: pid(),
-            handle: guard.handle(),
-            guard: tokio::sync::Mutex::new(Some(guard)),
+            handle: lease.guard().handle(),
+            epoch,
+            lease: tokio::sync::Mutex::new(Some(lease)),
         }
     }
 
@@ -44,9 +82,9 @@ impl NativeGuard {
         }
     }
 
-    /// The guard, taken out for its release (after any `extend` in flight).
-    async fn take(&self) -> PyResult<LockGuard> {
-        self.guard
+    /// The lease, taken out for its release (after any `extend` in flight).
+    async fn take(&self) -> PyResult<Lease> {
+        self.lease
             .lock()
             .await
             .take()
@@ -80,10 +118,10 @@ impl NativeGuard {
         self.handle.key()
     }
 
-    /// The fencing token, when the engine gives one.
+    /// The fencing token, when the engine gives one (a leadership's epoch).
     #[getter]
     fn fence(&self) -> Option<u64> {
-        self.handle.fence()
+        self.epoch.or_else(|| self.handle.fence())
     }
 
     /// Whether the lease is still this process's (no I/O).
@@ -106,8 +144,8 @@ impl NativeGuard {
     fn release(slf: Py<Self>, py: Python<'_>) -> PyResult<Option<&'static str>> {
         slf.get().check_mine()?;
         block_on(py, async move {
-            let guard = slf.get().take().await?;
-            let r = guard.release().await.map_err(errors::to_py)?;
+            let lease = slf.get().take().await?;
+            let r = lease.release().await.map_err(errors::to_py)?;
             Ok(released(r))
         })?
     }
@@ -120,8 +158,8 @@ impl NativeGuard {
     ) -> PyResult<Bound<'py, PyAny>> {
         slf.get().check_mine()?;
         aio::spawn(py, event_loop, async move {
-            let guard = slf.get().take().await?;
-            let r = guard.release().await.map_err(errors::to_py)?;
+            let lease = slf.get().take().await?;
+            let r = lease.release().await.map_err(errors::to_py)?;
             Ok(released(r))
         })
     }
@@ -131,24 +169,89 @@ impl NativeGuard {
         let ttl = errors::seconds("ttl", ttl)?;
         slf.get().check_mine()?;
         block_on(py, async move {
-            let guard = slf.get().guard.lock().await;
-            let Some(guard) = guard.as_ref() else {
+            let lease = slf.get().lease.lock().await;
+            let Some(lease) = lease.as_ref() else {
                 return Err(errors::new(
                     "LockNotOwnedError",
                     "extend of a lock already released",
                 ));
             };
-            guard.extend(ttl).await.map_err(errors::to_py)
+            lease.extend(ttl).await.map_err(errors::to_py)
         })?
     }
 
-    /// Calls `callback(reason)` once when the lease ends: with the lost reason's name, or
-    /// `None` when it was released. From a thread of the runtime's blocking pool, with the
-    /// GIL taken.
-    fn on_end(&self, callback: Py<PyAny>) -> PyResult<()> {
+    /// A leadership's published value, now `value` (the lease kept). `Unsupported` for a lock,
+    /// and on an engine that cannot write a new label.
+    fn proclaim(slf: Py<Self>, py: Python<'_>, value: String) -> PyResult<()> {
+        slf.get().check_mine()?;
+        block_on(py, async move {
+            let mut lease = slf.get().lease.lock().await;
+            match lease.as_mut() {
+                Some(Lease::Lead(l)) => l.proclaim(value).await.map_err(errors::to_py),
+                Some(Lease::Lock(_)) => Err(errors::new(
+                    "UnsupportedError",
+                    "proclaim is for a leadership, not a lock",
+                )),
+                None => Err(errors::new(
+                    "LockNotOwnedError",
+                    "the leadership was resigned",
+                )),
+            }
+        })?
+    }
+
+    /// The lost reason's name if the lease was lost (a local check, no I/O), else `None`.
+    fn lost_reason(&self) -> PyResult<Option<&'static str>> {
+        // The lost future reads the lease's deadline on the runtime's clock: polled once,
+        // inside the runtime.
+        let rt = runtime()?;
+        let _in = rt.enter();
+        let lost = std::pin::pin!(self.handle.lost());
+        let mut cx = Context::from_waker(Waker::noop());
+        Ok(match lost.poll(&mut cx) {
+            Poll::Ready(reason) => Some(reason_name(reason)),
+            Poll::Pending => None,
+        })
+    }
+
+    /// Waits until the lease is lost, at most `timeout` seconds (`None`: as long as it
+    /// takes): the reason's name, or `None` when the lease was released or the time ran out.
+    #[pyo3(signature = (timeout=None))]
+    fn wait_lost(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<&'static str>> {
+        let timeout = timeout.map(|t| errors::seconds("timeout", t)).transpose()?;
+        let handle = self.handle.clone();
+        block_on(py, async move {
+            let end = handle.ended();
+            let end = match timeout {
+                Some(t) => tokio::time::timeout(t, end).await.ok(),
+                None => Some(end.await),
+            };
+            end.and_then(LeaseEnd::lost).map(reason_name)
+        })
+    }
+
+    /// `wait_lost` for asyncio, without a timeout: the reason's name once the lease is lost,
+    /// `None` once it is released.
+    fn wait_lost_async<'py>(
+        &self,
+        py: Python<'py>,
+        event_loop: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let handle = self.handle.clone();
+        aio::spawn(py, event_loop, async move {
+            Ok(handle.ended().await.lost().map(reason_name))
+        })
+    }
+
+    /// Calls `callback(reason)` once if the lease is lost (never when it is released), from a
+    /// thread of the runtime's blocking pool, with the GIL taken. (A task per call: the
+    /// package asks only for locks whose lost signal someone listens to.)
+    fn on_lost(&self, callback: Py<PyAny>) -> PyResult<()> {
         let handle = self.handle.clone();
         runtime()?.spawn(async move {
-            let reason = handle.ended().await.lost().map(reason_name);
+            let Some(reason) = handle.ended().await.lost().map(reason_name) else {
+                return;
+            };
             // On a thread of the blocking pool: waiting there for the GIL (or for a slow
             // callback) stalls no renewal.
             tokio::task::spawn_blocking(move || {
@@ -165,8 +268,8 @@ impl NativeGuard {
 
 impl Drop for NativeGuard {
     fn drop(&mut self) {
-        let guard = self.guard.get_mut().take();
-        if let Some(guard) = guard {
+        let lease = self.lease.get_mut().take();
+        if let Some(guard) = lease {
             if self.mine() {
                 // Dropped without a release: the core releases it in the background.
                 if let Ok(rt) = runtime() {

@@ -5,6 +5,7 @@
 
 mod aio;
 mod client;
+mod election;
 mod errors;
 mod guard;
 mod runtime;
@@ -16,6 +17,8 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::NativeClient>()?;
     m.add_class::<guard::NativeGuard>()?;
+    m.add_class::<election::NativeElection>()?;
+    m.add_class::<election::NativeObserver>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(engines, m)?)?;
     Ok(())

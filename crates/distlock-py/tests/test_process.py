@@ -19,8 +19,9 @@ import sys, threading, distlock
 client = distlock.connect(sys.argv[1], ttl=float(sys.argv[2]))
 held = client.lock("left")
 assert held.acquire()
-waiting = distlock.connect(sys.argv[1]).lock("left")
-# A thread still waiting for the lock, and a lock still held, at exit.
+# A thread still waiting for the lock, and a lock still held, at exit. (The release at exit
+# may hand the lock to that waiter, on Redis: then it is free once the waiter's lease ends.)
+waiting = distlock.connect(sys.argv[1], ttl=float(sys.argv[2])).lock("left")
 threading.Thread(target=waiting.acquire, daemon=True).start()
 print(held.fence, flush=True)
 """

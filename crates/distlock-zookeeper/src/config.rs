@@ -5,6 +5,8 @@ use std::time::Duration;
 use distlock_core::url::{MultiHostUrl, split_scheme};
 use distlock_core::{ErrorKind, LockError};
 
+use crate::layout::Layout;
+
 /// How to reach a ZooKeeper ensemble, and where lock nodes live in it.
 ///
 /// From a URL: `zk://[user:password@]host1:port1,host2:port2,…[/chroot][?params]`. With a
@@ -19,6 +21,7 @@ use distlock_core::{ErrorKind, LockError};
 /// | `session_timeout` | `10s` | the session's timeout (the server may clamp it) |
 /// | `connect_timeout` | `3s` | per connection attempt |
 /// | `response_timeout` | `2s` | per request |
+/// | `layout` | `curator` | how lock nodes are named: `curator` (Curator's `InterProcessMutex` sees them) or `kazoo` (kazoo's `Lock`, `ReadLock` and `WriteLock` see them); see [`Layout`] |
 ///
 /// `zks://…` (the `tls` feature) connects to the servers' secure client port
 /// (`secureClientPort`) with TLS, and takes these too:
@@ -40,6 +43,8 @@ pub struct ZkConfig {
     pub(crate) session_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
+    /// How lock nodes are named.
+    pub(crate) layout: Layout,
     /// `digest` credentials, `user:password`.
     pub(crate) digest: Option<String>,
     /// The servers, `host:port`, to find out why a TLS connection failed.
@@ -57,6 +62,7 @@ impl std::fmt::Debug for ZkConfig {
             .field("session_timeout", &self.session_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
+            .field("layout", &self.layout)
             .field(
                 "digest_user",
                 &self.digest.as_deref().and_then(|d| d.split(':').next()),
@@ -95,6 +101,7 @@ impl ZkConfig {
             session_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(3),
             response_timeout: Duration::from_secs(2),
+            layout: Layout::default(),
             digest,
             hosts: Vec::new(),
             #[cfg(feature = "tls")]
@@ -123,6 +130,9 @@ impl ZkConfig {
         if let Some(p) = parts.take("prefix") {
             cfg.prefix = p;
         }
+        if let Some(l) = parts.take("layout") {
+            cfg.layout = Layout::parse(&l)?;
+        }
         if let Some(d) = parts.take_duration("session_timeout")? {
             cfg.session_timeout = d;
         }
@@ -130,10 +140,10 @@ impl ZkConfig {
         parts.no_more_params(
             "ZooKeeper",
             if tls {
-                "prefix, session_timeout, connect_timeout, response_timeout, tls_ca, tls_cert, \
-                 tls_key, tls_verify"
+                "prefix, layout, session_timeout, connect_timeout, response_timeout, tls_ca, \
+                 tls_cert, tls_key, tls_verify"
             } else {
-                "prefix, session_timeout, connect_timeout, response_timeout"
+                "prefix, layout, session_timeout, connect_timeout, response_timeout"
             },
         )?;
         parts.require_ports(if tls { 2281 } else { 2181 })?;

@@ -3,9 +3,11 @@
 
 mod backend;
 mod config;
+mod layout;
 mod list;
 mod session;
 mod store;
 
 pub use backend::ZkBackend;
 pub use config::ZkConfig;
+pub use layout::Layout;

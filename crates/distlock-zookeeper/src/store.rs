@@ -14,6 +14,7 @@ use distlock_core::recipes::queue::{Ahead, JoinOutcome, Joined, QueueStore, Queu
 use distlock_core::recipes::{HolderValue, untag_value};
 use zookeeper_client::{Acls, Client, CreateMode, Error};
 
+use crate::layout::Layout;
 use crate::session::{ZkSessions, connection_lost, map_err};
 
 /// A lock node: where it is, and the session loss count when it was created (a loss since
@@ -57,41 +58,14 @@ pub(crate) struct ZkStore {
     pub(crate) sessions: Arc<ZkSessions>,
 }
 
-/// The sequence number at the end of a lock node's name.
-pub(crate) fn seq_of(child: &str) -> Option<i64> {
-    child.rsplit_once("-lock-")?.1.parse().ok()
-}
-
-/// The kind of lease a lock node's name asks for. A name distlock did not write (Curator's
-/// `_c_<uuid>-lock-`) reads as exclusive.
-pub(crate) fn kind_of(child: &str) -> LeaseKind {
-    child
-        .rsplit_once("-lock-")
-        .and_then(|(head, _)| head.rsplit_once('-'))
-        .and_then(|(_, tag)| LeaseKind::from_tag(tag))
-        .unwrap_or(LeaseKind::Exclusive)
-}
+use crate::layout::{foreign, is_own, push_node_prefix, refuse};
+pub(crate) use crate::layout::{kind_of, seq_of};
 
 /// The name of a lock node before ZooKeeper appends its sequence number.
-fn node_prefix(parent: &str, token: &str, kind: LeaseKind) -> String {
+fn node_prefix(parent: &str, token: &str, kind: LeaseKind, layout: Layout) -> String {
     let mut out = String::new();
-    push_node_prefix(&mut out, parent, token, kind);
+    push_node_prefix(&mut out, parent, token, kind, layout);
     out
-}
-
-/// [`node_prefix`], appended to `out` (the parent may be given as its parts, unformatted).
-fn push_node_prefix(
-    out: &mut String,
-    parent: impl std::fmt::Display,
-    token: &str,
-    kind: LeaseKind,
-) {
-    use std::fmt::Write;
-    // Formatting into a `String` cannot fail.
-    let _ = match kind {
-        LeaseKind::Exclusive => write!(out, "{parent}/_c_{token}-lock-"),
-        k => write!(out, "{parent}/_c_{token}-{}-lock-", k.tag()),
-    };
 }
 
 impl ZkStore {
@@ -120,7 +94,8 @@ impl ZkStore {
     /// Writes the path of `node` (see [`path_of`](Self::path_of)) into `out`, which it clears
     /// first: a renewal reuses one buffer for its thousand nodes.
     pub(crate) fn write_path(&self, out: &mut String, name: &str, token: &str, node: &Node) {
-        write_path(out, &self.sessions.config.prefix, name, token, node);
+        let config = &self.sessions.config;
+        write_path(out, &config.prefix, config.layout, name, token, node);
     }
 
     pub(crate) async fn call<T>(
@@ -150,8 +125,7 @@ impl ZkStore {
             Err(Error::NoNode) => return Ok(None),
             Err(e) => return Err(map_err(e, DOING)),
         };
-        let mark = format!("_c_{token}-");
-        let Some(child) = children.into_iter().find(|c| c.starts_with(&mark)) else {
+        let Some(child) = children.into_iter().find(|c| is_own(c, token)) else {
             return Ok(None);
         };
         let kind = kind_of(&child);
@@ -173,7 +147,7 @@ impl ZkStore {
     ) -> Result<Found, LockError> {
         const DOING: &str = "creating a ZooKeeper lock node";
         let (token, owner) = (req.token.as_str(), req.owner);
-        let prefix = node_prefix(parent, token, req.kind);
+        let prefix = node_prefix(parent, token, req.kind, self.sessions.config.layout);
         let data = HolderValue::now(token, owner).encode();
         let options = CreateMode::EphemeralSequential.with_acls(self.acls());
         for _ in 0..2 {
@@ -230,7 +204,7 @@ impl ZkStore {
     ) -> Result<(Option<Found>, Option<Vec<String>>), LockError> {
         const DOING: &str = "creating a ZooKeeper lock node";
         let (token, owner) = (req.token.as_str(), req.owner);
-        let prefix = node_prefix(parent, token, req.kind);
+        let prefix = node_prefix(parent, token, req.kind, self.sessions.config.layout);
         let data = HolderValue::now(token, owner).encode();
         let options = CreateMode::EphemeralSequential.with_acls(self.acls());
         let create = client.create(&prefix, data.as_bytes(), &options);
@@ -302,6 +276,15 @@ impl ZkStore {
             Some(f) => f,
             None => self.create(&client, &parent, req).await?,
         };
+        // A node of the layout we do not write: its holder cannot see ours. Ours goes again.
+        if let Some(child) = listed
+            .as_deref()
+            .and_then(|c| foreign(c, self.sessions.config.layout))
+        {
+            let refused = refuse(&parent, child, self.sessions.config.layout);
+            self.delete_or_later(&client, found.0).await;
+            return Err(refused);
+        }
         let fence = u64::try_from(found.2).ok();
         let entry = self.entry(req.name, token, found, since);
         // The listing sent right behind the create includes our node, unless the create was
@@ -318,6 +301,21 @@ impl ZkStore {
             ahead,
             age: None,
         }))
+    }
+
+    /// Deletes a node of ours at `path`, or leaves it to a task when ZooKeeper does not
+    /// answer in time.
+    async fn delete_or_later(&self, client: &Client, path: String) {
+        const DOING: &str = "deleting a ZooKeeper lock node";
+        match self.call(DOING, client.delete(&path, None)).await {
+            Ok(Ok(()) | Err(Error::NoNode)) => {}
+            _ => {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let _ = client.delete(&path, None).await;
+                });
+            }
+        }
     }
 
     async fn ahead_inner(
@@ -381,7 +379,14 @@ impl ZkStore {
 }
 
 /// The path of `node` under `prefix` (see [`ZkStore::path_of`]), written into `out`.
-fn write_path(out: &mut String, prefix: &str, name: &str, token: &str, node: &Node) {
+fn write_path(
+    out: &mut String,
+    prefix: &str,
+    layout: Layout,
+    name: &str,
+    token: &str,
+    node: &Node,
+) {
     use std::fmt::Write;
     out.clear();
     match &node.at {
@@ -390,7 +395,7 @@ fn write_path(out: &mut String, prefix: &str, name: &str, token: &str, node: &No
             // As `node_prefix` names it, then the sequence number as ZooKeeper writes it: ten
             // digits, the sign among them; nineteen past 2^31 − 1 (a 64-bit sequence,
             // ZOOKEEPER-4706). Formatting into a `String` cannot fail.
-            push_node_prefix(out, format_args!("{prefix}/{name}"), token, *kind);
+            push_node_prefix(out, format_args!("{prefix}/{name}"), token, *kind, layout);
             let _ = if *seq <= i64::from(i32::MAX) {
                 write!(out, "{seq:010}")
             } else {
@@ -508,8 +513,11 @@ mod tests {
                     at: NodeAt::Ours { seq, kind },
                     since: 0,
                 };
-                write_path(&mut out, "/distlock", "orders", t, &node);
-                let made = format!("{}{text}", node_prefix("/distlock/orders", t, kind));
+                write_path(&mut out, "/distlock", Layout::Curator, "orders", t, &node);
+                let made = format!(
+                    "{}{text}",
+                    node_prefix("/distlock/orders", t, kind, Layout::Curator)
+                );
                 assert_eq!(out, made);
                 let child = made.rsplit_once('/').map(|(_, c)| c).unwrap_or_default();
                 assert_eq!((seq_of(child), kind_of(child)), (Some(seq), kind));
@@ -519,7 +527,7 @@ mod tests {
             at: NodeAt::Other("/distlock/orders/_c_x-lock-0000000001".into()),
             since: 0,
         };
-        write_path(&mut out, "/distlock", "orders", t, &other);
+        write_path(&mut out, "/distlock", Layout::Curator, "orders", t, &other);
         assert_eq!(out, "/distlock/orders/_c_x-lock-0000000001");
         assert_eq!(other.other_path(), Some(out.as_str()));
         // 32 bytes a node, and no path of its own for one of ours.
@@ -534,7 +542,10 @@ mod tests {
             LeaseKind::Shared,
             LeaseKind::Permit { permits: 7 },
         ] {
-            let name = format!("{}0000000012", node_prefix("/p/n", t, kind));
+            let name = format!(
+                "{}0000000012",
+                node_prefix("/p/n", t, kind, Layout::Curator)
+            );
             let child = name.rsplit_once('/').map(|(_, c)| c).unwrap_or_default();
             assert_eq!(kind_of(child), kind, "{child}");
             assert_eq!(seq_of(child), Some(12));

@@ -13,7 +13,8 @@ ZooKeeper, PostgreSQL, MySQL/MariaDB, memcached and an embedded file engine, by 
 The asyncio API is ``distlock.asyncio``; the blocking one is here.
 """
 
-from ._common import Holder, Status
+from ._common import Holder, Leader, ListedLock, Listing, Status
+from ._election import Election, Leadership
 from ._errors import (
     AuthenticationError,
     ConfigurationError,
@@ -40,6 +41,11 @@ __all__ = [
     "Lock",
     "Status",
     "Holder",
+    "Listing",
+    "ListedLock",
+    "Election",
+    "Leadership",
+    "Leader",
     "engines",
     "__version__",
     "LockError",

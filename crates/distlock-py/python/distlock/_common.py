@@ -14,21 +14,22 @@ DEFAULT = -1
 EXCLUSIVE, SHARED, PERMIT = "exclusive", "shared", "permit"
 
 
-def seconds(what: str, value: Optional[float]) -> Optional[float]:
-    """``value`` checked as a number of seconds (``None`` passes)."""
-    if value is None:
-        return None
+def number(what: str, value: float) -> float:
+    """``value`` checked as a number of seconds."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
     return float(value)
 
 
+def seconds(what: str, value: Optional[float]) -> Optional[float]:
+    """``value`` checked as a number of seconds (``None`` passes)."""
+    return None if value is None else number(what, value)
+
+
 def wait_for(blocking: bool, timeout: Optional[float], default: Optional[float]) -> Optional[float]:
     """The native wait of ``acquire(blocking, timeout)``: 0 for one attempt, ``None`` to wait
     as long as it takes, or a number of seconds (``default``: the lock's own)."""
-    if timeout is None:
-        timeout = DEFAULT
-    timeout = seconds("timeout", timeout)
+    timeout = DEFAULT if timeout is None else number("timeout", timeout)
     if not blocking:
         if timeout != DEFAULT:
             raise ValueError("can't specify a timeout for a non-blocking call")
@@ -84,3 +85,51 @@ class Status:
     def _from(cls, d: "dict[str, Any]") -> "Status":
         holders = [Holder(**h) for h in d.pop("holders")]
         return cls(holders=holders, **d)
+
+
+@dataclass(frozen=True)
+class ListedLock:
+    """One lock of a listing: its status, or the error that reading it met."""
+
+    name: str
+    status: Optional[Status]
+    error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The locks held or waited for under a prefix, by name; ``more`` when the listing
+    stopped at its limit."""
+
+    locks: "list[ListedLock]"
+    more: bool
+
+    @classmethod
+    def _from(cls, native: "tuple[list[tuple[str, Any]], bool]") -> "Listing":
+        locks = []
+        for name, got in native[0]:
+            if isinstance(got, dict):
+                locks.append(ListedLock(name, Status._from(got)))
+            else:
+                locks.append(ListedLock(name, None, str(got)))
+        return cls(locks, native[1])
+
+
+@dataclass(frozen=True)
+class Leader:
+    """Who leads an election, as followers see it."""
+
+    #: Its label (``host/pid`` unless its client set another).
+    who: str
+    #: When it took the lease, in ms since the Unix epoch on its own clock (for people).
+    since_ms: Optional[int]
+    #: Its epoch: the fence of its lease, above every earlier leader's.
+    epoch: Optional[int]
+    #: The value it published (its address, say).
+    value: Optional[str]
+    #: Seconds left of its lease, where the engine tells.
+    ttl: Optional[float]
+
+
+def leader(d: "Optional[dict[str, Any]]") -> Optional[Leader]:
+    return None if d is None else Leader(**d)

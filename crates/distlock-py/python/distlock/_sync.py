@@ -6,16 +6,15 @@ import functools
 import threading
 from collections import deque
 from types import TracebackType
-from typing import Any, Callable, Deque, List, Optional, Type, TypeVar
+from typing import Any, Callable, Deque, Optional, Type, TypeVar
 
 from . import _common
-from ._common import DEFAULT, EXCLUSIVE, PERMIT, SHARED, Status
+from ._common import DEFAULT, EXCLUSIVE, PERMIT, SHARED, Listing, Status
 from ._errors import LockLostError, LockNotOwnedError
-from ._native import NativeClient, NativeGuard
+from ._election import Election
+from ._native import NativeClient, NativeElection, NativeGuard
+from ._signal import LostCallback, LostSignal
 
-#: A lost-signal callback: called with the lost reason (``"expired"``, ``"stolen"``,
-#: ``"unreachable"``) from a thread of distlock's own.
-LostCallback = Callable[[str], object]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -92,11 +91,32 @@ class Client:
         """Who holds ``name``, as the engine says."""
         return Status._from(self._native.status(name))
 
+    def list(self, prefix: str = "", limit: int = 1000) -> Listing:
+        """The locks held or waited for whose names start with ``prefix`` (at most
+        ``limit``), with each one's status (``UnsupportedError`` on engines that cannot
+        list)."""
+        return Listing._from(self._native.list(prefix, limit))
+
+    def election(
+        self,
+        name: str,
+        *,
+        value: str = "",
+        ttl: Optional[float] = None,
+        wait: Optional[float] = DEFAULT,
+    ) -> Election:
+        """The election on ``name``: a leader publishes ``value`` (its address, say);
+        ``ttl`` and ``wait`` as for a lock."""
+        native = NativeElection(self._native, name, value, _common.seconds("ttl", ttl))
+        return Election(
+            native, name, value, self._wait if wait == DEFAULT else _common.seconds("wait", wait)
+        )
+
     def __repr__(self) -> str:
         return f"<distlock.Client {self.url}>"
 
 
-def _options(options: "dict[str, object]") -> tuple:
+def _options(options: "dict[str, Any]") -> "tuple[Optional[float], Optional[float], bool]":
     """The keyword options of ``lock`` (``ttl``, ``wait``, ``raise_on_lost``) in order."""
     unknown = set(options) - {"ttl", "wait", "raise_on_lost"}
     if unknown:
@@ -134,10 +154,10 @@ class Lock:
         self._mutex = threading.Lock()
         # The leases this object holds, oldest first (several only for readers and permits).
         self._guards: Deque[NativeGuard] = deque()
-        self._callbacks: List[LostCallback] = []
-        #: Set when a lease of this lock is lost while held; cleared by the next acquire.
-        self.lost = threading.Event()
-        self.lost_reason: Optional[str] = None
+        # Made at the first listener (see _signal.py), then watching every lease.
+        self._signal: Optional[LostSignal] = None
+        # Why the last lease released was lost, if it was.
+        self._last_reason: Optional[str] = None
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Takes the lock: ``True`` once it is ours, ``False`` if it stayed busy (at once when
@@ -149,11 +169,15 @@ class Lock:
         if guard is None:
             return False
         with self._mutex:
-            if not self._guards:
-                self.lost.clear()
-                self.lost_reason = None
+            first = not self._guards
+            if first:
+                self._last_reason = None
             self._guards.append(guard)
-        guard.on_end(lambda reason: self._ended(guard, reason))
+            signal = self._signal
+        if signal is not None:
+            if first:
+                signal.reset()
+            signal.watch(guard)
         return True
 
     def release(self) -> None:
@@ -165,8 +189,10 @@ class Lock:
                 raise LockNotOwnedError(f"release of lock {self.name!r}, which is not held")
             guard = self._guards.popleft()
         reason = guard.release()
-        if reason is not None and self._raise_on_lost:
-            raise _common.lost_error(self.name, reason)
+        if reason is not None:
+            self._last_reason = reason
+            if self._raise_on_lost:
+                raise _common.lost_error(self.name, reason)
 
     def locked(self) -> bool:
         """Whether this object has acquired the lock and not released it yet."""
@@ -194,21 +220,36 @@ class Lock:
         guards = list(self._guards)
         if not guards:
             raise LockNotOwnedError(f"extend of lock {self.name!r}, which is not held")
-        guards[-1].extend(_common.seconds("ttl", ttl))
+        guards[-1].extend(_common.number("ttl", ttl))
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set when a lease of this lock is lost while held; cleared by the next acquire."""
+        return self._listen().event
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        """Why a lease held now, or the last one released, was lost (``"expired"``,
+        ``"stolen"``, ``"unreachable"``), or ``None``."""
+        for guard in list(self._guards):
+            reason = guard.lost_reason()
+            if reason is not None:
+                return reason
+        return self._last_reason
 
     def on_lost(self, callback: LostCallback) -> LostCallback:
         """Calls ``callback(reason)`` whenever a lease of this lock is lost while held, from a
         thread of distlock's own (keep it short). Returns ``callback``, so it can decorate."""
-        self._callbacks.append(callback)
-        return callback
+        return self._listen().add(callback)
 
-    def _ended(self, guard: NativeGuard, reason: Optional[str]) -> None:
-        if reason is None:
-            return
-        self.lost_reason = reason
-        self.lost.set()
-        for callback in list(self._callbacks):
-            callback(reason)
+    def _listen(self) -> LostSignal:
+        """The lost signal, made at the first call and watching every lease from then on."""
+        with self._mutex:
+            if self._signal is None:
+                self._signal = LostSignal()
+                for guard in self._guards:
+                    self._signal.watch(guard)
+            return self._signal
 
     def __enter__(self) -> "Lock":
         if not self.acquire():

@@ -10,16 +10,16 @@ import asyncio
 import functools
 from types import TracebackType
 from collections import deque
-from typing import Any, Awaitable, Callable, Deque, List, Optional, Type, TypeVar
+from typing import Any, Awaitable, Callable, Deque, Optional, Type, TypeVar
 
 from . import _common
-from ._common import DEFAULT, EXCLUSIVE, PERMIT, SHARED, Status
+from ._common import DEFAULT, EXCLUSIVE, PERMIT, SHARED, Listing, Status
 from ._errors import LockLostError, LockNotOwnedError
-from ._native import NativeClient, NativeGuard
+from ._election import AsyncElection, AsyncLeadership
+from ._native import NativeClient, NativeElection, NativeGuard
+from ._signal import AsyncLostSignal, LostCallback
 
-__all__ = ["connect", "Client", "Lock"]
-
-LostCallback = Callable[[str], object]
+__all__ = ["connect", "Client", "Lock", "AsyncElection", "AsyncLeadership"]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -89,11 +89,33 @@ class Client:
         d = await loop.run_in_executor(None, self._native.status, name)
         return Status._from(d)
 
+    async def list(self, prefix: str = "", limit: int = 1000) -> Listing:
+        """The locks held or waited for under ``prefix`` (see ``distlock.Client.list``)."""
+        loop = asyncio.get_running_loop()
+        got = await loop.run_in_executor(None, self._native.list, prefix, limit)
+        return Listing._from(got)
+
+    def election(
+        self,
+        name: str,
+        *,
+        value: str = "",
+        ttl: Optional[float] = None,
+        wait: Optional[float] = DEFAULT,
+    ) -> AsyncElection:
+        """The election on ``name`` (see ``distlock.Client.election``)."""
+        native = NativeElection(self._native, name, value, _common.seconds("ttl", ttl))
+        return AsyncElection(
+            native, name, value, self._wait if wait == DEFAULT else _common.seconds("wait", wait)
+        )
+
     def __repr__(self) -> str:
         return f"<distlock.asyncio.Client {self.url}>"
 
 
-def _options(options: "dict[str, object]") -> tuple:
+def _options(
+    options: "dict[str, Any]",
+) -> "tuple[Optional[float], Optional[float], bool, bool]":
     known = {"ttl", "wait", "raise_on_lost", "cancel_on_lost"}
     unknown = set(options) - known
     if unknown:
@@ -131,9 +153,9 @@ class Lock:
         self._raise_on_lost = raise_on_lost
         self._cancel_on_lost = cancel_on_lost
         self._guards: Deque[NativeGuard] = deque()
-        self._callbacks: List[LostCallback] = []
-        self._lost: Optional[asyncio.Event] = None
-        self.lost_reason: Optional[str] = None
+        # Made at the first listener (see _signal.py), then watching every lease.
+        self._signal: Optional[AsyncLostSignal] = None
+        self._last_reason: Optional[str] = None
 
     async def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Takes the lock: ``True`` once it is ours, ``False`` if it stayed busy (at once when
@@ -146,22 +168,36 @@ class Lock:
         if guard is None:
             return False
         if not self._guards:
-            self.lost_reason = None
-            if self._lost is not None:
-                self._lost.clear()
+            self._last_reason = None
+            if self._signal is not None:
+                self._signal.reset()
+        listening = self._cancel_on_lost or self._signal is not None
+        if listening:
+            self._listen()  # (before the append: it watches the leases held already)
         self._guards.append(guard)
-        task = asyncio.current_task() if self._cancel_on_lost else None
-
-        def ended(reason: Optional[str]) -> None:
-            if reason is None:
-                return
-            try:
-                loop.call_soon_threadsafe(self._ended, guard, reason, task)
-            except RuntimeError:
-                pass  # the loop is closed: nobody is left to tell
-
-        guard.on_end(ended)
+        if listening:
+            task = asyncio.current_task() if self._cancel_on_lost else None
+            self._watch(guard, loop, task)
         return True
+
+    def _watch(
+        self,
+        guard: NativeGuard,
+        loop: asyncio.AbstractEventLoop,
+        task: "Optional[asyncio.Task[Any]]",
+    ) -> None:
+        self._listen().watch(
+            guard, loop, lambda: guard in self._guards, task, f"lock {self.name!r}"
+        )
+
+    def _listen(self) -> AsyncLostSignal:
+        """The lost signal, made at the first call."""
+        if self._signal is None:
+            self._signal = AsyncLostSignal()
+            loop = asyncio.get_running_loop()
+            for guard in self._guards:
+                self._watch(guard, loop, None)
+        return self._signal
 
     async def release(self) -> None:
         """Releases the lease this object took first (``LockNotOwnedError`` when it holds
@@ -171,8 +207,10 @@ class Lock:
             raise LockNotOwnedError(f"release of lock {self.name!r}, which is not held")
         guard = self._guards.popleft()
         reason = await guard.release_async(asyncio.get_running_loop())
-        if reason is not None and self._raise_on_lost:
-            raise _common.lost_error(self.name, reason)
+        if reason is not None:
+            self._last_reason = reason
+            if self._raise_on_lost:
+                raise _common.lost_error(self.name, reason)
 
     def locked(self) -> bool:
         """Whether this object has acquired the lock and not released it yet."""
@@ -187,33 +225,26 @@ class Lock:
         """The fencing token of the latest lease (see ``distlock.Lock.fence``)."""
         return self._guards[-1].fence if self._guards else None
 
+    @property
+    def lost_reason(self) -> Optional[str]:
+        """Why a lease held now, or the last one released, was lost, or ``None``."""
+        for guard in self._guards:
+            reason = guard.lost_reason()
+            if reason is not None:
+                return reason
+        return self._last_reason
+
     async def wait_lost(self) -> str:
         """Returns the reason once a lease of this lock is lost (never, if none is)."""
-        if self._lost is None:
-            self._lost = asyncio.Event()
-            if self.lost_reason is not None:
-                self._lost.set()
-        await self._lost.wait()
-        assert self.lost_reason is not None
-        return self.lost_reason
+        signal = self._listen()
+        if self.lost_reason is not None and signal.reason is None:
+            return self.lost_reason
+        return await signal.wait()
 
     def on_lost(self, callback: LostCallback) -> LostCallback:
-        """Calls ``callback(reason)`` in the event loop whenever a lease is lost while held."""
-        self._callbacks.append(callback)
-        return callback
-
-    def _ended(
-        self, guard: NativeGuard, reason: str, task: "Optional[asyncio.Task[object]]"
-    ) -> None:
-        if guard not in self._guards:
-            return  # released meanwhile: the release says it
-        self.lost_reason = reason
-        if self._lost is not None:
-            self._lost.set()
-        for callback in list(self._callbacks):
-            callback(reason)
-        if task is not None and not task.done():
-            task.cancel(f"distlock: lock {self.name!r} lost ({reason})")
+        """Calls ``callback(reason)`` in the event loop whenever a lease is lost while held
+        (call it from the loop's thread)."""
+        return self._listen().add(callback)
 
     async def __aenter__(self) -> "Lock":
         if not await self.acquire():
