@@ -1,12 +1,13 @@
 //! The client, for Python: the core's `LockClient`, opened again in a forked child.
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use distlock::{ErrorKind, LeaseKind, LockClient, LockError, LockStatus, Wait};
+use distlock::{LeaseKind, LockClient, LockError, LockStatus, Wait};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::errors::Fallible;
 use crate::guard::{Lease, NativeGuard};
 use crate::runtime::{block_on, pid};
 use crate::{aio, errors};
@@ -49,6 +50,18 @@ pub(crate) struct NativeClient {
     opened: Mutex<Option<Opened>>,
 }
 
+impl Drop for NativeClient {
+    fn drop(&mut self) {
+        let opened = self.opened.get_mut().unwrap_or_else(|e| e.into_inner());
+        if opened.as_ref().is_some_and(|o| o.pid != pid())
+            && let Some(parents) = opened.take()
+        {
+            // The parent's client, whose tasks live on threads this process does not have.
+            std::mem::forget(parents);
+        }
+    }
+}
+
 /// What kind of lease a call asks for, by its Python name.
 fn lease_kind(kind: &str, permits: u32) -> PyResult<LeaseKind> {
     match kind {
@@ -74,11 +87,12 @@ struct Ask {
 
 impl Ask {
     /// The guard, or `None` when the lock stayed busy (at once, or for the whole wait).
-    async fn run(self) -> PyResult<Option<NativeGuard>> {
+    async fn run(self) -> Fallible<Option<NativeGuard>> {
         let mut req = self.client.lock(&self.name).kind(self.kind);
         if let Some(ttl) = self.ttl {
             req = req.ttl(ttl);
         }
+        let started = Instant::now();
         let got = match self.wait {
             Some(d) if d.is_zero() => req.try_acquire().await,
             Some(d) => req.wait(Wait::Timeout(d)).acquire().await.map(Some),
@@ -86,8 +100,8 @@ impl Ask {
         };
         match got {
             Ok(guard) => Ok(guard.map(|g| NativeGuard::new(Lease::Lock(g)))),
-            Err(e) if matches!(e.kind(), ErrorKind::Busy | ErrorKind::Timeout) => Ok(None),
-            Err(e) => Err(errors::to_py(e)),
+            Err(e) if errors::only_busy(&e, self.wait, started.elapsed()) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 }
@@ -195,7 +209,7 @@ impl NativeClient {
         wait: Option<f64>,
     ) -> PyResult<Option<NativeGuard>> {
         let ask = self.ask(py, name, kind, permits, ttl, wait)?;
-        block_on(py, ask.run())?
+        Ok(block_on(py, ask.run())??)
     }
 
     /// `acquire` for asyncio: a future of the event loop `event_loop`.
@@ -212,7 +226,7 @@ impl NativeClient {
         wait: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let ask = self.ask(py, name, kind, permits, ttl, wait)?;
-        aio::spawn(py, event_loop, ask.run())
+        aio::spawn(event_loop, ask.run())
     }
 
     /// Every lock held or waited for whose name starts with `prefix`, at most `limit`.

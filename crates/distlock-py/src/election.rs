@@ -2,13 +2,14 @@
 //! a published value), its leader, and an observer of its changes.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use distlock::{Election, Leader, LockClient, Observer, Wait};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::client::NativeClient;
+use crate::errors::{Failure, Fallible};
 use crate::guard::{Lease, NativeGuard};
 use crate::runtime::{block_on, pid};
 use crate::{aio, errors};
@@ -39,10 +40,11 @@ impl NativeElection {
         &self,
         py: Python<'_>,
         wait: Option<f64>,
-    ) -> PyResult<impl Future<Output = PyResult<Option<NativeGuard>>> + Send + 'static> {
+    ) -> PyResult<impl Future<Output = Fallible<Option<NativeGuard>>> + Send + 'static> {
         let wait = wait.map(|w| errors::seconds("timeout", w)).transpose()?;
         let election = self.election(py)?;
         Ok(async move {
+            let started = Instant::now();
             let got = match wait {
                 Some(d) if d.is_zero() => election.try_campaign().await,
                 Some(d) => election.wait(Wait::Timeout(d)).campaign().await.map(Some),
@@ -50,9 +52,8 @@ impl NativeElection {
             };
             match got {
                 Ok(l) => Ok(l.map(|l| NativeGuard::new(Lease::Lead(l)))),
-                Err(e) if e.kind() == distlock::ErrorKind::Timeout => Ok(None),
-                Err(e) if e.kind() == distlock::ErrorKind::Busy => Ok(None),
-                Err(e) => Err(errors::to_py(e)),
+                Err(e) if errors::only_busy(&e, wait, started.elapsed()) => Ok(None),
+                Err(e) => Err(e.into()),
             }
         })
     }
@@ -82,7 +83,7 @@ impl NativeElection {
     #[pyo3(signature = (wait=None))]
     fn campaign(&self, py: Python<'_>, wait: Option<f64>) -> PyResult<Option<NativeGuard>> {
         let fut = self.campaign_future(py, wait)?;
-        block_on(py, fut)?
+        Ok(block_on(py, fut)??)
     }
 
     /// `campaign` for asyncio.
@@ -94,7 +95,7 @@ impl NativeElection {
         wait: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let fut = self.campaign_future(py, wait)?;
-        aio::spawn(py, event_loop, fut)
+        aio::spawn(event_loop, fut)
     }
 
     /// Who leads now: a dict (`who`, `since_ms`, `epoch`, `value`, `ttl`), or `None`.
@@ -111,12 +112,8 @@ impl NativeElection {
         event_loop: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let election = self.election(py)?;
-        aio::spawn(py, event_loop, async move {
-            election
-                .leader()
-                .await
-                .map(LeaderOut)
-                .map_err(errors::to_py)
+        aio::spawn(event_loop, async move {
+            Ok(election.leader().await.map(LeaderOut)?)
         })
     }
 
@@ -124,7 +121,7 @@ impl NativeElection {
     fn observe(&self, py: Python<'_>) -> PyResult<NativeObserver> {
         Ok(NativeObserver {
             pid: pid(),
-            observer: tokio::sync::Mutex::new(self.election(py)?.observe()),
+            observer: tokio::sync::Mutex::new(Some(self.election(py)?.observe())),
         })
     }
 }
@@ -166,14 +163,29 @@ impl<'py> IntoPyObject<'py> for LeaderOut {
 #[pyclass(module = "distlock._native", frozen)]
 pub(crate) struct NativeObserver {
     pid: u32,
-    observer: tokio::sync::Mutex<Observer>,
+    /// Taken out only when dropped in a forked child (and forgotten there).
+    observer: tokio::sync::Mutex<Option<Observer>>,
 }
 
 /// The leader after `observer`'s next change, or its error.
-async fn next(slf: Py<NativeObserver>) -> PyResult<Option<Leader>> {
+async fn next(slf: Py<NativeObserver>) -> Fallible<Option<Leader>> {
     let mut observer = slf.get().observer.lock().await;
-    observer.changed().await.map_err(errors::to_py)?;
+    let Some(observer) = observer.as_mut() else {
+        return Err(Failure::pkg("LockNotOwnedError", "the observer is gone"));
+    };
+    observer.changed().await?;
     Ok(observer.borrow().cloned())
+}
+
+impl Drop for NativeObserver {
+    fn drop(&mut self) {
+        if self.pid != pid()
+            && let Some(parents) = self.observer.get_mut().take()
+        {
+            // Made before fork(): its client's tasks are the parent's.
+            std::mem::forget(parents);
+        }
+    }
 }
 
 impl NativeObserver {
@@ -217,14 +229,9 @@ impl NativeObserver {
     /// after the next change.
     fn changed_async<'py>(
         slf: Py<Self>,
-        py: Python<'py>,
         event_loop: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         slf.get().check_mine()?;
-        aio::spawn(
-            py,
-            event_loop,
-            async move { next(slf).await.map(LeaderOut) },
-        )
+        aio::spawn(event_loop, async move { next(slf).await.map(LeaderOut) })
     }
 }

@@ -66,3 +66,68 @@ pub(crate) fn seconds(what: &str, secs: f64) -> PyResult<Duration> {
         )
     })
 }
+
+/// An error made on a runtime thread, turned into its exception only on a Python thread
+/// ([`Failure::raise`], or `?` into a `PyErr`): a runtime thread never waits for the GIL.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The core's.
+    Core(LockError),
+    /// The package's own: the exception class's name and the message.
+    Pkg(&'static str, String),
+    /// A release found the lease of the lock `0` lost, for the reason named `1`.
+    Lost(String, &'static str),
+}
+
+impl Failure {
+    /// The package's own error `class`, `message`.
+    pub(crate) fn pkg(class: &'static str, message: impl Into<String>) -> Self {
+        Failure::Pkg(class, message.into())
+    }
+
+    /// The exception (on a Python thread).
+    pub(crate) fn raise(self) -> PyErr {
+        match self {
+            Failure::Core(e) => to_py(e),
+            Failure::Pkg(class, message) => new(class, message),
+            // Made by the same function as a blocking release's (`_common.lost_error`).
+            Failure::Lost(name, reason) => Python::attach(|py| {
+                match py
+                    .import("distlock._common")
+                    .and_then(|m| m.getattr("lost_error"))
+                    .and_then(|f| f.call1((name, reason)))
+                {
+                    Ok(e) => PyErr::from_value(e),
+                    Err(e) => e,
+                }
+            }),
+        }
+    }
+}
+
+impl From<LockError> for Failure {
+    fn from(e: LockError) -> Self {
+        Failure::Core(e)
+    }
+}
+
+impl From<Failure> for PyErr {
+    fn from(f: Failure) -> Self {
+        f.raise()
+    }
+}
+
+/// The outcome of a future run on the runtime.
+pub(crate) type Fallible<T> = Result<T, Failure>;
+
+/// Whether an acquire or campaign that failed with `e` only found the lock busy: at once for a
+/// try, or for the whole of its wait (`waited` of `wait`). Anything else (an engine that did
+/// not answer in time, a wait forever ended by an engine's failure) is an error to raise:
+/// `threading.Lock.acquire()` never returns `False` for it.
+pub(crate) fn only_busy(e: &LockError, wait: Option<Duration>, waited: Duration) -> bool {
+    match (e.kind(), wait) {
+        (ErrorKind::Busy, Some(_)) => true,
+        (ErrorKind::Timeout, Some(d)) if !d.is_zero() => waited + Duration::from_millis(1) >= d,
+        _ => false,
+    }
+}

@@ -12,6 +12,7 @@ use std::time::Duration;
 use distlock::{Leadership, LeaseEnd, LeaseHandle, LockError, LockGuard, Released};
 use pyo3::prelude::*;
 
+use crate::errors::{Failure, Fallible};
 use crate::runtime::{block_on, pid, runtime};
 use crate::{aio, errors};
 
@@ -83,12 +84,12 @@ impl NativeGuard {
     }
 
     /// The lease, taken out for its release (after any `extend` in flight).
-    async fn take(&self) -> PyResult<Lease> {
+    async fn take(&self) -> Fallible<Lease> {
         self.lease
             .lock()
             .await
             .take()
-            .ok_or_else(|| errors::new("LockNotOwnedError", "release of a lock already released"))
+            .ok_or_else(|| Failure::pkg("LockNotOwnedError", "release of a lock already released"))
     }
 }
 
@@ -143,24 +144,28 @@ impl NativeGuard {
     /// Releases the lease: `None` if it was still ours, else why it was lost.
     fn release(slf: Py<Self>, py: Python<'_>) -> PyResult<Option<&'static str>> {
         slf.get().check_mine()?;
-        block_on(py, async move {
+        Ok(block_on(py, async move {
             let lease = slf.get().take().await?;
-            let r = lease.release().await.map_err(errors::to_py)?;
-            Ok(released(r))
-        })?
+            Fallible::Ok(released(lease.release().await?))
+        })??)
     }
 
-    /// `release` for asyncio: a future of the event loop `event_loop`.
+    /// `release` for asyncio: a future of the event loop `event_loop`. With `lost_error`
+    /// (the lock's name), a lease lost before the release fails the future with
+    /// `LockLostError` instead of giving the reason.
+    #[pyo3(signature = (event_loop, lost_error=None))]
     fn release_async<'py>(
         slf: Py<Self>,
-        py: Python<'py>,
         event_loop: &Bound<'py, PyAny>,
+        lost_error: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         slf.get().check_mine()?;
-        aio::spawn(py, event_loop, async move {
+        aio::spawn(event_loop, async move {
             let lease = slf.get().take().await?;
-            let r = lease.release().await.map_err(errors::to_py)?;
-            Ok(released(r))
+            match (released(lease.release().await?), lost_error) {
+                (Some(reason), Some(name)) => Err(Failure::Lost(name, reason)),
+                (reason, _) => Ok(reason),
+            }
         })
     }
 
@@ -168,40 +173,44 @@ impl NativeGuard {
     fn extend(slf: Py<Self>, py: Python<'_>, ttl: f64) -> PyResult<()> {
         let ttl = errors::seconds("ttl", ttl)?;
         slf.get().check_mine()?;
-        block_on(py, async move {
+        Ok(block_on(py, async move {
             let lease = slf.get().lease.lock().await;
             let Some(lease) = lease.as_ref() else {
-                return Err(errors::new(
+                return Err(Failure::pkg(
                     "LockNotOwnedError",
                     "extend of a lock already released",
                 ));
             };
-            lease.extend(ttl).await.map_err(errors::to_py)
-        })?
+            Ok(lease.extend(ttl).await?)
+        })??)
     }
 
     /// A leadership's published value, now `value` (the lease kept). `Unsupported` for a lock,
     /// and on an engine that cannot write a new label.
     fn proclaim(slf: Py<Self>, py: Python<'_>, value: String) -> PyResult<()> {
         slf.get().check_mine()?;
-        block_on(py, async move {
+        Ok(block_on(py, async move {
             let mut lease = slf.get().lease.lock().await;
             match lease.as_mut() {
-                Some(Lease::Lead(l)) => l.proclaim(value).await.map_err(errors::to_py),
-                Some(Lease::Lock(_)) => Err(errors::new(
+                Some(Lease::Lead(l)) => Ok(l.proclaim(value).await?),
+                Some(Lease::Lock(_)) => Err(Failure::pkg(
                     "UnsupportedError",
                     "proclaim is for a leadership, not a lock",
                 )),
-                None => Err(errors::new(
+                None => Err(Failure::pkg(
                     "LockNotOwnedError",
                     "the leadership was resigned",
                 )),
             }
-        })?
+        })??)
     }
 
     /// The lost reason's name if the lease was lost (a local check, no I/O), else `None`.
     fn lost_reason(&self) -> PyResult<Option<&'static str>> {
+        if !self.mine() {
+            // The parent's lease, which only the parent's threads move: not lost here.
+            return Ok(None);
+        }
         // The lost future reads the lease's deadline on the runtime's clock: polled once,
         // inside the runtime.
         let rt = runtime()?;
@@ -218,6 +227,7 @@ impl NativeGuard {
     /// takes): the reason's name, or `None` when the lease was released or the time ran out.
     #[pyo3(signature = (timeout=None))]
     fn wait_lost(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<&'static str>> {
+        self.check_mine()?;
         let timeout = timeout.map(|t| errors::seconds("timeout", t)).transpose()?;
         let handle = self.handle.clone();
         block_on(py, async move {
@@ -232,13 +242,10 @@ impl NativeGuard {
 
     /// `wait_lost` for asyncio, without a timeout: the reason's name once the lease is lost,
     /// `None` once it is released.
-    fn wait_lost_async<'py>(
-        &self,
-        py: Python<'py>,
-        event_loop: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    fn wait_lost_async<'py>(&self, event_loop: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        self.check_mine()?;
         let handle = self.handle.clone();
-        aio::spawn(py, event_loop, async move {
+        aio::spawn(event_loop, async move {
             Ok(handle.ended().await.lost().map(reason_name))
         })
     }
@@ -247,6 +254,7 @@ impl NativeGuard {
     /// thread of the runtime's blocking pool, with the GIL taken. (A task per call: the
     /// package asks only for locks whose lost signal someone listens to.)
     fn on_lost(&self, callback: Py<PyAny>) -> PyResult<()> {
+        self.check_mine()?;
         let handle = self.handle.clone();
         runtime()?.spawn(async move {
             let Some(reason) = handle.ended().await.lost().map(reason_name) else {

@@ -19,6 +19,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<guard::NativeGuard>()?;
     m.add_class::<election::NativeElection>()?;
     m.add_class::<election::NativeObserver>()?;
+    m.add_class::<aio::LoopBridge>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(engines, m)?)?;
     Ok(())

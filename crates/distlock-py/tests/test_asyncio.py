@@ -90,9 +90,18 @@ class Manners(unittest.IsolatedAsyncioTestCase):
         await asyncio.wait_for(asyncio.gather(*(work() for _ in range(8))), 60)
         self.assertEqual(most, 1)
 
+    async def test_release_starts_at_once_as_asyncio_locks_do(self) -> None:
+        lock = self.client.lock("not-awaited")
+        self.assertTrue(await lock.acquire())
+        lock.release()  # not awaited: the release is under way all the same
+        self.assertFalse(lock.locked())
+        other = self.other.lock("not-awaited")
+        self.assertTrue(await other.acquire(timeout=5))
+        await other.release()
+
     async def test_release_of_a_lock_not_held_raises(self) -> None:
         with self.assertRaises(distlock.LockNotOwnedError):
-            await self.client.lock("never").release()
+            self.client.lock("never").release()
 
 
 class OnRedis(unittest.IsolatedAsyncioTestCase):

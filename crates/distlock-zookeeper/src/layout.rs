@@ -10,9 +10,11 @@
 //!
 //! A permit's node is `_c_<token>-p<N>-lock-<seq>` in both (no library's semaphore queues
 //! this way). distlock reads both layouts, so it always waits for a kazoo or Curator holder;
-//! but kazoo does not see Curator's names, nor Curator kazoo's. So a client refuses a lock
-//! whose queue has a node of the layout it does not write (`KindConflict`, naming the
-//! parameter to set): it never holds a lock beside a holder that cannot see it.
+//! but kazoo does not see Curator's names, nor Curator kazoo's. So each time a client reads a
+//! lock's queue (its first attempt, and each look of a waiter) and finds a node of the layout
+//! it does not write, it refuses the lock (`KindConflict`, naming the parameter to set) and
+//! deletes its own node. A client of the other layout that arrives once it holds the lock
+//! cannot be stopped from ignoring its node: give every client of one path the same layout.
 
 use distlock_core::engine::{ErrorKind, LeaseKind, LockError};
 
@@ -64,6 +66,11 @@ fn kazoo(child: &str) -> Option<(LeaseKind, i64)> {
         }
         seq.parse().ok().map(|s| (*kind, s))
     })
+}
+
+/// Whether `child` is a lock node in kazoo's layout (made by kazoo or by distlock).
+pub(crate) fn is_kazoo(child: &str) -> bool {
+    kazoo(child).is_some()
 }
 
 /// The sequence number at the end of a lock node's name, in either layout.

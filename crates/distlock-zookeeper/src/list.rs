@@ -9,6 +9,11 @@ use crate::backend::ZkBackend;
 /// The marker that starts the name of every holder's or waiter's node.
 const NODE_MARK: &str = "_c_";
 
+/// Whether `child` is a lock node (ours in either layout, Curator's, or kazoo's), not a name.
+fn is_lock_node(child: &str) -> bool {
+    child.starts_with(NODE_MARK) || crate::layout::is_kazoo(child)
+}
+
 /// A lock's parent node is in use while it has a holder's or waiter's node; its other children
 /// are the next segments of longer names.
 #[distlock_core::engine::async_trait]
@@ -44,10 +49,10 @@ impl distlock_core::engine::Lister for ZkBackend {
                 Err(Error::NoNode) => continue,
                 Err(e) => return Err(crate::session::map_err(e, DOING)),
             };
-            if !rel.is_empty() && children.iter().any(|c| c.starts_with(NODE_MARK)) {
+            if !rel.is_empty() && children.iter().any(|c| is_lock_node(c)) {
                 names.push(rel.clone());
             }
-            for child in children.into_iter().filter(|c| !c.starts_with(NODE_MARK)) {
+            for child in children.into_iter().filter(|c| !is_lock_node(c)) {
                 let next = if rel.is_empty() {
                     child
                 } else {

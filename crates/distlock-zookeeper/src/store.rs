@@ -8,6 +8,7 @@
 //! block the lock for the rest of the session.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use distlock_core::engine::{AcquireRequest, BoxFuture, ErrorKind, LeaseKind, LockError};
 use distlock_core::recipes::queue::{Ahead, JoinOutcome, Joined, QueueStore, QueuedEntry};
@@ -303,19 +304,19 @@ impl ZkStore {
         }))
     }
 
-    /// Deletes a node of ours at `path`, or leaves it to a task when ZooKeeper does not
-    /// answer in time.
+    /// Deletes a node of ours at `path`; when ZooKeeper does not answer, a task tries again,
+    /// backing off, for as long as the session may keep the node (its timeout, twice).
     async fn delete_or_later(&self, client: &Client, path: String) {
         const DOING: &str = "deleting a ZooKeeper lock node";
-        match self.call(DOING, client.delete(&path, None)).await {
-            Ok(Ok(()) | Err(Error::NoNode)) => {}
-            _ => {
-                let client = client.clone();
-                tokio::spawn(async move {
-                    let _ = client.delete(&path, None).await;
-                });
-            }
+        if let Ok(Ok(()) | Err(Error::NoNode)) = self.call(DOING, client.delete(&path, None)).await
+        {
+            return;
         }
+        tokio::spawn(delete_retrying(
+            client.clone(),
+            path,
+            2 * self.sessions.config.session_timeout,
+        ));
     }
 
     async fn ahead_inner(
@@ -332,6 +333,11 @@ impl ZkStore {
             Err(Error::NoNode) => Vec::new(),
             Err(e) => return Err(map_err(e, DOING)),
         };
+        // Every reading of the queue looks for the other layout (the recipe then discards our
+        // entry, its node with it).
+        if let Some(child) = foreign(&children, self.sessions.config.layout) {
+            return Err(refuse(&parent, child, self.sessions.config.layout));
+        }
         let Some(mut ahead) = ahead_of(&children, mine.seq).map(|names| queued(&parent, names))
         else {
             return Ok(None);
@@ -375,6 +381,23 @@ impl ZkStore {
             }
         }
         Ok(())
+    }
+}
+
+/// Deletes `path`, trying again with back-off for `during` (a node left behind would hold the
+/// lock's queue for the rest of its session).
+async fn delete_retrying(client: Client, path: String, during: Duration) {
+    let until = tokio::time::Instant::now() + during;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match client.delete(&path, None).await {
+            Ok(()) | Err(Error::NoNode | Error::SessionExpired) => return,
+            Err(_) if tokio::time::Instant::now() + pause < until => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(_) => return,
+        }
     }
 }
 
@@ -468,9 +491,11 @@ impl QueueStore for ZkStore {
     fn remove_later(&self, name: &str, token: &str, id: &Node) {
         let client = self.sessions.current().client.clone();
         let path = self.path_of(name, token, id);
-        tokio::spawn(async move {
-            let _ = client.delete(&path, None).await;
-        });
+        tokio::spawn(delete_retrying(
+            client,
+            path,
+            2 * self.sessions.config.session_timeout,
+        ));
     }
 }
 

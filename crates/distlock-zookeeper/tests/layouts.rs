@@ -98,3 +98,45 @@ async fn a_kazoo_layout_client_refuses_a_lock_queued_for_in_curators_layout() {
     let again = kazoo.try_acquire("mixed").await.unwrap().expect("free");
     assert!(again.release().await.unwrap().was_held());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_finds_kazoos_node_at_its_next_look_gives_up_its_place() {
+    let Some(zk) = ZooKeeper::start() else { return };
+    let url = zk.url("");
+    let zkc = raw(&url).await;
+    let holder = client(&url).await;
+    let held = holder.acquire("later").await.unwrap();
+    let waiter = client(&url).await;
+    let waiting = tokio::spawn(async move { waiter.acquire("later").await.map(|_| ()) });
+    // Queued (its node stays), then kazoo's node comes behind it.
+    let parent = "/distlock/later";
+    let t0 = std::time::Instant::now();
+    while zkc.list_children(parent).await.unwrap().len() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let kazoos = kazoo_node(&zkc, parent).await;
+    assert!(held.release().await.unwrap().was_held());
+    let e = waiting
+        .await
+        .unwrap()
+        .expect_err("refused at its next look");
+    assert_eq!(e.kind(), ErrorKind::KindConflict, "{e}");
+    // Only kazoo's node is left.
+    let t0 = std::time::Instant::now();
+    loop {
+        let left = zkc.list_children(parent).await.unwrap();
+        if left.len() == 1 {
+            assert!(kazoos.ends_with(&left[0]), "{left:?}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the waiter's node stayed: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -93,7 +93,8 @@ pub trait QueueStore: Send + Sync + 'static {
     async fn join(&self, req: &AcquireRequest<'_>) -> Result<JoinOutcome<Self::Id>, LockError>;
 
     /// The entries of `name`'s queue ahead of `mine`, oldest first; `None` when `mine` is no
-    /// longer in the queue (its session ended, or it was deleted). A store may leave out the
+    /// longer in the queue (its session ended, or it was deleted). A `KindConflict` error (a
+    /// queue the store refuses to share) makes the recipe discard our entry. A store may leave out the
     /// entries further ahead than the decision for `kind` needs: for an exclusive entry all but
     /// the nearest, for a permit of N all but the N nearest.
     async fn ahead(
@@ -283,9 +284,15 @@ impl<S: QueueStore> QueueRecipe<S> {
             };
             let ahead = match listed {
                 Some(a) => a,
-                None => match self.store.ahead(req.name, &entry, req.kind).await? {
-                    Some(a) => a,
-                    None => {
+                None => match self.store.ahead(req.name, &entry, req.kind).await {
+                    // A store that refuses the name (a queue it cannot share) leaves no entry.
+                    Err(e) if e.kind() == ErrorKind::KindConflict => {
+                        self.discard(req.name, token);
+                        return Err(e);
+                    }
+                    Err(e) => return Err(e),
+                    Ok(Some(a)) => a,
+                    Ok(None) => {
                         self.state.locked().remove(req.name, token);
                         // A resend (a reply was lost, or an acquisition from earlier ran out
                         // before it was confirmed) whose entry went with its session joins

@@ -1,17 +1,36 @@
-"""Glue for the native module's asyncio futures."""
+"""Glue for the native module's asyncio futures: one bridge per event loop (and process),
+whose socket the loop watches; see ``src/aio.rs``."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import os
+import weakref
+
+from ._native import LoopBridge
+
+_bridges: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[int, LoopBridge]]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _settle(fut: asyncio.Future[Any], exc: BaseException | None, value: Any) -> None:
-    """Gives ``fut`` its outcome, unless it was cancelled meanwhile (then a guard in ``value``
-    is dropped, and its lock released in the background)."""
-    if fut.done():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(value)
+def bridge_of(loop: asyncio.AbstractEventLoop) -> LoopBridge:
+    """``loop``'s bridge, made and registered (``add_reader``) at its first call."""
+    got = _bridges.get(loop)
+    if got is not None:
+        if got[0] != os.getpid():
+            # Its selector and socket are shared with the parent: touching them would take
+            # the parent's wake-ups.
+            raise RuntimeError(
+                "distlock: this event loop was inherited across fork(); make a new one in the "
+                "child (asyncio.run does)"
+            )
+        return got[1]
+    for other, (_, bridge) in list(_bridges.items()):
+        if other.is_closed():  # nobody will drain it: let its outcomes go
+            bridge.discard()
+            del _bridges[other]
+    bridge = LoopBridge()
+    loop.add_reader(bridge.fileno(), bridge.drain)
+    _bridges[loop] = (os.getpid(), bridge)
+    return bridge

@@ -155,7 +155,8 @@ class Lock:
         self._guards: Deque[NativeGuard] = deque()
         # Made at the first listener (see _signal.py), then watching every lease.
         self._signal: Optional[AsyncLostSignal] = None
-        self._last_reason: Optional[str] = None
+        # The lease released last (it tells whether it was lost first).
+        self._last_released: Optional[NativeGuard] = None
 
     async def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Takes the lock: ``True`` once it is ours, ``False`` if it stayed busy (at once when
@@ -168,7 +169,7 @@ class Lock:
         if guard is None:
             return False
         if not self._guards:
-            self._last_reason = None
+            self._last_released = None
             if self._signal is not None:
                 self._signal.reset()
         listening = self._cancel_on_lost or self._signal is not None
@@ -199,18 +200,17 @@ class Lock:
                 self._watch(guard, loop, None)
         return self._signal
 
-    async def release(self) -> None:
-        """Releases the lease this object took first (``LockNotOwnedError`` when it holds
-        none; ``LockLostError`` when the lease had ended before, unless
-        ``raise_on_lost=False``)."""
+    def release(self) -> "asyncio.Future[Optional[str]]":
+        """Releases the lease this object took first, at once (as ``asyncio.Lock.release``
+        does); awaiting the result tells how it went. ``LockNotOwnedError`` when it holds
+        none; the awaited result raises ``LockLostError`` when the lease had ended before
+        (unless ``raise_on_lost=False``)."""
         if not self._guards:
             raise LockNotOwnedError(f"release of lock {self.name!r}, which is not held")
         guard = self._guards.popleft()
-        reason = await guard.release_async(asyncio.get_running_loop())
-        if reason is not None:
-            self._last_reason = reason
-            if self._raise_on_lost:
-                raise _common.lost_error(self.name, reason)
+        self._last_released = guard
+        name = self.name if self._raise_on_lost else None
+        return guard.release_async(asyncio.get_running_loop(), name)
 
     def locked(self) -> bool:
         """Whether this object has acquired the lock and not released it yet."""
@@ -232,7 +232,8 @@ class Lock:
             reason = guard.lost_reason()
             if reason is not None:
                 return reason
-        return self._last_reason
+        last = self._last_released
+        return None if last is None else last.lost_reason()
 
     async def wait_lost(self) -> str:
         """Returns the reason once a lease of this lock is lost (never, if none is)."""
