@@ -116,3 +116,20 @@ class Kazoo(unittest.TestCase):
         # Nothing of ours was left in the queue: kazoo takes it again at once.
         self.assertTrue(theirs.acquire(blocking=False))
         theirs.release()
+
+    def test_kazoos_semaphore_counts_distlocks_permits_and_its_leases_are_refused(self) -> None:
+        client = distlock.connect(self.url + "?layout=kazoo", ttl=5)
+        mine = [client.semaphore("kz-pool", 2) for _ in range(2)]
+        for permit in mine:
+            self.assertTrue(permit.acquire(blocking=False))
+        # kazoo counts every child of the path as a lease: both are taken.
+        theirs = self.zk.Semaphore("/distlock/kz-pool", max_leases=2)
+        self.assertFalse(theirs.acquire(blocking=False))
+        for permit in mine:
+            permit.release()
+        self.assertTrue(theirs.acquire(blocking=False))
+        # Its lease has no place in a queue: distlock refuses the name.
+        with self.assertRaises(distlock.KindConflictError) as caught:
+            client.semaphore("kz-pool", 2).acquire(blocking=False)
+        self.assertIn("Semaphore", str(caught.exception))
+        theirs.release()

@@ -9,7 +9,9 @@
 //! | kazoo's (`layout=kazoo`) | `_c_<token>__lock__<seq>` | `_c_<token>__rlock__<seq>` | kazoo's `Lock`, `ReadLock`, `WriteLock` (only names ending in `__lock__` or `__rlock__` and the sequence) |
 //!
 //! A permit's node is `_c_<token>-p<N>-lock-<seq>` in both (no library's semaphore queues
-//! this way). distlock reads both layouts, so it always waits for a kazoo or Curator holder;
+//! this way). kazoo's `Semaphore` counts every child of its path as a lease, distlock's nodes
+//! included, but its own leases (`<uuid hex>`, no sequence number) have no place in a queue:
+//! a client that finds one refuses the name, whatever its layout. distlock reads both layouts, so it always waits for a kazoo or Curator holder;
 //! but kazoo does not see Curator's names, nor Curator kazoo's. So each time a client reads a
 //! lock's queue (its first attempt, and each look of a waiter) and finds a node of the layout
 //! it does not write, it refuses the lock (`KindConflict`, naming the parameter to set) and
@@ -94,11 +96,22 @@ pub(crate) fn kind_of(child: &str) -> LeaseKind {
         .unwrap_or(LeaseKind::Exclusive)
 }
 
+/// Whether `child` is a lease of kazoo's `Semaphore`: a UUID's 32 hex digits.
+fn is_kazoo_lease(child: &str) -> bool {
+    child.len() == 32
+        && child
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// The first node of `children` that a holder of the other layout than `mine` made, which
 /// that layout's libraries cannot be told about (a permit's node is in neither: every client
-/// writes it the same way).
+/// writes it the same way), or a lease of kazoo's `Semaphore`.
 pub(crate) fn foreign(children: &[String], mine: Layout) -> Option<&str> {
     children.iter().map(String::as_str).find(|c| {
+        if is_kazoo_lease(c) {
+            return true;
+        }
         let theirs = if kazoo(c).is_some() {
             Layout::Kazoo
         } else if seq_of(c).is_some() && !matches!(kind_of(c), LeaseKind::Permit { .. }) {
@@ -110,8 +123,19 @@ pub(crate) fn foreign(children: &[String], mine: Layout) -> Option<&str> {
     })
 }
 
-/// The refusal of a lock whose queue has `child`, a node of the other layout than `mine`.
+/// The refusal of a lock whose queue has `child`, a node of the other layout than `mine` (or
+/// a lease of kazoo's `Semaphore`).
 pub(crate) fn refuse(parent: &str, child: &str, mine: Layout) -> LockError {
+    if is_kazoo_lease(child) {
+        return LockError::new(
+            ErrorKind::KindConflict,
+            format!(
+                "{parent} holds a lease of kazoo's Semaphore ({child}), whose leases are not \
+                 queued: distlock's locks and semaphores do not share a path with it. Nothing \
+                 was taken"
+            ),
+        );
+    }
     let (theirs, library) = match mine {
         Layout::Curator => (Layout::Kazoo, "kazoo"),
         Layout::Kazoo => (Layout::Curator, "Curator (or distlock's default layout)"),
@@ -222,6 +246,13 @@ mod tests {
             foreign(&children(&[kazoo_node, permit]), Layout::Kazoo),
             None
         );
+        // A lease of kazoo's Semaphore is refused by both layouts.
+        let lease = "2f1c9a0e8b7d4c3a9e1f0a2b3c4d5e6f";
+        for layout in [Layout::Curator, Layout::Kazoo] {
+            assert_eq!(foreign(&children(&[permit, lease]), layout), Some(lease));
+            let e = refuse("/distlock/pool", lease, layout);
+            assert!(e.message().contains("Semaphore"), "{e}");
+        }
         let e = refuse("/distlock/jobs", kazoo_node, Layout::Curator);
         assert_eq!(e.kind(), ErrorKind::KindConflict);
         assert!(e.message().contains("layout=kazoo"), "{e}");
