@@ -15,23 +15,8 @@ The asyncio API is ``distlock.asyncio``; the blocking one is here.
 
 from ._common import Holder, Leader, ListedLock, Listing, Status
 from ._election import Election, Leadership
-from ._errors import (
-    AuthenticationError,
-    ConfigurationError,
-    LockError,
-    EngineConnectionError,
-    EngineIOError,
-    ExhaustedError,
-    InvalidKeyError,
-    KindConflictError,
-    LockBusyError,
-    LockLostError,
-    LockNotOwnedError,
-    LockTimeoutError,
-    ProtocolError,
-    QuorumError,
-    UnsupportedError,
-)
+from . import _errors
+from ._errors import *  # noqa: F403 (each listed in _errors.__all__)
 from ._native import __version__, engines
 from ._sync import Client, Lock, connect
 
@@ -48,19 +33,4 @@ __all__ = [
     "Leader",
     "engines",
     "__version__",
-    "LockError",
-    "LockBusyError",
-    "LockTimeoutError",
-    "LockLostError",
-    "LockNotOwnedError",
-    "EngineConnectionError",
-    "QuorumError",
-    "AuthenticationError",
-    "ConfigurationError",
-    "InvalidKeyError",
-    "ProtocolError",
-    "UnsupportedError",
-    "EngineIOError",
-    "ExhaustedError",
-    "KindConflictError",
-]
+] + _errors.__all__

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional, Type
 
 from ._errors import LockBusyError, LockLostError, LockTimeoutError
 
@@ -46,6 +46,27 @@ def not_taken(name: str, wait: Optional[float]) -> Exception:
     if wait == 0:
         return LockBusyError(f"lock {name!r} is busy")
     return LockTimeoutError(f"lock {name!r} was not acquired within {wait} s")
+
+
+def release_at_exit(release: Callable[[], object], exc_type: Optional[Type[BaseException]]) -> None:
+    """The release at the end of a ``with`` block: a lost lease raises ``LockLostError``
+    unless the block raised first (its exception goes on, not hidden)."""
+    try:
+        release()
+    except LockLostError:
+        if exc_type is None:
+            raise
+
+
+async def release_at_async_exit(
+    release: Callable[[], Awaitable[object]], exc_type: Optional[Type[BaseException]]
+) -> None:
+    """``release_at_exit`` for ``async with``."""
+    try:
+        await release()
+    except LockLostError:
+        if exc_type is None:
+            raise
 
 
 def lost_error(name: str, reason: str) -> LockLostError:

@@ -13,7 +13,6 @@ from typing import AsyncIterator, Iterator, Optional, Type
 
 from . import _common
 from ._common import Leader
-from ._errors import LockLostError
 from ._native import NativeElection, NativeGuard
 from ._signal import AsyncLostSignal, LostCallback, LostSignal
 
@@ -53,18 +52,13 @@ class Election(_Base):
             yield _common.leader(leader)
 
 
-class Leadership:
-    """This process leads: ``epoch``, ``value``, ``is_leading()``, the lost signal (``lost``,
-    ``on_lost``), ``proclaim(value)`` and ``resign()``; ``with`` resigns at its end."""
+class _LeadershipBase:
+    """A leadership's name, published value and lease (its guard)."""
 
     def __init__(self, name: str, value: str, guard: NativeGuard) -> None:
         self.name = name
         self.value = value
         self._guard = guard
-        self._signal = LostSignal()
-        #: Set when the leadership is lost (its lease expired, was taken over or unreachable).
-        self.lost = self._signal.event
-        self._signal.watch(guard)
 
     @property
     def epoch(self) -> int:
@@ -75,11 +69,24 @@ class Leadership:
 
     @property
     def lost_reason(self) -> Optional[str]:
-        return self._signal.reason
+        """Why the leadership was lost, or ``None``."""
+        return self._guard.lost_reason()
 
     def is_leading(self) -> bool:
         """Whether the lease is still valid (a local check, no I/O)."""
         return self._guard.is_held()
+
+
+class Leadership(_LeadershipBase):
+    """This process leads: ``epoch``, ``value``, ``is_leading()``, the lost signal (``lost``,
+    ``on_lost``), ``proclaim(value)`` and ``resign()``; ``with`` resigns at its end."""
+
+    def __init__(self, name: str, value: str, guard: NativeGuard) -> None:
+        super().__init__(name, value, guard)
+        self._signal = LostSignal()
+        #: Set when the leadership is lost (its lease expired, was taken over or unreachable).
+        self.lost = self._signal.event
+        self._signal.watch(guard)
 
     def on_lost(self, callback: LostCallback) -> LostCallback:
         """Calls ``callback(reason)`` when the leadership is lost (from a thread of
@@ -107,11 +114,7 @@ class Leadership:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
-        try:
-            self.resign()
-        except LockLostError:
-            if exc_type is None:
-                raise
+        _common.release_at_exit(self.resign, exc_type)
 
     def __repr__(self) -> str:
         state = "leading" if self.is_leading() else "lost"
@@ -146,7 +149,7 @@ class AsyncElection(_Base):
             yield _common.leader(leader)
 
 
-class AsyncLeadership:
+class AsyncLeadership(_LeadershipBase):
     """This process leads (asyncio): as ``Leadership``, with ``await wait_lost()`` and
     ``await resign()``; ``async with`` resigns at its end."""
 
@@ -158,27 +161,12 @@ class AsyncLeadership:
         loop: asyncio.AbstractEventLoop,
         task: "Optional[asyncio.Task[object]]",
     ) -> None:
-        self.name = name
-        self.value = value
-        self._guard = guard
+        super().__init__(name, value, guard)
         self._resigned = False
         self._signal = AsyncLostSignal()
         self._signal.watch(
             guard, loop, lambda: not self._resigned, task, f"leadership of {name!r}"
         )
-
-    @property
-    def epoch(self) -> int:
-        epoch = self._guard.fence
-        assert epoch is not None
-        return epoch
-
-    @property
-    def lost_reason(self) -> Optional[str]:
-        return self._signal.reason
-
-    def is_leading(self) -> bool:
-        return self._guard.is_held()
 
     def on_lost(self, callback: LostCallback) -> LostCallback:
         """Calls ``callback(reason)`` in the event loop when the leadership is lost."""
@@ -209,8 +197,4 @@ class AsyncLeadership:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
-        try:
-            await self.resign()
-        except LockLostError:
-            if exc_type is None:
-                raise
+        await _common.release_at_async_exit(self.resign, exc_type)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections import deque
 from types import TracebackType
-from typing import Any, Callable, Deque, Optional, Type, TypeVar
+from typing import Any, Callable, Optional, Type, TypeVar
 
 from . import _common
-from ._common import DEFAULT, EXCLUSIVE, PERMIT, SHARED, Listing, Status
-from ._errors import LockLostError, LockNotOwnedError
+from ._base import ClientBase, LockBase
+from ._common import DEFAULT, EXCLUSIVE, Listing, Status
+from ._errors import LockNotOwnedError
 from ._election import Election
-from ._native import NativeClient, NativeElection, NativeGuard
+from ._native import NativeClient, NativeElection
 from ._signal import LostCallback, LostSignal
 
 
@@ -42,19 +42,10 @@ def connect(
     return Client(native, _common.seconds("wait", wait))
 
 
-class Client:
+class Client(ClientBase["Lock"]):
     """A lock client: one engine's connections, one watchdog that renews every lease it holds,
     and the local queues of its threads. Safe to share between threads, and usable in a child
     after ``fork()`` (the child opens its own connections at its first call)."""
-
-    def __init__(self, native: NativeClient, wait: Optional[float] = None) -> None:
-        self._native = native
-        self._wait = wait
-
-    @property
-    def url(self) -> str:
-        """The engine's URL, its password hidden."""
-        return self._native.url
 
     @property
     def owner(self) -> str:
@@ -72,20 +63,11 @@ class Client:
         """A mutex on ``name``. ``wait``: how long ``acquire()`` and ``with`` wait by default
         (the client's unless given; ``None``: as long as it takes). ``raise_on_lost``: whether
         a release of a lease that ended first raises ``LockLostError``."""
-        return Lock(self, name, EXCLUSIVE, 0, ttl, wait, raise_on_lost)
+        return Lock(self, name, EXCLUSIVE, 0, ttl, self._wait_of(wait), raise_on_lost)
 
-    def read_lock(self, name: str, **options: object) -> "Lock":
-        """A reader of the read-write lock ``name``: shared with other readers."""
-        return Lock(self, name, SHARED, 0, *_options(options))
-
-    def write_lock(self, name: str, **options: object) -> "Lock":
-        """The writer of the read-write lock ``name``: excludes readers and writers."""
-        return Lock(self, name, EXCLUSIVE, 0, *_options(options))
-
-    def semaphore(self, name: str, permits: int, **options: object) -> "Lock":
-        """One of ``permits`` leases of ``name`` that may be held at once (every holder must
-        ask with the same number)."""
-        return Lock(self, name, PERMIT, permits, *_options(options))
+    def _new(self, name: str, kind: str, permits: int, options: "dict[str, Any]") -> "Lock":
+        ttl, wait, raise_on_lost = self._options(options)
+        return Lock(self, name, kind, permits, ttl, self._wait_of(wait), raise_on_lost)
 
     def status(self, name: str) -> Status:
         """Who holds ``name``, as the engine says."""
@@ -108,23 +90,13 @@ class Client:
         """The election on ``name``: a leader publishes ``value`` (its address, say);
         ``ttl`` and ``wait`` as for a lock."""
         native = NativeElection(self._native, name, value, _common.seconds("ttl", ttl))
-        return Election(
-            native, name, value, self._wait if wait == DEFAULT else _common.seconds("wait", wait)
-        )
+        return Election(native, name, value, self._wait_of(wait))
 
     def __repr__(self) -> str:
         return f"<distlock.Client {self.url}>"
 
 
-def _options(options: "dict[str, Any]") -> "tuple[Optional[float], Optional[float], bool]":
-    """The keyword options of ``lock`` (``ttl``, ``wait``, ``raise_on_lost``) in order."""
-    unknown = set(options) - {"ttl", "wait", "raise_on_lost"}
-    if unknown:
-        raise TypeError(f"unexpected options: {', '.join(sorted(unknown))}")
-    return (options.get("ttl"), options.get("wait", DEFAULT), options.get("raise_on_lost", True))
-
-
-class Lock:
+class Lock(LockBase):
     """A distributed lock with ``threading.Lock``'s manners: ``with``, ``acquire(blocking,
     timeout) -> bool``, ``release()``, ``locked()``; plus its fence, ``is_held()`` and the lost
     signal (``lost``, a ``threading.Event``; ``on_lost(callback)``).
@@ -144,16 +116,9 @@ class Lock:
         wait: Optional[float],
         raise_on_lost: bool,
     ) -> None:
-        self.name = name
+        super().__init__(name, kind, permits, ttl, wait, raise_on_lost)
         self._client = client
-        self._kind = kind
-        self._permits = permits
-        self._ttl = _common.seconds("ttl", ttl)
-        self._wait = client._wait if wait == DEFAULT else _common.seconds("wait", wait)
-        self._raise_on_lost = raise_on_lost
         self._mutex = threading.Lock()
-        # The leases this object holds, oldest first (several only for readers and permits).
-        self._guards: Deque[NativeGuard] = deque()
         # Made at the first listener (see _signal.py), then watching every lease.
         self._signal: Optional[LostSignal] = None
         # Why the last lease released was lost, if it was.
@@ -194,27 +159,6 @@ class Lock:
             if self._raise_on_lost:
                 raise _common.lost_error(self.name, reason)
 
-    def locked(self) -> bool:
-        """Whether this object has acquired the lock and not released it yet."""
-        return bool(self._guards)
-
-    def is_held(self) -> bool:
-        """Whether a lease of this object is still valid (a local check, no I/O)."""
-        return any(g.is_held() for g in list(self._guards))
-
-    @property
-    def fence(self) -> Optional[int]:
-        """The fencing token of the latest lease: strictly increasing per name. Pass it with
-        every write so the resource can refuse a stale holder. ``None`` when not held, or on
-        an engine without fences (memcached, Redlock)."""
-        guards = list(self._guards)
-        return guards[-1].fence if guards else None
-
-    def remaining(self) -> float:
-        """Seconds left of the latest lease on the local clock (0 when none is held)."""
-        guards = list(self._guards)
-        return guards[-1].remaining() if guards else 0.0
-
     def extend(self, ttl: float) -> None:
         """Renews the latest lease to ``ttl`` seconds now (the watchdog renews it anyway)."""
         guards = list(self._guards)
@@ -231,11 +175,7 @@ class Lock:
     def lost_reason(self) -> Optional[str]:
         """Why a lease held now, or the last one released, was lost (``"expired"``,
         ``"stolen"``, ``"unreachable"``), or ``None``."""
-        for guard in list(self._guards):
-            reason = guard.lost_reason()
-            if reason is not None:
-                return reason
-        return self._last_reason
+        return self._held_lost_reason() or self._last_reason
 
     def on_lost(self, callback: LostCallback) -> LostCallback:
         """Calls ``callback(reason)`` whenever a lease of this lock is lost while held, from a
@@ -262,12 +202,8 @@ class Lock:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
-        try:
-            self.release()
-        except LockLostError:
-            # The block's own exception goes first; the lost signal is still set.
-            if exc_type is None:
-                raise
+        # The block's own exception goes first; the lost signal is still set.
+        _common.release_at_exit(self.release, exc_type)
 
     def __call__(self, func: F) -> F:
         """Used as a decorator: each call of ``func`` runs under the lock (as in ``with``; a
@@ -281,5 +217,4 @@ class Lock:
         return under_lock  # type: ignore[return-value]
 
     def __repr__(self) -> str:
-        state = "held" if self.is_held() else ("lost" if self.locked() else "unlocked")
-        return f"<distlock.Lock {self.name!r} {state}>"
+        return f"<distlock.Lock {self.name!r} {self._state()}>"

@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import functools
 from types import TracebackType
-from collections import deque
-from typing import Any, Awaitable, Callable, Deque, Optional, Type, TypeVar
+from typing import Any, Awaitable, Callable, Optional, Type, TypeVar
 
 from . import _common
-from ._common import DEFAULT, EXCLUSIVE, PERMIT, SHARED, Listing, Status
-from ._errors import LockLostError, LockNotOwnedError
+from ._base import ClientBase, LockBase
+from ._common import DEFAULT, EXCLUSIVE, Listing, Status
+from ._errors import LockNotOwnedError
 from ._election import AsyncElection, AsyncLeadership
 from ._native import NativeClient, NativeElection, NativeGuard
 from ._signal import AsyncLostSignal, LostCallback
@@ -45,18 +45,11 @@ async def connect(
     return Client(native, _common.seconds("wait", wait))
 
 
-class Client:
+class Client(ClientBase["Lock"]):
     """An asyncio lock client (see ``distlock.Client``): one per process is enough, shared by
     every task and event loop."""
 
-    def __init__(self, native: NativeClient, wait: Optional[float] = None) -> None:
-        self._native = native
-        self._wait = wait
-
-    @property
-    def url(self) -> str:
-        """The engine's URL, its password hidden."""
-        return self._native.url
+    _LOCK_OPTIONS = {**ClientBase._LOCK_OPTIONS, "cancel_on_lost": False}
 
     def lock(
         self,
@@ -69,19 +62,14 @@ class Client:
     ) -> "Lock":
         """A mutex on ``name`` (options as ``distlock.Client.lock``). ``cancel_on_lost``:
         cancel the task that acquired it when its lease is lost."""
-        return Lock(self, name, EXCLUSIVE, 0, ttl, wait, raise_on_lost, cancel_on_lost)
+        return Lock(
+            self, name, EXCLUSIVE, 0, ttl, self._wait_of(wait), raise_on_lost, cancel_on_lost
+        )
 
-    def read_lock(self, name: str, **options: object) -> "Lock":
-        """A reader of the read-write lock ``name``."""
-        return Lock(self, name, SHARED, 0, *_options(options))
-
-    def write_lock(self, name: str, **options: object) -> "Lock":
-        """The writer of the read-write lock ``name``."""
-        return Lock(self, name, EXCLUSIVE, 0, *_options(options))
-
-    def semaphore(self, name: str, permits: int, **options: object) -> "Lock":
-        """One of ``permits`` leases of ``name`` that may be held at once."""
-        return Lock(self, name, PERMIT, permits, *_options(options))
+    def _new(self, name: str, kind: str, permits: int, options: "dict[str, Any]") -> "Lock":
+        ttl, wait, raise_on_lost, cancel_on_lost = self._options(options)
+        wait = self._wait_of(wait)
+        return Lock(self, name, kind, permits, ttl, wait, raise_on_lost, cancel_on_lost)
 
     async def status(self, name: str) -> Status:
         """Who holds ``name``, as the engine says."""
@@ -105,30 +93,13 @@ class Client:
     ) -> AsyncElection:
         """The election on ``name`` (see ``distlock.Client.election``)."""
         native = NativeElection(self._native, name, value, _common.seconds("ttl", ttl))
-        return AsyncElection(
-            native, name, value, self._wait if wait == DEFAULT else _common.seconds("wait", wait)
-        )
+        return AsyncElection(native, name, value, self._wait_of(wait))
 
     def __repr__(self) -> str:
         return f"<distlock.asyncio.Client {self.url}>"
 
 
-def _options(
-    options: "dict[str, Any]",
-) -> "tuple[Optional[float], Optional[float], bool, bool]":
-    known = {"ttl", "wait", "raise_on_lost", "cancel_on_lost"}
-    unknown = set(options) - known
-    if unknown:
-        raise TypeError(f"unexpected options: {', '.join(sorted(unknown))}")
-    return (
-        options.get("ttl"),
-        options.get("wait", DEFAULT),
-        options.get("raise_on_lost", True),
-        options.get("cancel_on_lost", False),
-    )
-
-
-class Lock:
+class Lock(LockBase):
     """A distributed lock with ``asyncio.Lock``'s manners: ``async with``, ``await
     acquire()``, ``await release()``, ``locked()``; plus its fence, ``is_held()`` and the lost
     signal (``await lock.wait_lost()``, ``on_lost(callback)``, ``cancel_on_lost``)."""
@@ -144,15 +115,9 @@ class Lock:
         raise_on_lost: bool,
         cancel_on_lost: bool,
     ) -> None:
-        self.name = name
+        super().__init__(name, kind, permits, ttl, wait, raise_on_lost)
         self._client = client
-        self._kind = kind
-        self._permits = permits
-        self._ttl = _common.seconds("ttl", ttl)
-        self._wait = client._wait if wait == DEFAULT else _common.seconds("wait", wait)
-        self._raise_on_lost = raise_on_lost
         self._cancel_on_lost = cancel_on_lost
-        self._guards: Deque[NativeGuard] = deque()
         # Made at the first listener (see _signal.py), then watching every lease.
         self._signal: Optional[AsyncLostSignal] = None
         # The lease released last (it tells whether it was lost first).
@@ -212,28 +177,11 @@ class Lock:
         name = self.name if self._raise_on_lost else None
         return guard.release_async(asyncio.get_running_loop(), name)
 
-    def locked(self) -> bool:
-        """Whether this object has acquired the lock and not released it yet."""
-        return bool(self._guards)
-
-    def is_held(self) -> bool:
-        """Whether a lease of this object is still valid (a local check, no I/O)."""
-        return any(g.is_held() for g in self._guards)
-
-    @property
-    def fence(self) -> Optional[int]:
-        """The fencing token of the latest lease (see ``distlock.Lock.fence``)."""
-        return self._guards[-1].fence if self._guards else None
-
     @property
     def lost_reason(self) -> Optional[str]:
         """Why a lease held now, or the last one released, was lost, or ``None``."""
-        for guard in self._guards:
-            reason = guard.lost_reason()
-            if reason is not None:
-                return reason
         last = self._last_released
-        return None if last is None else last.lost_reason()
+        return self._held_lost_reason() or (None if last is None else last.lost_reason())
 
     async def wait_lost(self) -> str:
         """Returns the reason once a lease of this lock is lost (never, if none is)."""
@@ -258,11 +206,7 @@ class Lock:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
-        try:
-            await self.release()
-        except LockLostError:
-            if exc_type is None:
-                raise
+        await _common.release_at_async_exit(self.release, exc_type)
 
     def __call__(self, func: F) -> F:
         """Used as a decorator of a coroutine function: each call runs under the lock."""
@@ -275,5 +219,4 @@ class Lock:
         return under_lock  # type: ignore[return-value]
 
     def __repr__(self) -> str:
-        state = "held" if self.is_held() else ("lost" if self.locked() else "unlocked")
-        return f"<distlock.asyncio.Lock {self.name!r} {state}>"
+        return f"<distlock.asyncio.Lock {self.name!r} {self._state()}>"
