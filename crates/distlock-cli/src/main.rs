@@ -7,6 +7,7 @@ mod check;
 mod crowd;
 mod deadline;
 mod exit;
+mod held;
 mod lead;
 mod leader;
 mod list;

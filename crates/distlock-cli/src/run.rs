@@ -12,6 +12,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::held::{Held, shown};
 use crate::{exit, term};
 
 /// How long a wait goes on before the spinner shows (so a lock taken at once draws nothing).
@@ -45,10 +46,11 @@ pub(crate) struct RunArgs {
     no_wait: bool,
     /// Run as a reader of the read-write lock KEY: readers share it, a plain `run` (a writer)
     /// excludes them. DISTLOCK_FENCE is then the last writer's place (see the library guide).
+    /// One KEY only.
     #[arg(long, conflicts_with = "permits")]
     shared: bool,
     /// Run under one of N permits of the semaphore KEY: at most N commands at once. Every run
-    /// on KEY must give the same N (exit 78 otherwise, while KEY has holders).
+    /// on KEY must give the same N (exit 78 otherwise, while KEY has holders). One KEY only.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(distlock::MAX_PERMITS)))]
     permits: Option<u32>,
     /// Keep the lock after CMD ends until D has passed since it was taken (this host's
@@ -80,8 +82,10 @@ pub(crate) struct RunArgs {
     /// Exit status when the lock was lost while the command ran.
     #[arg(long, default_value_t = exit::LOST, value_name = "N")]
     lost_exit_code: u8,
-    /// The lock name.
-    key: String,
+    /// The lock name; several names are taken together, all or none, in one sorted order
+    /// (exclusive locks only): DISTLOCK_KEYS has them one a line, DISTLOCK_FENCES their fences.
+    #[arg(required = true, value_name = "KEY")]
+    keys: Vec<String>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -103,9 +107,17 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         );
         return exit::USAGE;
     }
+    if args.keys.len() > 1 && (args.shared || args.permits.is_some()) {
+        eprintln!(
+            "distlock: several KEYs are taken as exclusive locks only: --shared and --permits \
+             take one KEY"
+        );
+        return exit::USAGE;
+    }
     if let Err(e) = options(&args, wait) {
         return exit::report("invalid options", &e);
     }
+    let what = shown(&args.keys);
     let url = match args.engine.url() {
         Ok(u) => u,
         Err(e) => return exit::report_open(&e),
@@ -114,7 +126,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     // tried again within it, and the lock is waited for with what is left. The spinner (on a
     // terminal) covers both.
     let started = tokio::time::Instant::now();
-    let mut spinner = term::WaitSpinner::start(SPINNER_AFTER, &args.key);
+    let mut spinner = term::WaitSpinner::start(SPINNER_AFTER, &args.keys[0]);
     let opened = match wait {
         Wait::Timeout(d) => distlock::tools::open_backend_within(&url, d).await,
         _ => distlock::open_backend(&url).await,
@@ -151,9 +163,9 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         (false, None) => distlock::LeaseKind::Exclusive,
     };
     if let Some(s) = spinner.as_mut() {
-        s.watch(&client, &args.key);
+        s.watch(&client, &args.keys[0]);
     }
-    let acquired = client.lock(&args.key).kind(kind).acquire().await;
+    let acquired = Held::take(&client, &args.keys, kind).await;
     if let Some(s) = spinner {
         s.finish();
     }
@@ -161,13 +173,13 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     let guard = match acquired {
         Ok(g) => g,
         Err(e) => {
-            let code = exit::report(&format!("cannot take lock {:?}", args.key), &e);
+            let code = exit::report(&format!("cannot take lock {what}"), &e);
             if code != exit::CONFLICT {
                 return code;
             }
             // Who holds it, if the engine says so at once (the wait is over: a silent engine
             // must not keep us).
-            let status = tokio::time::timeout(Duration::from_secs(1), client.status(&args.key));
+            let status = tokio::time::timeout(Duration::from_secs(1), client.status(&args.keys[0]));
             if let Ok(Ok(distlock::LockStatus {
                 owner: Some(owner), ..
             })) = status.await
@@ -180,13 +192,8 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
 
     let (program, rest) = args.command.split_first().expect("clap requires a command");
     let mut cmd = Command::new(program);
-    cmd.args(rest)
-        .env("DISTLOCK_KEY", &args.key)
-        .env("DISTLOCK_KIND", kind.name())
-        .env_remove("DISTLOCK_FENCE");
-    if let Some(fence) = guard.fence() {
-        cmd.env("DISTLOCK_FENCE", fence.to_string());
-    }
+    cmd.args(rest).env("DISTLOCK_KIND", kind.name());
+    guard.set_env(&mut cmd);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -196,17 +203,17 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         }
     };
 
-    let outcome = supervise(&mut child, &guard, args.on_lost, args.kill_grace, &args.key).await;
+    let handle = guard.handle();
+    let outcome = supervise(&mut child, &handle, args.on_lost, args.kill_grace, &what).await;
     let released = match (args.hold_at_least, &outcome) {
         // The lease is left on the engine to run out at taken + D: nothing to wait for here.
         (Some(least), ChildEnd::Exited(_)) if guard.lingers() => guard.release_after(least).await,
         (Some(least), ChildEnd::Exited(status)) => {
-            if !hold_until(&guard, taken + least).await {
+            if !hold_until(&handle, taken + least).await {
                 // The job ran under the lock; only the rest of the period is unguarded.
                 eprintln!(
-                    "distlock: warning: lock {:?} lost after the command ended, before \
-                     --hold-at-least ran out: another host may run the job again this period",
-                    args.key
+                    "distlock: warning: lock {what} lost after the command ended, before \
+                     --hold-at-least ran out: another host may run the job again this period"
                 );
                 let status = *status;
                 let _ = guard.release().await;
@@ -221,9 +228,8 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
             Ok(Released::Held) => status_code(status),
             Ok(Released::Lost(reason)) => {
                 eprintln!(
-                    "distlock: lock {:?} was lost before the command finished ({reason}); \
-                     its work may not have been exclusive",
-                    args.key
+                    "distlock: lock {what} was lost before the command finished ({reason}); \
+                     its work may not have been exclusive"
                 );
                 args.lost_exit_code
             }
@@ -235,10 +241,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
             }
         },
         ChildEnd::Lost(reason) => {
-            eprintln!(
-                "distlock: lock {:?} lost while the command ran: {reason}",
-                args.key
-            );
+            eprintln!("distlock: lock {what} lost while the command ran: {reason}");
             args.lost_exit_code
         }
         ChildEnd::WaitFailed(e) => {
@@ -259,7 +262,7 @@ fn options(args: &RunArgs, wait: Wait) -> Result<LockOptions, distlock::LockErro
 
 /// Keeps the lock until `until` (the watchdog renews it meanwhile), or until a signal comes.
 /// `false` when the lock was lost first.
-async fn hold_until(guard: &distlock::LockGuard, until: tokio::time::Instant) -> bool {
+async fn hold_until(guard: &distlock::LeaseHandle, until: tokio::time::Instant) -> bool {
     let mut sigint = signal(SignalKind::interrupt()).ok();
     let mut sigterm = signal(SignalKind::terminate()).ok();
     tokio::select! {
@@ -280,10 +283,10 @@ enum ChildEnd {
 /// it (or lets it finish) as `on_lost` says.
 async fn supervise(
     child: &mut Child,
-    guard: &distlock::LockGuard,
+    guard: &distlock::LeaseHandle,
     on_lost: OnLost,
     grace: Duration,
-    key: &str,
+    what: &str,
 ) -> ChildEnd {
     let pid = child
         .id()
@@ -314,7 +317,7 @@ async fn supervise(
                     }
                     OnLost::Ignore => {
                         eprintln!(
-                            "distlock: warning: lock {key:?} lost ({reason}); the command goes on \
+                            "distlock: warning: lock {what} lost ({reason}); the command goes on \
                              (--on-lost ignore), without the lock"
                         );
                         lost = Some(reason);

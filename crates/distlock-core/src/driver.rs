@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
 use crate::engine::{
-    AcquireRequest, Attempt, Backend, BatchRenew, BreakOutcome, LeaseCheck, LeaseKind, LeaseRef,
-    Listener, LockStatus, NextWaiter, RenewItem, SessionWatch, Subscription, Support,
+    AcquireMany, AcquireRequest, Attempt, Backend, BatchRenew, BreakOutcome, LeaseCheck, LeaseKind,
+    LeaseRef, Listener, LockStatus, MANY_MARK, ManyAttempt, MultiLock, NextWaiter, RenewItem,
+    SessionWatch, Subscription, Support, many_names,
 };
 use crate::error::{ErrorKind, LockError};
 
@@ -95,7 +96,32 @@ impl Driver {
         lease: &LeaseRef<'_>,
         ttl: Duration,
     ) -> Result<LeaseCheck, LockError> {
+        if let Some(names) = many_names(lease.name) {
+            return self.multi()?.renew_all(&names, lease.token, ttl).await;
+        }
         self.backend.renew(lease, ttl).await
+    }
+
+    /// The engine's [`MultiLock`], or `Unsupported` with the reason it has none.
+    pub(crate) fn multi(&self) -> Result<&dyn MultiLock, LockError> {
+        self.backend.multi_lock().ok_or_else(|| {
+            LockError::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "the {} engine cannot take several names at once: {}",
+                    self.backend.name(),
+                    self.backend.capabilities().why_no_many
+                ),
+            )
+        })
+    }
+
+    /// One attempt on several names (see [`MultiLock::acquire_all`]).
+    pub(crate) async fn acquire_all(
+        &self,
+        req: &AcquireMany<'_>,
+    ) -> Result<ManyAttempt, LockError> {
+        self.multi()?.acquire_all(req).await
     }
 
     /// Turns a held writer into a reader in one step, where the engine can: `Unsupported`
@@ -154,7 +180,9 @@ impl Driver {
         ttl: Duration,
     ) -> Result<LeaseCheck, LockError> {
         match self.backend.linger() {
-            Some(engine) if engine.lingers(lease.kind) => engine.linger(lease, ttl).await,
+            Some(engine) if engine.lingers(lease.kind) && !lease.name.starts_with(MANY_MARK) => {
+                engine.linger(lease, ttl).await
+            }
             _ => Err(LockError::new(
                 ErrorKind::Unsupported,
                 format!(
@@ -181,6 +209,41 @@ impl Driver {
         &self,
         items: &[RenewItem<'_>],
     ) -> Vec<Result<LeaseCheck, LockError>> {
+        if items.iter().any(|i| i.lease.name.starts_with(MANY_MARK)) {
+            return self.renew_mixed(items).await;
+        }
+        self.renew_names(items).await
+    }
+
+    /// Renews a batch with multi-name leases in it: those one by one (each is one request of
+    /// its own on the engine), beside the batch of the others.
+    async fn renew_mixed(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
+        let (many, single): (Vec<usize>, Vec<usize>) =
+            (0..items.len()).partition(|&i| items[i].lease.name.starts_with(MANY_MARK));
+        let singles: Vec<RenewItem<'_>> = single.iter().map(|&i| items[i]).collect();
+        let (single_out, many_out) = futures_util::future::join(
+            self.renew_names(&singles),
+            futures_util::future::join_all(
+                many.iter()
+                    .map(|&i| self.renew(&items[i].lease, items[i].ttl)),
+            ),
+        )
+        .await;
+        let mut out: Vec<Option<Result<LeaseCheck, LockError>>> =
+            (0..items.len()).map(|_| None).collect();
+        for (i, r) in single.into_iter().zip(single_out) {
+            out[i] = Some(r);
+        }
+        for (i, r) in many.into_iter().zip(many_out) {
+            out[i] = Some(r);
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or(Ok(LeaseCheck::Missing)))
+            .collect()
+    }
+
+    /// [`renew_many`](Self::renew_many) of single-name leases.
+    async fn renew_names(&self, items: &[RenewItem<'_>]) -> Vec<Result<LeaseCheck, LockError>> {
         use futures_util::StreamExt;
         match self.backend.batch_renew() {
             Some(batch) => batch.renew_many(items).await,
@@ -225,6 +288,9 @@ impl Driver {
         lease: &LeaseRef<'_>,
         next: Option<(&Token, Duration, Option<&str>)>,
     ) -> Result<LeaseCheck, LockError> {
+        if let Some(names) = many_names(lease.name) {
+            return self.multi()?.release_all(&names, lease.token).await;
+        }
         match (self.backend.handover(), next) {
             (Some(handover), Some((token, ttl, label))) => {
                 let next = NextWaiter::new(token, ttl, label.unwrap_or(&self.owner));
@@ -283,21 +349,28 @@ impl Driver {
 
     /// The engine's word that the session holding `lease` ended, if it has sessions.
     pub(crate) fn session_end(&self, lease: &LeaseRef<'_>) -> Option<SessionWatch> {
+        // A multi-name lease's loss is heard at its renewals.
+        if lease.name.starts_with(MANY_MARK) {
+            return None;
+        }
         self.backend.sessions().map(|s| s.session_end(lease))
     }
 
     /// Whether `lease` was still on the shared `session` when it ended (see
     /// [`Sessions::still_on`](crate::engine::Sessions::still_on)).
     pub(crate) fn still_on(&self, lease: &LeaseRef<'_>, session: u64) -> bool {
-        self.backend
-            .sessions()
-            .is_none_or(|s| s.still_on(lease, session))
+        lease.name.starts_with(MANY_MARK)
+            || self
+                .backend
+                .sessions()
+                .is_none_or(|s| s.still_on(lease, session))
     }
 
     /// Takes a lease that is no longer renewed off its session, where the engine shares
     /// sessions between leases (see [`Sessions::detach`](crate::engine::Sessions::detach)).
     pub(crate) async fn detach(&self, lease: &LeaseRef<'_>, ttl: Duration) {
-        if let Some(sessions) = self.backend.sessions()
+        if !lease.name.starts_with(MANY_MARK)
+            && let Some(sessions) = self.backend.sessions()
             && let Err(e) = sessions.detach(lease, ttl).await
         {
             tracing::debug!(target: "distlock", key = lease.name, error = %e,

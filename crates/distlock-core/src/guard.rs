@@ -673,7 +673,13 @@ impl Drop for PendingFinish<'_> {
 }
 
 pub(crate) fn lost_error(key: &str, end: impl fmt::Display) -> LockError {
-    LockError::new(ErrorKind::Lost, format!("lock {key:?}: {end}"))
+    match crate::engine::many_names(key) {
+        Some(names) => LockError::new(
+            ErrorKind::Lost,
+            format!("locks {}: {end}", crate::engine::shown_names(&names)),
+        ),
+        None => LockError::new(ErrorKind::Lost, format!("lock {key:?}: {end}")),
+    }
 }
 
 impl Drop for LockGuard {

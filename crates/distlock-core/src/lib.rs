@@ -17,6 +17,7 @@ mod key;
 mod lease;
 mod list;
 mod local;
+mod many;
 pub mod metrics;
 mod options;
 pub mod recipes;
@@ -45,6 +46,7 @@ pub use guard::{
 pub use key::{MAX_KEY_LEN, validate_key};
 pub use lease::{LeaseEnd, LeaseHandle, LostReason};
 pub use list::{ListedLock, Listing};
+pub use many::{MAX_NAMES, ManyLockRequest, MultiGuard};
 pub use options::{
     Backoff, DEFAULT_HANDOFF_STREAK, DEFAULT_WAKE_FALLBACK, LockOptions, LockOptionsBuilder,
     MAX_TTL, Wait, default_drift,

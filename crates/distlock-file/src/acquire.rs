@@ -45,16 +45,20 @@ pub(crate) fn acquire_blocking(
         rec.fence
     } else {
         let fence = next_fence(&rec, &path)?;
-        let body = format!(
-            "{HEADER}\nfence={fence}\nowner={}\nsince={}\nkey={}\n",
-            owner.replace('\n', " "),
-            now_ms(),
-            key.replace('\n', " ")
-        );
-        write_record(&mut file.writer, &path, &body)?;
+        write_record(&mut file.writer, &path, &holder_body(fence, owner, key))?;
         fence
     };
     Ok(me.hold(token, key, kind, fence, path, id, file))
+}
+
+/// The record a holder writes in the file it locks: its fence, label, start and name.
+pub(crate) fn holder_body(fence: u64, owner: &str, key: &str) -> String {
+    format!(
+        "{HEADER}\nfence={fence}\nowner={}\nsince={}\nkey={}\n",
+        owner.replace('\n', " "),
+        now_ms(),
+        key.replace('\n', " ")
+    )
 }
 
 /// One of `permits` slot files of the semaphore `key`, under its record's flock (held for a
@@ -106,13 +110,7 @@ fn acquire_permit(
         write_record(&mut rfile.writer, &record, &body)?;
         // The slot's own file names its holder, for status (nobody else reads it while the
         // slot is held).
-        let holder = format!(
-            "{HEADER}\nfence={fence}\nowner={}\nsince={}\nkey={}\n",
-            owner.replace('\n', " "),
-            now_ms(),
-            key.replace('\n', " ")
-        );
-        write_record(&mut file.writer, &path, &holder)?;
+        write_record(&mut file.writer, &path, &holder_body(fence, owner, key))?;
         return Ok(me.hold(
             token,
             key,

@@ -11,6 +11,7 @@ mod acquire;
 mod breaker;
 mod flock;
 mod linger;
+mod many;
 mod names;
 mod record;
 mod relabel;
@@ -39,6 +40,8 @@ struct FileShared {
     dir: PathBuf,
     /// Open, locked files by token. Dropping a `File` closes it, which releases the flock.
     held: Mutex<HashMap<String, Held>>,
+    /// The files of multi-name holds, by token (see `many`).
+    held_many: Mutex<HashMap<String, Vec<many::HeldName>>>,
     /// Release events (see `watch`).
     #[cfg(target_os = "linux")]
     watcher: watch::Watcher,
@@ -95,6 +98,7 @@ impl FileBackend {
             inner: Arc::new(FileShared {
                 dir,
                 held: Mutex::new(HashMap::new()),
+                held_many: Mutex::new(HashMap::new()),
                 #[cfg(target_os = "linux")]
                 watcher: watch::Watcher::new(),
             }),
@@ -159,6 +163,10 @@ impl FileBackend {
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
         self.inner.held.locked()
+    }
+
+    fn held_many(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<many::HeldName>>> {
+        self.inner.held_many.locked()
     }
 
     /// Keeps `file`, locked, as `token`'s hold of `key` with `fence`.
@@ -272,6 +280,7 @@ impl Backend for FileBackend {
         breaker: Breaker,
         relabel: Relabel,
         linger: Linger,
+        multi_lock: MultiLock,
     );
 }
 

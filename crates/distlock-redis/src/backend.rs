@@ -6,6 +6,7 @@
 mod acquire;
 mod breaker;
 mod fast;
+mod many;
 mod permits;
 mod readers;
 mod relabel;
@@ -256,5 +257,6 @@ impl Backend for RedisBackend {
         breaker: Breaker,
         lister: Lister,
         linger: Linger,
+        multi_lock: MultiLock,
     );
 }

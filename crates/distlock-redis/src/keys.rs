@@ -163,6 +163,18 @@ impl LockKeys {
     }
 }
 
+/// The part of `key` that Redis Cluster hashes to choose its slot: the first non-empty `{…}`,
+/// or the whole key. Keys with the same part are in the same slot.
+pub(crate) fn hashed_part(key: &str) -> &str {
+    if let Some(open) = key.find('{')
+        && let Some(close) = key[open + 1..].find('}')
+        && close > 0
+    {
+        return &key[open + 1..open + 1 + close];
+    }
+    key
+}
+
 /// Whether Redis Cluster would hash only part of `name` (a non-empty `{…}`).
 fn has_hash_tag(name: &str) -> bool {
     match name.find('{') {

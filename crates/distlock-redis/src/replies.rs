@@ -61,6 +61,34 @@ impl ScriptReply for LeaseCheck {
     }
 }
 
+/// `acquire_many.lua`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ManyReply {
+    /// Every name ours, a fence each in order.
+    Acquired { fences: Vec<u64> },
+    /// The name at this place (from 0) is another holder's.
+    Busy {
+        name: usize,
+        holder_ttl: Option<Duration>,
+    },
+}
+
+impl ScriptReply for ManyReply {
+    fn parse(v: &Value) -> Option<Self> {
+        let Value::Array(items) = v else { return None };
+        match items.first().and_then(int)? {
+            1 => Some(ManyReply::Acquired {
+                fences: items[1..].iter().map(fence).collect::<Option<_>>()?,
+            }),
+            0 if items.len() == 3 => Some(ManyReply::Busy {
+                name: usize::try_from(int(&items[1])?).ok()?.checked_sub(1)?,
+                holder_ttl: pttl(int(&items[2])?),
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// `acquire.lua`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {

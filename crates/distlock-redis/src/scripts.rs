@@ -14,7 +14,7 @@ use std::time::Duration;
 use distlock_core::engine::LeaseCheck;
 
 use crate::replies::{
-    AcquireReply, FencedWrite, LeaveReply, MasterAcquireReply, PermitReply, ReadReply,
+    AcquireReply, FencedWrite, LeaveReply, ManyReply, MasterAcquireReply, PermitReply, ReadReply,
     ReleaseReply, ScriptReply, StatusReply,
 };
 
@@ -58,6 +58,18 @@ const ACQUIRE_SOURCE: &str = concat!(
     include_str!("scripts/acquire.lua")
 );
 const EXTEND_SOURCE: &str = concat!(token_lua!(), include_str!("scripts/extend.lua"));
+const ACQUIRE_MANY_SOURCE: &str = concat!(
+    token_lua!(),
+    fence_lua!(),
+    include_str!("scripts/acquire_many.lua")
+);
+const EXTEND_MANY_SOURCE: &str = concat!(token_lua!(), include_str!("scripts/extend_many.lua"));
+const RELEASE_MANY_SOURCE: &str = concat!(
+    token_lua!(),
+    fence_lua!(),
+    queue_lua!(),
+    include_str!("scripts/release_many.lua")
+);
 const RELABEL_SOURCE: &str = concat!(token_lua!(), include_str!("scripts/relabel.lua"));
 const STATUS_SOURCE: &str = include_str!("scripts/status.lua");
 const LEAVE_SOURCE: &str = concat!(
@@ -162,6 +174,10 @@ pub(crate) struct Scripts {
     pub(crate) permit_acquire: LuaScript<PermitReply>,
     pub(crate) permit_extend: LuaScript<LeaseCheck>,
     pub(crate) permit_release: LuaScript<LeaseCheck>,
+    /// Several names at once (`lock_many`): taken, renewed, released.
+    pub(crate) acquire_many: LuaScript<ManyReply>,
+    pub(crate) extend_many: LuaScript<LeaseCheck>,
+    pub(crate) release_many: LuaScript<LeaseCheck>,
 }
 
 impl Scripts {
@@ -180,6 +196,9 @@ impl Scripts {
             permit_acquire: LuaScript::new(&fenced(PERMIT_ACQUIRE_SOURCE)),
             permit_extend: LuaScript::new(PERMIT_EXTEND_SOURCE),
             permit_release: LuaScript::new(&fenced(PERMIT_RELEASE_SOURCE)),
+            acquire_many: LuaScript::new(&fenced(ACQUIRE_MANY_SOURCE)),
+            extend_many: LuaScript::new(EXTEND_MANY_SOURCE),
+            release_many: LuaScript::new(&fenced(RELEASE_MANY_SOURCE)),
         }
     }
 }
@@ -227,7 +246,18 @@ mod tests {
     use super::*;
 
     /// The script files and the helpers prepended to each here.
-    const SCRIPTS: [(&str, &str, &[&str]); 16] = [
+    const SCRIPTS: [(&str, &str, &[&str]); 19] = [
+        (
+            "acquire_many.lua",
+            ACQUIRE_MANY_SOURCE,
+            &["token.lua", "fence.lua"],
+        ),
+        ("extend_many.lua", EXTEND_MANY_SOURCE, &["token.lua"]),
+        (
+            "release_many.lua",
+            RELEASE_MANY_SOURCE,
+            &["token.lua", "fence.lua", "queue.lua"],
+        ),
         ("acquire.lua", ACQUIRE_SOURCE, &["token.lua", "fence.lua"]),
         ("extend.lua", EXTEND_SOURCE, &["token.lua"]),
         ("relabel.lua", RELABEL_SOURCE, &["token.lua"]),

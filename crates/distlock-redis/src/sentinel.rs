@@ -6,9 +6,10 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use distlock_core::engine::{
-    AcquireRequest, Attempt, Backend, BatchRenew, BreakOutcome, Breaker, Capabilities, Downgrade,
-    ErrorKind, Handover, LeaseCheck, LeaseRef, Linger, Listener, Lister, LockError, LockStatus,
-    Names, NextWaiter, Relabel, RenewItem, Subscription, WakeSource,
+    AcquireMany, AcquireRequest, Attempt, Backend, BatchRenew, BreakOutcome, Breaker, Capabilities,
+    Downgrade, ErrorKind, Handover, LeaseCheck, LeaseRef, Linger, Listener, Lister, LockError,
+    LockStatus, ManyAttempt, MultiLock, Names, NextWaiter, Relabel, RenewItem, Subscription,
+    WakeSource,
 };
 use redis::Value;
 
@@ -427,7 +428,34 @@ impl Backend for SentinelBackend {
         relabel: Relabel,
         lister: Lister,
         linger: Linger,
+        multi_lock: MultiLock,
     );
+}
+
+#[distlock_core::engine::async_trait]
+impl MultiLock for SentinelBackend {
+    async fn acquire_all(&self, req: &AcquireMany<'_>) -> Result<ManyAttempt, LockError> {
+        self.on_master(async |b| b.acquire_all(req).await).await
+    }
+
+    async fn renew_all(
+        &self,
+        names: &[&str],
+        token: &distlock_core::engine::Token,
+        ttl: std::time::Duration,
+    ) -> Result<LeaseCheck, LockError> {
+        self.on_master(async |b| b.renew_all(names, token, ttl).await)
+            .await
+    }
+
+    async fn release_all(
+        &self,
+        names: &[&str],
+        token: &distlock_core::engine::Token,
+    ) -> Result<LeaseCheck, LockError> {
+        self.on_master(async |b| b.release_all(names, token).await)
+            .await
+    }
 }
 
 #[distlock_core::engine::async_trait]

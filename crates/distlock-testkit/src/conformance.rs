@@ -32,10 +32,12 @@ mod election;
 mod kinds;
 mod linger;
 mod list;
+mod many;
 pub use election::*;
 pub use kinds::*;
 pub use linger::*;
 pub use list::*;
+pub use many::*;
 
 /// Declares one `#[tokio::test]` per conformance case, each calling `$setup` for its own fixture.
 #[macro_export]
@@ -74,7 +76,8 @@ macro_rules! conformance_tests {
             a_lead_loop_campaigns_again_after_a_loss,
             a_leader_proclaims_a_new_value,
             listing_shows_what_is_held,
-            a_lease_left_runs_out_by_itself
+            a_lease_left_runs_out_by_itself,
+            lock_many_takes_the_names_or_says_why
         );
     };
     // The run-time (URL) path of an engine whose own crate runs the whole suite: `open_backend`

@@ -12,8 +12,8 @@ pub use distlock_core::{
     Fencing, Guard, HolderStatus, IntoBackend, Leader, Leadership, LeakedLease, LeaseEnd,
     LeaseHandle, LeaseKind, ListedLock, Listing, LockClient, LockClientBuilder, LockError,
     LockGuard, LockOptions, LockOptionsBuilder, LockRequest, LockStatus, LostReason, MAX_KEY_LEN,
-    MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, Observer, Permit, ReadGuard, Released, Token, Wait,
-    WriteGuard, default_drift, validate_key,
+    MAX_NAMES, MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, ManyLockRequest, MultiGuard, Observer, Permit,
+    ReadGuard, Released, Token, Wait, WriteGuard, default_drift, validate_key,
 };
 pub use schemes::{connect, open_backend, supported_schemes};
 

@@ -13,6 +13,7 @@
 //! | hand a released lock to the next waiting client on the server | [`Handover`] | Redis |
 //! | break a lock whoever holds it (an operator's break-glass) | [`Breaker`] | all but memcached's weakest cases |
 //! | write a new label for a holder, the lease kept (an election's new value) | [`Relabel`] | Redis (single, Sentinel, Cluster), etcd, ZooKeeper, PostgreSQL, MySQL, the file engine |
+//! | take several names at once, all or none (`lock_many`) | [`MultiLock`] | the file engine |
 //! | list the locks it holds (`distlock list`) | [`Lister`] | Redis (single, Sentinel, Cluster, Redlock), etcd, ZooKeeper, PostgreSQL and MySQL (the names their clients record), the file engine |
 //!
 //! Waiting, the watchdog, in-process queues, hand-off between tasks, guards and the lost signal
@@ -20,6 +21,7 @@
 //! how to add an engine.
 
 mod capability;
+mod many;
 mod session;
 pub(crate) mod wake;
 
@@ -32,6 +34,8 @@ pub use capability::{
     BatchRenew, BreakOutcome, Breaker, Downgrade, Handover, Linger, Listener, Lister, Names,
     NextWaiter, Relabel, Sessions, WakeSource,
 };
+pub use many::{AcquireMany, ManyAttempt, MultiLock, combine_checks};
+pub(crate) use many::{MANY_MARK, many_key, many_names, shown_names};
 pub use session::{SessionEnd, SessionWatch};
 
 pub use crate::clock::Clock;
@@ -598,6 +602,9 @@ pub struct Capabilities {
     /// Why the engine cannot write a new label for a holder, when [`Backend::relabel`] gives
     /// nothing.
     pub why_no_relabel: &'static str,
+    /// Why the engine cannot take several names at once, when [`Backend::multi_lock`] gives
+    /// nothing.
+    pub why_no_many: &'static str,
 }
 
 impl Capabilities {
@@ -612,6 +619,7 @@ impl Capabilities {
             why_no_downgrade: "this engine cannot turn a writer into a reader in one step",
             why_no_list: "this engine cannot list its locks",
             why_no_relabel: "this engine cannot write a new label for a holder in place",
+            why_no_many: NOT_IMPLEMENTED,
         }
     }
 
@@ -666,6 +674,14 @@ impl Capabilities {
     #[must_use]
     pub fn no_list_because(mut self, why: &'static str) -> Self {
         self.why_no_list = why;
+        self
+    }
+
+    /// Says why the engine cannot take several names at once (see
+    /// [`Capabilities::why_no_many`]).
+    #[must_use]
+    pub fn no_many_because(mut self, why: &'static str) -> Self {
+        self.why_no_many = why;
         self
     }
 
@@ -843,6 +859,11 @@ pub trait Backend: std::any::Any + Send + Sync {
     /// Writing a new label for a lease's holder in place (an election's new value), if the
     /// engine can.
     fn relabel(&self) -> Option<&dyn Relabel> {
+        None
+    }
+
+    /// Taking several names at once, all or none, if the engine can.
+    fn multi_lock(&self) -> Option<&dyn MultiLock> {
         None
     }
 }
