@@ -41,6 +41,7 @@ use distlock_testkit::RedisServer;
 mod common;
 mod p1;
 mod p10;
+mod p11;
 mod p2;
 mod p3;
 mod p4;
@@ -129,6 +130,10 @@ struct Cli {
     /// and writes its figures with --json. `--engine` narrows it, `--names` sets the sizes.
     #[arg(long, conflicts_with_all = ["p1_only", "p7_only", "p8_only", "p9_only", "p5_only", "tls_only"])]
     p10_only: bool,
+    /// Only P11 (a multi-name lock's uncontended cycle, 2, 8 and 64 names, beside one name's):
+    /// prints its table and bar.
+    #[arg(long, conflicts_with_all = ["p1_only", "p7_only", "p8_only", "p9_only", "p5_only", "tls_only", "p10_only"])]
+    p11_only: bool,
     /// With --p10-only: the numbers of names one client holds, one run each.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
     names: Vec<usize>,
@@ -435,6 +440,12 @@ fn main() {
             std::fs::write(path, serde_json::to_string_pretty(&json).expect("json"))
                 .expect("write the JSON");
         }
+        return;
+    }
+    if cli.p11_only {
+        let url = server.url();
+        let rows = rt.block_on(p11::measure(&url, rounds, cycles));
+        print!("{}", p11::render(&rows, rounds, cycles, pinning));
         return;
     }
     if cli.p5_only {

@@ -223,10 +223,11 @@ impl Driver {
         let singles: Vec<RenewItem<'_>> = single.iter().map(|&i| items[i]).collect();
         let (single_out, many_out) = futures_util::future::join(
             self.renew_names(&singles),
-            futures_util::future::join_all(
-                many.iter()
-                    .map(|&i| self.renew(&items[i].lease, items[i].ttl)),
-            ),
+            futures_util::future::join_all(many.iter().map(|&i| async move {
+                // One of the client's renewal slots each, as a lease renewed on its own.
+                let _slot = self.renew_slots.acquire().await;
+                self.renew(&items[i].lease, items[i].ttl).await
+            })),
         )
         .await;
         let mut out: Vec<Option<Result<LeaseCheck, LockError>>> =

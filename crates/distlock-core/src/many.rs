@@ -142,44 +142,22 @@ impl ManyLockRequest<'_> {
         }
         holding.driver().multi()?;
         let shown = shown(&names);
-        let span = crate::trace::acquire(
-            holding.driver().backend().name(),
-            &shown,
+        let engine = holding.driver().backend().name();
+        let span = crate::trace::acquire(engine, &shown, LeaseKind::Exclusive);
+        let timer = crate::metrics::Timer::start();
+        let got = wait_as(holding, &names, &options, &shown)
+            .instrument(span.clone())
+            .await;
+        let outcome = crate::metrics::outcome(&got);
+        crate::trace::acquired(&span, outcome, None);
+        crate::metrics::acquire(
+            engine,
             LeaseKind::Exclusive,
+            &shown,
+            outcome,
+            timer.elapsed(),
         );
-        match options.wait() {
-            Wait::No => match try_many(holding, &names, &options).instrument(span).await? {
-                Some(g) => Ok(g),
-                None => Err(LockError::busy(&shown)),
-            },
-            Wait::Forever => {
-                wait_many(holding, &names, &options, None)
-                    .instrument(span)
-                    .await
-            }
-            Wait::Timeout(d) => {
-                let last = std::sync::Mutex::new(None);
-                let waited = tokio::time::timeout(
-                    d,
-                    wait_many(holding, &names, &options, Some(&last)).instrument(span),
-                )
-                .await;
-                let last = last
-                    .into_inner()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                match (waited, last) {
-                    (Ok(r), _) => r,
-                    (Err(_), Some(cause)) => Err(LockError::after(
-                        format_args!("waited {d:?} for locks {shown}; the last attempt failed"),
-                        cause,
-                    )),
-                    (Err(_), None) => Err(LockError::new(
-                        ErrorKind::Timeout,
-                        format!("waited {d:?} for locks {shown} without getting them all"),
-                    )),
-                }
-            }
-        }
+        got
     }
 
     /// One attempt on every name: `Ok(None)` when one of them is busy (and none is taken).
@@ -202,6 +180,41 @@ impl ManyLockRequest<'_> {
         }
         holding.driver().multi()?;
         try_many(holding, &names, &options).await
+    }
+}
+
+/// Takes `names` (two or more), waiting as `options` say; `shown` names them in errors.
+async fn wait_as(
+    holding: &Arc<ClientState>,
+    names: &[String],
+    options: &LockOptions,
+    shown: &str,
+) -> Result<MultiGuard, LockError> {
+    match options.wait() {
+        Wait::No => match try_many(holding, names, options).await? {
+            Some(g) => Ok(g),
+            None => Err(LockError::busy(shown)),
+        },
+        Wait::Forever => wait_many(holding, names, options, None).await,
+        Wait::Timeout(d) => {
+            let last = std::sync::Mutex::new(None);
+            let waited =
+                tokio::time::timeout(d, wait_many(holding, names, options, Some(&last))).await;
+            let last = last
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match (waited, last) {
+                (Ok(r), _) => r,
+                (Err(_), Some(cause)) => Err(LockError::after(
+                    format_args!("waited {d:?} for locks {shown}; the last attempt failed"),
+                    cause,
+                )),
+                (Err(_), None) => Err(LockError::new(
+                    ErrorKind::Timeout,
+                    format!("waited {d:?} for locks {shown} without getting them all"),
+                )),
+            }
+        }
     }
 }
 
@@ -347,7 +360,9 @@ async fn attempt_many(
                     "multi-name acquire reply lost; resending with the same token");
             }
             Err(e) => {
-                undo.armed = e.is_ambiguous() || resent > 0;
+                // Whatever the error, the names may have been written before it (a write
+                // not yet on the replicas, a reply the engine could not read): the undo stays
+                // armed, and costs one release of names that are not ours when nothing was.
                 return Err(e);
             }
         }
@@ -399,10 +414,10 @@ async fn wait_many(
                 // Subscribe, then try again at once: a release in between is not missed.
                 if options.events() && name < names.len() && !subscribed[name] {
                     subscribed[name] = true;
-                    match driver
-                        .subscribe(&names[name], LeaseKind::Exclusive, &token)
-                        .await
-                    {
+                    // As a follower, not a waiter: this attempt's token is not queued on the
+                    // engine, and no single-name waiter's book-keeping (a writer counted, a
+                    // ticket) must stand for it.
+                    match driver.subscribe_any(&names[name]).await {
                         Ok(Some(s)) => {
                             subs.push(s);
                             continue;

@@ -71,7 +71,10 @@ impl Drop for EtcdShared {
 /// - **renew** is one keep-alive of each session's lease, and one read of the keys still
 ///   attached to it (a lock key deleted by an operator is found missing); a TTL other than the
 ///   session's moves the key to the session of that TTL, keeping its create revision;
-/// - **release** deletes the key (the session lives on, for the next lock).
+/// - **release** deletes the key (the session lives on, for the next lock);
+/// - **several names at once** (`lock_many`) is one transaction that writes a holder's key under
+///   every name only if no key is under any of them (see `many.rs`): each name is the same lock
+///   as a single-name lease of it, and its fence is the transaction's revision.
 #[derive(Clone)]
 pub struct EtcdBackend {
     inner: Arc<EtcdShared>,
@@ -670,6 +673,7 @@ impl Backend for EtcdBackend {
         downgrade: Downgrade,
         relabel: Relabel,
         linger: Linger,
+        multi_lock: MultiLock,
     );
 }
 

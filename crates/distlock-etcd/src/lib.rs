@@ -5,6 +5,7 @@ mod backend;
 mod config;
 mod error;
 mod list;
+mod many;
 mod members;
 mod names;
 mod session;

@@ -11,15 +11,17 @@
 //! an election is forwarded to the new leader later), and the key it creates must then be
 //! nobody's, a stale key that the next first attempt deletes, not a later acquisition's.
 //!
+//! A multi-name hold's keys are named by its token instead, and kept apart ([`ManyHolds`]).
+//!
 //! Most acquisitions have their lock's first name (`…-0`): a token's key is found by reading
 //! that name's owner, and only the tokens with a later name are kept in a map by token.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use distlock_core::recipes::CompactToken;
+use distlock_core::recipes::{CompactToken, MutexExt};
 use tokio::sync::Notify;
 
 use crate::session::Session;
@@ -268,6 +270,48 @@ impl KeyNames {
             .get_or_insert_with(|| Arc::new(Notify::new()))
             .clone();
         Some((o.session.clone(), moved))
+    }
+}
+
+/// One multi-name hold, or an attempt in flight, of this client.
+#[derive(Clone)]
+pub(crate) struct Hold {
+    /// The session its keys are (or are being) written on.
+    pub(crate) session: Arc<Session>,
+    /// Each key's create revision once held; `None` while the attempt is in flight.
+    pub(crate) fences: Option<Vec<i64>>,
+}
+
+/// This client's multi-name holds and attempts, by token.
+///
+/// Their keys stay out of [`KeyNames`]: their names come from the token, so no name is given
+/// out or reserved. But the renewals' sweep deletes any key on our sessions that this client
+/// does not know, so a multi-name key is known here, from before its write is sent until its
+/// release is answered; a multi-name key of ours whose token is not here is stale, and deleted
+/// (by the sweep, or by an attempt of this client that finds it holding a name).
+#[derive(Default)]
+pub(crate) struct ManyHolds {
+    by_token: Mutex<HashMap<String, Hold>>,
+}
+
+impl ManyHolds {
+    /// Whether `token` has a multi-name hold or attempt here.
+    pub(crate) fn knows(&self, token: &str) -> bool {
+        self.by_token.locked().contains_key(token)
+    }
+
+    pub(crate) fn get(&self, token: &str) -> Option<Hold> {
+        self.by_token.locked().get(token).cloned()
+    }
+
+    pub(crate) fn put(&self, token: &str, session: Arc<Session>, fences: Option<Vec<i64>>) {
+        self.by_token
+            .locked()
+            .insert(token.to_owned(), Hold { session, fences });
+    }
+
+    pub(crate) fn take(&self, token: &str) -> Option<Hold> {
+        self.by_token.locked().remove(token)
     }
 }
 

@@ -50,6 +50,8 @@ pub(crate) struct EtcdStore {
     client: String,
     /// When to list a session's keys for orphans (see [`EtcdStore::sweep_due`]).
     sweeps: Mutex<Sweeps>,
+    /// The multi-name holds and attempts of this client, by token.
+    pub(crate) many: crate::names::ManyHolds,
 }
 
 /// When a request of ours was last given up (a write whose reply never came may still land:
@@ -82,7 +84,32 @@ impl EtcdStore {
             names: Arc::default(),
             client: Token::generate().as_str().chars().take(16).collect(),
             sweeps: Mutex::default(),
+            many: crate::names::ManyHolds::default(),
         }
+    }
+
+    /// The key of `token`'s multi-name hold of `name`: `<prefix><name>/<client>~<token>`. The
+    /// `~` keeps it apart from this client's single-name keys (`<client>-<n>`), which
+    /// [`is_ours`](Self::is_ours) and [`KeyNames`] know; the token makes it this hold's alone,
+    /// so that a resend finds it and a release can delete it without any book-keeping.
+    pub(crate) fn many_key(&self, name: &str, token: &str) -> String {
+        format!("{}{name}/{}~{token}", self.prefix, self.client)
+    }
+
+    /// The token of one of this client's multi-name keys, if `key` is one.
+    fn many_token_of<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(&self.prefix)?
+            .rsplit_once('/')?
+            .1
+            .strip_prefix(self.client.as_str())?
+            .strip_prefix('~')
+    }
+
+    /// Whether `key` is a multi-name key of this client that no hold or attempt of it has
+    /// (released while etcd could not be reached, or written by an attempt given up).
+    fn stale_many(&self, key: &str) -> bool {
+        self.many_token_of(key)
+            .is_some_and(|token| !self.many.knows(token))
     }
 
     /// The key prefix under which the lock `name` queues its holders.
@@ -200,7 +227,7 @@ impl EtcdStore {
     }
 
     /// A request of ours was given up: its write may still land, an orphan, for a while.
-    fn note_given_up(&self) {
+    pub(crate) fn note_given_up(&self) {
         self.sweeps.locked().gave_up = Some(Instant::now());
     }
 
@@ -267,15 +294,21 @@ impl EtcdStore {
 
     /// If `key` (read with `create_revision`) is one of ours that no live acquisition of ours
     /// has (released while etcd could not be reached, a given-up acquire's being cleaned up, or
-    /// deleted since it was read), deletes it if it is still that key, so that it keeps no
+    /// deleted since it was read; or a multi-name key whose token no hold or attempt of ours
+    /// has), deletes it if it is still that key, so that it keeps no
     /// acquisition of ours out. Whether it did. Its name stays reserved until the release that
     /// is cleaning it up is answered: that delete may still land.
     ///
     /// # Errors
     /// The delete's: the lock is then not known to be busy.
-    async fn clear_stale(&self, key: &str, create_revision: i64) -> Result<bool, LockError> {
-        let stale = self.is_ours(key)
-            && (self.abandoned.locked().contains(key) || !self.names.locked().in_use(key));
+    pub(crate) async fn clear_stale(
+        &self,
+        key: &str,
+        create_revision: i64,
+    ) -> Result<bool, LockError> {
+        let stale = (self.is_ours(key)
+            && (self.abandoned.locked().contains(key) || !self.names.locked().in_use(key)))
+            || self.stale_many(key);
         if stale {
             self.delete_at(key, create_revision).await?;
         }
@@ -353,7 +386,10 @@ impl EtcdStore {
             .iter()
             .filter(|k| {
                 let k = String::from_utf8_lossy(k);
-                k.starts_with(&self.prefix) && !names.is_on_session(k.as_ref())
+                // A multi-name key is known by its token, not by name.
+                k.starts_with(&self.prefix)
+                    && !names.is_on_session(k.as_ref())
+                    && self.many_token_of(&k).is_none_or(|t| !self.many.knows(t))
             })
             .map(|k| k.to_vec())
             .collect()

@@ -321,3 +321,109 @@ async fn fences_keep_rising_across_a_kill_and_restart() {
     assert!(g.fence().unwrap() > top, "{:?} after {top}", g.fence());
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
+
+/// The cluster's revision now (it moves with every write, and only with writes).
+fn revision_now(etcd: &Etcd) -> i64 {
+    let out = etcd.ctl(&["get", "distlock-revision-probe", "-w", "json"]);
+    let at = out.find("\"revision\":").expect("a header revision") + "\"revision\":".len();
+    let digits: String = out[at..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().expect("a revision")
+}
+
+/// A multi-name attempt is one transaction that compares every name's whole prefix: one name
+/// held (or any key under its prefix) and it writes nothing at all; all free and it writes one
+/// holder's key per name, all with the transaction's revision as their fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_name_transaction_writes_nothing_when_one_name_is_held() {
+    let Some(etcd) = Etcd::start() else { return };
+    let url = etcd.url("");
+    let a = client(&url, Duration::from_secs(10)).await;
+    let b = client(&url, Duration::from_secs(10)).await;
+    let names = ["mtx-a", "mtx-b", "mtx-c"];
+    let engine = b.engine::<EtcdBackend>().expect("the engine");
+    let prefixes: Vec<String> = names.iter().map(|n| engine.lock_prefix(n)).collect();
+    let held = a.acquire("mtx-b").await.unwrap();
+    let before = tokio::task::block_in_place(|| revision_now(&etcd));
+    assert!(b.lock_many(names).try_acquire().await.unwrap().is_none());
+    let after = tokio::task::block_in_place(|| revision_now(&etcd));
+    assert_eq!(before, after, "a busy attempt wrote something");
+    for (i, prefix) in prefixes.iter().enumerate() {
+        let keys = tokio::task::block_in_place(|| keys_under(&etcd, prefix));
+        assert_eq!(keys.len(), usize::from(i == 1), "{prefix}: {keys:?}");
+    }
+    assert_eq!(held.release().await.unwrap(), Released::Held);
+    // Any key under a name's prefix makes it busy, not only the oldest (the compare has a range
+    // end, and covers every key in the range): here a stray key, last in the range.
+    let stray = format!("{}~~stray", prefixes[2]);
+    tokio::task::block_in_place(|| etcd.ctl(&["put", &stray, "x"]));
+    let before = tokio::task::block_in_place(|| revision_now(&etcd));
+    let busy = b.lock_many(names).try_acquire().await.unwrap();
+    assert!(busy.is_none(), "taken beside a key under a name's prefix");
+    assert_eq!(before, tokio::task::block_in_place(|| revision_now(&etcd)));
+    tokio::task::block_in_place(|| etcd.ctl(&["del", &stray]));
+    let g = b
+        .lock_many(names)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("every name free");
+    let fences = g.fences().to_vec();
+    assert!(
+        fences.iter().all(|f| f.is_some() && *f == fences[0]),
+        "{fences:?}"
+    );
+    for prefix in &prefixes {
+        let keys = tokio::task::block_in_place(|| keys_under(&etcd, prefix));
+        assert_eq!(keys.len(), 1, "{prefix}: {keys:?}");
+        assert!(keys[0].contains('~'), "not a multi-name key: {keys:?}");
+    }
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    for prefix in &prefixes {
+        assert_eq!(queued(&etcd, prefix), 0, "{prefix} left behind");
+    }
+}
+
+/// A single-name waiter queued behind a multi-name holder watches its key, and takes the name
+/// as soon as the holder releases, with a fence above the holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_name_waiter_wakes_when_a_multi_name_holder_releases() {
+    let Some(etcd) = Etcd::start() else { return };
+    let url = etcd.url("");
+    let holder = client(&url, Duration::from_secs(10)).await;
+    let waiter = client(&url, Duration::from_secs(10)).await;
+    let prefix = holder
+        .engine::<EtcdBackend>()
+        .expect("the engine")
+        .lock_prefix("mwake-b");
+    let g = holder
+        .lock_many(["mwake-a", "mwake-b"])
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
+    let held_fence = g.fence("mwake-b").expect("a fence");
+    let task = tokio::spawn(async move {
+        let got = waiter
+            .lock("mwake-b")
+            .wait_timeout(Duration::from_secs(30))
+            .acquire()
+            .await;
+        (got, Instant::now())
+    });
+    tokio::task::block_in_place(|| wait_queued(&etcd, &prefix, 2));
+    assert!(
+        !task.is_finished(),
+        "took a name the multi-name holder held"
+    );
+    let released = Instant::now();
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let (got, at) = task.await.unwrap();
+    let got = got.expect("the name after the release");
+    let woke = at.saturating_duration_since(released);
+    assert!(
+        woke < Duration::from_secs(2),
+        "woke {woke:?} after the release"
+    );
+    assert!(got.fence().unwrap() > held_fence);
+    assert_eq!(got.release().await.unwrap(), Released::Held);
+}

@@ -11,6 +11,7 @@
 mod check;
 mod engine;
 mod faults;
+mod many;
 mod mono;
 mod netns;
 mod resource;

@@ -74,6 +74,7 @@ pub(crate) async fn run(
         history,
         fenced: Register::default(),
         unfenced: Register::default(),
+        keyed: std::collections::HashMap::new(),
         engine,
         pause_at_check: None,
         jump_at_acquire: None,
@@ -179,13 +180,17 @@ pub(crate) async fn run(
                 .filter(|e| e.get("t").and_then(Value::as_i64).is_some_and(|t| t <= cut))
                 .cloned()
                 .collect();
-            let so_far = check::check(
-                &before,
-                fenced_engine.then_some(&s.fenced),
-                &s.unfenced,
-                bounds,
-                cut,
-            );
+            let so_far = if scenario.many() {
+                crate::many::check_each(&before, &s.keyed, fenced_engine, bounds, cut)
+            } else {
+                check::check(
+                    &before,
+                    fenced_engine.then_some(&s.fenced),
+                    &s.unfenced,
+                    bounds,
+                    cut,
+                )
+            };
             if so_far.settled_violations() > 0 {
                 stop_at = now;
             }
@@ -357,13 +362,17 @@ pub(crate) async fn run(
     }
     s.history.record(json!({"ev": "end", "t": run_end}));
     let _ = s.history.out.flush();
-    let figures = check::check(
-        &s.history.events,
-        fenced_engine.then_some(&s.fenced),
-        &s.unfenced,
-        bounds,
-        run_end,
-    );
+    let figures = if scenario.many() {
+        crate::many::check_each(&s.history.events, &s.keyed, fenced_engine, bounds, run_end)
+    } else {
+        check::check(
+            &s.history.events,
+            fenced_engine.then_some(&s.fenced),
+            &s.unfenced,
+            bounds,
+            run_end,
+        )
+    };
     for w in &mut s.workers {
         let _ = w.child.start_kill();
     }
@@ -553,25 +562,36 @@ fn apply(shared: &SharedRef, id: usize, req: &str, v: &Value, fenced_engine: boo
         }
         a
     };
+    let key = v.get("key").and_then(Value::as_str).unwrap_or("k");
     let reply = {
-        let mut s = lock(shared);
+        let mut guard = lock(shared);
+        let s = &mut *guard;
         let t = mono::now_ns();
+        // The scenario's one key's registers, or another name's (a multi-name scenario).
+        let (fenced, unfenced) = if key == "k" {
+            (&mut s.fenced, &mut s.unfenced)
+        } else {
+            let r = s.keyed.entry(key.to_owned()).or_default();
+            (&mut r.0, &mut r.1)
+        };
         if req == "read" {
-            let value = s.fenced.read(true, fence);
-            let uvalue = s.unfenced.read(false, fence);
-            s.history
-                .record(merge(json!({"ev": "read", "w": id, "n": n, "t": t,
-                "fence": fence, "value": value, "uvalue": uvalue})));
+            let value = fenced.read(true, fence);
+            let uvalue = unfenced.read(false, fence);
+            s.history.record(merge(
+                json!({"ev": "read", "w": id, "n": n, "t": t, "key": key,
+                "fence": fence, "value": value, "uvalue": uvalue}),
+            ));
             merge(json!({"reply": "read", "n": n, "value": value, "uvalue": uvalue}))
         } else {
             let value = v.get("value").and_then(Value::as_i64).unwrap_or(0);
             let uvalue = v.get("uvalue").and_then(Value::as_i64).unwrap_or(0);
-            let accepted = fenced_engine && s.fenced.write(true, n, fence, value);
-            let uaccepted = s.unfenced.write(false, n, fence, uvalue);
-            s.history
-                .record(merge(json!({"ev": "write", "w": id, "n": n, "t": t,
+            let accepted = fenced_engine && fenced.write(true, n, fence, value);
+            let uaccepted = unfenced.write(false, n, fence, uvalue);
+            s.history.record(merge(
+                json!({"ev": "write", "w": id, "n": n, "t": t, "key": key,
                 "fence": fence, "value": value, "accepted": accepted,
-                "uaccepted": uaccepted})));
+                "uaccepted": uaccepted}),
+            ));
             json!({"reply": "write", "n": n, "accepted": accepted, "uaccepted": uaccepted})
         }
     };

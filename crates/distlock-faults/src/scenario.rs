@@ -78,6 +78,10 @@ pub(crate) enum Kinds {
     /// An election: each operation campaigns, and the leader reads and writes the resource
     /// with its epoch, then resigns.
     Election,
+    /// Several names at once (`lock_many`): each operation takes 1 or more of `names` names
+    /// (`k0`, `k1`, …), chosen at random (one with `lock`, more with `lock_many`), and reads and
+    /// writes each one's resource with its fence.
+    Many { names: usize },
 }
 
 /// One scenario.
@@ -133,6 +137,11 @@ impl Scenario {
         self
     }
 
+    /// Whether operations take several names at once (see [`Kinds::Many`]).
+    pub(crate) fn many(&self) -> bool {
+        matches!(self.kinds, Kinds::Many { .. })
+    }
+
     /// The longest an operation can take, waits included.
     pub(crate) fn max_op_time(&self) -> Duration {
         self.wait() + 3 * self.ttl
@@ -166,15 +175,29 @@ impl Scenario {
             Kinds::ReadWrite { .. } => ("exclusive", 0),
             Kinds::Semaphore { permits } => ("permit", permits),
             Kinds::Election => ("leader", 0),
+            Kinds::Many { .. } => ("exclusive", 0),
         };
-        json!({
+        let mut op = json!({
             "op": "acquire", "n": n, "key": "k",
             "hold_ms": hold, "gap_ms": rng.random_range(5..=20),
             "renew": renew, "end": end,
             "cancel_ms": rng.random_range(1..=80),
             "wait_ms": self.wait().as_millis() as u64,
             "kind": kind, "permits": permits,
-        })
+        });
+        if let Kinds::Many { names } = self.kinds {
+            // 1 to all of the names, in a random order (lock_many sorts them); one name is a
+            // single-name lock of it, which multi-name locks of the name must exclude.
+            let size = rng.random_range(1..=names.max(2));
+            let mut keys: Vec<String> = (0..names).map(|i| format!("k{i}")).collect();
+            for i in (1..keys.len()).rev() {
+                keys.swap(i, rng.random_range(0..=i));
+            }
+            keys.truncate(size);
+            op["key"] = json!(keys[0]);
+            op["keys"] = json!(keys);
+        }
+        op
     }
 }
 
@@ -217,6 +240,17 @@ pub(crate) fn all() -> Vec<Scenario> {
             redis,
         )
         .faults(&[LoseReplies]),
+        Scenario {
+            kinds: Kinds::Many { names: 3 },
+            long_share: 0.1,
+            ..Scenario::new(
+                "redis-multi",
+                "single Redis; lock of 1 or lock_many of 2 or 3 of 3 names, each checked on its own; holders \
+                 paused after their check and killed, replies lost and delayed",
+                redis,
+            )
+            .faults(&[PauseHolder, KillHolder, LoseReplies, DelayReplies])
+        },
         Scenario {
             expire_share: 0.5,
             ..Scenario::new(
@@ -475,6 +509,18 @@ pub(crate) fn all() -> Vec<Scenario> {
         },
         Scenario {
             ttl: Duration::from_secs(2),
+            kinds: Kinds::Many { names: 3 },
+            long_share: 0.1,
+            ..Scenario::new(
+                "etcd-multi",
+                "etcd; lock of 1 or lock_many of 2 or 3 of 3 names, each checked on its own; holders paused \
+                 and killed, replies lost, workers partitioned",
+                EngineKind::Etcd,
+            )
+            .faults(&[PauseHolder, KillHolder, LoseReplies, Partition])
+        },
+        Scenario {
+            ttl: Duration::from_secs(2),
             kinds: Kinds::ReadWrite { read_share: 0.7 },
             ..Scenario::new(
                 "etcd-rw",
@@ -568,11 +614,12 @@ pub(crate) fn by_name(name: &str) -> Option<Scenario> {
 
 /// The short seeded set inside `.ci/run`: holder pause, release after expiry, kill -9 of a
 /// holder and a lost reply.
-pub(crate) const QUICK: [&str; 4] = [
+pub(crate) const QUICK: [&str; 5] = [
     "redis-holder-pause",
     "redis-release-after-expiry",
     "redis-kill-holder",
     "redis-lost-replies",
+    "redis-multi",
 ];
 
 /// A negative control: a seeded bug, the scenario that must catch it, and which checker.

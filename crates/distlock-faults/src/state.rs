@@ -45,6 +45,8 @@ pub(crate) struct RunState {
     pub(crate) history: History,
     pub(crate) fenced: Register,
     pub(crate) unfenced: Register,
+    /// The registers of the other names (fenced, unfenced): a multi-name scenario's.
+    pub(crate) keyed: std::collections::HashMap<String, (Register, Register)>,
     pub(crate) engine: Engine,
     /// A pause waits for the next worker that checks its lease before writing.
     pub(crate) pause_at_check: Option<Duration>,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock::clock::{Clock, SystemClock};
-use distlock::{Leadership, LeaseKind, LockClient, LockGuard, LockOptions, Released};
+use distlock::{Leadership, LeaseKind, LockClient, LockGuard, LockOptions, MultiGuard, Released};
 use distlock_core::seeded::SeededBug;
 use distlock_testkit::seeded::{self, WallClock};
 use serde_json::{Value, json};
@@ -49,6 +49,9 @@ struct Op {
     /// A campaign in the election of that name instead of a lock: the leader reads and writes
     /// the resource with its epoch.
     election: bool,
+    /// Several names taken at once (`lock_many`) instead of `key`: the holder reads and writes
+    /// each name's resource with that name's fence.
+    keys: Vec<String>,
 }
 
 impl Op {
@@ -76,6 +79,16 @@ impl Op {
                 _ => LeaseKind::Exclusive,
             },
             election: v.get("kind").and_then(Value::as_str) == Some("leader"),
+            keys: v
+                .get("keys")
+                .and_then(Value::as_array)
+                .map(|k| {
+                    k.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
     }
 }
@@ -223,7 +236,14 @@ async fn one_op(
     };
     out.send(json!({"ev": "invoke", "f": "acquire", "n": n}))
         .await;
-    let taken = if op.election {
+    let taken = if op.keys.len() > 1 {
+        client
+            .lock_many(op.keys.iter().cloned())
+            .options(opts)
+            .acquire()
+            .await
+            .map(Holding::Many)
+    } else if op.election {
         client
             .election(&op.key)
             .options(opts)
@@ -249,24 +269,33 @@ async fn one_op(
             return;
         }
     };
-    let guard = held.guard();
-    let fence = guard.fence();
+    let fences = held.fences(&op.key);
+    let fence = fences.first().and_then(|(_, f)| *f);
     let permits = match op.kind {
         LeaseKind::Permit { permits } => permits,
         _ => 0,
     };
-    out.send(json!({
+    let mut ok = json!({
         "ev": "ok", "f": "acquire", "n": n, "fence": fence,
-        "vu": vu_ns(guard.valid_until()) as i64,
+        "vu": vu_ns(held.valid_until()) as i64,
         "validity_ms": opts.validity().as_millis() as u64,
-        "token": guard.token().as_str(),
+        "token": held.token().as_str(),
         "kind": if op.election { "leader" } else { op.kind.name() }, "permits": permits,
-    }))
-    .await;
+    });
+    if !op.keys.is_empty() {
+        // Each name's fence (one for a single-name lock of a multi-name scenario): the checkers
+        // take each name's history apart (see `many.rs`).
+        ok["fences"] = fences
+            .iter()
+            .map(|(k, f)| (k.clone(), json!(f)))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+    }
+    out.send(ok).await;
     // Renewals and the lost signal, as they happen, until the operation ends.
-    let watch = tokio::spawn(watch_lease(guard.handle(), out.clone(), n));
+    let watch = tokio::spawn(watch_lease(held.handle(), out.clone(), n));
     let _stop_watch = AbortOnDrop(watch.abort_handle());
-    critical_section(&held, op, out, replies, fence).await;
+    critical_section(&held, op, out, replies, &fences).await;
     match (op.end.as_str(), held) {
         ("abandon", Holding::Lock(guard)) => {
             out.send(json!({"ev": "abandon", "n": n})).await;
@@ -277,6 +306,7 @@ async fn one_op(
                 .await;
             let released = match held {
                 Holding::Lock(g) => g.release().await,
+                Holding::Many(g) => g.release().await,
                 Holding::Leader(l) => l.resign().await,
             };
             match released {
@@ -299,17 +329,50 @@ async fn one_op(
     }
 }
 
-/// What an operation holds: a lock's guard, or an election's leadership.
+/// What an operation holds: a lock's guard, several names' guard, or an election's
+/// leadership.
 enum Holding {
     Lock(LockGuard),
+    Many(MultiGuard),
     Leader(Leadership),
 }
 
 impl Holding {
-    fn guard(&self) -> &LockGuard {
+    /// The resource keys it acts on (`key`, an operation's one), each with its fence.
+    fn fences(&self, key: &str) -> Vec<(String, Option<u64>)> {
         match self {
-            Holding::Lock(g) => g,
-            Holding::Leader(l) => l.guard(),
+            Holding::Lock(g) => vec![(key.to_owned(), g.fence())],
+            Holding::Leader(l) => vec![(key.to_owned(), l.guard().fence())],
+            Holding::Many(g) => g
+                .names()
+                .iter()
+                .cloned()
+                .zip(g.fences().iter().copied())
+                .collect(),
+        }
+    }
+
+    fn valid_until(&self) -> std::time::Instant {
+        match self {
+            Holding::Lock(g) => g.valid_until(),
+            Holding::Many(g) => g.valid_until(),
+            Holding::Leader(l) => l.guard().valid_until(),
+        }
+    }
+
+    fn token(&self) -> distlock::Token {
+        match self {
+            Holding::Lock(g) => g.token(),
+            Holding::Many(g) => g.token(),
+            Holding::Leader(l) => l.guard().token(),
+        }
+    }
+
+    fn handle(&self) -> distlock::LeaseHandle {
+        match self {
+            Holding::Lock(g) => g.handle(),
+            Holding::Many(g) => g.handle(),
+            Holding::Leader(l) => l.guard().handle(),
         }
     }
 
@@ -317,30 +380,36 @@ impl Holding {
     fn believes_held(&self) -> bool {
         match self {
             Holding::Lock(g) => g.is_held(),
+            Holding::Many(g) => g.is_held(),
             Holding::Leader(l) => l.is_leading(),
         }
     }
 }
 
-/// read → work → check that the lease is still valid → gap → write the value read plus one.
+/// read → work → check that the lease is still valid → gap → write the value read plus one
+/// (each key's, for several names: every read, then every write).
 async fn critical_section(
     held: &Holding,
     op: &Op,
     out: &Out,
     replies: &Mutex<mpsc::UnboundedReceiver<Value>>,
-    fence: Option<u64>,
+    fences: &[(String, Option<u64>)],
 ) {
     let n = op.n;
-    let Some(read) = ask(
-        out,
-        replies,
-        json!({"req": "read", "n": n, "key": op.key, "fence": fence}),
-        n,
-    )
-    .await
-    else {
-        return;
-    };
+    let mut reads = Vec::with_capacity(fences.len());
+    for (key, fence) in fences {
+        let Some(read) = ask(
+            out,
+            replies,
+            json!({"req": "read", "n": n, "key": key, "fence": fence}),
+            n,
+        )
+        .await
+        else {
+            return;
+        };
+        reads.push(read);
+    }
     tokio::time::sleep(op.hold).await;
     // The time of the check, read before it: a check that passes came before the deadline it
     // reports (CK9), however long this process is paused around it.
@@ -351,7 +420,7 @@ async fn critical_section(
     }
     // The claim: we hold the lock until `vu`. A pause here, after the check, is the classic
     // "stop-the-world pause at the worst moment".
-    let vu = vu_ns(held.guard().valid_until()) as i64;
+    let vu = vu_ns(held.valid_until()) as i64;
     out.send(json!({"ev": "check", "n": n, "vu": vu, "checked": checked}))
         .await;
     tokio::time::sleep(op.gap).await;
@@ -359,17 +428,19 @@ async fn critical_section(
         // Readers and permits only read.
         return;
     }
-    let value = read.get("value").and_then(Value::as_i64).unwrap_or(0) + 1;
-    let uvalue = read.get("uvalue").and_then(Value::as_i64).unwrap_or(0) + 1;
-    let mut req = json!({"req": "write", "n": n, "key": op.key, "fence": fence,
-        "value": value, "uvalue": uvalue});
-    // The SQL form's rows, when the scenario has them.
-    for k in ["sw", "srw"] {
-        if let Some(v) = read.get(k).and_then(Value::as_i64) {
-            req[k] = json!(v + 1);
+    for ((key, fence), read) in fences.iter().zip(&reads) {
+        let value = read.get("value").and_then(Value::as_i64).unwrap_or(0) + 1;
+        let uvalue = read.get("uvalue").and_then(Value::as_i64).unwrap_or(0) + 1;
+        let mut req = json!({"req": "write", "n": n, "key": key, "fence": fence,
+            "value": value, "uvalue": uvalue});
+        // The SQL form's rows, when the scenario has them.
+        for k in ["sw", "srw"] {
+            if let Some(v) = read.get(k).and_then(Value::as_i64) {
+                req[k] = json!(v + 1);
+            }
         }
+        let _ = ask(out, replies, req, n).await;
     }
-    let _ = ask(out, replies, req, n).await;
 }
 
 /// Reports every move of the lease's deadline (a renewal) and its end.

@@ -149,6 +149,9 @@ impl MemcachedShared {
 ///   holder is never extended by us;
 /// - **release** deletes only if the CAS is still ours (`md … C<cas>`), never another holder's
 ///   lock;
+/// - **several names at once** (`lock_many`) are added one by one in their sorted order, and
+///   the ones added are deleted again on the first busy name: ordered, not atomic (see
+///   `backend/many.rs`);
 /// - **no fencing token**: an eviction under memory pressure, a restart (memcached keeps
 ///   nothing) or a change of servers loses the lock silently, and no counter survives them. The
 ///   watchdog notices a lost item at its next renewal and the lost signal fires, but another
@@ -472,6 +475,7 @@ impl Backend for MemcachedBackend {
         breaker: Breaker,
         batch_renew: BatchRenew,
         linger: Linger,
+        multi_lock: MultiLock,
     );
 }
 
@@ -592,6 +596,7 @@ impl MemcachedBackend {
 }
 
 mod batch;
+mod many;
 
 /// `status` of a stored holder value and the item's remaining seconds.
 fn holder_status(value: &str, ttl: Option<i64>) -> LockStatus {

@@ -244,3 +244,100 @@ async fn a_cas_not_learned_is_read_from_the_item_when_it_still_carries_our_token
     assert_eq!(g.release().await.unwrap(), Released::Held);
     assert!(!c.status("recas").await.unwrap().held);
 }
+
+/// The seconds an item has left, read on the kit's own connection.
+fn seconds_left(mc: &Memcached, item: &str) -> i64 {
+    let line = mc.command(&format!("mg {item} t"));
+    let t = line.split(' ').find_map(|w| w.strip_prefix('t'));
+    t.and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no TTL in {line:?}"))
+}
+
+/// Several names are added in their order and given back on a busy one (the items added before
+/// it are gone from the server); a resend with our token finds its items ours; a renewal
+/// touches none of them unless every one is ours; a release deletes only ours.
+#[tokio::test]
+async fn many_names_are_added_in_order_and_given_back_on_a_busy_one() {
+    use distlock_core::engine::{AcquireMany, AcquireMode, LeaseCheck, ManyAttempt, MultiLock};
+    use distlock_core::{Clock, SystemClock, Token};
+
+    let Some(mc) = Memcached::start() else { return };
+    let b = MemcachedBackend::connect(&mc.url(""))
+        .await
+        .expect("connect");
+    let clock: std::sync::Arc<dyn Clock> = std::sync::Arc::new(SystemClock);
+    let ttl = Duration::from_secs(10);
+    let names = ["many-a", "many-b", "many-c"];
+    let items: Vec<String> = names.iter().map(|n| b.item(n)).collect();
+    let absent = |item: &str| mc.command(&format!("mg {item}")) == "EN";
+    // Another holder's item on the last name.
+    assert_eq!(mc.command(&format!("ms {} 5 T30\r\nother", items[2])), "HD");
+    let ours = Token::generate();
+    let req = AcquireMany::new(&names, &ours, ttl, "me", &clock);
+    assert_eq!(
+        b.acquire_all(&req).await.unwrap(),
+        ManyAttempt::Busy {
+            name: 2,
+            holder_ttl: None
+        }
+    );
+    for item in &items[..2] {
+        assert!(absent(item), "{item} was left taken by a busy attempt");
+    }
+    assert_eq!(mc.command(&format!("md {}", items[2])), "HD");
+    let got = b.acquire_all(&req).await.unwrap();
+    assert_eq!(
+        got,
+        ManyAttempt::Acquired {
+            fences: vec![None; 3]
+        }
+    );
+    // A resend of the same request: its items carry our token, so they are ours.
+    let resent = req.mode(AcquireMode::Try.resent());
+    assert_eq!(b.acquire_all(&resent).await.unwrap(), got);
+    // Another token finds the first name busy, and renews or releases nothing.
+    let other = Token::generate();
+    let theirs = AcquireMany::new(&names, &other, ttl, "them", &clock);
+    assert!(matches!(
+        b.acquire_all(&theirs).await.unwrap(),
+        ManyAttempt::Busy { name: 0, .. }
+    ));
+    assert_eq!(
+        b.renew_all(&names, &other, ttl).await.unwrap(),
+        LeaseCheck::Foreign
+    );
+    assert_eq!(
+        b.release_all(&names, &other).await.unwrap(),
+        LeaseCheck::Foreign
+    );
+    let long = Duration::from_secs(60);
+    assert_eq!(
+        b.renew_all(&names, &ours, long).await.unwrap(),
+        LeaseCheck::Ours
+    );
+    assert!(seconds_left(&mc, &items[0]) > 30, "not renewed");
+    // One name gone: the renewal touches none of the others.
+    assert_eq!(mc.command(&format!("md {}", items[1])), "HD");
+    assert_eq!(
+        b.renew_all(&names, &ours, Duration::from_secs(300))
+            .await
+            .unwrap(),
+        LeaseCheck::Missing
+    );
+    assert!(
+        seconds_left(&mc, &items[0]) <= 62,
+        "renewed with a name gone"
+    );
+    // The release deletes what is still ours, and says one was gone.
+    assert_eq!(
+        b.release_all(&names, &ours).await.unwrap(),
+        LeaseCheck::Missing
+    );
+    for item in &items {
+        assert!(absent(item), "{item} stayed after the release");
+    }
+    assert_eq!(
+        b.release_all(&names, &ours).await.unwrap(),
+        LeaseCheck::Missing
+    );
+}

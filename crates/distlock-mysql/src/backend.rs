@@ -6,6 +6,7 @@
 mod acquire;
 mod breaker;
 mod error;
+mod many;
 mod names;
 mod ops;
 mod permits;
@@ -87,6 +88,8 @@ struct MysqlShared {
     recorded: recorded::LeaderRows,
     /// The server names whose lock names this client recorded (see `names`).
     names: names::NameRecorder,
+    /// The multi-name leases, each on a connection of its own (see `many`).
+    many: many::ManyLeases,
 }
 
 /// A lock engine on MySQL's and MariaDB's named locks (`GET_LOCK`), many on each session of a
@@ -107,7 +110,11 @@ struct MysqlShared {
 ///   loses every lock on it at once, with the reason;
 /// - **release** is `RELEASE_LOCK(name)`. A statement that fails the connection, or does not
 ///   answer within `response_timeout`, ends its session (its state is unknown), and every lock
-///   on it is reported lost.
+///   on it is reported lost;
+/// - **several names at once** (`lock_many`) are taken in one round trip, in sorted order,
+///   all or none, on a connection of the lease's own (see the module `many` of this crate's
+///   `backend`): its renewal is that connection's keep-alive and a check that it holds every
+///   name, and its end loses the lease at the next renewal.
 #[derive(Clone)]
 pub struct MysqlBackend {
     inner: Arc<MysqlShared>,
@@ -155,6 +162,7 @@ impl MysqlBackend {
                 ),
                 recorded: recorded::LeaderRows::default(),
                 names: names::NameRecorder::default(),
+                many: many::ManyLeases::default(),
             }),
         })
     }
@@ -220,6 +228,7 @@ impl Backend for MysqlBackend {
         lister: Lister,
         breaker: Breaker,
         relabel: Relabel,
+        multi_lock: MultiLock,
     );
 }
 

@@ -22,6 +22,7 @@ mod dedicated;
 mod kinds;
 mod lease;
 mod listen;
+mod many;
 mod marker;
 mod names;
 mod order;
@@ -77,6 +78,8 @@ struct PgShared {
     listener: listen::Listener,
     /// The lock ids whose names this client recorded (see `names`).
     names: names::NameRecorder,
+    /// The multi-name leases, each on a session of its own (see `many`).
+    many: many::ManyLeases,
 }
 
 /// A lock engine on PostgreSQL's session-level advisory locks, many on each session of a small
@@ -99,7 +102,11 @@ struct PgShared {
 /// - **loss** is seen at once when a session ends (terminated, timed out, server gone): the
 ///   lost signal of every lock on it fires without waiting for a renewal, with the reason;
 /// - **release** is `pg_advisory_unlock`. A session that cannot unlock (no answer in time) is
-///   closed, which frees everything on it, rather than kept with a lock nobody tracks.
+///   closed, which frees everything on it, rather than kept with a lock nobody tracks;
+/// - **several names at once** (`lock_many`) are taken in one statement, in sorted order, all
+///   or none, on a session of the lease's own (see the module `many` of this crate's
+///   `backend`): its renewal is that session's keep-alive and a check that it holds every
+///   name, and its end loses the lease at the next renewal.
 #[derive(Clone)]
 pub struct PgBackend {
     inner: Arc<PgShared>,
@@ -155,6 +162,7 @@ impl PgBackend {
                 recorded: recorded::LeaderRows::default(),
                 listener: listen::Listener::new(),
                 names: names::NameRecorder::default(),
+                many: many::ManyLeases::default(),
             }),
         };
         let conn = backend.setup().await?;
@@ -239,6 +247,7 @@ impl Backend for PgBackend {
         breaker: Breaker,
         downgrade: Downgrade,
         relabel: Relabel,
+        multi_lock: MultiLock,
     );
 }
 

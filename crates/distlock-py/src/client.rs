@@ -75,31 +75,54 @@ fn lease_kind(kind: &str, permits: u32) -> PyResult<LeaseKind> {
     }
 }
 
-/// One acquisition's request, owned (the core's borrows its client and name).
+/// What an acquisition asks for.
+enum Target {
+    /// A lease of one name.
+    One { name: String, kind: LeaseKind },
+    /// Every name at once, all or none (exclusive).
+    Many(Vec<String>),
+}
+
+/// One acquisition's request, owned (the core's borrows its client and names).
 struct Ask {
     client: LockClient,
-    name: String,
-    kind: LeaseKind,
+    target: Target,
     ttl: Option<Duration>,
     /// `None`: wait as long as it takes.
     wait: Option<Duration>,
 }
 
-impl Ask {
-    /// The guard, or `None` when the lock stayed busy (at once, or for the whole wait).
-    async fn run(self) -> Fallible<Option<NativeGuard>> {
-        let mut req = self.client.lock(&self.name).kind(self.kind);
-        if let Some(ttl) = self.ttl {
+/// Sends a core request (a single-name or a multi-name one, which have the same options) as
+/// `wait` says: `Ok(None)` when a try found a name busy.
+macro_rules! send {
+    ($req:expr, $ttl:expr, $wait:expr) => {{
+        let mut req = $req;
+        if let Some(ttl) = $ttl {
             req = req.ttl(ttl);
         }
-        let started = Instant::now();
-        let got = match self.wait {
+        match $wait {
             Some(d) if d.is_zero() => req.try_acquire().await,
             Some(d) => req.wait(Wait::Timeout(d)).acquire().await.map(Some),
             None => req.wait(Wait::Forever).acquire().await.map(Some),
+        }
+    }};
+}
+
+impl Ask {
+    /// The guard, or `None` when the lock stayed busy (at once, or for the whole wait).
+    async fn run(self) -> Fallible<Option<NativeGuard>> {
+        let started = Instant::now();
+        let got = match self.target {
+            Target::One { name, kind } => {
+                send!(self.client.lock(&name).kind(kind), self.ttl, self.wait)
+                    .map(|g| g.map(Lease::Lock))
+            }
+            Target::Many(names) => {
+                send!(self.client.lock_many(names), self.ttl, self.wait).map(|g| g.map(Lease::Many))
+            }
         };
         match got {
-            Ok(guard) => Ok(guard.map(|g| NativeGuard::new(Lease::Lock(g)))),
+            Ok(lease) => Ok(lease.map(NativeGuard::new)),
             Err(e) if errors::only_busy(&e, self.wait, started.elapsed()) => Ok(None),
             Err(e) => Err(e.into()),
         }
@@ -142,16 +165,13 @@ impl NativeClient {
     fn ask(
         &self,
         py: Python<'_>,
-        name: String,
-        kind: &str,
-        permits: u32,
+        target: Target,
         ttl: Option<f64>,
         wait: Option<f64>,
     ) -> PyResult<Ask> {
         Ok(Ask {
             client: self.client(py)?,
-            name,
-            kind: lease_kind(kind, permits)?,
+            target,
             ttl: ttl.map(|t| errors::seconds("ttl", t)).transpose()?,
             wait: wait.map(|w| errors::seconds("timeout", w)).transpose()?,
         })
@@ -208,7 +228,11 @@ impl NativeClient {
         ttl: Option<f64>,
         wait: Option<f64>,
     ) -> PyResult<Option<NativeGuard>> {
-        let ask = self.ask(py, name, kind, permits, ttl, wait)?;
+        let name = Target::One {
+            name,
+            kind: lease_kind(kind, permits)?,
+        };
+        let ask = self.ask(py, name, ttl, wait)?;
         Ok(block_on(py, ask.run())??)
     }
 
@@ -225,7 +249,40 @@ impl NativeClient {
         ttl: Option<f64>,
         wait: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let ask = self.ask(py, name, kind, permits, ttl, wait)?;
+        let name = Target::One {
+            name,
+            kind: lease_kind(kind, permits)?,
+        };
+        let ask = self.ask(py, name, ttl, wait)?;
+        aio::spawn(event_loop, ask.run())
+    }
+
+    /// Takes every name of `names` at once, all or none (exclusive): the guard, or `None` if
+    /// a name stayed busy. `wait` as `acquire`'s. `UnsupportedError` on an engine without
+    /// multi-name locks.
+    #[pyo3(signature = (names, ttl=None, wait=None))]
+    fn acquire_many(
+        &self,
+        py: Python<'_>,
+        names: Vec<String>,
+        ttl: Option<f64>,
+        wait: Option<f64>,
+    ) -> PyResult<Option<NativeGuard>> {
+        let ask = self.ask(py, Target::Many(names), ttl, wait)?;
+        Ok(block_on(py, ask.run())??)
+    }
+
+    /// `acquire_many` for asyncio: a future of the event loop `event_loop`.
+    #[pyo3(signature = (event_loop, names, ttl=None, wait=None))]
+    fn acquire_many_async<'py>(
+        &self,
+        py: Python<'py>,
+        event_loop: &Bound<'py, PyAny>,
+        names: Vec<String>,
+        ttl: Option<f64>,
+        wait: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ask = self.ask(py, Target::Many(names), ttl, wait)?;
         aio::spawn(event_loop, ask.run())
     }
 

@@ -1,5 +1,6 @@
 //! A held lease, for Python: the core's `LockGuard` (or an election's `Leadership`, a guard
-//! with an epoch and a value) and the process that took it.
+//! with an epoch and a value, or a `MultiGuard`, several names held as one lease) and the
+//! process that took it.
 //!
 //! Only the process that took a lease may release it: in a forked child the guard reads as not
 //! held, `release` raises, and dropping it forgets the parent's guard (the parent still holds
@@ -9,7 +10,7 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use distlock::{Leadership, LeaseEnd, LeaseHandle, LockError, LockGuard, Released};
+use distlock::{Leadership, LeaseEnd, LeaseHandle, LockError, LockGuard, MultiGuard, Released};
 use pyo3::prelude::*;
 
 use crate::errors::{Failure, Fallible};
@@ -20,13 +21,15 @@ use crate::{aio, errors};
 pub(crate) enum Lease {
     Lock(LockGuard),
     Lead(Leadership),
+    Many(MultiGuard),
 }
 
 impl Lease {
-    fn guard(&self) -> &LockGuard {
+    fn handle(&self) -> LeaseHandle {
         match self {
-            Lease::Lock(g) => g,
-            Lease::Lead(l) => l.guard(),
+            Lease::Lock(g) => g.handle(),
+            Lease::Lead(l) => l.guard().handle(),
+            Lease::Many(m) => m.handle(),
         }
     }
 
@@ -34,12 +37,23 @@ impl Lease {
         match self {
             Lease::Lock(g) => g.release().await,
             Lease::Lead(l) => l.resign().await,
+            Lease::Many(m) => m.release().await,
         }
     }
 
     async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
-        self.guard().extend(ttl).await
+        match self {
+            Lease::Lock(g) => g.extend(ttl).await,
+            Lease::Lead(l) => l.guard().extend(ttl).await,
+            Lease::Many(m) => m.extend(ttl).await,
+        }
     }
+}
+
+/// The names of a multi-name lease and a fence for each, as its guard gave them.
+struct Names {
+    names: Vec<String>,
+    fences: Vec<Option<u64>>,
 }
 
 /// A lease taken by this process; `None` once released.
@@ -49,6 +63,8 @@ pub(crate) struct NativeGuard {
     handle: LeaseHandle,
     /// A leadership's epoch (the fence of its lease).
     epoch: Option<u64>,
+    /// A multi-name lease's names and fences (kept here: they outlive its release).
+    many: Option<Names>,
     /// An async mutex: an `extend` holds it across its round trip, and a release waits for it.
     lease: tokio::sync::Mutex<Option<Lease>>,
 }
@@ -57,12 +73,20 @@ impl NativeGuard {
     pub(crate) fn new(lease: Lease) -> Self {
         let epoch = match &lease {
             Lease::Lead(l) => Some(l.epoch().get()),
-            Lease::Lock(_) => None,
+            Lease::Lock(_) | Lease::Many(_) => None,
+        };
+        let many = match &lease {
+            Lease::Many(m) => Some(Names {
+                names: m.names().to_vec(),
+                fences: m.fences().to_vec(),
+            }),
+            Lease::Lock(_) | Lease::Lead(_) => None,
         };
         NativeGuard {
             pid: pid(),
-            handle: lease.guard().handle(),
+            handle: lease.handle(),
             epoch,
+            many,
             lease: tokio::sync::Mutex::new(Some(lease)),
         }
     }
@@ -113,16 +137,41 @@ fn released(r: Released) -> Option<&'static str> {
 
 #[pymethods]
 impl NativeGuard {
-    /// The lock's name.
+    /// The lock's name; a multi-name lease's names, comma-separated.
     #[getter]
-    fn name(&self) -> &str {
-        self.handle.key()
+    fn name(&self) -> String {
+        match &self.many {
+            Some(m) => m.names.join(", "),
+            None => self.handle.key().to_owned(),
+        }
     }
 
-    /// The fencing token, when the engine gives one (a leadership's epoch).
+    /// The names held: the one name, or a multi-name lease's, distinct and sorted.
+    #[getter]
+    fn names(&self) -> Vec<String> {
+        match &self.many {
+            Some(m) => m.names.clone(),
+            None => vec![self.handle.key().to_owned()],
+        }
+    }
+
+    /// The fencing token, when the engine gives one (a leadership's epoch). `None` for a
+    /// multi-name lease, whose fences are per name (`fences`).
     #[getter]
     fn fence(&self) -> Option<u64> {
-        self.epoch.or_else(|| self.handle.fence())
+        match &self.many {
+            Some(_) => None,
+            None => self.epoch.or_else(|| self.handle.fence()),
+        }
+    }
+
+    /// Each name's fence, in the order of `names` (`None` where the engine gives none).
+    #[getter]
+    fn fences(&self) -> Vec<Option<u64>> {
+        match &self.many {
+            Some(m) => m.fences.clone(),
+            None => vec![self.fence()],
+        }
     }
 
     /// Whether the lease is still this process's (no I/O).
@@ -193,7 +242,7 @@ impl NativeGuard {
             let mut lease = slf.get().lease.lock().await;
             match lease.as_mut() {
                 Some(Lease::Lead(l)) => Ok(l.proclaim(value).await?),
-                Some(Lease::Lock(_)) => Err(Failure::pkg(
+                Some(Lease::Lock(_) | Lease::Many(_)) => Err(Failure::pkg(
                     "UnsupportedError",
                     "proclaim is for a leadership, not a lock",
                 )),

@@ -31,6 +31,8 @@ use crate::keys::KeyLayout;
 use crate::replies::{MasterAcquireReply, ScriptReply};
 use crate::scripts::{LuaScript, MasterScripts, ttl_ms};
 
+mod many;
+
 /// The masters of a Redlock deployment and its settings.
 ///
 /// From a URL: `redlock://[user:password@]host1:port1,host2:port2,…[/db][?params]` (or
@@ -218,6 +220,9 @@ pub(crate) fn lease_of(votes: &[Vote]) -> Result<LeaseCheck, (usize, usize)> {
 /// - extend and release: compare-and-pexpire and compare-and-delete on every master; a
 ///   renewal holds when a majority renewed it;
 /// - the watchdog's renewals go out as one pipeline per master, all masters at once;
+/// - several names at once (`lock_many`): one script per master takes every name or none,
+///   decided by the same quorum and validity as one name, and released on every master when
+///   it is not ours (see `redlock/many.rs`);
 /// - waiting: jittered back-off (no events yet);
 /// - fencing: none (see the module documentation).
 #[derive(Clone)]
@@ -324,34 +329,79 @@ impl RedlockBackend {
     async fn on_all<R: ScriptReply + Into<Vote>>(
         &self,
         script: &LuaScript<R>,
-        key: &str,
+        keys: &[&str],
         args: &[&str],
         limit: Duration,
         doing: &str,
     ) -> Vec<Vote> {
+        let replies = self.replies(script, keys, args, limit, doing).await;
+        replies
+            .into_iter()
+            .map(|r| r.map_or(Vote::Failed, Into::into))
+            .collect()
+    }
+
+    /// Runs `script` on every master at once, each within `limit`: each master's reply, `None`
+    /// for one that failed or did not answer in time.
+    async fn replies<R: ScriptReply>(
+        &self,
+        script: &LuaScript<R>,
+        keys: &[&str],
+        args: &[&str],
+        limit: Duration,
+        doing: &str,
+    ) -> Vec<Option<R>> {
         join_all(self.nodes.iter().map(|node| async move {
-            match tokio::time::timeout(limit, node.run(script, &[key], args, doing)).await {
-                Ok(Ok(reply)) => reply.into(),
+            match tokio::time::timeout(limit, node.run(script, keys, args, doing)).await {
+                Ok(Ok(reply)) => Some(reply),
                 Ok(Err(e)) => {
                     tracing::debug!(target: "distlock", master = &*node.target, error = %e, "{doing}");
-                    Vote::Failed
+                    None
                 }
-                Err(_) => Vote::Failed,
+                Err(_) => None,
             }
         }))
         .await
     }
 
     /// Compare-and-delete on every master (after a failed or cancelled acquire, and release).
-    async fn release_all(&self, lock_key: &str, token: &Token, limit: Duration) -> Vec<Vote> {
+    async fn release_on_all(&self, lock_key: &str, token: &Token, limit: Duration) -> Vec<Vote> {
         self.on_all(
             &self.scripts.release,
-            lock_key,
+            &[lock_key],
             &[token.as_str()],
             limit,
             "releasing a Redlock lock",
         )
         .await
+    }
+
+    /// Decides an acquire sent at `started` from the masters' votes: ours when a majority
+    /// granted it with validity left (see [`decide`]). Any other outcome first runs
+    /// `take_back`, the release of our copies on every master, when a master may hold one (it
+    /// granted it, or did not answer in time and may have granted it after all); then it is
+    /// busy, or `QuorumNotReached` when fewer than a majority answered.
+    async fn conclude(
+        votes: &[Vote],
+        ttl: Duration,
+        started: Instant,
+        doing: &str,
+        take_back: impl Future<Output = Vec<Vote>>,
+    ) -> Result<Attempt, LockError> {
+        let outcome = decide(votes, ttl, started.elapsed());
+        if outcome == Verdict::Acquired {
+            return Ok(Attempt::Acquired { fence: None });
+        }
+        if !seeded::on(SeededBug::KeepPartial)
+            && votes.iter().any(|v| matches!(v, Vote::Yes | Vote::Failed))
+        {
+            take_back.await;
+        }
+        match outcome {
+            Verdict::NoQuorum { got, needed } => Err(no_quorum(doing, got, needed)),
+            Verdict::Busy(holder_ttl) => Ok(Attempt::Busy { holder_ttl }),
+            Verdict::Acquired => unreachable!("handled above"),
+        }
     }
 
     /// One plain `SET NX PX` on one master: yes or no.
@@ -441,7 +491,7 @@ impl Backend for RedlockBackend {
             // from an earlier attempt of this wait) and reports the holder's lease.
             self.on_all(
                 &self.scripts.acquire,
-                &lock_key,
+                &[&lock_key],
                 &[req.token.as_str(), &value, ttl],
                 limit,
                 DOING,
@@ -455,22 +505,9 @@ impl Backend for RedlockBackend {
             }))
             .await
         };
-        let outcome = decide(&votes, req.ttl, started.elapsed());
-        if outcome == Verdict::Acquired {
-            return Ok(Attempt::Acquired { fence: None });
-        }
-        // Not ours: take back every copy we may have, on every master (one that did not
-        // answer in time may have granted it).
-        if !seeded::on(SeededBug::KeepPartial)
-            && votes.iter().any(|v| matches!(v, Vote::Yes | Vote::Failed))
-        {
-            self.release_all(&lock_key, req.token, limit).await;
-        }
-        match outcome {
-            Verdict::NoQuorum { got, needed } => Err(no_quorum(DOING, got, needed)),
-            Verdict::Busy(holder_ttl) => Ok(Attempt::Busy { holder_ttl }),
-            Verdict::Acquired => unreachable!("handled above"),
-        }
+        // Not ours: every copy we may have is taken back, on every master.
+        let take_back = self.release_on_all(&lock_key, req.token, limit);
+        Self::conclude(&votes, req.ttl, started, DOING, take_back).await
     }
 
     async fn renew(&self, lease: &LeaseRef<'_>, ttl: Duration) -> Result<LeaseCheck, LockError> {
@@ -481,7 +518,7 @@ impl Backend for RedlockBackend {
         let votes = self
             .on_all(
                 &self.scripts.extend,
-                &lock_key,
+                &[&lock_key],
                 &[token.as_str(), ttl_buf.format(ttl_ms(ttl))],
                 self.timeout_for(ttl),
                 DOING,
@@ -495,7 +532,7 @@ impl Backend for RedlockBackend {
         let (key, token) = (lease.name, lease.token);
         let lock_key = self.layout.lock_key(key);
         let limit = self.nodes[0].response_timeout;
-        let votes = self.release_all(&lock_key, token, limit).await;
+        let votes = self.release_on_all(&lock_key, token, limit).await;
         lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))
     }
 
@@ -508,6 +545,7 @@ impl Backend for RedlockBackend {
         breaker: Breaker,
         lister: Lister,
         linger: Linger,
+        multi_lock: MultiLock,
     );
 }
 
@@ -566,7 +604,7 @@ impl RedlockBackend {
         let token = Token::parse(&token)?;
         let lock_key = self.layout.lock_key(key);
         let limit = self.nodes[0].response_timeout;
-        let votes = self.release_all(&lock_key, &token, limit).await;
+        let votes = self.release_on_all(&lock_key, &token, limit).await;
         match lease_of(&votes).map_err(|(got, needed)| no_quorum(DOING, got, needed))? {
             LeaseCheck::Ours => Ok(BreakOutcome::Broken(st)),
             // Expired, or released, between the read and the delete.

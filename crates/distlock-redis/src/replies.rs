@@ -360,6 +360,32 @@ impl ScriptReply for MasterAcquireReply {
     }
 }
 
+/// `redlock_acquire_many.lua`, on one master.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MasterManyReply {
+    /// 1: every name is ours here (newly set, or already ours: written again).
+    Ours,
+    /// `{0, i, pttl}`: the name at this place (from 0) is another owner's, for this long (when
+    /// it has a TTL); nothing was written.
+    Held { name: usize, ttl: Option<Duration> },
+}
+
+impl ScriptReply for MasterManyReply {
+    fn parse(v: &Value) -> Option<Self> {
+        match v {
+            Value::Int(1) => Some(MasterManyReply::Ours),
+            Value::Array(items) => match items.as_slice() {
+                [Value::Int(0), Value::Int(i), Value::Int(ms)] => Some(MasterManyReply::Held {
+                    name: usize::try_from(*i).ok()?.checked_sub(1)?,
+                    ttl: pttl(*ms),
+                }),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
 /// `fenced_set.lua`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FencedWrite {
@@ -501,6 +527,16 @@ mod tests {
             })
         );
         assert_eq!(MasterAcquireReply::parse(&Int(0)), None);
+        assert_eq!(MasterManyReply::parse(&Int(1)), Some(MasterManyReply::Ours));
+        assert_eq!(
+            MasterManyReply::parse(&arr(&[Int(0), Int(2), Int(-1)])),
+            Some(MasterManyReply::Held { name: 1, ttl: None })
+        );
+        assert_eq!(
+            MasterManyReply::parse(&arr(&[Int(0), Int(0), Int(5)])),
+            None
+        );
+        assert_eq!(MasterManyReply::parse(&arr(&[Int(1)])), None);
         assert_eq!(FencedWrite::parse(&Int(0)), Some(FencedWrite::Stale));
         assert_eq!(FencedWrite::parse(&bulk("1")), None);
     }

@@ -14,8 +14,8 @@ use std::time::Duration;
 use distlock_core::engine::LeaseCheck;
 
 use crate::replies::{
-    AcquireReply, FencedWrite, LeaveReply, ManyReply, MasterAcquireReply, PermitReply, ReadReply,
-    ReleaseReply, ScriptReply, StatusReply,
+    AcquireReply, FencedWrite, LeaveReply, ManyReply, MasterAcquireReply, MasterManyReply,
+    PermitReply, ReadReply, ReleaseReply, ScriptReply, StatusReply,
 };
 
 /// The token check.
@@ -34,6 +34,13 @@ macro_rules! fence_lua {
 macro_rules! queue_lua {
     () => {
         include_str!("scripts/queue.lua")
+    };
+}
+
+/// The helper of the multi-name scripts.
+macro_rules! many_lua {
+    () => {
+        include_str!("scripts/many.lua")
     };
 }
 
@@ -61,13 +68,19 @@ const EXTEND_SOURCE: &str = concat!(token_lua!(), include_str!("scripts/extend.l
 const ACQUIRE_MANY_SOURCE: &str = concat!(
     token_lua!(),
     fence_lua!(),
+    many_lua!(),
     include_str!("scripts/acquire_many.lua")
 );
-const EXTEND_MANY_SOURCE: &str = concat!(token_lua!(), include_str!("scripts/extend_many.lua"));
+const EXTEND_MANY_SOURCE: &str = concat!(
+    token_lua!(),
+    many_lua!(),
+    include_str!("scripts/extend_many.lua")
+);
 const RELEASE_MANY_SOURCE: &str = concat!(
     token_lua!(),
     fence_lua!(),
     queue_lua!(),
+    many_lua!(),
     include_str!("scripts/release_many.lua")
 );
 const RELABEL_SOURCE: &str = concat!(token_lua!(), include_str!("scripts/relabel.lua"));
@@ -82,6 +95,14 @@ const MASTER_ACQUIRE_SOURCE: &str =
     concat!(token_lua!(), include_str!("scripts/redlock_acquire.lua"));
 const MASTER_RELEASE_SOURCE: &str =
     concat!(token_lua!(), include_str!("scripts/redlock_release.lua"));
+const MASTER_ACQUIRE_MANY_SOURCE: &str = concat!(
+    token_lua!(),
+    include_str!("scripts/redlock_acquire_many.lua")
+);
+const MASTER_RELEASE_MANY_SOURCE: &str = concat!(
+    token_lua!(),
+    include_str!("scripts/redlock_release_many.lua")
+);
 const FENCED_SET_SOURCE: &str = include_str!("scripts/fenced_set.lua");
 const READ_ACQUIRE_SOURCE: &str = concat!(
     fence_lua!(),
@@ -208,6 +229,11 @@ pub(crate) struct MasterScripts {
     pub(crate) acquire: LuaScript<MasterAcquireReply>,
     pub(crate) extend: LuaScript<LeaseCheck>,
     pub(crate) release: LuaScript<LeaseCheck>,
+    /// Several names at once (`lock_many`): taken all or none, renewed all or none (the single
+    /// engine's `extend_many.lua`, which reads and extends the lock keys only), released.
+    pub(crate) acquire_many: LuaScript<MasterManyReply>,
+    pub(crate) extend_many: LuaScript<LeaseCheck>,
+    pub(crate) release_many: LuaScript<LeaseCheck>,
 }
 
 impl MasterScripts {
@@ -216,6 +242,9 @@ impl MasterScripts {
             acquire: LuaScript::new(MASTER_ACQUIRE_SOURCE),
             extend: extend(),
             release: LuaScript::new(MASTER_RELEASE_SOURCE),
+            acquire_many: LuaScript::new(MASTER_ACQUIRE_MANY_SOURCE),
+            extend_many: LuaScript::new(EXTEND_MANY_SOURCE),
+            release_many: LuaScript::new(MASTER_RELEASE_MANY_SOURCE),
         }
     }
 }
@@ -246,17 +275,21 @@ mod tests {
     use super::*;
 
     /// The script files and the helpers prepended to each here.
-    const SCRIPTS: [(&str, &str, &[&str]); 19] = [
+    const SCRIPTS: [(&str, &str, &[&str]); 21] = [
         (
             "acquire_many.lua",
             ACQUIRE_MANY_SOURCE,
-            &["token.lua", "fence.lua"],
+            &["token.lua", "fence.lua", "many.lua"],
         ),
-        ("extend_many.lua", EXTEND_MANY_SOURCE, &["token.lua"]),
+        (
+            "extend_many.lua",
+            EXTEND_MANY_SOURCE,
+            &["token.lua", "many.lua"],
+        ),
         (
             "release_many.lua",
             RELEASE_MANY_SOURCE,
-            &["token.lua", "fence.lua", "queue.lua"],
+            &["token.lua", "fence.lua", "queue.lua", "many.lua"],
         ),
         ("acquire.lua", ACQUIRE_SOURCE, &["token.lua", "fence.lua"]),
         ("extend.lua", EXTEND_SOURCE, &["token.lua"]),
@@ -274,6 +307,16 @@ mod tests {
         ),
         ("redlock_acquire.lua", MASTER_ACQUIRE_SOURCE, &["token.lua"]),
         ("redlock_release.lua", MASTER_RELEASE_SOURCE, &["token.lua"]),
+        (
+            "redlock_acquire_many.lua",
+            MASTER_ACQUIRE_MANY_SOURCE,
+            &["token.lua"],
+        ),
+        (
+            "redlock_release_many.lua",
+            MASTER_RELEASE_MANY_SOURCE,
+            &["token.lua"],
+        ),
         ("fenced_set.lua", FENCED_SET_SOURCE, &[]),
         (
             "permit_acquire.lua",
@@ -304,8 +347,9 @@ mod tests {
         ),
     ];
 
-    const HELPERS: [(&str, &str, &[&str]); 4] = [
+    const HELPERS: [(&str, &str, &[&str]); 5] = [
         ("token.lua", token_lua!(), &["is_ours"]),
+        ("many.lua", many_lua!(), &["values_of"]),
         ("fence.lua", fence_lua!(), &["next_fence"]),
         ("queue.lua", queue_lua!(), &["tell", "pass_on"]),
         (

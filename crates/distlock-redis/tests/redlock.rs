@@ -213,3 +213,64 @@ async fn a_wait_budget_rides_through_a_majority_of_masters_paused() {
     assert!(t0.elapsed() >= Duration::from_millis(1500));
     assert_eq!(g.release().await.unwrap(), Released::Held);
 }
+
+/// A name another client holds on a majority of masters makes `lock_many` fail, and the
+/// attempt leaves every name free on every master: its copies on the masters where it got all
+/// the names are taken back, and the other client's copies are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_held_on_a_majority_fails_lock_many_and_leaves_every_name_free() {
+    let Some(ms) = masters(5) else { return };
+    let u = url(&ms, "");
+    let c = client(&u, opts().build().unwrap()).await;
+    let other = client(&u, opts().build().unwrap()).await;
+    let names = ["many-a", "many-b", "many-c"];
+    let engine = c.engine::<RedlockBackend>().expect("the engine");
+    let keys: Vec<String> = names.iter().map(|n| engine.lock_key(n)).collect();
+    let held = other
+        .try_acquire(names[1])
+        .await
+        .unwrap()
+        .expect("a free name");
+    // The other client keeps its copy on three masters of five only: a majority.
+    for m in &ms[3..] {
+        m.cli(&["DEL", &keys[1]]);
+    }
+    let theirs = ms[0].cli(&["GET", &keys[1]]);
+    assert!(
+        c.lock_many(names).try_acquire().await.unwrap().is_none(),
+        "taken with a name held on a majority"
+    );
+    let busy = c.lock_many(names).no_wait().acquire().await;
+    assert_eq!(busy.map(|_| ()).map_err(|e| e.kind()), Err(ErrorKind::Busy));
+    for (i, m) in ms.iter().enumerate() {
+        for (key, name) in keys.iter().zip(names) {
+            let on_master = m.cli(&["GET", key]);
+            if name == names[1] && i < 3 {
+                assert_eq!(on_master, theirs, "master {i}: the holder's copy of {name}");
+            } else {
+                assert!(
+                    on_master.trim().is_empty(),
+                    "master {i} kept {name} for the failed attempt: {on_master:?}"
+                );
+            }
+        }
+    }
+    assert_eq!(held.release().await.unwrap(), Released::Held);
+    let g = c
+        .lock_many(names)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("every name free");
+    for m in &ms {
+        for key in &keys {
+            assert!(holds(m, key), "a master without {key}");
+        }
+    }
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    for m in &ms {
+        for key in &keys {
+            assert!(!holds(m, key), "{key} stayed after the release");
+        }
+    }
+}

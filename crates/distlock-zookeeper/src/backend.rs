@@ -37,7 +37,10 @@ use crate::store::{self, ZkStore, seq_of};
 ///   suspended (the client lost its server) or expired ends every lock taken before, at once
 ///   (`is_held()` turns false, `lost()` fires): Curator's standard policy, since the server
 ///   may expire the session meanwhile. Renewal is a check that the node is still ours;
-/// - **release** deletes the node.
+/// - **release** deletes the node;
+/// - **several names at once** (`lock_many`): one `multi` creates an exclusive node in every
+///   name's queue, and the names are ours when each node is first in its queue (see `many.rs`);
+///   otherwise one `multi` deletes them all.
 #[derive(Clone)]
 pub struct ZkBackend {
     recipe: Arc<QueueRecipe<ZkStore>>,
@@ -67,7 +70,10 @@ impl ZkBackend {
     pub async fn with_config(config: ZkConfig) -> Result<Self, LockError> {
         let sessions = ZkSessions::open(config).await?;
         Ok(ZkBackend {
-            recipe: Arc::new(QueueRecipe::new(Arc::new(ZkStore { sessions }))),
+            recipe: Arc::new(QueueRecipe::new(Arc::new(ZkStore {
+                sessions,
+                many: crate::store::ManyHolds::default(),
+            }))),
         })
     }
 
@@ -194,6 +200,7 @@ impl Backend for ZkBackend {
         lister: Lister,
         downgrade: Downgrade,
         relabel: Relabel,
+        multi_lock: MultiLock,
     );
 }
 

@@ -5,6 +5,7 @@ mod backend;
 mod config;
 mod layout;
 mod list;
+mod many;
 mod session;
 mod store;
 

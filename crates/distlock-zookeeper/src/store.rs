@@ -7,12 +7,13 @@
 //! reply was lost (connection loss) is found again by its token, so no orphan node is left to
 //! block the lock for the rest of the session.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_core::engine::{AcquireRequest, BoxFuture, ErrorKind, LeaseKind, LockError};
 use distlock_core::recipes::queue::{Ahead, JoinOutcome, Joined, QueueStore, QueuedEntry};
-use distlock_core::recipes::{HolderValue, untag_value};
+use distlock_core::recipes::{HolderValue, MutexExt, untag_value};
 use zookeeper_client::{Acls, Client, CreateMode, Error};
 
 use crate::layout::Layout;
@@ -57,6 +58,8 @@ pub(crate) type Found = (String, i64, i64, LeaseKind);
 /// ZooKeeper as a store of lock queues.
 pub(crate) struct ZkStore {
     pub(crate) sessions: Arc<ZkSessions>,
+    /// This client's multi-name holds, by token.
+    pub(crate) many: ManyHolds,
 }
 
 use crate::layout::{foreign, is_own, push_node_prefix, refuse};
@@ -72,7 +75,7 @@ fn node_prefix(parent: &str, token: &str, kind: LeaseKind, layout: Layout) -> St
 impl ZkStore {
     /// The ACL of the nodes we create: the creator's only when the sessions authenticate (a
     /// digest user), else open to all.
-    fn acls(&self) -> Acls<'static> {
+    pub(crate) fn acls(&self) -> Acls<'static> {
         if self.sessions.config.digest.is_some() {
             Acls::creator_all()
         } else {
@@ -384,9 +387,37 @@ impl ZkStore {
     }
 }
 
+/// One multi-name hold: when it was taken (the session's loss count), and each name's node
+/// (its path and creation zxid), in the names' order.
+#[derive(Clone)]
+pub(crate) struct Hold {
+    pub(crate) since: u64,
+    pub(crate) nodes: Vec<(String, i64)>,
+}
+
+/// This client's multi-name holds, by token.
+#[derive(Default)]
+pub(crate) struct ManyHolds {
+    by_token: Mutex<HashMap<String, Hold>>,
+}
+
+impl ManyHolds {
+    pub(crate) fn get(&self, token: &str) -> Option<Hold> {
+        self.by_token.locked().get(token).cloned()
+    }
+
+    pub(crate) fn put(&self, token: &str, hold: Hold) {
+        self.by_token.locked().insert(token.to_owned(), hold);
+    }
+
+    pub(crate) fn take(&self, token: &str) -> Option<Hold> {
+        self.by_token.locked().remove(token)
+    }
+}
+
 /// Deletes `path`, trying again with back-off for `during` (a node left behind would hold the
 /// lock's queue for the rest of its session).
-async fn delete_retrying(client: Client, path: String, during: Duration) {
+pub(crate) async fn delete_retrying(client: Client, path: String, during: Duration) {
     let until = tokio::time::Instant::now() + during;
     let mut pause = Duration::from_millis(50);
     loop {
@@ -445,7 +476,7 @@ fn queued(parent: &str, names: Vec<(i64, String)>) -> Vec<QueuedEntry<Node>> {
 }
 
 /// The children ahead of sequence `mine`, oldest first; `None` if `mine` is not among them.
-fn ahead_of(children: &[String], mine: i64) -> Option<Vec<(i64, String)>> {
+pub(crate) fn ahead_of(children: &[String], mine: i64) -> Option<Vec<(i64, String)>> {
     let mut queue: Vec<(i64, String)> = children
         .iter()
         .filter_map(|c| seq_of(c).map(|s| (s, c.clone())))

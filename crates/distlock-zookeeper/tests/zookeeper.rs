@@ -466,3 +466,94 @@ async fn a_leader_whose_session_expires_steps_down_at_once() {
     proxy.set(LinkMode::Pass);
     assert!(new.resign().await.unwrap().was_held());
 }
+
+/// A single-name waiter queued behind a multi-name holder's node watches it, and takes the
+/// name as soon as the holder releases, with a fence (`czxid`) above the holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_name_waiter_wakes_when_a_multi_name_holder_releases() {
+    let Some(zk) = ZooKeeper::start() else { return };
+    let url = zk.url("");
+    let raw = zookeeper_client::Client::connect(&url["zk://".len()..])
+        .await
+        .unwrap();
+    let holder = client(&url).await;
+    let waiter = client(&url).await;
+    let parent = holder
+        .engine::<ZkBackend>()
+        .expect("the engine")
+        .lock_path("mwake-b");
+    let g = holder
+        .lock_many(["mwake-a", "mwake-b"])
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
+    let held_fence = g.fence("mwake-b").expect("a fence");
+    assert_eq!(g.fence("mwake-a"), Some(held_fence), "one multi, one zxid");
+    let task = tokio::spawn(async move {
+        let got = waiter
+            .lock("mwake-b")
+            .wait_timeout(Duration::from_secs(30))
+            .acquire()
+            .await;
+        (got, Instant::now())
+    });
+    // Queued for good: the holder's node and the waiter's.
+    let t0 = Instant::now();
+    loop {
+        let before = children(&raw, &parent).await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        if before.len() == 2 && children(&raw, &parent).await == before {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "never queued");
+    }
+    assert!(
+        !task.is_finished(),
+        "took a name the multi-name holder held"
+    );
+    let released = Instant::now();
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+    let (got, at) = task.await.unwrap();
+    let got = got.expect("the name after the release");
+    let woke = at.saturating_duration_since(released);
+    assert!(
+        woke < Duration::from_secs(2),
+        "woke {woke:?} after the release"
+    );
+    assert!(got.fence().unwrap() > held_fence);
+    assert_eq!(got.release().await.unwrap(), Released::Held);
+    assert!(
+        children(&raw, &parent).await.is_empty(),
+        "nothing left behind"
+    );
+}
+
+/// A multi-name attempt that finds one name held deletes every node it made, in one `multi`,
+/// before it answers busy: no queue keeps a node of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_multi_name_attempt_leaves_no_node() {
+    let Some(zk) = ZooKeeper::start() else { return };
+    let url = zk.url("");
+    let raw = zookeeper_client::Client::connect(&url["zk://".len()..])
+        .await
+        .unwrap();
+    let a = client(&url).await;
+    let b = client(&url).await;
+    let engine = b.engine::<ZkBackend>().expect("the engine");
+    let names = ["mbusy-a", "mbusy-b", "mbusy-c"];
+    let held = a.acquire("mbusy-b").await.unwrap();
+    assert!(b.lock_many(names).try_acquire().await.unwrap().is_none());
+    for (i, name) in names.iter().enumerate() {
+        let left = children(&raw, &engine.lock_path(name)).await;
+        assert_eq!(left.len(), usize::from(i == 1), "{name}: {left:?}");
+    }
+    assert_eq!(held.release().await.unwrap(), Released::Held);
+    let g = b
+        .lock_many(names)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
+    assert_eq!(g.release().await.unwrap(), Released::Held);
+}

@@ -13,7 +13,7 @@
 //! | hand a released lock to the next waiting client on the server | [`Handover`] | Redis |
 //! | break a lock whoever holds it (an operator's break-glass) | [`Breaker`] | all but memcached's weakest cases |
 //! | write a new label for a holder, the lease kept (an election's new value) | [`Relabel`] | Redis (single, Sentinel, Cluster), etcd, ZooKeeper, PostgreSQL, MySQL, the file engine |
-//! | take several names at once, all or none (`lock_many`) | [`MultiLock`] | the file engine |
+//! | take several names at once, all or none (`lock_many`) | [`MultiLock`] | the file engine, Redis (single, Sentinel, Cluster within one slot, Redlock), etcd, ZooKeeper, PostgreSQL and MySQL (a session of their own), memcached (ordered, with rollback) |
 //! | list the locks it holds (`distlock list`) | [`Lister`] | Redis (single, Sentinel, Cluster, Redlock), etcd, ZooKeeper, PostgreSQL and MySQL (the names their clients record), the file engine |
 //!
 //! Waiting, the watchdog, in-process queues, hand-off between tasks, guards and the lost signal

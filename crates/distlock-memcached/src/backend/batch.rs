@@ -10,7 +10,7 @@ use crate::meta::Request;
 
 /// Renewals one pipeline carries: about 100 bytes a request each way, so a chunk is about
 /// 100 KB on the wire, and the replies of a chunk are read before the next is sent.
-const PIPELINE: usize = 1024;
+pub(super) const PIPELINE: usize = 1024;
 
 #[distlock_core::engine::async_trait]
 impl BatchRenew for MemcachedBackend {

@@ -18,12 +18,13 @@ from ._election import Election, Leadership
 from . import _errors
 from ._errors import *  # noqa: F403 (each listed in _errors.__all__)
 from ._native import __version__, engines
-from ._sync import Client, Lock, connect
+from ._sync import Client, Lock, MultiLock, connect
 
 __all__ = [
     "connect",
     "Client",
     "Lock",
+    "MultiLock",
     "Status",
     "Holder",
     "Listing",

@@ -4,7 +4,7 @@ Each API adds only its own manners (``_sync.py``, ``asyncio.py``)."""
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Deque, Generic, Optional, TypeVar
+from typing import Any, Deque, Generic, Iterable, List, Optional, Tuple, TypeVar
 
 from . import _common
 from ._common import DEFAULT, EXCLUSIVE, PERMIT, SHARED
@@ -108,3 +108,54 @@ class LockBase:
 
     def _state(self) -> str:
         return "held" if self.is_held() else ("lost" if self.locked() else "unlocked")
+
+
+def asked_names(names: Iterable[str]) -> List[str]:
+    """The names a multi-name lock was asked for, as given (the core checks, sorts and
+    deduplicates them at each acquire). One ``str`` is refused: it would be its letters."""
+    if isinstance(names, (str, bytes)):
+        raise TypeError("lock_many takes an iterable of names, not one str")
+    return list(names)
+
+
+def shown_names(asked: List[str]) -> str:
+    """A multi-name lock's label in messages: its names in the canonical order."""
+    return ", ".join(sorted(set(asked)))
+
+
+class ManyNames:
+    """What a multi-name lock adds to a lock: its names, and a fence per name."""
+
+    _asked: List[str]
+    _guards: Deque[NativeGuard]
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        """The names, distinct and sorted: the canonical order every holder takes them in
+        (the held lease's, once acquired)."""
+        guards = list(self._guards)
+        if guards:
+            return tuple(guards[-1].names)
+        return tuple(sorted(set(self._asked)))
+
+    @property
+    def fences(self) -> Tuple[Optional[int], ...]:
+        """Each name's fencing token, in the order of ``names``: above every earlier holder's
+        of that name, single or multi. ``None`` where the engine gives none, and all ``None``
+        when not held."""
+        guards = list(self._guards)
+        if guards:
+            return tuple(guards[-1].fences)
+        return (None,) * len(self.names)
+
+    def fence_of(self, name: str) -> Optional[int]:
+        """The fence of ``name`` (``KeyError`` if it is not one of the names)."""
+        names = self.names
+        if name not in names:
+            raise KeyError(name)
+        return self.fences[names.index(name)]
+
+    @property
+    def fence(self) -> Optional[int]:
+        """``None``: a multi-name lock has a fence per name (``fences``, ``fence_of``)."""
+        return None

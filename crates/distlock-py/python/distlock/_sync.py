@@ -5,14 +5,14 @@ from __future__ import annotations
 import functools
 import threading
 from types import TracebackType
-from typing import Any, Callable, Optional, Type, TypeVar
+from typing import Any, Callable, Iterable, Optional, Type, TypeVar
 
 from . import _common
-from ._base import ClientBase, LockBase
+from ._base import ClientBase, LockBase, ManyNames, asked_names, shown_names
 from ._common import DEFAULT, EXCLUSIVE, Listing, Status
 from ._errors import LockNotOwnedError
 from ._election import Election
-from ._native import NativeClient, NativeElection
+from ._native import NativeClient, NativeElection, NativeGuard
 from ._signal import LostCallback, LostSignal
 
 
@@ -64,6 +64,19 @@ class Client(ClientBase["Lock"]):
         (the client's unless given; ``None``: as long as it takes). ``raise_on_lost``: whether
         a release of a lease that ended first raises ``LockLostError``."""
         return Lock(self, name, EXCLUSIVE, 0, ttl, self._wait_of(wait), raise_on_lost)
+
+    def lock_many(
+        self,
+        names: Iterable[str],
+        *,
+        ttl: Optional[float] = None,
+        wait: Optional[float] = DEFAULT,
+        raise_on_lost: bool = True,
+    ) -> "MultiLock":
+        """A mutex on every name of ``names`` at once, all or none: one lease, renewed, lost
+        and released together, with a fence per name (options as ``lock``'s).
+        ``UnsupportedError`` at the acquire on an engine without multi-name locks."""
+        return MultiLock(self, names, ttl, self._wait_of(wait), raise_on_lost)
 
     def _new(self, name: str, kind: str, permits: int, options: "dict[str, Any]") -> "Lock":
         ttl, wait, raise_on_lost = self._options(options)
@@ -128,9 +141,7 @@ class Lock(LockBase):
         """Takes the lock: ``True`` once it is ours, ``False`` if it stayed busy (at once when
         ``blocking`` is false, or for ``timeout`` seconds; ``-1``: the lock's own wait)."""
         wait = _common.wait_for(blocking, timeout, self._wait)
-        guard = self._client._native.acquire(
-            self.name, self._kind, self._permits, self._ttl, wait
-        )
+        guard = self._take(wait)
         if guard is None:
             return False
         with self._mutex:
@@ -144,6 +155,12 @@ class Lock(LockBase):
                 signal.reset()
             signal.watch(guard)
         return True
+
+    def _take(self, wait: Optional[float]) -> Optional[NativeGuard]:
+        """A new lease (``wait`` as the native acquire's), or ``None`` if it stayed busy."""
+        return self._client._native.acquire(
+            self.name, self._kind, self._permits, self._ttl, wait
+        )
 
     def release(self) -> None:
         """Releases the lease this object took first. Raises ``LockNotOwnedError`` when it
@@ -218,3 +235,31 @@ class Lock(LockBase):
 
     def __repr__(self) -> str:
         return f"<distlock.Lock {self.name!r} {self._state()}>"
+
+
+class MultiLock(ManyNames, Lock):
+    """Several names locked together, all or none (``client.lock_many``), with a ``Lock``'s
+    manners; plus ``names``, ``fences`` and ``fence_of(name)``. A waiter holds none of the
+    names while it waits, so clients asking for overlapping names in any order never
+    deadlock."""
+
+    def __init__(
+        self,
+        client: Client,
+        names: Iterable[str],
+        ttl: Optional[float],
+        wait: Optional[float],
+        raise_on_lost: bool,
+    ) -> None:
+        self._asked = asked_names(names)
+        super().__init__(client, shown_names(self._asked), EXCLUSIVE, 0, ttl, wait, raise_on_lost)
+
+    def _take(self, wait: Optional[float]) -> Optional[NativeGuard]:
+        return self._client._native.acquire_many(self._asked, self._ttl, wait)
+
+    def __enter__(self) -> "MultiLock":
+        super().__enter__()
+        return self
+
+    def __repr__(self) -> str:
+        return f"<distlock.MultiLock {self.names!r} {self._state()}>"

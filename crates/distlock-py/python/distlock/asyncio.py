@@ -9,17 +9,17 @@ from __future__ import annotations
 import asyncio
 import functools
 from types import TracebackType
-from typing import Any, Awaitable, Callable, Optional, Type, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Optional, Type, TypeVar
 
 from . import _common
-from ._base import ClientBase, LockBase
+from ._base import ClientBase, LockBase, ManyNames, asked_names, shown_names
 from ._common import DEFAULT, EXCLUSIVE, Listing, Status
 from ._errors import LockNotOwnedError
 from ._election import AsyncElection, AsyncLeadership
 from ._native import NativeClient, NativeElection, NativeGuard
 from ._signal import AsyncLostSignal, LostCallback
 
-__all__ = ["connect", "Client", "Lock", "AsyncElection", "AsyncLeadership"]
+__all__ = ["connect", "Client", "Lock", "MultiLock", "AsyncElection", "AsyncLeadership"]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -65,6 +65,20 @@ class Client(ClientBase["Lock"]):
         return Lock(
             self, name, EXCLUSIVE, 0, ttl, self._wait_of(wait), raise_on_lost, cancel_on_lost
         )
+
+    def lock_many(
+        self,
+        names: Iterable[str],
+        *,
+        ttl: Optional[float] = None,
+        wait: Optional[float] = DEFAULT,
+        raise_on_lost: bool = True,
+        cancel_on_lost: bool = False,
+    ) -> "MultiLock":
+        """Every name of ``names`` at once, all or none (see ``distlock.Client.lock_many``;
+        options as ``lock``'s)."""
+        wait = self._wait_of(wait)
+        return MultiLock(self, names, ttl, wait, raise_on_lost, cancel_on_lost)
 
     def _new(self, name: str, kind: str, permits: int, options: "dict[str, Any]") -> "Lock":
         ttl, wait, raise_on_lost, cancel_on_lost = self._options(options)
@@ -128,9 +142,7 @@ class Lock(LockBase):
         ``blocking`` is false, or for ``timeout`` seconds; ``-1``: the lock's own wait)."""
         wait = _common.wait_for(blocking, timeout, self._wait)
         loop = asyncio.get_running_loop()
-        guard = await self._client._native.acquire_async(
-            loop, self.name, self._kind, self._permits, self._ttl, wait
-        )
+        guard = await self._take(loop, wait)
         if guard is None:
             return False
         if not self._guards:
@@ -145,6 +157,14 @@ class Lock(LockBase):
             task = asyncio.current_task() if self._cancel_on_lost else None
             self._watch(guard, loop, task)
         return True
+
+    def _take(
+        self, loop: asyncio.AbstractEventLoop, wait: Optional[float]
+    ) -> "asyncio.Future[Optional[NativeGuard]]":
+        """A new lease (``wait`` as the native acquire's), or ``None`` if it stayed busy."""
+        return self._client._native.acquire_async(
+            loop, self.name, self._kind, self._permits, self._ttl, wait
+        )
 
     def _watch(
         self,
@@ -220,3 +240,33 @@ class Lock(LockBase):
 
     def __repr__(self) -> str:
         return f"<distlock.asyncio.Lock {self.name!r} {self._state()}>"
+
+
+class MultiLock(ManyNames, Lock):
+    """Several names locked together, all or none (``client.lock_many``), with this module's
+    ``Lock``'s manners; plus ``names``, ``fences`` and ``fence_of(name)``."""
+
+    def __init__(
+        self,
+        client: Client,
+        names: Iterable[str],
+        ttl: Optional[float],
+        wait: Optional[float],
+        raise_on_lost: bool,
+        cancel_on_lost: bool,
+    ) -> None:
+        self._asked = asked_names(names)
+        label = shown_names(self._asked)
+        super().__init__(client, label, EXCLUSIVE, 0, ttl, wait, raise_on_lost, cancel_on_lost)
+
+    def _take(
+        self, loop: asyncio.AbstractEventLoop, wait: Optional[float]
+    ) -> "asyncio.Future[Optional[NativeGuard]]":
+        return self._client._native.acquire_many_async(loop, self._asked, self._ttl, wait)
+
+    async def __aenter__(self) -> "MultiLock":
+        await super().__aenter__()
+        return self
+
+    def __repr__(self) -> str:
+        return f"<distlock.asyncio.MultiLock {self.names!r} {self._state()}>"

@@ -12,11 +12,13 @@
 -- fence is taken before any lock key is written: an error (WRONGTYPE) leaves no name taken.
 -- A multi-name waiter never queues on a name: it would then hold that name while it waited
 -- for the others.
--- Uses `is_ours` (token.lua) and `next_fence` (fence.lua), prepended to it (see scripts.rs).
+-- Uses `is_ours` (token.lua), `next_fence` (fence.lua) and `values_of` (many.lua), prepended
+-- to it (see scripts.rs).
 local tok, n = ARGV[1], #KEYS / 4
 local ours = {}
+local curs = values_of(1, 4)
 for i = 1, n do
-  local cur = redis.call('GET', KEYS[4 * i - 3])
+  local cur = curs[i]
   if cur then
     if not is_ours(cur, tok) then
       return {0, i, redis.call('PTTL', KEYS[4 * i - 3])}
@@ -24,6 +26,9 @@ for i = 1, n do
     ours[i] = true
   end
 end
+-- The server's clock, read once for every name's fence (see fence.lua).
+local now = redis.call('TIME')
+local us = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local out = {1}
 for i = 1, n do
   local fence = nil
@@ -36,7 +41,7 @@ for i = 1, n do
   end
   if not fence then
     local why
-    fence, why = next_fence(KEYS[4 * i], tonumber(ARGV[3 + i]) or 0)
+    fence, why = next_fence(KEYS[4 * i], tonumber(ARGV[3 + i]) or 0, now, us)
     if not fence then
       return redis.error_reply(why)
     end

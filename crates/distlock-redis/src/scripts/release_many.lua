@@ -5,12 +5,14 @@
 -- start).
 -- Returns 1 (every name was ours), 0 (a name had no lock) or -1 (a name was another owner's,
 -- left untouched); the names that were ours are released whatever it returns.
--- Uses `is_ours` (token.lua), `next_fence` (fence.lua) and `pass_on` (queue.lua), prepended to
--- it (see scripts.rs).
+-- Uses `is_ours` (token.lua), `next_fence` (fence.lua), `pass_on` (queue.lua) and `values_of`
+-- (many.lua), prepended to it (see scripts.rs).
 local tok, now, res = ARGV[1], ARGV[2], 1
-for i = 1, #KEYS / 4 do
-  local lock, meta, queue, fkey = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
-  local cur = redis.call('GET', lock)
+local curs = values_of(1, 4)
+-- The names still ours (their places), and whether any of them has clients queued.
+local ours, queues = {}, {}
+for i = 1, #curs do
+  local cur = curs[i]
   if cur == false then
     if res == 1 then
       res = 0
@@ -18,14 +20,25 @@ for i = 1, #KEYS / 4 do
   elseif not is_ours(cur, tok) then
     res = -1
   else
+    ours[#ours + 1] = i
+    queues[#queues + 1] = KEYS[4 * i - 1]
+  end
+end
+local queued = 0
+for from = 1, #queues, 1000 do
+  queued = queued + redis.call('EXISTS', unpack(queues, from, math.min(from + 999, #queues)))
+end
+for _, i in ipairs(ours) do
+  local lock, meta, queue, fkey = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+  local handed = false
+  if queued > 0 then
     local first = redis.pcall('LPOP', queue)
-    local handed = false
     if type(first) == 'string' then
       handed = pass_on(lock, meta, fkey, queue, '', now, first)
     end
-    if not handed then
-      redis.call('DEL', lock)
-    end
+  end
+  if not handed then
+    redis.call('DEL', lock)
   end
 end
 return res
