@@ -20,4 +20,3 @@ fn setup() -> Option<impl MakeClient> {
 }
 
 distlock_testkit::conformance_tests!(setup());
-distlock_testkit::conformance_many_tests!(@short setup());

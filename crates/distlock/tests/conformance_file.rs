@@ -15,4 +15,4 @@ fn setup() -> Option<impl Fn(LockOptions) -> std::future::Ready<LockClient>> {
 }
 
 distlock_testkit::conformance_tests!(setup());
-distlock_testkit::conformance_many_tests!(setup());
+distlock_testkit::conformance_many_tests!(@brief setup());

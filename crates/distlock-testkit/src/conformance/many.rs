@@ -19,8 +19,8 @@ macro_rules! conformance_many_tests {
         $crate::conformance_many_tests!(@short $setup);
         $crate::conformance_tests!(@cases $setup; many_names_never_deadlock);
     };
-    // The deadlock case for 8 s (`DISTLOCK_DEADLOCK_SECS` overrides it): the 30 s one runs on
-    // Redis and the file engine, and CI's time is shared.
+    // The deadlock case for 5 s (`DISTLOCK_DEADLOCK_SECS` overrides it): the 30 s one runs on
+    // Redis, and CI's time is shared.
     (@brief $setup:expr) => {
         $crate::conformance_many_tests!(@short $setup);
         $crate::conformance_tests!(@cases $setup; many_names_never_deadlock_briefly);
@@ -275,9 +275,9 @@ fn deadlock_secs(default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// [`many_names_never_deadlock`] for 8 s.
+/// [`many_names_never_deadlock`] for 5 s.
 pub async fn many_names_never_deadlock_briefly(make: &impl MakeClient) {
-    never_deadlock(make, deadlock_secs(8)).await;
+    never_deadlock(make, deadlock_secs(5)).await;
 }
 
 /// 16 tasks on 4 clients take random overlapping sets of 2 to 5 of 8 names, each set in a
