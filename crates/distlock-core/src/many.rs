@@ -84,41 +84,7 @@ impl LockClient {
 }
 
 impl ManyLockRequest<'_> {
-    /// The lease length for this call (of every name).
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.options = self.options.ttl(ttl);
-        self
-    }
-
-    /// How this call waits while a name is busy.
-    pub fn wait(mut self, wait: Wait) -> Self {
-        self.options = self.options.wait(wait);
-        self
-    }
-
-    /// Waits at most `d` for the names, then fails with `Timeout`.
-    pub fn wait_timeout(mut self, d: Duration) -> Self {
-        self.options = self.options.wait_timeout(d);
-        self
-    }
-
-    /// One attempt: a busy name fails with `Busy`.
-    pub fn no_wait(mut self) -> Self {
-        self.options = self.options.no_wait();
-        self
-    }
-
-    /// Whether the watchdog renews the lease while the guard lives.
-    pub fn auto_renew(mut self, on: bool) -> Self {
-        self.options = self.options.auto_renew(on);
-        self
-    }
-
-    /// Replaces every option with `options`.
-    pub fn options(mut self, options: LockOptions) -> Self {
-        self.options = options.to_builder();
-        self
-    }
+    crate::options::request_option_setters!();
 
     /// Takes every name, waiting as the options say.
     ///

@@ -383,6 +383,50 @@ impl LockOptionsBuilder {
     }
 }
 
+/// The option setters every request type has (`ttl`, `wait`, `wait_timeout`, `no_wait`,
+/// `auto_renew`, `options`), written once: a request keeps its options in a field `options`, a
+/// [`LockOptionsBuilder`].
+macro_rules! request_option_setters {
+    () => {
+        /// The lease length for this call.
+        pub fn ttl(mut self, ttl: std::time::Duration) -> Self {
+            self.options = self.options.ttl(ttl);
+            self
+        }
+
+        /// How this call waits while the lock is busy (for several names: while any is).
+        pub fn wait(mut self, wait: $crate::options::Wait) -> Self {
+            self.options = self.options.wait(wait);
+            self
+        }
+
+        /// Waits at most `d` for a busy lock, then fails with `Timeout`.
+        pub fn wait_timeout(mut self, d: std::time::Duration) -> Self {
+            self.options = self.options.wait_timeout(d);
+            self
+        }
+
+        /// One attempt: a busy lock fails with `Busy`.
+        pub fn no_wait(mut self) -> Self {
+            self.options = self.options.no_wait();
+            self
+        }
+
+        /// Whether the watchdog renews the lease while the guard lives.
+        pub fn auto_renew(mut self, on: bool) -> Self {
+            self.options = self.options.auto_renew(on);
+            self
+        }
+
+        /// Replaces every option with `options`.
+        pub fn options(mut self, options: $crate::options::LockOptions) -> Self {
+            self.options = options.to_builder();
+            self
+        }
+    };
+}
+pub(crate) use request_option_setters;
+
 #[cfg(test)]
 mod tests {
     use super::*;

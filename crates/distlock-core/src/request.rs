@@ -12,7 +12,7 @@ use crate::error::LockError;
 use crate::guard::{Fenced, Guard, LockGuard, Permit, ReadGuard, WriteGuard, needs_fence, wrap};
 use crate::guard::{no_fence, require_fences};
 use crate::lease::LeaseHandle;
-use crate::options::{LockOptions, LockOptionsBuilder, Wait};
+use crate::options::{LockOptions, LockOptionsBuilder};
 
 /// One lock request, made by [`LockClient::lock`] (a [`LockGuard`] when granted),
 /// [`read_lock`](LockClient::read_lock) (a [`ReadGuard`]), [`write_lock`](LockClient::write_lock)
@@ -170,45 +170,11 @@ impl LockRequest<'_, LockGuard> {
 }
 
 impl<'a, G: Guard> LockRequest<'a, G> {
-    /// The lease length for this call.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.options = self.options.ttl(ttl);
-        self
-    }
-
-    /// How this call waits for a busy lock.
-    pub fn wait(mut self, wait: Wait) -> Self {
-        self.options = self.options.wait(wait);
-        self
-    }
-
-    /// Waits at most `d` for a busy lock, then fails with `Timeout`.
-    pub fn wait_timeout(mut self, d: Duration) -> Self {
-        self.options = self.options.wait_timeout(d);
-        self
-    }
-
-    /// One attempt: a busy lock fails with `Busy`.
-    pub fn no_wait(mut self) -> Self {
-        self.options = self.options.no_wait();
-        self
-    }
-
-    /// Whether the watchdog renews the lease while the guard lives.
-    pub fn auto_renew(mut self, on: bool) -> Self {
-        self.options = self.options.auto_renew(on);
-        self
-    }
+    crate::options::request_option_setters!();
 
     /// The longest the watchdog keeps the lease alive, counted from the acquire.
     pub fn max_hold(mut self, limit: Duration) -> Self {
         self.options = self.options.max_hold(limit);
-        self
-    }
-
-    /// Replaces every option with `options`.
-    pub fn options(mut self, options: LockOptions) -> Self {
-        self.options = options.to_builder();
         self
     }
 

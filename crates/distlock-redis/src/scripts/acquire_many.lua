@@ -50,6 +50,6 @@ for i = 1, n do
 end
 for i = 1, n do
   redis.call('SET', KEYS[4 * i - 3], ARGV[2], 'PX', ARGV[3])
-  redis.call('HSET', KEYS[4 * i - 2], 'token', tok, 'holder_fence', out[i + 1])
+  redis.call('HSET', KEYS[4 * i - 2], 'token', tok, 'holder_fence', fence_text(out[i + 1]))
 end
 return out

@@ -95,7 +95,7 @@ local function pass_on(lock, meta, fkey, queue, self_chan, now, first, only_read
         '\t' .. string.format('%d', fence) .. ' ' .. seq .. ' ' .. tok .. ' ' .. lock)
       if type(heard) == 'number' and heard > 0 then
         redis.call('SET', lock, tok .. ' ' .. now .. ' ' .. owner, 'PX', ttl)
-        redis.pcall('HSET', meta, 'token', tok, 'holder_fence', fence)
+        redis.pcall('HSET', meta, 'token', tok, 'holder_fence', fence_text(fence))
         return true, met_self
       end
       -- Nobody listens on its channel: that client is gone. Its fence number is burnt.

@@ -60,7 +60,7 @@ local ttl, next_tok, owner = string.match(mine, '^[^ ]+ (%d+) %d+ ([^ ]+) (.*)$'
 local fence = next_fence(KEYS[4], 0)
 if next_tok and fence then
   redis.call('SET', KEYS[1], next_tok .. ' ' .. now .. ' ' .. owner, 'PX', ttl)
-  redis.pcall('HSET', KEYS[2], 'token', next_tok, 'holder_fence', fence)
+  redis.pcall('HSET', KEYS[2], 'token', next_tok, 'holder_fence', fence_text(fence))
   if believed ~= '' and not met_self then
     redis.pcall('LREM', KEYS[3], 1, believed)
   end

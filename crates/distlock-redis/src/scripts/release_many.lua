@@ -28,6 +28,9 @@ local queued = 0
 for from = 1, #queues, 1000 do
   queued = queued + redis.call('EXISTS', unpack(queues, from, math.min(from + 999, #queues)))
 end
+-- The names nobody is queued for (or whose queue had nobody left to take it) are deleted
+-- together: one DEL for all of them, where one a name cost a call each.
+local free = {}
 for _, i in ipairs(ours) do
   local lock, meta, queue, fkey = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local handed = false
@@ -38,7 +41,10 @@ for _, i in ipairs(ours) do
     end
   end
   if not handed then
-    redis.call('DEL', lock)
+    free[#free + 1] = lock
   end
+end
+for from = 1, #free, 1000 do
+  redis.call('DEL', unpack(free, from, math.min(from + 999, #free)))
 end
 return res

@@ -3,6 +3,10 @@
 -- counter, without fence.lua's floor (the server's clock and the fence the client saw), so a
 -- server that lost the counter (a restart without persistence, a fail-over to a lagging
 -- replica) gives fences again that it gave before. The fault harness must catch it (CK3).
+local function fence_text(f)
+  return string.format('%d', f)
+end
+
 local function next_fence(fkey, seen)
   local f = redis.pcall('ZINCRBY', fkey, 1, 'f')
   if type(f) ~= 'string' then
