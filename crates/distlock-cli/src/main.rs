@@ -7,7 +7,9 @@ mod check;
 mod crowd;
 mod deadline;
 mod exit;
+mod group;
 mod held;
+mod join;
 mod lead;
 mod leader;
 mod list;
@@ -70,6 +72,14 @@ enum Command {
     Leader(leader::LeaderArgs),
     /// Show whether KEY is held, by whom, for how long, and its fence.
     Status(status::StatusArgs),
+    /// Show the group NAME: its members, and each partition's owner, fence and assigned
+    /// member.
+    Group(group::GroupArgs),
+    /// Show which member of the group NAME owns KEY (its partition, value and fence).
+    Owner(group::OwnerArgs),
+    /// Join the group NAME as member ID and print each partition gained, draining and lost,
+    /// until SIGINT or SIGTERM (then leave gracefully).
+    Join(join::JoinArgs),
     /// List every lock held (or waited for) on the engine, with its holders and waiters;
     /// --watch redraws it as it changes.
     List(list::ListArgs),
@@ -266,6 +276,9 @@ fn main() -> ExitCode {
             Command::Leader(args) => leader::leader(args).await,
             Command::ChildDeadline(args) => deadline::run(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::Group(args) => group::group(args).await,
+            Command::Owner(args) => group::owner(args).await,
+            Command::Join(args) => join::join(args).await,
             Command::List(args) => list::list(args).await,
             Command::Release(args) => release::release(args).await,
             Command::Bench(args) => bench::bench(args).await,

@@ -355,7 +355,7 @@ fn check_value(value: &str) -> Result<(), LockError> {
 }
 
 /// The leader of an election, from its lock's status.
-fn leader_of(status: &LockStatus) -> Option<Leader> {
+pub(crate) fn leader_of(status: &LockStatus) -> Option<Leader> {
     let holder = status
         .holders
         .iter()

@@ -12,6 +12,7 @@ mod election;
 pub mod engine;
 mod error;
 mod fenced;
+mod group;
 mod guard;
 mod key;
 mod lease;
@@ -39,6 +40,10 @@ pub use election::{
 pub use engine::{Backend, Fencing, HolderStatus, IntoBackend, LeaseKind, LockStatus, MAX_PERMITS};
 pub use error::{BoxError, ErrorKind, LockError, error_chain};
 pub use fenced::FencedClient;
+pub use group::{
+    DEFAULT_PARTITIONS, Group, GroupWatch, KeyOwner, MAX_GROUP_LEN, MAX_MEMBER_LEN, MAX_PARTITIONS,
+    Member, Membership, Owned, OwnershipEvent, PartitionState, View,
+};
 pub use guard::{
     DowngradeError, Fence, Fenced, Guard, LeakedLease, LockGuard, Permit, ReadGuard, Released,
     WriteGuard,

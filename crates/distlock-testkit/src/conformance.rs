@@ -29,11 +29,13 @@ use distlock_core::{
 };
 
 mod election;
+mod group;
 mod kinds;
 mod linger;
 mod list;
 mod many;
 pub use election::*;
+pub use group::*;
 pub use kinds::*;
 pub use linger::*;
 pub use list::*;

@@ -8,12 +8,14 @@ mod schemes;
 pub use builder::{ClientBuilder, client};
 pub use distlock_core::{
     Backend, Backoff, BoxError, DEFAULT_HANDOFF_STREAK, DEFAULT_OBSERVE_INTERVAL,
-    DEFAULT_WAKE_FALLBACK, DowngradeError, Election, ErrorKind, Fence, Fenced, FencedClient,
-    Fencing, Guard, HolderStatus, IntoBackend, Leader, Leadership, LeakedLease, LeaseEnd,
-    LeaseHandle, LeaseKind, ListedLock, Listing, LockClient, LockClientBuilder, LockError,
-    LockGuard, LockOptions, LockOptionsBuilder, LockRequest, LockStatus, LostReason, MAX_KEY_LEN,
-    MAX_NAMES, MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, ManyLockRequest, MultiGuard, Observer, Permit,
-    ReadGuard, Released, Token, Wait, WriteGuard, default_drift, validate_key,
+    DEFAULT_PARTITIONS, DEFAULT_WAKE_FALLBACK, DowngradeError, Election, ErrorKind, Fence, Fenced,
+    FencedClient, Fencing, Group, GroupWatch, Guard, HolderStatus, IntoBackend, KeyOwner, Leader,
+    Leadership, LeakedLease, LeaseEnd, LeaseHandle, LeaseKind, ListedLock, Listing, LockClient,
+    LockClientBuilder, LockError, LockGuard, LockOptions, LockOptionsBuilder, LockRequest,
+    LockStatus, LostReason, MAX_GROUP_LEN, MAX_KEY_LEN, MAX_MEMBER_LEN, MAX_NAMES, MAX_PARTITIONS,
+    MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, ManyLockRequest, Member, Membership, MultiGuard, Observer,
+    Owned, OwnershipEvent, PartitionState, Permit, ReadGuard, Released, Token, View, Wait,
+    WriteGuard, default_drift, validate_key,
 };
 pub use schemes::{connect, open_backend, supported_schemes};
 

@@ -16,3 +16,4 @@ fn setup() -> Option<impl Fn(LockOptions) -> std::future::Ready<LockClient>> {
 
 distlock_testkit::conformance_tests!(setup());
 distlock_testkit::conformance_many_tests!(@brief setup());
+distlock_testkit::conformance_group_tests!(setup());

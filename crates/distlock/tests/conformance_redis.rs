@@ -13,3 +13,4 @@ fn setup() -> Option<impl MakeClient> {
 
 distlock_testkit::conformance_tests!(setup());
 distlock_testkit::conformance_many_tests!(setup());
+distlock_testkit::conformance_group_tests!(setup());
