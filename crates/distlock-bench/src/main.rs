@@ -42,6 +42,7 @@ mod common;
 mod p1;
 mod p10;
 mod p11;
+mod p12;
 mod p2;
 mod p3;
 mod p4;
@@ -134,6 +135,12 @@ struct Cli {
     /// prints its table and bar.
     #[arg(long, conflicts_with_all = ["p1_only", "p7_only", "p8_only", "p9_only", "p5_only", "tls_only", "p10_only"])]
     p11_only: bool,
+    /// Only P12 (a group of 8 `distlock join` members × 256 partitions: the time until every
+    /// partition is owned again after a join, a graceful leave and a kill, the partitions
+    /// moved, and the requests per member at rest), on Redis and etcd (`--engine` narrows it):
+    /// prints its table. Needs the `distlock` binary of the same build beside this one.
+    #[arg(long, conflicts_with_all = ["p1_only", "p7_only", "p8_only", "p9_only", "p5_only", "tls_only", "p10_only", "p11_only"])]
+    p12_only: bool,
     /// With --p10-only: the numbers of names one client holds, one run each.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
     names: Vec<usize>,
@@ -351,6 +358,15 @@ fn main() {
     }
     if cli.p10_only {
         return run_p10(&cli);
+    }
+    if cli.p12_only {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        print!("{}", p12::render(&p12::run(&rt, &cli.engine, cli.quick)));
+        return;
     }
     if !cli.no_pin {
         pin_self(0);
