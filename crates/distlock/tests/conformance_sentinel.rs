@@ -16,3 +16,4 @@ fn setup() -> Option<impl MakeClient> {
 
 distlock_testkit::conformance_tests!(setup());
 distlock_testkit::conformance_many_tests!(@short setup());
+distlock_testkit::conformance_group_tests!(@short setup());
