@@ -7,6 +7,7 @@ mod aio;
 mod client;
 mod election;
 mod errors;
+mod group;
 mod guard;
 mod runtime;
 
@@ -19,6 +20,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<guard::NativeGuard>()?;
     m.add_class::<election::NativeElection>()?;
     m.add_class::<election::NativeObserver>()?;
+    m.add_class::<group::NativeGroup>()?;
+    m.add_class::<group::NativeGroupWatch>()?;
+    m.add_class::<group::NativeMembership>()?;
     m.add_class::<aio::LoopBridge>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(engines, m)?)?;

@@ -15,6 +15,19 @@ The asyncio API is ``distlock.asyncio``; the blocking one is here.
 
 from ._common import Holder, Leader, ListedLock, Listing, Status
 from ._election import Election, Leadership
+from ._group import (
+    Group,
+    KeyOwner,
+    Member,
+    Membership,
+    Owned,
+    OwnershipEvent,
+    PartitionDraining,
+    PartitionGained,
+    PartitionLost,
+    PartitionState,
+    View,
+)
 from . import _errors
 from ._errors import *  # noqa: F403 (each listed in _errors.__all__)
 from ._native import __version__, engines
@@ -32,6 +45,17 @@ __all__ = [
     "Election",
     "Leadership",
     "Leader",
+    "Group",
+    "Membership",
+    "Member",
+    "View",
+    "KeyOwner",
+    "PartitionState",
+    "Owned",
+    "OwnershipEvent",
+    "PartitionGained",
+    "PartitionDraining",
+    "PartitionLost",
     "engines",
     "__version__",
 ] + _errors.__all__

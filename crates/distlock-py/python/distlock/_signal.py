@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Callable, List, Optional
-
-from ._native import NativeGuard
+from typing import Callable, List, Optional, Protocol
 
 #: A lost-signal callback: called with the reason (``"expired"``, ``"stolen"``,
 #: ``"unreachable"``).
 LostCallback = Callable[[str], object]
+
+
+class Watched(Protocol):
+    """What a signal watches: a native lease (a guard, a membership) that calls back once when
+    it is lost."""
+
+    def on_lost(self, callback: LostCallback) -> None: ...
 
 
 class LostSignal:
@@ -37,7 +42,7 @@ class LostSignal:
         self._callbacks.append(callback)
         return callback
 
-    def watch(self, guard: NativeGuard) -> None:
+    def watch(self, guard: Watched) -> None:
         """Fires when ``guard``'s lease is lost."""
         guard.on_lost(self._ended)
 
@@ -68,7 +73,7 @@ class AsyncLostSignal:
 
     def watch(
         self,
-        guard: NativeGuard,
+        guard: Watched,
         loop: asyncio.AbstractEventLoop,
         still_held: Callable[[], bool],
         cancel: "Optional[asyncio.Task[object]]",

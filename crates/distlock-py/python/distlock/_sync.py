@@ -12,7 +12,8 @@ from ._base import ClientBase, LockBase, ManyNames, asked_names, shown_names
 from ._common import DEFAULT, EXCLUSIVE, Listing, Status
 from ._errors import LockNotOwnedError
 from ._election import Election
-from ._native import NativeClient, NativeElection, NativeGuard
+from ._group import Group
+from ._native import NativeClient, NativeElection, NativeGroup, NativeGuard
 from ._signal import LostCallback, LostSignal
 
 
@@ -104,6 +105,32 @@ class Client(ClientBase["Lock"]):
         ``ttl`` and ``wait`` as for a lock."""
         native = NativeElection(self._native, name, value, _common.seconds("ttl", ttl))
         return Election(native, name, value, self._wait_of(wait))
+
+    def group(
+        self,
+        name: str,
+        *,
+        partitions: int = 256,
+        ttl: Optional[float] = None,
+        grace: float = 0.0,
+        interval: float = 1.0,
+    ) -> Group:
+        """The group ``name``: its members, and ``partitions`` partitions (fixed while any
+        lease of the group lives: a member joining with another number gets
+        ``KindConflictError``), each owned by one member at a time. ``ttl``: the leases of the
+        membership and of the partitions (the client's by default); ``grace``: how long a
+        partition that moved away stays with its owner before it is let go; ``interval``: how
+        often a member reads the members (a join or a leave moves partitions within it).
+        Nothing is sent until it is used."""
+        native = NativeGroup(
+            self._native,
+            name,
+            partitions,
+            _common.seconds("ttl", ttl),
+            _common.number("grace", grace),
+            _common.number("interval", interval),
+        )
+        return Group(native, name, partitions)
 
     def __repr__(self) -> str:
         return f"<distlock.Client {self.url}>"

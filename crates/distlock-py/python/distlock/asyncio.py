@@ -16,10 +16,20 @@ from ._base import ClientBase, LockBase, ManyNames, asked_names, shown_names
 from ._common import DEFAULT, EXCLUSIVE, Listing, Status
 from ._errors import LockNotOwnedError
 from ._election import AsyncElection, AsyncLeadership
-from ._native import NativeClient, NativeElection, NativeGuard
+from ._group import AsyncGroup, AsyncMembership
+from ._native import NativeClient, NativeElection, NativeGroup, NativeGuard
 from ._signal import AsyncLostSignal, LostCallback
 
-__all__ = ["connect", "Client", "Lock", "MultiLock", "AsyncElection", "AsyncLeadership"]
+__all__ = [
+    "connect",
+    "Client",
+    "Lock",
+    "MultiLock",
+    "AsyncElection",
+    "AsyncLeadership",
+    "AsyncGroup",
+    "AsyncMembership",
+]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -108,6 +118,26 @@ class Client(ClientBase["Lock"]):
         """The election on ``name`` (see ``distlock.Client.election``)."""
         native = NativeElection(self._native, name, value, _common.seconds("ttl", ttl))
         return AsyncElection(native, name, value, self._wait_of(wait))
+
+    def group(
+        self,
+        name: str,
+        *,
+        partitions: int = 256,
+        ttl: Optional[float] = None,
+        grace: float = 0.0,
+        interval: float = 1.0,
+    ) -> AsyncGroup:
+        """The group ``name`` (see ``distlock.Client.group``)."""
+        native = NativeGroup(
+            self._native,
+            name,
+            partitions,
+            _common.seconds("ttl", ttl),
+            _common.number("grace", grace),
+            _common.number("interval", interval),
+        )
+        return AsyncGroup(native, name, partitions)
 
     def __repr__(self) -> str:
         return f"<distlock.asyncio.Client {self.url}>"
