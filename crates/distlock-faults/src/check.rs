@@ -135,6 +135,8 @@ pub(crate) struct Figures {
     /// The SQL form, when it ran: accepted writes and lost updates of row `w` (write fenced
     /// only) and row `rw` (read and write fenced).
     pub(crate) sql: Option<SqlFigures>,
+    /// Group partitions: how long partitions stayed without an owner when they changed hands.
+    pub(crate) handovers: Option<crate::partitions::Handovers>,
     /// Examples of violations, for the report.
     pub(crate) examples: Vec<String>,
 }
@@ -786,6 +788,7 @@ impl Figures {
                 "write_fenced_lost": q.w_lost, "read_write_fenced_accepted": q.rw_accepted,
                 "read_write_fenced_lost": q.rw_lost,
                 "read_write_fenced_out_of_order": q.rw_out_of_order})),
+            "handovers": self.handovers.as_ref().map(crate::partitions::Handovers::to_json),
             "examples": self.examples,
         })
     }

@@ -177,7 +177,12 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
             }
             Fault::KillHolder => {
                 if let Some((w, n)) = wait_holder(&shared, 2 * ttl).await {
-                    let pid = lock(&shared).workers[w].pid;
+                    // A group member may hold several partitions: each one's history gets the
+                    // kill (`partitions.rs`).
+                    let (pid, holds) = {
+                        let s = lock(&shared);
+                        (s.workers[w].pid, s.workers[w].owning.clone())
+                    };
                     match kill(Pid::from_raw(pid), Signal::SIGKILL) {
                         Ok(()) => {}
                         // It ended on its own just now: there was no holder to kill.
@@ -191,7 +196,7 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
                         &shared,
                         fault.name(),
                         mono::now_ns(),
-                        json!({"w": w, "holder": n}),
+                        json!({"w": w, "holder": n, "holds": holds}),
                     );
                 }
             }

@@ -14,6 +14,7 @@ mod faults;
 mod many;
 mod mono;
 mod netns;
+mod partitions;
 mod resource;
 mod run;
 mod scenario;
@@ -95,6 +96,9 @@ enum Cmd {
         url: String,
         #[arg(long)]
         id: usize,
+        /// Its incarnation: 0, and one more for each replacement of a killed worker.
+        #[arg(long, default_value_t = 0)]
+        inc: u64,
         #[arg(long)]
         ttl_ms: u64,
     },
@@ -145,9 +149,15 @@ fn main() -> ExitCode {
     };
     let result = rt.block_on(async {
         match cli.cmd {
-            Cmd::Worker { url, id, ttl_ms } => worker::run(worker::WorkerArgs {
+            Cmd::Worker {
                 url,
                 id,
+                inc,
+                ttl_ms,
+            } => worker::run(worker::WorkerArgs {
+                url,
+                id,
+                inc,
                 ttl: Duration::from_millis(ttl_ms),
             })
             .await
@@ -233,6 +243,10 @@ fn summary(s: &Scenario, f: &Figures) -> String {
         ),
         None => String::new(),
     };
+    let handovers = match &f.handovers {
+        Some(h) => format!("; {}", h.summary()),
+        None => String::new(),
+    };
     let mut caveats = String::new();
     if f.ck5_caveat + f.ck1_caveat + f.ck6_caveat > 0 {
         let foreign = if f.ck6_caveat > 0 {
@@ -250,7 +264,7 @@ fn summary(s: &Scenario, f: &Figures) -> String {
          {restarts} kills/restarts, {jumps} clock jumps, {steals} forced releases): {fenced}, {lost}, {} token \
          regressions, {} early acquisitions, {} foreign renew/release, {} checks past their deadline, \
          {} liveness misses (max {:.0} ms to free); unfenced control lost {:.1}% ({} of {}); \
-         {detect}{sql}{caveats}",
+         {detect}{sql}{handovers}{caveats}",
         s.name,
         f.acquisitions,
         f.acquire_failed,

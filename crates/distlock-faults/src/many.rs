@@ -83,7 +83,7 @@ pub(crate) fn check_each(
 impl Figures {
     /// Adds `one` name's figures; `first` takes what every name's history shares (faults,
     /// failed acquires).
-    fn absorb(&mut self, one: Figures, name: &str, first: bool) {
+    pub(crate) fn absorb(&mut self, one: Figures, name: &str, first: bool) {
         if first {
             self.faults = one.faults.clone();
             self.acquire_failed = one.acquire_failed;

@@ -180,7 +180,9 @@ pub(crate) async fn run(
                 .filter(|e| e.get("t").and_then(Value::as_i64).is_some_and(|t| t <= cut))
                 .cloned()
                 .collect();
-            let so_far = if scenario.many() {
+            let so_far = if scenario.partitions() {
+                crate::partitions::check_each(&before, &s.keyed, fenced_engine, bounds, cut)
+            } else if scenario.many() {
                 crate::many::check_each(&before, &s.keyed, fenced_engine, bounds, cut)
             } else {
                 check::check(
@@ -240,14 +242,20 @@ pub(crate) async fn run(
                     match (ev.as_str(), v.get("f").and_then(Value::as_str)) {
                         ("ok", Some("acquire")) => {
                             w.holding = n;
+                            w.owning.extend(n);
                             if w.faketime.is_some() {
                                 jump = s.jump_at_acquire.take();
                             }
                         }
                         ("invoke", Some("release")) | ("abandon", _) | ("cancel", _) => {
-                            w.holding = None;
+                            // A lock's one operation; a group member's one partition.
+                            w.owning.retain(|&h| Some(h) != n);
+                            if ev != "invoke" {
+                                w.owning.clear();
+                            }
+                            w.holding = w.owning.last().copied();
                         }
-                        ("fail" | "info", Some("acquire")) => w.backoff = true,
+                        ("fail" | "info", Some("acquire" | "join")) => w.backoff = true,
                         ("check", _) => {
                             if let Some(d) = s.pause_at_check.take() {
                                 pause = Some(d);
@@ -362,7 +370,9 @@ pub(crate) async fn run(
     }
     s.history.record(json!({"ev": "end", "t": run_end}));
     let _ = s.history.out.flush();
-    let figures = if scenario.many() {
+    let figures = if scenario.partitions() {
+        crate::partitions::check_each(&s.history.events, &s.keyed, fenced_engine, bounds, run_end)
+    } else if scenario.many() {
         crate::many::check_each(&s.history.events, &s.keyed, fenced_engine, bounds, run_end)
     } else {
         check::check(
@@ -434,6 +444,7 @@ async fn spawn_worker(
         None => Command::new(exe),
     };
     cmd.args(["worker", "--url", &url, "--id", &id.to_string()])
+        .args(["--inc", &inc.to_string()])
         .args(["--ttl-ms", &cfg.ttl.as_millis().to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -484,6 +495,7 @@ async fn spawn_worker(
         faketime,
         op: None,
         holding: None,
+        owning: Vec::new(),
         paused: false,
         backoff: false,
     })

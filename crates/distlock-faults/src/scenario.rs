@@ -82,6 +82,11 @@ pub(crate) enum Kinds {
     /// (`k0`, `k1`, …), chosen at random (one with `lock`, more with `lock_many`), and reads and
     /// writes each one's resource with its fence.
     Many { names: usize },
+    /// Group partitions: each operation is a worker's membership of the group `g` of this many
+    /// partitions (a stint of 2–6 TTLs, left gracefully or dropped); while the member owns a
+    /// partition it reads and writes that partition's resource (`p0`, `p1`, …) with the
+    /// partition's fence. Each partition's history is checked on its own (`partitions.rs`).
+    Partitions { partitions: u32 },
 }
 
 /// One scenario.
@@ -142,8 +147,17 @@ impl Scenario {
         matches!(self.kinds, Kinds::Many { .. })
     }
 
+    /// Whether operations are memberships of a group (see [`Kinds::Partitions`]).
+    pub(crate) fn partitions(&self) -> bool {
+        matches!(self.kinds, Kinds::Partitions { .. })
+    }
+
     /// The longest an operation can take, waits included.
     pub(crate) fn max_op_time(&self) -> Duration {
+        if self.partitions() {
+            // A stint, its join and its leave (the grace, then the releases).
+            return self.wait() + 8 * self.ttl;
+        }
         self.wait() + 3 * self.ttl
     }
 
@@ -154,6 +168,19 @@ impl Scenario {
     /// The `n`th operation, drawn from the scenario's mix.
     pub(crate) fn op(&self, n: u64, rng: &mut StdRng) -> Value {
         let ttl = self.ttl.as_millis() as u64;
+        if let Kinds::Partitions { partitions } = self.kinds {
+            // A membership: joined for 2-6 TTLs, then left gracefully (or, one time in five,
+            // dropped: every partition let go at once), after a pause of up to half a TTL.
+            return json!({
+                "op": "member", "n": n, "key": "g", "kind": "member",
+                "partitions": partitions,
+                "hold_ms": rng.random_range(ttl * 2..=ttl * 6),
+                "delay_ms": rng.random_range(0..=ttl / 2),
+                "end": if rng.random_bool(0.8) { "leave" } else { "drop" },
+                "wait_ms": self.wait().as_millis() as u64,
+                "seed": rng.random::<u64>(),
+            });
+        }
         let roll: f64 = rng.random();
         let (hold, renew, end) = if roll < self.expire_share {
             // Holds past its lease without renewing, then releases: release after expiry.
@@ -175,7 +202,7 @@ impl Scenario {
             Kinds::ReadWrite { .. } => ("exclusive", 0),
             Kinds::Semaphore { permits } => ("permit", permits),
             Kinds::Election => ("leader", 0),
-            Kinds::Many { .. } => ("exclusive", 0),
+            Kinds::Many { .. } | Kinds::Partitions { .. } => ("exclusive", 0),
         };
         let mut op = json!({
             "op": "acquire", "n": n, "key": "k",
@@ -475,6 +502,29 @@ pub(crate) fn all() -> Vec<Scenario> {
             .faults(&[PauseHolder, KillHolder, LoseReplies, Partition])
         },
         Scenario {
+            kinds: Kinds::Partitions { partitions: 8 },
+            ..Scenario::new(
+                "redis-partitions",
+                "single Redis, group of 8 partitions: members join and leave, owners write with the \
+                 partition's fence, each partition checked on its own; members paused and killed, \
+                 replies lost, workers partitioned",
+                redis,
+            )
+            .faults(&[PauseHolder, KillHolder, LoseReplies, Partition])
+        },
+        Scenario {
+            ttl: Duration::from_secs(2),
+            kinds: Kinds::Partitions { partitions: 8 },
+            ..Scenario::new(
+                "etcd-partitions",
+                "etcd, group of 8 partitions: members join and leave, owners write with the \
+                 partition's fence, each partition checked on its own; members paused and killed, \
+                 replies lost, workers partitioned",
+                EngineKind::Etcd,
+            )
+            .faults(&[PauseHolder, KillHolder, LoseReplies, Partition])
+        },
+        Scenario {
             ttl: Duration::from_secs(2),
             kinds: Kinds::Election,
             long_share: 0.2,
@@ -613,13 +663,14 @@ pub(crate) fn by_name(name: &str) -> Option<Scenario> {
 }
 
 /// The short seeded set inside `.ci/run`: holder pause, release after expiry, kill -9 of a
-/// holder and a lost reply.
-pub(crate) const QUICK: [&str; 5] = [
+/// holder, a lost reply, multi-name locks and a group's partition owners.
+pub(crate) const QUICK: [&str; 6] = [
     "redis-holder-pause",
     "redis-release-after-expiry",
     "redis-kill-holder",
     "redis-lost-replies",
     "redis-multi",
+    "redis-partitions",
 ];
 
 /// A negative control: a seeded bug, the scenario that must catch it, and which checker.

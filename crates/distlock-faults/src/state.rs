@@ -33,6 +33,9 @@ pub(crate) struct Worker {
     pub(crate) op: Option<u64>,
     /// It holds the lock for this operation.
     pub(crate) holding: Option<u64>,
+    /// Everything it holds now: the one lock's operation, or a group member's ownerships of
+    /// partitions (`holding` is the latest of them).
+    pub(crate) owning: Vec<u64>,
     pub(crate) paused: bool,
     /// Its last acquire failed: the next operation starts after a pause, as a client backs
     /// off (an engine that fails fast while it is unreachable would make a tight loop).

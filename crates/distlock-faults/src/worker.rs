@@ -24,6 +24,8 @@ use crate::mono;
 pub(crate) struct WorkerArgs {
     pub(crate) url: String,
     pub(crate) id: usize,
+    /// Its incarnation (a replacement of a killed worker has the next one).
+    pub(crate) inc: u64,
     pub(crate) ttl: Duration,
 }
 
@@ -52,6 +54,11 @@ struct Op {
     /// Several names taken at once (`lock_many`) instead of `key`: the holder reads and writes
     /// each name's resource with that name's fence.
     keys: Vec<String>,
+    /// A membership of the group `key` with this many partitions instead of a lock (see
+    /// `partitions.rs`): joined for `hold`, then left (`end` `leave`) or dropped.
+    partitions: Option<u32>,
+    /// Seeds the membership's choices (which partition to act on, the work's durations).
+    seed: u64,
 }
 
 impl Op {
@@ -89,6 +96,11 @@ impl Op {
                         .collect()
                 })
                 .unwrap_or_default(),
+            partitions: (v.get("kind").and_then(Value::as_str) == Some("member"))
+                .then(|| v.get("partitions").and_then(Value::as_u64))
+                .flatten()
+                .and_then(|p| u32::try_from(p).ok()),
+            seed: v.get("seed").and_then(Value::as_u64).unwrap_or(0),
         })
     }
 }
@@ -177,7 +189,9 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<(), String> {
         if !op.delay.is_zero() {
             tokio::time::sleep(op.delay).await;
         }
-        if op.end == "cancel" {
+        if op.partitions.is_some() {
+            member_op(&client, &args, &op, &out, &replies).await;
+        } else if op.end == "cancel" {
             let cancel_after = op.cancel_after;
             let body = one_op(&client, &op, &out, &replies);
             if tokio::time::timeout(cancel_after, body).await.is_err() {
@@ -440,6 +454,250 @@ async fn critical_section(
             }
         }
         let _ = ask(out, replies, req, n).await;
+    }
+}
+
+/// A membership of a group ([`crate::scenario::Kinds::Partitions`]): joins, and while it owns
+/// partitions acts on them one at a time, each with a fenced read-modify-write of the
+/// partition's resource (`p<partition>`), until its stint is over or its membership is lost;
+/// then leaves gracefully or drops the membership (every partition let go at once).
+///
+/// Each ownership (a partition with one fence) is one hold of the history, numbered by
+/// [`hold_number`]: an `ok acquire` with its fence and partition when [`Membership::owned`]
+/// first lists it, its reads, checks and writes, and an `invoke release` when the member stops
+/// acting on it (`owned` no longer lists it, or the stint ends), so that the checkers, written
+/// for a lock's holders, check each partition's owners (`partitions.rs`). The times at which an
+/// ownership is reported held (`vu` of its grant and of each check) are read *before* the call
+/// of `owned` that found it held: a claim that the partition was ours at that instant, which a
+/// lease valid on the local clock backs.
+///
+/// [`Membership::owned`]: distlock::Membership::owned
+async fn member_op(
+    client: &LockClient,
+    args: &WorkerArgs,
+    op: &Op,
+    out: &Out,
+    replies: &Mutex<mpsc::UnboundedReceiver<Value>>,
+) {
+    use std::collections::BTreeMap;
+
+    use distlock::OwnershipEvent;
+    use tokio::sync::broadcast::error::TryRecvError;
+
+    let n = op.n;
+    let Some(partitions) = op.partitions else {
+        return;
+    };
+    let member = format!("w{}-{}-{n}", args.id, args.inc);
+    let group = client
+        .group(&op.key)
+        .partitions(partitions)
+        .ttl(args.ttl)
+        .grace(args.ttl / 5)
+        .interval(Duration::from_millis(100));
+    out.send(json!({"ev": "invoke", "f": "join", "n": n, "member": member}))
+        .await;
+    let joined = tokio::time::timeout(
+        op.wait,
+        group.join(member.as_str(), format!("worker-{}", args.id)),
+    )
+    .await;
+    let m = match joined {
+        Ok(Ok(m)) => m,
+        Ok(Err(e)) => {
+            let ev = if e.is_ambiguous() { "info" } else { "fail" };
+            out.send(json!({"ev": ev, "f": "join", "n": n, "err": e.to_string()}))
+                .await;
+            return;
+        }
+        Err(_) => {
+            out.send(json!({"ev": "info", "f": "join", "n": n, "err": "timed out"}))
+                .await;
+            return;
+        }
+    };
+    out.send(json!({"ev": "ok", "f": "join", "n": n, "member": member,
+        "epoch": m.epoch().get()}))
+        .await;
+    let mut events = m.events();
+    let mut rng = XorShift::new(op.seed);
+    // The ownerships being acted on: (partition, fence) → hold number.
+    let mut open: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+    let until = tokio::time::Instant::now() + op.hold;
+    let end = loop {
+        // The member's own account of its changes, for the history (a loss's reason, a
+        // partition draining); what it owns is read from `owned` below.
+        loop {
+            let (owned, what) = match events.try_recv() {
+                Ok(OwnershipEvent::Lost {
+                    owned,
+                    reason: Some(r),
+                }) => (owned, json!({"ev": "lost", "reason": format!("{r:?}")})),
+                Ok(OwnershipEvent::Draining { owned, until }) => (
+                    owned,
+                    json!({"ev": "draining", "until": vu_ns(until) as i64}),
+                ),
+                Ok(_) => continue,
+                Err(TryRecvError::Lagged(k)) => {
+                    out.send(json!({"ev": "events-lagged", "n": n, "missed": k}))
+                        .await;
+                    continue;
+                }
+                Err(TryRecvError::Empty | TryRecvError::Closed) => break,
+            };
+            if let Some(&h) = open.get(&(owned.partition, owned.fence.get())) {
+                let mut what = what;
+                what["n"] = json!(h);
+                out.send(what).await;
+            }
+        }
+        let t = mono::now_ns();
+        let owned: Vec<(u32, u64)> = m
+            .owned()
+            .iter()
+            .map(|o| (o.partition, o.fence.get()))
+            .collect();
+        // Stopped acting on what `owned` no longer lists (let go, lost, or past its local
+        // deadline): a loss when the membership is lost too (a pause, a cut link).
+        let still_member = m.is_member();
+        let gone: Vec<(u32, u64)> = open
+            .keys()
+            .filter(|k| !owned.contains(k))
+            .copied()
+            .collect();
+        for k in gone {
+            if let Some(h) = open.remove(&k) {
+                let why = if still_member { "let-go" } else { "lost" };
+                out.send(json!({"ev": "invoke", "f": "release", "n": h, "why": why}))
+                    .await;
+            }
+        }
+        if !still_member {
+            break "lost";
+        }
+        if tokio::time::Instant::now() >= until {
+            break if op.end == "drop" { "drop" } else { "leave" };
+        }
+        for &(p, fence) in &owned {
+            if open.contains_key(&(p, fence)) {
+                continue;
+            }
+            let h = hold_number(
+                args.id,
+                args.inc,
+                HOLDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
+            );
+            open.insert((p, fence), h);
+            out.send(json!({"ev": "invoke", "f": "acquire", "n": h, "t": t}))
+                .await;
+            out.send(
+                json!({"ev": "ok", "f": "acquire", "n": h, "t": t, "fence": fence,
+                "partition": p, "key": format!("p{p}"), "vu": t, "validity_ms": 0,
+                "kind": "exclusive", "permits": 0, "member": member, "stint": n}),
+            )
+            .await;
+        }
+        let Some(&(p, fence)) = (!owned.is_empty()).then(|| &owned[rng.below(owned.len())]) else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let h = open[&(p, fence)];
+        act_on_partition(&m, (p, fence), h, &mut rng, out, replies).await;
+    };
+    // It acts on nothing from here on.
+    for (_, h) in std::mem::take(&mut open) {
+        out.send(json!({"ev": "invoke", "f": "release", "n": h, "why": end}))
+            .await;
+    }
+    out.send(json!({"ev": "invoke", "f": "leave", "n": n, "how": end}))
+        .await;
+    if end == "leave" {
+        match m.leave().await {
+            Ok(()) => out.send(json!({"ev": "ok", "f": "leave", "n": n})).await,
+            Err(e) => {
+                out.send(json!({"ev": "info", "f": "leave", "n": n, "err": e.to_string()}))
+                    .await;
+            }
+        }
+    } else {
+        drop(m);
+    }
+}
+
+/// A fenced read-modify-write of partition `p`'s resource by hold `h`, which owns it with
+/// `fence`: read → work → check that `owned` still lists it → gap → write the value read plus
+/// one (a pause after the check does the most harm, as for a lock's holder).
+async fn act_on_partition(
+    m: &distlock::Membership,
+    (p, fence): (u32, u64),
+    h: u64,
+    rng: &mut XorShift,
+    out: &Out,
+    replies: &Mutex<mpsc::UnboundedReceiver<Value>>,
+) {
+    let key = format!("p{p}");
+    let Some(read) = ask(
+        out,
+        replies,
+        json!({"req": "read", "n": h, "key": key, "fence": fence}),
+        h,
+    )
+    .await
+    else {
+        return;
+    };
+    tokio::time::sleep(Duration::from_millis(5 + rng.below(36) as u64)).await;
+    let checked = mono::now_ns();
+    if !m
+        .owned()
+        .iter()
+        .any(|o| o.partition == p && o.fence.get() == fence)
+    {
+        out.send(json!({"ev": "skip-write", "n": h})).await;
+        return;
+    }
+    // Ours at `checked`, which was read before the check: the claim.
+    out.send(json!({"ev": "check", "n": h, "vu": checked + 1, "checked": checked}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(5 + rng.below(16) as u64)).await;
+    let value = read.get("value").and_then(Value::as_i64).unwrap_or(0) + 1;
+    let uvalue = read.get("uvalue").and_then(Value::as_i64).unwrap_or(0) + 1;
+    let _ = ask(
+        out,
+        replies,
+        json!({"req": "write", "n": h, "key": key, "fence": fence,
+            "value": value, "uvalue": uvalue}),
+        h,
+    )
+    .await;
+}
+
+/// The ownerships of partitions this process has reported, over all its memberships.
+static HOLDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The number of a worker's `k`-th ownership of a partition in the history: apart from the
+/// orchestrator's operation numbers (which stay far below 2^48) and from every other worker's
+/// and incarnation's.
+pub(crate) fn hold_number(id: usize, inc: u64, k: u64) -> u64 {
+    ((id as u64 + 1) << 48) | ((inc & 0xffff) << 32) | (k & 0xffff_ffff)
+}
+
+/// A small seeded generator for a membership's choices.
+struct XorShift(u64);
+
+impl XorShift {
+    fn new(seed: u64) -> Self {
+        XorShift(seed | 1)
+    }
+
+    /// A number in `0..n` (`n` > 0).
+    fn below(&mut self, n: usize) -> usize {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        (x % n as u64) as usize
     }
 }
 
