@@ -60,6 +60,19 @@ fn member(bin: &PathBuf, url: &str, id: &str) -> Child {
         .expect("start distlock join")
 }
 
+/// The member processes of a run: whatever is still running when it ends (a settle that
+/// failed and panicked included) is killed.
+struct Members(Vec<Child>);
+
+impl Drop for Members {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 fn signal(child: &Child, sig: nix::sys::signal::Signal) {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("a pid"));
     let _ = nix::sys::signal::kill(pid, sig);
@@ -119,7 +132,7 @@ async fn on_engine(engine: &'static str, url: &str, server: P6Server<'_>, rest: 
     let client = LockClient::new(distlock::open_backend(url).await.expect("open the engine"));
     let mut ids: Vec<String> = (0..MEMBERS).map(|i| format!("m-{i}")).collect();
     let t0 = Instant::now();
-    let mut members: Vec<Child> = ids.iter().map(|id| member(&bin, url, id)).collect();
+    let mut members = Members(ids.iter().map(|id| member(&bin, url, id)).collect());
     let (mut map, settle_first) = settled(&client, &ids, t0).await;
     // At rest: nobody reads the map meanwhile.
     let before = server.requests();
@@ -129,14 +142,14 @@ async fn on_engine(engine: &'static str, url: &str, server: P6Server<'_>, rest: 
     // A ninth member joins.
     let newcomer = "m-8".to_owned();
     let t = Instant::now();
-    members.push(member(&bin, url, &newcomer));
+    members.0.push(member(&bin, url, &newcomer));
     ids.push(newcomer);
     let (after, took) = settled(&client, &ids, t).await;
     changes.push(("a ninth member joins", took, moved(&map, &after)));
     map = after;
     // It leaves gracefully.
     let t = Instant::now();
-    let leaver = members.pop().expect("the newcomer");
+    let leaver = members.0.pop().expect("the newcomer");
     signal(&leaver, nix::sys::signal::Signal::SIGTERM);
     ids.pop();
     let (after, took) = settled(&client, &ids, t).await;
@@ -145,16 +158,16 @@ async fn on_engine(engine: &'static str, url: &str, server: P6Server<'_>, rest: 
     reap(leaver);
     // A member is killed.
     let t = Instant::now();
-    let killed = members.remove(0);
+    let killed = members.0.remove(0);
     signal(&killed, nix::sys::signal::Signal::SIGKILL);
     ids.remove(0);
     let (after, took) = settled(&client, &ids, t).await;
     changes.push(("a member is killed (SIGKILL)", took, moved(&map, &after)));
     reap(killed);
-    for m in &members {
+    for m in &members.0 {
         signal(m, nix::sys::signal::Signal::SIGTERM);
     }
-    for m in members {
+    for m in std::mem::take(&mut members.0) {
         reap(m);
     }
     Row {

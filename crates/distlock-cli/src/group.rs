@@ -125,13 +125,14 @@ fn show_group(
         members.len()
     );
     if !members.is_empty() {
+        let mut owns: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for holder in map.iter().filter_map(|p| p.holder.as_deref()) {
+            *owns.entry(holder).or_default() += 1;
+        }
         out.push_str("\nMEMBER\tEPOCH\tPARTITIONS\tVALUE\n");
         for m in members {
-            let owns = map
-                .iter()
-                .filter(|p| p.holder.as_deref() == Some(m.id.as_str()))
-                .count();
-            out.push_str(&format!("{}\t{}\t{owns}\t{}\n", m.id, m.epoch, m.value));
+            let n = owns.get(m.id.as_str()).copied().unwrap_or(0);
+            out.push_str(&format!("{}\t{}\t{n}\t{}\n", m.id, m.epoch, m.value));
         }
     }
     out.push_str("\nPARTITION\tOWNER\tFENCE\tASSIGNED\n");

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Args;
 use distlock::{LockOptions, OwnershipEvent};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 use crate::exit;
 use crate::run::recv;
@@ -68,49 +68,85 @@ pub(crate) async fn join(args: JoinArgs) -> u8 {
     line(&args, "joined", None, Some(member.epoch().get()), None);
     let mut sigint = signal(SignalKind::interrupt()).ok();
     let mut sigterm = signal(SignalKind::terminate()).ok();
-    loop {
+    let lost = loop {
         tokio::select! {
             event = events.recv() => match event {
-                Ok(OwnershipEvent::Gained(o)) => {
-                    line(&args, "gained", Some(o.partition), Some(o.fence.get()), None);
-                }
-                Ok(OwnershipEvent::Draining { owned, .. }) => {
-                    line(&args, "draining", Some(owned.partition), Some(owned.fence.get()), None);
-                }
-                Ok(OwnershipEvent::Lost { owned, reason }) => {
-                    let why = reason.map(|r| r.to_string());
-                    line(&args, "lost", Some(owned.partition), Some(owned.fence.get()), why);
-                }
-                Ok(_) | Err(RecvError::Lagged(_)) => {}
+                Ok(e) => show(&args, &e),
+                Err(RecvError::Lagged(_)) => {}
                 Err(RecvError::Closed) => return exit::SOFTWARE,
             },
-            reason = member.lost() => {
-                // Its task lets every partition go; say so, and end as a lost lease does.
-                line(&args, "left", None, None, Some(format!("membership lost: {reason}")));
-                return exit::LOST;
-            }
-            Some(()) = recv(&mut sigint) => break,
-            Some(()) = recv(&mut sigterm) => break,
+            reason = member.lost() => break Some(reason),
+            Some(()) = recv(&mut sigint) => break None,
+            Some(()) = recv(&mut sigterm) => break None,
+        }
+    };
+    // Left (or ended by the loss): the task drains or lets go of every partition, and each
+    // change is printed as it happens. A second signal stops waiting for the grace: the
+    // partitions then run out with their leases.
+    let leaving = member.leave();
+    tokio::pin!(leaving);
+    let left = loop {
+        tokio::select! {
+            left = &mut leaving => break Some(left),
+            event = events.recv() => match event {
+                Ok(e) => show(&args, &e),
+                Err(RecvError::Lagged(_)) => {}
+                Err(RecvError::Closed) => {}
+            },
+            Some(()) = recv(&mut sigint) => break None,
+            Some(()) = recv(&mut sigterm) => break None,
+        }
+    };
+    loop {
+        match events.try_recv() {
+            Ok(e) => show(&args, &e),
+            Err(TryRecvError::Lagged(_)) => {}
+            Err(_) => break,
         }
     }
-    let left = member.leave().await;
-    while let Ok(e) = events.try_recv() {
-        if let OwnershipEvent::Lost { owned, reason } = e {
-            let why = reason.map(|r| r.to_string());
-            line(
-                &args,
-                "lost",
-                Some(owned.partition),
-                Some(owned.fence.get()),
-                why,
-            );
-        }
+    if let Some(reason) = lost {
+        line(
+            &args,
+            "left",
+            None,
+            None,
+            Some(format!("membership lost: {reason}")),
+        );
+        return exit::LOST;
     }
-    line(&args, "left", None, None, None);
     match left {
-        Ok(()) => 0,
-        Err(e) => exit::report("leaving the group", &e),
+        Some(Ok(())) => {
+            line(&args, "left", None, None, None);
+            0
+        }
+        Some(Err(e)) => {
+            line(&args, "left", None, None, Some(exit::one_line(&e)));
+            exit::report("leaving the group", &e)
+        }
+        None => {
+            let why = "cut short: the partitions run out with their leases";
+            line(&args, "left", None, None, Some(why.to_owned()));
+            0
+        }
     }
+}
+
+/// One ownership event as a line.
+fn show(args: &JoinArgs, event: &OwnershipEvent) {
+    let (what, owned, reason) = match event {
+        OwnershipEvent::Gained(o) => ("gained", o, None),
+        OwnershipEvent::Kept(o) => ("kept", o, None),
+        OwnershipEvent::Draining { owned, .. } => ("draining", owned, None),
+        OwnershipEvent::Lost { owned, reason } => ("lost", owned, reason.map(|r| r.to_string())),
+        _ => return,
+    };
+    line(
+        args,
+        what,
+        Some(owned.partition),
+        Some(owned.fence.get()),
+        reason,
+    );
 }
 
 /// One event as a line of text or JSON, flushed at once (a pipe reads it as it happens).

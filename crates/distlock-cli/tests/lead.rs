@@ -156,9 +156,9 @@ fn paused_then_sigtermed(url: &str, expiring: bool) {
         );
         // Within the TTL and a wake-up of the pause (the lease had up to a TTL left).
         assert!(
-            took - paused < 4_000_000,
+            took.saturating_sub(paused) < 4_000_000,
             "{url}: the follower took over {} ms after the pause",
-            (took - paused) / 1000
+            took.saturating_sub(paused) / 1000
         );
         signal(&a, Signal::SIGCONT);
         // The old leader resumed: it stopped, and campaigns again behind b.
@@ -168,10 +168,13 @@ fn paused_then_sigtermed(url: &str, expiring: bool) {
         assert_eq!(wait_exit(&mut b, Duration::from_secs(10)).code(), Some(143));
         let (third, took) = next_epoch(&log, Some(second), Duration::from_secs(10));
         assert!(third > second);
+        // A loaded machine can make b miss its renewals before the SIGTERM, and a lead then
+        // legitimately (check_fenced below says so) before it: at once, as far as this is
+        // concerned.
         assert!(
-            took - sigtermed < 1_500_000,
+            took.saturating_sub(sigtermed) < 1_500_000,
             "{url}: after a SIGTERM the follower took over in {} ms",
-            (took - sigtermed) / 1000
+            took.saturating_sub(sigtermed) / 1000
         );
         signal(&a, Signal::SIGTERM);
         assert_eq!(wait_exit(&mut a, Duration::from_secs(10)).code(), Some(143));
@@ -213,9 +216,9 @@ fn killed(url: &str) {
     let (second, took) = next_epoch(&log, Some(first), Duration::from_secs(10));
     assert!(second > first);
     assert!(
-        took - t0 < 2_000_000 + 1_500_000,
+        took.saturating_sub(t0) < 2_000_000 + 1_500_000,
         "{url}: the follower took over {} ms after the kill",
-        (took - t0) / 1000
+        took.saturating_sub(t0) / 1000
     );
     signal(&b, Signal::SIGTERM);
     wait_exit(&mut b, Duration::from_secs(10));

@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use crate::client::LockClient;
-use crate::election::{DEFAULT_OBSERVE_INTERVAL, Election, leader_of};
+use crate::election::{DEFAULT_OBSERVE_INTERVAL, Election, MAX_VALUE_LEN, leader_of};
 use crate::engine::Fencing;
 use crate::error::{ErrorKind, LockError};
 use crate::guard::Fence;
@@ -38,6 +38,9 @@ pub const DEFAULT_PARTITIONS: u32 = 256;
 
 /// The most members a group lists.
 const MAX_MEMBERS: usize = 100_000;
+
+/// The longest grace a group takes.
+pub const MAX_GRACE: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// A group of members that share its partitions, made by [`LockClient::group`].
 ///
@@ -202,6 +205,15 @@ impl Group {
     fn check(&self) -> Result<(), LockError> {
         names::check_group(&self.name)?;
         names::check_partitions(self.partitions)?;
+        if self.grace > MAX_GRACE {
+            return Err(LockError::new(
+                ErrorKind::Config,
+                format!(
+                    "a group's grace is at most {MAX_GRACE:?}, not {:?}",
+                    self.grace
+                ),
+            ));
+        }
         let backend = self.client.backend();
         if let Fencing::Unavailable(why) = backend.capabilities().fencing {
             return Err(LockError::new(
@@ -227,8 +239,10 @@ impl Group {
     /// The live members, sorted by id: one listing of the members' names.
     ///
     /// # Errors
-    /// `InvalidKey` for a bad group name, `Unsupported` on an engine without fences or
-    /// listings, and the engine's errors.
+    /// `InvalidKey` for a bad group name, `Config` for a grace over [`MAX_GRACE`],
+    /// `Unsupported` on an engine without fences or listings, `Exhausted` past 100,000
+    /// members, and the engine's errors (a member's status that cannot be read among them:
+    /// a read is whole or fails).
     ///
     /// # Cancel safety
     /// Cancel-safe (reads).
@@ -236,11 +250,34 @@ impl Group {
         self.check()?;
         let prefix = names::members_prefix(&self.name);
         let listing = self.client.list(&prefix, MAX_MEMBERS).await?;
+        if listing.more {
+            return Err(LockError::new(
+                ErrorKind::Exhausted,
+                format!(
+                    "group {:?} lists more than {MAX_MEMBERS} members",
+                    self.name
+                ),
+            ));
+        }
+        // A member whose status could not be read makes the read fail: a view without it
+        // would move its partitions, and could miss a member with another number of them.
+        if let Some((name, Err(e))) = listing
+            .locks
+            .iter()
+            .map(|l| (&l.name, &l.status))
+            .find(|(_, s)| s.is_err())
+        {
+            return Err(LockError::new(
+                e.kind(),
+                format!("reading member {name:?} of group {:?}: {e}", self.name),
+            ));
+        }
         let mut out: Vec<Member> = listing
             .locks
             .iter()
             .filter_map(|l| {
                 let id = l.name.strip_prefix(&prefix)?;
+                // A lock under the members' names that no member took is not a member.
                 let leader = leader_of(l.status.as_ref().ok()?)?;
                 let (partitions, value) = names::read_published(leader.value.as_deref()?)?;
                 Some(Member {
@@ -289,30 +326,36 @@ impl Group {
             .election(names::partition_name(&self.name, partition))
             .leader()
             .await?;
-        let members = self.members().await?;
-        let value_of = |id: &str| {
-            members
-                .iter()
-                .find(|m| m.id == id)
-                .map(|m| m.value.clone())
-                .unwrap_or_default()
-        };
         if let Some(leader) = holder
             && let Some((p, member)) = leader.value.as_deref().and_then(names::read_published)
         {
             self.same_partitions(p)?;
+            // The holder's published value: one read of its membership.
+            let value = self
+                .client
+                .election(names::member_name(&self.name, member))
+                .leader()
+                .await?
+                .and_then(|l| l.value)
+                .and_then(|v| names::read_published(&v).map(|(_, v)| v.to_owned()))
+                .unwrap_or_default();
             return Ok(Some(KeyOwner {
                 partition,
                 member: member.to_owned(),
-                value: value_of(member),
+                value,
                 fence: leader.epoch,
             }));
         }
+        let members = self.members().await?;
         let live: Vec<&str> = self.live_ids(&members)?;
         Ok(hrw::owner(live, partition).map(|id| KeyOwner {
             partition,
             member: id.to_owned(),
-            value: value_of(id),
+            value: members
+                .iter()
+                .find(|m| m.id == id)
+                .map(|m| m.value.clone())
+                .unwrap_or_default(),
             fence: None,
         }))
     }
@@ -406,11 +449,20 @@ impl Group {
         self.check()?;
         names::check_member(&id)?;
         self.options.clone().build()?;
+        let published = names::publish(self.partitions, &value);
+        if published.len() > MAX_VALUE_LEN {
+            return Err(LockError::new(
+                ErrorKind::Config,
+                format!(
+                    "a member's value is at most {} bytes in a group of {} partitions, not {}",
+                    MAX_VALUE_LEN - (published.len() - value.len()),
+                    self.partitions,
+                    value.len()
+                ),
+            ));
+        }
         let lease = self
-            .election(
-                names::member_name(&self.name, &id),
-                names::publish(self.partitions, &value),
-            )
+            .election(names::member_name(&self.name, &id), published)
             .try_campaign()
             .await?
             .ok_or_else(|| {
@@ -423,8 +475,11 @@ impl Group {
                 )
             })?;
         // Written first, read after: of two members that join with different numbers of
-        // partitions at once, the later one's read finds the earlier one's lease.
-        if let Err(e) = self.conflicts().await {
+        // partitions at once, the later one's read finds the earlier one's lease. The read
+        // starts once the listing shows our own lease (an engine that records names for its
+        // listings in the background shows it a moment after), so it sees every lease written
+        // before ours.
+        if let Err(e) = self.conflicts(&id, lease.epoch()).await {
             let _ = lease.resign().await;
             return Err(e);
         }
@@ -432,9 +487,30 @@ impl Group {
     }
 
     /// `KindConflict` if a live member or partition owner of the group has another number of
-    /// partitions than ours.
-    async fn conflicts(&self) -> Result<(), LockError> {
-        self.live_ids(&self.members().await?)?;
+    /// partitions than ours, read once the listing shows member `id` at `epoch`.
+    async fn conflicts(&self, id: &str, epoch: Fence) -> Result<(), LockError> {
+        const SHOWS_WITHIN: Duration = Duration::from_secs(5);
+        let since = std::time::Instant::now();
+        let mut pause = Duration::from_millis(5);
+        let members = loop {
+            let members = self.members().await?;
+            if members.iter().any(|m| m.id == id && m.epoch == epoch) {
+                break members;
+            }
+            if since.elapsed() > SHOWS_WITHIN {
+                return Err(LockError::new(
+                    ErrorKind::Protocol,
+                    format!(
+                        "member {id:?} of group {:?} does not show in the engine's listing \
+                         {SHOWS_WITHIN:?} after it joined",
+                        self.name
+                    ),
+                ));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        };
+        self.live_ids(&members)?;
         self.partition_map().await.map(drop)
     }
 

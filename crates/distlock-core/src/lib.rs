@@ -41,8 +41,8 @@ pub use engine::{Backend, Fencing, HolderStatus, IntoBackend, LeaseKind, LockSta
 pub use error::{BoxError, ErrorKind, LockError, error_chain};
 pub use fenced::FencedClient;
 pub use group::{
-    DEFAULT_PARTITIONS, Group, GroupWatch, KeyOwner, MAX_GROUP_LEN, MAX_MEMBER_LEN, MAX_PARTITIONS,
-    Member, Membership, Owned, OwnershipEvent, PartitionState, View,
+    DEFAULT_PARTITIONS, Group, GroupWatch, KeyOwner, MAX_GRACE, MAX_GROUP_LEN, MAX_MEMBER_LEN,
+    MAX_PARTITIONS, Member, Membership, Owned, OwnershipEvent, PartitionState, View,
 };
 pub use guard::{
     DowngradeError, Fence, Fenced, Guard, LeakedLease, LockGuard, Permit, ReadGuard, Released,

@@ -136,7 +136,7 @@ pub(crate) struct Figures {
     /// only) and row `rw` (read and write fenced).
     pub(crate) sql: Option<SqlFigures>,
     /// Group partitions: how long partitions stayed without an owner when they changed hands.
-    pub(crate) handovers: Option<crate::partitions::Handovers>,
+    pub(crate) handovers: Option<Handovers>,
     /// Examples of violations, for the report.
     pub(crate) examples: Vec<String>,
 }
@@ -788,7 +788,7 @@ impl Figures {
                 "write_fenced_lost": q.w_lost, "read_write_fenced_accepted": q.rw_accepted,
                 "read_write_fenced_lost": q.rw_lost,
                 "read_write_fenced_out_of_order": q.rw_out_of_order})),
-            "handovers": self.handovers.as_ref().map(crate::partitions::Handovers::to_json),
+            "handovers": self.handovers.as_ref().map(Handovers::to_json),
             "examples": self.examples,
         })
     }
@@ -796,3 +796,44 @@ impl Figures {
 
 #[cfg(test)]
 mod tests;
+
+/// How long partitions stayed without an owner when they changed hands: from the end of one
+/// ownership to the next one's grant (of another member, or the same one again), as the
+/// workers saw them (ms).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Handovers {
+    /// After an owner let it go (moved away, a leave, a dropped membership).
+    pub(crate) released_ms: Vec<f64>,
+    /// After an owner lost it: killed, or its lease lost or run out (a pause, a cut link).
+    pub(crate) failed_ms: Vec<f64>,
+}
+
+impl Handovers {
+    fn line(v: &[f64]) -> String {
+        match (quantile(v, 0.5), quantile(v, 0.99), v.last()) {
+            (Some(p50), Some(p99), Some(max)) => {
+                format!("p50 {p50:.0} / p99 {p99:.0} / max {max:.0} ms")
+            }
+            _ => "none".to_owned(),
+        }
+    }
+
+    /// For the scenario's line.
+    pub(crate) fn summary(&self) -> String {
+        format!(
+            "partitions without an owner: {} after a let-go ({}), {} after a loss ({})",
+            self.released_ms.len(),
+            Handovers::line(&self.released_ms),
+            self.failed_ms.len(),
+            Handovers::line(&self.failed_ms),
+        )
+    }
+
+    pub(crate) fn to_json(&self) -> Value {
+        let one = |v: &[f64]| {
+            json!({"count": v.len(), "p50_ms": quantile(v, 0.5), "p99_ms": quantile(v, 0.99),
+                "max_ms": v.last()})
+        };
+        json!({"after_let_go": one(&self.released_ms), "after_loss": one(&self.failed_ms)})
+    }
+}

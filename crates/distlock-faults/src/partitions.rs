@@ -16,49 +16,8 @@ use std::collections::{BTreeSet, HashMap};
 
 use serde_json::{Value, json};
 
-use crate::check::{Bounds, Figures, check, quantile};
+use crate::check::{Bounds, Figures, Handovers, check};
 use crate::resource::Register;
-
-/// How long partitions stayed without an owner when they changed hands: from the end of one
-/// ownership to the next one's grant (of another member, or the same one again), as the
-/// workers saw them (ms).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Handovers {
-    /// After an owner let it go (moved away, a leave, a dropped membership).
-    pub(crate) released_ms: Vec<f64>,
-    /// After an owner lost it: killed, or its lease lost or run out (a pause, a cut link).
-    pub(crate) failed_ms: Vec<f64>,
-}
-
-impl Handovers {
-    fn line(v: &[f64]) -> String {
-        match (quantile(v, 0.5), quantile(v, 0.99), v.last()) {
-            (Some(p50), Some(p99), Some(max)) => {
-                format!("p50 {p50:.0} / p99 {p99:.0} / max {max:.0} ms")
-            }
-            _ => "none".to_owned(),
-        }
-    }
-
-    /// For the scenario's line.
-    pub(crate) fn summary(&self) -> String {
-        format!(
-            "partitions without an owner: {} after a let-go ({}), {} after a loss ({})",
-            self.released_ms.len(),
-            Handovers::line(&self.released_ms),
-            self.failed_ms.len(),
-            Handovers::line(&self.failed_ms),
-        )
-    }
-
-    pub(crate) fn to_json(&self) -> Value {
-        let one = |v: &[f64]| {
-            json!({"count": v.len(), "p50_ms": quantile(v, 0.5), "p99_ms": quantile(v, 0.99),
-                "max_ms": v.last()})
-        };
-        json!({"after_let_go": one(&self.released_ms), "after_loss": one(&self.failed_ms)})
-    }
-}
 
 fn ev(e: &Value) -> &str {
     e["ev"].as_str().unwrap_or("")

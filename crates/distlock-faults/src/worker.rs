@@ -466,10 +466,11 @@ async fn critical_section(
 /// [`hold_number`]: an `ok acquire` with its fence and partition when [`Membership::owned`]
 /// first lists it, its reads, checks and writes, and an `invoke release` when the member stops
 /// acting on it (`owned` no longer lists it, or the stint ends), so that the checkers, written
-/// for a lock's holders, check each partition's owners (`partitions.rs`). The times at which an
-/// ownership is reported held (`vu` of its grant and of each check) are read *before* the call
-/// of `owned` that found it held: a claim that the partition was ours at that instant, which a
-/// lease valid on the local clock backs.
+/// for a lock's holders, check each partition's owners (`partitions.rs`). The time at which an
+/// ownership is first reported held (`vu` of its grant) is read between two calls of `owned`
+/// that both list it (granted before the first, still valid after the second), and each
+/// check's before the call that found it held: a claim that the partition was ours at that
+/// instant, which a lease valid on the local clock backs.
 ///
 /// [`Membership::owned`]: distlock::Membership::owned
 async fn member_op(
@@ -523,6 +524,8 @@ async fn member_op(
     let mut rng = XorShift::new(op.seed);
     // The ownerships being acted on: (partition, fence) → hold number.
     let mut open: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+    // The ownerships whose lease a `Lost` event reported lost, until they leave `open`.
+    let mut lost_holds: std::collections::BTreeSet<(u32, u64)> = Default::default();
     let until = tokio::time::Instant::now() + op.hold;
     let end = loop {
         // The member's own account of its changes, for the history (a loss's reason, a
@@ -545,17 +548,30 @@ async fn member_op(
                 }
                 Err(TryRecvError::Empty | TryRecvError::Closed) => break,
             };
-            if let Some(&h) = open.get(&(owned.partition, owned.fence.get())) {
+            let k = (owned.partition, owned.fence.get());
+            if let Some(&h) = open.get(&k) {
+                if what["ev"] == "lost" {
+                    lost_holds.insert(k);
+                }
                 let mut what = what;
                 what["n"] = json!(h);
                 out.send(what).await;
             }
         }
+        // What is ours at `t`: listed by `owned` both before and after it. A lease listed
+        // before was granted before; listed after, it was still valid after (a lease is valid
+        // over one span of time), so at `t` too.
+        let before: Vec<(u32, u64)> = m
+            .owned()
+            .iter()
+            .map(|o| (o.partition, o.fence.get()))
+            .collect();
         let t = mono::now_ns();
         let owned: Vec<(u32, u64)> = m
             .owned()
             .iter()
             .map(|o| (o.partition, o.fence.get()))
+            .filter(|k| before.contains(k))
             .collect();
         // Stopped acting on what `owned` no longer lists (let go, lost, or past its local
         // deadline): a loss when the membership is lost too (a pause, a cut link).
@@ -567,7 +583,14 @@ async fn member_op(
             .collect();
         for k in gone {
             if let Some(h) = open.remove(&k) {
-                let why = if still_member { "let-go" } else { "lost" };
+                // A loss if its lease was reported lost, or the membership is gone (a pause,
+                // a cut link); let go otherwise (a move, a drain's end).
+                let was_lost = lost_holds.remove(&k);
+                let why = if still_member && !was_lost {
+                    "let-go"
+                } else {
+                    "lost"
+                };
                 out.send(json!({"ev": "invoke", "f": "release", "n": h, "why": why}))
                     .await;
             }

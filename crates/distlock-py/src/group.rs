@@ -58,6 +58,7 @@ fn partition_out(p: PartitionState) -> PartitionOut {
 fn event_out(e: &OwnershipEvent) -> Option<EventOut> {
     Some(match e {
         OwnershipEvent::Gained(o) => ("gained", o.partition, o.fence.get(), None, None),
+        OwnershipEvent::Kept(o) => ("kept", o.partition, o.fence.get(), None, None),
         OwnershipEvent::Draining { owned, until } => {
             let left = until.saturating_duration_since(Instant::now());
             let (p, f) = (owned.partition, owned.fence.get());
@@ -483,11 +484,28 @@ impl NativeMembership {
                 Poll::Pending => None,
             }
         };
-        match Arc::try_unwrap(m) {
-            Ok(m) => m.leave().await?,
-            // Nobody else keeps it once the watcher has ended; were it kept, dropping it lets
-            // everything go at once.
-            Err(m) => drop(m),
+        // Other threads keep a clone only for the length of a call (`owned`, `fence_for`,
+        // `is_member`, with the GIL let go): wait for them, a few seconds at most (past that,
+        // dropping it lets everything go at once).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut m = m;
+        let alone = loop {
+            match Arc::try_unwrap(m) {
+                Ok(alone) => break Some(alone),
+                Err(shared) if Instant::now() < deadline => {
+                    m = shared;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(_) => break None,
+            }
+        };
+        if let Some(alone) = alone {
+            let left = alone.leave().await;
+            // A membership lost before the leave says so by `lost`; its leave's `Lost` adds
+            // nothing.
+            if lost.is_none() {
+                left?;
+            }
         }
         Ok(lost)
     }

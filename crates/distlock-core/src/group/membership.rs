@@ -10,9 +10,9 @@ use tokio::sync::{broadcast, watch};
 use super::{Group, hrw, runner};
 use crate::election::Leadership;
 use crate::engine::LostReason;
-use crate::error::LockError;
+use crate::error::{ErrorKind, LockError};
 use crate::guard::Fence;
-use crate::lease::LeaseHandle;
+use crate::lease::{LeaseEnd, LeaseHandle};
 use crate::recipes::MutexExt;
 
 /// How many ownership events a slow subscriber may fall behind before it misses some.
@@ -42,6 +42,9 @@ pub enum OwnershipEvent {
         /// When it is let go.
         until: Instant,
     },
+    /// A draining partition was assigned to this member again before its grace ended: it stays
+    /// ours, with the same fence.
+    Kept(Owned),
     /// The partition is ours no longer: released, or its lease lost (then with the reason).
     Lost {
         /// The partition and the fence it had.
@@ -87,13 +90,16 @@ pub struct Membership {
     group: Group,
     id: String,
     value: String,
-    lease: Option<Leadership>,
+    epoch: Fence,
+    /// The membership's lease, which the task holds (so that the lease goes if the task ever
+    /// ends, however it ends).
+    lease: LeaseHandle,
     shared: Arc<Shared>,
     /// The receiver made with the channel, before the task started: the first call of
     /// `events` gets it, so that it misses nothing from the join on.
     first_events: Mutex<Option<broadcast::Receiver<OwnershipEvent>>>,
     stop: watch::Sender<Stop>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), LockError>>>,
 }
 
 impl std::fmt::Debug for Membership {
@@ -101,7 +107,7 @@ impl std::fmt::Debug for Membership {
         f.debug_struct("Membership")
             .field("group", &self.group.name())
             .field("id", &self.id)
-            .field("epoch", &self.lease.as_ref().map(Leadership::epoch))
+            .field("epoch", &self.epoch)
             .finish_non_exhaustive()
     }
 }
@@ -115,10 +121,11 @@ impl Membership {
             events,
         });
         let (stop, stopped) = watch::channel(Stop::Run);
+        let (epoch, handle) = (lease.epoch(), lease.guard().handle());
         let task = tokio::spawn(runner::run(
             group.clone(),
             id.clone(),
-            lease.guard().handle(),
+            lease,
             shared.clone(),
             stopped,
         ));
@@ -126,7 +133,8 @@ impl Membership {
             group,
             id,
             value,
-            lease: Some(lease),
+            epoch,
+            lease: handle,
             shared,
             first_events: Mutex::new(Some(first_events)),
             stop,
@@ -146,22 +154,24 @@ impl Membership {
 
     /// Its epoch: its membership lease's fence.
     pub fn epoch(&self) -> Fence {
-        self.lease.as_ref().map_or(Fence::new(0), Leadership::epoch)
+        self.epoch
     }
 
-    /// Whether it is still a member: its lease is ours and its local deadline has not passed.
+    /// Whether it is still a member: its lease is ours, its local deadline has not passed, and
+    /// its task runs.
     pub fn is_member(&self) -> bool {
-        self.lease.as_ref().is_some_and(Leadership::is_leading)
+        self.lease.is_held() && self.task.as_ref().is_some_and(|t| !t.is_finished())
     }
 
-    /// Resolves when the membership's lease is lost (its task then lets every partition go).
+    /// Resolves when the membership ends without a leave: its lease lost (its task then lets
+    /// every partition go), or its task stopped (then `Expired`: the lease was let go with it).
     ///
     /// # Cancel safety
     /// Cancel-safe.
     pub async fn lost(&self) -> LostReason {
-        match &self.lease {
-            Some(l) => l.lost().await,
-            None => std::future::pending().await,
+        match self.lease.ended().await {
+            LeaseEnd::Lost(reason) => reason,
+            LeaseEnd::Released => LostReason::Expired,
         }
     }
 
@@ -191,7 +201,7 @@ impl Membership {
         h.fence().map(Fence::new)
     }
 
-    /// The events of this member's ownership: each partition gained, draining and lost. The
+    /// The events of this member's ownership: each partition gained, draining, kept and lost. The
     /// first call's receiver has every event from the join on; a later call's, from then on.
     /// A subscriber that falls more than 4,096 events behind misses the oldest
     /// (`RecvError::Lagged`); [`owned`](Self::owned) is always current.
@@ -207,22 +217,24 @@ impl Membership {
     /// grace, then released.
     ///
     /// # Errors
-    /// The engine's, from the membership's release (its lease then runs out by itself); the
+    /// `Lost` when the membership had ended already (its partitions were let go then); the
+    /// engine's, from the membership's release (its lease then runs out by itself). The
     /// partitions are let go either way.
     ///
     /// # Cancel safety
-    /// Dropping the future half-way lets everything go at once, as dropping the membership.
+    /// Once called, the leave goes on in the background if the future is dropped: each
+    /// partition still drains for the grace.
     pub async fn leave(mut self) -> Result<(), LockError> {
-        // The task hears of the leave before the membership's lease goes, which it would
-        // otherwise take for a loss (every partition let go at once).
         let _ = self.stop.send(Stop::Leave);
-        let released = match self.lease.take() {
-            Some(l) => l.resign().await.map(drop),
+        match self.task.take() {
+            Some(task) => match task.await {
+                Ok(done) => done,
+                Err(e) => Err(LockError::new(
+                    ErrorKind::Lost,
+                    format!("the group member's task ended before the leave: {e}"),
+                )),
+            },
             None => Ok(()),
-        };
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
         }
-        released
     }
 }

@@ -114,6 +114,15 @@ class PartitionDraining:
 
 
 @dataclass(frozen=True)
+class PartitionKept:
+    """A draining partition was assigned to this member again before its grace ended: it
+    stays this member's, with the same fence."""
+
+    partition: int
+    fence: int
+
+
+@dataclass(frozen=True)
 class PartitionLost:
     """The partition is this member's no longer: let go (``reason`` ``None``), or its lease
     lost (``"expired"``, ``"stolen"``, ``"unreachable"``)."""
@@ -124,7 +133,7 @@ class PartitionLost:
 
 
 #: An event of a member's ownership (``membership.events()``).
-OwnershipEvent = Union[PartitionGained, PartitionDraining, PartitionLost]
+OwnershipEvent = Union[PartitionGained, PartitionDraining, PartitionKept, PartitionLost]
 
 
 def _members(native: "List[Tuple[str, str, int, int]]") -> List[Member]:
@@ -149,6 +158,8 @@ def _event(
         return PartitionGained(partition, fence)
     if kind == "draining":
         return PartitionDraining(partition, fence, time.monotonic() + (left or 0.0))
+    if kind == "kept":
+        return PartitionKept(partition, fence)
     return PartitionLost(partition, fence, reason)
 
 

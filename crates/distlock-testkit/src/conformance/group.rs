@@ -20,7 +20,8 @@ macro_rules! conformance_group_tests {
             group_partitions_have_one_owner_each_and_follow_the_members,
             group_grace_keeps_a_moved_partition_until_it_ends,
             group_partition_count_is_fixed_while_the_group_lives,
-            group_refuses_bad_input
+            group_refuses_bad_input,
+            group_join_dropped_half_way_leaves_nothing
         );
     };
     // The case that covers the most, for another setup of an engine that runs them all.
@@ -290,6 +291,14 @@ pub async fn group_grace_keeps_a_moved_partition_until_it_ends(make: &impl MakeC
         owners(&[&ma, &mb], P).is_some()
     })
     .await;
+    // Within the grace, a read of the members (50 ms) and a wake-up (a second allowed for a
+    // loaded machine), counted from the join.
+    let bound = grace + Duration::from_millis(50) + Duration::from_secs(1);
+    assert!(
+        joined.elapsed() < bound,
+        "the moved partitions owned again {:?} after the join (bound {bound:?})",
+        joined.elapsed()
+    );
     for o in mb.owned() {
         assert!(let_go.contains_key(&o.partition));
         assert!(o.fence.get() > first[&o.partition]);
@@ -353,5 +362,36 @@ pub async fn group_refuses_bad_input(make: &impl MakeClient) {
         kind(c.group(&name).join("m", "v".repeat(5_000)).await),
         Err(ErrorKind::Config)
     );
+    assert_eq!(
+        kind(
+            c.group(&name)
+                .grace(Duration::from_secs(2 * 86_400))
+                .join("m", "v")
+                .await
+        ),
+        Err(ErrorKind::Config)
+    );
     assert!(c.group(&name).members().await.unwrap().is_empty());
+}
+
+/// A join whose future is dropped half-way leaves no member behind (its lease let go at once,
+/// not left to run out), and the id can join again.
+pub async fn group_join_dropped_half_way_leaves_nothing(make: &impl MakeClient) {
+    let c = member_client(make, Duration::from_secs(30)).await;
+    let name = key("group-dropped");
+    let g = group(&c, &name, 8);
+    for wait_us in [1, 100, 1_000, 5_000] {
+        let _ = tokio::time::timeout(Duration::from_micros(wait_us), g.join("m-a", "a")).await;
+        // Joined or not, nothing stays: a finished join's membership was dropped too.
+        let until = Instant::now() + Duration::from_secs(5);
+        while !g.members().await.unwrap().is_empty() {
+            assert!(
+                Instant::now() < until,
+                "a dropped join left its member behind"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let m = g.join("m-a", "a").await.unwrap();
+    m.leave().await.unwrap();
 }
