@@ -240,7 +240,17 @@ fn a_paused_reader_frees_its_share_while_another_keeps_its_own_on_etcd() {
     let tmp = tempfile::tempdir().unwrap();
     let url = etcd.url("");
     let flags = ["--url", url.as_str(), "--shared", "--ttl", "2s"];
-    let mut paused = spawn(tmp.path(), &flags, "rw", "sleep 60");
+    // The paused reader's log (`DISTLOCK_LOG=debug`), shown if it does not end as it should.
+    let log = tmp.path().join("paused.log");
+    let mut paused = distlock(tmp.path())
+        .arg("run")
+        .args(flags)
+        .args(["rw", "--", "sh", "-c", "sleep 60"])
+        .env("DISTLOCK_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("spawn distlock");
     let mut kept = spawn(tmp.path(), &flags, "rw", "sleep 60");
     wait_until("two readers", Duration::from_secs(10), || {
         etcd.ctl(&["get", "distlock/rw/", "--prefix", "--keys-only"])
@@ -282,10 +292,22 @@ fn a_paused_reader_frees_its_share_while_another_keeps_its_own_on_etcd() {
     eprintln!("writer in after {:?}", t0.elapsed());
     // The paused reader learns it lost its share when it runs again: exit 70.
     signal(&paused, Signal::SIGCONT);
-    assert_eq!(
-        wait_exit(&mut paused, Duration::from_secs(15)).code(),
-        Some(70)
-    );
+    let resumed = Instant::now();
+    let mut status = None;
+    while resumed.elapsed() < Duration::from_secs(15) && status.is_none() {
+        status = paused.try_wait().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if status.is_none() {
+        let _ = paused.kill();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        panic!(
+            "the paused reader still ran 15 s after SIGCONT; its last lines:\n{}",
+            lines[lines.len().saturating_sub(60)..].join("\n")
+        );
+    }
+    assert_eq!(status.and_then(|s| s.code()), Some(70));
 }
 
 /// A permit holder whose ZooKeeper session expires (paused past it) loses its permit at once:
