@@ -34,20 +34,6 @@ pub(crate) struct Row {
     pub(crate) changes: Vec<(&'static str, Duration, usize)>,
 }
 
-/// The `distlock` binary beside this one.
-fn distlock_binary() -> PathBuf {
-    let path = std::env::current_exe()
-        .expect("own path")
-        .with_file_name("distlock");
-    assert!(
-        path.exists(),
-        "P12 runs {}: build it first (cargo build -p distlock-cli, with the same profile as \
-         distlock-bench)",
-        path.display()
-    );
-    path
-}
-
 fn member(bin: &PathBuf, url: &str, id: &str) -> Child {
     Command::new(bin)
         .args(["join", "--url", url, "--ttl", TTL, "--interval", INTERVAL])
@@ -128,7 +114,7 @@ fn moved(before: &[PartitionState], after: &[PartitionState]) -> usize {
 
 /// The group on one engine.
 async fn on_engine(engine: &'static str, url: &str, server: P6Server<'_>, rest: Duration) -> Row {
-    let bin = distlock_binary();
+    let bin = crate::p10::stampede::distlock_binary();
     let client = LockClient::new(distlock::open_backend(url).await.expect("open the engine"));
     let mut ids: Vec<String> = (0..MEMBERS).map(|i| format!("m-{i}")).collect();
     let t0 = Instant::now();

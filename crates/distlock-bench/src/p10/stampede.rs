@@ -55,12 +55,12 @@ impl Stampede {
 }
 
 /// The `distlock` binary beside this one (cargo builds both into one target directory).
-fn distlock_binary() -> PathBuf {
+pub(crate) fn distlock_binary() -> PathBuf {
     let me = std::env::current_exe().expect("own path");
     let path = me.with_file_name("distlock");
     assert!(
         path.exists(),
-        "the stampede runs {}: build it first (cargo build -p distlock-cli, with the same \
+        "this part runs {}: build it first (cargo build -p distlock-cli, with the same \
          profile as distlock-bench)",
         path.display()
     );
