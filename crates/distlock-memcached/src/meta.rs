@@ -16,6 +16,28 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
+mod head;
+
+use head::{Head, parse_head, value_of};
+
+/// A reply's first line and value, read (for the fuzz targets: `crate::fuzzing`).
+#[cfg(fuzzing)]
+pub(crate) fn fuzz_reply(bytes: &[u8]) {
+    let line_end = bytes.iter().take(head::MAX_LINE).position(|&b| b == b'\n');
+    let Some(end) = line_end else { return };
+    let (line, rest) = bytes.split_at(end + 1);
+    if let Ok(Head {
+        size: Some(size), ..
+    }) = parse_head(line, "mg fuzz")
+    {
+        let read = rest[..rest.len().min(size + 2)].to_vec();
+        if let Ok(value) = value_of(read, size) {
+            assert_eq!(value.len(), size);
+            let _ = distlock_core::recipes::HolderValue::parse(&String::from_utf8_lossy(&value));
+        }
+    }
+}
+
 /// One reply: its two-letter code (`HD`, `NS`, `EX`, `NF`, `EN`, `VA`), the flags the engine
 /// asks for (`c`: the CAS, `t`: the seconds left) and, for `VA`, the value.
 #[derive(Debug)]
@@ -196,9 +218,6 @@ fn io_err(doing: &str, e: std::io::Error) -> LockError {
     }
     LockError::caused_by(ErrorKind::Connection, doing, e)
 }
-
-/// The largest value the engine ever reads back (a holder label); a bigger one is not ours.
-const MAX_VALUE: usize = 64 * 1024;
 
 /// A connection with requests on it. Dropped before their replies were read, it becomes an
 /// orphan under their tags (if they have them), else it is closed: a late reply must never be
@@ -553,81 +572,44 @@ async fn exchange(
     // was full): without a flush they would go out only with the next write, and the reply
     // waited for here would never come (a plain socket's flush does nothing).
     conn.get_mut().flush().await.map_err(|e| io_err(DOING, e))?;
-    let n = conn
+    // A line no longer than any meta-protocol reply's (a server that streams bytes without a
+    // line end is not one, and would otherwise fill memory until the deadline).
+    let room = head::MAX_LINE.saturating_sub(head.len());
+    (&mut *conn)
+        .take(room as u64)
         .read_until(b'\n', head)
         .await
         .map_err(|e| io_err(DOING, e))?;
-    if n == 0 || head.last() != Some(&b'\n') {
-        return Err(LockError::new(
-            ErrorKind::Connection,
-            format!("{DOING}: the server closed the connection"),
-        ));
-    }
-    let text = head.trim_ascii_end();
-    let mut words = text.split(|&b| b == b' ');
-    let code = match words.next().unwrap_or_default() {
-        b"HD" => "HD",
-        b"NS" => "NS",
-        b"EX" => "EX",
-        b"NF" => "NF",
-        b"EN" => "EN",
-        b"VA" => "VA",
-        b"CLIENT_ERROR" | b"SERVER_ERROR" | b"ERROR" => {
-            return Err(LockError::new(
+    if head.last() != Some(&b'\n') {
+        // Stopped at the limit, or at the end of the stream.
+        return Err(if head.len() >= head::MAX_LINE {
+            LockError::new(
                 ErrorKind::Protocol,
                 format!(
-                    "memcached refused {:?}: {}",
-                    request_text(out),
-                    String::from_utf8_lossy(text)
+                    "{DOING}: a reply line longer than {} bytes (not a meta-protocol server?)",
+                    head::MAX_LINE
                 ),
-            ));
-        }
-        _ => {
-            return Err(LockError::new(
-                ErrorKind::Protocol,
-                format!(
-                    "memcached answered {:?} to {:?} (not a meta-protocol server?)",
-                    String::from_utf8_lossy(text),
-                    request_text(out)
-                ),
-            ));
-        }
-    };
-    let bad = |what: &str| {
-        LockError::new(
-            ErrorKind::Protocol,
-            format!(
-                "memcached answered {:?}: {what}",
-                String::from_utf8_lossy(text)
-            ),
-        )
-    };
-    let size = if code == "VA" {
-        let size = words
-            .next()
-            .and_then(number::<usize>)
-            .filter(|&s| s <= MAX_VALUE)
-            .ok_or_else(|| bad("a bad value size"))?;
-        Some(size)
-    } else {
-        None
-    };
-    let (mut cas, mut ttl) = (None, None);
-    for w in words {
-        match w.split_first() {
-            Some((b'c', n)) => cas = Some(number(n).ok_or_else(|| bad("a bad CAS"))?),
-            Some((b't', n)) => ttl = Some(number(n).ok_or_else(|| bad("a bad TTL"))?),
-            _ => {}
-        }
+            )
+        } else {
+            LockError::new(
+                ErrorKind::Connection,
+                format!("{DOING}: the server closed the connection"),
+            )
+        });
     }
+    let Head {
+        code,
+        size,
+        cas,
+        ttl,
+    } = parse_head(head, &request_text(out))?;
     let value = match size {
         Some(size) => {
             let mut buf = vec![0u8; size + 2];
             conn.read_exact(&mut buf)
                 .await
                 .map_err(|e| io_err(DOING, e))?;
-            buf.truncate(size);
-            Some(buf)
+            Some(value_of(buf, size)?)
         }
         None => None,
     };
@@ -637,11 +619,6 @@ async fn exchange(
         ttl,
         value,
     })
-}
-
-/// A decimal number in a reply (`-1` for a TTL that never runs out).
-fn number<T: std::str::FromStr>(digits: &[u8]) -> Option<T> {
-    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 #[cfg(test)]

@@ -1,0 +1,346 @@
+//! A server that answers wrongly: a tiny TCP server that speaks enough RESP to let the client
+//! connect (`PING`, `CLIENT`, `SELECT`) and answers every other request with bad bytes. Each
+//! case must end the lock call with a typed error within the response timeout and a margin,
+//! with no panic and no large allocation (a counting allocator watches the whole test binary).
+
+use std::time::{Duration, Instant};
+
+use distlock_core::{ErrorKind, LockClient};
+use distlock_redis::RedisBackend;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+mod counting {
+    //! The test binary's allocator: the system's, with the largest single request and the
+    //! most bytes live at once counted.
+    #![allow(unsafe_code)] // a `GlobalAlloc` is an unsafe trait; this one only forwards.
+
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    pub(crate) struct Counting;
+
+    pub(crate) static LARGEST: AtomicUsize = AtomicUsize::new(0);
+    pub(crate) static LIVE: AtomicUsize = AtomicUsize::new(0);
+    pub(crate) static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+    fn note(size: usize) {
+        LARGEST.fetch_max(size, Ordering::Relaxed);
+        let live = LIVE.fetch_add(size, Ordering::Relaxed) + size;
+        PEAK.fetch_max(live, Ordering::Relaxed);
+    }
+
+    // SAFETY: every call goes to `System` with the caller's own arguments.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            note(layout.size());
+            // SAFETY: the caller's contract is `System`'s.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+            // SAFETY: as above.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            note(layout.size());
+            // SAFETY: as above.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+            note(new_size);
+            // SAFETY: as above.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+}
+
+#[global_allocator]
+static ALLOC: counting::Counting = counting::Counting;
+
+/// The client's response timeout, in the URL.
+const RESPONSE_TIMEOUT: Duration = Duration::from_millis(1500);
+/// How long past the response timeout a call may take to give up: the acquire resends a
+/// request whose reply was lost once, and the runtime's timers are coarse under load.
+const MARGIN: Duration = Duration::from_millis(3500);
+/// No allocation of the client may be this large, nor its live bytes grow by this much.
+const LARGE: usize = 64 << 20;
+
+/// What the server sends in place of a reply.
+#[derive(Clone)]
+enum Answer {
+    /// These bytes, then the connection closed.
+    ThenClose(Vec<u8>),
+    /// These bytes, the connection kept open.
+    Bytes(Vec<u8>),
+    /// These bytes one at a time, `gap` apart.
+    Trickle(Vec<u8>, Duration),
+}
+
+/// The commands of a request: the words of each RESP array of bulk strings in `buf`, and how
+/// many bytes they took (`None` when more bytes are needed).
+fn requests(buf: &[u8]) -> Option<(Vec<Vec<String>>, usize)> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    let line = |from: usize| -> Option<(&[u8], usize)> {
+        let end = buf[from..].windows(2).position(|w| w == b"\r\n")?;
+        Some((&buf[from..from + end], from + end + 2))
+    };
+    while at < buf.len() {
+        let (head, mut next) = line(at)?;
+        let n: usize = std::str::from_utf8(head.get(1..)?).ok()?.parse().ok()?;
+        let mut words = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (len, after) = line(next)?;
+            let len: usize = std::str::from_utf8(len.get(1..)?).ok()?.parse().ok()?;
+            let word = buf.get(after..after + len)?;
+            words.push(String::from_utf8_lossy(word).to_uppercase());
+            next = after + len + 2;
+            if next > buf.len() {
+                return None;
+            }
+        }
+        out.push(words);
+        at = next;
+    }
+    Some((out, at))
+}
+
+/// Which of the client's two connections the lock requests take.
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    /// The direct connection (ours, `direct/resp.rs` reads its replies) when it is free.
+    Direct,
+    /// redis-rs's multiplexed connection (its parser reads the replies): the URL names a
+    /// database, which the direct connection selects as it opens; the server closes every
+    /// connection whose first commands are not redis-rs's (with `CLIENT SETINFO`), so the
+    /// direct connection never opens and the multiplexed one carries everything.
+    Multiplexed,
+}
+
+/// Answers one connection: the connection's own commands properly, the rest with `answer`.
+async fn serve(mut stream: TcpStream, answer: Answer, path: Path) {
+    let mut buf = Vec::new();
+    let mut first = true;
+    let mut chunk = [0u8; 4096];
+    loop {
+        let Ok(n) = stream.read(&mut chunk).await else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let Some((commands, used)) = requests(&buf) else {
+            continue;
+        };
+        buf.drain(..used);
+        if std::mem::take(&mut first)
+            && matches!(path, Path::Multiplexed)
+            && !commands
+                .iter()
+                .any(|w| w.first().is_some_and(|c| c == "CLIENT"))
+        {
+            return;
+        }
+        for words in commands {
+            let first = words.first().map(String::as_str).unwrap_or_default();
+            let fine: &[u8] = match first {
+                "PING" => b"+PONG\r\n",
+                "CLIENT" | "SELECT" | "AUTH" => b"+OK\r\n",
+                "HELLO" => b"-ERR unknown command 'HELLO'\r\n",
+                _ => b"",
+            };
+            if !fine.is_empty() {
+                if stream.write_all(fine).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            match &answer {
+                Answer::ThenClose(bytes) => {
+                    let _ = stream.write_all(bytes).await;
+                    return;
+                }
+                Answer::Bytes(bytes) => {
+                    if stream.write_all(bytes).await.is_err() {
+                        return;
+                    }
+                }
+                Answer::Trickle(bytes, gap) => {
+                    for b in bytes {
+                        if stream.write_all(&[*b]).await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(*gap).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A server on a free port that answers every lock request with `answer`.
+async fn wrong_server(answer: Answer, path: Path) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(serve(stream, answer.clone(), path));
+        }
+    });
+    let db = match path {
+        Path::Direct => 0,
+        Path::Multiplexed => 1,
+    };
+    format!(
+        "redis://127.0.0.1:{port}/{db}?response_timeout={}ms&connect_timeout=1s",
+        RESPONSE_TIMEOUT.as_millis()
+    )
+}
+
+/// [`case_on`] on each path: the direct connection's error is one of `direct`, the
+/// multiplexed connection's one of `multiplexed` (redis-rs closes its connection on a reply it
+/// cannot parse, and waits for a bulk or array of any length until the response timeout).
+async fn case(what: &str, answer: Answer, direct: &[ErrorKind], multiplexed: &[ErrorKind]) {
+    case_on(
+        &format!("{what} (direct)"),
+        answer.clone(),
+        Path::Direct,
+        direct,
+    )
+    .await;
+    case_on(
+        &format!("{what} (multiplexed)"),
+        answer,
+        Path::Multiplexed,
+        multiplexed,
+    )
+    .await;
+}
+
+/// Connects to a server answering `answer` on `path`, tries to take a lock, and checks that
+/// the call ends with an error of one of `kinds` in time, with no large allocation. Returns
+/// the error's kind and the time taken.
+async fn case_on(
+    what: &str,
+    answer: Answer,
+    path: Path,
+    kinds: &[ErrorKind],
+) -> (ErrorKind, Duration) {
+    let url = wrong_server(answer, path).await;
+    let before = counting::LIVE.load(std::sync::atomic::Ordering::Relaxed);
+    let started = Instant::now();
+    let client = LockClient::new(
+        RedisBackend::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: connect: {e}")),
+    );
+    let took = tokio::time::timeout(RESPONSE_TIMEOUT + MARGIN + Duration::from_secs(20), async {
+        let started = Instant::now();
+        let r = client.try_acquire("wrong").await;
+        (r, started.elapsed())
+    })
+    .await;
+    let (result, elapsed) = took.unwrap_or_else(|_| panic!("{what}: try_acquire never returned"));
+    let e = match result {
+        Err(e) => e,
+        Ok(g) => panic!("{what}: try_acquire returned {:?}", g.is_some()),
+    };
+    eprintln!(
+        "{what}: {:?} after {elapsed:?} ({:?} with the connection): {e}",
+        e.kind(),
+        started.elapsed()
+    );
+    assert!(kinds.contains(&e.kind()), "{what}: {:?}: {e}", e.kind());
+    assert!(
+        elapsed <= RESPONSE_TIMEOUT + MARGIN,
+        "{what}: took {elapsed:?}"
+    );
+    let largest = counting::LARGEST.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(largest < LARGE, "{what}: an allocation of {largest} bytes");
+    let peak = counting::PEAK.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        peak.saturating_sub(before) < LARGE,
+        "{what}: {peak} bytes live at once"
+    );
+    drop(client);
+    (e.kind(), elapsed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_reply_is_a_connection_error() {
+    case(
+        "truncated",
+        Answer::ThenClose(b"*2\r\n:1\r\n$10\r\nabc".to_vec()),
+        &[ErrorKind::Connection],
+        &[ErrorKind::Connection],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_length_of_ten_to_the_thirteen_is_refused_unallocated() {
+    case(
+        "bulk 10^13",
+        Answer::Bytes(b"$10000000000000\r\nabc\r\n".to_vec()),
+        &[ErrorKind::Protocol],
+        &[ErrorKind::Timeout],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_array_length_of_ten_to_the_thirteen_is_refused_unallocated() {
+    case(
+        "array 10^13",
+        Answer::Bytes(b"*10000000000000\r\n:1\r\n".to_vec()),
+        &[ErrorKind::Protocol],
+        &[ErrorKind::Timeout],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_thousand_nested_arrays_are_refused_without_recursion() {
+    let mut bytes = b"*1\r\n".repeat(200_000);
+    bytes.extend_from_slice(b":1\r\n");
+    case(
+        "200,000 nested arrays",
+        Answer::Bytes(bytes),
+        &[ErrorKind::Protocol],
+        &[ErrorKind::Connection],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wrong_reply_type_is_a_protocol_error() {
+    for (what, bytes) in [
+        ("an integer", &b":7\r\n"[..]),
+        ("a status", b"+OK\r\n"),
+        ("a bulk string", b"$5\r\nhello\r\n"),
+        ("an array of junk", b"*3\r\n+a\r\n+b\r\n+c\r\n"),
+        ("a type RESP2 does not have", b"?huh\r\n"),
+    ] {
+        case(
+            what,
+            Answer::Bytes(bytes.to_vec()),
+            &[ErrorKind::Protocol],
+            &[ErrorKind::Protocol, ErrorKind::Connection],
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_byte_every_few_seconds_is_a_timeout() {
+    case(
+        "one byte every 2 s",
+        Answer::Trickle(b"*2\r\n:1\r\n:1\r\n".to_vec(), Duration::from_secs(2)),
+        &[ErrorKind::Timeout],
+        &[ErrorKind::Timeout],
+    )
+    .await;
+}
