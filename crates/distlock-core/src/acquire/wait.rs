@@ -163,7 +163,7 @@ struct Waiter<'a> {
     /// head while this waiter is still in the queue.
     slot: KeptOnDrop<'a>,
     ticket: Option<QueuePlace<'a, Handoff>>,
-    subscribed: bool,
+    subscribing: Subscribing,
     round: u32,
     /// Attempts in a row that failed (see `engine_errors`).
     failures: u32,
@@ -209,7 +209,7 @@ impl<'a> Waiter<'a> {
             own,
             slot,
             ticket,
-            subscribed: false,
+            subscribing: Subscribing::default(),
             round: 0,
             failures: 0,
             tries: 0,
@@ -250,7 +250,7 @@ impl<'a> Waiter<'a> {
             // A previous head's subscription, still active: no need to subscribe and try again
             // after this attempt.
             self.slot.sub = Some(kept_sub);
-            self.subscribed = true;
+            self.subscribing.before_attempt();
         }
     }
 
@@ -261,7 +261,7 @@ impl<'a> Waiter<'a> {
             key, options, kind, ..
         } = self.want;
         if options.events()
-            && !self.subscribed
+            && !self.subscribing.is_subscribed()
             && kind != LeaseKind::Exclusive
             && self.holding.driver().watching(key)
         {
@@ -274,7 +274,7 @@ impl<'a> Waiter<'a> {
             self.own.queued = true;
             if let Ok(Some(s)) = self.holding.driver().subscribe(key, kind, &token).await {
                 self.slot.sub = Some(s);
-                self.subscribed = true;
+                self.subscribing.before_attempt();
             }
         }
     }
@@ -295,7 +295,7 @@ impl<'a> Waiter<'a> {
     /// slot and paused after (backing off), and the token is given up.
     async fn try_once(&mut self) -> Round {
         // Only a first attempt with no subscription yet may take the engine's fast path.
-        let queue = self.subscribed || self.round > 0;
+        let queue = self.subscribing.is_subscribed() || self.round > 0;
         let token = self.token(queue);
         self.tries = self.tries.saturating_add(1);
         let engine = self.holding.driver().backend().name();
@@ -337,16 +337,13 @@ impl<'a> Waiter<'a> {
         let Acquisition {
             key, options, kind, ..
         } = self.want;
-        if !options.events() || self.subscribed {
+        if self.subscribing.after_busy(options.events()) == AfterBusy::Pause {
             return false;
         }
-        // Subscribe first, then try again, then wait: a release between our attempt and
-        // the subscription cannot be missed.
-        self.subscribed = true;
         // (The token the next attempts carry: the engine may tell this waiter by it. Without a
         // local queue, as above: the engine may queue the token as it subscribes.)
         let token = self.token(true);
-        match self.holding.driver().subscribe(key, kind, &token).await {
+        let listening = match self.holding.driver().subscribe(key, kind, &token).await {
             Ok(Some(s)) => {
                 self.slot.sub = Some(s);
                 true
@@ -357,7 +354,8 @@ impl<'a> Waiter<'a> {
                     "cannot subscribe to release events; polling");
                 false
             }
-        }
+        };
+        self.subscribing.subscribed(listening) == AfterBusy::Retry
     }
 
     /// The pause after this round's busy attempt, and the round counted: with events that hear
@@ -397,6 +395,60 @@ impl<'a> Waiter<'a> {
             () = tokio::time::sleep(pause) => {}
             () = event => {}
             () = local_holder_changed => {}
+        }
+    }
+}
+
+/// What a wait does after a busy attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterBusy {
+    /// Subscribe to the name's release events, then ask [`Subscribing::subscribed`].
+    Subscribe,
+    /// Try again at once.
+    Retry,
+    /// Pause until an event (if subscribed), the holder's remaining lease or the back-off.
+    Pause,
+}
+
+/// A wait's rule for release events: subscribe after the first busy attempt, then try again
+/// before pausing, so that a release between that attempt and the subscription (which nobody
+/// would tell this waiter of) is never missed: the attempt after the subscription sees it. A
+/// subscription made before an attempt (a previous head's, or one that costs no round trip)
+/// needs no attempt more.
+#[derive(Debug, Default)]
+pub(crate) struct Subscribing {
+    /// Subscribed, or tried to and could not: it does not try again.
+    subscribed: bool,
+}
+
+impl Subscribing {
+    /// Whether the wait has subscribed (or tried to).
+    pub(crate) fn is_subscribed(&self) -> bool {
+        self.subscribed
+    }
+
+    /// The wait has a subscription before its next attempt.
+    pub(crate) fn before_attempt(&mut self) {
+        self.subscribed = true;
+    }
+
+    /// The attempt found the lock busy; `events`: the wait asks for release events.
+    /// `Subscribe` once, and `Pause` after that (or without events).
+    pub(crate) fn after_busy(&mut self, events: bool) -> AfterBusy {
+        if !events || self.subscribed {
+            return AfterBusy::Pause;
+        }
+        self.subscribed = true;
+        AfterBusy::Subscribe
+    }
+
+    /// The subscription after a busy attempt is made (`listening`) or failed: `Retry` if it
+    /// listens now, for a release may have come before it; `Pause` (polling) if not.
+    pub(crate) fn subscribed(&self, listening: bool) -> AfterBusy {
+        if listening {
+            AfterBusy::Retry
+        } else {
+            AfterBusy::Pause
         }
     }
 }
