@@ -3,8 +3,8 @@
 //! layer of the core: it knows nothing of engines, guards or clients.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -13,7 +13,7 @@ use crate::clock::{Clock, pack, unpack};
 pub use crate::engine::LostReason;
 use crate::engine::{LeaseKind, LeaseRef};
 use crate::options::LockOptions;
-use crate::sync::MutexExt;
+use crate::sync::shim::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Locked, Mutex, MutexGuard};
 use crate::token::{CompactToken, Token};
 
 pub(crate) mod losses;
@@ -205,7 +205,7 @@ pub(crate) struct LeaseShared {
     /// How many times the watchdog renewed it (for `max_renewals`; the watchdog's own count,
     /// kept here because the lease has room for it, where each entry of the watchdog's heap
     /// would cost 8 bytes more).
-    renewals: std::sync::atomic::AtomicU32,
+    renewals: AtomicU32,
     /// `RENEWING` while the watchdog has a renewal of this lease in flight; `CLOSED` once a
     /// release has ended the lease and waits for that renewal: no renewal starts after that.
     gate: AtomicU8,
@@ -340,7 +340,7 @@ impl LeaseShared {
             changed: once_cell::race::OnceBox::new(),
             acquired_at: pack(sent_at),
             streak,
-            renewals: std::sync::atomic::AtomicU32::new(0),
+            renewals: AtomicU32::new(0),
             gate: AtomicU8::new(0),
             downgraded: AtomicBool::new(false),
             watched_session: AtomicU64::new(NO_SESSION),
@@ -785,6 +785,9 @@ impl LeaseShared {
         LeaseShared::new(spec, Instant::now())
     }
 }
+
+#[cfg(all(test, distlock_loom))]
+mod loom_model;
 
 /// The lease's `Notify` is made by the first waiter, so a change and a wait that race must
 /// still meet: run each race many times on two threads, and require every wait to end.

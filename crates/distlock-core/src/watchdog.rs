@@ -19,6 +19,9 @@ use crate::token::Token;
 
 mod schedule;
 
+#[cfg(all(test, distlock_loom))]
+mod loom_model;
+
 use schedule::{Item, RenewOutcome, Schedule};
 
 /// The client's handle on its watchdog task (started at the first lease that needs it).

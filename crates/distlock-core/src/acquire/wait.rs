@@ -414,7 +414,7 @@ pub(crate) enum AfterBusy {
 /// before pausing, so that a release between that attempt and the subscription (which nobody
 /// would tell this waiter of) is never missed: the attempt after the subscription sees it. A
 /// subscription made before an attempt (a previous head's, or one that costs no round trip)
-/// needs no attempt more.
+/// needs no attempt more. (`loom_model` checks it against a release on another thread.)
 #[derive(Debug, Default)]
 pub(crate) struct Subscribing {
     /// Subscribed, or tried to and could not: it does not try again.
@@ -464,6 +464,9 @@ fn engine_retry_delay(failures: u32) -> Duration {
     let hi = full.as_micros() as u64;
     Duration::from_micros(rand::Rng::random_range(&mut rand::rng(), lo..=hi))
 }
+
+#[cfg(all(test, distlock_loom))]
+mod loom_model;
 
 #[cfg(test)]
 mod tests {

@@ -8,10 +8,14 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+
+// The hub's mutex is loom's in the model checks (`crate::sync::shim`); its counters stay std's:
+// what orders them for a waiter is the `Notify` beside them, which loom does not see into.
+use crate::sync::shim::{Locked, Mutex, MutexGuard};
 
 /// [`SlotShared::status`]: the server has confirmed the subscription.
 const CONFIRMED: u8 = 1;
@@ -239,11 +243,8 @@ impl WakeHub {
         self.lock().keys().cloned().collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
-        self.inner
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
+        self.inner.slots.locked()
     }
 
     fn unsubscribe(&self, key: &str, token: Option<&str>) {

@@ -21,7 +21,7 @@
 //! started again by the next watch, which gives it every shared session's end again.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
 use futures_util::StreamExt;
@@ -31,6 +31,7 @@ use tokio::sync::{Notify, mpsc};
 use super::LeaseShared;
 use crate::engine::{BoxFuture, LeaseRef, LostReason, SessionEnd, SessionWatch};
 use crate::sync::MutexExt;
+use crate::sync::shim::AtomicUsize;
 
 /// Fewer ends than this never cause a sweep (a client with few leases sweeps rarely).
 const SWEEP_AFTER: usize = 64;
@@ -118,6 +119,12 @@ impl LossCounter {
         if (self.ended.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(SWEEP_AFTER) {
             self.wake.notify_one();
         }
+    }
+
+    /// The ends told since the last sweep (for the model checks).
+    #[cfg(all(test, distlock_loom))]
+    pub(crate) fn ends_told(&self) -> usize {
+        self.ended.load(Ordering::Relaxed)
     }
 
     fn take(&self, n: usize) {

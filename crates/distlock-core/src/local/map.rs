@@ -39,6 +39,11 @@ impl<T> Slots<T> {
         self.table.find_mut(hash, |s| s.name() == name)
     }
 
+    #[cfg(all(test, distlock_loom))]
+    pub(super) fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
     pub(super) fn contains_key(&self, name: &str) -> bool {
         self.get(name).is_some()
     }
