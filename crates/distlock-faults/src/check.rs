@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::{Value, json};
 
+use crate::linear::Verdict;
 use crate::resource::Register;
 
 /// One acquisition, put together from its events.
@@ -139,6 +140,8 @@ pub(crate) struct Figures {
     pub(crate) handovers: Option<Handovers>,
     /// Examples of violations, for the report.
     pub(crate) examples: Vec<String>,
+    /// The independent check: whether the fenced registers are linearizable (`linear.rs`).
+    pub(crate) linear: Option<Verdict>,
 }
 
 fn i(v: &Value, k: &str) -> Option<i64> {
@@ -728,7 +731,17 @@ pub(crate) fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
 impl Figures {
     /// Safety violations that no caveat covers (the figure that must be 0).
     pub(crate) fn violations(&self) -> u64 {
-        self.ck1 + self.ck2 + self.ck3 + self.ck5 + self.ck6 + self.ck7 + self.ck8 + self.ck9
+        let checkers = self.ck1 + self.ck2 + self.ck3 + self.ck5 + self.ck6 + self.ck7;
+        let linear = self.linear.as_ref().map_or(0, Verdict::violations);
+        checkers + self.ck8 + self.ck9 + linear
+    }
+
+    /// Adds the linearizability check's verdict (and its offending operation to the examples).
+    pub(crate) fn set_linear(&mut self, v: Verdict) {
+        if let Some(e) = v.example() {
+            self.examples.push(e);
+        }
+        self.linear = Some(v);
     }
 
     /// The violations that no event recorded later can undo, so that a history cut short shows
@@ -790,6 +803,7 @@ impl Figures {
                 "read_write_fenced_out_of_order": q.rw_out_of_order})),
             "handovers": self.handovers.as_ref().map(Handovers::to_json),
             "examples": self.examples,
+            "linearizability": self.linear.as_ref().map(Verdict::to_json),
         })
     }
 }

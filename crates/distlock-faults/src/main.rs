@@ -11,6 +11,7 @@
 mod check;
 mod engine;
 mod faults;
+mod linear;
 mod many;
 mod mono;
 mod netns;
@@ -280,6 +281,14 @@ fn summary(s: &Scenario, f: &Figures) -> String {
     )
 }
 
+/// The linearizability check's clause, after the scenario's line.
+fn with_linear(line: String, f: &Figures) -> String {
+    match &f.linear {
+        Some(v) => format!("{line}; {}", v.summary()),
+        None => line,
+    }
+}
+
 fn write_report(dir: &Path, name: &str, v: &Value) -> Result<(), String> {
     let path = dir.join(name);
     std::fs::write(&path, serde_json::to_string_pretty(v).unwrap_or_default())
@@ -320,6 +329,7 @@ async fn run_scenarios(
     for s in &list {
         let o = run::run(s, seed, duration, &dir, None).await?;
         let line = summary(s, &o.figures);
+        let line = with_linear(line, &o.figures);
         println!("{line}");
         for e in &o.figures.examples {
             println!("    {e}");

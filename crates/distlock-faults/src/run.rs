@@ -370,7 +370,7 @@ pub(crate) async fn run(
     }
     s.history.record(json!({"ev": "end", "t": run_end}));
     let _ = s.history.out.flush();
-    let figures = if scenario.partitions() {
+    let mut figures = if scenario.partitions() {
         crate::partitions::check_each(&s.history.events, &s.keyed, fenced_engine, bounds, run_end)
     } else if scenario.many() {
         crate::many::check_each(&s.history.events, &s.keyed, fenced_engine, bounds, run_end)
@@ -383,6 +383,11 @@ pub(crate) async fn run(
             run_end,
         )
     };
+    // The independent check, beside the checkers: are the fenced registers linearizable?
+    figures.set_linear(crate::linear::check_history(
+        &s.history.events,
+        fenced_engine,
+    ));
     for w in &mut s.workers {
         let _ = w.child.start_kill();
     }
@@ -591,7 +596,7 @@ fn apply(shared: &SharedRef, id: usize, req: &str, v: &Value, fenced_engine: boo
             let uvalue = unfenced.read(false, fence);
             s.history.record(merge(
                 json!({"ev": "read", "w": id, "n": n, "t": t, "key": key,
-                "fence": fence, "value": value, "uvalue": uvalue}),
+                "fence": fence, "value": value, "uvalue": uvalue, "sent": v.get("t")}),
             ));
             merge(json!({"reply": "read", "n": n, "value": value, "uvalue": uvalue}))
         } else {
@@ -602,7 +607,7 @@ fn apply(shared: &SharedRef, id: usize, req: &str, v: &Value, fenced_engine: boo
             s.history.record(merge(
                 json!({"ev": "write", "w": id, "n": n, "t": t, "key": key,
                 "fence": fence, "value": value, "accepted": accepted,
-                "uaccepted": uaccepted}),
+                "uaccepted": uaccepted, "sent": v.get("t")}),
             ));
             json!({"reply": "write", "n": n, "accepted": accepted, "uaccepted": uaccepted})
         }
