@@ -16,6 +16,7 @@ mod many;
 mod mono;
 mod netns;
 mod partitions;
+mod report;
 mod resource;
 mod run;
 mod scenario;
@@ -289,6 +290,47 @@ fn with_linear(line: String, f: &Figures) -> String {
     }
 }
 
+/// Writes the run's page beside its history (`<history>.html`); returns the index's entry. A
+/// page that cannot be written is reported, and the run goes on.
+fn page(
+    o: &run::RunReport,
+    s: &Scenario,
+    seed: u64,
+    bug: Option<&str>,
+    line: &str,
+) -> Option<(String, bool, String, String)> {
+    let path = o.history.with_extension("html");
+    let p = report::Page {
+        scenario: s.name,
+        about: s.about,
+        seed,
+        bug,
+        line,
+    };
+    let written = report::load(&o.history)
+        .and_then(|events| report::write_page(&path, &p, &events, &o.figures));
+    if let Err(e) = written {
+        eprintln!("distlock-faults: the run's page: {e}");
+        return None;
+    }
+    let file = path.file_name()?.to_string_lossy().into_owned();
+    let passed = o.figures.violations() == 0;
+    Some((s.name.to_owned(), passed, line.to_owned(), file))
+}
+
+/// `report.html`: the one scenario's page, or an index of the scenarios' pages.
+fn write_pages(dir: &Path, pages: &[(String, bool, String, String)]) {
+    let path = dir.join("report.html");
+    let written = match pages {
+        [one] => std::fs::copy(dir.join(&one.3), &path).map(|_| ()),
+        _ => std::fs::write(&path, report::index(pages)),
+    };
+    match written {
+        Ok(()) => println!("page: {}", path.display()),
+        Err(e) => eprintln!("distlock-faults: {}: {e}", path.display()),
+    }
+}
+
 fn write_report(dir: &Path, name: &str, v: &Value) -> Result<(), String> {
     let path = dir.join(name);
     std::fs::write(&path, serde_json::to_string_pretty(v).unwrap_or_default())
@@ -326,6 +368,7 @@ async fn run_scenarios(
     );
     let mut ok = true;
     let mut report = Vec::new();
+    let mut pages = Vec::new();
     for s in &list {
         let o = run::run(s, seed, duration, &dir, None).await?;
         let line = summary(s, &o.figures);
@@ -342,8 +385,10 @@ async fn run_scenarios(
             "duration_s": duration.as_secs(), "line": line, "figures": o.figures.to_json(),
             "unfenced_lost_updates": faults_bite,
             "history": o.history.display().to_string()}));
+        pages.extend(page(&o, s, seed, None, &line));
     }
     write_report(&dir, "report.json", &Value::Array(report))?;
+    write_pages(&dir, &pages);
     Ok(ok)
 }
 
@@ -409,6 +454,9 @@ async fn run_controls(
             caught += 1;
         }
         let first = f.examples.first().cloned().unwrap_or_default();
+        let caught_or_not = if hit { "caught" } else { "not caught" };
+        let verdict = format!("control {} in {}: {caught_or_not}", c.bug, c.scenario);
+        let _ = page(&o, &s, seed.wrapping_add(runs - 1), Some(c.bug), &verdict);
         println!(
             "control {:<22} {}: {}",
             c.bug,
