@@ -55,7 +55,8 @@ pub(crate) fn latency(v: &RunView) -> (String, String) {
         .filter_map(|o| {
             let a = o.acq_invoke?;
             let (b, e) = o.acq_end?;
-            Some((b, (b - a) * 1e3, e))
+            // A grant recorded with its invoke's stamp (a group's ownership) has no latency.
+            (b > a).then_some((b, (b - a) * 1e3, e))
         })
         .collect();
     let rel: Vec<(f64, f64)> = v

@@ -21,10 +21,12 @@ const PER_STRIP: f64 = 30.0;
 /// Past this many operations, only the strips with faults or flagged operations are drawn.
 const MAX_OPS: usize = 8000;
 
-/// The strip length (s): a round length that puts about [`PER_STRIP`] acquisitions in a lane.
+/// The strip length (s): a round length that puts about [`PER_STRIP`] acquisitions (or writes,
+/// when a hold writes many times, as a group's partition owner does) in a lane.
 pub(crate) fn strip_len(v: &RunView) -> f64 {
-    let held = v.ops.iter().filter(|o| o.held()).count() as f64;
-    let rate = held / v.workers.max(1) as f64 / v.length.max(1e-3);
+    let held = v.ops.iter().filter(|o| o.held()).count();
+    let writes: usize = v.ops.iter().map(|o| o.writes.len()).sum();
+    let rate = held.max(writes) as f64 / v.workers.max(1) as f64 / v.length.max(1e-3);
     let lens = [
         0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0,
     ];
@@ -384,5 +386,14 @@ mod tests {
         let html = timeline(&v, &HashMap::new());
         assert_eq!(html.matches("<svg").count(), 12);
         assert!(html.len() < 3_000_000, "{} bytes", html.len());
+        // 120 holds that write ten times each (as a group's owners do): the writes set the
+        // length (the holds alone would make it 60 s).
+        for o in &mut v.ops {
+            o.writes = (0..10)
+                .map(|k| (o.hold.unwrap_or_default().0, k > 0))
+                .collect();
+        }
+        v.ops.truncate(120);
+        assert_eq!(strip_len(&v), 5.0);
     }
 }
