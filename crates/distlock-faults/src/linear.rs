@@ -303,7 +303,7 @@ impl Verdict {
         let ops: usize = self.registers.iter().map(|r| r.ops).sum();
         let n = self.registers.len();
         let head = if n == 0 {
-            return "linearizability n/a (no reads or writes)".to_owned();
+            return "linearizability n/a (no fenced register: no fencing tokens)".to_owned();
         } else if self.violations() > 0 {
             let bad: Vec<&str> = self
                 .registers

@@ -170,7 +170,7 @@ pub(crate) fn rows(f: &Figures) -> Vec<Row> {
             "",
             None,
             0,
-            "no reads or writes of a fenced register".to_owned(),
+            "no fenced register (no fencing tokens)".to_owned(),
         ),
     };
     rows.push(Row {
