@@ -51,13 +51,14 @@ pub(crate) mod shim {
     /// 32 KiB loom gives a thread.
     const STACK: usize = 256 << 10;
 
-    /// Runs `model` under every interleaving loom tries: at most `LOOM_MAX_PREEMPTIONS`
-    /// preemptions a run (3 when it is not set; `.ci/loom` sets it), the others exhaustively.
-    /// The model runs on a thread of its own, with [`STACK`].
-    pub(crate) fn check(model: impl Fn() + Sync + Send + 'static) {
+    /// Runs `model` under every interleaving loom tries with at most `preemptions`
+    /// preemptions a run (`LOOM_MAX_PREEMPTIONS`, when set, for every model), and every outcome
+    /// its memory model allows of each atomic access. The model runs on a thread of its own,
+    /// with [`STACK`].
+    pub(crate) fn check(preemptions: usize, model: impl Fn() + Sync + Send + 'static) {
         let mut builder = loom::model::Builder::new();
         if builder.preemption_bound.is_none() {
-            builder.preemption_bound = Some(3);
+            builder.preemption_bound = Some(preemptions);
         }
         let model = std::sync::Arc::new(model);
         builder.check(move || {

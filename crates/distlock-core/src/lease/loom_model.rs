@@ -17,7 +17,7 @@ use crate::sync::shim::{check, spawn};
 /// saw the lease lost sees the same reason ever after.
 #[test]
 fn a_lease_ends_once_and_the_first_end_wins() {
-    check(|| {
+    check(4, || {
         let lease = Arc::new(LeaseShared::for_test("k"));
         let counter = Arc::new(LossCounter::default());
         lease.set_loss_counter(&counter);
@@ -59,7 +59,7 @@ fn a_lease_ends_once_and_the_first_end_wins() {
 /// lease's `Notify` is made by the first waiter, and a renewal that ends finds it).
 #[test]
 fn no_renewal_is_in_flight_once_the_gate_is_closed() {
-    check(|| {
+    check(4, || {
         let lease = Arc::new(LeaseShared::for_test("k"));
         let in_flight = Arc::new(AtomicUsize::new(0));
         let closed = Arc::new(AtomicBool::new(false));

@@ -21,7 +21,7 @@ use crate::sync::shim::{check, spawn};
 /// schedule and the other stays in it, once.
 #[test]
 fn each_due_lease_in_one_batch_and_none_after_its_release() {
-    check(|| {
+    check(4, || {
         let released = Arc::new(LeaseShared::for_test("released"));
         let kept = Arc::new(LeaseShared::for_test("kept"));
         let out = Arc::new(AtomicUsize::new(0));

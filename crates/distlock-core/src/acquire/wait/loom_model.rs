@@ -21,7 +21,7 @@ const KEY: &str = "k";
 /// busy attempt and its subscription, or after), and never sleeps through it.
 #[test]
 fn a_release_between_a_busy_attempt_and_the_subscription_is_not_missed() {
-    check(|| {
+    check(4, || {
         let hub = WakeHub::new(|_| {}, |_| {});
         // Whether the other client holds the lock.
         let held = Arc::new(Mutex::new(true));
