@@ -19,6 +19,20 @@ mod status;
 #[cfg(target_os = "linux")]
 mod watch;
 
+/// The fuzz targets' way in (`fuzz/`): built only with `--cfg fuzzing`, never in a normal
+/// build.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    /// A lock file's contents as the engine reads them back: `Ok` or a typed error, never a
+    /// panic. Returns the fence read, if the text is a record.
+    pub fn lock_file(text: &str) -> Option<u64> {
+        crate::record::parse(text, std::path::Path::new("fuzzed"))
+            .ok()
+            .map(|r| r.fence)
+    }
+}
+
 use distlock_core::engine::{
     AcquireRequest, Attempt, Backend, Capabilities, ErrorKind, Fencing, LeaseCheck, LeaseKind,
     LeaseRef, LockError, LockStatus,

@@ -32,6 +32,8 @@ mod session;
 mod settings;
 mod setup;
 mod status;
+#[cfg(fuzzing)]
+pub(crate) use status::fuzz_label;
 
 pub(crate) use dedicated::Conn;
 use permits::{PERMIT_PREFIX, PermitHold, PermitSql};

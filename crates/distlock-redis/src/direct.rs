@@ -55,6 +55,12 @@ pub(crate) use endpoint::Endpoint;
 use endpoint::Stream;
 use resp::frame;
 
+/// One reply framed from the start of `buf` (for the fuzz targets: `crate::fuzzing`).
+#[cfg(fuzzing)]
+pub(crate) fn fuzz_frame(buf: &[u8]) -> Result<Option<(Value, usize)>, RedisError> {
+    frame(buf, 0)
+}
+
 /// How long after a failed connection attempt the direct connection is tried again.
 const RETRY: Duration = Duration::from_secs(1);
 

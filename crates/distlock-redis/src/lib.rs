@@ -7,6 +7,9 @@ mod connection;
 mod direct;
 mod error;
 mod fenced;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 mod handover;
 mod keys;
 mod list;

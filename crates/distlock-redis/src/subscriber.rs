@@ -460,6 +460,12 @@ async fn direct_request(
     }
 }
 
+/// A `message` push as channel and payload (for the fuzz targets: `crate::fuzzing`).
+#[cfg(fuzzing)]
+pub(crate) fn fuzz_message(v: Value) -> Option<(Vec<u8>, Vec<u8>)> {
+    message(v).map(|m| (m.channel, m.payload))
+}
+
 /// A `message` push as channel and payload; `None` for anything else.
 fn message(v: Value) -> Option<Msg> {
     let Value::Array(items) = v else { return None };

@@ -10,6 +10,12 @@ use distlock_core::recipes::HolderValue;
 use super::{APP_TAG, PgBackend, lock_id};
 use crate::error::within;
 
+/// A holder label read (for the fuzz targets: `crate::fuzzing`).
+#[cfg(fuzzing)]
+pub(crate) fn fuzz_label(app: &str) -> Option<(Option<u64>, i64, String)> {
+    parse_label(app)
+}
+
 /// Reads a holder label: its fence (`-` on a shared session, whose locks have one each), TTL in
 /// milliseconds and owner.
 fn parse_label(app: &str) -> Option<(Option<u64>, i64, String)> {
