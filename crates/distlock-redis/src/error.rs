@@ -45,10 +45,20 @@ pub(crate) fn protocol(doing: &str, got: &redis::Value) -> LockError {
     unexpected(doing, got)
 }
 
-/// A reply that is well formed but not one the request allows.
+/// A reply that is well formed but not one the request allows (shown up to 300 bytes: a
+/// server's reply may be long).
 pub(crate) fn unexpected(doing: &str, got: impl std::fmt::Debug) -> LockError {
+    let mut shown = format!("{got:?}");
+    if shown.len() > 300 {
+        let mut end = 300;
+        while !shown.is_char_boundary(end) {
+            end -= 1;
+        }
+        shown.truncate(end);
+        shown.push('…');
+    }
     LockError::new(
         ErrorKind::Protocol,
-        format!("{doing}: unexpected reply {got:?}"),
+        format!("{doing}: unexpected reply {shown}"),
     )
 }

@@ -1,14 +1,22 @@
 //! The RESP2 replies the direct connection reads: framed here (one reply, or "more bytes
 //! needed"), and built as redis-rs [`Value`]s, server errors through redis-rs's own parser. A
-//! reply deeper or longer than any lock reply is a protocol error, never a deep recursion or a
-//! large allocation.
+//! reply deeper, longer or larger than any lock reply is a protocol error, never a deep
+//! recursion, a large allocation or a buffer that grows while the server keeps sending.
 
 use redis::{RedisError, Value};
 
 /// Deeper nesting than any of our replies has is a protocol error, not recursion.
 const MAX_DEPTH: usize = 8;
-/// Our replies are small; a larger bulk or array is a protocol error, not an allocation.
+/// Our replies are small; a larger bulk is a protocol error, not an allocation.
 const MAX_LEN: usize = 16 << 20;
+/// The most values in one reply, counted through its nested arrays: the largest lock reply
+/// lists 10,000 permit holders in four values each (`status.lua`), and a batch of renewals
+/// answers 1,024 leases. A longer array is refused before its values are built (and before it
+/// is framed again as each read adds to it).
+const MAX_VALUES: usize = 100_000;
+/// The most bytes one reply may take: a bulk of [`MAX_LEN`] and a little more. A server that
+/// has sent more without completing a reply is not answering a lock request.
+const MAX_REPLY: usize = MAX_LEN + 4096;
 
 fn parse_err(what: &'static str) -> RedisError {
     RedisError::from((redis::ErrorKind::Parse, what))
@@ -17,6 +25,22 @@ fn parse_err(what: &'static str) -> RedisError {
 /// One complete RESP2 reply at the start of `buf` and its length, or `None` if more bytes are
 /// needed.
 pub(super) fn frame(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, RedisError> {
+    let mut values = MAX_VALUES;
+    match frame_counted(buf, depth, &mut values)? {
+        None if buf.len() > MAX_REPLY => Err(parse_err("a reply larger than any lock reply")),
+        framed => Ok(framed),
+    }
+}
+
+/// [`frame`], with `values` the number of values the reply may still have.
+fn frame_counted(
+    buf: &[u8],
+    depth: usize,
+    values: &mut usize,
+) -> Result<Option<(Value, usize)>, RedisError> {
+    *values = values
+        .checked_sub(1)
+        .ok_or_else(|| parse_err("a reply with more values than any lock reply"))?;
     let Some(end) = buf.windows(2).position(|w| w == b"\r\n") else {
         return Ok(None);
     };
@@ -67,7 +91,7 @@ pub(super) fn frame(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, 
             if len < 0 {
                 return Ok(Some((Value::Nil, after)));
             }
-            if depth >= MAX_DEPTH || len as u64 > MAX_LEN as u64 {
+            if depth >= MAX_DEPTH || len as u64 > *values as u64 {
                 return Err(parse_err(
                     "an array reply deeper or longer than any lock reply",
                 ));
@@ -75,7 +99,7 @@ pub(super) fn frame(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, 
             let mut items = Vec::with_capacity((len as usize).min(64));
             let mut at = after;
             for _ in 0..len {
-                match frame(&buf[at..], depth + 1)? {
+                match frame_counted(&buf[at..], depth + 1, values)? {
                     Some((v, used)) => {
                         items.push(v);
                         at += used;
@@ -142,9 +166,32 @@ mod tests {
             b"$3\r\nabcd\r\n",
             b"$99999999999\r\n",
             b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
+            b"*100001\r\n",
         ] {
             let e = frame(bytes, 0).unwrap_err();
             assert_eq!(e.kind(), redis::ErrorKind::Parse, "{bytes:?}");
         }
+    }
+
+    #[test]
+    fn values_are_counted_through_nesting_and_bytes_capped() {
+        // 400 arrays of 250 integers: 100,401 values, each array short enough alone.
+        let mut bytes = b"*400\r\n".to_vec();
+        for _ in 0..400 {
+            bytes.extend_from_slice(b"*250\r\n");
+            bytes.extend_from_slice(&b":1\r\n".repeat(250));
+        }
+        assert!(frame(&bytes, 0).is_err());
+        // A reply of 40,004 values (10,000 permit holders) is one of ours.
+        let mut bytes = b"*40004\r\n".to_vec();
+        bytes.extend_from_slice(&b":1\r\n".repeat(40_004));
+        assert!(frame(&bytes, 0).unwrap().is_some());
+        // More bytes than any reply, still incomplete: refused, not waited for.
+        let mut bytes = b"*2\r\n$16000000\r\n".to_vec();
+        bytes.resize(bytes.len() + 16_000_000, b'x');
+        bytes.extend_from_slice(b"\r\n$16000000\r\n");
+        bytes.resize(MAX_REPLY + 1, b'x');
+        assert!(frame(&bytes[..MAX_REPLY], 0).unwrap().is_none());
+        assert!(frame(&bytes, 0).is_err());
     }
 }
