@@ -107,7 +107,7 @@ fn some_servers(rng: &mut StdRng, n: usize) -> Vec<usize> {
     all.choose_multiple(rng, k).copied().collect()
 }
 
-fn set_links(shared: &SharedRef, w: usize, servers: &[usize], mode: LinkMode) {
+pub(crate) fn set_links(shared: &SharedRef, w: usize, servers: &[usize], mode: LinkMode) {
     let s = lock(shared);
     for &i in servers {
         if let Some(p) = s.workers[w].proxies.get(i) {
@@ -141,7 +141,15 @@ fn netns_heal(shared: &SharedRef, w: usize) {
 }
 
 /// Injects faults until `stop_at` (monotonic ns).
-pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRng, stop_at: i64) {
+/// Each fault holds `turn` while it lasts (a bite, `bitten.rs`, holds it for its own), so that
+/// faults come one at a time.
+pub(crate) async fn inject(
+    shared: SharedRef,
+    scenario: Scenario,
+    mut rng: StdRng,
+    stop_at: i64,
+    turn: crate::bitten::Turn,
+) {
     if scenario.faults.is_empty() {
         return;
     }
@@ -166,6 +174,7 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
         let Some(&fault) = scenario.faults.choose(&mut rng) else {
             return;
         };
+        let turn_guard = turn.lock().await;
         let start = mono::now_ns();
         match fault {
             Fault::PauseHolder => {
@@ -445,6 +454,7 @@ pub(crate) async fn inject(shared: SharedRef, scenario: Scenario, mut rng: StdRn
                 }
             }
         }
+        drop(turn_guard);
         // A quiet spell, so each fault's effects can be told apart.
         let quiet = times(&mut rng, ttl, 1.0, 2.5);
         tokio::time::sleep(quiet).await;

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use distlock_testkit::{FaultProxy, LinkMode};
@@ -40,6 +40,8 @@ const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 pub(crate) struct RunReport {
     pub(crate) figures: Figures,
     pub(crate) history: PathBuf,
+    /// The bites (`bite.rs`): leases broken on purpose.
+    pub(crate) bites: crate::bite::Tally,
 }
 
 /// Messages to the orchestrator's loop.
@@ -81,6 +83,7 @@ pub(crate) async fn run(
         not_injected: Vec::new(),
         stopping: false,
         next_op: 1,
+        bite: crate::bite::Bite::default(),
     }));
     let sql = if scenario.sql {
         Some(Arc::new(SqlResource::start().await?))
@@ -133,11 +136,28 @@ pub(crate) async fn run(
         .record(json!({"ev": "start", "t": started,
         "scenario": scenario.name, "seed": seed, "ttl_ms": ttl.as_millis() as u64,
         "seeded_bug": seeded_bug}));
+    let turn = crate::bitten::Turn::default();
     let injector = tokio::spawn(crate::faults::inject(
         shared.clone(),
         scenario.clone(),
         injector_rng,
         stop_at,
+        turn.clone(),
+    ));
+    // The bite: a held write, once let go, is served as any write is.
+    let bites = Arc::new(Mutex::new(crate::bite::Tally::default()));
+    let release: crate::bitten::Release = {
+        let shared = shared.clone();
+        let sql = sql.clone();
+        Arc::new(move |id, v| serve(&shared, id, "write", v, fenced_engine, sql.as_ref()))
+    };
+    let biter = tokio::spawn(crate::bitten::run(
+        shared.clone(),
+        scenario.clone(),
+        turn,
+        (started, stop_at),
+        release,
+        bites.clone(),
     ));
     // The leak audit reads the mutex's key: a read-write lock's readers or a semaphore keep
     // theirs elsewhere.
@@ -235,8 +255,11 @@ pub(crate) async fn run(
                 }
                 let mut pause = None;
                 let mut jump = None;
+                let bitten;
                 {
                     let mut s = lock(&shared);
+                    let pid = s.workers[id].pid;
+                    bitten = s.bite.observe(id, pid, &v).filter(|k| k.stops());
                     let n = v.get("n").and_then(Value::as_u64);
                     let w = &mut s.workers[id];
                     match (ev.as_str(), v.get("f").and_then(Value::as_str)) {
@@ -256,14 +279,29 @@ pub(crate) async fn run(
                             w.holding = w.owning.last().copied();
                         }
                         ("fail" | "info", Some("acquire" | "join")) => w.backoff = true,
-                        ("check", _) => {
+                        // A check that a bite took is not the random pause's.
+                        ("check", _) if bitten.is_none() => {
                             if let Some(d) = s.pause_at_check.take() {
                                 pause = Some(d);
                             }
                         }
                         _ => {}
                     }
+                    if ev == "ok" && s.bite.permits > 0 {
+                        // A semaphore's bite takes over once others hold every permit.
+                        let bitten_w = s.bite.active.as_ref().map(|a| a.w);
+                        let others = s
+                            .workers
+                            .iter()
+                            .enumerate()
+                            .filter(|&(i, w)| Some(i) != bitten_w && w.holding.is_some())
+                            .count();
+                        s.bite.held_by(others);
+                    }
                     s.history.record(v);
+                }
+                if let Some(k) = bitten {
+                    crate::bitten::stop(&shared, id, k, ttl);
                 }
                 if let Some(d) = pause {
                     pause_worker(&shared, id, d);
@@ -296,6 +334,8 @@ pub(crate) async fn run(
         }
     }
     injector.abort();
+    biter.abort();
+    let _ = biter.await;
     if let Err(e) = injector.await
         && e.is_panic()
     {
@@ -399,9 +439,11 @@ pub(crate) async fn run(
             s.not_injected.join("; ")
         ));
     }
+    let bites = bites.lock().unwrap_or_else(PoisonError::into_inner).clone();
     Ok(RunReport {
         figures,
         history: history_path,
+        bites,
     })
 }
 
@@ -524,6 +566,7 @@ fn next_op(shared: &SharedRef, id: usize, scenario: &Scenario, rng: &mut StdRng)
         if std::mem::take(&mut s.workers[id].backoff) {
             op["delay_ms"] = json!(BACKOFF_MS);
         }
+        s.bite.sent(n, &op);
         op
     };
     send(shared, id, &op);
@@ -539,6 +582,10 @@ fn serve(
     fenced_engine: bool,
     sql: Option<&Arc<SqlResource>>,
 ) {
+    // The bitten holder's write is held until the bite lets it go.
+    if lock(shared).bite.intercept(id, req, &v) {
+        return;
+    }
     let Some(sql) = sql.cloned() else {
         apply(shared, id, req, &v, fenced_engine, Value::Null);
         return;
@@ -609,6 +656,7 @@ fn apply(shared: &SharedRef, id: usize, req: &str, v: &Value, fenced_engine: boo
                 "fence": fence, "value": value, "accepted": accepted,
                 "uaccepted": uaccepted, "sent": v.get("t")}),
             ));
+            s.bite.wrote(n, key);
             json!({"reply": "write", "n": n, "accepted": accepted, "uaccepted": uaccepted})
         }
     };

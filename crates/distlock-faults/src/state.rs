@@ -61,6 +61,8 @@ pub(crate) struct RunState {
     pub(crate) not_injected: Vec<String>,
     pub(crate) stopping: bool,
     pub(crate) next_op: u64,
+    /// The run's bite (`bite.rs`): a holder whose lease a fault breaks on purpose.
+    pub(crate) bite: crate::bite::Bite,
 }
 
 /// The history: every event, in memory and as JSON lines.
