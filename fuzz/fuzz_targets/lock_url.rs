@@ -28,16 +28,16 @@ fuzz_target!(|data: &[u8]| {
     let _ = distlock_postgres::PgConfig::from_url(text);
 
     // The core's helpers, as the engines call them.
-    if let Ok((_, rest)) = split_scheme(text, "etcd", "etcds") {
-        if let Ok(mut url) = MultiHostUrl::parse(rest) {
-            let _ = url.credentials();
-            let _ = url.require_ports(2379);
-            let (mut connect, mut response) = Default::default();
-            let _ = url.take_timeouts(&mut connect, &mut response);
-            let _ = url.take("lock_prefix");
-            let _ = url.rest_query();
-            let _ = url.no_more_params("etcd", "connect_timeout, response_timeout");
-        }
+    if let Ok((_, rest)) = split_scheme(text, "etcd", "etcds")
+        && let Ok(mut url) = MultiHostUrl::parse(rest)
+    {
+        let _ = url.credentials();
+        let _ = url.require_ports(2379);
+        let (mut connect, mut response) = Default::default();
+        let _ = url.take_timeouts(&mut connect, &mut response);
+        let _ = url.take("lock_prefix");
+        let _ = url.rest_query();
+        let _ = url.no_more_params("etcd", "connect_timeout, response_timeout");
     }
     let _ = distlock_core::parse_duration(text);
     let _ = redact(text);
