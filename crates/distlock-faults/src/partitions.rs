@@ -54,17 +54,24 @@ fn is_kill(e: &Value) -> bool {
     ev(e) == "fault" && e["kind"] == "kill-holder"
 }
 
-/// The history of `partition`.
+/// The history of `partition`. A kill is its owner's only if the killed worker's hold of it
+/// was the partition's latest grant: a worker that had not yet seen the partition move on
+/// (granted to another member just before) was no longer its owner.
 pub(crate) fn project(events: &[Value], partition: u64) -> Vec<Value> {
     let holds = partition_by_hold(events);
+    let mut latest: Option<u64> = None;
     events
         .iter()
         .filter_map(|e| {
             if let Some(p) = e["n"].as_u64().and_then(|n| holds.get(&n)) {
+                if *p == partition && ev(e) == "ok" && e["f"] == "acquire" {
+                    latest = e["n"].as_u64();
+                }
                 return (*p == partition).then(|| e.clone());
             }
             if is_kill(e) {
-                return kill_for(e, partition, &holds);
+                return kill_for(e, partition, &holds)
+                    .filter(|k| k["holder"].as_u64().is_some() && k["holder"].as_u64() == latest);
             }
             matches!(ev(e), "fault" | "start" | "end").then(|| e.clone())
         })
@@ -267,6 +274,19 @@ mod tests {
         let r = rest(&events);
         assert!(r.iter().any(|e| ev(e) == "done"));
         assert!(r.iter().all(|e| !is_kill(e) && e["f"] != "acquire"));
+    }
+
+    #[test]
+    fn a_kill_of_a_worker_whose_partition_had_moved_on_is_not_its_owners() {
+        let (a, b) = (hold_number(0, 0, 1), hold_number(1, 0, 1));
+        let events = vec![
+            json!({"ev": "ok", "f": "acquire", "n": a, "t": 0, "partition": 7}),
+            // b is granted p7 just before a's worker, which still lists it, is killed.
+            json!({"ev": "ok", "f": "acquire", "n": b, "t": 10 * MS, "partition": 7}),
+            json!({"ev": "fault", "kind": "kill-holder", "w": 0, "holder": a,
+                "holds": [a], "start": 12 * MS, "t": 12 * MS}),
+        ];
+        assert!(project(&events, 7).iter().all(|e| !is_kill(e)));
     }
 
     #[test]
