@@ -23,6 +23,10 @@ use serde_json::{Value, json};
 use crate::engine::EngineKind;
 use crate::scenario::{Fault, Kinds, Scenario};
 
+/// The faults' turn: the injector holds it for each fault, a bite for the whole bite (here,
+/// where both the injector and `bitten.rs` can use it without importing each other).
+pub(crate) type Turn = std::sync::Arc<tokio::sync::Mutex<()>>;
+
 /// How a bite breaks the lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {

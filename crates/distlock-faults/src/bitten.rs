@@ -14,7 +14,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 
-use crate::bite::{Active, Kind, Plan, Tally, plan};
+use crate::bite::{Active, Kind, Plan, Tally, Turn, plan};
 use crate::faults::set_links;
 use crate::mono;
 use crate::scenario::{Kinds, Scenario};
@@ -22,9 +22,6 @@ use crate::state::{SharedRef, lock, not_injected};
 
 /// Serves a held write (the orchestrator's `serve`).
 pub(crate) type Release = Arc<dyn Fn(usize, Value) + Send + Sync>;
-
-/// The faults' turn: the injector holds it for each fault, a bite for the whole bite.
-pub(crate) type Turn = Arc<tokio::sync::Mutex<()>>;
 
 fn ns(d: Duration) -> i64 {
     d.as_nanos() as i64

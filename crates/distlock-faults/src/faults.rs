@@ -148,7 +148,7 @@ pub(crate) async fn inject(
     scenario: Scenario,
     mut rng: StdRng,
     stop_at: i64,
-    turn: crate::bitten::Turn,
+    turn: crate::bite::Turn,
 ) {
     if scenario.faults.is_empty() {
         return;

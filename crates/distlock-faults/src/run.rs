@@ -136,7 +136,7 @@ pub(crate) async fn run(
         .record(json!({"ev": "start", "t": started,
         "scenario": scenario.name, "seed": seed, "ttl_ms": ttl.as_millis() as u64,
         "seeded_bug": seeded_bug}));
-    let turn = crate::bitten::Turn::default();
+    let turn = crate::bite::Turn::default();
     let injector = tokio::spawn(crate::faults::inject(
         shared.clone(),
         scenario.clone(),
