@@ -19,11 +19,11 @@ fuzz_target!(|data: &[u8]| {
     let _ = value.label();
     let _ = LeaseKind::from_tag(text);
 
-    // A value distlock writes reads back as written, for the tokens distlock writes: a value
-    // that starts with `~` reads as a tagged one, whatever wrote it (an exclusive holder whose
-    // token starts with `~` would be misread; `Token::parse` accepts such a token, distlock's
-    // own are hex digits).
+    // A value distlock writes reads back as written, for every token distlock can write: a
+    // value that starts with `~` reads as a tagged one, whatever wrote it, so `Token::parse`
+    // refuses a token that starts with one (this target found the misreading).
     if value.token.starts_with('~') {
+        assert!(Token::parse(value.token).is_err(), "{text:?}");
         return;
     }
     let written = tag_value(kind, value.encode());

@@ -76,12 +76,19 @@ impl Token {
     /// A token read from elsewhere (another process, a command line).
     ///
     /// # Errors
-    /// `Config` when it is empty, longer than [`MAX_TOKEN_LEN`] or not printable ASCII.
+    /// `Config` when it is empty, longer than [`MAX_TOKEN_LEN`], not printable ASCII, or starts
+    /// with `~` (which marks a tagged holder value).
     pub fn parse(s: &str) -> Result<Self, LockError> {
-        if s.is_empty() || s.len() > MAX_TOKEN_LEN || !s.bytes().all(|b| b.is_ascii_graphic()) {
+        // A leading `~` marks a tagged holder value (`~r token …`, `recipes::untag_value`): a
+        // token that began with one would be read back as another token, or another kind.
+        if s.is_empty()
+            || s.len() > MAX_TOKEN_LEN
+            || !s.bytes().all(|b| b.is_ascii_graphic())
+            || s.starts_with('~')
+        {
             return Err(LockError::new(
                 ErrorKind::Config,
-                "a token must be 1 to 256 printable ASCII characters",
+                "a token must be 1 to 256 printable ASCII characters, not starting with '~'",
             ));
         }
         Ok(Token(Repr::Other(s.into())))
@@ -274,6 +281,10 @@ mod tests {
         assert!(Token::parse("").is_err());
         assert!(Token::parse("has space").is_err());
         assert!(Token::parse(&"x".repeat(257)).is_err());
+        // A leading `~` would read back as a tagged holder value.
+        assert!(Token::parse("~r").is_err());
+        assert!(Token::parse("~abc").is_err());
+        assert!(Token::parse("a~b").is_ok());
         assert_eq!(
             Token::parse("abc").map(|t| t.to_string()).ok().as_deref(),
             Some("abc")
