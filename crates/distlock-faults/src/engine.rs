@@ -284,6 +284,24 @@ impl Engine {
         true
     }
 
+    /// The replicated deployments: the node the last [`pause`](Self::pause) froze, while it is
+    /// frozen.
+    pub(crate) fn paused_node(&self) -> Option<usize> {
+        self.paused
+    }
+
+    /// The replicated deployments, after a pause of their master `was`: whether one master is
+    /// left. Either `was` is the master the deployment names (no fail-over), or it answers as
+    /// a replica again (demoted after one). While it answers as a master beside the promoted
+    /// one, or no master is known (a fail-over under way), there may be two.
+    pub(crate) fn one_master(&self, was: usize) -> bool {
+        match self.master() {
+            Some(m) if m == was => true,
+            Some(_) => self.node(was).try_cli(&["ROLE"]).lines().next() != Some("master"),
+            None => false,
+        }
+    }
+
     /// Thaws server `i` (the replicated deployments: every node, paused or not).
     pub(crate) fn resume(&mut self, i: usize) {
         match &self.servers {
