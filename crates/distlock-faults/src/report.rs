@@ -164,14 +164,57 @@ fn faults_table(run: &history::RunView, anchored: &HashSet<u64>) -> String {
     out
 }
 
-/// Writes the page to `path`.
+/// The two plots (latency, throughput) with their captions, as one standalone SVG image with
+/// its own styles: what a document shows of a run (`docs/reliability.md`).
+pub(crate) fn plots_svg(page: &Page, events: &[Value], f: &Figures) -> String {
+    let run = history::view(events, f.fenced.is_some());
+    let width = 1320;
+    let mut body = String::new();
+    let mut y = 28;
+    for (svg, caption) in [plots::latency(&run), plots::throughput(&run)] {
+        let height = svg
+            .split_once("height=\"")
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .and_then(|(h, _)| h.parse::<u32>().ok())
+            .unwrap_or(200);
+        // The plot as a nested `svg`, placed by its `y`.
+        let _ = write!(
+            body,
+            "{}",
+            svg.replacen("<svg ", &format!("<svg y=\"{y}\" "), 1)
+        );
+        y += height + 14;
+        let _ = write!(
+            body,
+            "<text class=\"cap\" x=\"8\" y=\"{}\">{}</text>",
+            y - 4,
+            esc(&caption)
+        );
+        y += 10;
+    }
+    let title = format!("{}, seed {}: {}", page.scenario, page.seed, page.line);
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{y}\" viewBox=\"0 0 {width} {y}\"><style>{CSS}.cap{{font:11px sans-serif;fill:#555}}.ttl{{font:bold 12px sans-serif;fill:#222}}</style><rect width=\"100%\" height=\"100%\" fill=\"#fff\"/><text class=\"ttl\" x=\"8\" y=\"16\">{}</text>{body}</svg>\n",
+        esc(&title.chars().take(200).collect::<String>())
+    )
+}
+
+/// Writes the page to `path`, and its plots beside it (`<name>-plots.svg`).
 pub(crate) fn write_page(
     path: &Path,
     page: &Page,
     events: &[Value],
     f: &Figures,
 ) -> Result<(), String> {
-    std::fs::write(path, render(page, events, f)).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::write(path, render(page, events, f))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let plots = path.with_file_name(format!("{stem}-plots.svg"));
+    std::fs::write(&plots, plots_svg(page, events, f))
+        .map_err(|e| format!("{}: {e}", plots.display()))
 }
 
 /// An index of several scenarios' pages: (scenario, passed, its line, its page's file name).

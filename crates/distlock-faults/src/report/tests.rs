@@ -150,3 +150,28 @@ fn the_index_links_each_scenario_page() {
     assert!(html.contains("<a href=\"a-1.html\">a</a>"));
     assert!(html.contains("VIOLATIONS") && html.contains("b: &lt;bad&gt;"));
 }
+
+#[test]
+fn the_plots_are_one_standalone_image() {
+    let (events, fenced) = history();
+    let f = figures(&events, &fenced);
+    let page = Page {
+        scenario: "sample",
+        about: "",
+        seed: 7,
+        bug: None,
+        line: "sample: <a line>",
+    };
+    let svg = plots_svg(&page, &events, &f);
+    assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    // Its own styles, the two plots nested and placed one under the other, every element
+    // closed, nothing fetched.
+    assert!(svg.contains("<style>") && svg.contains(".pane{"));
+    assert_eq!(svg.matches("<svg").count(), 3);
+    assert_eq!(svg.matches("</svg>").count(), 3);
+    assert!(svg.contains("<svg y=\"28\" class=\"plot\""));
+    for bad in ["<script", "<img", "url(", "https://"] {
+        assert!(!svg.contains(bad), "{bad}");
+    }
+    assert!(svg.contains("sample: &lt;a line&gt;"));
+}
