@@ -61,6 +61,11 @@ pub(crate) fn map_err(s: Status, doing: &str) -> LockError {
         Code::Unavailable | Code::Aborted | Code::Cancelled | Code::ResourceExhausted => {
             ErrorKind::Connection
         }
+        // tonic's own refusal of a reply over its size limit (a length prefix of up to 4 GiB
+        // from a wrong server) is the server's fault, not the key's.
+        Code::OutOfRange if s.message().contains("decoded message length too large") => {
+            ErrorKind::Protocol
+        }
         Code::InvalidArgument | Code::OutOfRange => ErrorKind::InvalidKey,
         // A connection that broke under the request.
         Code::Unknown if transport_failed(&s) => ErrorKind::Connection,
