@@ -3,6 +3,9 @@
 
 mod backend;
 mod config;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 mod layout;
 mod list;
 mod many;
