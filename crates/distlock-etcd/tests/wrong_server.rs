@@ -7,72 +7,22 @@
 //! timeout times the sends (each member twice) and a margin, with no panic and no large
 //! allocation (a counting allocator watches the whole test binary).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use distlock_core::ErrorKind;
 use distlock_etcd::EtcdBackend;
+use distlock_testkit::wrong_server::{Counting, expect_error, listen};
 use prost::bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-mod counting {
-    //! The test binary's allocator: the system's, with the largest single request and the
-    //! most bytes live at once counted.
-    #![allow(unsafe_code)] // a `GlobalAlloc` is an unsafe trait; this one only forwards.
-
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    pub(crate) struct Counting;
-
-    pub(crate) static LARGEST: AtomicUsize = AtomicUsize::new(0);
-    pub(crate) static LIVE: AtomicUsize = AtomicUsize::new(0);
-    pub(crate) static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-    fn note(size: usize) {
-        LARGEST.fetch_max(size, Ordering::Relaxed);
-        let live = LIVE.fetch_add(size, Ordering::Relaxed) + size;
-        PEAK.fetch_max(live, Ordering::Relaxed);
-    }
-
-    // SAFETY: every call goes to `System` with the caller's own arguments.
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            note(layout.size());
-            // SAFETY: the caller's contract is `System`'s.
-            unsafe { System.alloc(layout) }
-        }
-        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            // SAFETY: as above.
-            unsafe { System.dealloc(ptr, layout) }
-        }
-        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-            note(layout.size());
-            // SAFETY: as above.
-            unsafe { System.alloc_zeroed(layout) }
-        }
-        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            note(new_size);
-            // SAFETY: as above.
-            unsafe { System.realloc(ptr, layout, new_size) }
-        }
-    }
-}
+use tokio::net::TcpStream;
 
 #[global_allocator]
-static ALLOC: counting::Counting = counting::Counting;
+static ALLOC: Counting = Counting;
 
 /// The client's response timeout, in the URL.
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(1500);
 /// How many times a request may be sent to the one member (each member twice).
 const SENDS: u32 = 2;
-/// How long past the response timeouts a call may take to give up (the runtime's timers are
-/// coarse under load).
-const MARGIN: Duration = Duration::from_millis(3500);
-/// No allocation of the client may be this large, nor its live bytes grow by this much.
-const LARGE: usize = 64 << 20;
 
 /// What a plain TCP server does with a connection (it never speaks HTTP/2).
 #[derive(Clone)]
@@ -176,19 +126,13 @@ async fn serve_h2(stream: TcpStream, answer: Grpc) {
     }
 }
 
-/// A server on a free port; returns its etcd URL.
-async fn server(tcp: Option<Tcp>, grpc: Option<Grpc>) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            match (&tcp, &grpc) {
-                (Some(t), _) => tokio::spawn(serve_tcp(stream, t.clone())),
-                (_, Some(g)) => tokio::spawn(serve_h2(stream, g.clone())),
-                _ => unreachable!(),
-            };
-        }
-    });
+/// A server on a free port that serves each connection with `serve`; returns its etcd URL.
+async fn server<F, Fut>(serve: F) -> String
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let port = listen(serve).await;
     format!(
         "etcd://127.0.0.1:{port}?response_timeout={}ms&connect_timeout=1s",
         RESPONSE_TIMEOUT.as_millis()
@@ -198,39 +142,18 @@ async fn server(tcp: Option<Tcp>, grpc: Option<Grpc>) -> String {
 /// Connects to the server at `url` (the probe is the first request), and checks that it ends
 /// with an error of one of `kinds` in time, with no large allocation.
 async fn case(what: &str, url: String, kinds: &[ErrorKind]) {
-    let before = counting::LIVE.load(std::sync::atomic::Ordering::Relaxed);
-    let started = Instant::now();
-    let result = tokio::time::timeout(
-        RESPONSE_TIMEOUT * SENDS + MARGIN + Duration::from_secs(20),
-        EtcdBackend::connect(&url),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("{what}: connect never returned"));
-    let elapsed = started.elapsed();
-    let Err(e) = result else {
-        panic!("{what}: connect succeeded");
-    };
-    eprintln!("{what}: {:?} after {elapsed:?}: {e}", e.kind());
-    assert!(kinds.contains(&e.kind()), "{what}: {:?}: {e}", e.kind());
-    assert!(
-        elapsed <= RESPONSE_TIMEOUT * SENDS + MARGIN,
-        "{what}: took {elapsed:?}"
-    );
-    let largest = counting::LARGEST.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(largest < LARGE, "{what}: an allocation of {largest} bytes");
-    let peak = counting::PEAK.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(
-        peak.saturating_sub(before) < LARGE,
-        "{what}: {peak} bytes live at once"
-    );
+    let budget = RESPONSE_TIMEOUT * SENDS;
+    expect_error(what, budget, kinds, EtcdBackend::connect(&url)).await;
 }
 
 async fn tcp_case(what: &str, answer: Tcp, kinds: &[ErrorKind]) {
-    case(what, server(Some(answer), None).await, kinds).await;
+    let url = server(move |stream| serve_tcp(stream, answer.clone())).await;
+    case(what, url, kinds).await;
 }
 
 async fn grpc_case(what: &str, answer: Grpc, kinds: &[ErrorKind]) {
-    case(what, server(None, Some(answer)).await, kinds).await;
+    let url = server(move |stream| serve_h2(stream, answer.clone())).await;
+    case(what, url, kinds).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

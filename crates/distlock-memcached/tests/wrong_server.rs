@@ -3,69 +3,19 @@
 //! must end the lock call with a typed error within the response timeout and a margin, with
 //! no panic and no large allocation (a counting allocator watches the whole test binary).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use distlock_core::{ErrorKind, LockClient};
 use distlock_memcached::MemcachedBackend;
+use distlock_testkit::wrong_server::{Counting, expect_error, listen};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
-
-mod counting {
-    //! The test binary's allocator: the system's, with the largest single request and the
-    //! most bytes live at once counted.
-    #![allow(unsafe_code)] // a `GlobalAlloc` is an unsafe trait; this one only forwards.
-
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    pub(crate) struct Counting;
-
-    pub(crate) static LARGEST: AtomicUsize = AtomicUsize::new(0);
-    pub(crate) static LIVE: AtomicUsize = AtomicUsize::new(0);
-    pub(crate) static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-    fn note(size: usize) {
-        LARGEST.fetch_max(size, Ordering::Relaxed);
-        let live = LIVE.fetch_add(size, Ordering::Relaxed) + size;
-        PEAK.fetch_max(live, Ordering::Relaxed);
-    }
-
-    // SAFETY: every call goes to `System` with the caller's own arguments.
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            note(layout.size());
-            // SAFETY: the caller's contract is `System`'s.
-            unsafe { System.alloc(layout) }
-        }
-        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            // SAFETY: as above.
-            unsafe { System.dealloc(ptr, layout) }
-        }
-        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-            note(layout.size());
-            // SAFETY: as above.
-            unsafe { System.alloc_zeroed(layout) }
-        }
-        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            note(new_size);
-            // SAFETY: as above.
-            unsafe { System.realloc(ptr, layout, new_size) }
-        }
-    }
-}
+use tokio::net::TcpStream;
 
 #[global_allocator]
-static ALLOC: counting::Counting = counting::Counting;
+static ALLOC: Counting = Counting;
 
 /// The client's response timeout, in the URL.
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(1500);
-/// How long past the response timeout a call may take to give up (the runtime's timers are
-/// coarse under load).
-const MARGIN: Duration = Duration::from_millis(3500);
-/// No allocation of the client may be this large, nor its live bytes grow by this much.
-const LARGE: usize = 64 << 20;
 
 /// What the server sends in place of a reply.
 #[derive(Clone)]
@@ -133,13 +83,7 @@ async fn serve(stream: TcpStream, answer: Answer) {
 
 /// A server on a free port that answers every lock request with `answer`.
 async fn wrong_server(answer: Answer) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(serve(stream, answer.clone()));
-        }
-    });
+    let port = listen(move |stream| serve(stream, answer.clone())).await;
     format!(
         "memcached://127.0.0.1:{port}?response_timeout={}ms&connect_timeout=1s",
         RESPONSE_TIMEOUT.as_millis()
@@ -150,37 +94,12 @@ async fn wrong_server(answer: Answer) -> String {
 /// ends with an error of one of `kinds` in time, with no large allocation.
 async fn case(what: &str, answer: Answer, kinds: &[ErrorKind]) {
     let url = wrong_server(answer).await;
-    let before = counting::LIVE.load(std::sync::atomic::Ordering::Relaxed);
     let client = LockClient::new(
         MemcachedBackend::connect(&url)
             .await
             .unwrap_or_else(|e| panic!("{what}: connect: {e}")),
     );
-    let started = Instant::now();
-    let result = tokio::time::timeout(
-        RESPONSE_TIMEOUT + MARGIN + Duration::from_secs(20),
-        client.try_acquire("wrong"),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("{what}: try_acquire never returned"));
-    let elapsed = started.elapsed();
-    let e = match result {
-        Err(e) => e,
-        Ok(g) => panic!("{what}: try_acquire returned {:?}", g.is_some()),
-    };
-    eprintln!("{what}: {:?} after {elapsed:?}: {e}", e.kind());
-    assert!(kinds.contains(&e.kind()), "{what}: {:?}: {e}", e.kind());
-    assert!(
-        elapsed <= RESPONSE_TIMEOUT + MARGIN,
-        "{what}: took {elapsed:?}"
-    );
-    let largest = counting::LARGEST.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(largest < LARGE, "{what}: an allocation of {largest} bytes");
-    let peak = counting::PEAK.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(
-        peak.saturating_sub(before) < LARGE,
-        "{what}: {peak} bytes live at once"
-    );
+    expect_error(what, RESPONSE_TIMEOUT, kinds, client.try_acquire("wrong")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

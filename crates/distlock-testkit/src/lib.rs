@@ -18,6 +18,7 @@ mod redis_server;
 pub mod seeded;
 mod sentinel;
 pub mod tls_cases;
+pub mod wrong_server;
 mod zookeeper;
 
 pub use cluster::RedisCluster;

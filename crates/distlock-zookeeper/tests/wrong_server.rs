@@ -5,70 +5,20 @@
 //! timeout: the client tries a failed handshake again until then) and a margin, with no
 //! panic and no large allocation (a counting allocator watches the whole test binary).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use distlock_core::ErrorKind;
+use distlock_testkit::wrong_server::{Counting, expect_error, listen};
 use distlock_zookeeper::ZkBackend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-mod counting {
-    //! The test binary's allocator: the system's, with the largest single request and the
-    //! most bytes live at once counted.
-    #![allow(unsafe_code)] // a `GlobalAlloc` is an unsafe trait; this one only forwards.
-
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    pub(crate) struct Counting;
-
-    pub(crate) static LARGEST: AtomicUsize = AtomicUsize::new(0);
-    pub(crate) static LIVE: AtomicUsize = AtomicUsize::new(0);
-    pub(crate) static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-    fn note(size: usize) {
-        LARGEST.fetch_max(size, Ordering::Relaxed);
-        let live = LIVE.fetch_add(size, Ordering::Relaxed) + size;
-        PEAK.fetch_max(live, Ordering::Relaxed);
-    }
-
-    // SAFETY: every call goes to `System` with the caller's own arguments.
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            note(layout.size());
-            // SAFETY: the caller's contract is `System`'s.
-            unsafe { System.alloc(layout) }
-        }
-        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            // SAFETY: as above.
-            unsafe { System.dealloc(ptr, layout) }
-        }
-        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-            note(layout.size());
-            // SAFETY: as above.
-            unsafe { System.alloc_zeroed(layout) }
-        }
-        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            note(new_size);
-            // SAFETY: as above.
-            unsafe { System.realloc(ptr, layout, new_size) }
-        }
-    }
-}
+use tokio::net::TcpStream;
 
 #[global_allocator]
-static ALLOC: counting::Counting = counting::Counting;
+static ALLOC: Counting = Counting;
 
 /// The client's timeouts, in the URL: its connect call gives up after their sum.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const SESSION_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long past the limit a call may take to give up (the runtime's timers are coarse under
-/// load).
-const MARGIN: Duration = Duration::from_millis(3500);
-/// No allocation of the client may be this large, nor its live bytes grow by this much.
-const LARGE: usize = 64 << 20;
 
 /// What the server answers the connect request with.
 #[derive(Clone)]
@@ -136,38 +86,14 @@ fn response(timeout: i32, id: i64, password_len: i32) -> Vec<u8> {
 /// Serves `answer` on a free port, connects, and checks that connecting ends with an error
 /// of one of `kinds` in time, with no large allocation.
 async fn case(what: &str, answer: Answer, kinds: &[ErrorKind]) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(serve(stream, answer.clone()));
-        }
-    });
+    let port = listen(move |stream| serve(stream, answer.clone())).await;
     let url = format!(
         "zk://127.0.0.1:{port}?connect_timeout={}ms&session_timeout={}ms&response_timeout=1500ms",
         CONNECT_TIMEOUT.as_millis(),
         SESSION_TIMEOUT.as_millis()
     );
-    let limit = CONNECT_TIMEOUT + SESSION_TIMEOUT + MARGIN;
-    let before = counting::LIVE.load(std::sync::atomic::Ordering::Relaxed);
-    let started = Instant::now();
-    let result = tokio::time::timeout(limit + Duration::from_secs(20), ZkBackend::connect(&url))
-        .await
-        .unwrap_or_else(|_| panic!("{what}: connect never returned"));
-    let elapsed = started.elapsed();
-    let Err(e) = result else {
-        panic!("{what}: connect succeeded");
-    };
-    eprintln!("{what}: {:?} after {elapsed:?}: {e}", e.kind());
-    assert!(kinds.contains(&e.kind()), "{what}: {:?}: {e}", e.kind());
-    assert!(elapsed <= limit, "{what}: took {elapsed:?}");
-    let largest = counting::LARGEST.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(largest < LARGE, "{what}: an allocation of {largest} bytes");
-    let peak = counting::PEAK.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(
-        peak.saturating_sub(before) < LARGE,
-        "{what}: {peak} bytes live at once"
-    );
+    let budget = CONNECT_TIMEOUT + SESSION_TIMEOUT;
+    expect_error(what, budget, kinds, ZkBackend::connect(&url)).await;
 }
 
 /// Every case ends as an unreachable engine (the client keeps no reason for a failed
