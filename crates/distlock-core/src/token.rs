@@ -81,14 +81,26 @@ impl Token {
     pub fn parse(s: &str) -> Result<Self, LockError> {
         // A leading `~` marks a tagged holder value (`~r token …`, `recipes::untag_value`): a
         // token that began with one would be read back as another token, or another kind.
-        if s.is_empty()
-            || s.len() > MAX_TOKEN_LEN
-            || !s.bytes().all(|b| b.is_ascii_graphic())
-            || s.starts_with('~')
-        {
+        if s.starts_with('~') {
             return Err(LockError::new(
                 ErrorKind::Config,
-                "a token must be 1 to 256 printable ASCII characters, not starting with '~'",
+                "a token must not start with '~' (it marks a tagged holder value)",
+            ));
+        }
+        Self::stored(s)
+    }
+
+    /// A token read back from an engine's store, to act as its holder there (to break a
+    /// lock): as [`parse`](Self::parse), but one that starts with `~` is taken too (another
+    /// program may have written it; distlock never gives one out).
+    ///
+    /// # Errors
+    /// `Config` when it is empty, longer than [`MAX_TOKEN_LEN`] or not printable ASCII.
+    pub fn stored(s: &str) -> Result<Self, LockError> {
+        if s.is_empty() || s.len() > MAX_TOKEN_LEN || !s.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(LockError::new(
+                ErrorKind::Config,
+                "a token must be 1 to 256 printable ASCII characters",
             ));
         }
         Ok(Token(Repr::Other(s.into())))
@@ -285,6 +297,13 @@ mod tests {
         assert!(Token::parse("~r").is_err());
         assert!(Token::parse("~abc").is_err());
         assert!(Token::parse("a~b").is_ok());
+        // Read back from a store (another program's holder), it is taken as it is.
+        assert_eq!(
+            Token::stored("~abc").map(|t| t.to_string()).ok().as_deref(),
+            Some("~abc")
+        );
+        assert!(Token::stored("").is_err());
+        assert!(Token::stored("has space").is_err());
         assert_eq!(
             Token::parse("abc").map(|t| t.to_string()).ok().as_deref(),
             Some("abc")

@@ -348,6 +348,12 @@ pub(crate) struct Tally {
 /// How long a run must be for a bite that did not land to fail it.
 pub(crate) const FULL_RUN: Duration = Duration::from_secs(30);
 
+/// Whether a run of `duration` with leases of `ttl` is held to its bite: a full run, or one of
+/// ten TTLs (a bite lands within a few: CI's 12 s runs of the Redis scenarios, TTL 1 s, are).
+pub(crate) fn held_to_it(duration: Duration, ttl: Duration) -> bool {
+    duration >= FULL_RUN || duration >= ttl * 10
+}
+
 /// The scenario line's part about leases: the bites and the unfenced control's loss, or why
 /// no fault here can break a lease.
 pub(crate) fn clause(s: &Scenario, t: &Tally, lost: u64, accepted: u64) -> String {

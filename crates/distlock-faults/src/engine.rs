@@ -293,11 +293,14 @@ impl Engine {
     /// The replicated deployments, after a pause of their master `was`: whether one master is
     /// left. Either `was` is the master the deployment names (no fail-over), or it answers as
     /// a replica again (demoted after one). While it answers as a master beside the promoted
-    /// one, or no master is known (a fail-over under way), there may be two.
+    /// one, does not answer, or no master is known (a fail-over under way), there may be two.
     pub(crate) fn one_master(&self, was: usize) -> bool {
         match self.master() {
             Some(m) if m == was => true,
-            Some(_) => self.node(was).try_cli(&["ROLE"]).lines().next() != Some("master"),
+            Some(_) => matches!(
+                self.node(was).try_cli(&["ROLE"]).lines().next(),
+                Some("slave" | "replica")
+            ),
             None => false,
         }
     }

@@ -35,17 +35,18 @@ fn record(shared: &SharedRef, kind: &str, start: i64, extra: serde_json::Value) 
 /// it has one master again for a while (a third of its fail-over time), so that the pause's
 /// window covers the split brain: the old master comes back a master and stays one until the
 /// deployment demotes it (11 s on Sentinel, seen in a run), long after the pause. Bounded by
-/// ten fail-over times.
-async fn two_masters_end(shared: &SharedRef, m: usize) {
+/// five fail-over times (15 s on Sentinel, 30 s on a Cluster); false when it gave up there
+/// (the fault's record says so, and a violation after it is one).
+async fn two_masters_end(shared: &SharedRef, m: usize) -> bool {
     let settle = lock(shared).engine.failover_time();
-    let give_up = tokio::time::Instant::now() + settle * 10;
+    let give_up = tokio::time::Instant::now() + settle * 5;
     let mut one_since = None;
     while tokio::time::Instant::now() < give_up {
         let now = tokio::time::Instant::now();
         if lock(shared).engine.one_master(m) {
             let since = *one_since.get_or_insert(now);
             if now - since >= settle / 3 {
-                return;
+                return true;
             }
         } else {
             one_since = None;
@@ -53,6 +54,7 @@ async fn two_masters_end(shared: &SharedRef, m: usize) {
         // Each look runs redis-cli under the run's lock (a few milliseconds): not too often.
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    false
 }
 
 /// The worker holding the lock now, if any (with its operation).
@@ -250,14 +252,15 @@ pub(crate) async fn inject(
                 // replica that may lack its last writes, and it comes back a master for a
                 // while (split brain) before it is made a replica.
                 let failover = scenario.engine.fails_over_async();
-                if failover && let Some(m) = paused {
-                    two_masters_end(&shared, m).await;
-                }
+                let one_master = match paused {
+                    Some(m) if failover => two_masters_end(&shared, m).await,
+                    _ => true,
+                };
                 record(
                     &shared,
                     fault.name(),
                     start,
-                    json!({"servers": which, "server_side": failover}),
+                    json!({"servers": which, "server_side": failover, "one_master": one_master}),
                 );
             }
             Fault::RestartServer if !lock(&shared).engine.restartable() => {}

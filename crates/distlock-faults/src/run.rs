@@ -151,7 +151,7 @@ pub(crate) async fn run(
         let sql = sql.clone();
         Arc::new(move |id, v| serve(&shared, id, "write", v, fenced_engine, sql.as_ref()))
     };
-    let biter = tokio::spawn(crate::bitten::run(
+    let mut biter = tokio::spawn(crate::bitten::run(
         shared.clone(),
         scenario.clone(),
         turn,
@@ -220,7 +220,11 @@ pub(crate) async fn run(
         if now >= stop_at {
             let mut s = lock(&shared);
             s.stopping = true;
-            if s.workers.iter().all(|w| w.op.is_none() || w.paused) || now >= hard_stop {
+            // A bite under way (its holder paused, or its stale write awaited) ends first: it
+            // lets go at the stop, and its record and tally come once the stale write came.
+            let biting = s.bite.active.is_some() || s.bite.stale.is_some();
+            let idle = s.workers.iter().all(|w| w.op.is_none() || w.paused);
+            if (idle && !biting) || now >= hard_stop {
                 break;
             }
         }
@@ -334,8 +338,14 @@ pub(crate) async fn run(
         }
     }
     injector.abort();
-    biter.abort();
-    let _ = biter.await;
+    // The bite has recorded its last one by now (the loop waited for it), or is between tries.
+    if tokio::time::timeout(Duration::from_secs(1), &mut biter)
+        .await
+        .is_err()
+    {
+        biter.abort();
+        let _ = biter.await;
+    }
     if let Err(e) = injector.await
         && e.is_panic()
     {

@@ -601,7 +601,7 @@ impl RedlockBackend {
         let Some(token) = token.filter(|_| st.held) else {
             return Ok(BreakOutcome::Free);
         };
-        let token = Token::parse(&token)?;
+        let token = Token::stored(&token)?;
         let lock_key = self.layout.lock_key(key);
         let limit = self.nodes[0].response_timeout;
         let votes = self.release_on_all(&lock_key, &token, limit).await;

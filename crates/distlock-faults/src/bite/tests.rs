@@ -112,3 +112,12 @@ fn readers_are_not_bitten() {
         None
     );
 }
+
+#[test]
+fn a_run_of_thirty_seconds_or_ten_ttls_is_held_to_its_bite() {
+    let s = Duration::from_secs;
+    assert!(held_to_it(s(12), Duration::from_millis(1000)));
+    assert!(!held_to_it(s(12), s(2)));
+    assert!(held_to_it(s(30), s(5)));
+    assert!(!held_to_it(s(5), Duration::from_millis(1000)));
+}

@@ -17,7 +17,7 @@ impl Breaker for RedisBackend {
         let Some(token) = token.filter(|_| st.held) else {
             return Ok(BreakOutcome::Free);
         };
-        let token = Token::parse(&token)?;
+        let token = Token::stored(&token)?;
         Ok(match self.release_inner(key, &token, None).await? {
             LeaseCheck::Ours => BreakOutcome::Broken(st),
             LeaseCheck::Missing => BreakOutcome::Free,

@@ -9,11 +9,13 @@ use redis::{RedisError, Value};
 const MAX_DEPTH: usize = 8;
 /// Our replies are small; a larger bulk is a protocol error, not an allocation.
 const MAX_LEN: usize = 16 << 20;
-/// The most values in one reply, counted through its nested arrays: the largest lock reply
-/// lists 10,000 permit holders in four values each (`status.lua`), and a batch of renewals
-/// answers 1,024 leases. A longer array is refused before its values are built (and before it
-/// is framed again as each read adds to it).
-const MAX_VALUES: usize = 100_000;
+/// The most values in one reply, counted through its nested arrays. The largest lock reply is
+/// a status (`status.lua`): four values a holder, and a read lock's readers have no bound of
+/// their own, so this admits 124,999 of them (a client holds 100,000 locks; a semaphore's
+/// permits stop at 10,000); a batch of renewals answers 1,024 leases. A longer array is
+/// refused before its values are built (and before it is framed again as each read adds to
+/// it): its `Value`s take at most about 28 MB.
+const MAX_VALUES: usize = 500_000;
 /// The most bytes one reply may take: a bulk of [`MAX_LEN`] and a little more. A server that
 /// has sent more without completing a reply is not answering a lock request.
 const MAX_REPLY: usize = MAX_LEN + 4096;
@@ -166,7 +168,7 @@ mod tests {
             b"$3\r\nabcd\r\n",
             b"$99999999999\r\n",
             b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
-            b"*100001\r\n",
+            b"*500001\r\n",
         ] {
             let e = frame(bytes, 0).unwrap_err();
             assert_eq!(e.kind(), redis::ErrorKind::Parse, "{bytes:?}");
@@ -175,16 +177,16 @@ mod tests {
 
     #[test]
     fn values_are_counted_through_nesting_and_bytes_capped() {
-        // 400 arrays of 250 integers: 100,401 values, each array short enough alone.
-        let mut bytes = b"*400\r\n".to_vec();
-        for _ in 0..400 {
+        // 2,000 arrays of 250 integers: 502,001 values, each array short enough alone.
+        let mut bytes = b"*2000\r\n".to_vec();
+        for _ in 0..2000 {
             bytes.extend_from_slice(b"*250\r\n");
             bytes.extend_from_slice(&b":1\r\n".repeat(250));
         }
         assert!(frame(&bytes, 0).is_err());
-        // A reply of 40,004 values (10,000 permit holders) is one of ours.
-        let mut bytes = b"*40004\r\n".to_vec();
-        bytes.extend_from_slice(&b":1\r\n".repeat(40_004));
+        // A status of 100,000 readers (four values each, and three more) is one of ours.
+        let mut bytes = b"*400003\r\n".to_vec();
+        bytes.extend_from_slice(&b":1\r\n".repeat(400_003));
         assert!(frame(&bytes, 0).unwrap().is_some());
         // More bytes than any reply, still incomplete: refused, not waited for.
         let mut bytes = b"*2\r\n$16000000\r\n".to_vec();
