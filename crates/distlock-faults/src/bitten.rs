@@ -75,6 +75,10 @@ pub(crate) async fn run(
     while mono::now_ns() + ns(2 * ttl) < stop_at {
         let landed = {
             let _turn = turn.lock().await;
+            // A fault may have held the turn until the time was up: no bite starts after it.
+            if mono::now_ns() + ns(2 * ttl) >= stop_at {
+                return;
+            }
             one(&shared, &scenario, kind, stop_at, steal.as_ref(), &release).await
         };
         {

@@ -201,6 +201,10 @@ pub(crate) async fn inject(
             return;
         };
         let turn_guard = turn.lock().await;
+        // A bite may have held the turn until the time was up: no fault starts after it.
+        if mono::now_ns() + (3 * ttl).as_nanos() as i64 > stop_at {
+            break;
+        }
         let start = mono::now_ns();
         match fault {
             Fault::PauseHolder => {

@@ -137,6 +137,8 @@ pub(crate) async fn run(
         "scenario": scenario.name, "seed": seed, "ttl_ms": ttl.as_millis() as u64,
         "seeded_bug": seeded_bug}));
     let turn = crate::bite::Turn::default();
+    // The loop's own view of the turn: a fault or a bite under way at the stop holds it.
+    let faulting = turn.clone();
     let injector = tokio::spawn(crate::faults::inject(
         shared.clone(),
         scenario.clone(),
@@ -222,9 +224,13 @@ pub(crate) async fn run(
             s.stopping = true;
             // A bite under way (its holder paused, or its stale write awaited) ends first: it
             // lets go at the stop, and its record and tally come once the stale write came.
+            // So does a fault under way (a lagging fail-over's settle, a pause's window kept
+            // open until one master is left): its window is recorded when it ends, and what it
+            // caused is judged against that window.
             let biting = s.bite.active.is_some() || s.bite.stale.is_some();
+            let in_fault = faulting.try_lock().is_err();
             let idle = s.workers.iter().all(|w| w.op.is_none() || w.paused);
-            if (idle && !biting) || now >= hard_stop {
+            if (idle && !biting && !in_fault) || now >= hard_stop {
                 break;
             }
         }
