@@ -2,38 +2,31 @@
 //! operations, serves the protected resource, injects the scenario's faults on a seeded
 //! schedule, records the history and runs the checkers.
 
-use std::fs::File;
-use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr};
+mod audit;
+mod end;
+mod serve;
+mod workers;
+
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use distlock_testkit::{FaultProxy, LinkMode};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::Command;
 use tokio::sync::mpsc;
 
+use self::audit::audit;
+use self::end::heal_and_check;
+use self::serve::serve;
+use self::workers::{LIBFAKETIME, SpawnCfg, next_op, pause_worker, spawn_worker};
 use crate::check::{self, Bounds, Figures};
-use crate::engine::{Engine, EngineKind};
+use crate::engine::Engine;
 use crate::mono;
-use crate::netns::NetNs;
 use crate::resource::Register;
 use crate::scenario::{Fault, Scenario};
 use crate::sql::SqlResource;
-use crate::state::{History, RunState, SharedRef, Worker, lock, not_injected};
-
-/// How long a worker waits before its next operation after an acquire that failed.
-const BACKOFF_MS: u64 = 50;
-
-/// libfaketime, for client clock jumps.
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+use crate::state::{History, RunState, SharedRef, lock, not_injected};
 
 /// What one run produced.
 #[derive(Debug)]
@@ -50,10 +43,10 @@ enum Msg {
     Exited(usize, u64),
 }
 
-/// Runs `scenario` with `seed`, writing the history under `out_dir`.
 /// How often a control looks at its history so far.
 const LOOK_EVERY_NS: i64 = 1_000_000_000;
 
+/// Runs `scenario` with `seed`, writing the history under `out_dir`.
 pub(crate) async fn run(
     scenario: &Scenario,
     seed: u64,
@@ -359,398 +352,19 @@ pub(crate) async fn run(
     }
     auditor.abort();
     let _ = auditor.await;
-    let run_end = mono::now_ns();
-    // Heal, look for leftover locks, stop the workers, and check.
-    let mut failed = Vec::new();
-    {
-        let mut s = lock(&shared);
-        for i in 0..s.engine.len() {
-            s.engine.resume(i);
-        }
-        s.engine.restart_killed();
-        for w in &mut s.workers {
-            let _ = kill(Pid::from_raw(w.pid), Signal::SIGCONT);
-            for p in &w.proxies {
-                p.set(LinkMode::Pass);
-            }
-            if let Some(n) = &mut w.netns
-                && let Err(e) = n.heal()
-            {
-                failed.push(format!("healing a partition: {e}"));
-            }
-        }
-    }
-    for f in failed {
-        not_injected(&shared, "the final heal".into(), f);
-    }
-    // Background releases (cancelled operations) finish within a round trip or two.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    if let Some(sql) = &sql {
-        let v = sql.values().await?;
-        lock(&shared)
-            .history
-            .record(json!({"ev": "sql-final", "t": mono::now_ns(),
-            "w": v.w, "rw": v.rw}));
-    }
-    // The copies of the lock left on the Redis servers (every server runs again by now).
-    let leftover = if ports.is_empty() {
-        None
-    } else {
-        let copies = lock_copies(&ports, Duration::from_secs(1)).await;
-        Some(
-            copies
-                .into_iter()
-                .map(|(_, token, _)| token)
-                .collect::<Vec<_>>(),
-        )
-    };
-    let mut s = lock(&shared);
-    let s = &mut *s;
-    let open: Vec<Vec<usize>> = s
-        .workers
-        .iter()
-        .map(|w| w.proxies.iter().map(FaultProxy::connections).collect())
-        .collect();
-    s.history
-        .record(json!({"ev": "connections", "t": mono::now_ns(), "open": open}));
-    if let Some(tokens) = leftover {
-        s.history
-            .record(json!({"ev": "leftover", "t": mono::now_ns(), "tokens": tokens}));
-    }
-    for w in &mut s.workers {
-        let _ = kill(Pid::from_raw(w.pid), Signal::SIGCONT);
-        let _ = kill(Pid::from_raw(w.pid), Signal::SIGKILL);
-        for p in &w.proxies {
-            p.set(LinkMode::Pass);
-        }
-    }
-    s.history.record(json!({"ev": "end", "t": run_end}));
-    let _ = s.history.out.flush();
-    let mut figures = if scenario.partitions() {
-        crate::partitions::check_each(&s.history.events, &s.keyed, fenced_engine, bounds, run_end)
-    } else if scenario.many() {
-        crate::many::check_each(&s.history.events, &s.keyed, fenced_engine, bounds, run_end)
-    } else {
-        check::check(
-            &s.history.events,
-            fenced_engine.then_some(&s.fenced),
-            &s.unfenced,
-            bounds,
-            run_end,
-        )
-    };
-    // The independent check, beside the checkers: are the fenced registers linearizable?
-    figures.set_linear(crate::linear::check_history(
-        &s.history.events,
+    let figures = heal_and_check(
+        &shared,
+        scenario,
+        sql.as_ref(),
+        &ports,
         fenced_engine,
-    ));
-    for w in &mut s.workers {
-        let _ = w.child.start_kill();
-    }
-    if !s.not_injected.is_empty() {
-        return Err(format!(
-            "{}: {} fault(s) could not be injected, so the run proves nothing: {}",
-            scenario.name,
-            s.not_injected.len(),
-            s.not_injected.join("; ")
-        ));
-    }
+        bounds,
+    )
+    .await?;
     let bites = bites.lock().unwrap_or_else(PoisonError::into_inner).clone();
     Ok(RunReport {
         figures,
         history: history_path,
         bites,
     })
-}
-
-struct SpawnCfg {
-    kind: EngineKind,
-    netns: bool,
-    ttl: Duration,
-    seeded_bug: Option<String>,
-    faketime: bool,
-    dir: PathBuf,
-    tag: String,
-    upstreams: Vec<std::net::SocketAddr>,
-}
-
-async fn spawn_worker(
-    cfg: &SpawnCfg,
-    id: usize,
-    inc: u64,
-    tx: &mpsc::UnboundedSender<Msg>,
-) -> Result<Worker, String> {
-    let netns = if cfg.netns {
-        Some(NetNs::create(id, inc)?)
-    } else {
-        None
-    };
-    let ip: IpAddr = netns
-        .as_ref()
-        .map_or(Ipv4Addr::LOCALHOST, |n| n.host_ip)
-        .into();
-    let mut proxies = Vec::new();
-    for up in &cfg.upstreams {
-        proxies.push(
-            FaultProxy::start_on(ip, *up)
-                .await
-                .map_err(|e| e.to_string())?,
-        );
-    }
-    let ports: Vec<u16> = proxies.iter().map(FaultProxy::port).collect();
-    let url = cfg.kind.url(&ip.to_string(), &ports, cfg.ttl);
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let stderr = File::create(cfg.dir.join(format!("{}-w{id}-{inc}.log", cfg.tag)))
-        .map_err(|e| e.to_string())?;
-    let mut cmd = match &netns {
-        Some(n) => n.command(&exe),
-        None => Command::new(exe),
-    };
-    cmd.args(["worker", "--url", &url, "--id", &id.to_string()])
-        .args(["--inc", &inc.to_string()])
-        .args(["--ttl-ms", &cfg.ttl.as_millis().to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(stderr))
-        .kill_on_drop(true)
-        .env_remove(distlock_core::seeded::ENV);
-    if let Some(bug) = &cfg.seeded_bug {
-        cmd.env(distlock_core::seeded::ENV, bug);
-    }
-    let mut faketime = None;
-    if cfg.faketime {
-        let f = cfg.dir.join(format!("{}-w{id}.faketime", cfg.tag));
-        std::fs::write(&f, "+0\n").map_err(|e| e.to_string())?;
-        cmd.env("LD_PRELOAD", LIBFAKETIME)
-            .env("FAKETIME_TIMESTAMP_FILE", &f)
-            .env("FAKETIME_NO_CACHE", "1")
-            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-        faketime = Some(f);
-    }
-    let mut child = cmd.spawn().map_err(|e| format!("spawn worker: {e}"))?;
-    let pid = child.id().ok_or("worker exited at once")? as i32;
-    let mut stdin = child.stdin.take().ok_or("no stdin")?;
-    let (input, mut lines_in) = mpsc::unbounded_channel::<String>();
-    tokio::spawn(async move {
-        while let Some(line) = lines_in.recv().await {
-            if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
-                return;
-            }
-        }
-    });
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let tx = tx.clone();
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(stdout).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                let _ = tx.send(Msg::Line(id, inc, v));
-            }
-        }
-        let _ = tx.send(Msg::Exited(id, inc));
-    });
-    Ok(Worker {
-        child,
-        input,
-        pid,
-        proxies,
-        netns,
-        faketime,
-        op: None,
-        holding: None,
-        owning: Vec::new(),
-        paused: false,
-        backoff: false,
-    })
-}
-
-/// Sends a line to a worker (a dead one's closed pipe is ignored: it is being replaced).
-fn send(shared: &SharedRef, id: usize, v: &Value) {
-    let _ = lock(shared).workers[id].input.send(format!("{v}\n"));
-}
-
-fn next_op(shared: &SharedRef, id: usize, scenario: &Scenario, rng: &mut StdRng) {
-    let op = {
-        let mut s = lock(shared);
-        if s.stopping {
-            return;
-        }
-        let n = s.next_op;
-        s.next_op += 1;
-        s.workers[id].op = Some(n);
-        let mut op = scenario.op(n, rng);
-        if std::mem::take(&mut s.workers[id].backoff) {
-            op["delay_ms"] = json!(BACKOFF_MS);
-        }
-        s.bite.sent(n, &op);
-        op
-    };
-    send(shared, id, &op);
-}
-
-/// Serves a read or a write of the protected resource, and records it. With the SQL form,
-/// its statements run first, in a task of their own.
-fn serve(
-    shared: &SharedRef,
-    id: usize,
-    req: &str,
-    v: Value,
-    fenced_engine: bool,
-    sql: Option<&Arc<SqlResource>>,
-) {
-    // The bitten holder's write is held until the bite lets it go.
-    if lock(shared).bite.intercept(id, req, &v) {
-        return;
-    }
-    let Some(sql) = sql.cloned() else {
-        apply(shared, id, req, &v, fenced_engine, Value::Null);
-        return;
-    };
-    let shared = shared.clone();
-    let req = req.to_owned();
-    tokio::spawn(async move {
-        let fence = v.get("fence").and_then(Value::as_u64);
-        let part = if req == "read" {
-            match sql.read(fence).await {
-                Ok(r) => json!({"sw": r.w, "srw": r.rw}),
-                Err(e) => json!({"sql_error": e}),
-            }
-        } else {
-            let w = v.get("sw").and_then(Value::as_i64).unwrap_or(0);
-            let rw = v.get("srw").and_then(Value::as_i64).unwrap_or(0);
-            match sql.write(fence, w, rw).await {
-                Ok((a, b)) => {
-                    json!({"sw": w, "srw": rw, "sw_accepted": a, "srw_accepted": b})
-                }
-                Err(e) => json!({"sql_error": e}),
-            }
-        };
-        apply(&shared, id, &req, &v, fenced_engine, part);
-    });
-}
-
-/// The in-memory registers' part of a request, the history record and the reply; `sql` is
-/// what the SQL form answered (merged into both).
-fn apply(shared: &SharedRef, id: usize, req: &str, v: &Value, fenced_engine: bool, sql: Value) {
-    let n = v.get("n").and_then(Value::as_u64).unwrap_or(0);
-    let fence = v.get("fence").and_then(Value::as_u64);
-    let merge = |mut a: Value| {
-        if let (Some(o), Some(x)) = (a.as_object_mut(), sql.as_object()) {
-            for (k, val) in x {
-                o.insert(k.clone(), val.clone());
-            }
-        }
-        a
-    };
-    let key = v.get("key").and_then(Value::as_str).unwrap_or("k");
-    let reply = {
-        let mut guard = lock(shared);
-        let s = &mut *guard;
-        let t = mono::now_ns();
-        // The scenario's one key's registers, or another name's (a multi-name scenario).
-        let (fenced, unfenced) = if key == "k" {
-            (&mut s.fenced, &mut s.unfenced)
-        } else {
-            let r = s.keyed.entry(key.to_owned()).or_default();
-            (&mut r.0, &mut r.1)
-        };
-        if req == "read" {
-            let value = fenced.read(true, fence);
-            let uvalue = unfenced.read(false, fence);
-            s.history.record(merge(
-                json!({"ev": "read", "w": id, "n": n, "t": t, "key": key,
-                "fence": fence, "value": value, "uvalue": uvalue, "sent": v.get("t")}),
-            ));
-            merge(json!({"reply": "read", "n": n, "value": value, "uvalue": uvalue}))
-        } else {
-            let value = v.get("value").and_then(Value::as_i64).unwrap_or(0);
-            let uvalue = v.get("uvalue").and_then(Value::as_i64).unwrap_or(0);
-            let accepted = fenced_engine && fenced.write(true, n, fence, value);
-            let uaccepted = unfenced.write(false, n, fence, uvalue);
-            s.history.record(merge(
-                json!({"ev": "write", "w": id, "n": n, "t": t, "key": key,
-                "fence": fence, "value": value, "accepted": accepted,
-                "uaccepted": uaccepted, "sent": v.get("t")}),
-            ));
-            s.bite.wrote(n, key);
-            json!({"reply": "write", "n": n, "accepted": accepted, "uaccepted": uaccepted})
-        }
-    };
-    send(shared, id, &reply);
-}
-
-pub(crate) fn pause_worker(shared: &SharedRef, id: usize, d: Duration) {
-    let (pid, holder) = {
-        let mut s = lock(shared);
-        let w = &mut s.workers[id];
-        w.paused = true;
-        (w.pid, w.holding)
-    };
-    let start = mono::now_ns();
-    if let Err(e) = kill(Pid::from_raw(pid), Signal::SIGSTOP) {
-        not_injected(shared, format!("pause of worker {id}"), e.to_string());
-        lock(shared).workers[id].paused = false;
-        return;
-    }
-    let shared = shared.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(d).await;
-        if let Err(e) = kill(Pid::from_raw(pid), Signal::SIGCONT) {
-            not_injected(&shared, format!("thaw of worker {id}"), e.to_string());
-        }
-        let mut s = lock(&shared);
-        if s.workers[id].pid == pid {
-            s.workers[id].paused = false;
-        }
-        s.history
-            .record(json!({"ev": "fault", "kind": "pause-holder", "w": id,
-            "holder": holder, "start": start, "end": mono::now_ns(), "t": mono::now_ns(),
-            "server_side": false}));
-    });
-}
-
-/// Reads the lock's copies on every Redis server every `every`, and records the ones it finds
-/// (the leak check: a copy that belongs to no holder must not stay).
-async fn audit(shared: SharedRef, ports: Vec<u16>, every: Duration) {
-    if ports.is_empty() {
-        return;
-    }
-    loop {
-        tokio::time::sleep(every).await;
-        // A paused or restarting server is skipped this time.
-        let copies: Vec<Value> = lock_copies(&ports, Duration::from_millis(100))
-            .await
-            .into_iter()
-            .map(|(i, token, owner)| json!([i, token, owner]))
-            .collect();
-        // Empty audits are recorded too: a leak is a copy seen in consecutive audits.
-        lock(&shared)
-            .history
-            .record(json!({"ev": "audit", "t": mono::now_ns(), "copies": copies}));
-    }
-}
-
-/// The lock's copies on the Redis servers at `ports`: (server, token, owner) for each server
-/// that has one and answers within `timeout`.
-async fn lock_copies(ports: &[u16], timeout: Duration) -> Vec<(usize, String, String)> {
-    let name = "distlock:{k}";
-    let mut copies = Vec::new();
-    for (i, port) in ports.iter().enumerate() {
-        let read = async {
-            let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
-            let mut c = client.get_multiplexed_async_connection().await.ok()?;
-            redis::cmd("GET")
-                .arg(name)
-                .query_async::<Option<String>>(&mut c)
-                .await
-                .ok()?
-        };
-        if let Ok(Some(v)) = tokio::time::timeout(timeout, read).await {
-            let mut parts = v.split(' ');
-            let token = parts.next().unwrap_or("").to_owned();
-            let owner = parts.nth(1).unwrap_or("").to_owned();
-            copies.push((i, token, owner));
-        }
-    }
-    copies
 }
