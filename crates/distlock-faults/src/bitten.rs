@@ -72,11 +72,13 @@ pub(crate) async fn run(
     // Half a TTL in: before the injector's first fault (a TTL in), so that it does not wait
     // behind a long one; it waits for the workers' first checks.
     sleep_until_ns(started + ns(ttl / 2)).await;
-    while mono::now_ns() + ns(2 * ttl) < stop_at {
+    // The loop's `stopping`: set at the time's end, or earlier when a control stops early.
+    let stopping = || lock(&shared).stopping;
+    while mono::now_ns() + ns(2 * ttl) < stop_at && !stopping() {
         let landed = {
             let _turn = turn.lock().await;
             // A fault may have held the turn until the time was up: no bite starts after it.
-            if mono::now_ns() + ns(2 * ttl) >= stop_at {
+            if mono::now_ns() + ns(2 * ttl) >= stop_at || stopping() {
                 return;
             }
             one(&shared, &scenario, kind, stop_at, steal.as_ref(), &release).await
@@ -122,7 +124,7 @@ async fn one(
         if let Some(a) = lock(shared).bite.active.clone() {
             break Some(a);
         }
-        if mono::now_ns() >= until.min(stop_at) {
+        if mono::now_ns() >= until.min(stop_at) || lock(shared).stopping {
             break None;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -202,7 +204,7 @@ async fn one(
             .active
             .as_ref()
             .is_some_and(|x| x.other_wrote);
-        if done || now >= until {
+        if done || now >= until || lock(shared).stopping {
             break done;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;

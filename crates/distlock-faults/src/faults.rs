@@ -196,13 +196,16 @@ pub(crate) async fn inject(
     };
     // Let the workers start.
     tokio::time::sleep(ttl).await;
-    while mono::now_ns() + (3 * ttl).as_nanos() as i64 <= stop_at {
+    // The loop's `stopping`: set at the time's end, or earlier when a control's check found
+    // a violation that no later event can undo.
+    let stopping = || lock(&shared).stopping;
+    while mono::now_ns() + (3 * ttl).as_nanos() as i64 <= stop_at && !stopping() {
         let Some(&fault) = scenario.faults.choose(&mut rng) else {
             return;
         };
         let turn_guard = turn.lock().await;
         // A bite may have held the turn until the time was up: no fault starts after it.
-        if mono::now_ns() + (3 * ttl).as_nanos() as i64 > stop_at {
+        if mono::now_ns() + (3 * ttl).as_nanos() as i64 > stop_at || stopping() {
             break;
         }
         let start = mono::now_ns();
@@ -515,6 +518,7 @@ pub(crate) fn jump_and_pause(shared: &SharedRef, id: usize, back_s: u64, d: Dura
     if let Err(e) = kill(Pid::from_raw(pid), Signal::SIGSTOP) {
         not_injected(shared, what(), e.to_string());
     }
+    lock(shared).recording += 1;
     let shared = shared.clone();
     tokio::spawn(async move {
         tokio::time::sleep(d).await;
@@ -539,6 +543,7 @@ pub(crate) fn jump_and_pause(shared: &SharedRef, id: usize, back_s: u64, d: Dura
             json!({"w": id, "holder": holder, "back_s": back_s,
                 "paused_ms": d.as_millis() as u64}),
         );
+        lock(&shared).recording -= 1;
     });
 }
 

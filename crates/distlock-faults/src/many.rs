@@ -5,12 +5,9 @@
 //! (its acquire failed) and every event of no operation (faults, the end) belong to all, but
 //! for a kill of known holders, which belongs to the histories of the names they took.
 //!
-//! CK7 (the lock is held again soon after its holder died or abandoned it) is judged on the
-//! whole set of a multi-name hold: its names are one lease, freed together, and a name of it
-//! may rightly stay free while every client that wants it also wants a name somebody else
-//! holds (a waiter holds nothing while it waits). So the death of such a hold asks that one of
-//! its names be taken again within the bound, and the per-name histories do not probe it
-//! (their events are marked `"ck7": false`).
+//! CK7's time to free is judged here, not in the per-name histories (their kills and abandoned
+//! guards are marked `"ck7": false`): a name may rightly stay free while every client that
+//! wants it also wants a name somebody else holds (see `many/free.rs`).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -18,6 +15,8 @@ use serde_json::{Map, Value};
 
 use crate::check::{Bounds, Figures, check};
 use crate::resource::Register;
+
+mod free;
 
 /// Each acquired operation's fences by name, from its `ok acquire` event.
 fn fences_by_op(events: &[Value]) -> HashMap<u64, Map<String, Value>> {
@@ -62,9 +61,7 @@ pub(crate) fn project(events: &[Value], name: &str) -> Vec<Value> {
                     return None;
                 }
                 let mut e = e.clone();
-                if killed.len() > 1 {
-                    e["ck7"] = Value::Bool(false);
-                }
+                e["ck7"] = Value::Bool(false);
                 return Some(e);
             }
             let Some(fences) = e["n"].as_u64().and_then(|n| ops.get(&n)) else {
@@ -78,58 +75,12 @@ pub(crate) fn project(events: &[Value], name: &str) -> Vec<Value> {
             if e["ev"] == "ok" && e["f"] == "acquire" {
                 e["fence"] = fence.clone();
             }
-            if e["ev"] == "abandon" && fences.len() > 1 {
+            if e["ev"] == "abandon" {
                 e["ck7"] = Value::Bool(false);
             }
             Some(e)
         })
         .collect()
-}
-
-/// CK7 on multi-name holds: after one dies (its worker killed) or is abandoned, one of its
-/// names is taken again within the bound (see the module's doc).
-fn free_sets(events: &[Value], bounds: Bounds, run_end: i64, all: &mut Figures) {
-    let ops = fences_by_op(events);
-    let t = |e: &Value| e["t"].as_i64().unwrap_or(0);
-    let mut probes: Vec<(i64, BTreeSet<&str>, String)> = Vec::new();
-    for e in events {
-        let killed = killed_names(e, &ops);
-        if killed.len() > 1 {
-            let start = e["start"].as_i64().unwrap_or_else(|| t(e));
-            probes.push((start, killed, format!("worker {} was killed", e["w"])));
-        } else if e["ev"] == "abandon"
-            && let Some(fences) = e["n"].as_u64().and_then(|n| ops.get(&n))
-            && fences.len() > 1
-        {
-            let names = fences.keys().map(String::as_str).collect();
-            probes.push((t(e), names, format!("op {} abandoned its lock", e["n"])));
-        }
-    }
-    for (from, names, what) in probes {
-        all.ck7_probes += 1;
-        let next = events
-            .iter()
-            .filter(|e| e["ev"] == "ok" && e["f"] == "acquire" && t(e) > from)
-            .filter(|e| {
-                e["n"]
-                    .as_u64()
-                    .and_then(|n| ops.get(&n))
-                    .is_some_and(|f| f.keys().any(|k| names.contains(k.as_str())))
-            })
-            .map(t)
-            .min();
-        let gap = next.unwrap_or(run_end) - from;
-        all.ck7_max_ms = all.ck7_max_ms.max(gap as f64 / 1e6);
-        if gap > bounds.free_within_ns {
-            all.ck7 += 1;
-            let names: Vec<&str> = names.into_iter().collect();
-            all.examples.push(format!(
-                "CK7: {what} holding {}; none of them was held again for {:.0} ms after",
-                names.join(", "),
-                gap as f64 / 1e6
-            ));
-        }
-    }
 }
 
 /// Every name's checks, added up: violations, counts and examples (each example names its
@@ -154,7 +105,7 @@ pub(crate) fn check_each(
         );
         all.absorb(one, name, i == 0);
     }
-    free_sets(events, bounds, run_end, &mut all);
+    free::check(events, &fences_by_op(events), bounds, run_end, &mut all);
     // Every fault once (a kill is in the histories of its names only).
     all.faults.clear();
     for e in events.iter().filter(|e| e["ev"] == "fault") {
@@ -249,66 +200,95 @@ mod tests {
         }
     }
 
-    /// Op 1 holds k0 and k1 and is killed at 20; op 2 takes `second` at 25; op 3 takes k0
-    /// alone at 100 (past the bound of 30).
-    fn killed_pair(second: Value) -> Vec<Value> {
+    /// Op 1 (`first`, asked for as its keys) is killed at 20. Op 2 takes k1 and k2 at 25 and
+    /// holds them until 90; op 3 asks for k0 and k2 at 22 and gets them at 95: k0 is free from
+    /// the kill (its lease ends at once here) to 95, but op 3 could have taken its set only
+    /// from 22 to 25 and from 90 to 95.
+    fn killed(first: Value) -> Vec<Value> {
+        let names: Vec<&String> = first.as_object().unwrap().keys().collect();
         vec![
-            json!({"ev": "invoke", "f": "acquire", "n": 1, "w": 0, "t": 9}),
-            json!({"ev": "ok", "f": "acquire", "n": 1, "w": 0, "t": 10, "fence": 1,
-                "fences": {"k0": 1, "k1": 1}}),
+            json!({"ev": "invoke", "f": "acquire", "n": 1, "w": 0, "t": 9, "keys": names}),
+            json!({"ev": "ok", "f": "acquire", "n": 1, "w": 0, "t": 10, "vu": 20,
+                "fences": first}),
             json!({"ev": "fault", "kind": "kill-holder", "w": 0, "holder": 1, "holds": [1],
                 "start": 20, "end": 20, "t": 20}),
-            json!({"ev": "invoke", "f": "acquire", "n": 2, "w": 1, "t": 21}),
-            json!({"ev": "ok", "f": "acquire", "n": 2, "w": 1, "t": 25, "fence": 2,
-                "fences": second}),
-            json!({"ev": "invoke", "f": "release", "n": 2, "w": 1, "t": 26}),
-            json!({"ev": "invoke", "f": "acquire", "n": 3, "w": 2, "t": 22}),
-            json!({"ev": "ok", "f": "acquire", "n": 3, "w": 2, "t": 100, "fence": 3,
-                "fences": {"k0": 3}}),
+            json!({"ev": "invoke", "f": "acquire", "n": 2, "w": 1, "t": 21,
+                "keys": ["k1", "k2"]}),
+            json!({"ev": "invoke", "f": "acquire", "n": 3, "w": 2, "t": 22,
+                "keys": ["k0", "k2"]}),
+            json!({"ev": "ok", "f": "acquire", "n": 2, "w": 1, "t": 25, "vu": 1000,
+                "fences": {"k1": 2, "k2": 2}}),
+            json!({"ev": "invoke", "f": "release", "n": 2, "w": 1, "t": 90}),
+            json!({"ev": "ok", "f": "acquire", "n": 3, "w": 2, "t": 95, "vu": 1000,
+                "fences": {"k0": 3, "k2": 3}}),
             json!({"ev": "invoke", "f": "release", "n": 3, "w": 2, "t": 101}),
         ]
     }
 
+    /// Op 4 asks for k0 alone at 30 and gives up at 95: it could have taken it all along.
+    fn with_a_waiter_for_k0_alone(mut events: Vec<Value>) -> Vec<Value> {
+        events.push(
+            json!({"ev": "invoke", "f": "acquire", "n": 4, "w": 3, "t": 30,
+            "keys": ["k0"]}),
+        );
+        events.push(json!({"ev": "info", "f": "acquire", "n": 4, "w": 3, "t": 95}));
+        events.sort_by_key(|e| e["t"].as_i64());
+        events
+    }
+
     #[test]
-    fn a_killed_multi_name_hold_is_freed_when_one_of_its_names_is_taken_again() {
+    fn a_name_free_while_its_waiters_want_a_held_name_is_no_miss() {
         let regs = HashMap::new();
-        // k1 taken again at 25 (its lease is k0's): k0 free until 100 is no miss, as op 2's
-        // set held k2 (in the run this came from, every waiter for k0 also wanted k2).
-        let events = killed_pair(json!({"k1": 2, "k2": 2}));
+        // Per name, k0 free for 75 would be a miss (bound 30); op 3 could take its set 8.
+        let events = killed(json!({"k0": 1, "k1": 1}));
         let fig = check_each(&events, &regs, true, bounds(), 200);
         assert_eq!(fig.ck7, 0, "{:?}", fig.examples);
-        assert!(fig.ck7_probes >= 1);
+        assert_eq!(fig.ck7_probes, 2, "one probe a name of the killed hold");
         assert_eq!(fig.faults.get("kill-holder").copied(), Some(1));
         // The kill is in its names' histories only, and not probed there.
         assert!(project(&events, "k2").iter().all(|e| e["ev"] != "fault"));
         let k0 = project(&events, "k0");
         let kill = k0.iter().find(|e| e["ev"] == "fault").expect("the kill");
         assert_eq!(kill["ck7"], false);
-        // Neither name taken again within the bound: a miss, named by the set.
-        let events = killed_pair(json!({"k2": 2}));
-        let fig = check_each(&events, &regs, true, bounds(), 200);
-        assert_eq!(fig.ck7, 1, "{:?}", fig.examples);
-        assert!(
-            fig.examples
-                .iter()
-                .any(|x| x.starts_with("CK7: worker 0 was killed holding k0, k1; none")),
-            "{:?}",
-            fig.examples
-        );
+        // The same with a single-name holder of k0.
+        let fig = check_each(&killed(json!({"k0": 1})), &regs, true, bounds(), 200);
+        assert_eq!((fig.ck7, fig.ck7_probes), (0, 1), "{:?}", fig.examples);
     }
 
     #[test]
-    fn a_killed_single_name_hold_is_still_probed_on_its_name() {
+    fn a_name_left_locked_while_a_client_could_take_all_it_asked_for_is_a_miss() {
         let regs = HashMap::new();
-        let mut events = killed_pair(json!({"k2": 2}));
-        // Op 1 took k0 alone.
-        events[1]["fences"] = json!({"k0": 1});
+        for first in [json!({"k0": 1, "k1": 1}), json!({"k0": 1})] {
+            let events = with_a_waiter_for_k0_alone(killed(first));
+            let fig = check_each(&events, &regs, true, bounds(), 200);
+            assert_eq!(fig.ck7, 1, "{:?}", fig.examples);
+            // Counted: 22-25 and 90-95 (op 3), 30-90 (op 4).
+            assert!(
+                fig.examples.iter().any(|x| x.starts_with(
+                    "k0: CK7: worker 0 was killed; nobody held k0 for 0 ms after, 0 ms"
+                )),
+                "{:?}",
+                fig.examples
+            );
+            assert!((fig.ck7_max_ms - 68e-6).abs() < 1e-9, "{}", fig.ck7_max_ms);
+        }
+    }
+
+    #[test]
+    fn an_abandoned_multi_name_guard_is_judged_the_same_way() {
+        let regs = HashMap::new();
+        let mut events = killed(json!({"k0": 1, "k1": 1}));
+        // Op 1 abandons its guard at 20 instead of being killed.
+        events[2] = json!({"ev": "abandon", "n": 1, "w": 0, "t": 20});
         let fig = check_each(&events, &regs, true, bounds(), 200);
-        assert_eq!(fig.ck7, 1, "{:?}", fig.examples);
-        assert!(
-            fig.examples.iter().any(|x| x.starts_with("k0: CK7")),
-            "{:?}",
-            fig.examples
+        assert_eq!((fig.ck7, fig.ck7_probes), (0, 2), "{:?}", fig.examples);
+        let fig = check_each(
+            &with_a_waiter_for_k0_alone(events),
+            &regs,
+            true,
+            bounds(),
+            200,
         );
+        assert_eq!(fig.ck7, 1, "{:?}", fig.examples);
     }
 }

@@ -75,6 +75,7 @@ pub(crate) async fn run(
         jump_at_acquire: None,
         not_injected: Vec::new(),
         stopping: false,
+        recording: 0,
         next_op: 1,
         bite: crate::bite::Bite::default(),
     }));
@@ -220,10 +221,23 @@ pub(crate) async fn run(
             // So does a fault under way (a lagging fail-over's settle, a pause's window kept
             // open until one master is left): its window is recorded when it ends, and what it
             // caused is judged against that window.
+            // A worker's pause or clock jump is recorded by a task of its own when it ends.
             let biting = s.bite.active.is_some() || s.bite.stale.is_some();
-            let in_fault = faulting.try_lock().is_err();
+            let in_fault = faulting.try_lock().is_err() || s.recording > 0;
             let idle = s.workers.iter().all(|w| w.op.is_none() || w.paused);
-            if (idle && !biting && !in_fault) || now >= hard_stop {
+            if idle && !biting && !in_fault {
+                break;
+            }
+            if now >= hard_stop {
+                if in_fault {
+                    // Its window would go unrecorded, and what it caused be judged without it.
+                    drop(s);
+                    crate::state::not_injected(
+                        &shared,
+                        "the whole of a fault under way at the run's end".into(),
+                        "it outlasted the hard stop, and its window was not recorded".into(),
+                    );
+                }
                 break;
             }
         }

@@ -60,6 +60,9 @@ pub(crate) struct RunState {
     /// the run, since its "no violation" would be about faults that never happened.
     pub(crate) not_injected: Vec<String>,
     pub(crate) stopping: bool,
+    /// Faults under way in tasks of their own (a worker's pause, a client clock jump), each
+    /// recorded when it ends: the run waits for them before it stops.
+    pub(crate) recording: usize,
     pub(crate) next_op: u64,
     /// The run's bite (`bite.rs`): a holder whose lease a fault breaks on purpose.
     pub(crate) bite: crate::bite::Bite,

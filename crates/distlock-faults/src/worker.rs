@@ -248,8 +248,13 @@ async fn one_op(
             return;
         }
     };
-    out.send(json!({"ev": "invoke", "f": "acquire", "n": n}))
-        .await;
+    // The names asked for (multi-name scenarios): a waiter's whole set, for CK7 (`many.rs`).
+    let invoke = if op.keys.is_empty() {
+        json!({"ev": "invoke", "f": "acquire", "n": n})
+    } else {
+        json!({"ev": "invoke", "f": "acquire", "n": n, "keys": op.keys})
+    };
+    out.send(invoke).await;
     let taken = if op.keys.len() > 1 {
         client
             .lock_many(op.keys.iter().cloned())

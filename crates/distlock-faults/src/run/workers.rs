@@ -167,6 +167,7 @@ pub(crate) fn pause_worker(shared: &SharedRef, id: usize, d: Duration) {
         lock(shared).workers[id].paused = false;
         return;
     }
+    lock(shared).recording += 1;
     let shared = shared.clone();
     tokio::spawn(async move {
         tokio::time::sleep(d).await;
@@ -177,6 +178,7 @@ pub(crate) fn pause_worker(shared: &SharedRef, id: usize, d: Duration) {
         if s.workers[id].pid == pid {
             s.workers[id].paused = false;
         }
+        s.recording -= 1;
         s.history
             .record(json!({"ev": "fault", "kind": "pause-holder", "w": id,
             "holder": holder, "start": start, "end": mono::now_ns(), "t": mono::now_ns(),
