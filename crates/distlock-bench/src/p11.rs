@@ -69,14 +69,14 @@ return 1";
 
 /// The same two round trips with the writes distlock makes a name: the fence from a counter
 /// that never goes back after a restart (`ZADD GT CH` with the server's clock, as the Redis
-/// crate's `fence.lua`), the holder and its fence kept for `status` (`HSET`), and on the way
-/// out a look for queued clients (one `EXISTS` for all) before the one `DEL`. What distlock's
-/// own scripts add to it is their checks: a resent request, a holder's token in a longer value.
+/// crate's `fence.lua`), and on the way out a look for queued clients (one `EXISTS` for all)
+/// before the one `DEL`. What distlock's own scripts add to it is their checks: a resent
+/// request, a holder's token in a longer value, the client's own floor for each fence.
 const SAME_TAKE: &str = r"
-local n = #KEYS / 3
+local n = #KEYS / 2
 local locks = {}
 for i = 1, n do
-  locks[i] = KEYS[3 * i - 2]
+  locks[i] = KEYS[2 * i - 1]
 end
 local cur = redis.call('MGET', unpack(locks))
 for i = 1, n do
@@ -89,11 +89,10 @@ local floor = string.format('%d', tonumber(now[1]) * 1000000 + tonumber(now[2]) 
 local out = {1}
 for i = 1, n do
   local f = floor
-  if redis.call('ZADD', KEYS[3 * i], 'GT', 'CH', f, 'f') == 0 then
-    f = redis.call('ZINCRBY', KEYS[3 * i], 1, 'f')
+  if redis.call('ZADD', KEYS[2 * i], 'GT', 'CH', f, 'f') == 0 then
+    f = redis.call('ZINCRBY', KEYS[2 * i], 1, 'f')
   end
   redis.call('SET', locks[i], ARGV[1], 'PX', 30000)
-  redis.call('HSET', KEYS[3 * i - 1], 'token', ARGV[1], 'holder_fence', f)
   out[i + 1] = tonumber(f)
 end
 return out";
@@ -129,7 +128,7 @@ impl Floor {
         Floor {
             take: redis::Script::new(SAME_TAKE),
             give: redis::Script::new(SAME_GIVE),
-            take_keys: &["", ":meta", ":fence"],
+            take_keys: &["", ":fence"],
             give_keys: &["", ":queue"],
         }
     }

@@ -63,23 +63,36 @@ impl fmt::Debug for CompactToken {
 }
 
 /// The 128 bits written as `s`, when `s` is 32 lower-case hex digits (a generated token's
-/// form).
+/// form). Branch-free over the digits (a table lookup each): engines look a token up by its
+/// string at every renewal, 100,000 times a second for a client holding 100,000 locks.
 fn bits_of(s: &str) -> Option<[u8; 16]> {
     let digits: &[u8; 32] = s.as_bytes().try_into().ok()?;
     let mut bits = [0u8; 16];
+    // Any digit that is not one has a value with its high bits set: they collect in `bad`.
+    let mut bad = 0u8;
     for (byte, pair) in bits.iter_mut().zip(digits.chunks_exact(2)) {
-        *byte = (digit(pair[0])? << 4) | digit(pair[1])?;
+        let (hi, lo) = (DIGIT[usize::from(pair[0])], DIGIT[usize::from(pair[1])]);
+        bad |= hi | lo;
+        *byte = (hi << 4) | (lo & 0xf);
     }
-    Some(bits)
+    (bad & 0xf0 == 0).then_some(bits)
 }
 
-fn digit(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
+/// Each byte's value as a lower-case hex digit, or `NOT_A_DIGIT`.
+const DIGIT: [u8; 256] = {
+    let mut table = [NOT_A_DIGIT; 256];
+    let mut c = 0;
+    while c < 256 {
+        table[c] = match c as u8 {
+            d @ b'0'..=b'9' => d - b'0',
+            d @ b'a'..=b'f' => d - b'a' + 10,
+            _ => NOT_A_DIGIT,
+        };
+        c += 1;
     }
-}
+    table
+};
+const NOT_A_DIGIT: u8 = 0xff;
 
 #[cfg(test)]
 mod tests {
@@ -121,5 +134,32 @@ mod tests {
         assert_eq!(CompactToken::from(&parsed), c);
         let map: std::collections::HashSet<CompactToken> = [c.clone()].into();
         assert!(map.contains(&CompactToken::of(a.as_str())));
+    }
+
+    /// The table-driven parse against the plain one: every byte at every place of a generated
+    /// token's digits.
+    #[test]
+    fn the_digits_parse_as_the_plain_rule_says() {
+        fn plain(s: &str) -> Option<[u8; 16]> {
+            if s.len() != 32 || !s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
+                return None;
+            }
+            let n = u128::from_str_radix(s, 16).ok()?;
+            Some(n.to_be_bytes())
+        }
+        let base = Token::generate();
+        let base = base.as_str().as_bytes();
+        for place in 0..32 {
+            for b in 0..=255u8 {
+                let mut bytes = base.to_vec();
+                bytes[place] = b;
+                let Ok(s) = std::str::from_utf8(&bytes) else {
+                    continue;
+                };
+                assert_eq!(bits_of(s), plain(s), "{s:?}");
+            }
+        }
+        assert_eq!(bits_of("f".repeat(32).as_str()), Some([0xff; 16]));
+        assert_eq!(bits_of(""), None);
     }
 }

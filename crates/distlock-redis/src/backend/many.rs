@@ -43,7 +43,12 @@ impl RedisBackend {
     }
 }
 
-/// The four keys of each name, in order, as the scripts take them.
+/// The lock key and fence counter of each name, in order, as `acquire_many.lua` takes them.
+fn lock_and_fence(keys: &[LockKeys]) -> Vec<&str> {
+    keys.iter().flat_map(|k| [k.lock(), k.fence()]).collect()
+}
+
+/// The four keys of each name, in order, as `release_many.lua` takes them.
 fn all_four(keys: &[LockKeys]) -> Vec<&str> {
     keys.iter()
         .flat_map(|k| [k.lock(), k.meta(), k.waiters(), k.fence()])
@@ -66,7 +71,12 @@ impl MultiLock for RedisBackend {
         args.extend(floors.iter().map(String::as_str));
         let (reply, acks) = self
             .conn
-            .run_waited(&self.scripts.acquire_many, &all_four(&keys), &args, DOING)
+            .run_waited(
+                &self.scripts.acquire_many,
+                &lock_and_fence(&keys),
+                &args,
+                DOING,
+            )
             .await?;
         match reply {
             ManyReply::Acquired { fences } if fences.len() == req.names.len() => {

@@ -17,7 +17,8 @@
 -- the outage lasted; the client's memory covers even that for the fences it saw. The first
 -- attempt of a client (a plain pipeline, no script) proposes its own clock the same way.
 -- `time`, if given, is a TIME reply the caller took already in this script, and `us`, if given,
--- that reply in microseconds (parsed once).
+-- that reply in microseconds (parsed once); `us_text`, if given, is `fence_text(us + 1)` (a
+-- script that takes several fences at one time formats it once).
 -- Returns the fence; or nil and the error when the counter cannot be written: WRONGTYPE when
 -- the key is not a sorted set (another tool wrote there), or the server's own (READONLY on a
 -- demoted master, which the client must see as such to follow the fail-over). It writes
@@ -26,13 +27,17 @@ local function fence_text(f)
   return string.format('%d', f)
 end
 
-local function next_fence(fkey, seen, time, us)
+local function next_fence(fkey, seen, time, us, us_text)
   if not us then
     local now = time or redis.call('TIME')
     us = tonumber(now[1]) * 1000000 + tonumber(now[2])
   end
-  local floor = math.max(us, seen) + 1
-  local raised = redis.pcall('ZADD', fkey, 'GT', 'CH', fence_text(floor), 'f')
+  local floor, text = us + 1, us_text
+  if seen >= us or not text then
+    floor = math.max(us, seen) + 1
+    text = fence_text(floor)
+  end
+  local raised = redis.pcall('ZADD', fkey, 'GT', 'CH', text, 'f')
   if type(raised) ~= 'number' then
     local why = type(raised) == 'table' and raised.err or ''
     if why == '' or string.sub(why, 1, 9) == 'WRONGTYPE' then
