@@ -508,6 +508,29 @@ async fn bad_input_gives_typed_errors_and_takes_nothing() {
         "0",
         "lock half taken"
     );
+    // Several names, one of them the hash: refused as it is, the other name not taken, the
+    // hash not replaced.
+    let e = c
+        .lock_many(["typed3", "typed"])
+        .try_acquire()
+        .await
+        .expect_err("a lock key of another type");
+    assert_eq!(e.kind(), ErrorKind::Protocol, "{e}");
+    assert_eq!(
+        server.cli(&["TYPE", &key]),
+        "hash",
+        "another tool's data replaced"
+    );
+    assert_eq!(
+        server.cli(&[
+            "EXISTS",
+            &c.engine::<RedisBackend>()
+                .expect("the engine")
+                .lock_key("typed3")
+        ]),
+        "0",
+        "a name taken while another was refused"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -52,7 +52,8 @@ if take then
   if take ~= 'resent' then
     redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   end
-  redis.call('HSET', KEYS[2], 'token', tok, 'holder_fence', fence_text(fence))
+  -- A meta key of another type is not a reason to fail once the lock is written: pcall.
+  redis.pcall('HSET', KEYS[2], 'token', tok, 'holder_fence', fence_text(fence))
   if ARGV[6] ~= '' then
     redis.pcall('LREM', KEYS[3], 1, ARGV[6])
   end

@@ -11,18 +11,30 @@
 -- A resent request (its first reply lost: every name ours already) takes new fences, as the
 -- single name's pipeline does: the fences first given reached nobody, and every fence given is
 -- still above the ones before. So nothing is written for a name but its lock key and its
--- counter, two calls a name (the meta hash's token and fence cost a third, and `status` shows
--- the counter's score, which is this holder's fence, as it does for a pipelined holder).
+-- counter, two calls a name (the meta hash's token and fence cost a third): `status` gives no
+-- holder's fence then, and its last fence (the counter's score) bounds it from above, as for
+-- a pipelined holder.
+-- A lock key of another type (a hash, a list: another tool's data) reads as nil in MGET: one
+-- EXISTS of the names read as free tells, and the call fails with WRONGTYPE, nothing written,
+-- where SET would have replaced that data.
 -- A multi-name waiter never queues on a name: it would then hold that name while it waited
 -- for the others.
 -- Uses `is_ours` (token.lua), `next_fence` (fence.lua) and `values_of` (many.lua), prepended
 -- to it (see scripts.rs).
 local tok, n = ARGV[1], #KEYS / 2
-local curs = values_of(1, 2)
+local curs, locks = values_of(1, 2)
+local free = {}
 for i = 1, n do
   local cur = curs[i]
-  if cur and not is_ours(cur, tok) then
+  if not cur then
+    free[#free + 1] = locks[i]
+  elseif not is_ours(cur, tok) then
     return {0, i, redis.call('PTTL', KEYS[2 * i - 1])}
+  end
+end
+for from = 1, #free, 1000 do
+  if redis.call('EXISTS', unpack(free, from, math.min(from + 999, #free))) > 0 then
+    return redis.error_reply('WRONGTYPE distlock: a lock key holds a value of another type')
   end
 end
 -- The server's clock, read once for every name's fence (see fence.lua).

@@ -1,6 +1,7 @@
 -- distlock release_many: a multi-name lease's release. Each name still ours is freed, or handed
 -- to the first client queued for it, as release.lua does for a single name.
--- KEYS: four for each name, as acquire_many.lua's (lock key, meta hash, queue, fence counter).
+-- KEYS: four for each name: the lock key, the meta hash, the queue and the fence counter (the
+-- last three for a hand-off; acquire_many.lua takes the lock key and the fence counter only).
 -- ARGV[1] token, ARGV[2] the client's clock in ms since the epoch (shown as a next holder's
 -- start).
 -- Returns 1 (every name was ours), 0 (a name had no lock) or -1 (a name was another owner's,
